@@ -1,0 +1,87 @@
+"""Survey identifiers: what one anonymous token is "the only message" for.
+
+A survey is one question asked of one partition in one round (DESIGN.md §3):
+``(round, "median", i)`` for median sub-round ``i`` (which queries partition
+``i``) and ``(round, "data", partition, subset)`` for one feature subset. Its
+canonical byte encoding is the context ``ctx`` that tokens bind to, so every
+role must derive it from here and nowhere else.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from dataclasses import dataclass
+
+ROUND_ID_BYTES = 32
+_DOMAIN = b"anonml/survey/v1"
+_LAYOUT = struct.Struct(">16s32sBHH")
+
+
+class SurveyKind(enum.IntEnum):
+    """The phase a survey belongs to."""
+
+    MEDIAN = 1
+    DATA = 2
+
+
+class InvalidSurveyId(ValueError):
+    """Raised by :meth:`SurveyId.from_bytes` and the constructor for a malformed id."""
+
+
+@dataclass(frozen=True, order=True)
+class SurveyId:
+    """One survey of one round.
+
+    ``round_id`` is the round manifest's hash. For a median survey ``partition``
+    is the sub-round index (sub-round ``i`` queries partition ``i``) and
+    ``subset`` is 0.
+    """
+
+    round_id: bytes
+    kind: SurveyKind
+    partition: int
+    subset: int = 0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.round_id, bytes) or len(self.round_id) != ROUND_ID_BYTES:
+            raise InvalidSurveyId(f"round_id must be {ROUND_ID_BYTES} bytes, got {self.round_id!r}")
+        if not 0 <= self.partition < 2**16:
+            raise InvalidSurveyId(f"partition out of range: {self.partition!r}")
+        if not 0 <= self.subset < 2**16:
+            raise InvalidSurveyId(f"subset out of range: {self.subset!r}")
+        if self.kind == SurveyKind.MEDIAN and self.subset != 0:
+            raise InvalidSurveyId(f"a median survey has subset 0, got {self.subset!r}")
+        object.__setattr__(self, "kind", SurveyKind(self.kind))
+
+    @classmethod
+    def median(cls, round_id: bytes, sub_round: int) -> SurveyId:
+        return cls(round_id, SurveyKind.MEDIAN, sub_round, 0)
+
+    @classmethod
+    def data(cls, round_id: bytes, partition: int, subset: int) -> SurveyId:
+        return cls(round_id, SurveyKind.DATA, partition, subset)
+
+    def to_bytes(self) -> bytes:
+        """The canonical encoding, used as the token context ``ctx``."""
+        return _LAYOUT.pack(_DOMAIN, self.round_id, self.kind, self.partition, self.subset)
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> SurveyId:
+        if len(data) != _LAYOUT.size:
+            raise InvalidSurveyId(f"survey id must be {_LAYOUT.size} bytes, got {len(data)}")
+        domain, round_id, kind, partition, subset = _LAYOUT.unpack(data)
+        if domain != _DOMAIN:
+            raise InvalidSurveyId("survey id has the wrong domain tag")
+        try:
+            survey_kind = SurveyKind(kind)
+        except ValueError:
+            raise InvalidSurveyId(f"unknown survey kind {kind!r}") from None
+        return cls(round_id, survey_kind, partition, subset)
+
+    def __str__(self) -> str:
+        tail = f"{self.partition}" if self.kind == SurveyKind.MEDIAN else f"{self.partition}/{self.subset}"
+        return f"{self.round_id.hex()[:12]}:{self.kind.name.lower()}:{tail}"
+
+
+SURVEY_ID_BYTES = _LAYOUT.size

@@ -1,0 +1,18 @@
+"""Shared test fixtures."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+ADULT_DIR = REPO_ROOT.parent / "shared" / "data" / "adult"
+
+
+@pytest.fixture(scope="session")
+def adult_dir() -> Path:
+    """The UCI Adult files beside the checkout (never copied into the repo)."""
+    if not (ADULT_DIR / "adult.data").exists():
+        pytest.fail(f"UCI Adult data not found at {ADULT_DIR}; tests expect ../shared beside the repo")
+    return ADULT_DIR
