@@ -1,0 +1,84 @@
+"""The peer's long-term identity: one Ed25519 key pair in its data directory.
+
+Registration proves control of this key (DESIGN.md §3 step 2); the roster lists
+peers by its public half. Like the relay's keys (DESIGN.md §7) the files are
+owner-only, ``init`` never overwrites them and loading never creates them.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
+IDENTITY_FILE = "identity.key"
+PUBLIC_FILE = "identity.pub"
+_SEED_BYTES = 32
+
+
+class IdentityError(ValueError):
+    """Raised by :func:`init_identity` when an identity already exists and by
+    :func:`load_identity` when there is none or its file is malformed or
+    readable by others."""
+
+
+@dataclass(frozen=True)
+class PeerIdentity:
+    """An Ed25519 signing key and its 32-byte public key."""
+
+    private_key: Ed25519PrivateKey
+
+    @property
+    def public_key(self) -> bytes:
+        return self.private_key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+
+    def sign(self, message: bytes) -> bytes:
+        return self.private_key.sign(message)
+
+    @classmethod
+    def generate(cls) -> PeerIdentity:
+        return cls(Ed25519PrivateKey.generate())
+
+
+def _write_owner_only(path: Path, data: bytes) -> None:
+    # O_EXCL: two concurrent ``init`` calls cannot both believe they created it.
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+
+
+def init_identity(data_dir: Path) -> PeerIdentity:
+    """Create ``data_dir`` (mode 0700) and a fresh identity in it; never overwrite."""
+    data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    key_path = data_dir / IDENTITY_FILE
+    if key_path.exists():
+        raise IdentityError(f"an identity already exists at {str(key_path)!r}; refusing to overwrite it")
+    identity = PeerIdentity.generate()
+    seed = identity.private_key.private_bytes_raw()
+    _write_owner_only(key_path, seed.hex().encode() + b"\n")
+    (data_dir / PUBLIC_FILE).write_text(identity.public_key.hex() + "\n")
+    return identity
+
+
+def load_identity(data_dir: Path) -> PeerIdentity:
+    """Load the identity ``init_identity`` created; never create one."""
+    key_path = data_dir / IDENTITY_FILE
+    if not key_path.exists():
+        raise IdentityError(f"no identity at {str(key_path)!r}; run `anonml peer init --data-dir {data_dir}` first")
+    mode = stat.S_IMODE(key_path.stat().st_mode)
+    if mode & 0o077:
+        raise IdentityError(f"{str(key_path)!r} is readable by others (mode {oct(mode)}); chmod 600 it")
+    text = key_path.read_text(errors="replace").strip()
+    try:
+        seed = bytes.fromhex(text)
+    except ValueError:
+        raise IdentityError(f"{str(key_path)!r} does not hold a hex key") from None
+    if len(seed) != _SEED_BYTES:
+        raise IdentityError(f"{str(key_path)!r} holds {len(seed)} bytes, expected {_SEED_BYTES}")
+    return PeerIdentity(Ed25519PrivateKey.from_private_bytes(seed))

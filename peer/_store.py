@@ -1,0 +1,224 @@
+"""The peer's SQLite store (DESIGN.md §10): registrations, credential, privacy
+ledger and the packets it has sent.
+
+One store may hold several identities (the demo runs many peers per worker
+process over one database); every row is keyed by the identity's public key.
+A spend is committed *before* its packet leaves (issue 6), and a packet's exact
+content is kept so a missing receipt is answered by resending the same bytes
+over another path, which the aggregator counts once (DESIGN.md §5, §6).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS registrations (
+    peer TEXT NOT NULL,
+    round_id TEXT NOT NULL,
+    aggregator TEXT NOT NULL,
+    manifest_hash TEXT NOT NULL,
+    registered_at REAL NOT NULL,
+    partition INTEGER,
+    credential BLOB,
+    PRIMARY KEY (peer, round_id)
+);
+CREATE TABLE IF NOT EXISTS spends (
+    peer TEXT NOT NULL,
+    round_id TEXT NOT NULL,
+    survey TEXT NOT NULL,
+    features TEXT NOT NULL,
+    label INTEGER NOT NULL,
+    epsilon REAL NOT NULL,
+    recorded_at REAL NOT NULL,
+    PRIMARY KEY (peer, survey)
+);
+CREATE TABLE IF NOT EXISTS packets (
+    peer TEXT NOT NULL,
+    survey TEXT NOT NULL,
+    round_id TEXT NOT NULL,
+    message BLOB NOT NULL,
+    receipt TEXT NOT NULL,
+    sends INTEGER NOT NULL DEFAULT 0,
+    acknowledged INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (peer, survey)
+);
+"""
+
+
+class StoreError(ValueError):
+    """Raised by :class:`PeerStore` when the database cannot be opened or a
+    record contradicts one already stored (a second spend or packet for the
+    same survey, a different manifest for a round already joined)."""
+
+
+@dataclass(frozen=True)
+class Registration:
+    """What a peer remembers of one round it registered for."""
+
+    round_id: bytes
+    aggregator: str
+    manifest_hash: bytes
+    partition: int | None
+    credential: bytes | None
+
+
+@dataclass(frozen=True)
+class Spend:
+    """One release recorded in the ledger: which survey, which features (and
+    whether the label), at what epsilon (thesis eq. 7.4 sums these)."""
+
+    survey: bytes
+    features: tuple[str, ...]
+    label: bool
+    epsilon: float
+
+
+@dataclass(frozen=True)
+class StoredPacket:
+    """The end-to-end message sent for one survey, and the receipt that acknowledges it."""
+
+    survey: bytes
+    message: bytes
+    receipt: bytes
+    sends: int
+    acknowledged: bool
+
+
+class PeerStore:
+    """A peer's SQLite database in WAL mode.
+
+    ``durable=True`` (the CLI) syncs every commit to disk; the demo, which runs
+    thousands of peers in one process, may pass ``False``: commits then survive
+    a crash of the process but not of the machine.
+    """
+
+    def __init__(self, path: Path, *, durable: bool = True) -> None:
+        try:
+            self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute(f"PRAGMA synchronous={'FULL' if durable else 'NORMAL'}")
+            self._db.executescript(_SCHEMA)
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot open the peer store {str(path)!r}: {exc}") from None
+
+    def close(self) -> None:
+        self._db.close()
+
+    @contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            yield self._db
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
+
+    # -- registrations ---------------------------------------------------
+
+    def registration(self, peer: bytes, round_id: bytes) -> Registration | None:
+        row = self._db.execute(
+            "SELECT aggregator, manifest_hash, partition, credential FROM registrations WHERE peer=? AND round_id=?",
+            (peer.hex(), round_id.hex()),
+        ).fetchone()
+        if row is None:
+            return None
+        return Registration(round_id, row[0], bytes.fromhex(row[1]), row[2], row[3])
+
+    def remember_manifest(self, peer: bytes, round_id: bytes, aggregator: str, manifest_hash: bytes) -> None:
+        """Record the manifest a peer registers under; refuse a different one later.
+
+        DESIGN.md §4: a peer refuses a round whose manifest hash differs from
+        the one it registered under.
+        """
+        with self._transaction() as db:
+            row = db.execute(
+                "SELECT manifest_hash FROM registrations WHERE peer=? AND round_id=?", (peer.hex(), round_id.hex())
+            ).fetchone()
+            if row is None:
+                db.execute(
+                    "INSERT INTO registrations (peer, round_id, aggregator, manifest_hash, registered_at)"
+                    " VALUES (?, ?, ?, ?, ?)",
+                    (peer.hex(), round_id.hex(), aggregator, manifest_hash.hex(), time.time()),
+                )
+            elif row[0] != manifest_hash.hex():
+                raise StoreError(
+                    f"round {round_id.hex()[:16]} now has manifest {manifest_hash.hex()!r}, "
+                    f"but this peer registered under {row[0]!r}; refusing the round"
+                )
+
+    def set_partition(self, peer: bytes, round_id: bytes, partition: int) -> None:
+        self._db.execute(
+            "UPDATE registrations SET partition=? WHERE peer=? AND round_id=?", (partition, peer.hex(), round_id.hex())
+        )
+
+    def set_credential(self, peer: bytes, round_id: bytes, credential: bytes) -> None:
+        self._db.execute(
+            "UPDATE registrations SET credential=? WHERE peer=? AND round_id=?",
+            (credential, peer.hex(), round_id.hex()),
+        )
+
+    # -- ledger ----------------------------------------------------------
+
+    def spends(self, peer: bytes, round_id: bytes | None = None) -> list[Spend]:
+        """Every release recorded for ``peer`` (in one round, or in all)."""
+        query = "SELECT survey, features, label, epsilon FROM spends WHERE peer=?"
+        args: tuple[str, ...] = (peer.hex(),)
+        if round_id is not None:
+            query += " AND round_id=?"
+            args += (round_id.hex(),)
+        rows = self._db.execute(query + " ORDER BY recorded_at, survey", args).fetchall()
+        return [Spend(bytes.fromhex(r[0]), tuple(json.loads(r[1])), bool(r[2]), r[3]) for r in rows]
+
+    def record_spend(self, peer: bytes, round_id: bytes, spend: Spend) -> None:
+        """Commit one release to the ledger; a survey is spent on at most once."""
+        try:
+            with self._transaction() as db:
+                db.execute(
+                    "INSERT INTO spends (peer, round_id, survey, features, label, epsilon, recorded_at)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    (
+                        peer.hex(),
+                        round_id.hex(),
+                        spend.survey.hex(),
+                        json.dumps(list(spend.features)),
+                        int(spend.label),
+                        spend.epsilon,
+                        time.time(),
+                    ),
+                )
+        except sqlite3.IntegrityError:
+            raise StoreError(f"the ledger already holds a release for survey {spend.survey.hex()!r}") from None
+
+    # -- packets ---------------------------------------------------------
+
+    def record_packet(self, peer: bytes, round_id: bytes, survey: bytes, message: bytes, receipt: bytes) -> None:
+        try:
+            self._db.execute(
+                "INSERT INTO packets (peer, survey, round_id, message, receipt) VALUES (?, ?, ?, ?, ?)",
+                (peer.hex(), survey.hex(), round_id.hex(), message, receipt.hex()),
+            )
+        except sqlite3.IntegrityError:
+            raise StoreError(f"a packet for survey {survey.hex()!r} is already recorded") from None
+
+    def packet(self, peer: bytes, survey: bytes) -> StoredPacket | None:
+        row = self._db.execute(
+            "SELECT message, receipt, sends, acknowledged FROM packets WHERE peer=? AND survey=?",
+            (peer.hex(), survey.hex()),
+        ).fetchone()
+        if row is None:
+            return None
+        return StoredPacket(survey, row[0], bytes.fromhex(row[1]), row[2], bool(row[3]))
+
+    def count_send(self, peer: bytes, survey: bytes) -> None:
+        self._db.execute("UPDATE packets SET sends=sends+1 WHERE peer=? AND survey=?", (peer.hex(), survey.hex()))
+
+    def acknowledge(self, peer: bytes, survey: bytes) -> None:
+        self._db.execute("UPDATE packets SET acknowledged=1 WHERE peer=? AND survey=?", (peer.hex(), survey.hex()))

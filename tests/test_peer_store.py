@@ -1,0 +1,81 @@
+"""The peer's identity files and SQLite store."""
+
+from __future__ import annotations
+
+import stat
+from pathlib import Path
+
+import pytest
+
+from peer._identity import IDENTITY_FILE, IdentityError, init_identity, load_identity
+from peer._store import PeerStore, Spend, StoreError
+
+
+def test_identity_is_owner_only_never_overwritten_and_never_created_by_load(tmp_path: Path) -> None:
+    data_dir = tmp_path / "peer"
+    with pytest.raises(IdentityError, match="peer init"):
+        load_identity(data_dir)
+    created = init_identity(data_dir)
+    assert stat.S_IMODE((data_dir / IDENTITY_FILE).stat().st_mode) == 0o600
+    assert stat.S_IMODE(data_dir.stat().st_mode) == 0o700
+    with pytest.raises(IdentityError, match="refusing to overwrite"):
+        init_identity(data_dir)
+    loaded = load_identity(data_dir)
+    assert loaded.public_key == created.public_key
+    signature = loaded.sign(b"hello")
+    created.private_key.public_key().verify(signature, b"hello")
+
+
+def test_identity_readable_by_others_or_garbled_is_refused(tmp_path: Path) -> None:
+    init_identity(tmp_path)
+    key = tmp_path / IDENTITY_FILE
+    key.chmod(0o644)
+    with pytest.raises(IdentityError, match="readable by others"):
+        load_identity(tmp_path)
+    key.chmod(0o600)
+    key.write_text("zz\n")
+    with pytest.raises(IdentityError, match="hex"):
+        load_identity(tmp_path)
+    key.write_text("00" * 31 + "\n")
+    with pytest.raises(IdentityError, match="31 bytes"):
+        load_identity(tmp_path)
+
+
+PEER = b"\x01" * 32
+ROUND = b"\x02" * 32
+
+
+def test_a_different_manifest_for_a_registered_round_is_refused(tmp_path: Path) -> None:
+    store = PeerStore(tmp_path / "peer.sqlite")
+    store.remember_manifest(PEER, ROUND, "http://a", b"\x03" * 32)
+    store.remember_manifest(PEER, ROUND, "http://a", b"\x03" * 32)  # the same one again is fine
+    with pytest.raises(StoreError, match="registered under"):
+        store.remember_manifest(PEER, ROUND, "http://a", b"\x04" * 32)
+    # another identity in the same store is independent
+    store.remember_manifest(b"\x05" * 32, ROUND, "http://a", b"\x04" * 32)
+    store.close()
+    reopened = PeerStore(tmp_path / "peer.sqlite")
+    registration = reopened.registration(PEER, ROUND)
+    assert registration is not None and registration.manifest_hash == b"\x03" * 32
+
+
+def test_spends_and_packets_persist_and_are_recorded_once_per_survey(tmp_path: Path) -> None:
+    store = PeerStore(tmp_path / "peer.sqlite")
+    spend = Spend(b"s1", ("age", "sex"), True, 0.5)
+    store.record_spend(PEER, ROUND, spend)
+    with pytest.raises(StoreError, match="already holds"):
+        store.record_spend(PEER, ROUND, Spend(b"s1", ("age",), True, 0.1))
+    store.record_packet(PEER, ROUND, b"s1", b"message", b"receipt")
+    with pytest.raises(StoreError, match="already recorded"):
+        store.record_packet(PEER, ROUND, b"s1", b"other", b"receipt")
+    store.count_send(PEER, b"s1")
+    store.count_send(PEER, b"s1")
+    store.acknowledge(PEER, b"s1")
+    store.close()
+    reopened = PeerStore(tmp_path / "peer.sqlite")
+    assert reopened.spends(PEER, ROUND) == [spend]
+    assert reopened.spends(PEER) == [spend]
+    assert reopened.spends(PEER, b"\x09" * 32) == []
+    packet = reopened.packet(PEER, b"s1")
+    assert packet is not None
+    assert (packet.message, packet.receipt, packet.sends, packet.acknowledged) == (b"message", b"receipt", 2, True)
