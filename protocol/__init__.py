@@ -7,6 +7,23 @@ here; ``relay``, ``peer`` and ``aggregator`` import them.
 
 from __future__ import annotations
 
+from protocol._features import (
+    CategoricalFeature,
+    Feature,
+    FeatureSpec,
+    FeatureSpecError,
+    LabelSpec,
+    NumericFeature,
+)
+from protocol._plan import (
+    PLAN_KINDS,
+    Assignment,
+    PlanError,
+    ReleasePlan,
+    assign_partitions,
+    derive_subsets,
+    row_keys,
+)
 from protocol._survey import (
     ROUND_ID_BYTES,
     SURVEY_ID_BYTES,
@@ -16,6 +33,19 @@ from protocol._survey import (
 )
 
 __all__ = [
+    "PLAN_KINDS",
+    "Assignment",
+    "CategoricalFeature",
+    "Feature",
+    "FeatureSpec",
+    "FeatureSpecError",
+    "LabelSpec",
+    "NumericFeature",
+    "PlanError",
+    "ReleasePlan",
+    "assign_partitions",
+    "derive_subsets",
+    "row_keys",
     "ROUND_ID_BYTES",
     "SURVEY_ID_BYTES",
     "InvalidSurveyId",

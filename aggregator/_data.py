@@ -1,0 +1,115 @@
+"""UCI Adult ("Census Income") loader.
+
+Reads ``adult.data`` (training) and ``adult.test`` from any directory. The
+files are comma-separated with a space after each comma; ``adult.test`` starts
+with a ``|1x3 Cross validator`` comment line and its labels end with a period;
+missing values are ``?`` (kept as a category so the feature specification
+decides where they go); blank lines are skipped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+
+ADULT_COLUMNS = (
+    "age", "workclass", "fnlwgt", "education", "education-num", "marital-status", "occupation",
+    "relationship", "race", "sex", "capital-gain", "capital-loss", "hours-per-week", "native-country",
+)
+ADULT_NUMERIC = ("age", "fnlwgt", "education-num", "capital-gain", "capital-loss", "hours-per-week")
+ADULT_LABEL = "income"
+ADULT_FILES = ("adult.data", "adult.test")
+# A line longer than this is malformed, not data (bounded parser).
+MAX_LINE_CHARS = 4096
+
+
+class DataError(ValueError):
+    """Raised by the loaders for a missing directory or file, a malformed row
+    (naming the file and line number) or an unknown column name."""
+
+
+@dataclass(frozen=True)
+class Table:
+    """Raw columns (numeric as float64, categorical as str) and raw labels."""
+
+    columns: dict[str, npt.NDArray[np.generic]]
+    labels: npt.NDArray[np.str_]
+
+    @property
+    def n_rows(self) -> int:
+        return int(self.labels.shape[0])
+
+    def column(self, name: str) -> npt.NDArray[np.generic]:
+        try:
+            return self.columns[name]
+        except KeyError:
+            raise DataError(f"unknown feature {name!r}; columns are {sorted(self.columns)!r}") from None
+
+    def rows(self, index: npt.ArrayLike) -> Table:
+        """The table restricted to the given row indices."""
+        rows = np.asarray(index)
+        return Table({name: col[rows] for name, col in self.columns.items()}, self.labels[rows])
+
+
+def read_adult_file(path: Path) -> Table:
+    """Parse one Adult file; see the module docstring for the format."""
+    if not path.is_file():
+        raise DataError(f"missing data file {str(path)!r}")
+    values: list[list[str]] = [[] for _ in ADULT_COLUMNS]
+    labels: list[str] = []
+    numeric = [name in ADULT_NUMERIC for name in ADULT_COLUMNS]
+    with path.open("r", encoding="utf-8", errors="strict", newline="") as handle:
+        try:
+            for line_number, line in enumerate(handle, start=1):
+                if len(line) > MAX_LINE_CHARS:
+                    raise DataError(f"{path.name}:{line_number}: line longer than {MAX_LINE_CHARS} characters")
+                text = line.strip()
+                if not text or text.startswith("|"):
+                    continue
+                fields = [f.strip() for f in text.split(",")]
+                if len(fields) != len(ADULT_COLUMNS) + 1:
+                    raise DataError(f"{path.name}:{line_number}: expected {len(ADULT_COLUMNS) + 1} fields, got {len(fields)}: {text[:80]!r}")
+                for j, field in enumerate(fields[:-1]):
+                    if not field:
+                        raise DataError(f"{path.name}:{line_number}: empty field {ADULT_COLUMNS[j]!r}")
+                    if numeric[j]:
+                        try:
+                            number = float(field)
+                        except ValueError:
+                            raise DataError(f"{path.name}:{line_number}: {ADULT_COLUMNS[j]!r} is not a number: {field!r}") from None
+                        if not np.isfinite(number):
+                            raise DataError(f"{path.name}:{line_number}: {ADULT_COLUMNS[j]!r} is not finite: {field!r}")
+                    values[j].append(field)
+                label = fields[-1].removesuffix(".")
+                if label not in (">50K", "<=50K"):
+                    raise DataError(f"{path.name}:{line_number}: unknown label {fields[-1]!r}")
+                labels.append(label)
+        except UnicodeDecodeError as exc:
+            raise DataError(f"{path.name}: not UTF-8 text ({exc.reason})") from None
+    if not labels:
+        raise DataError(f"{path.name}: no data rows")
+    columns: dict[str, npt.NDArray[np.generic]] = {}
+    for j, name in enumerate(ADULT_COLUMNS):
+        columns[name] = np.asarray(values[j], dtype=np.float64) if numeric[j] else np.asarray(values[j], dtype=str)
+    return Table(columns, np.asarray(labels, dtype=str))
+
+
+def load_adult(directory: Path | str) -> tuple[Table, Table]:
+    """``(train, test)`` from ``adult.data`` and ``adult.test`` in ``directory``."""
+    root = Path(directory)
+    if not root.is_dir():
+        raise DataError(f"data directory {str(root)!r} does not exist")
+    missing = [name for name in ADULT_FILES if not (root / name).is_file()]
+    if missing:
+        raise DataError(f"data directory {str(root)!r} lacks {missing!r}")
+    return read_adult_file(root / "adult.data"), read_adult_file(root / "adult.test")
+
+
+def check_columns(table: Table, names: Sequence[str]) -> None:
+    """Raise :class:`DataError` naming the first of ``names`` the table lacks."""
+    for name in names:
+        table.column(name)

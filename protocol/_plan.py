@@ -1,0 +1,320 @@
+"""Release plans: which peers form which partition, which feature subsets
+each partition releases, and with what privacy budget.
+
+Everything is derived deterministically from a public seed (DESIGN.md §3
+step 3): peers are ordered by ``SHA-256(seed ‖ peer_key)`` and dealt
+round-robin into ``k_p`` partitions (sizes equal ±1); feature subsets come
+from feature orders hashed the same way. Anyone holding the roster and the
+revealed seed recomputes the same plan, so the aggregator cannot pick
+partitions.
+
+Two plans (DESIGN.md §9):
+
+* ``"split"`` — the thesis's plan (§6.1): each partition is asked for ``k_h``
+  disjoint subsets of ``k_s`` features; every peer sends all ``k_h``, so the
+  label's budget is divided, ``ε_h = ε_l / k_h`` (thesis §7.4).
+* ``"one"`` — each peer sends one subset with the whole budget: partition
+  ``p`` releases exactly one subset (``k_h = 1``) and the ``k_p`` subsets are
+  dealt so that every feature is covered as evenly as possible.
+
+Median search (thesis Algorithm 1, §7.2.1) costs ``ε_e`` per numeric feature
+per answering peer. ``median_peers="all"`` is the thesis's choice: every peer
+answers for every numeric feature, so a released feature costs
+``ε_h + ε_e``. ``median_peers="disjoint"`` asks about feature ``i`` only the
+peers whose partition does not release ``i``; eq. 7.4 is a per-peer bound, so
+each peer's cost for ``i`` is then ``ε_h`` or ``ε_e``, never their sum.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from protocol._features import MAX_FEATURES
+
+PLAN_KINDS = ("split", "one")
+MEDIAN_PEERS = ("all", "disjoint")
+MAX_PARTITIONS = 4096
+MAX_MEDIAN_STEPS = 64
+SEED_BYTES = 32
+
+IntArray = npt.NDArray[np.int64]
+
+
+class PlanError(ValueError):
+    """Raised when plan parameters cannot be satisfied (e.g. more subset slots
+    than features) or a serialised plan is malformed; names the field."""
+
+
+def _hash_order(seed: bytes, tag: bytes, keys: Sequence[bytes]) -> list[int]:
+    """Indices of ``keys`` sorted by SHA-256(seed ‖ tag ‖ key); ties (equal
+    keys) broken by position so the order is total."""
+    digests = [hashlib.sha256(seed + tag + key).digest() for key in keys]
+    return sorted(range(len(keys)), key=lambda i: (digests[i], i))
+
+
+def row_keys(n: int) -> list[bytes]:
+    """Peer keys for in-process simulation: row id ``i`` as 8 big-endian bytes."""
+    return [i.to_bytes(8, "big") for i in range(n)]
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """Where each peer sits: ``rank[i]`` is peer ``i``'s position in the
+    seeded order and ``partition[i] = rank[i] mod k_p`` (round-robin deal)."""
+
+    rank: IntArray
+    partition: IntArray
+
+    def members(self, partition: int) -> IntArray:
+        return np.flatnonzero(self.partition == partition)
+
+
+def assign_partitions(seed: bytes, keys: Sequence[bytes], k_p: int) -> Assignment:
+    """Order peers by SHA-256(seed ‖ key) and deal them into ``k_p`` partitions."""
+    _check_int("k_p", k_p, 1, MAX_PARTITIONS)
+    order = _hash_order(seed, b"anonml/partition/v1", keys)
+    rank = np.empty(len(keys), dtype=np.int64)
+    rank[np.asarray(order, dtype=np.int64)] = np.arange(len(keys), dtype=np.int64)
+    return Assignment(rank=rank, partition=rank % k_p)
+
+
+def _check_int(field: str, value: object, low: int, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise PlanError(f"{field}: expected an integer in [{low}, {high}], got {value!r}")
+    return value
+
+
+def _check_epsilon(field: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise PlanError(f"{field}: expected a finite non-negative number, got {value!r}")
+    return float(value)
+
+
+def _feature_order(seed: bytes, features: Sequence[str], round_: int) -> list[str]:
+    keys = [name.encode() for name in features]
+    tag = b"anonml/subsets/v1/" + round_.to_bytes(4, "big")
+    return [features[i] for i in _hash_order(seed, tag, keys)]
+
+
+def derive_subsets(seed: bytes, features: Sequence[str], kind: str, k_p: int, k_h: int, k_s: int) -> tuple[tuple[tuple[str, ...], ...], ...]:
+    """Feature subsets per partition, from the seed.
+
+    ``"split"``: partition ``p`` takes a fresh seeded order of the features and
+    cuts its first ``k_h·k_s`` into ``k_h`` disjoint subsets. ``"one"``: the
+    ``k_p`` subsets are cut from a stream of successive seeded orders, so
+    every feature appears ``⌊k_p·k_s/k_f⌋`` or one more times.
+    """
+    names = list(features)
+    k_f = len(names)
+    if kind not in PLAN_KINDS:
+        raise PlanError(f"kind: expected one of {PLAN_KINDS!r}, got {kind!r}")
+    if len(set(names)) != k_f or not 1 <= k_f <= MAX_FEATURES:
+        raise PlanError(f"features: expected 1 to {MAX_FEATURES} distinct names, got {names!r}")
+    _check_int("k_p", k_p, 1, MAX_PARTITIONS)
+    _check_int("k_s", k_s, 1, k_f)
+    if kind == "split":
+        _check_int("k_h", k_h, 1, k_f)
+        if k_h * k_s > k_f:
+            raise PlanError(f"k_h: {k_h} disjoint subsets of {k_s} features need {k_h * k_s} features, only {k_f} exist")
+        out = []
+        for p in range(k_p):
+            order = _feature_order(seed, names, p)
+            out.append(tuple(tuple(order[j * k_s:(j + 1) * k_s]) for j in range(k_h)))
+        return tuple(out)
+    if k_h != 1:
+        raise PlanError(f"k_h: the 'one' plan sends one subset per peer, so k_h must be 1, got {k_h!r}")
+    if k_p * k_s < k_f:
+        raise PlanError(f"k_p: {k_p} partitions of one {k_s}-feature subset cannot cover {k_f} features")
+    stream: list[str] = []
+    round_ = 0
+    subsets: list[tuple[tuple[str, ...], ...]] = []
+    while len(subsets) < k_p:
+        subset: list[str] = []
+        while len(subset) < k_s:
+            # Refill with the next seeded order; take the first feature not
+            # already in this subset (only possible at an order boundary).
+            if all(name in subset for name in stream):
+                stream.extend(_feature_order(seed, names, round_))
+                round_ += 1
+            pick = next(i for i, name in enumerate(stream) if name not in subset)
+            subset.append(stream.pop(pick))
+        subsets.append((tuple(subset),))
+    return tuple(subsets)
+
+
+@dataclass(frozen=True)
+class ReleasePlan:
+    """A complete release plan; build one with :meth:`build`.
+
+    ``release_epsilon`` (ε_h) is the budget of one subset report,
+    ``median_epsilon`` (ε_e) that of one median answer per numeric feature.
+    """
+
+    kind: str
+    k_p: int
+    k_h: int
+    k_s: int
+    seed: bytes
+    features: tuple[str, ...]
+    numeric_features: tuple[str, ...]
+    subsets: tuple[tuple[tuple[str, ...], ...], ...]
+    release_epsilon: float
+    median_epsilon: float
+    median_peers: str
+    median_steps: int
+    oracle: str
+
+    @classmethod
+    def build(
+        cls,
+        *,
+        kind: str,
+        features: Sequence[str],
+        numeric_features: Sequence[str],
+        k_p: int,
+        k_h: int,
+        k_s: int,
+        epsilon_total: float,
+        seed: bytes,
+        oracle: str = "auto",
+        median_peers: str = "all",
+        median_share: float = 0.5,
+        median_steps: int = 10,
+    ) -> ReleasePlan:
+        """Derive subsets from ``seed`` and split ``epsilon_total`` (ε_T of
+        eq. 7.4) between median answers and subset reports.
+
+        With ``median_peers="all"`` a released numeric feature costs
+        ``ε_h + ε_e`` and the label ``k_h·ε_h``: ``ε_e = median_share·ε_T`` and
+        ``ε_h = min(ε_T/k_h, ε_T − ε_e)`` (the thesis's ``ε_e = ε_h`` at
+        ``k_h = 2`` is ``median_share = 0.5``). With ``"disjoint"`` a peer pays
+        either ε_h or ε_e for a feature, so ``ε_e = ε_T`` and ``ε_h = ε_T/k_h``.
+        """
+        eps_t = _check_epsilon("epsilon_total", epsilon_total)
+        if eps_t <= 0:
+            raise PlanError(f"epsilon_total: must be positive, got {epsilon_total!r}")
+        if median_peers not in MEDIAN_PEERS:
+            raise PlanError(f"median_peers: expected one of {MEDIAN_PEERS!r}, got {median_peers!r}")
+        share = _check_epsilon("median_share", median_share)
+        if numeric_features and not 0 < share < 1:
+            raise PlanError(f"median_share: expected a number in (0, 1), got {median_share!r}")
+        subsets = derive_subsets(seed, features, kind, k_p, k_h, k_s)
+        if not numeric_features:
+            eps_e, eps_h = 0.0, eps_t / k_h
+        elif median_peers == "all":
+            eps_e = share * eps_t
+            eps_h = min(eps_t / k_h, eps_t - eps_e)
+        else:
+            eps_e, eps_h = eps_t, eps_t / k_h
+        plan = cls(
+            kind=kind, k_p=k_p, k_h=k_h, k_s=k_s, seed=seed, features=tuple(features),
+            numeric_features=tuple(numeric_features), subsets=subsets, release_epsilon=eps_h,
+            median_epsilon=eps_e, median_peers=median_peers, median_steps=median_steps, oracle=oracle,
+        )
+        plan.validate()
+        return plan
+
+    def validate(self) -> None:
+        if self.kind not in PLAN_KINDS:
+            raise PlanError(f"kind: expected one of {PLAN_KINDS!r}, got {self.kind!r}")
+        if not isinstance(self.seed, bytes) or not 1 <= len(self.seed) <= 64:
+            raise PlanError(f"seed: expected 1 to 64 bytes, got {self.seed!r}")
+        if self.subsets != derive_subsets(self.seed, self.features, self.kind, self.k_p, self.k_h, self.k_s):
+            raise PlanError("subsets: do not match the subsets derived from the seed")
+        unknown = [f for f in self.numeric_features if f not in self.features]
+        if unknown:
+            raise PlanError(f"numeric_features: unknown features {unknown!r}")
+        _check_epsilon("release_epsilon", self.release_epsilon)
+        _check_epsilon("median_epsilon", self.median_epsilon)
+        if self.median_peers not in MEDIAN_PEERS:
+            raise PlanError(f"median_peers: expected one of {MEDIAN_PEERS!r}, got {self.median_peers!r}")
+        _check_int("median_steps", self.median_steps, 1, MAX_MEDIAN_STEPS)
+        if not isinstance(self.oracle, str) or not self.oracle:
+            raise PlanError(f"oracle: expected a mechanism name, got {self.oracle!r}")
+        for name in self.numeric_features:
+            if not self.median_partitions(name):
+                raise PlanError(f"median_peers: every partition releases {name!r}, so no peer can answer its median search without paying twice; use median_peers='all'")
+
+    def released_features(self, partition: int) -> set[str]:
+        return {name for subset in self.subsets[partition] for name in subset}
+
+    def median_partitions(self, feature: str) -> tuple[int, ...]:
+        """The partitions whose peers answer the median search of ``feature``."""
+        if self.median_peers == "all":
+            return tuple(range(self.k_p))
+        return tuple(p for p in range(self.k_p) if feature not in self.released_features(p))
+
+    def median_epsilon_by_feature(self, partition: int) -> dict[str, float]:
+        """ε_e^i for a peer of ``partition`` (0 for features it is not asked about)."""
+        return {f: (self.median_epsilon if partition in self.median_partitions(f) else 0.0) for f in self.numeric_features}
+
+    def epsilon_of_partition(self, partition: int) -> float:
+        """Eq. 7.4 for one peer of ``partition``, computed by the mechanisms ledger."""
+        from mechanisms import total_epsilon
+
+        releases = [(subset, self.release_epsilon) for subset in self.subsets[partition]]
+        return float(total_epsilon(self.median_epsilon_by_feature(partition), releases))
+
+    @property
+    def epsilon_total(self) -> float:
+        """ε_T of eq. 7.4, median cost included: the worst peer's total."""
+        return max(self.epsilon_of_partition(p) for p in range(self.k_p))
+
+    def median_groups(self, feature: str, assignment: Assignment) -> list[IntArray]:
+        """Peers (row indices) answering each step of Algorithm 1 for
+        ``feature``: the eligible peers in seeded order, dealt round-robin into
+        ``median_steps`` groups, so each answers once."""
+        eligible = np.isin(assignment.partition, self.median_partitions(feature))
+        peers = np.flatnonzero(eligible)
+        peers = peers[np.argsort(assignment.rank[peers], kind="stable")]
+        return [peers[step::self.median_steps] for step in range(self.median_steps)]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind, "k_p": self.k_p, "k_h": self.k_h, "k_s": self.k_s, "seed": self.seed.hex(),
+            "features": list(self.features), "numeric_features": list(self.numeric_features),
+            "subsets": [[list(s) for s in part] for part in self.subsets],
+            "release_epsilon": self.release_epsilon, "median_epsilon": self.median_epsilon,
+            "median_peers": self.median_peers, "median_steps": self.median_steps, "oracle": self.oracle,
+        }
+
+    @classmethod
+    def from_dict(cls, data: object) -> ReleasePlan:
+        """Parse and validate (the subsets must be the ones the seed derives)."""
+        fields = {"kind", "k_p", "k_h", "k_s", "seed", "features", "numeric_features", "subsets", "release_epsilon", "median_epsilon", "median_peers", "median_steps", "oracle"}
+        if not isinstance(data, Mapping):
+            raise PlanError(f"plan: expected a mapping, got {data!r}")
+        if set(data) != fields:
+            raise PlanError(f"plan: missing {sorted(fields - set(data))!r}, unknown {sorted(map(str, set(data) - fields))!r}")
+        try:
+            seed = bytes.fromhex(data["seed"])
+        except (TypeError, ValueError):
+            raise PlanError(f"seed: expected hex, got {data['seed']!r}") from None
+        for key in ("features", "numeric_features"):
+            if not isinstance(data[key], list) or not all(isinstance(v, str) for v in data[key]) or len(data[key]) > MAX_FEATURES:
+                raise PlanError(f"{key}: expected a list of feature names, got {data[key]!r}")
+        subsets_raw = data["subsets"]
+        if not isinstance(subsets_raw, list) or len(subsets_raw) > MAX_PARTITIONS or not all(
+            isinstance(part, list) and len(part) <= MAX_FEATURES and all(isinstance(s, list) and len(s) <= MAX_FEATURES and all(isinstance(n, str) for n in s) for s in part)
+            for part in subsets_raw
+        ):
+            raise PlanError(f"subsets: expected a list of lists of feature-name lists, got {subsets_raw!r}")
+        for key in ("k_p", "k_h", "k_s"):
+            _check_int(key, data[key], 1, MAX_PARTITIONS)
+        plan = cls(
+            kind=data["kind"], k_p=data["k_p"], k_h=data["k_h"], k_s=data["k_s"], seed=seed,
+            features=tuple(data["features"]), numeric_features=tuple(data["numeric_features"]),
+            subsets=tuple(tuple(tuple(s) for s in part) for part in subsets_raw),
+            release_epsilon=_check_epsilon("release_epsilon", data["release_epsilon"]),
+            median_epsilon=_check_epsilon("median_epsilon", data["median_epsilon"]),
+            median_peers=data["median_peers"], median_steps=data["median_steps"], oracle=data["oracle"],
+        )
+        plan.validate()
+        return plan
