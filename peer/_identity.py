@@ -12,8 +12,7 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+from nacl.signing import SigningKey
 
 IDENTITY_FILE = "identity.key"
 PUBLIC_FILE = "identity.pub"
@@ -28,20 +27,17 @@ class IdentityError(ValueError):
 
 @dataclass(frozen=True)
 class PeerIdentity:
-    """An Ed25519 signing key and its 32-byte public key."""
+    """An Ed25519 signing key (the API's request builders take it) and its 32-byte public key."""
 
-    private_key: Ed25519PrivateKey
+    signing_key: SigningKey
 
     @property
     def public_key(self) -> bytes:
-        return self.private_key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
-
-    def sign(self, message: bytes) -> bytes:
-        return self.private_key.sign(message)
+        return bytes(self.signing_key.verify_key)
 
     @classmethod
     def generate(cls) -> PeerIdentity:
-        return cls(Ed25519PrivateKey.generate())
+        return cls(SigningKey.generate())
 
 
 def _write_owner_only(path: Path, data: bytes) -> None:
@@ -60,7 +56,7 @@ def init_identity(data_dir: Path) -> PeerIdentity:
     if key_path.exists():
         raise IdentityError(f"an identity already exists at {str(key_path)!r}; refusing to overwrite it")
     identity = PeerIdentity.generate()
-    seed = identity.private_key.private_bytes_raw()
+    seed = bytes(identity.signing_key)
     _write_owner_only(key_path, seed.hex().encode() + b"\n")
     (data_dir / PUBLIC_FILE).write_text(identity.public_key.hex() + "\n")
     return identity
@@ -81,4 +77,4 @@ def load_identity(data_dir: Path) -> PeerIdentity:
         raise IdentityError(f"{str(key_path)!r} does not hold a hex key") from None
     if len(seed) != _SEED_BYTES:
         raise IdentityError(f"{str(key_path)!r} holds {len(seed)} bytes, expected {_SEED_BYTES}")
-    return PeerIdentity(Ed25519PrivateKey.from_private_bytes(seed))
+    return PeerIdentity(SigningKey(seed))

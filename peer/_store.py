@@ -21,13 +21,13 @@ from pathlib import Path
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS registrations (
     peer TEXT NOT NULL,
-    round_id TEXT NOT NULL,
     aggregator TEXT NOT NULL,
-    manifest_hash TEXT NOT NULL,
+    round_name TEXT NOT NULL,
+    round_id TEXT NOT NULL,
     registered_at REAL NOT NULL,
     partition INTEGER,
     credential BLOB,
-    PRIMARY KEY (peer, round_id)
+    PRIMARY KEY (peer, aggregator, round_name)
 );
 CREATE TABLE IF NOT EXISTS spends (
     peer TEXT NOT NULL,
@@ -60,11 +60,14 @@ class StoreError(ValueError):
 
 @dataclass(frozen=True)
 class Registration:
-    """What a peer remembers of one round it registered for."""
+    """What a peer remembers of one round it registered for.
+
+    ``round_id`` is the hash of the manifest it registered under (DESIGN.md §4).
+    """
 
     round_id: bytes
     aggregator: str
-    manifest_hash: bytes
+    round_name: str
     partition: int | None
     credential: bytes | None
 
@@ -125,32 +128,35 @@ class PeerStore:
 
     def registration(self, peer: bytes, round_id: bytes) -> Registration | None:
         row = self._db.execute(
-            "SELECT aggregator, manifest_hash, partition, credential FROM registrations WHERE peer=? AND round_id=?",
+            "SELECT aggregator, round_name, partition, credential FROM registrations WHERE peer=? AND round_id=?",
             (peer.hex(), round_id.hex()),
         ).fetchone()
         if row is None:
             return None
-        return Registration(round_id, row[0], bytes.fromhex(row[1]), row[2], row[3])
+        return Registration(round_id, row[0], row[1], row[2], row[3])
 
-    def remember_manifest(self, peer: bytes, round_id: bytes, aggregator: str, manifest_hash: bytes) -> None:
-        """Record the manifest a peer registers under; refuse a different one later.
+    def remember_manifest(self, peer: bytes, aggregator: str, round_name: str, round_id: bytes) -> None:
+        """Record the manifest (by its hash, the round id) a peer registers under.
 
-        DESIGN.md §4: a peer refuses a round whose manifest hash differs from
-        the one it registered under.
+        A round is what one aggregator calls ``round_name``; if it later serves
+        a manifest with another hash under that name the peer refuses it
+        (DESIGN.md §4: "a peer refuses a round whose manifest hash differs
+        from the one it registered under").
         """
         with self._transaction() as db:
             row = db.execute(
-                "SELECT manifest_hash FROM registrations WHERE peer=? AND round_id=?", (peer.hex(), round_id.hex())
+                "SELECT round_id FROM registrations WHERE peer=? AND aggregator=? AND round_name=?",
+                (peer.hex(), aggregator, round_name),
             ).fetchone()
             if row is None:
                 db.execute(
-                    "INSERT INTO registrations (peer, round_id, aggregator, manifest_hash, registered_at)"
+                    "INSERT INTO registrations (peer, aggregator, round_name, round_id, registered_at)"
                     " VALUES (?, ?, ?, ?, ?)",
-                    (peer.hex(), round_id.hex(), aggregator, manifest_hash.hex(), time.time()),
+                    (peer.hex(), aggregator, round_name, round_id.hex(), time.time()),
                 )
-            elif row[0] != manifest_hash.hex():
+            elif row[0] != round_id.hex():
                 raise StoreError(
-                    f"round {round_id.hex()[:16]} now has manifest {manifest_hash.hex()!r}, "
+                    f"round {round_name!r} at {aggregator} now has manifest hash {round_id.hex()!r}, "
                     f"but this peer registered under {row[0]!r}; refusing the round"
                 )
 

@@ -22,8 +22,8 @@ def test_identity_is_owner_only_never_overwritten_and_never_created_by_load(tmp_
         init_identity(data_dir)
     loaded = load_identity(data_dir)
     assert loaded.public_key == created.public_key
-    signature = loaded.sign(b"hello")
-    created.private_key.public_key().verify(signature, b"hello")
+    signed = loaded.signing_key.sign(b"hello")
+    created.signing_key.verify_key.verify(signed)
 
 
 def test_identity_readable_by_others_or_garbled_is_refused(tmp_path: Path) -> None:
@@ -47,16 +47,18 @@ ROUND = b"\x02" * 32
 
 def test_a_different_manifest_for_a_registered_round_is_refused(tmp_path: Path) -> None:
     store = PeerStore(tmp_path / "peer.sqlite")
-    store.remember_manifest(PEER, ROUND, "http://a", b"\x03" * 32)
-    store.remember_manifest(PEER, ROUND, "http://a", b"\x03" * 32)  # the same one again is fine
+    store.remember_manifest(PEER, "http://a", "r1", ROUND)
+    store.remember_manifest(PEER, "http://a", "r1", ROUND)  # the same one again is fine
     with pytest.raises(StoreError, match="registered under"):
-        store.remember_manifest(PEER, ROUND, "http://a", b"\x04" * 32)
-    # another identity in the same store is independent
-    store.remember_manifest(b"\x05" * 32, ROUND, "http://a", b"\x04" * 32)
+        store.remember_manifest(PEER, "http://a", "r1", b"\x04" * 32)
+    # another identity, another aggregator or another round name is independent
+    store.remember_manifest(b"\x05" * 32, "http://a", "r1", b"\x04" * 32)
+    store.remember_manifest(PEER, "http://b", "r1", b"\x04" * 32)
+    store.remember_manifest(PEER, "http://a", "r2", b"\x04" * 32)
     store.close()
     reopened = PeerStore(tmp_path / "peer.sqlite")
     registration = reopened.registration(PEER, ROUND)
-    assert registration is not None and registration.manifest_hash == b"\x03" * 32
+    assert registration is not None and (registration.aggregator, registration.round_name) == ("http://a", "r1")
 
 
 def test_spends_and_packets_persist_and_are_recorded_once_per_survey(tmp_path: Path) -> None:
