@@ -7,3 +7,62 @@ here does raw cipher or group arithmetic inline.
 from __future__ import annotations
 
 __all__: list[str] = []
+
+# Sphinx packets (DESIGN.md §5).
+from crypto._geometry import InvalidGeometry, SphinxGeometry
+from crypto._primitives import ct_equal
+from crypto._sphinx import (
+    BadGroupElement,
+    BadMac,
+    BadPayload,
+    BadRoutingInfo,
+    FinalMessage,
+    ForwardPacket,
+    InvalidKey,
+    InvalidPacket,
+    InvalidRoute,
+    NodeAddress,
+    PathHop,
+    ReleaseWindow,
+    ReplayedPacket,
+    SurbReply,
+    WrongLength,
+    build_packet,
+    generate_keypair,
+    node_id_of,
+    process_packet,
+    public_key_of,
+)
+from crypto._surb import InvalidSurb, Surb, SurbKeys, create_surb, open_reply, package_reply
+
+__all__ += [
+    "BadGroupElement",
+    "BadMac",
+    "BadPayload",
+    "BadRoutingInfo",
+    "FinalMessage",
+    "ForwardPacket",
+    "InvalidGeometry",
+    "InvalidKey",
+    "InvalidPacket",
+    "InvalidRoute",
+    "InvalidSurb",
+    "NodeAddress",
+    "PathHop",
+    "ReleaseWindow",
+    "ReplayedPacket",
+    "SphinxGeometry",
+    "Surb",
+    "SurbKeys",
+    "SurbReply",
+    "WrongLength",
+    "build_packet",
+    "create_surb",
+    "ct_equal",
+    "generate_keypair",
+    "node_id_of",
+    "open_reply",
+    "package_reply",
+    "process_packet",
+    "public_key_of",
+]
