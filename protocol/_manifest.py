@@ -1,0 +1,358 @@
+"""The round manifest: the one signed document every role of a round agrees on.
+
+DESIGN.md §4. The manifest fixes the task, the learning and privacy
+parameters, the schedule, the relay directory, the packet geometry, the token
+public key and the partition-seed commitment. Its canonical encoding (JSON,
+sorted keys, no whitespace, bytes as lowercase hex, integers only except the
+epsilons, which are canonical decimal strings) is hashed with SHA-256 into the
+``round_id`` that names the round everywhere — it is ``SurveyId.round_id``, so
+a token made for one manifest can never verify under another.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from protocol._canonical import FieldReader, InvalidDocument, canonical_json, format_epsilon, parse_json_object
+from protocol._schedule import RoundSchedule
+from protocol._survey import ROUND_ID_BYTES
+
+if TYPE_CHECKING:
+    from nacl.signing import SigningKey
+
+    from crypto import SphinxGeometry
+
+PROTOCOL_VERSION = 1
+MAX_MANIFEST_BYTES = 512 * 1024
+MAX_RELAYS = 256
+SEED_BYTES = 32
+REGISTRATION_POLICIES = ("open", "allow-list", "invitation")
+PLANS = ("split", "one")
+
+_MANIFEST_DOMAIN = b"anonml/manifest/v1"
+_SEED_DOMAIN = b"anonml/seed/v1"
+_NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9 ._\-]*"
+_HOST_PATTERN = r"[A-Za-z0-9.:\-\[\]]+"
+_URL_PATTERN = r"https?://[A-Za-z0-9.:\-\[\]]+(/[A-Za-z0-9._\-/]*)?"
+_MAX_PORT = 65535
+
+
+class InvalidManifest(InvalidDocument):
+    """Raised when a manifest (or a signed manifest) is malformed, inconsistent, or its signature fails.
+
+    ``field`` names the offending field, e.g. ``"schedule.data.t_r"`` or ``"signature"``.
+    """
+
+
+def seed_commitment(seed: bytes) -> bytes:
+    """``H(seed)``, published in the manifest before registration (DESIGN.md §3, commit-reveal)."""
+    return hashlib.sha256(_SEED_DOMAIN + seed).digest()
+
+
+def check_seed(seed: bytes, commitment: bytes) -> bool:
+    """Whether a revealed ``seed`` opens ``commitment``; peers refuse the round otherwise."""
+    return len(seed) == SEED_BYTES and hmac.compare_digest(seed_commitment(seed), commitment)
+
+
+@dataclass(frozen=True)
+class RelayEntry:
+    """One mix node of the relay directory."""
+
+    node_id: bytes
+    host: str
+    port: int
+    public_key: bytes
+    key_epoch: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "node_id": self.node_id.hex(),
+            "host": self.host,
+            "port": self.port,
+            "public_key": self.public_key.hex(),
+            "key_epoch": self.key_epoch,
+        }
+
+    @classmethod
+    def read(cls, reader: FieldReader) -> RelayEntry:
+        entry = cls(
+            node_id=reader.hex("node_id", max_size=64),
+            host=reader.text("host", max_len=255, pattern=_HOST_PATTERN),
+            port=reader.integer("port", 1, _MAX_PORT),
+            public_key=reader.hex("public_key", size=32),
+            key_epoch=reader.integer("key_epoch", 0, 2**32),
+        )
+        reader.done()
+        return entry
+
+
+@dataclass(frozen=True)
+class AggregatorHop:
+    """The aggregator as the last Sphinx hop: its X25519 key and packet-sink address."""
+
+    node_id: bytes
+    host: str
+    port: int
+    public_key: bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"node_id": self.node_id.hex(), "host": self.host, "port": self.port, "public_key": self.public_key.hex()}
+
+    @classmethod
+    def read(cls, reader: FieldReader) -> AggregatorHop:
+        hop = cls(
+            node_id=reader.hex("node_id", max_size=64),
+            host=reader.text("host", max_len=255, pattern=_HOST_PATTERN),
+            port=reader.integer("port", 1, _MAX_PORT),
+            public_key=reader.hex("public_key", size=32),
+        )
+        reader.done()
+        return hop
+
+
+@dataclass(frozen=True)
+class RoundManifest:
+    """DESIGN.md §4, field by field.
+
+    ``features`` is the feature-spec dict of ``protocol._features`` (kept as
+    plain JSON here so the manifest hash depends only on its canonical form).
+    ``eps_median`` is the budget of one median answer per numeric feature,
+    ``eps_data`` the budget of one data subset, ``eps_total`` the total
+    promised to each peer (thesis eq. 7.4). ``oracle`` is a frequency-oracle
+    name or ``"auto"`` (the policy of DESIGN.md §8).
+    """
+
+    name: str
+    label: str
+    features: Mapping[str, Any]
+    k_p: int
+    k_h: int
+    k_s: int
+    plan: str
+    learner: str
+    eps_median: float
+    eps_data: float
+    eps_total: float
+    oracle: str
+    schedule: RoundSchedule
+    relays: tuple[RelayEntry, ...]
+    aggregator_hop: AggregatorHop
+    aggregator_url: str
+    path_length: int
+    geometry: Mapping[str, Any]
+    token_public_key: bytes
+    token_kid: bytes
+    seed_commitment: bytes
+    min_participation: int
+    registration: str
+    identity_key: bytes
+    version: int = PROTOCOL_VERSION
+    _canonical: bytes = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        # One validation path: the constructor's output must parse strictly.
+        try:
+            encoded = canonical_json(self._to_dict())
+        except (TypeError, ValueError, AttributeError) as exc:
+            raise InvalidManifest("$", f"cannot encode the manifest: {exc}") from None
+        RoundManifest._read(FieldReader(parse_json_object(encoded, max_bytes=MAX_MANIFEST_BYTES, error=InvalidManifest), "", InvalidManifest))
+        object.__setattr__(self, "_canonical", encoded)
+
+    @property
+    def round_id(self) -> bytes:
+        """SHA-256 of the canonical encoding: the round's name (``SurveyId.round_id``)."""
+        return hashlib.sha256(self._canonical).digest()
+
+    @property
+    def median_rounds(self) -> int:
+        return len(self.schedule.median)
+
+    def canonical_bytes(self) -> bytes:
+        return self._canonical
+
+    def sphinx_geometry(self) -> SphinxGeometry:
+        """The packet geometry of this round (every packet has the same size, DESIGN.md §5)."""
+        from crypto import SphinxGeometry  # crypto imports protocol; import late to avoid a cycle
+
+        return SphinxGeometry.from_dict(dict(self.geometry))
+
+    def to_dict(self) -> dict[str, Any]:
+        return self._to_dict()
+
+    def _to_dict(self) -> dict[str, Any]:
+        return {
+            "version": self.version,
+            "name": self.name,
+            "task": {"label": self.label, "features": dict(self.features)},
+            "learning": {"k_p": self.k_p, "k_h": self.k_h, "k_s": self.k_s, "plan": self.plan, "learner": self.learner},
+            "privacy": {
+                "eps_median": format_epsilon(self.eps_median),
+                "eps_data": format_epsilon(self.eps_data),
+                "eps_total": format_epsilon(self.eps_total),
+                "oracle": self.oracle,
+            },
+            "schedule": self.schedule.to_dict(),
+            "network": {
+                "relays": [relay.to_dict() for relay in self.relays],
+                "aggregator": self.aggregator_hop.to_dict(),
+                "path_length": self.path_length,
+                "geometry": dict(self.geometry),
+            },
+            "aggregator_url": self.aggregator_url,
+            "identity_key": self.identity_key.hex(),
+            "token": {"public_key": self.token_public_key.hex(), "kid": self.token_kid.hex()},
+            "seed_commitment": self.seed_commitment.hex(),
+            "min_participation": self.min_participation,
+            "registration": self.registration,
+        }
+
+    @classmethod
+    def from_dict(cls, value: object) -> RoundManifest:
+        """Strictly parse a manifest dict; raise InvalidManifest naming the bad field."""
+        return cls._parse(value, "")
+
+    @classmethod
+    def _parse(cls, value: object, path: str) -> RoundManifest:
+        reader = FieldReader(value, path, InvalidManifest)
+        try:
+            encoded = canonical_json(value)
+        except (TypeError, ValueError) as exc:
+            raise InvalidManifest("$", f"not canonically encodable: {exc}") from None
+        if len(encoded) > MAX_MANIFEST_BYTES:
+            raise InvalidManifest("$", f"manifest of {len(encoded)} bytes exceeds {MAX_MANIFEST_BYTES}")
+        return cls._read(reader)
+
+    @classmethod
+    def from_json(cls, data: bytes | str) -> RoundManifest:
+        return cls.from_dict(parse_json_object(data, max_bytes=MAX_MANIFEST_BYTES, error=InvalidManifest))
+
+    @classmethod
+    def _read(cls, reader: FieldReader) -> RoundManifest:
+        version = reader.integer("version", PROTOCOL_VERSION, PROTOCOL_VERSION)
+        name = reader.text("name", max_len=128, pattern=_NAME_PATTERN)
+        task = reader.child("task")
+        label = task.text("label", max_len=128)
+        features = task.obj("features")
+        task.done()
+        learning = reader.child("learning")
+        k_p = learning.integer("k_p", 1, 4096)
+        k_h = learning.integer("k_h", 1, 64)
+        k_s = learning.integer("k_s", 1, 16)
+        plan = learning.choice("plan", PLANS)
+        learner = learning.text("learner", max_len=64, pattern=_NAME_PATTERN)
+        learning.done()
+        privacy = reader.child("privacy")
+        eps_median = privacy.epsilon("eps_median")
+        eps_data = privacy.epsilon("eps_data")
+        eps_total = privacy.epsilon("eps_total")
+        oracle = privacy.text("oracle", max_len=32, pattern=r"[a-z0-9_\-]+")
+        privacy.done()
+        if eps_data <= 0:
+            privacy.fail("eps_data", f"must be positive, got {eps_data!r}")
+        schedule = RoundSchedule.read(reader.child("schedule"))
+        network = reader.child("network")
+        relays = tuple(
+            RelayEntry.read(network.nested(item, f"{network.name('relays')}[{index}]"))
+            for index, item in enumerate(network.items("relays", max_items=MAX_RELAYS))
+        )
+        aggregator_hop = AggregatorHop.read(network.child("aggregator"))
+        path_length = network.integer("path_length", 1, 16)
+        geometry = network.obj("geometry")
+        network.done()
+        if len(relays) < path_length:
+            network.fail("path_length", f"{path_length!r} relays per path but only {len(relays)} in the directory")
+        if len({relay.node_id for relay in relays}) != len(relays):
+            network.fail("relays", "duplicate node_id")
+        aggregator_url = reader.text("aggregator_url", max_len=512, pattern=_URL_PATTERN)
+        identity_key = reader.hex("identity_key", size=32)
+        token = reader.child("token")
+        token_public_key = token.hex("public_key", max_size=1024)
+        token_kid = token.hex("kid", max_size=64)
+        token.done()
+        commitment = reader.hex("seed_commitment", size=32)
+        min_participation = reader.integer("min_participation", 1, 2**31)
+        registration = reader.choice("registration", REGISTRATION_POLICIES)
+        reader.done()
+        if len(schedule.median) > k_p:
+            reader.fail_at(reader.name("schedule.median"), f"{len(schedule.median)} median sub-rounds but only k_p={k_p!r} partitions")
+        manifest = object.__new__(cls)
+        values: dict[str, Any] = dict(
+            name=name, label=label, features=features, k_p=k_p, k_h=k_h, k_s=k_s, plan=plan, learner=learner,
+            eps_median=eps_median, eps_data=eps_data, eps_total=eps_total, oracle=oracle, schedule=schedule,
+            relays=relays, aggregator_hop=aggregator_hop, aggregator_url=aggregator_url, path_length=path_length,
+            geometry=geometry, token_public_key=token_public_key, token_kid=token_kid, seed_commitment=commitment,
+            min_participation=min_participation, registration=registration, identity_key=identity_key,
+            version=version,
+        )
+        for key, item in values.items():
+            object.__setattr__(manifest, key, item)
+        object.__setattr__(manifest, "_canonical", canonical_json(manifest._to_dict()))
+        return manifest
+
+
+def _signed_bytes(round_id: bytes) -> bytes:
+    return _MANIFEST_DOMAIN + round_id
+
+
+@dataclass(frozen=True)
+class SignedManifest:
+    """A manifest with the aggregator's Ed25519 signature over its ``round_id``."""
+
+    manifest: RoundManifest
+    signature: bytes
+
+    @property
+    def round_id(self) -> bytes:
+        return self.manifest.round_id
+
+    @classmethod
+    def sign(cls, manifest: RoundManifest, signing_key: SigningKey) -> SignedManifest:
+        if bytes(signing_key.verify_key) != manifest.identity_key:
+            raise InvalidManifest("identity_key", "the signing key does not match the manifest's identity_key")
+        return cls(manifest, signing_key.sign(_signed_bytes(manifest.round_id)).signature)
+
+    def verify(self, expected_identity: bytes | None = None) -> None:
+        """Check the signature; with ``expected_identity`` also that the signer is that key.
+
+        Raises InvalidManifest (field ``"signature"`` or ``"identity_key"``).
+        """
+        from nacl.exceptions import BadSignatureError
+        from nacl.signing import VerifyKey
+
+        if expected_identity is not None and not hmac.compare_digest(expected_identity, self.manifest.identity_key):
+            raise InvalidManifest("identity_key", f"signed by {self.manifest.identity_key.hex()!r}, expected {expected_identity.hex()!r}")
+        try:
+            VerifyKey(self.manifest.identity_key).verify(_signed_bytes(self.round_id), self.signature)
+        except (BadSignatureError, ValueError, TypeError):
+            raise InvalidManifest("signature", "the manifest signature does not verify") from None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"manifest": self.manifest.to_dict(), "signature": self.signature.hex(), "round_id": self.round_id.hex()}
+
+    def to_json(self) -> bytes:
+        return canonical_json(self.to_dict())
+
+    @classmethod
+    def from_dict(cls, value: object, *, expected_identity: bytes | None = None) -> SignedManifest:
+        """Strictly parse and verify; raises InvalidManifest naming the bad field."""
+        reader = FieldReader(value, "", InvalidManifest)
+        manifest = RoundManifest._parse(reader.raw("manifest"), "manifest")
+        signature = reader.hex("signature", size=64)
+        round_id = reader.hex("round_id", size=ROUND_ID_BYTES)
+        reader.done()
+        if not hmac.compare_digest(round_id, manifest.round_id):
+            raise InvalidManifest("round_id", f"{round_id.hex()!r} is not the hash of the manifest ({manifest.round_id.hex()!r})")
+        signed = cls(manifest, signature)
+        signed.verify(expected_identity)
+        return signed
+
+    @classmethod
+    def from_json(cls, data: bytes | str, *, expected_identity: bytes | None = None) -> SignedManifest:
+        return cls.from_dict(
+            parse_json_object(data, max_bytes=MAX_MANIFEST_BYTES + 1024, error=InvalidManifest),
+            expected_identity=expected_identity,
+        )

@@ -1,0 +1,135 @@
+"""The end-to-end message a peer sends the aggregator inside a Sphinx payload.
+
+DESIGN.md §5: "inside it, the end-to-end message for the aggregator (version,
+survey context, token, report, padding)". Layout, big-endian::
+
+    version      1 byte   (MESSAGE_VERSION)
+    survey       SURVEY_ID_BYTES   (SurveyId.to_bytes(), the token context)
+    token_len    2 bytes, then the token
+    report_len   2 bytes, then the report
+    padding      random bytes up to the round's geometry.message_size
+
+Padding is random, not zeros, so a message's length never shows through any
+layer (DESIGN.md §5). The token is bound to :meth:`SurveyMessage.bound_bytes`:
+the survey and the report, so a relay or anyone else cannot move a token to
+another report.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from protocol._survey import SURVEY_ID_BYTES, InvalidSurveyId, SurveyId
+
+MESSAGE_VERSION = 1
+MAX_TOKEN_BYTES = 1024
+MAX_REPORT_BYTES = 8192
+MAX_MESSAGE_BYTES = 16384
+_LENGTH = struct.Struct(">H")
+_HEADER_BYTES = 1 + SURVEY_ID_BYTES
+_BOUND_DOMAIN = b"anonml/message/v1"
+
+
+class InvalidMessage(ValueError):
+    """Raised by :meth:`SurveyMessage.from_bytes` (and ``to_bytes``) for a malformed or oversized message."""
+
+
+def message_overhead(token_bytes: int) -> int:
+    """Bytes a message needs besides its report, for a token of ``token_bytes``."""
+    return _HEADER_BYTES + _LENGTH.size + token_bytes + _LENGTH.size
+
+
+@dataclass(frozen=True)
+class SurveyMessage:
+    """One anonymous answer: a report for one survey and the token that authorises it."""
+
+    survey: SurveyId
+    token: bytes
+    report: bytes
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.survey, SurveyId):
+            raise InvalidMessage(f"survey must be a SurveyId, got {self.survey!r}")
+        if not isinstance(self.token, bytes) or not 0 < len(self.token) <= MAX_TOKEN_BYTES:
+            raise InvalidMessage(f"token must be 1..{MAX_TOKEN_BYTES} bytes, got {len(self.token)!r}")
+        if not isinstance(self.report, bytes) or not 0 < len(self.report) <= MAX_REPORT_BYTES:
+            raise InvalidMessage(f"report must be 1..{MAX_REPORT_BYTES} bytes, got {len(self.report)!r}")
+
+    def bound_bytes(self) -> bytes:
+        """The message ``m`` a token is bound to (DESIGN.md §6): survey ‖ report, length-prefixed.
+
+        Peers pass this to ``make_token`` and the aggregator to ``verify_token``;
+        it is defined here once so the two cannot drift apart.
+        """
+        return bound_bytes(self.survey, self.report)
+
+    def to_bytes(self, size: int, *, random_bytes: Callable[[int], bytes] = os.urandom) -> bytes:
+        """Encode and pad with ``random_bytes`` to exactly ``size`` (the geometry's message size)."""
+        body = b"".join(
+            (
+                bytes([MESSAGE_VERSION]),
+                self.survey.to_bytes(),
+                _LENGTH.pack(len(self.token)),
+                self.token,
+                _LENGTH.pack(len(self.report)),
+                self.report,
+            )
+        )
+        if not len(body) <= size <= MAX_MESSAGE_BYTES:
+            raise InvalidMessage(f"message of {len(body)} bytes does not fit the message size {size!r}")
+        padding = random_bytes(size - len(body))
+        if len(padding) != size - len(body):
+            raise InvalidMessage(f"random_bytes returned {len(padding)} bytes, expected {size - len(body)}")
+        return body + padding
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> SurveyMessage:
+        """Parse a padded message; total: any input either parses or raises InvalidMessage."""
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise InvalidMessage(f"expected bytes, got {type(data).__name__}")
+        data = bytes(data)
+        if not _HEADER_BYTES + 2 * _LENGTH.size <= len(data) <= MAX_MESSAGE_BYTES:
+            raise InvalidMessage(f"message length {len(data)!r} is out of range")
+        if data[0] != MESSAGE_VERSION:
+            raise InvalidMessage(f"unknown message version {data[0]!r}")
+        try:
+            survey = SurveyId.from_bytes(data[1:_HEADER_BYTES])
+        except InvalidSurveyId as exc:
+            raise InvalidMessage(f"bad survey id: {exc}") from None
+        offset = _HEADER_BYTES
+        (token_len,) = _LENGTH.unpack_from(data, offset)
+        offset += _LENGTH.size
+        if not 0 < token_len <= MAX_TOKEN_BYTES or offset + token_len + _LENGTH.size > len(data):
+            raise InvalidMessage(f"token length {token_len!r} does not fit")
+        token = data[offset : offset + token_len]
+        offset += token_len
+        (report_len,) = _LENGTH.unpack_from(data, offset)
+        offset += _LENGTH.size
+        if not 0 < report_len <= MAX_REPORT_BYTES or offset + report_len > len(data):
+            raise InvalidMessage(f"report length {report_len!r} does not fit")
+        return cls(survey, token, data[offset : offset + report_len])
+
+
+def bound_bytes(survey: SurveyId, report: bytes) -> bytes:
+    """Module-level form of :meth:`SurveyMessage.bound_bytes` (before a token exists)."""
+    return b"".join((_BOUND_DOMAIN, survey.to_bytes(), struct.pack(">I", len(report)), report))
+
+
+def encode_median_report(bits: Sequence[int]) -> bytes:
+    """One median answer: one (already perturbed) bit per numeric feature, one byte each.
+
+    The order is the order of ``MedianThresholds.features`` for the sub-round.
+    """
+    if not 0 < len(bits) <= MAX_REPORT_BYTES or any(bit not in (0, 1) for bit in bits):
+        raise InvalidMessage(f"median report must be 1..{MAX_REPORT_BYTES} bits of 0/1, got {list(bits)[:16]!r}")
+    return bytes(bits)
+
+
+def decode_median_report(report: bytes, n_features: int) -> list[int]:
+    """Inverse of :func:`encode_median_report`; raises InvalidMessage unless exactly ``n_features`` bits."""
+    if len(report) != n_features or any(byte > 1 for byte in report):
+        raise InvalidMessage(f"median report must be {n_features!r} bytes of 0/1, got {report[:16]!r}")
+    return list(report)

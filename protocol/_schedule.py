@@ -1,0 +1,221 @@
+"""A round's schedule and the per-hop release windows derived from it.
+
+All times are absolute UTC seconds (integers) in the signed manifest
+(DESIGN.md §3). Each query phase — every median sub-round and the data phase —
+has a send window ``[t_s, t_s + δ]`` and a delivery window ``(t_s + δ, t_r)``:
+peers send at a uniformly random time in the first, relays release so every
+packet reaches the aggregator inside the second, at a time independent of when
+it was sent (thesis §5, "staggering"; DESIGN.md §7). :func:`hop_windows` turns
+one phase into the window every Sphinx hop is told, so the peer (who writes the
+windows into the header), the relays and the aggregator all agree without
+talking to each other.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from protocol._canonical import FieldReader, InvalidDocument
+from protocol._survey import SurveyId, SurveyKind
+
+if TYPE_CHECKING:
+    from crypto import ReleaseWindow
+
+# Far enough in the future for any round, small enough that every role's
+# integer arithmetic on times stays exact.
+MAX_TIME = 2**40
+MAX_MEDIAN_ROUNDS = 64
+
+
+class InvalidSchedule(InvalidDocument):
+    """Raised by :meth:`RoundSchedule.from_dict` and the constructors for an inconsistent schedule."""
+
+
+@dataclass(frozen=True)
+class PhaseTimes:
+    """One query phase: send in ``[t_s, t_s + delta]``, delivery in ``(t_s + delta, t_r)``."""
+
+    t_s: int
+    delta: int
+    t_r: int
+
+    def __post_init__(self) -> None:
+        for name in ("t_s", "delta", "t_r"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_TIME:
+                raise InvalidSchedule(name, f"expected an integer in [0, {MAX_TIME}], got {value!r}")
+        if self.delta < 1 or self.t_r <= self.t_s + self.delta:
+            raise InvalidSchedule("t_r", f"need delta >= 1 and t_r > t_s + delta, got {self!r}")
+
+    @property
+    def send_end(self) -> int:
+        return self.t_s + self.delta
+
+    def to_dict(self) -> dict[str, int]:
+        return {"t_s": self.t_s, "delta": self.delta, "t_r": self.t_r}
+
+    @classmethod
+    def read(cls, reader: FieldReader) -> PhaseTimes:
+        t_s = reader.integer("t_s", 0, MAX_TIME)
+        delta = reader.integer("delta", 1, MAX_TIME)
+        t_r = reader.integer("t_r", 0, MAX_TIME)
+        reader.done()
+        if t_r <= t_s + delta:
+            reader.fail("t_r", f"t_r={t_r!r} must be after the send window ends at {t_s + delta!r}")
+        return cls(t_s, delta, t_r)
+
+
+@dataclass(frozen=True)
+class RoundSchedule:
+    """When each phase of a round happens (DESIGN.md §3).
+
+    ``median[i]`` is median sub-round ``i`` (which queries partition ``i``);
+    thresholds for sub-round ``i`` are published when sub-round ``i-1``'s
+    delivery window closes, so each sub-round starts no earlier than the
+    previous one's ``t_r``. Registration ends before issuance ends, and
+    issuance ends before the first query phase.
+    """
+
+    t_register_end: int
+    t_issue_end: int
+    median: tuple[PhaseTimes, ...]
+    data: PhaseTimes
+
+    def __post_init__(self) -> None:
+        def fail(field: str, message: str) -> None:
+            raise InvalidSchedule(f"schedule.{field}", message)
+
+        for name in ("t_register_end", "t_issue_end"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_TIME:
+                fail(name, f"expected an integer time in [0, {MAX_TIME}], got {value!r}")
+        if self.t_issue_end <= self.t_register_end:
+            fail("t_issue_end", f"{self.t_issue_end!r} must be after t_register_end={self.t_register_end!r}")
+        if len(self.median) > MAX_MEDIAN_ROUNDS:
+            fail("median", f"{len(self.median)} sub-rounds exceed the limit of {MAX_MEDIAN_ROUNDS}")
+        previous_end, previous_name = self.t_issue_end, "t_issue_end"
+        for index, phase in enumerate(self.phases):
+            name = f"median[{index}]" if index < len(self.median) else "data"
+            if not isinstance(phase, PhaseTimes):
+                fail(name, f"expected PhaseTimes, got {phase!r}")
+            if phase.t_s < previous_end:
+                fail(f"{name}.t_s", f"{phase.t_s!r} must not be before {previous_name}={previous_end!r}")
+            previous_end, previous_name = phase.t_r, f"{name}.t_r"
+
+    @property
+    def phases(self) -> tuple[PhaseTimes, ...]:
+        """Every query phase in time order: the median sub-rounds, then data."""
+        return (*self.median, self.data)
+
+    @property
+    def end(self) -> int:
+        """When the last delivery window closes and learning can start."""
+        return self.data.t_r
+
+    def phase_of(self, survey: SurveyId) -> PhaseTimes:
+        """The phase whose windows apply to ``survey``; raises InvalidSchedule if there is none."""
+        if survey.kind == SurveyKind.DATA:
+            return self.data
+        if survey.partition >= len(self.median):
+            raise InvalidSchedule(
+                "schedule.median", f"no median sub-round {survey.partition!r} (the round has {len(self.median)})"
+            )
+        return self.median[survey.partition]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "t_register_end": self.t_register_end,
+            "t_issue_end": self.t_issue_end,
+            "median": [phase.to_dict() for phase in self.median],
+            "data": self.data.to_dict(),
+        }
+
+    @classmethod
+    def from_dict(cls, value: object, *, path: str = "schedule") -> RoundSchedule:
+        return cls.read(FieldReader(value, path, InvalidSchedule))
+
+    @classmethod
+    def read(cls, reader: FieldReader) -> RoundSchedule:
+        """Read from an open reader; field errors are raised as the reader's exception type."""
+        t_register_end = reader.integer("t_register_end", 0, MAX_TIME)
+        t_issue_end = reader.integer("t_issue_end", 0, MAX_TIME)
+        median = tuple(
+            PhaseTimes.read(reader.nested(item, f"{reader.name('median')}[{index}]"))
+            for index, item in enumerate(reader.items("median", max_items=MAX_MEDIAN_ROUNDS))
+        )
+        data = PhaseTimes.read(reader.child("data"))
+        reader.done()
+        try:
+            return cls(t_register_end, t_issue_end, median, data)
+        except InvalidSchedule as exc:
+            # Re-raise as the caller's exception type, keeping the field name.
+            reader.fail(exc.field.removeprefix("schedule."), str(exc).split(": ", 1)[1])
+
+
+PHASES = ("registration", "issuance", "median", "waiting", "data", "learning", "done", "failed")
+"""Round phases as ``GET /v1/status`` reports them. ``waiting`` is a gap
+between query phases; ``learning``, ``done`` and ``failed`` come after the
+data phase's delivery window (``failed``: minimum participation missed)."""
+
+
+def phase_at(schedule: RoundSchedule, now: int) -> tuple[str, int | None]:
+    """The scheduled phase at time ``now`` and, in the median phase, its sub-round.
+
+    A query phase lasts from its ``t_s`` until its ``t_r``; after the data
+    phase's ``t_r`` the schedule says ``learning`` (the service reports
+    ``done``/``failed`` once it knows).
+    """
+    if now < schedule.t_register_end:
+        return "registration", None
+    if now < schedule.t_issue_end:
+        return "issuance", None
+    for index, phase in enumerate(schedule.median):
+        if phase.t_s <= now < phase.t_r:
+            return "median", index
+    if schedule.data.t_s <= now < schedule.data.t_r:
+        return "data", None
+    if now >= schedule.data.t_r:
+        return "learning", None
+    return "waiting", None
+
+
+def acceptance_window(schedule: RoundSchedule, survey: SurveyId) -> tuple[int, int]:
+    """``[start, end]`` during which the aggregator accepts packets for ``survey``.
+
+    The whole delivery window ``[t_s + δ, t_r]``: the last relay releases inside
+    it, and the final slice that no relay uses absorbs link latency.
+    """
+    phase = schedule.phase_of(survey)
+    return phase.send_end, phase.t_r
+
+
+def hop_windows(schedule: RoundSchedule, survey: SurveyId, n_relays: int) -> list[ReleaseWindow]:
+    """The release window of each Sphinx hop for ``survey``: ``n_relays`` relays, then the aggregator.
+
+    The delivery window ``(t_s + δ, t_r)`` is cut into ``n_relays + 1`` equal
+    integer slices. Relay ``k`` releases inside slice ``k``: every relay (the
+    first included) holds its packets until the send window has closed, and
+    each hop's window opens only after the previous hop's has closed, so a
+    packet's arrival time is independent of its send time (DESIGN.md §7). The
+    last slice is slack for link latency; the aggregator's window is the whole
+    acceptance window (:func:`acceptance_window`).
+    """
+    from crypto import ReleaseWindow  # crypto imports protocol; import late to avoid a cycle
+
+    if not 1 <= n_relays <= 16:
+        raise InvalidSchedule("path_length", f"n_relays must be in [1, 16], got {n_relays!r}")
+    phase = schedule.phase_of(survey)
+    span = phase.t_r - phase.send_end
+    slice_length = span // (n_relays + 1)
+    if slice_length < 1:
+        raise InvalidSchedule(
+            "schedule", f"delivery window of {span!r} s is too short for {n_relays!r} relays (needs {n_relays + 1})"
+        )
+    windows = [
+        ReleaseWindow(phase.send_end + k * slice_length, phase.send_end + (k + 1) * slice_length)
+        for k in range(n_relays)
+    ]
+    start, end = acceptance_window(schedule, survey)
+    windows.append(ReleaseWindow(start, end))
+    return windows

@@ -1,0 +1,270 @@
+"""The round manifest and schedule: canonical encoding, signatures, strict parsing."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from nacl.signing import SigningKey
+
+from protocol import (
+    AggregatorHop,
+    InvalidManifest,
+    InvalidSchedule,
+    PhaseTimes,
+    RelayEntry,
+    RoundManifest,
+    RoundSchedule,
+    SignedManifest,
+    SurveyId,
+    acceptance_window,
+    check_seed,
+    hop_windows,
+    phase_at,
+    seed_commitment,
+)
+
+SIGNING_KEY = SigningKey(bytes(range(32)))
+T0 = 1_800_000_000
+
+
+def fixed_schedule() -> RoundSchedule:
+    return RoundSchedule(
+        t_register_end=T0 + 60,
+        t_issue_end=T0 + 120,
+        median=(PhaseTimes(T0 + 120, 10, T0 + 150), PhaseTimes(T0 + 150, 10, T0 + 180)),
+        data=PhaseTimes(T0 + 200, 20, T0 + 260),
+    )
+
+
+def fixed_manifest(**changes: Any) -> RoundManifest:
+    values: dict[str, Any] = dict(
+        name="adult-income",
+        label="income",
+        features={
+            "features": [{"name": "age", "type": "numeric", "low": 17, "high": 90}],
+            "label": {"name": "income", "positive": [">50K"], "negative": ["<=50K"]},
+        },
+        k_p=4,
+        k_h=2,
+        k_s=2,
+        plan="split",
+        learner="logistic",
+        eps_median=0.5,
+        eps_data=1.25,
+        eps_total=3.0,
+        oracle="auto",
+        schedule=fixed_schedule(),
+        relays=tuple(
+            RelayEntry(node_id=bytes([i]) * 32, host="127.0.0.1", port=7000 + i, public_key=bytes([0x40 + i]) * 32, key_epoch=1)
+            for i in range(3)
+        ),
+        aggregator_hop=AggregatorHop(node_id=b"\xaa" * 32, host="127.0.0.1", port=7100, public_key=b"\xbb" * 32),
+        aggregator_url="http://127.0.0.1:8080",
+        path_length=3,
+        geometry={"max_hops": 5, "packet_size": 2048},
+        token_public_key=b"\x01\x02\x03",
+        token_kid=b"\x04" * 32,
+        seed_commitment=seed_commitment(b"\x05" * 32),
+        min_participation=8,
+        registration="invitation",
+        identity_key=bytes(SIGNING_KEY.verify_key),
+    )
+    values.update(changes)
+    return RoundManifest(**values)
+
+
+def test_canonical_encoding_is_pinned() -> None:
+    manifest = fixed_manifest()
+    encoded = manifest.canonical_bytes()
+    # Canonical: sorted keys, no whitespace, epsilons as decimal strings.
+    assert b" " not in encoded.replace(b"adult-income", b"")
+    assert b'"eps_data":"1.25"' in encoded
+    assert encoded == json.dumps(json.loads(encoded), sort_keys=True, separators=(",", ":")).encode()
+    assert manifest.round_id == hashlib.sha256(encoded).digest()
+    # Pinned: changing the encoding changes every round id, so it must be deliberate.
+    assert manifest.round_id.hex() == PINNED_ROUND_ID
+
+
+PINNED_ROUND_ID = "b732ef82cc186a141a04e247546633f0e2625dc5f09b0a7b35acec35313a18a1"
+
+
+def test_round_trip_and_hash_stable() -> None:
+    manifest = fixed_manifest()
+    again = RoundManifest.from_json(manifest.canonical_bytes())
+    assert again == manifest
+    assert again.round_id == manifest.round_id
+    # Key order and whitespace in the input do not matter; the canonical form does.
+    shuffled = json.dumps(manifest.to_dict(), indent=3, sort_keys=False)
+    assert RoundManifest.from_json(shuffled).round_id == manifest.round_id
+
+
+def test_every_field_changes_the_round_id() -> None:
+    base = fixed_manifest().round_id
+    for change in (
+        {"name": "other"},
+        {"eps_total": 3.5},
+        {"k_p": 5},
+        {"min_participation": 9},
+        {"registration": "open"},
+        {"token_kid": b"\x05" * 32},
+    ):
+        assert fixed_manifest(**change).round_id != base, change
+
+
+def test_sign_and_verify() -> None:
+    manifest = fixed_manifest()
+    signed = SignedManifest.sign(manifest, SIGNING_KEY)
+    parsed = SignedManifest.from_json(signed.to_json(), expected_identity=bytes(SIGNING_KEY.verify_key))
+    assert parsed.manifest == manifest
+    assert parsed.round_id == manifest.round_id
+
+
+def test_signature_by_another_key_is_rejected() -> None:
+    other = SigningKey(b"\x09" * 32)
+    with pytest.raises(InvalidManifest) as info:
+        SignedManifest.sign(fixed_manifest(), other)
+    assert info.value.field == "identity_key"
+    # A manifest naming another identity verifies, but not against the pinned key.
+    signed = SignedManifest.sign(fixed_manifest(identity_key=bytes(other.verify_key)), other)
+    with pytest.raises(InvalidManifest) as info:
+        SignedManifest.from_json(signed.to_json(), expected_identity=bytes(SIGNING_KEY.verify_key))
+    assert info.value.field == "identity_key"
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "field"),
+    [
+        (("manifest", "privacy", "eps_total"), "9.0", "round_id"),
+        (("manifest", "schedule", "data", "t_r"), T0 + 999, "round_id"),
+        (("signature",), "00" * 64, "signature"),
+        (("round_id",), "11" * 32, "round_id"),
+    ],
+)
+def test_tampering_is_rejected(path: tuple[str, ...], value: object, field: str) -> None:
+    document = SignedManifest.sign(fixed_manifest(), SIGNING_KEY).to_dict()
+    target = document
+    for key in path[:-1]:
+        target = target[key]
+    target[path[-1]] = value
+    with pytest.raises(InvalidManifest) as info:
+        SignedManifest.from_dict(document)
+    assert info.value.field == field
+
+
+def test_tampering_with_round_id_recomputed_fails_the_signature() -> None:
+    document = SignedManifest.sign(fixed_manifest(), SIGNING_KEY).to_dict()
+    document["manifest"]["min_participation"] = 1
+    document["round_id"] = RoundManifest.from_dict(document["manifest"]).round_id.hex()
+    with pytest.raises(InvalidManifest) as info:
+        SignedManifest.from_dict(document)
+    assert info.value.field == "signature"
+
+
+@pytest.mark.parametrize(
+    ("mutate", "field"),
+    [
+        (lambda d: d["privacy"].__setitem__("eps_data", 1.25), "privacy.eps_data"),
+        (lambda d: d["privacy"].__setitem__("eps_data", "1.250"), "privacy.eps_data"),
+        (lambda d: d["privacy"].__setitem__("eps_data", "nan"), "privacy.eps_data"),
+        (lambda d: d["learning"].__setitem__("k_p", 0), "learning.k_p"),
+        (lambda d: d["learning"].__setitem__("plan", "many"), "learning.plan"),
+        (lambda d: d["learning"].__setitem__("k_h", True), "learning.k_h"),
+        (lambda d: d["schedule"]["data"].__setitem__("t_r", T0 + 210), "schedule.data.t_r"),
+        (lambda d: d["schedule"]["median"][1].__setitem__("t_s", T0 + 140), "schedule.median[1].t_s"),
+        (lambda d: d["network"]["relays"][1].__setitem__("public_key", "zz"), "network.relays[1].public_key"),
+        (lambda d: d["network"]["relays"][2].__setitem__("port", 70000), "network.relays[2].port"),
+        (lambda d: d["network"].__setitem__("path_length", 4), "network.path_length"),
+        (lambda d: d.__setitem__("seed_commitment", "AB" * 32), "seed_commitment"),
+        (lambda d: d.__setitem__("registration", "maybe"), "registration"),
+        (lambda d: d.__setitem__("extra", 1), "extra"),
+        (lambda d: d.pop("min_participation"), "min_participation"),
+        (lambda d: d["token"].pop("kid"), "token.kid"),
+        (lambda d: d.__setitem__("aggregator_url", "ftp://x"), "aggregator_url"),
+    ],
+)
+def test_strict_parsing_names_the_bad_field(mutate: Any, field: str) -> None:
+    document = copy.deepcopy(fixed_manifest().to_dict())
+    mutate(document)
+    with pytest.raises(InvalidManifest) as info:
+        RoundManifest.from_dict(document)
+    assert info.value.field == field, info.value
+
+
+def test_oversized_and_non_json_input_is_rejected() -> None:
+    with pytest.raises(InvalidManifest):
+        RoundManifest.from_json(b"{" * 10)
+    with pytest.raises(InvalidManifest):
+        RoundManifest.from_json(b" " * (600 * 1024))
+    with pytest.raises(InvalidManifest):
+        RoundManifest.from_json(b"[1, 2]")
+    with pytest.raises(InvalidManifest):
+        RoundManifest.from_json(b"[" * 100_000)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=300) | st.text(max_size=300))
+def test_from_json_is_total(data: bytes | str) -> None:
+    try:
+        SignedManifest.from_json(data)
+    except InvalidManifest:
+        pass
+
+
+def test_seed_commitment() -> None:
+    seed = b"\x05" * 32
+    assert check_seed(seed, fixed_manifest().seed_commitment)
+    assert not check_seed(b"\x06" * 32, fixed_manifest().seed_commitment)
+    assert not check_seed(seed[:31], fixed_manifest().seed_commitment)
+
+
+def test_schedule_rejects_overlapping_phases() -> None:
+    with pytest.raises(InvalidSchedule):
+        RoundSchedule(T0 + 60, T0 + 50, (), PhaseTimes(T0 + 100, 10, T0 + 130))
+    with pytest.raises(InvalidSchedule):
+        RoundSchedule(T0, T0 + 50, (), PhaseTimes(T0 + 40, 10, T0 + 130))
+    with pytest.raises(InvalidSchedule):
+        PhaseTimes(T0, 10, T0 + 10)
+
+
+def test_phase_at() -> None:
+    schedule = fixed_schedule()
+    assert phase_at(schedule, T0) == ("registration", None)
+    assert phase_at(schedule, T0 + 60) == ("issuance", None)
+    assert phase_at(schedule, T0 + 120) == ("median", 0)
+    assert phase_at(schedule, T0 + 179) == ("median", 1)
+    assert phase_at(schedule, T0 + 190) == ("waiting", None)
+    assert phase_at(schedule, T0 + 200) == ("data", None)
+    assert phase_at(schedule, T0 + 260) == ("learning", None)
+
+
+def test_hop_windows_stagger_after_the_send_window() -> None:
+    from crypto import ReleaseWindow
+
+    schedule = fixed_schedule()
+    round_id = fixed_manifest().round_id
+    survey = SurveyId.data(round_id, 1, 0)
+    windows = hop_windows(schedule, survey, 3)
+    assert len(windows) == 4
+    send_end = schedule.data.t_s + schedule.data.delta
+    relays, aggregator = windows[:-1], windows[-1]
+    # Every relay holds until the send window has closed; each opens after the previous closes.
+    assert relays[0].start >= send_end
+    for earlier, later in zip(relays, relays[1:]):
+        assert earlier.end <= later.start
+    assert relays[-1].end < schedule.data.t_r
+    assert aggregator == ReleaseWindow(*acceptance_window(schedule, survey))
+    assert (aggregator.start, aggregator.end) == (send_end, schedule.data.t_r)
+    # Median sub-round i uses its own phase.
+    median = hop_windows(schedule, SurveyId.median(round_id, 1), 3)
+    assert median[0].start >= schedule.median[1].t_s + schedule.median[1].delta
+    assert median[-1].end == schedule.median[1].t_r
+    with pytest.raises(InvalidSchedule):
+        hop_windows(schedule, SurveyId.median(round_id, 2), 3)
+    with pytest.raises(InvalidSchedule):
+        hop_windows(schedule, survey, 60)
