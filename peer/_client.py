@@ -1,0 +1,171 @@
+"""The peer's HTTP client for the aggregator's API (``protocol._api``).
+
+One :class:`AggregatorClient` wraps one ``httpx.AsyncClient`` (a connection
+pool), so a process running many peers reuses a few connections instead of
+opening one per request. Every response body is parsed by the protocol's
+strict, size-bounded parsers; a service that is briefly overloaded or
+restarting (connection errors, 5xx, 429) is retried with capped backoff.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable
+from typing import TypeVar
+
+import httpx
+import trio
+
+from protocol._api import (
+    MAX_RESPONSE_BYTES,
+    PATH_CREDENTIAL,
+    PATH_MANIFEST,
+    PATH_MEDIAN,
+    PATH_MEDIANS,
+    PATH_RECEIPTS,
+    PATH_REGISTER,
+    PATH_REPORT,
+    PATH_ROSTER,
+    PATH_STATUS,
+    CredentialRequest,
+    CredentialResponse,
+    ErrorResponse,
+    InvalidApiMessage,
+    MedianResults,
+    MedianThresholds,
+    ReceiptLog,
+    RegisterRequest,
+    RegisterResponse,
+    RosterResponse,
+    RoundStatus,
+)
+from protocol._canonical import InvalidDocument, parse_json_object
+from protocol._manifest import SignedManifest
+
+T = TypeVar("T")
+
+_RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+
+
+class AggregatorError(ValueError):
+    """Raised by :class:`AggregatorClient` when the aggregator refuses a request
+    (a 4xx other than 404-for-not-yet, with its ``error`` reason), answers
+    with a body that does not parse, or stays unreachable past the deadline.
+
+    ``status`` is the HTTP status (0 when no response came).
+    """
+
+    def __init__(self, status: int, reason: str) -> None:
+        self.status = status
+        self.reason = reason
+        super().__init__(f"aggregator answered {status}: {reason}" if status else f"aggregator unreachable: {reason}")
+
+
+class AggregatorClient:
+    """Typed calls to one aggregator. ``retry_for`` bounds how long transient
+    failures are retried (seconds of trio time)."""
+
+    def __init__(self, base_url: str, *, max_connections: int = 32, timeout: float = 60.0, retry_for: float = 120.0) -> None:
+        self.base_url = base_url.rstrip("/")
+        self._http = httpx.AsyncClient(
+            base_url=self.base_url,
+            timeout=httpx.Timeout(timeout),
+            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
+        )
+        self._retry_for = retry_for
+        self.requests = 0
+        self.retries = 0
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def _call(self, method: str, path: str, body: bytes | None = None) -> httpx.Response | None:
+        """The response, or None for 404 (a document not published yet)."""
+        deadline = trio.current_time() + self._retry_for
+        backoff = 0.05
+        while True:
+            self.requests += 1
+            try:
+                response = await self._http.request(
+                    method, path, content=body, headers={"content-type": "application/json"} if body else None
+                )
+            except httpx.HTTPError as exc:
+                failure: AggregatorError = AggregatorError(0, f"{type(exc).__name__}: {exc}")
+            else:
+                if len(response.content) > MAX_RESPONSE_BYTES:
+                    raise AggregatorError(response.status_code, f"response of {len(response.content)} bytes is too large")
+                if response.status_code == 404:
+                    return None
+                if response.status_code < 400:
+                    return response
+                failure = AggregatorError(response.status_code, _error_reason(response))
+                if response.status_code not in _RETRY_STATUSES:
+                    raise failure
+            if trio.current_time() + backoff > deadline:
+                raise failure
+            self.retries += 1
+            # Full jitter: thousands of peers retrying together must not come back in step.
+            await trio.sleep(random.uniform(0, backoff))
+            backoff = min(backoff * 2, 5.0)
+
+    async def _get(self, path: str, parse: Callable[[bytes], T]) -> T | None:
+        response = await self._call("GET", path)
+        return None if response is None else _parsed(response, parse)
+
+    async def _post(self, path: str, body: bytes, parse: Callable[[bytes], T]) -> T:
+        response = await self._call("POST", path, body)
+        if response is None:
+            raise AggregatorError(404, f"{path} is not served")
+        return _parsed(response, parse)
+
+    async def manifest(self) -> SignedManifest:
+        """The signed manifest, signature checked (``SignedManifest.from_json``)."""
+        signed = await self._get(PATH_MANIFEST, SignedManifest.from_json)
+        if signed is None:
+            raise AggregatorError(404, "no round is being served")
+        return signed
+
+    async def register(self, request: RegisterRequest) -> RegisterResponse:
+        return await self._post(PATH_REGISTER, request.to_json(), RegisterResponse.from_json)
+
+    async def roster(self) -> RosterResponse | None:
+        return await self._get(PATH_ROSTER, RosterResponse.from_json)
+
+    async def credential(self, request: CredentialRequest) -> CredentialResponse:
+        return await self._post(PATH_CREDENTIAL, request.to_json(), CredentialResponse.from_json)
+
+    async def median(self, sub_round: int) -> MedianThresholds | None:
+        return await self._get(PATH_MEDIAN.format(i=sub_round), MedianThresholds.from_json)
+
+    async def medians(self) -> MedianResults | None:
+        return await self._get(PATH_MEDIANS, MedianResults.from_json)
+
+    async def receipts(self) -> ReceiptLog:
+        log = await self._get(PATH_RECEIPTS, ReceiptLog.from_json)
+        return ReceiptLog({}) if log is None else log
+
+    async def status(self) -> RoundStatus | None:
+        return await self._get(PATH_STATUS, RoundStatus.from_json)
+
+    async def report(self) -> dict[str, object] | None:
+        return await self._get(PATH_REPORT, lambda body: parse_json_object(body, max_bytes=MAX_RESPONSE_BYTES))
+
+
+def _parsed(response: httpx.Response, parse: Callable[[bytes], T]) -> T:
+    try:
+        return parse(response.content)
+    except InvalidDocument as exc:
+        raise AggregatorError(response.status_code, f"malformed {response.request.url.path} response: {exc}") from None
+
+
+def _error_reason(response: httpx.Response) -> str:
+    try:
+        return ErrorResponse.from_json(response.content).error
+    except InvalidApiMessage:
+        return response.text[:200] or response.reason_phrase
+
+
+def retry_delay(attempt: int) -> float:
+    """Seconds between polls for a document not published yet (capped exponential)."""
+    return min(0.25 * math.pow(1.5, attempt), 2.0)

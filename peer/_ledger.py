@@ -1,0 +1,63 @@
+"""The peer's privacy ledger: eq. 7.4 accounting made durable.
+
+:class:`mechanisms.PrivacyLedger` decides whether a release fits the round's
+promised ``ε_T`` (thesis §7.4, eq. 7.4); :class:`PeerLedger` rebuilds it from
+the peer's SQLite store and commits every release there *before* the packet
+carrying it is sent, so a crash can never leave a release unaccounted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from mechanisms import BudgetExceeded, PrivacyLedger
+from peer._store import PeerStore, Spend
+from protocol._survey import SurveyId
+
+
+class PeerLedger:
+    """One peer's releases in one round, checked against ``epsilon_total``."""
+
+    def __init__(self, store: PeerStore, peer: bytes, round_id: bytes, epsilon_total: float) -> None:
+        self._store = store
+        self._peer = peer
+        self._round_id = round_id
+        medians: dict[str, float] = {}
+        subsets: list[tuple[tuple[str, ...], float]] = []
+        for spend in store.spends(peer, round_id):
+            if spend.label:
+                subsets.append((spend.features, spend.epsilon))
+            else:
+                for feature in spend.features:
+                    medians[feature] = medians.get(feature, 0.0) + spend.epsilon
+        self._ledger = PrivacyLedger(epsilon_total, medians=medians, subsets=subsets)
+
+    @property
+    def epsilon_total(self) -> float:
+        return self._ledger.epsilon_total
+
+    def spent(self) -> float:
+        return self._ledger.spent()
+
+    def total_after(self, *, medians: dict[str, float], subsets: Sequence[tuple[Sequence[str], float]]) -> float:
+        return self._ledger.total_after(medians=medians, subsets=subsets)
+
+    def check(self, *, medians: dict[str, float], subsets: Sequence[tuple[Sequence[str], float]]) -> None:
+        """Raise BudgetExceeded if these releases would not fit (records nothing)."""
+        total = self._ledger.total_after(medians=medians, subsets=subsets)
+        if self._ledger.would_exceed(medians=medians, subsets=subsets):
+            raise BudgetExceeded(f"these releases would bring the total epsilon to {total!r}, over {self.epsilon_total!r}")
+
+    def spend_median(self, survey: SurveyId, features: Sequence[str], epsilon: float) -> None:
+        """Record one median answer (one bit per feature, no label) at ``epsilon`` each."""
+        medians = {feature: epsilon for feature in features}
+        self.check(medians=medians, subsets=())
+        self._store.record_spend(self._peer, self._round_id, Spend(survey.to_bytes(), tuple(features), False, epsilon))
+        for feature in features:
+            self._ledger.record_median(feature, epsilon)
+
+    def spend_subset(self, survey: SurveyId, features: Sequence[str], epsilon: float) -> None:
+        """Record one subset release (these features and the label) at ``epsilon``."""
+        self.check(medians={}, subsets=[(features, epsilon)])
+        self._store.record_spend(self._peer, self._round_id, Spend(survey.to_bytes(), tuple(features), True, epsilon))
+        self._ledger.record_subset(features, epsilon)
