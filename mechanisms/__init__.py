@@ -3,4 +3,57 @@ quantiles, numeric mechanisms and the privacy-budget ledger."""
 
 from __future__ import annotations
 
-__all__: list[str] = []
+from mechanisms._accounting import PrivacyLedger, shuffle_amplified_epsilon, total_epsilon
+from mechanisms._errors import BudgetExceeded, InvalidReport
+from mechanisms._numeric import OneBitMean, gaussian_mechanism, gaussian_sigma, laplace_mechanism
+from mechanisms._oracles import (
+    ORACLE_NAMES,
+    FrequencyOracle,
+    GeneralizedRandomResponse,
+    OptimizedLocalHashing,
+    OptimizedPQEncoding,
+    OptimizedUnaryEncoding,
+    SubsetSelection,
+    SymmetricUnaryEncoding,
+    UnaryEncoding,
+    make_oracle,
+    optimal_pq_p,
+)
+from mechanisms._postprocess import POSTPROCESS_METHODS, postprocess
+from mechanisms._quantiles import (
+    QuantileSearch,
+    answer_is_greater,
+    answers_are_greater,
+    assign_quantiles,
+    estimate_quantiles,
+)
+
+__all__ = [
+    "ORACLE_NAMES",
+    "POSTPROCESS_METHODS",
+    "BudgetExceeded",
+    "FrequencyOracle",
+    "GeneralizedRandomResponse",
+    "InvalidReport",
+    "OneBitMean",
+    "OptimizedLocalHashing",
+    "OptimizedPQEncoding",
+    "OptimizedUnaryEncoding",
+    "PrivacyLedger",
+    "QuantileSearch",
+    "SubsetSelection",
+    "SymmetricUnaryEncoding",
+    "UnaryEncoding",
+    "answer_is_greater",
+    "answers_are_greater",
+    "assign_quantiles",
+    "estimate_quantiles",
+    "gaussian_mechanism",
+    "gaussian_sigma",
+    "laplace_mechanism",
+    "make_oracle",
+    "optimal_pq_p",
+    "postprocess",
+    "shuffle_amplified_epsilon",
+    "total_epsilon",
+]

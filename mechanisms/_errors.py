@@ -1,0 +1,27 @@
+"""The exceptions of the ``mechanisms`` package.
+
+Both are ``ValueError`` subclasses so that callers validating user input with a
+plain ``except ValueError`` also catch them.
+"""
+
+from __future__ import annotations
+
+
+class InvalidReport(ValueError):
+    """A perturbed report that no honest peer could have produced.
+
+    Raised by ``FrequencyOracle.decode_reports`` (wrong length, wrong type,
+    impossible value such as a set padding bit or a subset of the wrong size)
+    and by ``FrequencyOracle.estimate`` and the numeric mechanisms' ``estimate``
+    when a report array holds an impossible value. The aggregator counts these
+    as rejections by reason; the message names the first offending report.
+    """
+
+
+class BudgetExceeded(ValueError):
+    """A release would push a peer's total epsilon (thesis eq. 7.4) past the
+    ``epsilon_total`` it was promised.
+
+    Raised by ``PrivacyLedger.record_median`` and ``PrivacyLedger.record_subset``;
+    when it is raised the ledger has recorded nothing.
+    """
