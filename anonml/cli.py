@@ -22,6 +22,8 @@ ROLE_COMMANDS: dict[str, str] = {
 # ``anonml bench NAME``: one benchmark per component, each printing ratios
 # against a baseline measured in the same run.
 BENCH_COMMANDS: dict[str, str] = {
+    "mechanisms": "mechanisms._bench:bench_mechanisms",
+    "crypto": "crypto._bench:bench_crypto",
 }
 
 

@@ -28,8 +28,12 @@ X25519_SCALAR_SIZE = 32
 X25519_ELEMENT_SIZE = 32
 HMAC_SHA256_SIZE = 32
 _SHA256_BLOCK_SIZE = 64
+_HMAC_IPAD = b"\x36" * _SHA256_BLOCK_SIZE
+_HMAC_OPAD = b"\x5c" * _SHA256_BLOCK_SIZE
 SHA256_SIZE = 32
 _SHA256_BLOCK_SIZE = 64
+_HMAC_IPAD = b"\x36" * _SHA256_BLOCK_SIZE
+_HMAC_OPAD = b"\x5c" * _SHA256_BLOCK_SIZE
 CHACHA20_KEY_SIZE = 32
 # cryptography's ChaCha20 takes the 16-byte "counter || nonce" block of RFC 7539's
 # original layout; every key in this package is used for one message only, so the
@@ -75,8 +79,8 @@ def hkdf_sha256(ikm: bytes, *, salt: bytes, info: bytes, length: int) -> bytes:
     # copied per block: half the cost of one hmac.digest call per block, which
     # matters because every hop of every packet derives 256 bytes.
     padded = prk.ljust(_SHA256_BLOCK_SIZE, b"\x00")
-    inner = hashlib.sha256(bytes(byte ^ 0x36 for byte in padded))
-    outer = hashlib.sha256(bytes(byte ^ 0x5C for byte in padded))
+    inner = hashlib.sha256(xor_bytes(padded, _HMAC_IPAD))
+    outer = hashlib.sha256(xor_bytes(padded, _HMAC_OPAD))
     blocks: list[bytes] = []
     previous = b""
     for counter in range(1, -(-length // SHA256_SIZE) + 1):
