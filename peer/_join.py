@@ -26,12 +26,16 @@ from typing import TypeVar
 import numpy as np
 import trio
 
-from crypto import NodeAddress, PathHop, ReleaseWindow, SphinxGeometry, build_packet
-from crypto._credential import (
+from crypto import (
     Credential,
     CredentialSecret,
     IssuerPublicKey,
+    NodeAddress,
+    PathHop,
+    ReleaseWindow,
+    SphinxGeometry,
     begin_issuance,
+    build_packet,
     finish_issuance,
     make_token,
     tag_digest,
