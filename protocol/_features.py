@@ -64,6 +64,27 @@ def _check_keys(field: str, data: object, required: Collection[str], optional: C
     return data
 
 
+def encode_cells(radices: Sequence[int], bins: IntArray, labels: IntArray) -> IntArray:
+    """Mixed-radix code of ``(bins, label)``: the first feature most
+    significant, the label least significant, so ``code // 2`` is the cell of
+    the features alone. Inputs are assumed in range (callers validate)."""
+    code = np.zeros(bins.shape[0], dtype=np.int64)
+    for j, radix in enumerate(radices):
+        code = code * radix + bins[:, j]
+    return code * 2 + labels
+
+
+def decode_cells(radices: Sequence[int], codes: IntArray) -> tuple[IntArray, IntArray]:
+    """Inverse of :func:`encode_cells`: ``(bins (n, k), labels (n,))``."""
+    labels = codes % 2
+    rest = codes // 2
+    bins = np.empty((codes.shape[0], len(radices)), dtype=np.int64)
+    for j in range(len(radices) - 1, -1, -1):
+        bins[:, j] = rest % radices[j]
+        rest = rest // radices[j]
+    return bins, labels
+
+
 @dataclass(frozen=True)
 class NumericFeature:
     """A numeric feature with public bounds for the private quantile search
@@ -318,13 +339,11 @@ class FeatureSpec:
             raise FeatureSpecError(f"bins: expected shape (n, {len(names)}) and labels (n,), got {b.shape!r} and {y.shape!r}")
         if np.any((y != 0) & (y != 1)):
             raise FeatureSpecError("labels: expected 0/1 values")
-        code = np.zeros(b.shape[0], dtype=np.int64)
         for j, radix in enumerate(radices):
             column = b[:, j]
             if np.any((column < 0) | (column >= radix)):
                 raise FeatureSpecError(f"bins[{names[j]!r}]: expected bin indices in [0, {radix}), got {column[(column < 0) | (column >= radix)][0]!r}")
-            code = code * radix + column
-        return code * 2 + y
+        return encode_cells(radices, b, y)
 
     def decode(self, subset: Sequence[str], codes: npt.ArrayLike) -> tuple[IntArray, IntArray]:
         """Inverse of :meth:`encode`: ``(bins (n, k_s), labels (n,))``."""
@@ -333,14 +352,7 @@ class FeatureSpec:
         code = np.asarray(codes, dtype=np.int64)
         if code.ndim != 1 or np.any((code < 0) | (code >= m)):
             raise FeatureSpecError(f"codes: expected a 1-d array of values in [0, {m})")
-        labels = code % 2
-        rest = code // 2
-        bins = np.empty((code.shape[0], len(names)), dtype=np.int64)
-        for j in range(len(names) - 1, -1, -1):
-            radix = self.features[self.index(names[j])].n_bins
-            bins[:, j] = rest % radix
-            rest = rest // radix
-        return bins, labels
+        return decode_cells([self.features[self.index(n)].n_bins for n in names], code)
 
     def to_dict(self) -> dict[str, Any]:
         return {"features": [f.to_dict() for f in self.features], "label": self.label.to_dict()}

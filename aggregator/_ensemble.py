@@ -1,0 +1,363 @@
+"""The partition-ensemble learner (thesis chapter 6, DESIGN.md §9).
+
+One classifier per (partition, feature subset) histogram, trained on the
+histogram's cells weighted by their estimated counts. Training a learner on
+``n`` samples drawn from a histogram is the same as training it on the ``m``
+distinct cells weighted by how often each was drawn, so weighting by the
+estimated counts is the sampling of thesis §7.3.4 without the sampling noise
+and ``O(m)`` instead of ``O(n)``; ``training="sampled"`` reproduces the thesis
+literally by drawing the counts from a multinomial. Each member is scored by
+k-fold cross-validation on the noisy data (the counts are split into folds as
+the synthetic samples would be), and members vote by eq. 6.2 (weighted hard
+votes) or by a weighted average of their probabilities ("soft").
+
+Each member's input domain is finite (the subset's cells), so its prediction
+for every cell is computed once at fit time and prediction is a table lookup.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from numbers import Integral, Real
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+from sklearn.base import BaseEstimator, ClassifierMixin
+from sklearn.preprocessing import LabelEncoder
+from sklearn.tree import DecisionTreeClassifier
+from sklearn.utils._param_validation import Interval, StrOptions
+from sklearn.utils.multiclass import type_of_target
+from sklearn.utils.validation import check_is_fitted, check_random_state, validate_data
+
+from protocol import FeatureSpec
+from protocol._features import decode_cells, encode_cells
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+
+
+@dataclass(frozen=True)
+class SubsetHistogram:
+    """The estimated histogram of one (partition, subset): counts over the
+    encoded domain of :func:`protocol._features.encode_cells` for the
+    features at ``columns`` (indices into the full binned feature vector)
+    with ``n_bins`` bins each."""
+
+    columns: tuple[int, ...]
+    n_bins: tuple[int, ...]
+    counts: FloatArray
+    partition: int = 0
+
+    def __post_init__(self) -> None:
+        counts = np.asarray(self.counts, dtype=np.float64)
+        m = 2 * int(np.prod(self.n_bins))
+        if len(self.columns) != len(self.n_bins) or not self.columns:
+            raise ValueError(f"columns {self.columns!r} and n_bins {self.n_bins!r} must be equal-length and non-empty")
+        if counts.shape != (m,) or not np.all(np.isfinite(counts)):
+            raise ValueError(f"counts: expected {m} finite values, got shape {counts.shape!r}")
+        object.__setattr__(self, "counts", counts)
+
+    @classmethod
+    def from_spec(cls, spec: FeatureSpec, subset: Sequence[str], counts: npt.ArrayLike, partition: int = 0) -> SubsetHistogram:
+        names = spec.check_subset(subset)
+        return cls(tuple(spec.index(n) for n in names), tuple(spec.feature(n).n_bins for n in names), np.asarray(counts, dtype=np.float64), partition)
+
+
+def exact_histogram(columns: Sequence[int], n_bins: Sequence[int], X: IntArray, y: IntArray, partition: int = 0) -> SubsetHistogram:
+    """The noise-free histogram of binned rows ``X`` (all features) and 0/1 ``y``."""
+    codes = encode_cells(n_bins, X[:, list(columns)], y)
+    counts = np.bincount(codes, minlength=2 * int(np.prod(n_bins))).astype(np.float64)
+    return SubsetHistogram(tuple(columns), tuple(n_bins), counts, partition)
+
+
+def _one_hot(bins: IntArray, n_bins: Sequence[int]) -> FloatArray:
+    """Per-feature one-hot without the first bin (a binary feature is its own 0/1 column)."""
+    blocks = [(bins[:, j:j + 1] == np.arange(1, k)).astype(np.float64) for j, k in enumerate(n_bins)]
+    return np.hstack(blocks)
+
+
+def _fit_logreg(design: FloatArray, labels: IntArray, weights: FloatArray, C: float) -> FloatArray:
+    """L2-regularised weighted logistic regression by damped Newton steps.
+
+    Minimises ``C·Σ w_i logloss_i + ½‖coef‖²`` (scikit-learn's objective,
+    intercept unpenalised). The design has at most ``m`` rows and a handful
+    of columns, where a direct Newton solve takes microseconds and
+    ``LogisticRegression``'s per-call overhead would dominate the learner's
+    run time. Returns ``[intercept, coef...]``.
+    """
+    Z = np.hstack([np.ones((design.shape[0], 1)), design])
+    penalty = np.ones(Z.shape[1])
+    penalty[0] = 0.0
+    theta = np.zeros(Z.shape[1])
+
+    def objective(t: FloatArray) -> float:
+        z = Z @ t
+        return float(C * weights @ (np.logaddexp(0.0, z) - labels * z) + 0.5 * penalty @ (t * t))
+
+    current = objective(theta)
+    for _ in range(100):
+        p = 1.0 / (1.0 + np.exp(-(Z @ theta)))
+        gradient = C * Z.T @ (weights * (p - labels)) + penalty * theta
+        hessian = C * (Z.T * (weights * p * (1.0 - p))) @ Z + np.diag(penalty) + 1e-10 * np.eye(Z.shape[1])
+        step = np.linalg.solve(hessian, gradient)
+        scale = 1.0
+        while True:
+            candidate = theta - scale * step
+            value = objective(candidate)
+            if value <= current or scale < 1e-6:
+                break
+            scale /= 2.0
+        theta, converged = candidate, current - value < 1e-12 * max(1.0, abs(current))
+        current = value
+        if converged:
+            break
+    return theta
+
+
+def _weighted_score(scoring: str, labels: IntArray, proba: FloatArray, weights: FloatArray) -> float:
+    """f1, ROC AUC or accuracy of predictions over cells with weights."""
+    if scoring == "roc_auc":
+        positive, negative = weights * (labels == 1), weights * (labels == 0)
+        # Weighted Mann–Whitney statistic over cell pairs (ties count ½).
+        order = np.sign(proba[:, None] - proba[None, :]) * 0.5 + 0.5
+        denominator = positive.sum() * negative.sum()
+        return float(positive @ order @ negative / denominator) if denominator > 0 else 0.0
+    predicted = proba >= 0.5
+    if scoring == "accuracy":
+        return float(weights @ (predicted == labels.astype(bool)) / weights.sum()) if weights.sum() > 0 else 0.0
+    tp = float(weights @ (predicted & (labels == 1)))
+    wrong = float(weights @ (predicted != labels.astype(bool)))
+    return 2 * tp / (2 * tp + wrong) if tp > 0 else 0.0
+
+
+_SCORERS = ("f1", "roc_auc", "accuracy")
+
+
+class PartitionEnsemble(ClassifierMixin, BaseEstimator):
+    """Ensemble of one classifier per (partition, subset) histogram.
+
+    Parameters
+    ----------
+    base : "logreg" or "tree"
+        The partition classifier (thesis §8.3: trees for low privacy and high
+        cardinality, logistic regression under heavy perturbation).
+    scoring : "f1", "roc_auc" or "accuracy"
+        Cross-validation score used as each member's weight ``s_i`` (f1 as in
+        the thesis).
+    vote : "weighted" or "soft"
+        "weighted" is eq. 6.2, ``Σ s_i (2 g_i − 1)``; "soft" averages the
+        members' probabilities with weights ``s_i``.
+    training : "weighted" or "sampled"
+        Train on cells weighted by the estimated counts, or on a multinomial
+        draw of ``n_synthetic`` samples (thesis §7.3.4).
+    n_synthetic : int or None
+        Synthetic samples per histogram for "sampled" (default: its count total).
+    balance : bool
+        Reweight each histogram's classes to equal total weight. Adult's
+        label is 24% positive, so an unbalanced member votes 0 almost always
+        and eq. 6.2's hard votes carry no ranking information.
+    cv : int
+        Folds for the cross-validated scores.
+    C, max_depth, min_weight_fraction_leaf : base-learner regularisation.
+    random_state : seed for fold splits and synthetic draws.
+    """
+
+    _parameter_constraints: dict[str, list[Any]] = {
+        "base": [StrOptions({"logreg", "tree"})],
+        "scoring": [StrOptions(set(_SCORERS))],
+        "vote": [StrOptions({"weighted", "soft"})],
+        "training": [StrOptions({"weighted", "sampled"})],
+        "n_synthetic": [Interval(Integral, 2, None, closed="left"), None],
+        "balance": ["boolean"],
+        "cv": [Interval(Integral, 2, None, closed="left")],
+        "C": [Interval(Real, 0, None, closed="neither")],
+        "max_depth": [Interval(Integral, 1, None, closed="left"), None],
+        "min_weight_fraction_leaf": [Interval(Real, 0, 0.5, closed="both")],
+        "random_state": ["random_state"],
+    }
+
+    def __init__(
+        self,
+        *,
+        base: str = "logreg",
+        scoring: str = "f1",
+        vote: str = "weighted",
+        training: str = "weighted",
+        n_synthetic: int | None = None,
+        balance: bool = True,
+        cv: int = 5,
+        C: float = 1.0,
+        max_depth: int | None = None,
+        min_weight_fraction_leaf: float = 0.01,
+        random_state: int | np.random.Generator | np.random.RandomState | None = None,
+    ) -> None:
+        self.base = base
+        self.scoring = scoring
+        self.vote = vote
+        self.training = training
+        self.n_synthetic = n_synthetic
+        self.balance = balance
+        self.cv = cv
+        self.C = C
+        self.max_depth = max_depth
+        self.min_weight_fraction_leaf = min_weight_fraction_leaf
+        self.random_state = random_state
+
+    def __sklearn_tags__(self) -> Any:
+        tags = super().__sklearn_tags__()
+        tags.classifier_tags.multi_class = False
+        tags.input_tags.allow_nan = False
+        return tags
+
+    # -- fitting -------------------------------------------------------------
+
+    def fit(self, X: npt.ArrayLike, y: npt.ArrayLike) -> PartitionEnsemble:
+        """The noise-free path on raw rows: bin every column at its exact
+        training median (``x > median`` is bin 1), build exact histograms of
+        each single feature with the label, and fit on them. The private path
+        is :meth:`fit_histograms`."""
+        X_checked, y_checked = validate_data(self, X, y, dtype=np.float64)
+        if type_of_target(y_checked) != "binary":
+            raise ValueError(f"PartitionEnsemble is a binary classifier; y has classes {np.unique(y_checked)!r}")
+        encoder = LabelEncoder().fit(y_checked)
+        cut_points = np.median(X_checked, axis=0)
+        binned = (X_checked > cut_points).astype(np.int64)
+        labels = encoder.transform(y_checked).astype(np.int64)
+        histograms = [exact_histogram((j,), (2,), binned, labels) for j in range(binned.shape[1])]
+        self._fit_members(histograms, n_features=binned.shape[1], n_bins=(2,) * binned.shape[1])
+        self.classes_ = encoder.classes_
+        self.cut_points_ = cut_points
+        return self
+
+    def fit_histograms(self, histograms: Sequence[SubsetHistogram], *, n_bins: Sequence[int]) -> PartitionEnsemble:
+        """Fit on estimated histograms (one per partition and subset);
+        ``n_bins`` gives every feature's bin count, in feature order. Predict
+        then takes binned full feature vectors; classes are 0 and 1."""
+        self._validate_params()
+        if not histograms:
+            raise ValueError("histograms: need at least one histogram")
+        for h in histograms:
+            for column, bins in zip(h.columns, h.n_bins):
+                if not 0 <= column < len(n_bins) or n_bins[column] != bins:
+                    raise ValueError(f"histogram column {column!r} with {bins!r} bins does not match n_bins {tuple(n_bins)!r}")
+        self._fit_members(list(histograms), n_features=len(n_bins), n_bins=tuple(n_bins))
+        self.classes_ = np.array([0, 1])
+        self.cut_points_ = None
+        return self
+
+    def _fit_members(self, histograms: list[SubsetHistogram], *, n_features: int, n_bins: tuple[int, ...]) -> None:
+        self._validate_params()
+        rng = np.random.default_rng(check_random_state(self.random_state).randint(2**32, dtype=np.int64))
+        tables: list[FloatArray] = []
+        scores: list[float] = []
+        for h in histograms:
+            counts = np.clip(h.counts, 0.0, None)
+            if self.training == "sampled":
+                total = self.n_synthetic if self.n_synthetic is not None else int(round(counts.sum()))
+                counts = rng.multinomial(total, counts / counts.sum()).astype(np.float64) if counts.sum() > 0 else counts
+            bins, labels = decode_cells(h.n_bins, np.arange(counts.shape[0], dtype=np.int64))
+            design = _one_hot(bins, h.n_bins)
+            scores.append(self._cross_validate(design, labels, counts, rng))
+            # Prediction table over the feature cells: cell c's two label
+            # codes are 2c and 2c+1, so rows 0::2 list every feature cell once.
+            tables.append(self._fit_one(design, labels, counts)(design[0::2]))
+        self.histogram_columns_ = [h.columns for h in histograms]
+        self.histogram_bins_ = [h.n_bins for h in histograms]
+        self.partitions_ = np.array([h.partition for h in histograms])
+        self.tables_ = tables
+        self.scores_ = np.array(scores)
+        self.n_bins_ = n_bins
+        self.n_features_in_ = n_features
+
+    def _weights(self, labels: IntArray, counts: FloatArray) -> FloatArray:
+        if not self.balance:
+            return counts
+        totals = np.array([counts[labels == 0].sum(), counts[labels == 1].sum()])
+        # Equal total weight per class; a class with no mass keeps weight 0.
+        factor = np.divide(counts.sum() / 2.0, totals, out=np.zeros(2), where=totals > 0)
+        return counts * factor[labels]
+
+    def _fit_one(self, design: FloatArray, labels: IntArray, counts: FloatArray) -> Any:
+        """Train one member; returns ``cells -> P(y=1)`` for design rows."""
+        weights = self._weights(labels, counts)
+        mass = np.array([weights[labels == 0].sum(), weights[labels == 1].sum()])
+        if mass.min() <= 0:
+            # One class has no estimated mass: the member can only predict the other.
+            constant = float(mass[1] > 0)
+            return lambda cells: np.full(cells.shape[0], constant)
+        # Scale weights to mean 1 so C means the same at every n.
+        weights = weights * (weights.shape[0] / weights.sum())
+        if self.base == "logreg":
+            theta = _fit_logreg(design, labels, weights, self.C)
+            return lambda cells: 1.0 / (1.0 + np.exp(-(theta[0] + cells @ theta[1:])))
+        model = DecisionTreeClassifier(max_depth=self.max_depth, min_weight_fraction_leaf=self.min_weight_fraction_leaf, random_state=0)
+        model.fit(design, labels, sample_weight=weights)
+        return lambda cells: model.predict_proba(cells)[:, 1]
+
+    def _cross_validate(self, design: FloatArray, labels: IntArray, counts: FloatArray, rng: np.random.Generator) -> float:
+        """k-fold CV on the noisy counts: each cell's (rounded) count is dealt
+        into folds by a multinomial, as ``n`` synthetic samples would be."""
+        whole = np.floor(counts).astype(np.int64)
+        whole += rng.random(counts.shape[0]) < counts - whole
+        folds = rng.multinomial(whole, np.full(self.cv, 1.0 / self.cv))
+        fold_scores = []
+        for k in range(self.cv):
+            held = folds[:, k].astype(np.float64)
+            predict = self._fit_one(design, labels, counts - held)
+            if held[labels == 0].sum() == 0 or held[labels == 1].sum() == 0:
+                fold_scores.append(0.0)
+                continue
+            # Score with the class balance the member was trained for.
+            fold_scores.append(_weighted_score(self.scoring, labels, predict(design), self._weights(labels, held)))
+        return float(np.mean(fold_scores))
+
+    # -- prediction ----------------------------------------------------------
+
+    def _binned(self, X: npt.ArrayLike) -> IntArray:
+        check_is_fitted(self)
+        if self.cut_points_ is not None:
+            X_checked = validate_data(self, X, dtype=np.float64, reset=False)
+            return (X_checked > self.cut_points_).astype(np.int64)
+        X_checked = validate_data(self, X, dtype=np.int64, reset=False)
+        bad = (X_checked < 0) | (X_checked >= np.asarray(self.n_bins_))
+        if np.any(bad):
+            row, col = np.argwhere(bad)[0]
+            raise ValueError(f"X[{row}, {col}] = {X_checked[row, col]!r} is not a bin index below {self.n_bins_[col]!r}")
+        return X_checked
+
+    def member_probabilities(self, X: npt.ArrayLike) -> FloatArray:
+        """``(n, n_members)``: each member's P(y=1) for binned rows ``X``."""
+        binned = self._binned(X)
+        out = np.empty((binned.shape[0], len(self.tables_)))
+        for i, (columns, n_bins, table) in enumerate(zip(self.histogram_columns_, self.histogram_bins_, self.tables_)):
+            cells = encode_cells(n_bins, binned[:, list(columns)], np.zeros(binned.shape[0], dtype=np.int64)) // 2
+            out[:, i] = table[cells]
+        return out
+
+    def _member_weights(self) -> FloatArray:
+        weights = np.clip(self.scores_, 0.0, None)
+        # All members scoring 0 (e.g. f1 of constant voters) leaves eq. 6.2
+        # undefined; fall back to equal weights rather than a constant score.
+        return weights if weights.sum() > 0 else np.ones_like(weights)
+
+    def decision_function(self, X: npt.ArrayLike) -> FloatArray:
+        """Eq. 6.2's score normalised to [−1, 1] ("weighted"), or the soft
+        vote's average probability minus 1/2 ("soft"); ≥ 0 predicts class 1."""
+        proba = self.member_probabilities(X)
+        weights = self._member_weights()
+        if self.vote == "weighted":
+            votes = 2.0 * (proba >= 0.5) - 1.0
+            return np.asarray(votes @ weights / weights.sum())
+        return np.asarray(proba @ weights / weights.sum() - 0.5)
+
+    def predict_proba(self, X: npt.ArrayLike) -> FloatArray:
+        """For "weighted", the score-weighted share of members voting 1; for
+        "soft", the weighted average member probability."""
+        decision = self.decision_function(X)
+        p1 = (decision + 1.0) / 2.0 if self.vote == "weighted" else decision + 0.5
+        return np.column_stack([1.0 - p1, p1])
+
+    def predict(self, X: npt.ArrayLike) -> npt.NDArray[Any]:
+        return np.asarray(self.classes_[(self.decision_function(X) >= 0).astype(int)])
