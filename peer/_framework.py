@@ -175,7 +175,7 @@ class CsvImporter:
     numeric: frozenset[str] = frozenset()
     required: frozenset[str] = frozenset()
     timestamp_column: str | None = None
-    missing_markers: frozenset[str] = field(default_factory=lambda: frozenset({"", "?"}))
+    missing_markers: frozenset[str] = field(default_factory=lambda: frozenset({""}))
 
     def import_file(self, path: Path) -> Dataset:
         try:
