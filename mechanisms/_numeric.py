@@ -48,10 +48,13 @@ class OneBitMean:
         tuples = self._check_tuples(values)
         n = tuples.shape[0]
         attribute = rng.integers(0, self.d, size=n)
-        lam = math.exp(self.epsilon)
-        chosen = tuples[np.arange(n), attribute]
-        up = rng.random(n) < (chosen * (lam - 1) + lam + 1) / (2 * lam + 2)
+        up = rng.random(n) < self.probability_of_one(tuples[np.arange(n), attribute])
         return np.stack([attribute, up.astype(np.int64)], axis=1)
+
+    def probability_of_one(self, chosen: np.ndarray) -> np.ndarray:
+        """``P[u = 1]`` given the chosen attribute's value (Algorithm 2, line 3)."""
+        lam = math.exp(self.epsilon)
+        return (np.asarray(chosen, dtype=np.float64) * (lam - 1) + lam + 1) / (2 * lam + 2)
 
     def check_reports(self, reports: np.ndarray) -> np.ndarray:
         """``reports`` as int64 after checking shape (n, 2) and values."""

@@ -12,22 +12,21 @@ import numpy as np
 
 
 def check_epsilon(epsilon: float, name: str = "epsilon") -> float:
-    """Return ``epsilon`` as a float if it is finite and > 0."""
-    try:
-        value = float(epsilon)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a positive finite number, got {epsilon!r}") from None
+    """Return ``epsilon`` as a float if it is a real number (not a string or
+    bool), finite and > 0."""
+    if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float, np.integer, np.floating)):
+        raise ValueError(f"{name} must be a positive finite number, got {epsilon!r}")
+    value = float(epsilon)
     if not math.isfinite(value) or value <= 0.0:
         raise ValueError(f"{name} must be a positive finite number, got {epsilon!r}")
     return value
 
 
 def check_probability(value: float, name: str) -> float:
-    """Return ``value`` as a float if it lies strictly inside (0, 1)."""
-    try:
-        result = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a number in (0, 1), got {value!r}") from None
+    """Return ``value`` as a float if it is a real number strictly inside (0, 1)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise ValueError(f"{name} must be a number in (0, 1), got {value!r}")
+    result = float(value)
     if not (0.0 < result < 1.0):
         raise ValueError(f"{name} must be a number in (0, 1), got {value!r}")
     return result
