@@ -1,0 +1,138 @@
+"""A demo worker process: many peers, each its own identity, credential,
+ledger and randomness, run as concurrent :func:`peer.join_round` tasks.
+
+``python -m anonml._swarm CONFIG.json`` reads its peers' rows from one CSV
+file (one row per peer: the importer turns the file into events and each peer
+gets the dataset of its own event), shares one HTTP connection pool and one
+link per relay between its peers (the only thing they share: public documents
+and sockets), and prints progress as JSON lines on stdout for ``anonml demo``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import trio
+
+
+@dataclass(frozen=True)
+class SwarmConfig:
+    """What one worker runs: ``csv`` holds one row per peer."""
+
+    worker: int
+    aggregator: str
+    csv: Path
+    store: Path
+    seed: int
+    max_connections: int = 16
+
+    def to_json(self) -> str:
+        return json.dumps({**self.__dict__, "csv": str(self.csv), "store": str(self.store)})
+
+    @classmethod
+    def from_json(cls, text: str) -> SwarmConfig:
+        data = json.loads(text)
+        return cls(
+            worker=int(data["worker"]),
+            aggregator=str(data["aggregator"]),
+            csv=Path(data["csv"]),
+            store=Path(data["store"]),
+            seed=int(data["seed"]),
+            max_connections=int(data.get("max_connections", 16)),
+        )
+
+
+def _emit(record: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(record) + "\n")
+    sys.stdout.flush()
+
+
+async def run_swarm(config: SwarmConfig) -> dict[str, Any]:
+    from mechanisms import BudgetExceeded
+    from peer._client import AggregatorClient, AggregatorError
+    from peer._features import RoundPipeline
+    from peer._framework import Dataset
+    from peer._identity import PeerIdentity
+    from peer._join import JoinRefused, JoinResult, Peer, RoundSession, join_round
+    from peer._store import PeerStore
+    from peer._transport import open_transport
+    from protocol._features import FeatureSpec
+
+    started = time.monotonic()
+    events: Counter[str] = Counter()
+    failures: Counter[str] = Counter()
+    client = AggregatorClient(config.aggregator, max_connections=config.max_connections, retry_for=300.0)
+    store = PeerStore(config.store, durable=False)
+    results: list[JoinResult] = []
+    try:
+        session_manifest = await client.manifest()
+        spec = FeatureSpec.from_dict(dict(session_manifest.manifest.features))
+        pipeline = RoundPipeline.for_spec(spec)
+        dataset = pipeline.importer.import_file(config.csv)
+        vectors = [pipeline.vector_of(Dataset((event,))) for event in dataset.events]
+        seeds = np.random.SeedSequence([config.seed, config.worker]).spawn(len(vectors))
+        geometry = session_manifest.manifest.sphinx_geometry()
+        _emit({"worker": config.worker, "peers": len(vectors)})
+
+        async def one(vector: Any, seed: np.random.SeedSequence) -> None:
+            peer = Peer(PeerIdentity.generate(), store, vector, np.random.default_rng(seed))
+            try:
+                results.append(await join_round(peer, session, session_manifest, pipeline, listener=lambda event: events.update((event,))))
+            except (JoinRefused, AggregatorError, BudgetExceeded) as exc:
+                failures[getattr(exc, "reason", type(exc).__name__)] += 1
+                _emit({"worker": config.worker, "error": str(exc)[:300]})
+
+        async def report_progress() -> None:
+            while True:
+                _emit({"worker": config.worker, "events": dict(events), "failures": dict(failures)})
+                await trio.sleep(0.5)
+
+        async with open_transport(packet_size=geometry.packet_size, geometry_hash=geometry.canonical_hash()) as transport:
+            session = RoundSession(client, transport)
+            async with trio.open_nursery() as outer:
+                outer.start_soon(report_progress)
+                async with trio.open_nursery() as peers:
+                    for vector, seed in zip(vectors, seeds, strict=True):
+                        peers.start_soon(one, vector, seed)
+                outer.cancel_scope.cancel()
+    finally:
+        store.close()
+        await client.aclose()
+    summary = {
+        "worker": config.worker,
+        "done": True,
+        "events": dict(events),
+        "failures": dict(failures),
+        "joined": len(results),
+        "packets": sum(r.packets for r in results),
+        "sends": sum(r.sends for r in results),
+        "resends": sum(r.resends for r in results),
+        "acknowledged": sum(r.acknowledged for r in results),
+        "missing": sum(r.missing for r in results),
+        "epsilon": [r.epsilon_spent for r in results],
+        "http_requests": client.requests,
+        "http_retries": client.retries,
+        "seconds": time.monotonic() - started,
+    }
+    _emit(summary)
+    return summary
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2:
+        print("usage: python -m anonml._swarm CONFIG.json", file=sys.stderr)
+        return 2
+    config = SwarmConfig.from_json(Path(argv[1]).read_text())
+    trio.run(run_swarm, config)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
