@@ -251,3 +251,308 @@ def baseline_auc(data: DemoData) -> float:
     scaler, encoder = StandardScaler(), OneHotEncoder(handle_unknown="ignore")
     model = LogisticRegression(max_iter=5000).fit(design(data.train_columns, True), data.train_labels)
     return float(roc_auc_score(data.test_labels, model.predict_proba(design(data.test_columns, False))[:, 1]))
+
+
+@dataclass
+class Progress:
+    """What the workers and the aggregator's status have said so far."""
+
+    peers: int = 0
+    workers: dict[int, dict[str, Any]] = field(default_factory=dict)
+    summaries: dict[int, dict[str, Any]] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
+    status: Any = None  # protocol.RoundStatus
+
+    def events(self) -> Counter[str]:
+        total: Counter[str] = Counter()
+        for record in self.workers.values():
+            total.update(record.get("events", {}))
+        return total
+
+
+async def _read_worker(process: trio.Process, progress: Progress) -> None:
+    assert process.stdout is not None
+    buffer = b""
+    async for chunk in process.stdout:
+        buffer += chunk
+        while b"\n" in buffer:
+            line, buffer = buffer.split(b"\n", 1)
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            worker = int(record.get("worker", -1))
+            if "error" in record:
+                if len(progress.errors) < 20:
+                    progress.errors.append(str(record["error"]))
+            elif record.get("done"):
+                progress.summaries[worker] = record
+                progress.workers[worker] = record
+            elif "events" in record:
+                progress.workers[worker] = record
+
+
+def _phase_table(progress: Progress, peers: int, started: float) -> Any:
+    from rich.table import Table
+
+    events = progress.events()
+    status = progress.status
+    table = Table(title=f"anonml demo — {peers} peers — {time.monotonic() - started:5.1f} s", show_header=True)
+    table.add_column("phase")
+    table.add_column("progress", justify="right")
+    phase = status.phase if status is not None else "starting"
+    counts = status.counts if status is not None else {}
+    rejected = status.rejected if status is not None else {}
+    table.add_row("round phase", f"{phase}" + (f" (sub-round {status.sub_round})" if status is not None and status.sub_round is not None else ""))
+    table.add_row("registered", f"{events['registered']} / {peers}  (aggregator: {counts.get('registered', 0)})")
+    table.add_row("credentials", f"{events['credential']} / {peers}  (aggregator: {counts.get('credentials', 0)})")
+    table.add_row("packets sent", f"{events['sent']}  (first-hop retries {events['first-hop-failed']})")
+    table.add_row("accepted by the aggregator", f"{counts.get('accepted', 0)}")
+    table.add_row("receipts found / resent / missing", f"{events['acknowledged']} / {events['resent']} / {events['missing']}")
+    table.add_row("rejected", ", ".join(f"{k}: {v}" for k, v in sorted(rejected.items())) or "none")
+    if progress.errors:
+        table.add_row("peer errors", f"{len(progress.errors)}: {progress.errors[-1][:80]}")
+    return table
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{json.dumps(k)} = {_toml_value(v)}" for k, v in value.items()) + "}"
+    raise TypeError(f"cannot write {value!r} as TOML")
+
+
+def to_toml(document: dict[str, Any]) -> str:
+    """A small TOML writer for the round spec: top-level scalars, then one table per dict."""
+    lines = [f"{key} = {_toml_value(value)}" for key, value in document.items() if not isinstance(value, dict)]
+    for key, value in document.items():
+        if isinstance(value, dict):
+            lines += ["", f"[{key}]"] + [f"{json.dumps(k)} = {_toml_value(v)}" for k, v in value.items()]
+    return "\n".join(lines) + "\n"
+
+
+async def _wait_for_http(url: str, deadline: float) -> None:
+    import httpx
+
+    async with httpx.AsyncClient() as client:
+        while True:
+            try:
+                response = await client.get(url + "/v1/status")
+                if response.status_code < 500:
+                    return
+            except httpx.HTTPError:
+                pass
+            if trio.current_time() > deadline:
+                raise DemoError(f"the aggregator at {url} did not come up")
+            await trio.sleep(0.1)
+
+
+async def run_demo(data: DemoData, params: DemoParams, work: Path, console: Any) -> dict[str, Any]:
+    """Run one complete round; returns the summary figures."""
+    from rich.live import Live
+
+    from peer._client import AggregatorClient
+
+    started = time.monotonic()
+    logs = work / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    rows = data.train_rows[: params.peers] if params.peers else data.train_rows
+    peers = len(rows)
+    procs = Processes(logs)
+    progress = Progress(peers=peers)
+    try:
+        console.print(f"[bold]1/5[/] starting {RELAYS} relays (anonml relay init / info / run)")
+        descriptors = []
+        for i in range(RELAYS):
+            relay_dir = work / f"relay-{i}"
+            await procs.run(f"relay-{i}-init", "relay", "init", "--data-dir", str(relay_dir), "--listen", f"{HOST}:{free_port()}")
+            descriptors.append(json.loads(await procs.run(f"relay-{i}-info", "relay", "info", "--data-dir", str(relay_dir), "--json")))
+            await procs.start(f"relay-{i}", anonml_command("relay", "run", "--data-dir", str(relay_dir)))
+
+        console.print("[bold]2/5[/] starting the aggregator (anonml aggregator init / round new / run)")
+        agg_dir = work / "aggregator"
+        http_port, sink_port = free_port(), free_port()
+        await procs.run("aggregator-init", "aggregator", "init", "--data-dir", str(agg_dir))
+        spec_path = work / "round.toml"
+        spec_path.write_text(to_toml(round_spec(data, params, peers, descriptors, http_port, sink_port)))
+        out = await procs.run("aggregator-round-new", "aggregator", "round", "new", "--data-dir", str(agg_dir), "--spec", str(spec_path))
+        console.print(f"    round manifest hash: {out.strip().splitlines()[-1] if out.strip() else '?'}")
+        await procs.start("aggregator", anonml_command("aggregator", "run", "--data-dir", str(agg_dir)))
+        url = f"http://{HOST}:{http_port}"
+        await _wait_for_http(url, trio.current_time() + 30)
+
+        console.print(f"[bold]3/5[/] {peers} peers in {params.workers} worker processes join the round")
+        worker_csvs = write_peer_files(data, rows, work, params.workers)
+        workers = []
+        for w, path in enumerate(worker_csvs):
+            config = SwarmConfig(w, url, path, work / "peers" / f"worker-{w}.sqlite", params.seed)
+            config_path = work / "peers" / f"worker-{w}.json"
+            config_path.write_text(config.to_json())
+            workers.append(await procs.start(
+                f"worker-{w}", [sys.executable, "-m", "anonml._swarm", str(config_path)], stdout=__import__("subprocess").PIPE
+            ))
+        client = AggregatorClient(url, max_connections=2)
+        async with trio.open_nursery() as nursery:
+            for process in workers:
+                nursery.start_soon(_read_worker, process, progress)
+            with Live(_phase_table(progress, peers, started), console=console, refresh_per_second=4, transient=False) as live:
+                while True:
+                    try:
+                        progress.status = await client.status()
+                    except Exception:  # noqa: BLE001 - a status poll failing must not stop the demo
+                        pass
+                    live.update(_phase_table(progress, peers, started))
+                    workers_done = all(p.returncode is not None for p in workers)
+                    if progress.status is not None and progress.status.phase in ("done", "failed") and workers_done:
+                        break
+                    await trio.sleep(0.25)
+        console.print("[bold]4/5[/] the round is over; fetching the report")
+        report = await client.report()
+        await client.aclose()
+        await procs.run("aggregator-report", "aggregator", "report", "--data-dir", str(agg_dir), progress.status.round_id.hex())
+    finally:
+        await procs.stop_all()
+    return summarise(data, params, progress, report or {}, work, time.monotonic() - started)
+
+
+def round_spec(data: DemoData, params: DemoParams, peers: int, relays: list[dict[str, Any]], http_port: int, sink_port: int) -> dict[str, Any]:
+    """The round spec for ``anonml aggregator round new``, with absolute times from now."""
+    now = int(time.time()) + 2
+    register_end = now + params.register_seconds
+    issue_end = register_end + params.issue_seconds
+    median = []
+    t = issue_end
+    for _ in range(params.median_rounds if data.spec.numeric_names else 0):
+        median.append({"t_s": t, "delta": params.send_window, "t_r": t + params.send_window + params.delivery_window})
+        t = median[-1]["t_r"]
+    data_phase = {"t_s": t, "delta": params.data_send_window, "t_r": t + params.data_send_window + params.delivery_window}
+    return {
+        "name": f"demo-{data.name}",
+        "label": data.spec.label.name,
+        "registration": "open",
+        "min_participation": max(1, peers // 2),
+        "features": data.spec.to_dict(),
+        "learning": {"k_p": params.k_p, "k_h": params.k_h, "k_s": params.k_s, "plan": params.plan, "learner": "logreg"},
+        "privacy": {"eps_total": params.epsilon, "oracle": "auto"},
+        "schedule": {"t_register_end": register_end, "t_issue_end": issue_end, "median": median, "data": data_phase},
+        "network": {
+            "relays": relays,
+            "path_length": RELAYS,
+            "http": f"{HOST}:{http_port}",
+            "sink": f"{HOST}:{sink_port}",
+        },
+    }
+
+
+def central_epsilon(eps0: float, n: int, releases: int) -> tuple[float, float]:
+    """Shuffle-amplified (Feldman, McMillan, Talwar 2021) central figure for one peer.
+
+    Each report is ``eps0``-LDP and hides among the ``n`` unlinkable reports
+    of its survey (the partition); a peer's ``releases`` reports compose
+    basically. Returns ``(epsilon, delta)``.
+    """
+    from mechanisms import shuffle_amplified_epsilon
+
+    delta = min(1e-5, 1.0 / (10 * max(n, 1)))
+    return releases * shuffle_amplified_epsilon(eps0, max(n, 1), delta), releases * delta
+
+
+def summarise(data: DemoData, params: DemoParams, progress: Progress, report: dict[str, Any], work: Path, seconds: float) -> dict[str, Any]:
+    epsilons = [e for s in progress.summaries.values() for e in s.get("epsilon", [])]
+    total = Counter[str]()
+    for s in progress.summaries.values():
+        for key in ("joined", "packets", "sends", "resends", "acknowledged", "missing"):
+            total[key] += int(s.get(key, 0))
+    status = progress.status
+    counts = dict(status.counts) if status is not None else {}
+    rejected = dict(status.rejected) if status is not None else {}
+    return {
+        "dataset": data.name,
+        "peers": progress.peers,
+        "registered": counts.get("registered", 0),
+        "credentials": counts.get("credentials", 0),
+        "joined": total["joined"],
+        "packets": total["packets"],
+        "sends": total["sends"],
+        "resends": total["resends"],
+        "receipts": total["acknowledged"],
+        "missing": total["missing"],
+        "accepted": counts.get("accepted", 0),
+        "rejected": rejected,
+        "peer_errors": progress.errors,
+        "epsilon_local_max": max(epsilons, default=0.0),
+        "epsilon_local_mean": float(np.mean(epsilons)) if epsilons else 0.0,
+        "report": report,
+        "phase": status.phase if status is not None else "unknown",
+        "baseline_auc": baseline_auc(data),
+        "wall_seconds": seconds,
+        "work_dir": str(work),
+        "peak_rss_mb_demo": _max_rss_mb(resource.RUSAGE_SELF),
+        "peak_rss_mb_children": _max_rss_mb(resource.RUSAGE_CHILDREN),
+    }
+
+
+def _print_summary(console: Any, summary: dict[str, Any], params: DemoParams) -> None:
+    from rich.table import Table
+
+    table = Table(title="round summary", show_header=False)
+    table.add_column("what")
+    table.add_column("figure", justify="right")
+    sent = summary["sends"]
+    accepted = summary["accepted"]
+    table.add_row("outcome", summary["phase"])
+    table.add_row("peers registered / answered", f"{summary['registered']} / {summary['joined']} of {summary['peers']}")
+    table.add_row("packets: messages / sends (incl. resends)", f"{summary['packets']} / {sent} ({summary['resends']} resent)")
+    table.add_row("accepted by the aggregator", f"{accepted} ({100.0 * accepted / max(summary['packets'], 1):.2f}% of messages)")
+    table.add_row("receipts found / missing", f"{summary['receipts']} / {summary['missing']}")
+    table.add_row("rejected by reason", ", ".join(f"{k}: {v}" for k, v in sorted(summary["rejected"].items())) or "none")
+    table.add_row("epsilon per peer, local (eq. 7.4)", f"max {summary['epsilon_local_max']:.3g}, promised {params.epsilon:g}")
+    if "epsilon_central" in summary:
+        eps, delta = summary["epsilon_central"]
+        table.add_row("epsilon per peer, central (shuffle bound)", f"{eps:.3g} at delta {delta:.1e}")
+    auc = summary.get("auc")
+    table.add_row("AUC on held-out data", f"{auc:.4f}" if isinstance(auc, float) else "n/a")
+    table.add_row("AUC, non-private logistic regression", f"{summary['baseline_auc']:.4f}")
+    table.add_row("wall time", f"{summary['wall_seconds']:.1f} s")
+    table.add_row("peak memory (demo / largest child)", f"{summary['peak_rss_mb_demo']:.0f} MB / {summary['peak_rss_mb_children']:.0f} MB")
+    table.add_row("report", summary.get("report_path", summary["work_dir"]))
+    console.print(table)
+
+
+@click.command("demo")
+@click.option("--peers", type=click.IntRange(min=4), default=None, help="How many peers (default: every training row).")
+@click.option("--dataset", type=click.Choice(["breast-cancer", "adult"]), default="breast-cancer", show_default=True)
+@click.option("--data-dir", type=click.Path(path_type=Path), default=None, help="Directory with adult.data and adult.test (for --dataset adult).")
+@click.option("--epsilon", type=click.FloatRange(min=0, min_open=True), default=2.0, show_default=True, help="Total epsilon promised to each peer (eq. 7.4).")
+@click.option("--workers", type=click.IntRange(min=1), default=2, show_default=True, help="Peer worker processes.")
+@click.option("--work-dir", type=click.Path(path_type=Path), default=None, help="Keep every process's files here (default: a new temporary directory).")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--json", "json_out", type=click.Path(path_type=Path), default=None, help="Also write the summary as JSON.")
+def demo(peers: int | None, dataset: str, data_dir: Path | None, epsilon: float, workers: int, work_dir: Path | None, seed: int, json_out: Path | None) -> None:
+    """Run one complete round on loopback: 3 relays, the aggregator, N peers."""
+    from rich.console import Console
+
+    console = Console()
+    if dataset == "adult":
+        if data_dir is None:
+            raise click.UsageError("--dataset adult needs --data-dir (the directory with adult.data and adult.test)")
+        data = adult_data(data_dir)
+    else:
+        data = breast_cancer_data(seed)
+    n = min(peers or len(data.train_rows), len(data.train_rows))
+    params = default_params(data, n, epsilon, workers, seed)
+    work = work_dir or Path(tempfile.mkdtemp(prefix="anonml-demo-"))
+    work.mkdir(parents=True, exist_ok=True)
+    summary = trio.run(run_demo, data, params, work, console)
+    _print_summary(console, summary, params)
+    if json_out is not None:
+        json_out.write_text(json.dumps(summary, indent=2, default=str))
+    if summary["phase"] != "done":
+        raise SystemExit(3)
