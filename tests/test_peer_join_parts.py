@@ -1,0 +1,88 @@
+"""Pieces of the peer's round that need no aggregator: the packet transport
+(real TCP against the protocol's own link server), path choice, resend
+windows and the worst-case budget."""
+
+from __future__ import annotations
+
+from functools import partial
+
+import numpy as np
+import pytest
+import trio
+
+from peer._join import JoinRefused, choose_path, late_windows
+from peer._transport import open_transport
+from protocol._link import AckStatus, serve_link
+from protocol._manifest import RelayEntry
+
+PACKET = 64
+GEOMETRY = b"\x07" * 32
+
+
+async def test_the_transport_batches_packets_and_returns_each_ack() -> None:
+    batches: list[int] = []
+
+    async def on_packets(frames: list[bytes]) -> list[AckStatus]:
+        batches.append(len(frames))
+        return [AckStatus.ACCEPTED if f[0] == 1 else AckStatus.REJECTED for f in frames]
+
+    async def handler(stream: trio.SocketStream) -> None:
+        async with stream:
+            await serve_link(stream, on_packets, packet_size=PACKET, geometry_hash=GEOMETRY)
+
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(partial(trio.serve_tcp, handler, 0, host="127.0.0.1"))
+        port = listeners[0].socket.getsockname()[1]
+        results: list[AckStatus | None] = []
+        async with open_transport(packet_size=PACKET, geometry_hash=GEOMETRY) as transport:
+
+            async def send(first: int) -> None:
+                packet = bytes([first]) + bytes(PACKET - 1)
+                results.append(await transport.send("127.0.0.1", port, packet, give_up_at=trio.current_time() + 10))
+
+            async with trio.open_nursery() as senders:
+                for i in range(50):
+                    senders.start_soon(send, 1 if i % 5 else 2)
+        nursery.cancel_scope.cancel()
+    assert results.count(AckStatus.ACCEPTED) == 40
+    assert results.count(AckStatus.REJECTED) == 10
+    assert sum(batches) == 50
+    assert len(batches) < 50  # packets queued behind a send in flight went in one batch
+
+
+async def test_an_unreachable_relay_gives_no_ack_by_the_deadline() -> None:
+    with trio.socket.socket() as sock:
+        await sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # bound, never listening: connections are refused
+        async with open_transport(packet_size=PACKET, geometry_hash=GEOMETRY) as transport:
+            status = await transport.send("127.0.0.1", port, bytes(PACKET), give_up_at=trio.current_time() + 0.5)
+    assert status is None
+
+
+def relay(i: int) -> RelayEntry:
+    return RelayEntry(bytes([i]) * 16, "127.0.0.1", 1000 + i, bytes([i]) * 32, 0)
+
+
+def test_paths_are_distinct_relays_and_avoid_failed_ones_when_possible() -> None:
+    relays = [relay(i) for i in range(5)]
+    rng = np.random.default_rng(1)
+    seen_first = set()
+    for _ in range(200):
+        path = choose_path(relays, 3, rng)
+        assert len({r.node_id for r in path}) == 3
+        seen_first.add(path[0].node_id)
+    assert len(seen_first) == 5  # independently chosen: every relay leads some path
+    avoid = {relays[0].node_id, relays[1].node_id}
+    for _ in range(100):
+        path = choose_path(relays, 3, rng, avoid)
+        assert not {r.node_id for r in path} & avoid
+    # not enough fresh relays: the path is still full length, fresh ones included
+    path = choose_path(relays, 3, rng, {r.node_id for r in relays[:4]})
+    assert len(path) == 3 and relays[4] in path
+
+
+def test_late_windows_fit_what_is_left_of_the_delivery_window() -> None:
+    windows = late_windows(100, 108, 3)
+    assert [(w.start, w.end) for w in windows] == [(100, 102), (102, 104), (104, 106), (100, 108)]
+    with pytest.raises(JoinRefused):
+        late_windows(100, 103, 3)
