@@ -252,8 +252,8 @@ class ReleasePlan:
         return tuple(p for p in range(self.k_p) if feature not in self.released_features(p))
 
     def median_epsilon_by_feature(self, partition: int) -> dict[str, float]:
-        """ε_e^i for a peer of ``partition`` (0 for features it is not asked about)."""
-        return {f: (self.median_epsilon if partition in self.median_partitions(f) else 0.0) for f in self.numeric_features}
+        """ε_e^i for a peer of ``partition``, for the features it is asked about."""
+        return {f: self.median_epsilon for f in self.numeric_features if partition in self.median_partitions(f)}
 
     def epsilon_of_partition(self, partition: int) -> float:
         """Eq. 7.4 for one peer of ``partition``, computed by the mechanisms ledger."""
