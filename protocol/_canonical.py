@@ -199,6 +199,19 @@ class FieldReader:
             self.fail_at(field, f"expected a name matching {pattern!r}, got {str(value)[:80]!r}")
         return value
 
+    def number(self, key: str, lo: float, hi: float) -> float:
+        value = self.raw(key)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            self.fail(key, f"expected a finite number, got {value!r}")
+        if not lo <= value <= hi:
+            self.fail(key, f"{value!r} is outside [{lo}, {hi}]")
+        return float(value)
+
+    def optional(self, key: str) -> bool:
+        """Whether ``key`` is present (marks it as read)."""
+        self._seen.add(key)
+        return key in self._obj
+
     def epsilon(self, key: str) -> float:
         value = self.raw(key)
         if not isinstance(value, str) or len(value) > 32:

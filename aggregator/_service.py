@@ -1,0 +1,248 @@
+"""The aggregator service: HTTP/JSON API, packet sink, and the round's phase driver.
+
+One ``serve_aggregator(config, *, task_status)`` (STYLE.md 1) opens the HTTP
+API (starlette on hypercorn's trio worker) and the packet sink, reports their
+bound addresses, then drives the round through its phases by the schedule
+(DESIGN.md §3) and returns the round's outcome.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import trio
+from hypercorn.config import Config as HypercornConfig
+from hypercorn.trio import serve as hypercorn_serve
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from protocol import (
+    MAX_REQUEST_BYTES,
+    PATH_CREDENTIAL,
+    PATH_MANIFEST,
+    PATH_MEDIANS,
+    PATH_RECEIPTS,
+    PATH_REGISTER,
+    PATH_REPORT,
+    PATH_ROSTER,
+    PATH_STATUS,
+    CredentialRequest,
+    ErrorResponse,
+    InvalidApiMessage,
+    ReceiptLog,
+    RegisterRequest,
+    RegisterResponse,
+)
+
+from aggregator._round import ApiRefused, Clock, RoundState
+from aggregator._sink import PacketSink
+
+log = logging.getLogger(__name__)
+
+EXIT_DONE = 0
+EXIT_MIN_PARTICIPATION = 3
+
+
+@dataclass
+class AggregatorConfig:
+    """How to serve one round. ``clock`` gives UTC seconds (injectable for tests)."""
+
+    state: RoundState
+    http_host: str = "127.0.0.1"
+    http_port: int = 0
+    sink_host: str = "127.0.0.1"
+    sink_port: int = 0
+    verify_threads: int = 2
+    linger: float = 0.0
+    on_learn: Callable[[RoundState], dict[str, Any]] | None = None
+
+
+@dataclass(frozen=True)
+class BoundAddresses:
+    http_url: str
+    sink: tuple[str, int]
+
+
+def _json(body: bytes, status: int = 200) -> Response:
+    return Response(body, status_code=status, media_type="application/json")
+
+
+def _error(status: int, reason: str) -> Response:
+    return _json(ErrorResponse(reason).to_json(), status)
+
+
+async def _read_body(request: Request) -> bytes:
+    """The request body, refusing more than MAX_REQUEST_BYTES (413) without reading it all."""
+    declared = request.headers.get("content-length")
+    if declared is not None and (not declared.isdigit() or int(declared) > MAX_REQUEST_BYTES):
+        raise ApiRefused(413, f"request body exceeds {MAX_REQUEST_BYTES} bytes")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_REQUEST_BYTES:
+            raise ApiRefused(413, f"request body exceeds {MAX_REQUEST_BYTES} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+def _guarded(handler: Handler) -> Handler:
+    """No handler crashes the service or answers 500 for what a client sent (STYLE.md 2)."""
+
+    async def guarded(request: Request) -> Response:
+        try:
+            return await handler(request)
+        except ApiRefused as exc:
+            return _error(exc.status, exc.reason)
+        except InvalidApiMessage as exc:
+            return _error(400, str(exc))
+        except Exception:
+            log.exception("handler %s failed", request.url.path)
+            return _error(500, "internal error")
+
+    return guarded
+
+
+def build_app(state: RoundState) -> Starlette:
+    """The HTTP API of protocol/_api.py over one round."""
+
+    async def manifest(request: Request) -> Response:
+        return _json(state.manifest_json())
+
+    async def register(request: Request) -> Response:
+        parsed = RegisterRequest.from_json(await _read_body(request))
+        state.register(parsed)
+        return _json(RegisterResponse(True).to_json())
+
+    async def roster(request: Request) -> Response:
+        return _json(state.roster().to_json())
+
+    async def credential(request: Request) -> Response:
+        parsed = CredentialRequest.from_json(await _read_body(request))
+        # Issuance proves and checks P-256 statements: off the event loop.
+        response = await trio.to_thread.run_sync(state.issue, parsed)
+        return _json(response.to_json())
+
+    async def median(request: Request) -> Response:
+        raw = request.path_params["i"]
+        if not raw.isdigit() or len(raw) > 5:
+            raise ApiRefused(404, f"no median sub-round {raw[:16]!r}")
+        thresholds = state.thresholds(int(raw))
+        if thresholds is None:
+            raise ApiRefused(404, f"thresholds of median sub-round {int(raw)} are not published")
+        return _json(thresholds.to_json())
+
+    async def medians(request: Request) -> Response:
+        result = state.medians()
+        if result is None:
+            raise ApiRefused(404, "medians are published after the median phase")
+        return _json(result.to_json())
+
+    async def receipts(request: Request) -> Response:
+        log_ = state.store.receipts()
+        return _json(ReceiptLog({survey: tuple(digests) for survey, digests in log_.items()}).to_json())
+
+    async def status(request: Request) -> Response:
+        return _json(state.status().to_json())
+
+    async def report(request: Request) -> Response:
+        body = state.store.get_result("report")
+        if body is None:
+            raise ApiRefused(404, "the report is published after the round")
+        return _json(body)
+
+    async def not_found(request: Request) -> Response:
+        return _error(404, f"no such endpoint {request.url.path[:64]!r}")
+
+    routes = [
+        Route(PATH_MANIFEST, _guarded(manifest), methods=["GET"]),
+        Route(PATH_REGISTER, _guarded(register), methods=["POST"]),
+        Route(PATH_ROSTER, _guarded(roster), methods=["GET"]),
+        Route(PATH_CREDENTIAL, _guarded(credential), methods=["POST"]),
+        Route("/v1/median/{i}", _guarded(median), methods=["GET"]),
+        Route(PATH_MEDIANS, _guarded(medians), methods=["GET"]),
+        Route(PATH_RECEIPTS, _guarded(receipts), methods=["GET"]),
+        Route(PATH_STATUS, _guarded(status), methods=["GET"]),
+        Route(PATH_REPORT, _guarded(report), methods=["GET"]),
+    ]
+    app = Starlette(routes=routes)
+
+    async def http_error(request: Request, exc: Exception) -> Response:
+        code = getattr(exc, "status_code", 404)
+        return _error(int(code), f"{getattr(exc, 'detail', 'not found')}: {request.method} {request.url.path[:64]}")
+
+    app.add_exception_handler(404, http_error)
+    app.add_exception_handler(405, http_error)
+    return app
+
+
+async def wait_until(clock: Clock, when: float) -> None:
+    """Sleep until ``clock() >= when`` (works with wall time and trio's MockClock)."""
+    while True:
+        remaining = when - clock()
+        if remaining <= 0:
+            return
+        await trio.sleep(remaining)
+
+
+async def drive_round(state: RoundState, on_learn: Callable[[RoundState], dict[str, Any]] | None = None) -> str:
+    """Take the round through its phases by the schedule; return ``"done"`` or ``"failed"``.
+
+    Minimum participation is checked when registration and issuance close; a
+    round that misses it ends at once with a clear status (DESIGN.md §3).
+    """
+    outcome = state.outcome()
+    if outcome is not None:
+        return outcome
+    schedule = state.manifest.schedule
+    for checkpoint in (schedule.t_register_end, schedule.t_issue_end):
+        await wait_until(state.clock, checkpoint)
+        failure = state.participation_failure(state.now())
+        if failure is not None:
+            log.warning("round %s failed: %s", state.round_id.hex()[:12], failure)
+            state.finish("failed", {"reason": failure, "counts": state.store.counts()})
+            return "failed"
+        state.prepare()
+    for sub_round, phase in enumerate(schedule.median):
+        await wait_until(state.clock, phase.t_r)
+        # Publish the next sub-round's thresholds (or the final medians) now.
+        if sub_round + 1 < len(schedule.median):
+            state.thresholds(sub_round + 1)
+        else:
+            state.medians()
+    await wait_until(state.clock, schedule.data.t_r)
+    detail = on_learn(state) if on_learn is not None else {}
+    state.finish("done", detail)
+    return "done"
+
+
+async def serve_aggregator(
+    config: AggregatorConfig, *, task_status: trio.TaskStatus[BoundAddresses] = trio.TASK_STATUS_IGNORED
+) -> str:
+    """Serve one round until it ends (plus ``config.linger`` seconds); return its outcome."""
+    state = config.state
+    sink = PacketSink(state, threads=config.verify_threads)
+    hyper = HypercornConfig()
+    hyper.bind = [f"{config.http_host}:{config.http_port}"]
+    hyper.accesslog = None
+    hyper.errorlog = log
+    hyper.h11_max_incomplete_size = MAX_REQUEST_BYTES
+    app = build_app(state)
+    async with trio.open_nursery() as nursery:
+        binds = await nursery.start(partial(hypercorn_serve, app, hyper, mode="asgi"))
+        listeners = await nursery.start(partial(trio.serve_tcp, sink.handle, config.sink_port, host=config.sink_host))
+        sink_port = listeners[0].socket.getsockname()[1]
+        task_status.started(BoundAddresses(binds[0], (config.sink_host, sink_port)))
+        outcome = await drive_round(state, config.on_learn)
+        await trio.sleep(config.linger)
+        nursery.cancel_scope.cancel()
+    return outcome

@@ -1,0 +1,291 @@
+"""The aggregator's durable state for one round: SQLite in WAL mode (DESIGN.md §10).
+
+Registrations, invitations, the allow-list, credentials issued, accepted
+packets (unique per survey and tag digest, DESIGN.md §6), rejections counted
+by reason, the receipt log, final-hop replay tags, and published results.
+A packet is acknowledged on the link only after :meth:`RoundStore.store_batch`
+has committed it.
+
+One connection per store, used from the event loop and from verification
+threads; a lock serialises access (SQLite connections are not thread-safe).
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from protocol import SurveyId
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS invitations (code TEXT PRIMARY KEY, used_by BLOB);
+CREATE TABLE IF NOT EXISTS allow_list (identity_key BLOB PRIMARY KEY);
+CREATE TABLE IF NOT EXISTS registrations (
+    identity_key BLOB PRIMARY KEY, invitation TEXT, registered_at INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS credentials (
+    identity_key BLOB PRIMARY KEY, partition INTEGER NOT NULL, response BLOB NOT NULL,
+    issued_at INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS packets (
+    survey BLOB NOT NULL, tag_digest BLOB NOT NULL, message_hash BLOB NOT NULL,
+    report BLOB NOT NULL, receipt BLOB NOT NULL, accepted_at INTEGER NOT NULL,
+    PRIMARY KEY (survey, tag_digest));
+CREATE TABLE IF NOT EXISTS rejections (reason TEXT PRIMARY KEY, count INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS replay_tags (tag BLOB PRIMARY KEY);
+CREATE TABLE IF NOT EXISTS results (key TEXT PRIMARY KEY, value BLOB NOT NULL);
+"""
+
+
+class RegistrationRefused(ValueError):
+    """Raised by :meth:`RoundStore.register` with ``reason`` (used as the 4xx error text)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class VerifiedPacket:
+    """A packet whose token verified: what :meth:`RoundStore.store_batch` records."""
+
+    survey: SurveyId
+    tag_digest: bytes
+    message_hash: bytes
+    report: bytes
+    receipt: bytes
+
+
+class RoundStore:
+    """One round's SQLite database."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+        with self._lock:
+            self._db.execute("PRAGMA journal_mode=WAL")
+            # FULL: a commit is on disk before the link acknowledges (DESIGN.md §10).
+            self._db.execute("PRAGMA synchronous=FULL")
+            self._db.executescript(_SCHEMA)
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    # -- metadata and results ------------------------------------------------
+
+    def put_meta(self, key: str, value: bytes) -> None:
+        with self._lock:
+            self._db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, value))
+
+    def get_meta(self, key: str) -> bytes | None:
+        with self._lock:
+            row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return None if row is None else bytes(row[0])
+
+    def put_result(self, key: str, value: bytes) -> None:
+        with self._lock:
+            self._db.execute("INSERT OR REPLACE INTO results VALUES (?, ?)", (key, value))
+
+    def get_result(self, key: str) -> bytes | None:
+        with self._lock:
+            row = self._db.execute("SELECT value FROM results WHERE key = ?", (key,)).fetchone()
+        return None if row is None else bytes(row[0])
+
+    # -- registration ----------------------------------------------------------
+
+    def add_invitations(self, codes: Iterable[str]) -> None:
+        with self._lock:
+            self._db.executemany("INSERT OR IGNORE INTO invitations (code) VALUES (?)", [(c,) for c in codes])
+
+    def add_allowed(self, keys: Iterable[bytes]) -> None:
+        with self._lock:
+            self._db.executemany("INSERT OR IGNORE INTO allow_list VALUES (?)", [(k,) for k in keys])
+
+    def register(self, identity_key: bytes, invitation: str | None, policy: str, now: int) -> bool:
+        """Record a registration; True if new, False if this key was already registered.
+
+        Raises RegistrationRefused for a missing, unknown or used invitation, or
+        a key not on the allow-list. Re-registering the same key is idempotent.
+        """
+        with self._lock:
+            if self._db.execute("SELECT 1 FROM registrations WHERE identity_key = ?", (identity_key,)).fetchone():
+                return False
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                if policy == "invitation":
+                    if invitation is None:
+                        raise RegistrationRefused("an invitation code is required")
+                    row = self._db.execute("SELECT used_by FROM invitations WHERE code = ?", (invitation,)).fetchone()
+                    if row is None:
+                        raise RegistrationRefused("unknown invitation code")
+                    if row[0] is not None:
+                        raise RegistrationRefused("invitation code already used")
+                    self._db.execute("UPDATE invitations SET used_by = ? WHERE code = ?", (identity_key, invitation))
+                elif policy == "allow-list":
+                    if not self._db.execute("SELECT 1 FROM allow_list WHERE identity_key = ?", (identity_key,)).fetchone():
+                        raise RegistrationRefused("identity key is not on the allow-list")
+                self._db.execute("INSERT INTO registrations VALUES (?, ?, ?)", (identity_key, invitation, now))
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+        return True
+
+    def roster(self) -> list[bytes]:
+        with self._lock:
+            rows = self._db.execute("SELECT identity_key FROM registrations ORDER BY identity_key").fetchall()
+        return [bytes(row[0]) for row in rows]
+
+    def is_registered(self, identity_key: bytes) -> bool:
+        with self._lock:
+            return self._db.execute("SELECT 1 FROM registrations WHERE identity_key = ?", (identity_key,)).fetchone() is not None
+
+    # -- credentials -----------------------------------------------------------
+
+    def credential_issued(self, identity_key: bytes) -> bool:
+        with self._lock:
+            return self._db.execute("SELECT 1 FROM credentials WHERE identity_key = ?", (identity_key,)).fetchone() is not None
+
+    def record_credential(self, identity_key: bytes, partition: int, response: bytes, now: int) -> bool:
+        """Record an issued credential; False if this peer already had one (nothing stored)."""
+        with self._lock:
+            cursor = self._db.execute(
+                "INSERT OR IGNORE INTO credentials VALUES (?, ?, ?, ?)", (identity_key, partition, response, now)
+            )
+            return cursor.rowcount == 1
+
+    # -- packets ----------------------------------------------------------------
+
+    def check_and_record_replay(self, tag: bytes) -> bool:
+        """True if ``tag`` was seen before (a replay); records it otherwise (the final hop's cache)."""
+        with self._lock:
+            cursor = self._db.execute("INSERT OR IGNORE INTO replay_tags VALUES (?)", (tag,))
+            return cursor.rowcount == 0
+
+    def store_batch(self, packets: Sequence[VerifiedPacket], rejections: Sequence[str], now: int) -> list[str]:
+        """Store verified packets and count rejections in one transaction.
+
+        Returns one outcome per packet: ``"accepted"``, ``"duplicate"`` (same
+        survey, tag and message as a stored packet: counted once) or
+        ``"double-submission"`` (same tag, another message: the first is kept,
+        DESIGN.md §6). Duplicates and double submissions are counted as
+        rejections by that reason.
+        """
+        outcomes: list[str] = []
+        counted: dict[str, int] = {}
+        for reason in rejections:
+            counted[reason] = counted.get(reason, 0) + 1
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                for packet in packets:
+                    survey = packet.survey.to_bytes()
+                    row = self._db.execute(
+                        "SELECT message_hash FROM packets WHERE survey = ? AND tag_digest = ?", (survey, packet.tag_digest)
+                    ).fetchone()
+                    if row is None:
+                        self._db.execute(
+                            "INSERT INTO packets VALUES (?, ?, ?, ?, ?, ?)",
+                            (survey, packet.tag_digest, packet.message_hash, packet.report, packet.receipt, now),
+                        )
+                        outcomes.append("accepted")
+                        continue
+                    outcome = "duplicate" if bytes(row[0]) == packet.message_hash else "double-submission"
+                    outcomes.append(outcome)
+                    counted[outcome] = counted.get(outcome, 0) + 1
+                self._db.executemany(
+                    "INSERT INTO rejections VALUES (?, ?) ON CONFLICT(reason) DO UPDATE SET count = count + excluded.count",
+                    sorted(counted.items()),
+                )
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+        return outcomes
+
+    def reports(self, survey: SurveyId) -> list[bytes]:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT report FROM packets WHERE survey = ? ORDER BY tag_digest", (survey.to_bytes(),)
+            ).fetchall()
+        return [bytes(row[0]) for row in rows]
+
+    def receipts(self) -> dict[SurveyId, list[bytes]]:
+        with self._lock:
+            rows = self._db.execute("SELECT survey, receipt FROM packets ORDER BY survey, receipt").fetchall()
+        log: dict[SurveyId, list[bytes]] = {}
+        for survey, receipt in rows:
+            log.setdefault(SurveyId.from_bytes(bytes(survey)), []).append(bytes(receipt))
+        return log
+
+    def counts(self) -> dict[str, int]:
+        with self._lock:
+            registered = self._db.execute("SELECT COUNT(*) FROM registrations").fetchone()[0]
+            credentials = self._db.execute("SELECT COUNT(*) FROM credentials").fetchone()[0]
+            accepted = self._db.execute("SELECT COUNT(*) FROM packets").fetchone()[0]
+        return {"registered": int(registered), "credentials": int(credentials), "accepted": int(accepted)}
+
+    def accepted_by_survey(self) -> dict[SurveyId, int]:
+        with self._lock:
+            rows = self._db.execute("SELECT survey, COUNT(*) FROM packets GROUP BY survey").fetchall()
+        return {SurveyId.from_bytes(bytes(survey)): int(count) for survey, count in rows}
+
+    def rejections(self) -> dict[str, int]:
+        with self._lock:
+            rows = self._db.execute("SELECT reason, count FROM rejections ORDER BY reason").fetchall()
+        return {str(reason): int(count) for reason, count in rows}
+
+    def partitions(self) -> dict[bytes, int]:
+        with self._lock:
+            rows = self._db.execute("SELECT identity_key, partition FROM credentials").fetchall()
+        return {bytes(key): int(partition) for key, partition in rows}
+
+
+class AggregatorHome:
+    """The aggregator's data directory (owner-only).
+
+    ``identity.key`` (Ed25519 seed) and ``final_hop.key`` (X25519 private key)
+    are created once by ``anonml aggregator init``; each round lives in
+    ``rounds/<round_id hex>/`` with its SQLite database and report files.
+    """
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    @property
+    def identity_path(self) -> Path:
+        return self.root / "identity.key"
+
+    @property
+    def final_hop_path(self) -> Path:
+        return self.root / "final_hop.key"
+
+    def initialise(self, identity_seed: bytes, final_hop_private: bytes) -> None:
+        """Write both keys; refuses to overwrite an existing identity (FileExistsError)."""
+        self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self.root.chmod(0o700)
+        for path, secret in ((self.identity_path, identity_seed), (self.final_hop_path, final_hop_private)):
+            # O_EXCL: never silently replace a key (DESIGN.md §7's rule for relays applies here too).
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(secret)
+
+    def read_key(self, path: Path) -> bytes:
+        if not path.is_file():
+            raise FileNotFoundError(f"{str(path)!r} is missing: run `anonml aggregator init --data-dir {self.root}` first")
+        data = path.read_bytes()
+        if len(data) != 32:
+            raise ValueError(f"{str(path)!r} holds {len(data)} bytes, expected 32")
+        return data
+
+    def round_dir(self, round_id: bytes) -> Path:
+        return self.root / "rounds" / round_id.hex()
+
+    def rounds(self) -> list[str]:
+        base = self.root / "rounds"
+        return sorted(p.name for p in base.iterdir()) if base.is_dir() else []

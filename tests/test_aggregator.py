@@ -1,0 +1,319 @@
+"""The aggregator: HTTP API over loopback, the packet sink with real Sphinx packets
+and real tokens, and the phase driver under trio's MockClock."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+import trio
+import trio.testing
+from nacl.signing import SigningKey
+
+from aggregator._round import RoundSpecError, RoundState, create_round, parse_round_spec
+from aggregator._service import AggregatorConfig, BoundAddresses, drive_round, serve_aggregator
+from aggregator._store import AggregatorHome
+from crypto import (
+    CredentialSecret,
+    IssuerPublicKey,
+    NodeAddress,
+    PathHop,
+    ReleaseWindow,
+    begin_issuance,
+    build_packet,
+    finish_issuance,
+    generate_keypair,
+    make_token,
+)
+from protocol import (
+    CredentialRequest,
+    LinkClient,
+    RegisterRequest,
+    SurveyId,
+    SurveyMessage,
+    hop_windows,
+)
+
+T0 = 1_800_000_000
+
+
+class FakeClock:
+    """A settable UTC clock for socket tests (MockClock is for tests without sockets)."""
+
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def spec_document(**participation: Any) -> dict[str, Any]:
+    relays = []
+    for i in range(2):
+        _, public = generate_keypair()
+        relays.append({"node_id": (bytes([i + 1]) * 16).hex(), "host": "127.0.0.1", "port": 9000 + i, "public_key": public.hex(), "key_epoch": 1})
+    return {
+        "name": "test-round",
+        "task": {
+            "features": [
+                {"name": "colour", "type": "categorical", "categories": ["red", "green", "blue"]},
+                {"name": "shape", "type": "categorical", "categories": ["round", "square"]},
+            ],
+            "label": {"name": "y", "positive": ["1"], "negative": ["0"]},
+        },
+        "learning": {"k_p": 2, "k_h": 1, "k_s": 1, "plan": "split", "learner": "logreg"},
+        "privacy": {"eps_total": 2.0, "oracle": "grr"},
+        "schedule": {"register": 100, "issue": 100, "median_send": 10, "median_delivery": 20, "data_send": 50, "data_delivery": 60},
+        "network": {"relays": relays, "path_length": 2, "http_host": "127.0.0.1", "http_port": 8080, "sink_host": "127.0.0.1", "sink_port": 8081},
+        "participation": {"min_participation": 2, "registration": "open", **participation},
+    }
+
+
+def make_round(tmp_path: Path, clock: Any, **participation: Any) -> tuple[RoundState, list[str]]:
+    home = AggregatorHome(tmp_path / "agg")
+    home.initialise(bytes(range(32)), generate_keypair()[0])
+    state, codes = create_round(home, parse_round_spec(spec_document(**participation)), now=T0)
+    state.clock = clock
+    return state, codes
+
+
+@pytest.fixture
+async def served(tmp_path: Path, nursery: trio.Nursery) -> AsyncIterator[tuple[RoundState, BoundAddresses, FakeClock]]:
+    clock = FakeClock(T0 + 1)
+    state, _ = make_round(tmp_path, clock)
+    addresses = await nursery.start(serve_aggregator, AggregatorConfig(state))
+    yield state, addresses, clock
+    nursery.cancel_scope.cancel()
+
+
+async def post(url: str, path: str, body: bytes) -> httpx.Response:
+    async with httpx.AsyncClient(base_url=url) as client:
+        return await client.post(path, content=body, headers={"content-type": "application/json"})
+
+
+async def get(url: str, path: str) -> httpx.Response:
+    async with httpx.AsyncClient(base_url=url) as client:
+        return await client.get(path)
+
+
+async def test_manifest_and_registration(served: Any) -> None:
+    state, addresses, clock = served
+    response = await get(addresses.http_url, "/v1/manifest")
+    assert response.status_code == 200
+    assert bytes.fromhex(response.json()["round_id"]) == state.round_id
+    peer = SigningKey(b"\x01" * 32)
+    good = RegisterRequest.create(peer, state.round_id)
+    assert (await post(addresses.http_url, "/v1/register", good.to_json())).json() == {"registered": True}
+    # Idempotent for the same key.
+    assert (await post(addresses.http_url, "/v1/register", good.to_json())).status_code == 200
+    forged = RegisterRequest(bytes(SigningKey(b"\x02" * 32).verify_key), None, state.round_id, good.signature)
+    response = await post(addresses.http_url, "/v1/register", forged.to_json())
+    assert response.status_code == 403 and "signature" in response.json()["error"]
+    late = RegisterRequest.create(SigningKey(b"\x03" * 32), state.round_id)
+    clock.now = state.manifest.schedule.t_register_end
+    response = await post(addresses.http_url, "/v1/register", late.to_json())
+    assert response.status_code == 403 and "closed" in response.json()["error"]
+    roster = (await get(addresses.http_url, "/v1/roster")).json()
+    assert roster["roster"] == [bytes(peer.verify_key).hex()] and roster["seed"] is not None
+
+
+async def test_bad_input_gets_a_4xx_with_a_reason(served: Any) -> None:
+    state, addresses, _ = served
+    for body in (b"not json", b"[]", b'{"identity_key": 5}', b"{" * 5000, "\u00e9".encode("latin-1")):
+        response = await post(addresses.http_url, "/v1/register", body)
+        assert 400 <= response.status_code < 500, body[:20]
+        assert response.json()["error"]
+    response = await post(addresses.http_url, "/v1/register", b"{" + b" " * 20_000 + b"}")
+    assert response.status_code == 413
+    assert (await get(addresses.http_url, "/v1/nothing")).status_code == 404
+    assert (await get(addresses.http_url, "/v1/median/abc")).status_code == 404
+    assert (await get(addresses.http_url, "/v1/medians")).status_code == 404
+    # The service still answers after all of that.
+    assert (await get(addresses.http_url, "/v1/status")).json()["phase"] == "registration"
+
+
+def test_invitation_and_allow_list(tmp_path: Path) -> None:
+    clock = FakeClock(T0 + 1)
+    state, codes = make_round(tmp_path / "inv", clock, registration="invitation", invitations=2)
+    from aggregator._round import ApiRefused
+
+    a, b = SigningKey(b"\x01" * 32), SigningKey(b"\x02" * 32)
+    assert state.register(RegisterRequest.create(a, state.round_id, codes[0]))
+    with pytest.raises(ApiRefused, match="already used"):
+        state.register(RegisterRequest.create(b, state.round_id, codes[0]))
+    with pytest.raises(ApiRefused, match="unknown invitation"):
+        state.register(RegisterRequest.create(b, state.round_id, "nope"))
+    allowed = SigningKey(b"\x05" * 32)
+    state2, _ = make_round(tmp_path / "allow", clock, registration="allow-list", allow_list=[bytes(allowed.verify_key).hex()])
+    assert state2.register(RegisterRequest.create(allowed, state2.round_id))
+    with pytest.raises(ApiRefused, match="allow-list"):
+        state2.register(RegisterRequest.create(b, state2.round_id))
+
+
+def test_round_spec_names_the_bad_field() -> None:
+    for path, value, field in (
+        (("learning", "k_p"), 0, "learning.k_p"),
+        (("privacy", "eps_total"), "lots", "privacy.eps_total"),
+        (("network", "path_length"), 5, "network.path_length"),
+        (("participation", "registration"), "vip", "participation.registration"),
+        (("schedule", "data_delivery"), 1, "schedule.data_delivery"),
+    ):
+        document = spec_document()
+        document[path[0]][path[1]] = value
+        with pytest.raises(RoundSpecError) as info:
+            parse_round_spec(document)
+        assert info.value.field == field
+
+
+class Peer:
+    """Just enough of a peer to make real credentials, tokens and packets."""
+
+    def __init__(self, state: RoundState, seed: int) -> None:
+        self.key = SigningKey(bytes([seed]) * 32)
+        self.state = state
+        self.public = IssuerPublicKey.from_bytes(state.manifest.token_public_key)
+        self.secret = CredentialSecret.generate()
+
+    def register(self) -> None:
+        self.state.register(RegisterRequest.create(self.key, self.state.round_id))
+
+    def obtain_credential(self) -> int:
+        partition = self.state.assignment()[bytes(self.key.verify_key)]
+        request, issuance_state = begin_issuance(self.public, self.secret, partition)
+        response = self.state.issue(CredentialRequest.create(self.key, self.state.round_id, request.to_bytes()))
+        self.credential = finish_issuance(issuance_state, response.response)
+        self.partition = response.partition
+        return response.partition
+
+    def packet(
+        self, survey: SurveyId, report: bytes, *, credential: Any = None, public: Any = None, tamper: bool = False
+    ) -> bytes:
+        message = SurveyMessage(survey, b"\x00", report)
+        token = make_token(public or self.public, credential or self.credential, survey.to_bytes(), message.bound_bytes())
+        if tamper:
+            token = token[:-1] + bytes([token[-1] ^ 1])
+        geometry = self.state.manifest.sphinx_geometry()
+        body = SurveyMessage(survey, token, report).to_bytes(geometry.message_size)
+        hop = self.state.manifest.aggregator_hop
+        window = hop_windows(self.state.manifest.schedule, survey, 1)[-1]
+        path = [PathHop(hop.node_id, NodeAddress(hop.host, hop.port), hop.public_key, window)]
+        return build_packet(geometry, path, body)
+
+
+async def test_packet_sink_accepts_and_rejects_by_reason(served: Any) -> None:
+    state, addresses, clock = served
+    peers = [Peer(state, i) for i in range(1, 5)]
+    for peer in peers:
+        peer.register()
+    clock.now = state.manifest.schedule.t_register_end
+    state.prepare()
+    for peer in peers:
+        peer.obtain_credential()
+    by_partition: dict[int, list[Peer]] = {}
+    for peer in peers:
+        by_partition.setdefault(peer.partition, []).append(peer)
+    assert sorted(len(v) for v in by_partition.values()) == [2, 2]
+    data = state.manifest.schedule.data
+    clock.now = data.t_s + data.delta + 1
+    rng = np.random.default_rng(1)
+
+    def report(partition: int, value: int) -> bytes:
+        oracle = state.data_oracle(partition, 0)
+        return oracle.encode_report(oracle.privatize(np.array([value]), rng)[0])
+
+    a, b = by_partition[0]
+    c = by_partition[1][0]
+    own = SurveyId.data(state.round_id, 0, 0)
+    other = SurveyId.data(state.round_id, 1, 0)
+    report_a = report(0, 1)
+    other_report = next(r for r in (report(0, v % 12) for v in range(100)) if r != report_a)
+    good = a.packet(own, report_a)
+    outsider = Peer(state, 9)  # never registered: a credential from another issuer key
+    from crypto import IssuerSecretKey, issue_credential
+
+    rogue_key = IssuerSecretKey.generate()
+    rogue_request, rogue_state = begin_issuance(rogue_key.public_key(), outsider.secret, 0)
+    rogue_credential = finish_issuance(rogue_state, issue_credential(rogue_key, rogue_request.to_bytes(), 0).to_bytes())
+    frames = {
+        "accepted": good,
+        "replay": good,
+        "wrong-partition": c.packet(own, report(0, 1)),
+        "unregistered": outsider.packet(own, report(0, 0), credential=rogue_credential, public=rogue_key.public_key()),
+        "forged": b.packet(own, report(0, 0), tamper=True),
+        # The same report again in a fresh packet with a fresh token: a duplicate delivery.
+        "duplicate": a.packet(own, report_a),
+        # The same peer and survey, another report: a double submission; the first is kept.
+        "double-submission": a.packet(own, other_report),
+        "bad-packet": bytes(len(good)),
+        "unknown-survey": b.packet(SurveyId.data(bytes(32), 0, 0), report(0, 1)),
+    }
+    geometry = state.manifest.sphinx_geometry()
+    client = LinkClient(*addresses.sink, packet_size=geometry.packet_size, geometry_hash=geometry.canonical_hash())
+    statuses = []
+    for name, frame in frames.items():
+        statuses.append((name, (await client.send_batch([frame], give_up_at=trio.current_time() + 20))[0]))
+    await client.aclose()
+    rejected = state.store.rejections()
+    counts = state.store.counts()
+    # Accepted once; the duplicate delivery (same report, fresh token and packet) counted once.
+    assert counts["accepted"] == 1, (statuses, rejected)
+    assert rejected.get("replay") == 1
+    assert rejected.get("wrong-partition") == 1
+    assert rejected.get("bad-token/wrong-kid") == 1, rejected
+    assert sum(v for k, v in rejected.items() if k.startswith("bad-token/")) == 2, rejected
+    assert rejected.get("bad-packet") == 1
+    assert rejected.get("unknown-survey") == 1
+    assert rejected.get("outside-window") is None
+    assert rejected.get("duplicate") == 1
+    assert rejected.get("double-submission") == 1
+    assert [s.name for _, s in statuses] == [
+        "ACCEPTED", "REJECTED", "REJECTED", "REJECTED", "REJECTED", "ACCEPTED", "REJECTED", "REJECTED", "REJECTED"
+    ]
+    receipts = json.loads((await get(addresses.http_url, "/v1/receipts")).content)["receipts"]
+    assert list(receipts) == [own.to_bytes().hex()] and len(receipts[own.to_bytes().hex()]) == 1
+    # Outside the window: refused and counted.
+    clock.now = data.t_r + 1
+    late = b.packet(own, report(0, 1))
+    client = LinkClient(*addresses.sink, packet_size=geometry.packet_size, geometry_hash=geometry.canonical_hash())
+    await client.send_batch([late], give_up_at=trio.current_time() + 20)
+    await client.aclose()
+    assert state.store.rejections().get("outside-window") == 1
+
+
+async def test_minimum_participation_ends_the_round_clearly(tmp_path: Path, autojump_clock: trio.testing.MockClock) -> None:
+    # Socket-free: drive_round only waits on the injected clock.
+    state, _ = make_round(tmp_path, lambda: T0 + trio.current_time())
+    Peer(state, 1).register()
+    outcome = await drive_round(state)
+    assert outcome == "failed"
+    assert "minimum participation" in json.loads(state.store.get_result("outcome") or b"{}")["reason"]
+    assert state.status().phase == "failed"
+    assert trio.current_time() == pytest.approx(state.manifest.schedule.t_register_end - T0)
+
+
+async def test_phases_advance_by_the_schedule(tmp_path: Path, autojump_clock: trio.testing.MockClock) -> None:
+    state, _ = make_round(tmp_path, lambda: T0 + trio.current_time())
+    peers = [Peer(state, i) for i in range(1, 5)]
+    for peer in peers:
+        peer.register()
+    seen: list[str] = []
+
+    async def issue_when_open() -> None:
+        await trio.sleep(state.manifest.schedule.t_register_end - T0 + 1)
+        seen.append(state.status().phase)
+        for peer in peers:
+            peer.obtain_credential()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(issue_when_open)
+        learned: list[int] = []
+        outcome = await drive_round(state, lambda s: learned.append(1) or {"ok": True})
+    assert outcome == "done" and learned == [1]
+    assert seen == ["issuance"]
+    assert state.status().phase == "done"
+    assert trio.current_time() == pytest.approx(state.manifest.schedule.data.t_r - T0)
