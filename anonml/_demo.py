@@ -23,6 +23,7 @@ import socket
 import sys
 import tempfile
 import time
+import tomllib
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -335,6 +336,8 @@ def to_toml(document: dict[str, Any]) -> str:
     for key, value in document.items():
         if isinstance(value, dict):
             lines += ["", f"[{key}]"] + [f"{json.dumps(k)} = {_toml_value(v)}" for k, v in value.items()]
+    # Round-trip check: what the aggregator parses must be what was meant.
+    assert tomllib.loads("\n".join(lines)) == json.loads(json.dumps(document)), "TOML writer lost information"
     return "\n".join(lines) + "\n"
 
 
@@ -423,31 +426,32 @@ async def run_demo(data: DemoData, params: DemoParams, work: Path, console: Any)
 
 
 def round_spec(data: DemoData, params: DemoParams, peers: int, relays: list[dict[str, Any]], http_port: int, sink_port: int) -> dict[str, Any]:
-    """The round spec for ``anonml aggregator round new``, with absolute times from now."""
-    now = int(time.time()) + 2
-    register_end = now + params.register_seconds
-    issue_end = register_end + params.issue_seconds
-    median = []
-    t = issue_end
-    for _ in range(params.median_rounds if data.spec.numeric_names else 0):
-        median.append({"t_s": t, "delta": params.send_window, "t_r": t + params.send_window + params.delivery_window})
-        t = median[-1]["t_r"]
-    data_phase = {"t_s": t, "delta": params.data_send_window, "t_r": t + params.data_send_window + params.delivery_window}
+    """The round spec for ``anonml aggregator round new`` (durations count from that command)."""
+    relay_fields = ("node_id", "host", "port", "public_key", "key_epoch")
+    spec = data.spec.to_dict()
     return {
         "name": f"demo-{data.name}",
-        "label": data.spec.label.name,
-        "registration": "open",
-        "min_participation": max(1, peers // 2),
-        "features": data.spec.to_dict(),
+        "task": {"features": spec["features"], "label": spec["label"]},
         "learning": {"k_p": params.k_p, "k_h": params.k_h, "k_s": params.k_s, "plan": params.plan, "learner": "logreg"},
         "privacy": {"eps_total": params.epsilon, "oracle": "auto"},
-        "schedule": {"t_register_end": register_end, "t_issue_end": issue_end, "median": median, "data": data_phase},
-        "network": {
-            "relays": relays,
-            "path_length": RELAYS,
-            "http": f"{HOST}:{http_port}",
-            "sink": f"{HOST}:{sink_port}",
+        "schedule": {
+            "register": params.register_seconds,
+            "issue": params.issue_seconds,
+            "median_rounds": params.median_rounds,
+            "median_send": params.send_window,
+            "median_delivery": params.delivery_window,
+            "data_send": params.data_send_window,
+            "data_delivery": params.delivery_window,
         },
+        "network": {
+            "relays": [{k: relay[k] for k in relay_fields} for relay in relays],
+            "path_length": RELAYS,
+            "http_host": HOST,
+            "http_port": http_port,
+            "sink_host": HOST,
+            "sink_port": sink_port,
+        },
+        "participation": {"min_participation": max(1, peers // 2), "registration": "open"},
     }
 
 
