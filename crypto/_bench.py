@@ -32,7 +32,7 @@ TARGETS: dict[str, tuple[str, float]] = {
     "token_bytes": ("<=", 300.0),
 }
 _P256_CURVE = 415  # NID of NIST P-256 in OpenSSL (petlib's EcGroup id), DESIGN.md §6
-_BATCHES = 5
+_BATCHES = 10
 
 
 def time_us(operation: Callable[[], object], repeat: int) -> float:

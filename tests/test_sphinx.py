@@ -130,6 +130,22 @@ def test_geometry_from_dict_rejects_tampered_fields(tamper: Callable[[dict[str, 
         SphinxGeometry.from_dict([1, 2])
 
 
+@settings(max_examples=200, deadline=None)
+@given(
+    st.dictionaries(
+        st.sampled_from(sorted(GEOMETRY.to_dict())),
+        st.one_of(st.integers(-5, 5000), st.text(max_size=3), st.none(), st.booleans(), st.floats()),
+    )
+)
+def test_geometry_from_dict_raises_only_invalid_geometry(overrides: dict[str, object]) -> None:
+    data = {**GEOMETRY.to_dict(), **overrides}
+    try:
+        parsed = SphinxGeometry.from_dict(data)
+    except InvalidGeometry:
+        return
+    assert parsed.to_dict() == data
+
+
 def test_packet_for_another_geometry_of_same_size_fails_the_mac() -> None:
     other = SphinxGeometry.create(max_hops=4)
     packet = build_packet(other, PATH[:2], b"hello")
