@@ -1,0 +1,127 @@
+"""The peer against the real aggregator service on loopback (HTTP over real
+sockets): registration, roster and seed check, partition agreement, blind
+credential issuance, and the refusal of a manifest that changed under it."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import trio
+
+from aggregator._round import RoundState, create_round, parse_round_spec
+from aggregator._service import AggregatorConfig, serve_aggregator
+from aggregator._store import AggregatorHome
+from crypto import generate_keypair
+from peer._client import AggregatorClient
+from peer._features import RoundPipeline
+from peer._framework import Dataset, Event
+from peer._identity import PeerIdentity
+from peer._join import JoinRefused, Peer, RoundSession, _RoundRun, check_manifest_unchanged
+from peer._store import PeerStore
+from peer._transport import open_transport
+from protocol._features import FeatureSpec
+
+T0 = 1_800_000_000
+
+
+class FakeClock:
+    """A settable UTC clock shared by the aggregator and the peers."""
+
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def spec_document() -> dict[str, Any]:
+    relays = [
+        {"node_id": (bytes([i + 1]) * 16).hex(), "host": "127.0.0.1", "port": 9000 + i, "public_key": generate_keypair()[1].hex(), "key_epoch": 1}
+        for i in range(3)
+    ]
+    return {
+        "name": "peer-test",
+        "task": {
+            "features": [
+                {"name": "age", "type": "numeric", "low": 0, "high": 100},
+                {"name": "colour", "type": "categorical", "categories": ["red", "green", "blue"]},
+            ],
+            "label": {"name": "y", "positive": ["1"], "negative": ["0"]},
+        },
+        "learning": {"k_p": 2, "k_h": 1, "k_s": 1, "plan": "split", "learner": "logreg"},
+        "privacy": {"eps_total": 2.0, "oracle": "grr"},
+        "schedule": {"register": 100, "issue": 100, "median_rounds": 2, "median_send": 10, "median_delivery": 20, "data_send": 50, "data_delivery": 60},
+        "network": {"relays": relays, "path_length": 2, "http_host": "127.0.0.1", "http_port": 8080, "sink_host": "127.0.0.1", "sink_port": 8081},
+        "participation": {"min_participation": 2, "registration": "open"},
+    }
+
+
+def make_round(home: AggregatorHome, now: int) -> RoundState:
+    state, _ = create_round(home, parse_round_spec(spec_document()), now=now)
+    return state
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> AggregatorHome:
+    home = AggregatorHome(tmp_path / "agg")
+    home.initialise(bytes(range(32)), generate_keypair()[0])
+    return home
+
+
+@pytest.fixture
+async def served(home: AggregatorHome, nursery: trio.Nursery) -> AsyncIterator[tuple[RoundState, str, FakeClock]]:
+    clock = FakeClock(T0 + 1)
+    state = make_round(home, T0)
+    state.clock = clock
+    addresses = await nursery.start(serve_aggregator, AggregatorConfig(state))
+    yield state, addresses.http_url, clock
+    nursery.cancel_scope.cancel()
+
+
+def vector_for(pipeline: RoundPipeline, age: float, colour: str, label: str) -> Any:
+    return pipeline.vector_of(Dataset((Event({"age": age, "colour": colour, "y": label}, None, 2),)))
+
+
+async def test_peers_register_agree_on_partitions_and_get_credentials_blindly(served: Any, tmp_path: Path) -> None:
+    state, url, clock = served
+    client = AggregatorClient(url, retry_for=5)
+    signed = await client.manifest()
+    pipeline = RoundPipeline.for_spec(FeatureSpec.from_dict(dict(signed.manifest.features)))
+    store = PeerStore(tmp_path / "peers.sqlite", durable=False)
+    async with open_transport(packet_size=2048, geometry_hash=bytes(32)) as transport:
+        session = RoundSession(client, transport, now=clock)
+        runs = [
+            _RoundRun(Peer(PeerIdentity.generate(), store, vector_for(pipeline, 30.0 + i, "red", "1"), np.random.default_rng(i)), session, signed, pipeline, lambda _: None)
+            for i in range(5)
+        ]
+        for run in runs:
+            await run.register()
+        assert state.store.counts()["registered"] == 5
+        clock.now = signed.manifest.schedule.t_register_end + 1
+        for run in runs:
+            partition, size, subsets = await run.partition()
+            assert state.assignment()[run.key] == partition
+            assert size in (2, 3)
+            assert len(subsets) == 1 and len(subsets[0]) == 1
+            run.credential = await run.obtain_credential(partition)
+            assert run.credential.partition == partition
+            registration = store.registration(run.key, signed.round_id)
+            assert registration is not None and registration.credential == run.credential.to_bytes()
+    assert state.store.counts()["credentials"] == 5
+    await client.aclose()
+
+
+async def test_a_peer_refuses_a_manifest_whose_hash_differs_from_the_one_it_registered_under(home: AggregatorHome, tmp_path: Path) -> None:
+    first, second = make_round(home, T0), make_round(home, T0 + 7)
+    assert first.signed.manifest.name == second.signed.manifest.name
+    assert first.round_id != second.round_id
+    peer = Peer(PeerIdentity.generate(), PeerStore(tmp_path / "peer.sqlite"), None, np.random.default_rng(0))  # type: ignore[arg-type]
+    check_manifest_unchanged(peer, first.signed, "http://127.0.0.1:8080")
+    check_manifest_unchanged(peer, first.signed, "http://127.0.0.1:8080")
+    with pytest.raises(JoinRefused) as refused:
+        check_manifest_unchanged(peer, second.signed, "http://127.0.0.1:8080")
+    assert refused.value.reason == "manifest-changed"
