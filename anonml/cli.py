@@ -18,6 +18,7 @@ from anonml import __version__
 # Subcommand name -> "module:attribute" of a click command or group.
 ROLE_COMMANDS: dict[str, str] = {
     "peer": "peer._cli:peer",
+    "demo": "anonml._demo:demo",
 }
 
 # ``anonml bench NAME``: one benchmark per component, each printing ratios
