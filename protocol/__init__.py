@@ -7,6 +7,20 @@ here; ``relay``, ``peer`` and ``aggregator`` import them.
 
 from __future__ import annotations
 
+from protocol._link import (
+    HELLO_BYTES,
+    HELLO_REPLY_BYTES,
+    LINK_ERROR_REASONS,
+    LINK_VERSION,
+    AckStatus,
+    HelloStatus,
+    LinkClient,
+    LinkError,
+    LinkLimits,
+    LinkSessionStats,
+    encode_hello,
+    serve_link,
+)
 from protocol._features import (
     CategoricalFeature,
     Feature,
@@ -84,23 +98,6 @@ from protocol._schedule import (
     hop_windows,
     phase_at,
 )
-from protocol._features import (
-    CategoricalFeature,
-    Feature,
-    FeatureSpec,
-    FeatureSpecError,
-    LabelSpec,
-    NumericFeature,
-)
-from protocol._plan import (
-    PLAN_KINDS,
-    Assignment,
-    PlanError,
-    ReleasePlan,
-    assign_partitions,
-    derive_subsets,
-    row_keys,
-)
 from protocol._survey import (
     ROUND_ID_BYTES,
     SURVEY_ID_BYTES,
@@ -123,6 +120,18 @@ __all__ = [
     "assign_partitions",
     "derive_subsets",
     "row_keys",
+    "HELLO_BYTES",
+    "HELLO_REPLY_BYTES",
+    "LINK_ERROR_REASONS",
+    "LINK_VERSION",
+    "AckStatus",
+    "HelloStatus",
+    "LinkClient",
+    "LinkError",
+    "LinkLimits",
+    "LinkSessionStats",
+    "encode_hello",
+    "serve_link",
     "MAX_REQUEST_BYTES",
     "MAX_RESPONSE_BYTES",
     "PATH_CREDENTIAL",

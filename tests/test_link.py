@@ -1,0 +1,267 @@
+"""The relay link wire format (protocol/_link.py): in-memory streams under
+trio's MockClock for the protocol and timeouts, real loopback TCP for the
+client's connection reuse and retry."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+import trio
+import trio.testing
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from protocol import (
+    HELLO_REPLY_BYTES,
+    AckStatus,
+    HelloStatus,
+    LinkClient,
+    LinkError,
+    LinkLimits,
+    LinkSessionStats,
+    encode_hello,
+    serve_link,
+)
+from protocol._link import check_hello, parse_acks, parse_hello_reply
+
+SIZE = 64
+GEOMETRY = bytes(range(32))
+LIMITS = LinkLimits(hello_timeout=2.0, idle_timeout=5.0, frame_timeout=3.0, send_timeout=2.0)
+
+
+class Recorder:
+    """An on_packets callback that accepts frames starting with 0x01."""
+
+    def __init__(self) -> None:
+        self.frames: list[bytes] = []
+        self.batches: list[int] = []
+
+    async def __call__(self, frames: list[bytes]) -> Sequence[AckStatus]:
+        self.frames.extend(frames)
+        self.batches.append(len(frames))
+        return [AckStatus.ACCEPTED if f[0] == 1 else AckStatus.REJECTED for f in frames]
+
+
+def frame(index: int, accept: bool = True) -> bytes:
+    return bytes([1 if accept else 2]) + index.to_bytes(4, "big") + bytes(SIZE - 5)
+
+
+async def receive_exactly(stream: trio.abc.ReceiveStream, size: int) -> bytes:
+    data = b""
+    while len(data) < size:
+        chunk = await stream.receive_some(size - len(data))
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
+async def run_server(stream: trio.abc.Stream, recorder: Recorder) -> LinkError | None:
+    try:
+        await serve_link(stream, recorder, packet_size=SIZE, geometry_hash=GEOMETRY, limits=LIMITS)
+    except LinkError as exc:
+        return exc
+    finally:
+        await stream.aclose()
+    return None
+
+
+async def test_frames_are_acknowledged_in_order_and_batched(autojump_clock: trio.testing.MockClock) -> None:
+    client, server = trio.testing.memory_stream_pair()
+    recorder = Recorder()
+    stats = LinkSessionStats()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(
+            lambda: serve_link(server, recorder, packet_size=SIZE, geometry_hash=GEOMETRY, limits=LIMITS, stats=stats)
+        )
+        await client.send_all(encode_hello(SIZE, GEOMETRY))
+        assert parse_hello_reply(await receive_exactly(client, HELLO_REPLY_BYTES)) is HelloStatus.OK
+        frames = [frame(i, accept=i % 3 != 0) for i in range(40)]
+        await client.send_all(b"".join(frames))
+        acks = parse_acks(await receive_exactly(client, len(frames)))
+        assert acks == [AckStatus.ACCEPTED if i % 3 != 0 else AckStatus.REJECTED for i in range(40)]
+        await client.send_eof()
+    assert recorder.frames == frames
+    assert stats.frames == 40
+    # Frames written back to back are handed over in groups (group commit).
+    assert len(recorder.batches) < 40 and max(recorder.batches) <= LIMITS.max_batch
+
+
+async def test_geometry_mismatch_is_answered_then_refused(autojump_clock: trio.testing.MockClock) -> None:
+    client, server = trio.testing.memory_stream_pair()
+    recorder = Recorder()
+    async with trio.open_nursery() as nursery:
+        result: list[LinkError | None] = []
+        nursery.start_soon(lambda: _collect(result, run_server(server, recorder)))
+        await client.send_all(encode_hello(SIZE + 1, GEOMETRY))
+        assert parse_hello_reply(await receive_exactly(client, HELLO_REPLY_BYTES)) is HelloStatus.GEOMETRY_MISMATCH
+    assert result[0] is not None and result[0].reason == "geometry-mismatch"
+    assert check_hello(encode_hello(SIZE, bytes(32)), SIZE, GEOMETRY) is HelloStatus.GEOMETRY_MISMATCH
+
+
+async def _collect(into: list[LinkError | None], awaitable: object) -> None:
+    into.append(await awaitable)  # type: ignore[misc]
+
+
+async def test_garbage_hello_is_refused_without_reply(autojump_clock: trio.testing.MockClock) -> None:
+    client, server = trio.testing.memory_stream_pair()
+    result: list[LinkError | None] = []
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(lambda: _collect(result, run_server(server, Recorder())))
+        await client.send_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" + bytes(100))
+    assert result[0] is not None and result[0].reason == "bad-magic"
+
+
+async def test_truncated_frame_acks_complete_frames_first(autojump_clock: trio.testing.MockClock) -> None:
+    client, server = trio.testing.memory_stream_pair()
+    recorder = Recorder()
+    result: list[LinkError | None] = []
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(lambda: _collect(result, run_server(server, recorder)))
+        await client.send_all(encode_hello(SIZE, GEOMETRY))
+        await receive_exactly(client, HELLO_REPLY_BYTES)
+        await client.send_all(frame(0) + frame(1) + frame(2)[:10])
+        await client.send_eof()
+        acks = parse_acks(await receive_exactly(client, 2))
+    assert acks == [AckStatus.ACCEPTED, AckStatus.ACCEPTED]
+    assert recorder.frames == [frame(0), frame(1)]
+    assert result[0] is not None and result[0].reason == "truncated"
+
+
+@pytest.mark.parametrize(
+    ("prefix_kind", "reason", "deadline"),
+    [
+        ("nothing", "hello-timeout", LIMITS.hello_timeout),
+        ("half-hello", "hello-timeout", LIMITS.hello_timeout),
+        ("idle", "idle-timeout", LIMITS.idle_timeout),
+        ("half-frame", "frame-timeout", LIMITS.frame_timeout),
+    ],
+)
+async def test_every_read_has_a_timeout(
+    autojump_clock: trio.testing.MockClock, prefix_kind: str, reason: str, deadline: float
+) -> None:
+    client, server = trio.testing.memory_stream_pair()
+    recorder = Recorder()
+    hello = encode_hello(SIZE, GEOMETRY)
+    result: list[LinkError | None] = []
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(lambda: _collect(result, run_server(server, recorder)))
+        if prefix_kind == "half-hello":
+            await client.send_all(hello[:7])
+        elif prefix_kind in ("idle", "half-frame"):
+            await client.send_all(hello)
+            await receive_exactly(client, HELLO_REPLY_BYTES)
+        started = trio.current_time()
+        if prefix_kind == "half-frame":
+            await client.send_all(frame(0)[:SIZE // 2])
+        # The slow client never sends more; the server gives up on its own.
+    elapsed = trio.current_time() - started
+    assert result[0] is not None and result[0].reason == reason
+    assert elapsed == pytest.approx(deadline, abs=1e-6)
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.binary(max_size=600), cut=st.integers(min_value=0, max_value=1))
+def test_any_byte_string_ends_in_link_error_or_clean_close(data: bytes, cut: int) -> None:
+    """Totality: whatever a client sends, serve_link returns or raises LinkError."""
+    prefix = encode_hello(SIZE, GEOMETRY) if cut else b""
+
+    async def main() -> None:
+        client, server = trio.testing.memory_stream_pair()
+        result: list[LinkError | None] = []
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(lambda: _collect(result, run_server(server, Recorder())))
+            await client.send_all(prefix + data)
+            await client.send_eof()
+            # Drain replies so the server never blocks on a full pipe.
+            while await client.receive_some(4096):
+                pass
+        assert result[0] is None or isinstance(result[0], LinkError)
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+async def serve_tcp_link(
+    recorder: Recorder, limits: LinkLimits, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED
+) -> None:
+    async def handler(stream: trio.SocketStream) -> None:
+        try:
+            await serve_link(stream, recorder, packet_size=SIZE, geometry_hash=GEOMETRY, limits=limits)
+        except LinkError:
+            pass
+        finally:
+            await stream.aclose()
+
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    task_status.started(listeners[0].socket.getsockname()[1])
+    await trio.serve_listeners(handler, listeners)
+
+
+async def test_client_reuses_its_connection_and_reconnects_after_idle_close() -> None:
+    recorder = Recorder()
+    limits = LinkLimits(idle_timeout=0.2)
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(serve_tcp_link, recorder, limits)
+        client = LinkClient("127.0.0.1", port, packet_size=SIZE, geometry_hash=GEOMETRY)
+        give_up = trio.current_time() + 10
+        assert await client.send_batch([frame(0), frame(1, accept=False)], give_up_at=give_up) == [
+            AckStatus.ACCEPTED,
+            AckStatus.REJECTED,
+        ]
+        assert await client.send_batch([frame(2)], give_up_at=give_up) == [AckStatus.ACCEPTED]
+        assert client.connects == 1
+        await trio.sleep(0.5)  # the server closes the idle connection
+        assert await client.send_batch([frame(3)], give_up_at=give_up) == [AckStatus.ACCEPTED]
+        assert client.connects == 2
+        await client.aclose()
+        nursery.cancel_scope.cancel()
+    assert [f[1:5] for f in recorder.frames] == [i.to_bytes(4, "big") for i in range(4)]
+
+
+async def test_client_retries_until_the_receiver_comes_up_then_gives_up_on_time() -> None:
+    # Reserve a port, release it, and only start listening later.
+    probe = trio.socket.socket()
+    await probe.bind(("127.0.0.1", 0))
+    port = probe.getsockname()[1]
+    probe.close()
+    recorder = Recorder()
+    client = LinkClient("127.0.0.1", port, packet_size=SIZE, geometry_hash=GEOMETRY, initial_backoff=0.02)
+
+    async def late_server(*, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        await trio.sleep(0.3)
+        listeners = await trio.open_tcp_listeners(port, host="127.0.0.1")
+
+        async def handler(stream: trio.SocketStream) -> None:
+            try:
+                await serve_link(stream, recorder, packet_size=SIZE, geometry_hash=GEOMETRY, limits=LIMITS)
+            except LinkError:
+                pass
+            finally:
+                await stream.aclose()
+
+        await trio.serve_listeners(handler, listeners)
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(late_server)
+        statuses = await client.send_batch([frame(7)], give_up_at=trio.current_time() + 10)
+        assert statuses == [AckStatus.ACCEPTED]
+        assert client.failures >= 1
+        await client.aclose()
+        nursery.cancel_scope.cancel()
+
+    dead = LinkClient("127.0.0.1", port, packet_size=SIZE, geometry_hash=GEOMETRY, initial_backoff=0.02)
+    started = trio.current_time()
+    assert await dead.send_batch([frame(8)], give_up_at=started + 0.3) == [None]
+    assert trio.current_time() - started == pytest.approx(0.3, abs=0.2)
+
+
+def test_wrong_size_packet_is_a_caller_error() -> None:
+    client = LinkClient("127.0.0.1", 1, packet_size=SIZE, geometry_hash=GEOMETRY)
+
+    async def main() -> None:
+        with pytest.raises(ValueError, match="64 bytes"):
+            await client.send_batch([b"short"], give_up_at=trio.current_time() + 1)
+
+    trio.run(main)
