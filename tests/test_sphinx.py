@@ -358,7 +358,7 @@ def test_wrong_key_is_bad_mac() -> None:
 
 
 def test_bench_crypto_json_reports_figures_and_ratios() -> None:
-    result = CliRunner().invoke(main, ["bench", "crypto", "--json", "--repeat", "5"])
+    result = CliRunner().invoke(main, ["bench", "crypto", "--json", "--repeat", "10"])
     assert result.exit_code == 0, result.output
     report = json.loads(result.output)
     figures = report["figures"]
