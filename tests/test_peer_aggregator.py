@@ -125,3 +125,45 @@ async def test_a_peer_refuses_a_manifest_whose_hash_differs_from_the_one_it_regi
     with pytest.raises(JoinRefused) as refused:
         check_manifest_unchanged(peer, second.signed, "http://127.0.0.1:8080")
     assert refused.value.reason == "manifest-changed"
+
+
+def peer_cli(*args: str) -> list[str]:
+    import sys
+
+    return [sys.executable, "-c", "import sys; from anonml.cli import main; sys.exit(main())", "peer", *args]
+
+
+async def test_peer_cli_dry_run_shows_what_leaves_and_sends_nothing(served: Any, tmp_path: Path) -> None:
+    state, url, _ = served
+    data_dir = tmp_path / "me"
+    init = await trio.run_process(peer_cli("init", "--data-dir", str(data_dir)), capture_stdout=True, capture_stderr=True)
+    assert b"created" in init.stdout
+    again = await trio.run_process(peer_cli("init", "--data-dir", str(data_dir)), capture_stdout=True, capture_stderr=True, check=False)
+    assert again.returncode != 0 and b"refusing to overwrite" in again.stderr
+    good = tmp_path / "me.csv"
+    good.write_text("age,colour,y\n41,green,1\n")
+    shown = await trio.run_process(
+        peer_cli("join", "--data-dir", str(data_dir), "--aggregator", url, "--data", str(good), "--dry-run"),
+        capture_stdout=True, capture_stderr=True,
+    )
+    text = shown.stdout.decode()
+    assert "age = 41.0, shared only as above or below the group's privately estimated median" in text
+    assert "colour = 'green', shared only as which of 3 categories" in text
+    assert "1 data packet(s)" in text and "'grr' frequency oracle" in text
+    assert "at most epsilon 2 of the 2 this round promises" in text
+    assert "nothing was sent" in text
+    assert state.store.counts()["registered"] == 0
+
+
+async def test_peer_cli_reports_a_malformed_csv_row_with_its_line_number(served: Any, tmp_path: Path) -> None:
+    _, url, _ = served
+    data_dir = tmp_path / "me"
+    await trio.run_process(peer_cli("init", "--data-dir", str(data_dir)), capture_stdout=True)
+    bad = tmp_path / "bad.csv"
+    bad.write_text("age,colour,y\n\n41,green\n")
+    result = await trio.run_process(
+        peer_cli("join", "--data-dir", str(data_dir), "--aggregator", url, "--data", str(bad), "--dry-run"),
+        capture_stdout=True, capture_stderr=True, check=False,
+    )
+    assert result.returncode == 1
+    assert b"line 3: expected 3 fields" in result.stderr
