@@ -45,10 +45,6 @@ from aggregator._sink import PacketSink
 
 log = logging.getLogger(__name__)
 
-EXIT_DONE = 0
-EXIT_MIN_PARTICIPATION = 3
-
-
 @dataclass
 class AggregatorConfig:
     """How to serve one round. ``clock`` gives UTC seconds (injectable for tests)."""

@@ -1,0 +1,154 @@
+"""``anonml aggregator``: init, round new, run, report."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import click
+
+from aggregator._store import AggregatorHome
+
+EXIT_MIN_PARTICIPATION = 3
+"""``run``'s exit code when the round missed its minimum participation."""
+
+_data_dir = click.option(
+    "--data-dir", required=True, type=click.Path(file_okay=False, path_type=Path), help="The aggregator's data directory."
+)
+
+
+@click.group()
+def aggregator() -> None:
+    """Run rounds: announce, register peers, issue credentials, collect, learn."""
+
+
+@aggregator.command()
+@_data_dir
+def init(data_dir: Path) -> None:
+    """Create the Ed25519 identity and the X25519 final-hop key (never overwrites)."""
+    import os
+
+    from crypto import generate_keypair
+
+    home = AggregatorHome(data_dir)
+    if home.identity_path.exists() or home.final_hop_path.exists():
+        raise click.ClickException(f"{data_dir} already holds an aggregator identity; refusing to overwrite it")
+    home.initialise(os.urandom(32), generate_keypair()[0])
+    from nacl.signing import SigningKey
+
+    identity = bytes(SigningKey(home.read_key(home.identity_path)).verify_key)
+    click.echo(f"aggregator identity {identity.hex()} in {data_dir}")
+
+
+@aggregator.group(name="round")
+def round_group() -> None:
+    """Create rounds."""
+
+
+@round_group.command(name="new")
+@_data_dir
+@click.option("--spec", "spec_path", required=True, type=click.Path(dir_okay=False, exists=True, path_type=Path))
+def round_new(data_dir: Path, spec_path: Path) -> None:
+    """Validate SPEC, create the round (issuer key, seed commitment, signed manifest) and print its id."""
+    from aggregator._round import RoundSpecError, create_round, parse_round_spec
+
+    try:
+        document = tomllib.loads(spec_path.read_text())
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise click.ClickException(f"{spec_path}: not valid TOML: {exc}") from None
+    try:
+        spec = parse_round_spec(document)
+    except RoundSpecError as exc:
+        raise click.ClickException(f"{spec_path}: {exc}") from None
+    home = AggregatorHome(data_dir)
+    try:
+        state, codes = create_round(home, spec, now=int(time.time()))
+    except FileNotFoundError as exc:
+        raise click.ClickException(str(exc)) from None
+    directory = home.round_dir(state.round_id)
+    if codes:
+        (directory / "invitations.txt").write_text("".join(f"{code}\n" for code in codes))
+        click.echo(f"{len(codes)} invitation codes in {directory / 'invitations.txt'}", err=True)
+    schedule = state.manifest.schedule
+    click.echo(f"registration closes at {schedule.t_register_end}, data delivery ends at {schedule.end}", err=True)
+    click.echo(state.round_id.hex())
+
+
+def _latest_round(home: AggregatorHome) -> str:
+    rounds = home.rounds()
+    if not rounds:
+        raise click.ClickException(f"no rounds in {home.root}; create one with `anonml aggregator round new`")
+    return max(rounds, key=lambda r: (home.root / "rounds" / r).stat().st_mtime)
+
+
+@aggregator.command()
+@_data_dir
+@click.option("--round", "round_id", default=None, help="Round id (default: the newest round).")
+@click.option("--test-file", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None,
+              help="Labelled held-out file (UCI Adult format) to measure utility on.")
+@click.option("--linger", type=float, default=0.0, help="Keep serving this many seconds after the round ends.")
+@click.option("--threads", type=click.IntRange(1, 64), default=2, help="Token verification threads.")
+def run(data_dir: Path, round_id: str | None, test_file: Path | None, linger: float, threads: int) -> None:
+    """Serve the round through all its phases, then learn and write the report."""
+    import trio
+
+    from aggregator._report import learn, summarise, write_report
+    from aggregator._round import RoundState, open_round
+    from aggregator._service import AggregatorConfig, serve_aggregator
+
+    home = AggregatorHome(data_dir)
+    chosen = round_id or _latest_round(home)
+    try:
+        state = open_round(home, chosen)
+    except (FileNotFoundError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from None
+    directory = home.round_dir(state.round_id)
+    manifest = state.manifest
+    host, port = manifest.aggregator_url.removeprefix("http://").rsplit(":", 1)
+
+    def on_learn(s: RoundState) -> dict[str, Any]:
+        return {"report": str(directory / "report.json"), "accepted": learn(s, directory, test_file=test_file)["counts"]["accepted"]}
+
+    config = AggregatorConfig(
+        state, http_host=host, http_port=int(port), sink_host=manifest.aggregator_hop.host,
+        sink_port=manifest.aggregator_hop.port, verify_threads=threads, linger=linger, on_learn=on_learn,
+    )
+
+    async def main() -> str:
+        async with trio.open_nursery() as nursery:
+            addresses = await nursery.start(serve_aggregator, config)
+            click.echo(f"round {state.round_id.hex()[:16]}… serving {addresses.http_url}, packet sink {addresses.sink}", err=True)
+        return state.outcome() or "failed"
+
+    outcome = trio.run(main)
+    if outcome == "failed":
+        detail = json.loads(state.store.get_result("outcome") or b"{}")
+        report = {"round_id": state.round_id.hex(), "name": manifest.name, "status": "failed", **detail,
+                  "rejected": state.store.rejections()}
+        write_report(report, directory)
+        click.echo(f"round FAILED: {detail.get('reason', 'unknown')}", err=True)
+        sys.exit(EXIT_MIN_PARTICIPATION)
+    report_json = json.loads((directory / "report.json").read_text())
+    for line in summarise(report_json):
+        click.echo(line)
+    click.echo(f"report: {directory / 'report.html'}")
+
+
+@aggregator.command()
+@_data_dir
+@click.argument("round_id")
+def report(data_dir: Path, round_id: str) -> None:
+    """Summarise ROUND's report on the terminal (report.json and report.html are in its directory)."""
+    from aggregator._report import summarise
+
+    directory = AggregatorHome(data_dir).root / "rounds" / round_id
+    path = directory / "report.json"
+    if not path.is_file():
+        raise click.ClickException(f"no report for round {round_id!r} (has it finished?)")
+    for line in summarise(json.loads(path.read_text())):
+        click.echo(line)
+    click.echo(f"report: {directory / 'report.html'}")

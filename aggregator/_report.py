@@ -1,0 +1,158 @@
+"""Learning after the delivery window, and the round report (DESIGN.md §3 step 8, §9, §11).
+
+:func:`learn` estimates one histogram per (partition, subset) with the
+manifest's frequency oracle and post-processing, fits the partition ensemble,
+writes the model, and returns the report: counts, rejections by reason,
+privacy spent (local ε_T per peer and the shuffle-amplified central figure),
+utility on an operator-supplied labelled test file, and timings.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+import pickle
+import time
+from pathlib import Path
+from typing import Any
+
+
+from mechanisms import postprocess, shuffle_amplified_epsilon
+from protocol import SurveyId
+
+from aggregator._round import RoundState
+
+REPORT_JSON = "report.json"
+REPORT_HTML = "report.html"
+MODEL_FILE = "model.pickle"
+
+
+def learn(state: RoundState, directory: Path, *, test_file: Path | None = None) -> dict[str, Any]:
+    """Fit the ensemble on the round's reports; write the model and the report files; return the report."""
+    from aggregator._ensemble import PartitionEnsemble, SubsetHistogram
+
+    started = time.perf_counter()
+    manifest, spec = state.manifest, state.spec
+    histograms = []
+    per_survey: dict[str, int] = {}
+    for partition, subsets in enumerate(state.subsets):
+        for index, subset in enumerate(subsets):
+            survey = SurveyId.data(state.round_id, partition, index)
+            blobs = state.store.reports(survey)
+            per_survey[str(survey)] = len(blobs)
+            if not blobs:
+                continue
+            oracle = state.data_oracle(partition, index)
+            reports = oracle.decode_reports(blobs)
+            counts = postprocess(oracle.estimate(reports), len(blobs), "norm-sub")
+            histograms.append(SubsetHistogram.from_spec(spec, subset, counts, partition))
+    medians = state.medians()
+    cut_points = {name: [value] for name, value in (medians.medians.items() if medians else ())}
+    report: dict[str, Any] = {
+        "round_id": state.round_id.hex(),
+        "name": manifest.name,
+        "counts": state.store.counts(),
+        "rejected": state.store.rejections(),
+        "accepted_by_survey": per_survey,
+        "medians": {name: values[0] for name, values in cut_points.items()},
+        "privacy": _privacy(state),
+        "model": None,
+        "utility": None,
+    }
+    if histograms:
+        model = PartitionEnsemble(base=manifest.learner, random_state=0).fit_histograms(histograms, n_bins=spec.n_bins)
+        (directory / MODEL_FILE).write_bytes(pickle.dumps({"model": model, "cut_points": cut_points, "spec": spec.to_dict()}))
+        report["model"] = MODEL_FILE
+        if test_file is not None:
+            report["utility"] = _utility(state, model, cut_points, test_file)
+    report["timings"] = {"learn_seconds": round(time.perf_counter() - started, 3)}
+    write_report(report, directory)
+    state.store.put_result("report", json.dumps(report, sort_keys=True).encode())
+    return report
+
+
+def _privacy(state: RoundState) -> dict[str, Any]:
+    manifest = state.manifest
+    sizes = [size for size in state.partition_sizes() if size > 0]
+    central = None
+    if sizes:
+        n = min(sizes)
+        delta = 1.0 / (n * n) if n > 1 else 1.0
+        try:
+            # Feldman–McMillan–Talwar: each data survey's reports are shuffled among its partition.
+            central = {"epsilon": shuffle_amplified_epsilon(manifest.eps_data, n, delta), "delta": delta, "n": n}
+        except ValueError as exc:
+            central = {"unavailable": str(exc)}
+    return {
+        "eps_total_local": manifest.eps_total,
+        "eps_median": manifest.eps_median,
+        "eps_data": manifest.eps_data,
+        "central_per_survey": central,
+    }
+
+
+def _utility(state: RoundState, model: Any, cut_points: dict[str, list[float]], test_file: Path) -> dict[str, Any]:
+    from sklearn.metrics import roc_auc_score
+
+    from aggregator._data import read_adult_file
+
+    table = read_adult_file(test_file)
+    bins = state.spec.bin_columns(table.columns, cut_points)
+    labels = state.spec.label.encode(table.labels)
+    scores = model.decision_function(bins)
+    return {"test_file": str(test_file), "rows": int(labels.shape[0]), "auc": float(roc_auc_score(labels, scores))}
+
+
+def _bar_chart(title: str, values: dict[str, int]) -> str:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(7, 0.4 * max(len(values), 2) + 1))
+    names = list(values) or ["(none)"]
+    axis.barh(names, [values[n] for n in values] or [0])
+    axis.set_title(title)
+    figure.tight_layout()
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png")
+    plt.close(figure)
+    return base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def write_report(report: dict[str, Any], directory: Path) -> None:
+    """``report.json`` and a self-contained ``report.html`` with plots."""
+    (directory / REPORT_JSON).write_text(json.dumps(report, indent=2, sort_keys=True))
+    charts = [
+        _bar_chart("Accepted packets per data survey", report.get("accepted_by_survey", {})),
+        _bar_chart("Rejected packets by reason", report.get("rejected", {})),
+    ]
+    rows = "".join(
+        f"<tr><th>{html.escape(str(k))}</th><td><pre>{html.escape(json.dumps(v, indent=1, sort_keys=True))}</pre></td></tr>"
+        for k, v in report.items()
+    )
+    images = "".join(f'<img alt="chart" src="data:image/png;base64,{c}">' for c in charts)
+    (directory / REPORT_HTML).write_text(
+        f"<!doctype html><meta charset=utf-8><title>AnonML round {html.escape(report.get('name', ''))}</title>"
+        f"<h1>Round {html.escape(report.get('name', ''))}</h1><table>{rows}</table>{images}"
+    )
+
+
+def summarise(report: dict[str, Any]) -> list[str]:
+    """Terminal lines for ``anonml aggregator report``."""
+    counts = report.get("counts", {})
+    privacy = report.get("privacy", {})
+    lines = [
+        f"round {report.get('name')} ({report.get('round_id', '')[:16]}…): {report.get('status', 'done')}",
+        f"registered {counts.get('registered', 0)}, credentials {counts.get('credentials', 0)}, accepted packets {counts.get('accepted', 0)}",
+        "rejected: " + (", ".join(f"{k} {v}" for k, v in sorted(report.get("rejected", {}).items())) or "none"),
+        f"privacy: local eps_T {privacy.get('eps_total_local')} per peer; central (shuffled) {privacy.get('central_per_survey')}",
+    ]
+    if report.get("utility"):
+        lines.append(f"utility: AUC {report['utility']['auc']:.4f} on {report['utility']['rows']} held-out rows")
+    if report.get("reason"):
+        lines.append(f"reason: {report['reason']}")
+    return lines
+

@@ -1,0 +1,101 @@
+"""``anonml aggregator``: init, round new (spec validation), run (minimum participation), report."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from anonml.cli import main
+
+SPEC = """
+name = "cli-round"
+[task]
+label = {{ name = "y", positive = ["1"], negative = ["0"] }}
+features = [
+  {{ name = "colour", type = "categorical", categories = ["red", "green"] }},
+  {{ name = "size", type = "numeric", low = 0, high = 10 }},
+]
+[learning]
+k_p = 2
+k_h = 1
+k_s = 1
+plan = "split"
+learner = "logreg"
+[privacy]
+eps_total = {eps}
+oracle = "auto"
+[schedule]
+register = 1
+issue = 1
+median_rounds = 1
+median_send = 1
+median_delivery = 3
+data_send = 1
+data_delivery = 3
+[network]
+relays = [{{ node_id = "{node}", host = "127.0.0.1", port = 9100, public_key = "{key}", key_epoch = 1 }}]
+path_length = 1
+http_host = "127.0.0.1"
+http_port = {http}
+sink_host = "127.0.0.1"
+sink_port = {sink}
+[participation]
+min_participation = 3
+registration = "open"
+"""
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def write_spec(path: Path, eps: str = "2.0") -> Path:
+    path.write_text(SPEC.format(eps=eps, node="01" * 16, key="02" * 32, http=free_port(), sink=free_port()))
+    return path
+
+
+def test_init_refuses_to_overwrite(tmp_path: Path) -> None:
+    runner = CliRunner()
+    first = runner.invoke(main, ["aggregator", "init", "--data-dir", str(tmp_path / "agg")])
+    assert first.exit_code == 0, first.output
+    assert (tmp_path / "agg" / "identity.key").stat().st_mode & 0o077 == 0
+    before = (tmp_path / "agg" / "identity.key").read_bytes()
+    second = runner.invoke(main, ["aggregator", "init", "--data-dir", str(tmp_path / "agg")])
+    assert second.exit_code != 0 and "refusing" in second.output
+    assert (tmp_path / "agg" / "identity.key").read_bytes() == before
+
+
+def test_malformed_spec_names_the_field(tmp_path: Path) -> None:
+    runner = CliRunner()
+    runner.invoke(main, ["aggregator", "init", "--data-dir", str(tmp_path / "agg")])
+    spec = write_spec(tmp_path / "round.toml", eps='"lots"')
+    result = runner.invoke(main, ["aggregator", "round", "new", "--data-dir", str(tmp_path / "agg"), "--spec", str(spec)])
+    assert result.exit_code != 0
+    assert "privacy.eps_total" in result.output
+
+
+def test_round_missing_participation_exits_with_a_clear_status(tmp_path: Path) -> None:
+    runner = CliRunner()
+    runner.invoke(main, ["aggregator", "init", "--data-dir", str(tmp_path / "agg")])
+    spec = write_spec(tmp_path / "round.toml")
+    created = runner.invoke(main, ["aggregator", "round", "new", "--data-dir", str(tmp_path / "agg"), "--spec", str(spec)])
+    assert created.exit_code == 0, created.output
+    round_id = created.stdout.strip().splitlines()[-1]
+    assert len(bytes.fromhex(round_id)) == 32
+    # A real process: serves, nobody registers, the round fails when registration closes.
+    result = subprocess.run(
+        [sys.executable, "-c", "from anonml.cli import main; main()", "aggregator", "run", "--data-dir", str(tmp_path / "agg"), "--round", round_id],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert result.returncode == 3, result.stderr
+    assert "minimum participation" in result.stderr
+    assert (tmp_path / "agg" / "rounds" / round_id / "report.json").is_file()
+    summary = runner.invoke(main, ["aggregator", "report", "--data-dir", str(tmp_path / "agg"), round_id])
+    assert summary.exit_code == 0 and "failed" in summary.output
