@@ -5,7 +5,7 @@ histogram estimation and post-processing → partition ensemble → AUC."""
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,9 +24,9 @@ IntArray = npt.NDArray[np.int64]
 
 @dataclass
 class TrialResult:
-    """What one trial measured."""
+    """What one trial measured: one AUC per ensemble configuration."""
 
-    auc: float
+    aucs: list[float]
     epsilon_total: float
     seconds: float
     oracles: dict[str, int] = field(default_factory=dict)
@@ -82,12 +82,13 @@ def run_trial(
     plan: ReleasePlan,
     rng: np.random.Generator,
     *,
-    ensemble: Mapping[str, Any] | None = None,
+    ensembles: Sequence[Mapping[str, Any]] = ({},),
     method: str = "norm-sub",
     noise_free: bool = False,
 ) -> TrialResult:
-    """One trial; ``noise_free`` uses exact cut points and exact histograms
-    (same plan, same partitions) instead of the private pipeline."""
+    """One trial; each of ``ensembles`` (PartitionEnsemble parameters) is fit
+    on the same histograms. ``noise_free`` uses exact cut points and exact
+    histograms (same plan, same partitions) instead of the private pipeline."""
     started = time.perf_counter()
     assignment = assign_partitions(plan.seed, row_keys(train.n_rows), plan.k_p)
     cuts = exact_cut_points(spec, train) if noise_free else private_cut_points(spec, train, plan, assignment, rng)
@@ -97,12 +98,14 @@ def run_trial(
         histograms = exact_histograms(spec, plan, assignment, X, y)
     else:
         histograms = estimate_histograms(spec, plan, assignment, X, y, rng, method=method, oracles_used=oracles)
-    model = PartitionEnsemble(random_state=int(rng.integers(2**31)), **dict(ensemble or {}))
-    model.fit_histograms(histograms, n_bins=spec.n_bins)
     X_test, y_test = bin_table(spec, test, cuts)
-    auc = float(roc_auc_score(y_test, model.decision_function(X_test)))
+    aucs = []
+    for params in ensembles:
+        model = PartitionEnsemble(**{"random_state": int(rng.integers(2**31)), **params})
+        model.fit_histograms(histograms, n_bins=spec.n_bins)
+        aucs.append(float(roc_auc_score(y_test, model.decision_function(X_test))))
     return TrialResult(
-        auc=auc,
+        aucs=aucs,
         epsilon_total=0.0 if noise_free else plan.epsilon_total,
         seconds=time.perf_counter() - started,
         oracles=oracles,

@@ -17,6 +17,7 @@ from anonml import __version__
 
 # Subcommand name -> "module:attribute" of a click command or group.
 ROLE_COMMANDS: dict[str, str] = {
+    "experiment": "aggregator._experiment:experiment",
     "aggregator": "aggregator._cli:aggregator",
     "peer": "peer._cli:peer",
     "demo": "anonml._demo:demo",
