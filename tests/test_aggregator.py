@@ -317,3 +317,58 @@ async def test_phases_advance_by_the_schedule(tmp_path: Path, autojump_clock: tr
     assert seen == ["issuance"]
     assert state.status().phase == "done"
     assert trio.current_time() == pytest.approx(state.manifest.schedule.data.t_r - T0)
+
+
+async def test_full_round_in_process_learns_and_reports(tmp_path: Path, autojump_clock: trio.testing.MockClock) -> None:
+    from aggregator._report import learn
+    from aggregator._verify import process_batch
+    from protocol import MedianThresholds, encode_median_report
+
+    document = spec_document()
+    document["task"]["features"].append({"name": "size", "type": "numeric", "low": 0, "high": 10})
+    document["schedule"]["median_rounds"] = 1
+    home = AggregatorHome(tmp_path / "agg")
+    home.initialise(bytes(range(32)), generate_keypair()[0])
+    state, _ = create_round(home, parse_round_spec(document), now=T0)
+    state.clock = lambda: T0 + trio.current_time()
+    schedule = state.manifest.schedule
+    peers = [Peer(state, i) for i in range(1, 13)]
+    rng = np.random.default_rng(3)
+
+    async def sleep_until(t: int) -> None:
+        await trio.sleep(max(0, t - state.now()))
+
+    async def all_peers() -> None:
+        for peer in peers:
+            peer.register()
+        await sleep_until(schedule.t_register_end + 1)
+        for peer in peers:
+            peer.obtain_credential()
+        median = schedule.median[0]
+        thresholds = state.thresholds(0)
+        assert isinstance(thresholds, MedianThresholds) and thresholds.thresholds == (5.0,)
+        await sleep_until(median.t_s + median.delta + 1)
+        survey = SurveyId.median(state.round_id, 0)
+        frames = [p.packet(survey, encode_median_report([1])) for p in peers if p.partition == 0]
+        assert set(process_batch(state, frames, state.now())) == {"accepted"}
+        await sleep_until(schedule.data.t_s + schedule.data.delta + 1)
+        frames = []
+        for peer in peers:
+            oracle = state.data_oracle(peer.partition, 0)
+            value = int(rng.integers(0, oracle.m if hasattr(oracle, "m") else 2))
+            report = oracle.encode_report(oracle.privatize(np.array([value]), rng)[0])
+            frames.append(peer.packet(SurveyId.data(state.round_id, peer.partition, 0), report))
+        assert process_batch(state, frames, state.now()) == ["accepted"] * len(peers)
+
+    directory = home.round_dir(state.round_id)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(all_peers)
+        outcome = await drive_round(state, lambda s: learn(s, directory))
+    assert outcome == "done"
+    report = json.loads((directory / "report.json").read_text())
+    assert report["counts"] == {"registered": 12, "credentials": 12, "accepted": 6 + 12}
+    # Every median answer said "greater than 5": the search moves up by the next step.
+    assert report["medians"]["size"] > 5.0
+    assert sum(report["accepted_by_survey"].values()) == 12
+    assert report["privacy"]["eps_total_local"] == state.manifest.eps_total
+    assert (directory / "model.pickle").is_file() and (directory / "report.html").is_file()
