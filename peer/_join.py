@@ -268,6 +268,22 @@ def late_windows(start: int, end: int, n_relays: int) -> list[ReleaseWindow]:
     return windows
 
 
+def receipt_check_time(manifest: RoundManifest, survey: SurveyId) -> float:
+    """When to read the receipt log for ``survey``'s packets.
+
+    Not before the last relay's window has closed (every packet released),
+    and as late as still leaves a resend enough time to cross every relay
+    (one second per hop window plus the slack slice): the later the check,
+    the more time the aggregator has had to verify what arrived, so fewer
+    packets look missing that are merely queued.
+    """
+    windows = hop_windows(manifest.schedule, survey, manifest.path_length)
+    t_r = manifest.schedule.phase_of(survey).t_r
+    slack = t_r - windows[-2].end
+    resend_time = max(manifest.path_length + 2, slack // 2)
+    return max(windows[-2].end + _MARGIN, t_r - resend_time)
+
+
 @dataclass
 class _Outgoing:
     """One message this peer sends, and the paths it has tried."""
@@ -392,9 +408,7 @@ class _RoundRun:
         if not outgoing:
             return
         phase = outgoing[0].phase
-        windows = hop_windows(self.manifest.schedule, outgoing[0].survey, self.manifest.path_length)
-        # The last relay releases by windows[-2].end; the final slice is slack.
-        log = await self.session.receipts(windows[-2].end + _MARGIN)
+        log = await self.session.receipts(receipt_check_time(self.manifest, outgoing[0].survey))
         for out in outgoing:
             if log.contains(out.survey, out.receipt):
                 self.acknowledged(out)
