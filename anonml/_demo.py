@@ -386,8 +386,11 @@ async def run_demo(data: DemoData, params: DemoParams, work: Path, console: Any)
         spec_path = work / "round.toml"
         spec_path.write_text(to_toml(round_spec(data, params, peers, descriptors, http_port, sink_port)))
         out = await procs.run("aggregator-round-new", "aggregator", "round", "new", "--data-dir", str(agg_dir), "--spec", str(spec_path))
-        console.print(f"    round manifest hash: {out.strip().splitlines()[-1] if out.strip() else '?'}")
-        await procs.start("aggregator", anonml_command("aggregator", "run", "--data-dir", str(agg_dir)))
+        round_id = out.strip().splitlines()[-1]
+        console.print(f"    round manifest hash (the round id): {round_id}")
+        aggregator = await procs.start(
+            "aggregator", anonml_command("aggregator", "run", "--data-dir", str(agg_dir), "--round", round_id, "--linger", "2")
+        )
         url = f"http://{HOST}:{http_port}"
         await _wait_for_http(url, trio.current_time() + 30)
 
@@ -413,16 +416,42 @@ async def run_demo(data: DemoData, params: DemoParams, work: Path, console: Any)
                         pass
                     live.update(_phase_table(progress, peers, started))
                     workers_done = all(p.returncode is not None for p in workers)
-                    if progress.status is not None and progress.status.phase in ("done", "failed") and workers_done:
+                    ended = progress.status is not None and progress.status.phase in ("done", "failed")
+                    if workers_done and (ended or aggregator.returncode is not None):
                         break
+                    if aggregator.returncode is not None and not ended:
+                        raise DemoError(f"the aggregator exited ({aggregator.returncode}); see {logs / 'aggregator.log'}")
                     await trio.sleep(0.25)
-        console.print("[bold]4/5[/] the round is over; fetching the report")
-        report = await client.report()
         await client.aclose()
-        await procs.run("aggregator-report", "aggregator", "report", "--data-dir", str(agg_dir), progress.status.round_id.hex())
+        console.print("[bold]4/5[/] the round is over; the aggregator writes its report")
+        with trio.move_on_after(120):
+            await aggregator.wait()
+        round_dir = agg_dir / "rounds" / round_id
+        report_path = round_dir / "report.json"
+        report = json.loads(report_path.read_text()) if report_path.is_file() else {}
+        shown = await procs.run("aggregator-report", "aggregator", "report", "--data-dir", str(agg_dir), round_id) if report else ""
+        console.print(shown.rstrip())
     finally:
         await procs.stop_all()
-    return summarise(data, params, progress, report or {}, work, time.monotonic() - started)
+    console.print("[bold]5/5[/] evaluating the published model on the held-out rows")
+    summary = summarise(data, params, progress, report, work, time.monotonic() - started)
+    summary["auc"] = held_out_auc(data, round_dir / "model.pickle")
+    summary["report_path"] = str(round_dir / "report.html")
+    return summary
+
+
+def held_out_auc(data: DemoData, model_path: Path) -> float | None:
+    """AUC of the round's published model on the held-out rows, binned with the round's medians."""
+    import pickle
+
+    from sklearn.metrics import roc_auc_score
+
+    if not model_path.is_file():
+        return None
+    # The demo's own aggregator wrote this file in the demo's work directory.
+    published = pickle.loads(model_path.read_bytes())
+    bins = data.spec.bin_columns(data.test_columns, published["cut_points"])
+    return float(roc_auc_score(data.test_labels, published["model"].decision_function(bins)))
 
 
 def round_spec(data: DemoData, params: DemoParams, peers: int, relays: list[dict[str, Any]], http_port: int, sink_port: int) -> dict[str, Any]:
