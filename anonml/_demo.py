@@ -484,19 +484,6 @@ def round_spec(data: DemoData, params: DemoParams, peers: int, relays: list[dict
     }
 
 
-def central_epsilon(eps0: float, n: int, releases: int) -> tuple[float, float]:
-    """Shuffle-amplified (Feldman, McMillan, Talwar 2021) central figure for one peer.
-
-    Each report is ``eps0``-LDP and hides among the ``n`` unlinkable reports
-    of its survey (the partition); a peer's ``releases`` reports compose
-    basically. Returns ``(epsilon, delta)``.
-    """
-    from mechanisms import shuffle_amplified_epsilon
-
-    delta = min(1e-5, 1.0 / (10 * max(n, 1)))
-    return releases * shuffle_amplified_epsilon(eps0, max(n, 1), delta), releases * delta
-
-
 def summarise(data: DemoData, params: DemoParams, progress: Progress, report: dict[str, Any], work: Path, seconds: float) -> dict[str, Any]:
     epsilons = [e for s in progress.summaries.values() for e in s.get("epsilon", [])]
     total = Counter[str]()
@@ -547,9 +534,15 @@ def _print_summary(console: Any, summary: dict[str, Any], params: DemoParams) ->
     table.add_row("receipts found / missing", f"{summary['receipts']} / {summary['missing']}")
     table.add_row("rejected by reason", ", ".join(f"{k}: {v}" for k, v in sorted(summary["rejected"].items())) or "none")
     table.add_row("epsilon per peer, local (eq. 7.4)", f"max {summary['epsilon_local_max']:.3g}, promised {params.epsilon:g}")
-    if "epsilon_central" in summary:
-        eps, delta = summary["epsilon_central"]
-        table.add_row("epsilon per peer, central (shuffle bound)", f"{eps:.3g} at delta {delta:.1e}")
+    central = (summary["report"].get("privacy") or {}).get("central_per_survey") or {}
+    if "epsilon" in central:
+        # Each data report hides among its partition's n unlinkable reports
+        # (Feldman-McMillan-Talwar); a peer's k_h reports compose.
+        table.add_row(
+            "epsilon, central (shuffle bound)",
+            f"{central['epsilon']:.3g} per report (n={central['n']}, delta={central['delta']:.1e}); "
+            f"{params.k_h * central['epsilon']:.3g} for a peer's {params.k_h} reports",
+        )
     auc = summary.get("auc")
     table.add_row("AUC on held-out data", f"{auc:.4f}" if isinstance(auc, float) else "n/a")
     table.add_row("AUC, non-private logistic regression", f"{summary['baseline_auc']:.4f}")
