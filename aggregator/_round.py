@@ -106,6 +106,11 @@ class RoundState:
     def now(self) -> int:
         return int(self.clock())
 
+    @cached_property
+    def geometry(self) -> SphinxGeometry:
+        """The round's packet geometry, parsed once (every packet reads its lengths from it)."""
+        return self.manifest.sphinx_geometry()
+
     # -- phases ---------------------------------------------------------------
 
     def outcome(self) -> str | None:

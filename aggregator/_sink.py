@@ -29,7 +29,7 @@ class PacketSink:
         self.limiter = trio.CapacityLimiter(threads)
         self.limits = limits
         self.link_errors: Counter[str] = Counter()
-        geometry = state.manifest.sphinx_geometry()
+        geometry = state.geometry
         self.packet_size = geometry.packet_size
         self.geometry_hash = geometry.canonical_hash()
 

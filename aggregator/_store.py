@@ -161,13 +161,14 @@ class RoundStore:
 
     # -- packets ----------------------------------------------------------------
 
-    def check_and_record_replay(self, tag: bytes) -> bool:
-        """True if ``tag`` was seen before (a replay); records it otherwise (the final hop's cache)."""
+    def replay_seen(self, tag: bytes) -> bool:
+        """Whether ``tag`` is in the final hop's replay cache (tags are added by :meth:`store_batch`)."""
         with self._lock:
-            cursor = self._db.execute("INSERT OR IGNORE INTO replay_tags VALUES (?)", (tag,))
-            return cursor.rowcount == 0
+            return self._db.execute("SELECT 1 FROM replay_tags WHERE tag = ?", (tag,)).fetchone() is not None
 
-    def store_batch(self, packets: Sequence[VerifiedPacket], rejections: Sequence[str], now: int) -> list[str]:
+    def store_batch(
+        self, packets: Sequence[VerifiedPacket], rejections: Sequence[str], now: int, replay_tags: Sequence[bytes] = ()
+    ) -> list[str]:
         """Store verified packets and count rejections in one transaction.
 
         Returns one outcome per packet: ``"accepted"``, ``"duplicate"`` (same
@@ -198,6 +199,8 @@ class RoundStore:
                     outcome = "duplicate" if bytes(row[0]) == packet.message_hash else "double-submission"
                     outcomes.append(outcome)
                     counted[outcome] = counted.get(outcome, 0) + 1
+                # Replay tags commit with the batch: one fsync per batch, not per packet.
+                self._db.executemany("INSERT OR IGNORE INTO replay_tags VALUES (?)", [(t,) for t in replay_tags])
                 self._db.executemany(
                     "INSERT INTO rejections VALUES (?, ?) ON CONFLICT(reason) DO UPDATE SET count = count + excluded.count",
                     sorted(counted.items()),

@@ -33,13 +33,20 @@ REJECTION_REASONS = (
 """Every reason a packet is counted as rejected (``bad-token/`` carries the token's reason)."""
 
 
-def _open(state: RoundState, frame: bytes, now: int) -> VerifiedPacket:
-    """Check one frame through to a verified token; raise SurveyRefused(reason) otherwise."""
-    geometry = state.manifest.sphinx_geometry()
+def _open(state: RoundState, frame: bytes, now: int, batch_tags: set[bytes]) -> VerifiedPacket:
+    """Check one frame through to a verified token; raise SurveyRefused(reason) otherwise.
+
+    Authentic packets' replay tags are added to ``batch_tags`` (stored with the batch).
+    """
+
+    def is_replay(tag: bytes) -> bool:
+        if tag in batch_tags or state.store.replay_seen(tag):
+            return True
+        batch_tags.add(tag)
+        return False
+
     try:
-        result = process_packet(
-            geometry, state.secrets.final_hop_private_key, frame, is_replay=state.store.check_and_record_replay
-        )
+        result = process_packet(state.geometry, state.secrets.final_hop_private_key, frame, is_replay=is_replay)
     except ReplayedPacket:
         raise SurveyRefused("replay") from None
     except InvalidPacket:
@@ -71,13 +78,14 @@ def process_batch(state: RoundState, frames: list[bytes], now: int) -> list[str]
     verified: list[tuple[int, VerifiedPacket]] = []
     outcomes: list[str] = [""] * len(frames)
     rejections: list[str] = []
+    batch_tags: set[bytes] = set()
     for index, frame in enumerate(frames):
         try:
-            verified.append((index, _open(state, frame, now)))
+            verified.append((index, _open(state, frame, now, batch_tags)))
         except SurveyRefused as exc:
             outcomes[index] = exc.reason
             rejections.append(exc.reason)
-    stored = state.store.store_batch([packet for _, packet in verified], rejections, now)
+    stored = state.store.store_batch([packet for _, packet in verified], rejections, now, sorted(batch_tags))
     for (index, _), outcome in zip(verified, stored):
         outcomes[index] = outcome
     if rejections:
