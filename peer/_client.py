@@ -73,6 +73,9 @@ class AggregatorClient:
             timeout=httpx.Timeout(timeout),
             limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
         )
+        # Thousands of peers of one process queue here, not inside httpx's
+        # pool, whose acquisition timeout would fail requests that merely wait.
+        self._limiter = trio.CapacityLimiter(max_connections)
         self._retry_for = retry_for
         self.requests = 0
         self.retries = 0
@@ -87,9 +90,10 @@ class AggregatorClient:
         while True:
             self.requests += 1
             try:
-                response = await self._http.request(
-                    method, path, content=body, headers={"content-type": "application/json"} if body else None
-                )
+                async with self._limiter:
+                    response = await self._http.request(
+                        method, path, content=body, headers={"content-type": "application/json"} if body else None
+                    )
             except httpx.HTTPError as exc:
                 failure: AggregatorError = AggregatorError(0, f"{type(exc).__name__}: {exc}")
             else:
