@@ -28,7 +28,7 @@ from sklearn.base import BaseEstimator, ClassifierMixin
 from sklearn.preprocessing import LabelEncoder
 from sklearn.tree import DecisionTreeClassifier
 from sklearn.utils._param_validation import Interval, StrOptions
-from sklearn.utils.multiclass import type_of_target
+from sklearn.utils.multiclass import check_classification_targets, type_of_target
 from sklearn.utils.validation import check_is_fitted, check_random_state, validate_data
 
 from protocol import FeatureSpec
@@ -219,8 +219,9 @@ class PartitionEnsemble(ClassifierMixin, BaseEstimator):
         each single feature with the label, and fit on them. The private path
         is :meth:`fit_histograms`."""
         X_checked, y_checked = validate_data(self, X, y, dtype=np.float64)
+        check_classification_targets(y_checked)
         if type_of_target(y_checked) != "binary":
-            raise ValueError(f"PartitionEnsemble is a binary classifier; y has classes {np.unique(y_checked)!r}")
+            raise ValueError(f"Only binary classification is supported; y has classes {np.unique(y_checked)!r}")
         encoder = LabelEncoder().fit(y_checked)
         cut_points = np.median(X_checked, axis=0)
         binned = (X_checked > cut_points).astype(np.int64)
@@ -360,4 +361,5 @@ class PartitionEnsemble(ClassifierMixin, BaseEstimator):
         return np.column_stack([1.0 - p1, p1])
 
     def predict(self, X: npt.ArrayLike) -> npt.NDArray[Any]:
-        return np.asarray(self.classes_[(self.decision_function(X) >= 0).astype(int)])
+        positive = self.decision_function(X) >= 0
+        return np.asarray(self.classes_[positive.astype(int)])

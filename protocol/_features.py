@@ -239,7 +239,7 @@ class LabelSpec:
         positive = np.isin(column, self.positive)
         known = positive | np.isin(column, self.negative)
         if not np.all(known):
-            raise FeatureSpecError(f"label {self.name!r}: unknown value {column[~known][0]!r}")
+            raise FeatureSpecError(f"label {self.name!r}: unknown value {str(column[~known][0])!r}")
         return positive.astype(np.int64)
 
     def to_dict(self) -> dict[str, Any]:
@@ -342,7 +342,7 @@ class FeatureSpec:
         for j, radix in enumerate(radices):
             column = b[:, j]
             if np.any((column < 0) | (column >= radix)):
-                raise FeatureSpecError(f"bins[{names[j]!r}]: expected bin indices in [0, {radix}), got {column[(column < 0) | (column >= radix)][0]!r}")
+                raise FeatureSpecError(f"bins[{names[j]!r}]: expected bin indices in [0, {radix}), got {int(column[(column < 0) | (column >= radix)][0])!r}")
         return encode_cells(radices, b, y)
 
     def decode(self, subset: Sequence[str], codes: npt.ArrayLike) -> tuple[IntArray, IntArray]:

@@ -1,0 +1,145 @@
+"""Release plans: seeded partitions and subsets, and their eq. 7.4 cost."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from mechanisms import total_epsilon
+from protocol import PlanError, ReleasePlan, assign_partitions, derive_subsets, row_keys
+
+FEATURES = tuple(f"f{i}" for i in range(12))
+NUMERIC = ("f0", "f3", "f7")
+
+
+def build(**overrides: object) -> ReleasePlan:
+    params: dict[str, object] = dict(kind="split", features=FEATURES, numeric_features=NUMERIC, k_p=5, k_h=2, k_s=3, epsilon_total=1.0, seed=b"public seed")
+    params.update(overrides)
+    return ReleasePlan.build(**params)  # type: ignore[arg-type]
+
+
+def test_assignment_is_the_seeded_hash_order_dealt_round_robin() -> None:
+    keys = [bytes([i]) * 32 for i in range(23)]
+    assignment = assign_partitions(b"seed", keys, 4)
+    order = sorted(range(len(keys)), key=lambda i: hashlib.sha256(b"seed" + b"anonml/partition/v1" + keys[i]).digest())
+    assert [int(assignment.partition[i]) for i in order] == [r % 4 for r in range(len(keys))]
+    sizes = np.bincount(assignment.partition, minlength=4)
+    assert sizes.max() - sizes.min() <= 1 and sizes.sum() == 23
+    again = assign_partitions(b"seed", keys, 4)
+    assert np.array_equal(again.partition, assignment.partition)
+    other = assign_partitions(b"other seed", keys, 4)
+    assert not np.array_equal(other.partition, assignment.partition)
+
+
+@pytest.mark.parametrize(("n", "k_p"), [(1, 1), (10, 3), (1000, 7), (32561, 12)])
+def test_partitions_are_balanced(n: int, k_p: int) -> None:
+    sizes = np.bincount(assign_partitions(b"s", row_keys(n), k_p).partition, minlength=k_p)
+    assert sizes.max() - sizes.min() <= 1 and sizes.sum() == n
+
+
+def test_split_subsets_are_disjoint_per_partition_and_seeded() -> None:
+    subsets = derive_subsets(b"seed", FEATURES, "split", 6, 3, 4)
+    assert subsets == derive_subsets(b"seed", FEATURES, "split", 6, 3, 4)
+    assert subsets != derive_subsets(b"seed2", FEATURES, "split", 6, 3, 4)
+    for part in subsets:
+        names = [n for s in part for n in s]
+        assert len(part) == 3 and all(len(s) == 4 for s in part) and len(set(names)) == 12
+
+
+@pytest.mark.parametrize(("k_p", "k_s"), [(12, 1), (8, 3), (16, 3), (7, 2), (5, 12)])
+def test_one_plan_covers_features_evenly_without_repeats(k_p: int, k_s: int) -> None:
+    subsets = derive_subsets(b"seed", FEATURES, "one", k_p, 1, k_s)
+    assert len(subsets) == k_p and all(len(part) == 1 for part in subsets)
+    counts = Counter(n for (s,) in subsets for n in s)
+    assert set(counts) == set(FEATURES)
+    assert max(counts.values()) - min(counts.values()) <= 1
+    assert all(len(set(s)) == k_s for (s,) in subsets)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field"),
+    [
+        (dict(k_h=5, k_s=3), "k_h: 5 disjoint subsets of 3 features need 15"),
+        (dict(k_s=13), "k_s"),
+        (dict(kind="one", k_h=2), "k_h"),
+        (dict(kind="one", k_h=1, k_p=3, k_s=3), "cannot cover 12 features"),
+        (dict(kind="both"), "kind"),
+        (dict(k_p=0), "k_p"),
+        (dict(epsilon_total=0.0), "epsilon_total"),
+        (dict(median_peers="some"), "median_peers"),
+        (dict(k_p=1, k_h=4, k_s=3, median_peers="disjoint"), "every partition releases"),
+    ],
+)
+def test_unsatisfiable_parameters_raise_plan_error(overrides: dict[str, object], field: str) -> None:
+    with pytest.raises(PlanError, match=field):
+        build(**overrides)
+
+
+def by_hand_eq_7_4(plan: ReleasePlan, partition: int) -> float:
+    """Eq. 7.4 for one peer, written out: max over features of ε_h(i) + ε_e^i, and the label's Σ ε_h."""
+    released = {n for s in plan.subsets[partition] for n in s}
+    asked = set(plan.median_epsilon_by_feature(partition))
+    per_feature = [(plan.release_epsilon if f in released else 0.0) + (plan.median_epsilon if f in asked else 0.0) for f in plan.features]
+    return max(max(per_feature), plan.k_h * plan.release_epsilon)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        dict(),  # the thesis's plan: ε_e = ε_h = ε_T / 2
+        dict(k_h=1, k_s=3),
+        dict(k_h=3, k_s=2, median_share=0.25),
+        dict(kind="one", k_p=12, k_h=1, k_s=1, median_peers="disjoint"),
+        dict(kind="one", k_p=8, k_h=1, k_s=3),
+        dict(k_p=8, k_h=2, k_s=3, median_peers="disjoint", epsilon_total=4.0),
+    ],
+)
+def test_recorded_cost_is_eq_7_4_and_meets_the_target(overrides: dict[str, object]) -> None:
+    plan = build(**overrides)
+    target = float(overrides.get("epsilon_total", 1.0))  # type: ignore[arg-type]
+    for p in range(plan.k_p):
+        assert plan.epsilon_of_partition(p) == pytest.approx(by_hand_eq_7_4(plan, p))
+        releases = [(s, plan.release_epsilon) for s in plan.subsets[p]]
+        assert plan.epsilon_of_partition(p) == pytest.approx(total_epsilon(plan.median_epsilon_by_feature(p), releases))
+    assert plan.epsilon_total == pytest.approx(target)
+
+
+def test_thesis_plan_splits_budget_evenly() -> None:
+    plan = build()
+    assert plan.release_epsilon == pytest.approx(0.5) and plan.median_epsilon == pytest.approx(0.5)
+    disjoint = build(kind="one", k_p=12, k_h=1, k_s=1, median_peers="disjoint")
+    assert disjoint.release_epsilon == pytest.approx(1.0) and disjoint.median_epsilon == pytest.approx(1.0)
+
+
+def test_disjoint_median_groups_exclude_releasing_peers_and_use_each_peer_once() -> None:
+    plan = build(kind="one", k_p=12, k_h=1, k_s=1, median_peers="disjoint", median_steps=7)
+    assignment = assign_partitions(plan.seed, row_keys(1000), plan.k_p)
+    for feature in NUMERIC:
+        groups = plan.median_groups(feature, assignment)
+        members = np.concatenate(groups)
+        assert len(groups) == 7 and len(set(members.tolist())) == members.size
+        releasing = [p for p in range(plan.k_p) if feature in plan.released_features(p)]
+        assert not np.isin(assignment.partition[members], releasing).any()
+        assert members.size == np.isin(assignment.partition, releasing, invert=True).sum()
+        sizes = [g.size for g in groups]
+        assert max(sizes) - min(sizes) <= 1
+
+
+def test_plan_round_trips_and_rejects_tampering() -> None:
+    plan = build(kind="one", k_p=8, k_h=1, k_s=3, oracle="grr")
+    assert ReleasePlan.from_dict(plan.to_dict()) == plan
+    tampered = plan.to_dict()
+    tampered["subsets"][0][0][0], tampered["subsets"][1][0][0] = tampered["subsets"][1][0][0], tampered["subsets"][0][0][0]
+    with pytest.raises(PlanError, match="subsets"):
+        ReleasePlan.from_dict(tampered)
+    for key, value, field in [("seed", "zz", "seed"), ("k_p", True, "k_p"), ("release_epsilon", math.inf, "release_epsilon"), ("subsets", "x", "subsets")]:
+        bad = plan.to_dict()
+        bad[key] = value
+        with pytest.raises(PlanError, match=field):
+            ReleasePlan.from_dict(bad)
+    with pytest.raises(PlanError, match="missing"):
+        ReleasePlan.from_dict({k: v for k, v in plan.to_dict().items() if k != "oracle"})
