@@ -375,7 +375,11 @@ async def run_demo(data: DemoData, params: DemoParams, work: Path, console: Any)
         descriptors = []
         for i in range(RELAYS):
             relay_dir = work / f"relay-{i}"
-            await procs.run(f"relay-{i}-init", "relay", "init", "--data-dir", str(relay_dir), "--listen", f"{HOST}:{free_port()}")
+            # The round's geometry has one routing slot per relay plus the aggregator (the last hop).
+            await procs.run(
+                f"relay-{i}-init", "relay", "init", "--data-dir", str(relay_dir), "--listen", f"{HOST}:{free_port()}",
+                "--max-hops", str(RELAYS + 1),
+            )
             descriptors.append(json.loads(await procs.run(f"relay-{i}-info", "relay", "info", "--data-dir", str(relay_dir), "--json")))
             await procs.start(f"relay-{i}", anonml_command("relay", "run", "--data-dir", str(relay_dir)))
 

@@ -77,7 +77,11 @@ async def start_relays(tmp_path: Path, nursery: trio.Nursery) -> tuple[list[dict
     descriptors, processes = [], []
     for i in range(N_RELAYS):
         data_dir = tmp_path / f"relay-{i}"
-        await trio.run_process(anonml("relay", "init", "--data-dir", str(data_dir), "--listen", f"127.0.0.1:{free_port()}"), capture_stdout=True)
+        # max hops: a 2-relay path plus the aggregator, the geometry the round will use
+        await trio.run_process(
+            anonml("relay", "init", "--data-dir", str(data_dir), "--listen", f"127.0.0.1:{free_port()}", "--max-hops", "3"),
+            capture_stdout=True,
+        )
         info = await trio.run_process(anonml("relay", "info", "--data-dir", str(data_dir), "--json"), capture_stdout=True)
         descriptors.append(json.loads(info.stdout))
         log = open(tmp_path / f"relay-{i}.log", "wb")  # noqa: SIM115 - the child owns it
