@@ -21,6 +21,7 @@ ROLE_COMMANDS: dict[str, str] = {
     "aggregator": "aggregator._cli:aggregator",
     "peer": "peer._cli:peer",
     "demo": "anonml._demo:demo",
+    "relay": "relay._cli:relay",
 }
 
 # ``anonml bench NAME``: one benchmark per component, each printing ratios

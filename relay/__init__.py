@@ -1,6 +1,40 @@
 """The relay: a mix node that holds Sphinx packets and re-times them inside
-published release windows."""
+published release windows (DESIGN.md §7).
+
+``serve_relay(config)`` runs one; ``anonml relay init / info / run`` is the
+operator's interface (:mod:`relay._cli`).
+"""
 
 from __future__ import annotations
 
-__all__: list[str] = []
+from relay._clock import PinnedClock, RelayClock, WallClock
+from relay._config import RelayConfig, load_config, parse_host_port, render_config
+from relay._descriptor import relay_descriptor
+from relay._errors import RelayConfigError, RelayDataDirError
+from relay._keys import EpochKey, KeyRing, create_identity, load_identity
+from relay._metrics import RelayCounters, render_prometheus
+from relay._server import RelayStarted, serve_relay
+from relay._store import HeldPacket, RelayStore
+
+__all__ = [
+    "EpochKey",
+    "HeldPacket",
+    "KeyRing",
+    "PinnedClock",
+    "RelayClock",
+    "RelayConfig",
+    "RelayConfigError",
+    "RelayCounters",
+    "RelayDataDirError",
+    "RelayStarted",
+    "RelayStore",
+    "WallClock",
+    "create_identity",
+    "load_config",
+    "load_identity",
+    "parse_host_port",
+    "relay_descriptor",
+    "render_config",
+    "render_prometheus",
+    "serve_relay",
+]

@@ -1,0 +1,7 @@
+"""``python -m relay ...`` is ``anonml relay ...``."""
+
+from __future__ import annotations
+
+from relay._cli import relay
+
+relay(prog_name="python -m relay")

@@ -1,0 +1,126 @@
+"""``anonml relay init / info / run``: what a relay operator types (DESIGN.md §7)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import click
+import trio
+
+from relay._config import CONFIG_FILE, RelayConfig, load_config, parse_host_port, render_config
+from relay._descriptor import relay_descriptor
+from relay._errors import RelayConfigError, RelayDataDirError
+from relay._keys import IDENTITY_FILE, KeyRing, create_identity
+from relay._metrics import log_event
+from relay._server import serve_relay
+
+logger = logging.getLogger("anonml.relay")
+
+_DATA_DIR = click.option(
+    "--data-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    required=True,
+    help="The relay's data directory (keys, config, held packets).",
+)
+
+
+@click.group("relay", context_settings={"help_option_names": ["-h", "--help"]})
+def relay() -> None:
+    """Run a mix relay: hold Sphinx packets and release them inside their windows."""
+
+
+def _address(value: str, what: str) -> tuple[str, int]:
+    try:
+        return parse_host_port(value, what=what)
+    except RelayConfigError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+@relay.command()
+@_DATA_DIR
+@click.option("--listen", required=True, help="IP:PORT the link server binds, e.g. 127.0.0.1:9000.")
+@click.option("--advertise", default=None, help="IP:PORT other nodes use (default: --listen).")
+@click.option("--metrics", default=None, help="IP:PORT for the Prometheus endpoint (default: off).")
+@click.option("--max-hops", default=5, show_default=True, type=click.IntRange(1, 32), help="Geometry: routing slots.")
+@click.option("--packet-size", default=2048, show_default=True, type=click.IntRange(1), help="Geometry: bytes.")
+def init(data_dir: Path, listen: str, advertise: str | None, metrics: str | None, max_hops: int,
+         packet_size: int) -> None:
+    """Create the relay's identity key and a commented config (never overwrites)."""
+    if (data_dir / IDENTITY_FILE).exists() or (data_dir / CONFIG_FILE).exists():
+        raise click.ClickException(f"{str(data_dir)!r} is already initialised; refusing to overwrite it")
+    try:
+        config = RelayConfig(
+            data_dir=data_dir,
+            listen=_address(listen, "--listen"),
+            advertise=_address(advertise, "--advertise") if advertise else None,
+            metrics=_address(metrics, "--metrics") if metrics else None,
+            max_hops=max_hops,
+            packet_size=packet_size,
+        )
+        create_identity(data_dir)
+    except (RelayConfigError, RelayDataDirError) as exc:
+        raise click.ClickException(str(exc)) from None
+    descriptor = os.open(data_dir / CONFIG_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(descriptor, "w") as handle:
+        handle.write(render_config(config))
+    KeyRing(data_dir, epoch_seconds=config.key_epoch_seconds, grace_seconds=config.key_grace_seconds).rotate(
+        time.time()
+    )
+    click.echo(f"initialised relay in {data_dir} (config {data_dir / CONFIG_FILE}); see `anonml relay info`")
+
+
+@relay.command()
+@_DATA_DIR
+@click.option("--json", "as_json", is_flag=True, help="Print the descriptor as JSON.")
+def info(data_dir: Path, as_json: bool) -> None:
+    """Print the descriptor an aggregator needs: id, address, public key, key epoch."""
+    try:
+        descriptor = relay_descriptor(load_config(data_dir), time.time())
+    except (RelayConfigError, RelayDataDirError) as exc:
+        raise click.ClickException(str(exc)) from None
+    if as_json:
+        click.echo(json.dumps(descriptor, indent=2, sort_keys=True))
+    else:
+        for key in ("node_id", "address", "key_epoch", "public_key", "identity_public_key"):
+            click.echo(f"{key:20} {descriptor[key]}")
+        for key in descriptor["keys"]:
+            click.echo(f"{'epoch ' + str(key['epoch']):20} {key['public_key']}  [{key['valid_from']}, "
+                       f"{key['valid_until']})")
+        geometry = descriptor["geometry"]
+        click.echo(f"{'geometry':20} {geometry['max_hops']} hops, {geometry['packet_size']} bytes, "
+                   f"hash {geometry['hash']}")
+    if descriptor["public_key"] is None:
+        click.echo("warning: no key for the current epoch yet; `anonml relay run` creates it", err=True)
+
+
+async def _run_until_signalled(config: RelayConfig) -> None:
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(serve_relay, config)
+            async for signum in signals:
+                log_event(logger, logging.INFO, "shutdown", signal=signal.Signals(signum).name)
+                nursery.cancel_scope.cancel()
+                break
+
+
+@relay.command()
+@_DATA_DIR
+def run(data_dir: Path) -> None:
+    """Serve until SIGINT/SIGTERM; held packets stay durable across restarts."""
+    try:
+        config = load_config(data_dir)
+    except (RelayConfigError, RelayDataDirError) as exc:
+        raise click.ClickException(str(exc)) from None
+    logging.basicConfig(
+        level=config.log_level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s %(message)s"
+    )
+    try:
+        trio.run(_run_until_signalled, config)
+    except RelayDataDirError as exc:
+        raise click.ClickException(str(exc)) from None

@@ -1,0 +1,253 @@
+"""The relay's configuration: a commented TOML file in its data directory.
+
+``anonml relay init`` writes it (:func:`render_config`); ``anonml relay run``
+reads it (:func:`load_config`, with ``tomllib``). Every key is optional except
+``relay.listen``; unknown keys are errors, so a typo cannot silently fall back
+to a default.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import math
+import tomllib
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from protocol import LinkLimits
+from relay._errors import RelayConfigError
+
+CONFIG_FILE = "relay.toml"
+_SYNCHRONOUS = ("FULL", "NORMAL")
+_LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+
+def parse_host_port(text: str, *, what: str = "address") -> tuple[str, int]:
+    """``"HOST:PORT"`` (IPv6 as ``"[::1]:PORT"``) to ``(host, port)``; port 0 allowed."""
+    if not isinstance(text, str):
+        raise RelayConfigError(f"{what} must be a 'HOST:PORT' string, got {text!r}")
+    host, sep, port_text = text.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    try:
+        port = int(port_text)
+        ipaddress.ip_address(host)
+    except ValueError:
+        raise RelayConfigError(f"{what} must be 'IP:PORT' with an IP literal, got {text!r}") from None
+    if not sep or not 0 <= port < 2**16:
+        raise RelayConfigError(f"{what} must be 'IP:PORT' with a port in [0, 65535], got {text!r}")
+    return host, port
+
+
+def format_host_port(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+@dataclass(frozen=True)
+class RelayConfig:
+    """Everything ``serve_relay`` needs; see :func:`render_config` for each meaning."""
+
+    data_dir: Path
+    listen: tuple[str, int]
+    advertise: tuple[str, int] | None = None
+    max_hops: int = 5
+    packet_size: int = 2048
+    max_connections: int = 256
+    max_held_packets: int = 100_000
+    max_replay_tags_per_epoch: int = 5_000_000
+    max_neighbours: int = 64
+    link: LinkLimits = field(default_factory=LinkLimits)
+    connect_timeout: float = 5.0
+    ack_timeout: float = 30.0
+    forward_batch: int = 128
+    key_epoch_seconds: int = 86_400
+    key_grace_seconds: int = 3_600
+    synchronous: str = "FULL"
+    metrics: tuple[str, int] | None = None
+    log_level: str = "INFO"
+
+    def __post_init__(self) -> None:
+        for name in ("max_hops", "packet_size", "max_connections", "max_held_packets",
+                     "max_replay_tags_per_epoch", "max_neighbours", "forward_batch", "key_epoch_seconds"):
+            value = getattr(self, name)
+            if type(value) is not int or value < 1:
+                raise RelayConfigError(f"{name} must be a positive integer, got {value!r}")
+        if type(self.key_grace_seconds) is not int or not 0 <= self.key_grace_seconds < self.key_epoch_seconds:
+            raise RelayConfigError(
+                f"key_grace_seconds must be an integer in [0, key_epoch_seconds), got {self.key_grace_seconds!r}"
+            )
+        for name in ("connect_timeout", "ack_timeout"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+                raise RelayConfigError(f"{name} must be a positive number of seconds, got {value!r}")
+        if self.synchronous not in _SYNCHRONOUS:
+            raise RelayConfigError(f"storage.synchronous must be one of {_SYNCHRONOUS}, got {self.synchronous!r}")
+        if self.log_level not in _LOG_LEVELS:
+            raise RelayConfigError(f"log.level must be one of {_LOG_LEVELS}, got {self.log_level!r}")
+
+    @property
+    def advertised(self) -> tuple[str, int]:
+        """The address other nodes use (``advertise``, else ``listen``)."""
+        return self.advertise if self.advertise is not None else self.listen
+
+    def with_listen(self, host: str, port: int) -> RelayConfig:
+        return replace(self, listen=(host, port))
+
+
+# (section, key) -> RelayConfig field (or "link.<LinkLimits field>").
+_KEYS: dict[tuple[str, str], str] = {
+    ("relay", "listen"): "listen",
+    ("relay", "advertise"): "advertise",
+    ("geometry", "max_hops"): "max_hops",
+    ("geometry", "packet_size"): "packet_size",
+    ("limits", "max_connections"): "max_connections",
+    ("limits", "max_held_packets"): "max_held_packets",
+    ("limits", "max_replay_tags_per_epoch"): "max_replay_tags_per_epoch",
+    ("limits", "max_neighbours"): "max_neighbours",
+    ("link", "hello_timeout"): "link.hello_timeout",
+    ("link", "idle_timeout"): "link.idle_timeout",
+    ("link", "frame_timeout"): "link.frame_timeout",
+    ("link", "send_timeout"): "link.send_timeout",
+    ("link", "max_pending_frames"): "link.max_pending_frames",
+    ("link", "max_batch"): "link.max_batch",
+    ("forward", "connect_timeout"): "connect_timeout",
+    ("forward", "ack_timeout"): "ack_timeout",
+    ("forward", "max_batch"): "forward_batch",
+    ("keys", "epoch_seconds"): "key_epoch_seconds",
+    ("keys", "grace_seconds"): "key_grace_seconds",
+    ("storage", "synchronous"): "synchronous",
+    ("metrics", "listen"): "metrics",
+    ("log", "level"): "log_level",
+}
+_ADDRESS_FIELDS = ("listen", "advertise", "metrics")
+
+
+def config_from_mapping(data: dict[str, Any], data_dir: Path) -> RelayConfig:
+    """Build a :class:`RelayConfig` from parsed TOML; :class:`RelayConfigError` on any problem."""
+    values: dict[str, Any] = {}
+    link_values: dict[str, Any] = {}
+    for section, table in data.items():
+        if not isinstance(table, dict):
+            raise RelayConfigError(f"top-level key {section!r} must be a [section]")
+        for key, value in table.items():
+            target = _KEYS.get((section, key))
+            if target is None:
+                raise RelayConfigError(f"unknown config key {section}.{key} = {value!r}")
+            if target in _ADDRESS_FIELDS:
+                value = parse_host_port(value, what=f"{section}.{key}")
+            if target.startswith("link."):
+                link_values[target.removeprefix("link.")] = value
+            else:
+                values[target] = value
+    if "listen" not in values:
+        raise RelayConfigError("relay.listen is required")
+    try:
+        link = LinkLimits(**link_values)
+    except ValueError as exc:
+        raise RelayConfigError(f"[link]: {exc}") from None
+    try:
+        return RelayConfig(data_dir=data_dir, link=link, **values)
+    except TypeError as exc:
+        raise RelayConfigError(f"bad config value: {exc}") from None
+
+
+def load_config(data_dir: Path) -> RelayConfig:
+    """Read ``DATA_DIR/relay.toml``."""
+    path = Path(data_dir) / CONFIG_FILE
+    try:
+        with path.open("rb") as handle:
+            data = tomllib.load(handle)
+    except FileNotFoundError:
+        raise RelayConfigError(f"no config at {str(path)!r}: run `anonml relay init` first") from None
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise RelayConfigError(f"cannot read {str(path)!r}: {exc}") from None
+    return config_from_mapping(data, Path(data_dir))
+
+
+def render_config(config: RelayConfig) -> str:
+    """The commented TOML that ``init`` writes (reads back to ``config``)."""
+    link = config.link
+    metrics = (
+        f'listen = "{format_host_port(*config.metrics)}"'
+        if config.metrics is not None
+        else '# listen = "127.0.0.1:9464"'
+    )
+    advertise = (
+        f'advertise = "{format_host_port(*config.advertise)}"'
+        if config.advertise is not None
+        else f'# advertise = "{format_host_port(*config.listen)}"'
+    )
+    return f"""\
+# AnonML relay configuration, written by `anonml relay init`.
+# Times are seconds. Unknown keys are errors. See DESIGN.md §7.
+
+[relay]
+# Where the link server listens for Sphinx packets (IP:PORT).
+listen = "{format_host_port(*config.listen)}"
+# The address other nodes should use, printed by `anonml relay info`
+# (defaults to listen; set it when listening on 0.0.0.0 or behind NAT).
+{advertise}
+
+[geometry]
+# Must equal the round manifest's path length and packet size: the link
+# hello carries the geometry hash and other geometries are refused.
+max_hops = {config.max_hops}
+packet_size = {config.packet_size}
+
+[limits]
+# Open link connections; more are closed at once and counted.
+max_connections = {config.max_connections}
+# Packets held (durably) waiting for release; beyond this, packets are
+# refused with BUSY and counted ("capacity").
+max_held_packets = {config.max_held_packets}
+# Replay tags remembered per key epoch (about 100 bytes each on disk). A full
+# cache refuses new packets under that key until it rotates: forgetting tags
+# would let replays through.
+max_replay_tags_per_epoch = {config.max_replay_tags_per_epoch}
+# Distinct next hops this relay will forward to.
+max_neighbours = {config.max_neighbours}
+
+[link]
+# The whole hello must arrive within hello_timeout; a connection idle longer
+# than idle_timeout between frames is closed; a started frame must complete
+# within frame_timeout; acks must be read by the sender within send_timeout.
+hello_timeout = {link.hello_timeout}
+idle_timeout = {link.idle_timeout}
+frame_timeout = {link.frame_timeout}
+send_timeout = {link.send_timeout}
+# Frames read but not yet stored, per connection (memory: frames x packet size).
+max_pending_frames = {link.max_pending_frames}
+# Frames stored in one SQLite transaction before their acks go out (group commit).
+max_batch = {link.max_batch}
+
+[forward]
+# Per attempt; retries continue until the packet's release window ends.
+connect_timeout = {config.connect_timeout}
+ack_timeout = {config.ack_timeout}
+# Frames sent to one neighbour before waiting for their acks.
+max_batch = {config.forward_batch}
+
+[keys]
+# Sphinx keys rotate every epoch_seconds (epochs are counted from the Unix
+# epoch, so all relays rotate together). A packet built for the previous
+# epoch's key is still accepted for grace_seconds after the boundary; then
+# that key and its replay tags are erased.
+epoch_seconds = {config.key_epoch_seconds}
+grace_seconds = {config.key_grace_seconds}
+
+[storage]
+# SQLite synchronous mode for held packets and replay tags (WAL journal).
+# FULL: a packet acknowledged to the sender survives power loss.
+# NORMAL: it survives a crash of the relay process, not of the machine.
+synchronous = "{config.synchronous}"
+
+[metrics]
+# Prometheus text format over HTTP at /metrics; off unless listen is set.
+# Keep it on 127.0.0.1 unless a firewall protects the port.
+{metrics}
+
+[log]
+level = "{config.log_level}"
+"""
+

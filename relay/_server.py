@@ -1,0 +1,416 @@
+"""The relay service: link intake, durable holding, staggered release, forwarding.
+
+Per accepted frame (DESIGN.md §5 order, §7 behaviour):
+
+1. ``process_packet`` under each key the key ring accepts now (current epoch
+   first); the replay tag is recorded inside the ``is_replay`` callback, in the
+   same SQLite transaction as the packet, per key epoch.
+2. A packet whose hop window has already closed is dropped ("late").
+3. Otherwise its release time is drawn uniformly in ``[max(now, a), b]`` for
+   its window ``[a, b]`` (the thesis's staggering) and the packet, already
+   encrypted for the next hop, is stored with it. The link ack goes out only
+   after the batch's transaction commits.
+4. The scheduler releases packets at their times; one forwarder per next hop
+   sends them over a reused :class:`protocol.LinkClient`, retrying until the
+   window ends. Acknowledged (or definitively rejected) packets are deleted.
+
+Restart (the release-time choice). Release times are persisted. On restart a
+held packet whose time is still ahead keeps it, and one whose time passed
+while the relay was down is re-drawn uniformly in ``[restart, b]``. A uniform
+time on ``[a, b]`` conditioned on lying after the restart is uniform on
+``[restart, b]``, so after a restart every held packet's release time is again
+i.i.d. uniform on what is left of its window: independent of arrival order and
+of the other packets, exactly as without the crash. Releasing the overdue ones
+at once instead would put them in one burst that marks them as the crashed
+relay's. A packet whose window closed while the relay was down is dropped and
+counted ("expired-while-down"): releasing it outside its window would break
+the timing guarantee, and the sender's receipt check (DESIGN.md §5) resends it.
+
+Release times come from the operating system's CSPRNG unless a seeded numpy
+Generator is passed (tests): a network observer sees release times, and a
+PCG64 state can be recovered from enough outputs.
+"""
+
+from __future__ import annotations
+
+import functools
+import heapq
+import logging
+import math
+import random
+import sqlite3
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import trio
+
+from crypto import BadMac, ForwardPacket, InvalidPacket, SphinxGeometry, process_packet
+from protocol import AckStatus, LinkClient, LinkError, serve_link
+from relay._clock import RelayClock, WallClock
+from relay._config import RelayConfig
+from relay._keys import EpochKey, KeyRing, load_identity
+from relay._metrics import RelayCounters, log_event, serve_metrics
+from relay._store import STORE_FILE, HeldPacket, RelayStore
+
+logger = logging.getLogger("anonml.relay")
+
+# Most packets moved from the schedule to forwarders per wake-up, so a burst
+# of due packets does not starve the link handlers.
+_RELEASE_BATCH = 1024
+# A batch the next hop answered BUSY (or that found it unreachable) is retried
+# after this long, while its window lasts.
+_FORWARD_RETRY_DELAY = 0.5
+
+Uniform = Callable[[float, float], float]
+
+
+class _ReplayCacheFull(Exception):
+    """Raised from the ``is_replay`` callback when an epoch's tag cache is full."""
+
+
+@dataclass(frozen=True)
+class RelayStarted:
+    """What :func:`serve_relay` reports once it listens.
+
+    ``link`` and ``metrics`` are the bound ``(host, port)``s; ``keys`` the
+    published epoch keys (current and next); ``counters`` is live.
+    """
+
+    link: tuple[str, int]
+    metrics: tuple[str, int] | None
+    node_id: bytes
+    keys: tuple[EpochKey, ...]
+    counters: RelayCounters
+
+
+def _uniform_from(rng: np.random.Generator | None) -> Uniform:
+    if rng is None:
+        return random.SystemRandom().uniform
+    generator = rng
+
+    def uniform(low: float, high: float) -> float:
+        return float(generator.uniform(low, high)) if high > low else low
+
+    return uniform
+
+
+class Relay:
+    """Intake, schedule and forwarding state of one running relay."""
+
+    def __init__(
+        self,
+        config: RelayConfig,
+        *,
+        geometry: SphinxGeometry,
+        keyring: KeyRing,
+        store: RelayStore,
+        clock: RelayClock,
+        uniform: Uniform,
+        counters: RelayCounters,
+    ) -> None:
+        self.config = config
+        self.geometry = geometry
+        self.geometry_hash = geometry.canonical_hash()
+        self.keyring = keyring
+        self.store = store
+        self.clock = clock
+        self.uniform = uniform
+        self.counters = counters
+        self._schedule: list[tuple[float, int]] = []
+        self._wakeup = trio.Event()
+        self._tag_counts: dict[int, int] = store.tag_counts()
+        self._neighbours: set[tuple[str, int]] = set()
+        self._forwarders: dict[tuple[str, int], trio.MemorySendChannel[HeldPacket]] = {}
+        self._nursery: trio.Nursery | None = None
+
+    # -- restart ---------------------------------------------------------
+
+    def recover(self) -> None:
+        """Reload held packets after a restart (module docstring: release times)."""
+        now = self.clock.now()
+        rows = self.store.schedule()
+        expired = [row_id for _, row_id, window_end in rows if window_end < now]
+        redrawn: list[tuple[int, float]] = []
+        for release_at, row_id, window_end in rows:
+            if window_end < now:
+                continue
+            if release_at < now:
+                release_at = self.uniform(now, window_end)
+                redrawn.append((row_id, release_at))
+            self._schedule.append((release_at, row_id))
+        heapq.heapify(self._schedule)
+        self.store.delete(expired)
+        self.store.reschedule(redrawn)
+        if expired:
+            self.counters.drop("expired-while-down", len(expired))
+        self.counters.held = len(self._schedule)
+        self._neighbours.update(self.store.neighbours())
+        log_event(logger, logging.INFO, "recovered", held=len(self._schedule), redrawn=len(redrawn),
+                  expired=len(expired))
+
+    # -- intake ----------------------------------------------------------
+
+    def _seen(self, epoch: int, tag: bytes) -> bool:
+        if self._tag_counts.get(epoch, 0) >= self.config.max_replay_tags_per_epoch:
+            raise _ReplayCacheFull(epoch)
+        if self.store.record_tag(epoch, tag):
+            self._tag_counts[epoch] = self._tag_counts.get(epoch, 0) + 1
+            return False
+        return True
+
+    def _intake(
+        self, frame: bytes, now: float, keys: Sequence[EpochKey], scheduled: list[tuple[float, int]]
+    ) -> AckStatus:
+        """Process and store one frame inside the batch transaction."""
+        self.counters.received += 1
+        if self.counters.held + len(scheduled) >= self.config.max_held_packets:
+            self.counters.drop("capacity")
+            return AckStatus.BUSY
+        result = None
+        reason = "bad_mac"
+        for key in keys:
+            try:
+                result = process_packet(
+                    self.geometry, key.private_key, frame, is_replay=functools.partial(self._seen, key.epoch)
+                )
+                break
+            except BadMac as exc:  # not this key's packet (or not a packet): try the next key
+                reason = exc.reason
+            except _ReplayCacheFull:
+                self.counters.drop("replay-cache-full")
+                return AckStatus.BUSY
+            except InvalidPacket as exc:
+                self.counters.drop(exc.reason)
+                return AckStatus.REJECTED
+        if result is None:
+            self.counters.drop(reason)
+            return AckStatus.REJECTED
+        if not isinstance(result, ForwardPacket):
+            # A final-hop packet addressed to a relay: relays never deliver.
+            self.counters.drop("not-for-relay")
+            return AckStatus.REJECTED
+        window = result.window
+        if now > window.end:
+            self.counters.drop("late")
+            return AckStatus.REJECTED
+        neighbour = (result.next_address.host, result.next_address.port)
+        if neighbour not in self._neighbours:
+            if len(self._neighbours) >= self.config.max_neighbours:
+                self.counters.drop("too-many-neighbours")
+                return AckStatus.REJECTED
+            self._neighbours.add(neighbour)
+        release_at = self.uniform(max(now, float(window.start)), float(window.end))
+        row_id = self.store.insert_held(release_at, float(window.end), neighbour[0], neighbour[1], result.packet)
+        scheduled.append((release_at, row_id))
+        return AckStatus.ACCEPTED
+
+    async def on_packets(self, frames: list[bytes]) -> list[AckStatus]:
+        """The link's callback: statuses for ``frames``, after their durable commit."""
+        now = self.clock.now()
+        keys = self.keyring.accepting(now)
+        scheduled: list[tuple[float, int]] = []
+        statuses: list[AckStatus] = []
+        try:
+            with self.store.transaction():
+                for frame in frames:
+                    statuses.append(self._intake(frame, now, keys, scheduled))
+        except sqlite3.Error as exc:
+            # Nothing of the batch is stored: the sender keeps it and retries.
+            log_event(logger, logging.ERROR, "store-error", error=repr(exc), frames=len(frames))
+            self.counters.drop("store-error", len(frames))
+            return [AckStatus.BUSY] * len(frames)
+        for item in scheduled:
+            heapq.heappush(self._schedule, item)
+        self.counters.accepted += len(scheduled)
+        self.counters.held += len(scheduled)
+        if scheduled:
+            self._wakeup.set()
+        return statuses
+
+    async def handle_connection(self, stream: trio.SocketStream) -> None:
+        """Serve one link connection; never raises (STYLE.md 2)."""
+        counters = self.counters
+        if counters.connections_open >= self.config.max_connections:
+            counters.connections_refused += 1
+            await trio.aclose_forcefully(stream)
+            return
+        counters.connections_open += 1
+        counters.connections_accepted += 1
+        try:
+            peer = stream.socket.getpeername()
+        except OSError:
+            peer = "?"
+        try:
+            await serve_link(
+                stream,
+                self.on_packets,
+                packet_size=self.geometry.packet_size,
+                geometry_hash=self.geometry_hash,
+                limits=self.config.link,
+            )
+        except LinkError as exc:
+            counters.link_errors[exc.reason] += 1
+            log_event(logger, logging.DEBUG, "link-error", peer=peer, reason=exc.reason, detail=str(exc))
+        except Exception as exc:
+            counters.link_errors["internal"] += 1
+            logger.exception("event=link-internal-error peer=%s error=%r", peer, exc)
+        finally:
+            counters.connections_open -= 1
+            await trio.aclose_forcefully(stream)
+
+    # -- release ---------------------------------------------------------
+
+    async def run_scheduler(self) -> None:
+        """Release held packets at their times, for ever."""
+        while True:
+            self._wakeup = trio.Event()
+            deadline = self.clock.to_trio(self._schedule[0][0]) if self._schedule else math.inf
+            with trio.move_on_at(deadline):
+                await self._wakeup.wait()
+            now = self.clock.now()
+            due: list[int] = []
+            while self._schedule and self._schedule[0][0] <= now and len(due) < _RELEASE_BATCH:
+                due.append(heapq.heappop(self._schedule)[1])
+            if due:
+                self._dispatch(due)
+                if self._schedule and self._schedule[0][0] <= now:
+                    self._wakeup.set()
+                await trio.lowlevel.checkpoint()
+
+    def _dispatch(self, row_ids: list[int]) -> None:
+        for packet in self.store.load(row_ids):
+            neighbour = (packet.next_host, packet.next_port)
+            channel = self._forwarders.get(neighbour)
+            if channel is None:
+                assert self._nursery is not None  # set by serve_relay before the scheduler starts
+                channel, receive = trio.open_memory_channel[HeldPacket](math.inf)
+                self._forwarders[neighbour] = channel
+                self._nursery.start_soon(self._run_forwarder, neighbour, receive)
+            channel.send_nowait(packet)
+
+    async def _run_forwarder(
+        self, neighbour: tuple[str, int], receive: trio.MemoryReceiveChannel[HeldPacket]
+    ) -> None:
+        client = LinkClient(
+            neighbour[0],
+            neighbour[1],
+            packet_size=self.geometry.packet_size,
+            geometry_hash=self.geometry_hash,
+            connect_timeout=self.config.connect_timeout,
+            ack_timeout=self.config.ack_timeout,
+        )
+        try:
+            async for first in receive:
+                batch = [first]
+                while len(batch) < self.config.forward_batch:
+                    try:
+                        batch.append(receive.receive_nowait())
+                    except trio.WouldBlock:
+                        break
+                give_up_at = self.clock.to_trio(min(p.window_end for p in batch))
+                statuses = await client.send_batch([p.packet for p in batch], give_up_at=give_up_at)
+                self._settle(neighbour, batch, statuses)
+        finally:
+            await client.aclose()
+
+    def _settle(self, neighbour: tuple[str, int], batch: list[HeldPacket], statuses: list[AckStatus | None]) -> None:
+        now = self.clock.now()
+        finished: list[int] = []
+        retry_at: list[tuple[float, int]] = []
+        for packet, status in zip(batch, statuses):
+            if status is AckStatus.ACCEPTED:
+                self.counters.forwarded += 1
+                finished.append(packet.row_id)
+            elif status is AckStatus.REJECTED:
+                self.counters.drop("next-hop-rejected")
+                finished.append(packet.row_id)
+            elif now + _FORWARD_RETRY_DELAY <= packet.window_end:
+                retry_at.append((now + _FORWARD_RETRY_DELAY, packet.row_id))
+            else:
+                self.counters.drop("next-hop-busy" if status is AckStatus.BUSY else "next-hop-unreachable")
+                finished.append(packet.row_id)
+        if retry_at:
+            self.counters.forward_retries += 1
+            log_event(logger, logging.WARNING, "forward-retry", neighbour=f"{neighbour[0]}:{neighbour[1]}",
+                      packets=len(retry_at))
+            for item in retry_at:
+                heapq.heappush(self._schedule, item)
+            self._wakeup.set()
+        try:
+            self.store.delete(finished)
+        except sqlite3.Error as exc:
+            # The rows stay; after a restart they are re-sent and the next hop's
+            # replay cache rejects the copies.
+            log_event(logger, logging.ERROR, "store-error", error=repr(exc), rows=len(finished))
+        self.counters.held -= len(finished)
+
+    # -- keys ------------------------------------------------------------
+
+    def rotate_keys(self) -> None:
+        """Create due keys, erase expired ones and their replay tags."""
+        erased = self.keyring.rotate(self.clock.now())
+        if erased:
+            self.store.erase_epochs(erased)
+            for epoch in erased:
+                self._tag_counts.pop(epoch, None)
+            log_event(logger, logging.INFO, "keys-erased", epochs=",".join(map(str, erased)))
+
+    async def run_key_rotation(self) -> None:
+        while True:
+            await trio.sleep_until(self.clock.to_trio(self.keyring.next_rotation(self.clock.now())))
+            self.rotate_keys()
+
+
+async def serve_relay(
+    config: RelayConfig,
+    *,
+    clock: RelayClock | None = None,
+    rng: np.random.Generator | None = None,
+    task_status: trio.TaskStatus[RelayStarted] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Run the relay of ``config.data_dir`` until cancelled.
+
+    Raises :class:`relay.RelayDataDirError` if the data directory is not
+    initialised (it never creates an identity). Reports a
+    :class:`RelayStarted` through ``task_status`` once listening. ``clock``
+    defaults to :meth:`WallClock.anchored`; ``rng`` (a seeded numpy Generator,
+    for tests) replaces the CSPRNG that draws release times.
+    """
+    node_id, _ = load_identity(config.data_dir)
+    geometry = SphinxGeometry.create(max_hops=config.max_hops, packet_size=config.packet_size)
+    keyring = KeyRing(config.data_dir, epoch_seconds=config.key_epoch_seconds, grace_seconds=config.key_grace_seconds)
+    store = RelayStore(config.data_dir / STORE_FILE, synchronous=config.synchronous)
+    counters = RelayCounters()
+    try:
+        relay = Relay(
+            config,
+            geometry=geometry,
+            keyring=keyring,
+            store=store,
+            clock=clock if clock is not None else WallClock.anchored(),
+            uniform=_uniform_from(rng),
+            counters=counters,
+        )
+        relay.rotate_keys()
+        relay.recover()
+        listeners = await trio.open_tcp_listeners(config.listen[1], host=config.listen[0])
+        sockname = listeners[0].socket.getsockname()
+        link = (str(sockname[0]), int(sockname[1]))
+        async with trio.open_nursery() as nursery:
+            relay._nursery = nursery
+            metrics = None
+            if config.metrics is not None:
+                metrics = await nursery.start(serve_metrics, config.metrics[0], config.metrics[1], counters)
+            nursery.start_soon(relay.run_scheduler)
+            nursery.start_soon(relay.run_key_rotation)
+            nursery.start_soon(functools.partial(trio.serve_listeners, relay.handle_connection, listeners,
+                                                 handler_nursery=nursery))
+            published = tuple(keyring.published(relay.clock.now()))
+            log_event(logger, logging.INFO, "listening", link=f"{link[0]}:{link[1]}", node_id=node_id.hex(),
+                      epoch=published[0].epoch, held=counters.held)
+            task_status.started(RelayStarted(link, metrics, node_id, published, counters))
+    finally:
+        store.close()
+        log_event(logger, logging.INFO, "stopped", received=counters.received, forwarded=counters.forwarded,
+                  held=counters.held)
