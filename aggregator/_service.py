@@ -55,6 +55,7 @@ class AggregatorConfig:
     sink_host: str = "127.0.0.1"
     sink_port: int = 0
     verify_threads: int = 2
+    verify_processes: int = 0
     linger: float = 0.0
     on_learn: Callable[[RoundState], dict[str, Any]] | None = None
 
@@ -226,19 +227,22 @@ async def serve_aggregator(
 ) -> str:
     """Serve one round until it ends (plus ``config.linger`` seconds); return its outcome."""
     state = config.state
-    sink = PacketSink(state, threads=config.verify_threads)
+    sink = PacketSink(state, threads=config.verify_threads, processes=config.verify_processes)
     hyper = HypercornConfig()
     hyper.bind = [f"{config.http_host}:{config.http_port}"]
     hyper.accesslog = None
     hyper.errorlog = log
     hyper.h11_max_incomplete_size = MAX_REQUEST_BYTES
     app = build_app(state)
-    async with trio.open_nursery() as nursery:
-        binds = await nursery.start(partial(hypercorn_serve, app, hyper, mode="asgi"))
-        listeners = await nursery.start(partial(trio.serve_tcp, sink.handle, config.sink_port, host=config.sink_host))
-        sink_port = listeners[0].socket.getsockname()[1]
-        task_status.started(BoundAddresses(binds[0], (config.sink_host, sink_port)))
-        outcome = await drive_round(state, config.on_learn)
-        await trio.sleep(config.linger)
-        nursery.cancel_scope.cancel()
+    try:
+        async with trio.open_nursery() as nursery:
+            binds = await nursery.start(partial(hypercorn_serve, app, hyper, mode="asgi"))
+            listeners = await nursery.start(partial(trio.serve_tcp, sink.handle, config.sink_port, host=config.sink_host))
+            sink_port = listeners[0].socket.getsockname()[1]
+            task_status.started(BoundAddresses(binds[0], (config.sink_host, sink_port)))
+            outcome = await drive_round(state, config.on_learn)
+            await trio.sleep(config.linger)
+            nursery.cancel_scope.cancel()
+    finally:
+        sink.close()
     return outcome

@@ -16,7 +16,7 @@ import trio
 from protocol import AckStatus, LinkError, LinkLimits, serve_link
 
 from aggregator._round import RoundState
-from aggregator._verify import process_batch
+from aggregator._verify import TokenVerifier, process_batch
 
 log = logging.getLogger(__name__)
 
@@ -24,9 +24,12 @@ log = logging.getLogger(__name__)
 class PacketSink:
     """Turns link batches into durable outcomes; counts link-level failures by reason."""
 
-    def __init__(self, state: RoundState, *, threads: int = 2, limits: LinkLimits = LinkLimits()) -> None:
+    def __init__(
+        self, state: RoundState, *, threads: int = 2, processes: int = 0, limits: LinkLimits = LinkLimits()
+    ) -> None:
         self.state = state
         self.limiter = trio.CapacityLimiter(threads)
+        self.verifier = TokenVerifier(state.secrets.issuer_key, processes)
         self.limits = limits
         self.link_errors: Counter[str] = Counter()
         geometry = state.geometry
@@ -35,9 +38,14 @@ class PacketSink:
 
     async def on_packets(self, frames: list[bytes]) -> list[AckStatus]:
         now = self.state.now()
-        outcomes = await trio.to_thread.run_sync(process_batch, self.state, frames, now, limiter=self.limiter)
+        outcomes = await trio.to_thread.run_sync(
+            process_batch, self.state, frames, now, self.verifier, limiter=self.limiter
+        )
         # A duplicate is durable already (its first copy): the sender may forget it.
         return [AckStatus.ACCEPTED if o in ("accepted", "duplicate") else AckStatus.REJECTED for o in outcomes]
+
+    def close(self) -> None:
+        self.verifier.close()
 
     async def handle(self, stream: trio.SocketStream) -> None:
         """One relay connection; never raises (DESIGN.md §2: outsiders can send anything)."""

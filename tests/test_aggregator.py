@@ -372,3 +372,34 @@ async def test_full_round_in_process_learns_and_reports(tmp_path: Path, autojump
     assert sum(report["accepted_by_survey"].values()) == 12
     assert report["privacy"]["eps_total_local"] == state.manifest.eps_total
     assert (directory / "model.pickle").is_file() and (directory / "report.html").is_file()
+
+
+def test_process_pool_verifier_agrees_with_in_thread(tmp_path: Path) -> None:
+    from aggregator._verify import TokenJob, TokenVerifier
+    from crypto import process_packet
+
+    clock = FakeClock(T0 + 1)
+    state, _ = make_round(tmp_path, clock)
+    peers = [Peer(state, i) for i in range(1, 5)]
+    for peer in peers:
+        peer.register()
+    clock.now = state.manifest.schedule.t_register_end
+    state.prepare()
+    for peer in peers:
+        peer.obtain_credential()
+    jobs = []
+    for peer in peers:
+        survey = SurveyId.data(state.round_id, 0, 0)
+        frame = peer.packet(survey, b"\x01")
+        opened = process_packet(state.geometry, state.secrets.final_hop_private_key, frame, is_replay=lambda tag: False)
+        message = SurveyMessage.from_bytes(opened.message)  # type: ignore[union-attr]
+        jobs.append(TokenJob(survey.to_bytes(), message.bound_bytes(), message.token, 0))
+    in_thread = TokenVerifier(state.secrets.issuer_key).verify(jobs)
+    pool = TokenVerifier(state.secrets.issuer_key, processes=1)
+    try:
+        assert pool.verify(jobs) == in_thread
+    finally:
+        pool.close()
+    # Partition-0 survey: peers of partition 1 are refused as wrong-partition, the others accepted.
+    assert [isinstance(r, bytes) for r in in_thread] == [p.partition == 0 for p in peers]
+    assert {r for r in in_thread if isinstance(r, str)} == {"wrong-partition"}
