@@ -71,6 +71,8 @@ __all__ += [
 
 # One-per-survey anonymous tokens (DESIGN.md §6).
 from crypto._credential import (
+    REJECTION_REASONS,
+    TAG_DIGEST_BYTES,
     TOKEN_BYTES,
     Credential,
     CredentialError,
@@ -95,6 +97,8 @@ from crypto._credential import (
 )
 
 __all__ += [
+    "REJECTION_REASONS",
+    "TAG_DIGEST_BYTES",
     "TOKEN_BYTES",
     "Credential",
     "CredentialError",

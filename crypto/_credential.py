@@ -60,7 +60,7 @@ from crypto._primitives import ct_equal
 
 VERSION = 1
 KID_BYTES = 32
-TAG_DIGEST_BYTES = 32
+TAG_DIGEST_BYTES = 32  # SHA-256 of the tag's encoding
 PARTITION_LIMIT = 2**16  # partitions are uint16, as in protocol.SurveyId
 
 _PROTOCOL = b"anonml/token/v1"
@@ -76,13 +76,20 @@ ISSUANCE_RESPONSE_BYTES = _HEADER.size + 4 * POINT_BYTES + 7 * SCALAR_BYTES
 TOKEN_BYTES = _HEADER.size + 4 * POINT_BYTES + 4 * SCALAR_BYTES
 
 
+REJECTION_REASONS = frozenset(
+    {"malformed", "bad-point", "scalar-range", "wrong-partition", "wrong-kid", "identity-point", "bad-proof"}
+)
+"""Every ``reason`` a :class:`CredentialError` can carry, for pre-created counters."""
+
+
 class CredentialError(ValueError):
-    """Base of the token recipe's errors. ``reason`` is a short label for
-    counters and logs ("malformed", "bad-point", "scalar-range",
-    "wrong-partition", "wrong-kid", "identity-point", "bad-proof"); the
+    """Base of the token recipe's errors. ``reason`` (one of
+    :data:`REJECTION_REASONS`) is a short label for counters and logs; the
     message is for logs only and is never sent back to a peer."""
 
     def __init__(self, reason: str, message: str) -> None:
+        if reason not in REJECTION_REASONS:
+            raise ValueError(f"unknown rejection reason {reason!r}")
         super().__init__(message)
         self.reason = reason
 
@@ -601,8 +608,8 @@ def _survey_point_encoding(ctx: bytes) -> bytes:
     return encode_point(survey_point(ctx))
 
 
-def _tag_digest(tag: Point) -> bytes:
-    return hashlib.sha256(length_prefixed(_PROTOCOL + b"/tag", encode_point(tag))).digest()
+def _tag_digest(tag_encoding: bytes) -> bytes:
+    return hashlib.sha256(length_prefixed(_PROTOCOL + b"/tag", tag_encoding)).digest()
 
 
 def tag_digest(credential: Credential, ctx: bytes) -> bytes:
@@ -613,7 +620,7 @@ def tag_digest(credential: Credential, ctx: bytes) -> bytes:
     (that is how the aggregator's uniqueness constraint on ``(survey, digest)``
     catches a second submission); different ``ctx`` → unlinkable digests
     (DDH in P-256)."""
-    return _tag_digest(secret_mul(credential.secret._s, survey_point(ctx)))
+    return _tag_digest(encode_point(secret_mul(credential.secret._s, survey_point(ctx))))
 
 
 @dataclass(frozen=True, eq=False)
@@ -759,7 +766,7 @@ def verify_parsed_token(
     expected = _token_challenge(public_key, ctx, message, token, v, commitments)
     if not _same_scalar(expected, c):
         raise InvalidToken("bad-proof", "token proof does not verify")
-    return _tag_digest(token.tag)
+    return _tag_digest(token.statement_encodings()[3])
 
 
 def verify_token(

@@ -18,6 +18,7 @@ from scipy import stats
 import crypto._credential as credential_module
 import crypto._group as group_module
 from crypto import (
+    TAG_DIGEST_BYTES,
     TOKEN_BYTES,
     Credential,
     CredentialSecret,
@@ -112,7 +113,7 @@ def _replace(data: bytes, at: int, chunk: bytes) -> bytes:
 def test_token_verifies_and_fits_the_size_target(secret_key: IssuerSecretKey, peer_a: Credential, token_a: bytes) -> None:
     assert len(token_a) == TOKEN_BYTES <= 300
     digest = verify_token(secret_key, CTX_A, MESSAGE, token_a, expected_partition=3)
-    assert len(digest) == 32
+    assert len(digest) == TAG_DIGEST_BYTES
     assert digest == tag_digest(peer_a, CTX_A)
 
 
