@@ -41,6 +41,7 @@ import random
 import sqlite3
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import trio
@@ -63,6 +64,17 @@ _RELEASE_BATCH = 1024
 _FORWARD_RETRY_DELAY = 0.5
 
 Uniform = Callable[[float, float], float]
+
+
+class PacketSender(Protocol):
+    """The sending side of a link to one neighbour (:class:`protocol.LinkClient`)."""
+
+    async def send_batch(self, packets: Sequence[bytes], *, give_up_at: float) -> list[AckStatus | None]: ...
+
+    async def aclose(self) -> None: ...
+
+
+OpenSender = Callable[[tuple[str, int]], PacketSender]
 
 
 class _ReplayCacheFull(Exception):
@@ -108,7 +120,11 @@ class Relay:
         clock: RelayClock,
         uniform: Uniform,
         counters: RelayCounters,
+        open_sender: OpenSender | None = None,
     ) -> None:
+        """``open_sender(neighbour)`` makes the link to a next hop; the default
+        is a :class:`protocol.LinkClient` (tests of window logic under MockClock
+        pass an in-memory recorder instead of opening sockets)."""
         self.config = config
         self.geometry = geometry
         self.geometry_hash = geometry.canonical_hash()
@@ -123,6 +139,21 @@ class Relay:
         self._neighbours: set[tuple[str, int]] = set()
         self._forwarders: dict[tuple[str, int], trio.MemorySendChannel[HeldPacket]] = {}
         self._nursery: trio.Nursery | None = None
+        self._open_sender = open_sender if open_sender is not None else self._link_client
+
+    def _link_client(self, neighbour: tuple[str, int]) -> PacketSender:
+        return LinkClient(
+            neighbour[0],
+            neighbour[1],
+            packet_size=self.geometry.packet_size,
+            geometry_hash=self.geometry_hash,
+            connect_timeout=self.config.connect_timeout,
+            ack_timeout=self.config.ack_timeout,
+        )
+
+    def attach(self, nursery: trio.Nursery) -> None:
+        """Give the relay the nursery its forwarder tasks run in."""
+        self._nursery = nursery
 
     # -- restart ---------------------------------------------------------
 
@@ -283,7 +314,7 @@ class Relay:
             neighbour = (packet.next_host, packet.next_port)
             channel = self._forwarders.get(neighbour)
             if channel is None:
-                assert self._nursery is not None  # set by serve_relay before the scheduler starts
+                assert self._nursery is not None  # attach() runs before the scheduler starts
                 channel, receive = trio.open_memory_channel[HeldPacket](math.inf)
                 self._forwarders[neighbour] = channel
                 self._nursery.start_soon(self._run_forwarder, neighbour, receive)
@@ -292,14 +323,7 @@ class Relay:
     async def _run_forwarder(
         self, neighbour: tuple[str, int], receive: trio.MemoryReceiveChannel[HeldPacket]
     ) -> None:
-        client = LinkClient(
-            neighbour[0],
-            neighbour[1],
-            packet_size=self.geometry.packet_size,
-            geometry_hash=self.geometry_hash,
-            connect_timeout=self.config.connect_timeout,
-            ack_timeout=self.config.ack_timeout,
-        )
+        client = self._open_sender(neighbour)
         try:
             async for first in receive:
                 batch = [first]
@@ -398,7 +422,7 @@ async def serve_relay(
         sockname = listeners[0].socket.getsockname()
         link = (str(sockname[0]), int(sockname[1]))
         async with trio.open_nursery() as nursery:
-            relay._nursery = nursery
+            relay.attach(nursery)
             metrics = None
             if config.metrics is not None:
                 metrics = await nursery.start(serve_metrics, config.metrics[0], config.metrics[1], counters)

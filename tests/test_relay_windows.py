@@ -1,0 +1,298 @@
+"""Relay window logic under trio's MockClock (no sockets): holding, staggered
+release, late drops, replays, capacity, restart recovery, key rotation and
+forwarding retries. The next hop is an in-memory recorder; SQLite is real."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pytest
+import trio
+import trio.testing
+from scipy import stats
+
+from crypto import (
+    FinalMessage,
+    NodeAddress,
+    PathHop,
+    ReleaseWindow,
+    SphinxGeometry,
+    build_packet,
+    generate_keypair,
+    node_id_of,
+    process_packet,
+)
+from protocol import AckStatus
+from relay import KeyRing, RelayConfig, RelayCounters, RelayStore, WallClock, create_identity
+from relay._server import PacketSender, Relay, _uniform_from
+from relay._store import STORE_FILE
+
+T0 = 1_800_000_000  # the wall time at which each test starts (any value works)
+GEOMETRY = SphinxGeometry.create(max_hops=3, packet_size=1024)
+NEXT_HOP = NodeAddress("127.0.0.1", 9999)
+NEXT_PRIVATE, NEXT_PUBLIC = generate_keypair()
+
+
+class RecordingSender:
+    """The next hop: records (wall time, message index); scripted statuses."""
+
+    def __init__(self, clock: WallClock, log: list[tuple[float, int]], failures: int = 0) -> None:
+        self.clock = clock
+        self.log = log
+        self.failures = failures
+        self.calls = 0
+
+    async def send_batch(self, packets: Sequence[bytes], *, give_up_at: float) -> list[AckStatus | None]:
+        self.calls += 1
+        if self.failures:
+            self.failures -= 1
+            await trio.sleep_until(give_up_at if give_up_at < trio.current_time() + 1 else trio.current_time() + 1)
+            return [None] * len(packets)
+        for packet in packets:
+            self.log.append((self.clock.now(), message_index(packet)))
+        return [AckStatus.ACCEPTED] * len(packets)
+
+    async def aclose(self) -> None:
+        pass
+
+
+def message_index(forwarded: bytes) -> int:
+    result = process_packet(GEOMETRY, NEXT_PRIVATE, forwarded, is_replay=lambda tag: False)
+    assert isinstance(result, FinalMessage)
+    return int.from_bytes(result.message[:4], "big")
+
+
+class Harness:
+    def __init__(self, tmp_path: Path, clock: WallClock, *, seed: int = 1, failures: int = 0, **overrides: int) -> None:
+        self.data_dir = tmp_path / "relay"
+        if not self.data_dir.exists():
+            create_identity(self.data_dir)
+        self.config = RelayConfig(data_dir=self.data_dir, listen=("127.0.0.1", 0), max_hops=GEOMETRY.max_hops,
+                                  packet_size=GEOMETRY.packet_size, synchronous="NORMAL", **overrides)
+        self.clock = clock
+        self.sent: list[tuple[float, int]] = []
+        self.senders: list[RecordingSender] = []
+        self.failures = failures
+        self.store = RelayStore(self.data_dir / STORE_FILE, synchronous="NORMAL")
+        self.relay = Relay(
+            self.config,
+            geometry=GEOMETRY,
+            keyring=KeyRing(self.data_dir, epoch_seconds=self.config.key_epoch_seconds,
+                            grace_seconds=self.config.key_grace_seconds),
+            store=self.store,
+            clock=clock,
+            uniform=_uniform_from(np.random.default_rng(seed)),
+            counters=RelayCounters(),
+            open_sender=self._open,
+        )
+        self.relay.rotate_keys()
+        self.relay.recover()
+
+    def _open(self, neighbour: tuple[str, int]) -> PacketSender:
+        sender = RecordingSender(self.clock, self.sent, self.failures)
+        self.senders.append(sender)
+        return sender
+
+    def public_key(self, epoch_offset: int = 0) -> bytes:
+        """The current (0) or next (1) epoch's public key."""
+        now = self.clock.now()
+        epoch = self.relay.keyring.epoch_of(now) + epoch_offset
+        return next(k.public_key for k in self.relay.keyring.published(now) if k.epoch == epoch)
+
+    def packet(self, index: int, window: ReleaseWindow, public_key: bytes | None = None) -> bytes:
+        key = public_key if public_key is not None else self.public_key()
+        path = [
+            PathHop(node_id_of(key), NodeAddress("127.0.0.1", 9000), key, window),
+            PathHop(node_id_of(NEXT_PUBLIC), NEXT_HOP, NEXT_PUBLIC, ReleaseWindow(0, 2**40)),
+        ]
+        return build_packet(GEOMETRY, path, index.to_bytes(4, "big"))
+
+
+def rho_bound(n: int) -> float:
+    """4 standard deviations of Spearman's rho under independence (var = 1/(n-1))."""
+    return 4 / math.sqrt(n - 1)
+
+
+async def test_packets_are_held_then_released_uniformly_inside_their_window(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    clock = WallClock.starting_at(T0)
+    harness = Harness(tmp_path, clock)
+    window = ReleaseWindow(T0 + 100, T0 + 400)
+    n = 300
+    packets = [harness.packet(i, window) for i in range(n)]
+    async with trio.open_nursery() as nursery:
+        harness.relay.attach(nursery)
+        nursery.start_soon(harness.relay.run_scheduler)
+        for offset in range(0, n, 50):  # arrives in batches, like link group commits
+            assert await harness.relay.on_packets(packets[offset : offset + 50]) == [AckStatus.ACCEPTED] * 50
+            await trio.sleep(0.1)
+        await trio.sleep_until(clock.to_trio(T0 + 99.999))
+        assert harness.sent == [] and harness.relay.counters.held == n
+        await trio.sleep_until(clock.to_trio(window.end + 1))
+        nursery.cancel_scope.cancel()
+    times = np.array([t for t, _ in harness.sent])
+    order = [i for _, i in harness.sent]
+    assert sorted(order) == list(range(n))
+    assert times.min() >= window.start and times.max() <= window.end
+    # Release times are uniform on the window (KS test, fixed seed, alpha 1e-3)...
+    assert stats.kstest((times - window.start) / (window.end - window.start), "uniform").pvalue > 1e-3
+    # ... and release order is unrelated to arrival order.
+    rho = stats.spearmanr(order, np.arange(n)).statistic
+    assert abs(rho) < rho_bound(n)
+    counters = harness.relay.counters
+    assert (counters.received, counters.accepted, counters.forwarded, counters.held) == (n, n, n, 0)
+    assert harness.store.schedule() == []
+
+
+async def test_late_packets_are_dropped_and_counted_and_mid_window_ones_released_in_the_rest(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    clock = WallClock.starting_at(T0)
+    harness = Harness(tmp_path, clock)
+    late = [harness.packet(i, ReleaseWindow(T0 - 60, T0 - 1)) for i in range(3)]
+    open_now = [harness.packet(100 + i, ReleaseWindow(T0 - 10, T0 + 10)) for i in range(20)]
+    async with trio.open_nursery() as nursery:
+        harness.relay.attach(nursery)
+        nursery.start_soon(harness.relay.run_scheduler)
+        statuses = await harness.relay.on_packets(late + open_now)
+        assert statuses == [AckStatus.REJECTED] * 3 + [AckStatus.ACCEPTED] * 20
+        await trio.sleep_until(clock.to_trio(T0 + 11))
+        nursery.cancel_scope.cancel()
+    assert harness.relay.counters.dropped["late"] == 3
+    assert sorted(i for _, i in harness.sent) == list(range(100, 120))
+    assert all(T0 <= t <= T0 + 10 for t, _ in harness.sent)
+
+
+async def test_replays_are_dropped_within_and_across_batches(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    harness = Harness(tmp_path, WallClock.starting_at(T0))
+    window = ReleaseWindow(T0 + 10, T0 + 20)
+    first, second = harness.packet(1, window), harness.packet(2, window)
+    assert await harness.relay.on_packets([first, second, first]) == [
+        AckStatus.ACCEPTED, AckStatus.ACCEPTED, AckStatus.REJECTED,
+    ]
+    assert await harness.relay.on_packets([second]) == [AckStatus.REJECTED]
+    assert await harness.relay.on_packets([bytes(GEOMETRY.packet_size)]) == [AckStatus.REJECTED]
+    dropped = harness.relay.counters.dropped
+    assert dropped["replay"] == 2 and dropped["bad_group_element"] + dropped["bad_mac"] == 1
+    assert harness.relay.counters.held == 2
+
+
+async def test_beyond_max_held_packets_are_refused_busy(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    harness = Harness(tmp_path, WallClock.starting_at(T0), max_held_packets=3)
+    window = ReleaseWindow(T0 + 10, T0 + 20)
+    statuses = await harness.relay.on_packets([harness.packet(i, window) for i in range(5)])
+    assert statuses == [AckStatus.ACCEPTED] * 3 + [AckStatus.BUSY] * 2
+    assert harness.relay.counters.dropped["capacity"] == 2
+    assert len(harness.store.schedule()) == 3
+
+
+async def test_a_restart_inside_the_window_still_releases_everything_inside_it(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    clock = WallClock.starting_at(T0)
+    window = ReleaseWindow(T0 + 100, T0 + 200)
+    first = Harness(tmp_path, clock, seed=2)
+    n = 200
+    packets = [first.packet(i, window) for i in range(n)]
+    async with trio.open_nursery() as nursery:
+        first.relay.attach(nursery)
+        nursery.start_soon(first.relay.run_scheduler)
+        assert await first.relay.on_packets(packets) == [AckStatus.ACCEPTED] * n
+        await trio.sleep_until(clock.to_trio(T0 + 150))
+        nursery.cancel_scope.cancel()  # the process dies: no shutdown work runs
+    released_before = len(first.sent)
+    assert 0.3 * n < released_before < 0.7 * n
+
+    # Down for 20 s; the packets due in (150, 170] were not released.
+    await trio.sleep_until(clock.to_trio(T0 + 170))
+    second = Harness(tmp_path, clock, seed=3)
+    assert second.relay.counters.held == n - released_before
+    async with trio.open_nursery() as nursery:
+        second.relay.attach(nursery)
+        nursery.start_soon(second.relay.run_scheduler)
+        await trio.sleep_until(clock.to_trio(window.end + 1))
+        nursery.cancel_scope.cancel()
+    delivered = [i for _, i in first.sent] + [i for _, i in second.sent]
+    assert sorted(delivered) == list(range(n))  # everything, exactly once
+    after = np.array([t for t, _ in second.sent])
+    assert after.min() >= T0 + 170 and after.max() <= window.end
+    # After the restart the held packets are again uniform on what is left.
+    assert stats.kstest((after - (T0 + 170)) / (window.end - (T0 + 170)), "uniform").pvalue > 1e-3
+
+
+async def test_packets_whose_window_closed_while_down_are_dropped_and_counted(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    clock = WallClock.starting_at(T0)
+    first = Harness(tmp_path, clock)
+    await first.relay.on_packets([first.packet(i, ReleaseWindow(T0 + 10, T0 + 20)) for i in range(5)])
+    await trio.sleep_until(clock.to_trio(T0 + 30))
+    second = Harness(tmp_path, clock)
+    assert second.relay.counters.dropped["expired-while-down"] == 5
+    assert second.relay.counters.held == 0 and second.store.schedule() == []
+
+
+async def test_key_rotation_accepts_the_previous_key_for_the_grace_period_then_erases_it(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    epoch_seconds, grace = 1000, 100
+    start = (T0 // epoch_seconds + 1) * epoch_seconds - 50  # 50 s before a boundary
+    clock = WallClock.starting_at(start)
+    harness = Harness(tmp_path, clock, key_epoch_seconds=epoch_seconds, key_grace_seconds=grace)
+    keyring = harness.relay.keyring
+    old_epoch = keyring.epoch_of(start)
+    old_key = harness.public_key()
+    next_key = harness.public_key(+1)
+    window = ReleaseWindow(start, start + 10_000)
+    async with trio.open_nursery() as nursery:
+        harness.relay.attach(nursery)
+        nursery.start_soon(harness.relay.run_key_rotation)
+        # Within the grace before the boundary the next key already works.
+        assert await harness.relay.on_packets([harness.packet(1, window, next_key)]) == [AckStatus.ACCEPTED]
+        assert await harness.relay.on_packets([harness.packet(2, window, old_key)]) == [AckStatus.ACCEPTED]
+        await trio.sleep_until(clock.to_trio(start + 50 + grace - 1))  # after the boundary, inside the grace
+        assert await harness.relay.on_packets([harness.packet(3, window, old_key)]) == [AckStatus.ACCEPTED]
+        assert harness.store.tag_counts()[old_epoch] == 2
+        await trio.sleep_until(clock.to_trio(start + 50 + grace + 1))  # grace over: the old key is erased
+        assert await harness.relay.on_packets([harness.packet(4, window, old_key)]) == [AckStatus.REJECTED]
+        assert old_epoch not in harness.store.tag_counts()
+        assert not (harness.data_dir / "keys" / f"epoch-{old_epoch}.key").exists()
+        # The new epoch's key works and the one after it has been created.
+        assert await harness.relay.on_packets([harness.packet(5, window, next_key)]) == [AckStatus.ACCEPTED]
+        assert (harness.data_dir / "keys" / f"epoch-{old_epoch + 2}.key").exists()
+        nursery.cancel_scope.cancel()
+    assert harness.relay.counters.dropped["bad_mac"] == 1
+
+
+async def test_forwarding_retries_inside_the_window_then_gives_up(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    clock = WallClock.starting_at(T0)
+    harness = Harness(tmp_path, clock, failures=2)
+    async with trio.open_nursery() as nursery:
+        harness.relay.attach(nursery)
+        nursery.start_soon(harness.relay.run_scheduler)
+        await harness.relay.on_packets([harness.packet(7, ReleaseWindow(T0 + 1, T0 + 30))])
+        await trio.sleep_until(clock.to_trio(T0 + 31))
+        nursery.cancel_scope.cancel()
+    assert [i for _, i in harness.sent] == [7]
+    assert harness.relay.counters.forward_retries == 2 and harness.relay.counters.forwarded == 1
+
+    unreachable = Harness(tmp_path / "other", clock, failures=10**6)
+    async with trio.open_nursery() as nursery:
+        unreachable.relay.attach(nursery)
+        nursery.start_soon(unreachable.relay.run_scheduler)
+        window = ReleaseWindow(int(clock.now()) + 1, int(clock.now()) + 5)
+        await unreachable.relay.on_packets([unreachable.packet(8, window)])
+        await trio.sleep_until(clock.to_trio(window.end + 5))
+        nursery.cancel_scope.cancel()
+    assert unreachable.relay.counters.dropped["next-hop-unreachable"] == 1
+    assert unreachable.relay.counters.held == 0 and unreachable.store.schedule() == []
