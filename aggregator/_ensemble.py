@@ -325,7 +325,7 @@ class PartitionEnsemble(ClassifierMixin, BaseEstimator):
         bad = (X_checked < 0) | (X_checked >= np.asarray(self.n_bins_))
         if np.any(bad):
             row, col = np.argwhere(bad)[0]
-            raise ValueError(f"X[{row}, {col}] = {X_checked[row, col]!r} is not a bin index below {self.n_bins_[col]!r}")
+            raise ValueError(f"X[{row}, {col}] = {int(X_checked[row, col])!r} is not a bin index below {self.n_bins_[col]!r}")
         return X_checked
 
     def member_probabilities(self, X: npt.ArrayLike) -> FloatArray:
