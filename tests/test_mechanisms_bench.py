@@ -1,0 +1,38 @@
+"""``anonml bench mechanisms`` runs and reports consistent figures."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from anonml.cli import main
+from mechanisms import ORACLE_NAMES
+from mechanisms._bench import DOMAIN_SIZES, EPSILONS
+
+
+def test_bench_json_covers_the_grid_and_auto_is_the_minimum() -> None:
+    result = CliRunner().invoke(main, ["bench", "mechanisms", "--json", "--n", "300", "--reps", "2"])
+    assert result.exit_code == 0, result.output
+    figures = json.loads(result.output)
+    rows = figures["errors"]
+    assert len(rows) == len(DOMAIN_SIZES) * len(EPSILONS) * len(ORACLE_NAMES)
+    by_key = {(row["m"], row["epsilon"], row["oracle"]): row for row in rows}
+    for m in DOMAIN_SIZES:
+        for epsilon in EPSILONS:
+            others = [by_key[(m, epsilon, name)]["theoretical"] for name in ORACLE_NAMES if name != "auto"]
+            # Equal up to rounding: SS with k = 1 is GRR, and ties go to GRR.
+            assert by_key[(m, epsilon, "auto")]["theoretical"] == pytest.approx(min(others), rel=1e-12)
+            assert all(by_key[(m, epsilon, name)]["empirical"] > 0 for name in ORACLE_NAMES)
+    assert all(entry["pq_over_auto"] >= 1 for entry in figures["auto_vs_pq"])
+    speed = figures["throughput"]
+    assert speed["reports"] == 1_000_000 and speed["m"] == 16
+    assert set(speed["oracles"]) == set(ORACLE_NAMES) - {"auto"}
+    assert all(entry["reports_per_second"] > 0 for entry in speed["oracles"].values())
+
+
+def test_bench_table_renders() -> None:
+    result = CliRunner().invoke(main, ["bench", "mechanisms", "--n", "200", "--reps", "1"])
+    assert result.exit_code == 0, result.output
+    assert "auto picks" in result.output and "reports/s" in result.output
