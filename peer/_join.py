@@ -425,7 +425,11 @@ class _RoundRun:
             await self.send_once(out, late, late[0].end - _MARGIN)
         pending = [out for out in outgoing if not log.contains(out.survey, out.receipt)]
         if pending:
-            final = await self.session.receipts(phase.t_r + _MARGIN)
+            # Resends cross their last relay before t_r; the aggregator may stop serving at t_r.
+            try:
+                final = await self.session.receipts(phase.t_r - _MARGIN)
+            except AggregatorError:
+                final = ReceiptLog({})
             for out in pending:
                 if final.contains(out.survey, out.receipt):
                     self.acknowledged(out)

@@ -55,9 +55,6 @@ from protocol._manifest import RelayEntry, RoundManifest
 
 pytestmark = pytest.mark.slow
 
-# TEMPORARY until the relay package lands: without `anonml relay` there is no round to run.
-if "relay" not in __import__("anonml.cli", fromlist=["ROLE_COMMANDS"]).ROLE_COMMANDS:
-    pytest.skip("`anonml relay` is not registered yet", allow_module_level=True)
 
 N_RELAYS = 4
 HONEST = 8
@@ -69,8 +66,9 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def anonml(*args: str) -> list[str]:
-    return [sys.executable, "-c", "import sys; from anonml.cli import main; sys.exit(main())", *args]
+def relay_cli(*args: str) -> list[str]:
+    """The relay operator's command (``python -m relay`` is ``anonml relay``)."""
+    return [sys.executable, "-m", "relay", *args]
 
 
 async def start_relays(tmp_path: Path, nursery: trio.Nursery) -> tuple[list[dict[str, Any]], list[trio.Process]]:
@@ -79,13 +77,13 @@ async def start_relays(tmp_path: Path, nursery: trio.Nursery) -> tuple[list[dict
         data_dir = tmp_path / f"relay-{i}"
         # max hops: a 2-relay path plus the aggregator, the geometry the round will use
         await trio.run_process(
-            anonml("relay", "init", "--data-dir", str(data_dir), "--listen", f"127.0.0.1:{free_port()}", "--max-hops", "3"),
+            relay_cli("init", "--data-dir", str(data_dir), "--listen", f"127.0.0.1:{free_port()}", "--max-hops", "3"),
             capture_stdout=True,
         )
-        info = await trio.run_process(anonml("relay", "info", "--data-dir", str(data_dir), "--json"), capture_stdout=True)
+        info = await trio.run_process(relay_cli("info", "--data-dir", str(data_dir), "--json"), capture_stdout=True)
         descriptors.append(json.loads(info.stdout))
         log = open(tmp_path / f"relay-{i}.log", "wb")  # noqa: SIM115 - the child owns it
-        processes.append(await trio.lowlevel.open_process(anonml("relay", "run", "--data-dir", str(data_dir)), stdout=log, stderr=log))
+        processes.append(await trio.lowlevel.open_process(relay_cli("run", "--data-dir", str(data_dir)), stdout=log, stderr=log))
     for descriptor in descriptors:  # wait until every relay listens
         with trio.fail_after(20):
             while True:
