@@ -1,0 +1,209 @@
+"""Relays over real TCP on loopback: a 3-relay cascade into a final-hop sink,
+late and replayed packets, the metrics endpoint, and hostile connections
+beside an honest stream."""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import trio
+from scipy import stats
+
+from crypto import NodeAddress, PathHop, ReleaseWindow, SphinxGeometry, build_packet, generate_keypair, node_id_of
+from protocol import AckStatus, LinkClient, LinkLimits, encode_hello
+from relay import RelayConfig, RelayStarted, create_identity, serve_relay
+from relay._sink import FinalHopSink
+
+# Three relays plus the sink (the aggregator's place) on every path.
+GEOMETRY = SphinxGeometry.create(max_hops=4, packet_size=2048)
+SINK_PRIVATE, SINK_PUBLIC = generate_keypair()
+
+
+def relay_config(data_dir: Path, **overrides: Any) -> RelayConfig:
+    create_identity(data_dir)
+    return RelayConfig(data_dir=data_dir, listen=("127.0.0.1", 0), max_hops=GEOMETRY.max_hops,
+                       packet_size=GEOMETRY.packet_size, synchronous="NORMAL", **overrides)
+
+
+def hop(started: RelayStarted, window: ReleaseWindow) -> PathHop:
+    key = started.keys[0]
+    assert key.valid_from <= time.time() < key.valid_until
+    return PathHop(started.node_id, NodeAddress(*started.link), key.public_key, window)
+
+
+def sink_hop(address: tuple[str, int]) -> PathHop:
+    return PathHop(node_id_of(SINK_PUBLIC), NodeAddress(*address), SINK_PUBLIC, ReleaseWindow(0, 2**40))
+
+
+def client_for(started: RelayStarted) -> LinkClient:
+    return LinkClient(*started.link, packet_size=GEOMETRY.packet_size, geometry_hash=GEOMETRY.canonical_hash())
+
+
+def index_of(message: bytes) -> int:
+    return int.from_bytes(message[:4], "big")
+
+
+async def test_three_relay_cascade_delivers_everything_inside_the_final_window_in_unrelated_order(
+    tmp_path: Path,
+) -> None:
+    n = 200
+    sink = FinalHopSink(GEOMETRY, SINK_PRIVATE)
+    async with trio.open_nursery() as nursery:
+        sink_address = await nursery.start(sink.serve)
+        relays: list[RelayStarted] = [
+            await nursery.start(functools.partial(
+                serve_relay, relay_config(tmp_path / f"r{i}"), rng=np.random.default_rng(i)))
+            for i in range(3)
+        ]
+        # Sending slice until T, then one window per hop: [T, T+1], [T+1, T+2], [T+2, T+3].
+        t = math.ceil(time.time()) + 2
+        windows = [ReleaseWindow(t + i, t + i + 1) for i in range(3)]
+        path = [hop(r, w) for r, w in zip(relays, windows)] + [sink_hop(sink_address)]
+        packets = [build_packet(GEOMETRY, path, i.to_bytes(4, "big")) for i in range(n)]
+        assert time.time() < t - 0.5, "building the batch took too long for the schedule"
+        client = client_for(relays[0])
+        for offset in range(0, n, 10):  # sent in index order, spread over the sending slice
+            statuses = await client.send_batch(packets[offset : offset + 10], give_up_at=trio.current_time() + 5)
+            assert statuses == [AckStatus.ACCEPTED] * 10
+            await trio.sleep(0.01)
+        await client.aclose()
+        with trio.fail_after(t + 3 + 5 - time.time()):
+            await sink.wait_for(n)
+        nursery.cancel_scope.cancel()
+
+    arrivals = sink.arrivals
+    order = [index_of(a.message) for a in arrivals]
+    assert sorted(order) == list(range(n))
+    final = windows[-1]
+    # Released inside the last relay's window; arrival adds loopback latency only.
+    assert all(final.start <= a.arrived_at <= final.end + 0.3 for a in arrivals), (
+        min(a.arrived_at for a in arrivals) - final.start, max(a.arrived_at for a in arrivals) - final.end)
+    rho = stats.spearmanr(order, np.arange(n)).statistic
+    assert abs(rho) < 4 / math.sqrt(n - 1), rho  # 4 sd of rho under independence
+    for started in relays:
+        counters = started.counters
+        assert (counters.received, counters.forwarded, sum(counters.dropped.values())) == (n, n, 0)
+
+
+async def http_get(address: tuple[str, int], path: str) -> str:
+    stream = await trio.open_tcp_stream(*address)
+    await stream.send_all(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+    response = b""
+    while chunk := await stream.receive_some(65536):
+        response += chunk
+    await stream.aclose()
+    return response.decode()
+
+
+async def test_late_and_replayed_packets_are_dropped_and_counted_in_the_metrics(tmp_path: Path) -> None:
+    sink = FinalHopSink(GEOMETRY, SINK_PRIVATE)
+    async with trio.open_nursery() as nursery:
+        sink_address = await nursery.start(sink.serve)
+        config = relay_config(tmp_path / "r", metrics=("127.0.0.1", 0))
+        started: RelayStarted = await nursery.start(serve_relay, config)
+        assert started.metrics is not None and started.metrics[0] == "127.0.0.1"
+        now = int(time.time())
+        late_path = [hop(started, ReleaseWindow(now - 30, now - 2)), sink_hop(sink_address)]
+        open_path = [hop(started, ReleaseWindow(now - 1, now + 1)), sink_hop(sink_address)]
+        late = [build_packet(GEOMETRY, late_path, bytes([i])) for i in range(5)]
+        good = build_packet(GEOMETRY, open_path, b"on time")
+        client = client_for(started)
+        statuses = await client.send_batch([*late, good, good], give_up_at=trio.current_time() + 5)
+        assert statuses == [AckStatus.REJECTED] * 5 + [AckStatus.ACCEPTED, AckStatus.REJECTED]
+        assert await client.send_batch([good], give_up_at=trio.current_time() + 5) == [AckStatus.REJECTED]
+        await client.aclose()
+        with trio.fail_after(5):
+            await sink.wait_for(1)
+        metrics = await http_get(started.metrics, "/metrics")
+        assert (await http_get(started.metrics, "/nope")).startswith("HTTP/1.1 404")
+        nursery.cancel_scope.cancel()
+    assert [a.message for a in sink.arrivals] == [b"on time"]
+    assert started.counters.dropped["late"] == 5 and started.counters.dropped["replay"] == 2
+    assert 'anonml_relay_packets_dropped_total{reason="late"} 5' in metrics
+    assert 'anonml_relay_packets_dropped_total{reason="replay"} 2' in metrics
+    assert "anonml_relay_packets_received_total 8" in metrics
+
+
+async def test_garbage_truncated_slow_and_flooding_clients_do_not_disturb_an_honest_stream(tmp_path: Path) -> None:
+    n = 100
+    sink = FinalHopSink(GEOMETRY, SINK_PRIVATE)
+    limits = LinkLimits(hello_timeout=0.5, idle_timeout=2.0, frame_timeout=0.5, send_timeout=1.0)
+    hello = encode_hello(GEOMETRY.packet_size, GEOMETRY.canonical_hash())
+    rng = random.Random(5)
+
+    async def garbage() -> None:
+        stream = await trio.open_tcp_stream("127.0.0.1", started.link[1])
+        try:
+            await stream.send_all(rng.randbytes(rng.randint(1, 5000)))
+            await trio.sleep(0.05)
+        except trio.BrokenResourceError:
+            pass
+        await stream.aclose()
+
+    async def truncated() -> None:
+        stream = await trio.open_tcp_stream("127.0.0.1", started.link[1])
+        await stream.send_all(hello + os.urandom(GEOMETRY.packet_size // 2))
+        await trio.sleep(0.05)
+        await stream.aclose()
+
+    async def slow() -> None:
+        stream = await trio.open_tcp_stream("127.0.0.1", started.link[1])
+        try:
+            await stream.send_all(hello)
+            for _ in range(20):  # one byte per 0.1 s: far too slow for a frame
+                await stream.send_all(b"x")
+                await trio.sleep(0.1)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        await stream.aclose()
+
+    async def silent_flood() -> None:
+        streams = [await trio.open_tcp_stream("127.0.0.1", started.link[1]) for _ in range(30)]
+        await trio.sleep(1.0)
+        for stream in streams:
+            await stream.aclose()
+
+    async with trio.open_nursery() as nursery:
+        sink_address = await nursery.start(sink.serve)
+        config = relay_config(tmp_path / "r", link=limits, max_connections=16)
+        started: RelayStarted = await nursery.start(serve_relay, config)
+        t = int(time.time()) + 3
+        path = [hop(started, ReleaseWindow(t, t + 1)), sink_hop(sink_address)]
+        packets = [build_packet(GEOMETRY, path, i.to_bytes(4, "big")) for i in range(n)]
+        client = client_for(started)
+        # The honest sender is connected before the attack starts.
+        assert await client.send_batch(packets[:5], give_up_at=trio.current_time() + 5) == [AckStatus.ACCEPTED] * 5
+        async with trio.open_nursery() as attack:
+            for _ in range(10):
+                attack.start_soon(garbage)
+                attack.start_soon(truncated)
+            for _ in range(4):
+                attack.start_soon(slow)
+            attack.start_soon(silent_flood)
+            for offset in range(5, n, 5):
+                statuses = await client.send_batch(packets[offset : offset + 5], give_up_at=trio.current_time() + 5)
+                assert statuses == [AckStatus.ACCEPTED] * 5
+                await trio.sleep(0.02)
+        await client.aclose()
+        with trio.fail_after(t + 1 + 5 - time.time()):
+            await sink.wait_for(n)
+        # Still serving a newcomer afterwards.
+        late_client = client_for(started)
+        extra = build_packet(GEOMETRY, [hop(started, ReleaseWindow(t, t + 10)), sink_hop(sink_address)], b"after")
+        assert await late_client.send_batch([extra], give_up_at=trio.current_time() + 5) == [AckStatus.ACCEPTED]
+        await late_client.aclose()
+        nursery.cancel_scope.cancel()
+    assert sorted(index_of(a.message) for a in sink.arrivals if a.message != b"after") == list(range(n))
+    errors = started.counters.link_errors
+    assert errors["bad-magic"] + errors["truncated"] >= 10
+    assert errors["frame-timeout"] >= 1 and errors["hello-timeout"] >= 1
+    assert started.counters.connections_refused >= 1
+    assert errors["internal"] == 0
+    assert started.counters.connections_open == 0
