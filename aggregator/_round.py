@@ -364,6 +364,7 @@ class RoundSpec:
     median_delivery: int
     data_send: int
     data_delivery: int
+    publish_gap: int
     relays: tuple[RelayEntry, ...]
     path_length: int
     packet_size: int
@@ -421,6 +422,10 @@ def parse_round_spec(document: dict[str, Any]) -> RoundSpec:
     median_delivery = schedule.integer("median_delivery", 2, 10**7)
     data_send = schedule.integer("data_send", 1, 10**7)
     data_delivery = schedule.integer("data_delivery", 2, 10**7)
+    # Thresholds of sub-round i (and the final medians) are published when the
+    # previous delivery window closes; the gap lets every peer fetch them
+    # before its send window opens.
+    publish_gap = schedule.integer("publish_gap", 0, 10**6) if schedule.optional("publish_gap") else 2
     schedule.done()
     network = reader.child("network")
     relays = tuple(
@@ -459,21 +464,25 @@ def parse_round_spec(document: dict[str, Any]) -> RoundSpec:
         reader.fail_at("learning", str(exc))
     return RoundSpec(
         name, spec, k_p, k_h, k_s, plan, learner, eps_total, oracle, median_share, register_seconds, issue_seconds,
-        median_rounds, median_send, median_delivery, data_send, data_delivery, relays, path_length, packet_size,
+        median_rounds, median_send, median_delivery, data_send, data_delivery, publish_gap, relays, path_length,
+        packet_size,
         http_host, http_port, sink_host, sink_port, min_participation, registration, invitations, allow_list,
     )
 
 
 def build_schedule(spec: RoundSpec, start: int) -> RoundSchedule:
-    """Absolute times from the spec's durations, phases back to back."""
+    """Absolute times from the spec's durations; ``publish_gap`` seconds before each phase that needs published results."""
     t_register_end = start + spec.register_seconds
     t_issue_end = t_register_end + spec.issue_seconds
     t = t_issue_end
     median = []
-    for _ in range(spec.median_rounds):
+    for index in range(spec.median_rounds):
+        # Sub-round 0's thresholds are public from the start; later ones need the gap.
+        t += spec.publish_gap if index else 0
         phase = PhaseTimes(t, spec.median_send, t + spec.median_send + spec.median_delivery)
         median.append(phase)
         t = phase.t_r
+    t += spec.publish_gap if median else 0
     data = PhaseTimes(t, spec.data_send, t + spec.data_send + spec.data_delivery)
     return RoundSchedule(t_register_end, t_issue_end, tuple(median), data)
 

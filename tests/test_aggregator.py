@@ -403,3 +403,16 @@ def test_process_pool_verifier_agrees_with_in_thread(tmp_path: Path) -> None:
     # Partition-0 survey: peers of partition 1 are refused as wrong-partition, the others accepted.
     assert [isinstance(r, bytes) for r in in_thread] == [p.partition == 0 for p in peers]
     assert {r for r in in_thread if isinstance(r, str)} == {"wrong-partition"}
+
+
+def test_schedule_leaves_a_publish_gap_before_phases_that_need_results() -> None:
+    from aggregator._round import build_schedule
+
+    document = spec_document()
+    document["task"]["features"].append({"name": "size", "type": "numeric", "low": 0, "high": 10})
+    document["schedule"].update(median_rounds=2, publish_gap=3)
+    schedule = build_schedule(parse_round_spec(document), T0)
+    assert schedule.t_register_end == T0 + 100 and schedule.t_issue_end == T0 + 200
+    assert schedule.median[0].t_s == schedule.t_issue_end
+    assert schedule.median[1].t_s == schedule.median[0].t_r + 3
+    assert schedule.data.t_s == schedule.median[1].t_r + 3
