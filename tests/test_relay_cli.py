@@ -1,0 +1,135 @@
+"""``anonml relay init / info / run``, the config file, and the data directory rules."""
+
+from __future__ import annotations
+
+import json
+import stat
+import tomllib
+from pathlib import Path
+
+import pytest
+import trio
+from click.testing import CliRunner
+
+from anonml.cli import main
+from crypto import node_id_of
+from relay import (
+    RelayConfig,
+    RelayConfigError,
+    RelayDataDirError,
+    load_config,
+    parse_host_port,
+    render_config,
+    serve_relay,
+)
+from relay._config import config_from_mapping
+
+
+def invoke(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(main, ["relay", *args])
+    return result.exit_code, result.output
+
+
+def mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def test_init_creates_owner_only_keys_and_a_config_and_refuses_to_overwrite(tmp_path: Path) -> None:
+    data_dir = tmp_path / "relay"
+    code, output = invoke("init", "--data-dir", str(data_dir), "--listen", "127.0.0.1:9401",
+                          "--metrics", "127.0.0.1:9402")
+    assert code == 0, output
+    assert mode(data_dir) == 0o700 and mode(data_dir / "keys") == 0o700
+    key_files = [data_dir / "identity.key", *sorted((data_dir / "keys").iterdir())]
+    assert len(key_files) == 3  # identity, current and next epoch
+    assert all(mode(p) == 0o600 and p.stat().st_size == 32 for p in key_files)
+    assert mode(data_dir / "relay.toml") == 0o600
+    identity = (data_dir / "identity.key").read_bytes()
+
+    code, output = invoke("init", "--data-dir", str(data_dir), "--listen", "127.0.0.1:9500")
+    assert code != 0 and "refusing to overwrite" in output
+    assert (data_dir / "identity.key").read_bytes() == identity
+    assert load_config(data_dir).listen == ("127.0.0.1", 9401)
+
+
+def test_info_prints_the_descriptor_the_aggregator_needs(tmp_path: Path) -> None:
+    data_dir = tmp_path / "relay"
+    assert invoke("init", "--data-dir", str(data_dir), "--listen", "127.0.0.1:9401", "--advertise",
+                  "10.0.0.7:9000")[0] == 0
+    code, output = invoke("info", "--data-dir", str(data_dir), "--json")
+    assert code == 0, output
+    descriptor = json.loads(output)
+    assert descriptor["address"] == "10.0.0.7:9000"
+    assert (descriptor["host"], descriptor["port"]) == ("10.0.0.7", 9000)
+    public = bytes.fromhex(descriptor["public_key"])
+    assert descriptor["keys"][0] == {
+        "epoch": descriptor["key_epoch"],
+        "public_key": descriptor["public_key"],
+        "valid_from": descriptor["key_epoch"] * descriptor["key_epoch_seconds"],
+        "valid_until": (descriptor["key_epoch"] + 1) * descriptor["key_epoch_seconds"],
+    }
+    assert len(public) == 32 and len(descriptor["keys"]) == 2
+    assert descriptor["node_id"] == node_id_of(bytes.fromhex(descriptor["identity_public_key"])).hex()
+    code, output = invoke("info", "--data-dir", str(data_dir))
+    assert code == 0 and descriptor["node_id"] in output
+
+
+def test_run_and_info_never_create_an_identity(tmp_path: Path) -> None:
+    empty = tmp_path / "empty"
+    for command in ("run", "info"):
+        code, output = invoke(command, "--data-dir", str(empty))
+        assert code != 0 and "anonml relay init" in output
+    assert not empty.exists()
+    # A config without an identity (e.g. the key was deleted) is refused too.
+    data_dir = tmp_path / "relay"
+    assert invoke("init", "--data-dir", str(data_dir), "--listen", "127.0.0.1:0")[0] == 0
+    (data_dir / "identity.key").unlink()
+    with pytest.raises(RelayDataDirError, match="relay init"):
+        trio.run(serve_relay, load_config(data_dir))
+    assert not (data_dir / "identity.key").exists()
+
+
+def test_keys_readable_by_others_are_refused(tmp_path: Path) -> None:
+    data_dir = tmp_path / "relay"
+    assert invoke("init", "--data-dir", str(data_dir), "--listen", "127.0.0.1:0")[0] == 0
+    (data_dir / "identity.key").chmod(0o644)
+    code, output = invoke("info", "--data-dir", str(data_dir))
+    assert code != 0 and "chmod 600" in output
+
+
+def test_rendered_config_reads_back_and_documents_every_key(tmp_path: Path) -> None:
+    config = RelayConfig(data_dir=tmp_path, listen=("::1", 9000), metrics=("127.0.0.1", 9464), max_held_packets=7,
+                         synchronous="NORMAL")
+    text = render_config(config)
+    assert config_from_mapping(tomllib.loads(text), tmp_path) == config
+    assert text.count("\n# ") + text.count("\n#") > 20  # commented
+
+
+@pytest.mark.parametrize(
+    ("section", "key", "value", "message"),
+    [
+        ("limits", "max_held_packet", 5, "unknown config key"),
+        ("limits", "max_held_packets", 0, "positive integer"),
+        ("limits", "max_held_packets", "many", "positive integer"),
+        ("link", "frame_timeout", -1.0, "frame_timeout"),
+        ("keys", "grace_seconds", 10**9, "grace_seconds"),
+        ("storage", "synchronous", "OFF", "synchronous"),
+        ("relay", "advertise", "example.org:80", "IP literal"),
+    ],
+)
+def test_bad_config_values_raise_one_typed_error(section: str, key: str, value: object, message: str) -> None:
+    data = {"relay": {"listen": "127.0.0.1:9000"}, section: {key: value}}
+    with pytest.raises(RelayConfigError, match=message):
+        config_from_mapping(data, Path("."))
+
+
+@pytest.mark.parametrize("text", ["127.0.0.1", "127.0.0.1:70000", ":80", "localhost:80", "1.2.3.4:x", ""])
+def test_bad_addresses_are_config_errors(text: str) -> None:
+    with pytest.raises(RelayConfigError):
+        parse_host_port(text)
+
+
+def test_help_everywhere() -> None:
+    for args in (["--help"], ["init", "--help"], ["info", "--help"], ["run", "--help"]):
+        code, output = invoke(*args)
+        assert code == 0 and "Usage" in output
