@@ -77,7 +77,8 @@ class OneBitMean:
         if n == 0:
             raise ValueError("reports must hold at least one report")
         signed = (2 * checked[:, 1] - 1) * self.scale * self.d
-        return np.bincount(checked[:, 0], weights=signed, minlength=self.d) / n
+        means: np.ndarray = np.bincount(checked[:, 0], weights=signed, minlength=self.d) / n
+        return means
 
     def variance(self, n: int, values: np.ndarray | None = None) -> np.ndarray:
         """Exact ``E[(mean_j estimate - mean_j)^2]`` for each attribute.
@@ -92,7 +93,8 @@ class OneBitMean:
         tuples = self._check_tuples(values)
         if tuples.shape[0] != n:
             raise ValueError(f"values must have n={n} rows, got {tuples.shape[0]!r}")
-        return (n * self.d * self.scale**2 - (tuples**2).sum(axis=0)) / n**2
+        exact: np.ndarray = (n * self.d * self.scale**2 - (tuples**2).sum(axis=0)) / n**2
+        return exact
 
     def encode_report(self, report_row: np.ndarray) -> bytes:
         """One ``(j, u)`` row as ``report_bytes`` bytes holding ``2 j + u``."""

@@ -170,7 +170,8 @@ class FrequencyOracle(ABC):
 
     def likelihood(self, reports: np.ndarray) -> np.ndarray:
         """``P[report_j | value v]`` as an (n, m) array (see ``log_likelihood``)."""
-        return np.exp(self.log_likelihood(self.check_reports(reports)))
+        probabilities: np.ndarray = np.exp(self.log_likelihood(self.check_reports(reports)))
+        return probabilities
 
     # ------------------------------------------------------------ the wire
     def encode_reports(self, reports: np.ndarray) -> list[bytes]:
@@ -289,10 +290,12 @@ class UnaryEncoding(FrequencyOracle):
         return bits
 
     def _support_counts(self, reports: np.ndarray) -> np.ndarray:
-        return reports.sum(axis=0, dtype=np.int64)
+        counts: np.ndarray = reports.sum(axis=0, dtype=np.int64)
+        return counts
 
     def _invalid_rows(self, reports: np.ndarray) -> np.ndarray:
-        return ((reports != 0) & (reports != 1)).any(axis=1)
+        not_bits: np.ndarray = ((reports != 0) & (reports != 1)).any(axis=1)
+        return not_bits
 
     def log_likelihood(self, reports: np.ndarray) -> np.ndarray:
         # Theorem 1's product: every bit contributes q or 1-q, except bit v,
@@ -301,7 +304,8 @@ class UnaryEncoding(FrequencyOracle):
         base = bits @ np.full(self.m, math.log(self.q)) + (1 - bits) @ np.full(self.m, math.log1p(-self.q))
         one = math.log(self.p) - math.log(self.q)
         zero = math.log1p(-self.p) - math.log1p(-self.q)
-        return base[:, None] + np.where(bits == 1, one, zero)
+        log_probabilities: np.ndarray = base[:, None] + np.where(bits == 1, one, zero)
+        return log_probabilities
 
     def _encode_rows(self, reports: np.ndarray) -> np.ndarray:
         return pack_bits(reports)
@@ -424,11 +428,12 @@ class OptimizedLocalHashing(FrequencyOracle):
     def _hash(self, seeds: np.ndarray, values: np.ndarray) -> np.ndarray:
         a = seeds // _HASH_PRIME + 1
         b = seeds % _HASH_PRIME
-        return ((a * values + b) % _HASH_PRIME) % self.g
+        hashed: np.ndarray = ((a * values + b) % _HASH_PRIME) % self.g
+        return hashed
 
     def _privatize(self, values: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         n = values.shape[0]
-        seeds = rng.integers(0, _SEED_COUNT, size=n, dtype=np.int64)
+        seeds = np.asarray(rng.integers(0, _SEED_COUNT, size=n, dtype=np.int64))
         hashed = self._hash(seeds, values)
         keep = rng.random(n) < self.p_bucket
         # Another bucket uniformly: shift by a uniform non-zero offset mod g.
@@ -522,11 +527,13 @@ class SubsetSelection(FrequencyOracle):
         return mask
 
     def _support_counts(self, reports: np.ndarray) -> np.ndarray:
-        return reports.sum(axis=0, dtype=np.int64)
+        counts: np.ndarray = reports.sum(axis=0, dtype=np.int64)
+        return counts
 
     def _invalid_rows(self, reports: np.ndarray) -> np.ndarray:
         not_bits = ((reports != 0) & (reports != 1)).any(axis=1)
-        return not_bits | (reports.sum(axis=1, dtype=np.int64) != self.k)
+        invalid: np.ndarray = not_bits | (reports.sum(axis=1, dtype=np.int64) != self.k)
+        return invalid
 
     def log_likelihood(self, reports: np.ndarray) -> np.ndarray:
         log_choose = math.lgamma(self.m) - math.lgamma(self.k) - math.lgamma(self.m - self.k + 1)

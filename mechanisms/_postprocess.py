@@ -45,7 +45,8 @@ def _clip(estimate: np.ndarray, n: int) -> np.ndarray:
     if total == 0.0:
         # Nothing survived: no information, so the uniform histogram.
         return np.full(estimate.shape, n / estimate.shape[0])
-    return clipped * (n / total)
+    rescaled: np.ndarray = clipped * (n / total)
+    return rescaled
 
 
 def _norm_sub(estimate: np.ndarray, n: int) -> np.ndarray:
@@ -72,7 +73,8 @@ def _project(estimate: np.ndarray, n: int) -> np.ndarray:
     support = ordered - cumulative / ranks > 0
     rho = int(np.flatnonzero(support)[-1])
     theta = cumulative[rho] / (rho + 1)
-    return np.maximum(estimate - theta, 0.0)
+    projected: np.ndarray = np.maximum(estimate - theta, 0.0)
+    return projected
 
 
 def _ibu_from_reports(oracle: FrequencyOracle, reports: np.ndarray, n: int) -> np.ndarray:

@@ -65,7 +65,7 @@ def unpack_bits(raw: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray]:
     """Inverse of ``pack_bits``: returns the (n, m) uint8 bits and a boolean mask
     of rows whose padding bits are not all zero (non-canonical encodings)."""
     all_bits = np.unpackbits(raw, axis=1)
-    bad_padding = all_bits[:, m:].any(axis=1)
+    bad_padding = np.asarray(all_bits[:, m:].any(axis=1), dtype=bool)
     return all_bits[:, :m], bad_padding
 
 
