@@ -8,9 +8,45 @@ from aggregator._binning import bin_table, exact_cut_points, private_cut_points
 from aggregator._data import DataError, Table, load_adult, read_adult_file
 from aggregator._ensemble import PartitionEnsemble, SubsetHistogram, exact_histogram
 from aggregator._planner import PlanScore, choose_plan, plan_objective
+from aggregator._report import learn, write_report
+from aggregator._round import (
+    ApiRefused,
+    RoundSecrets,
+    RoundSpec,
+    RoundSpecError,
+    RoundState,
+    create_round,
+    open_round,
+    parse_round_spec,
+)
+from aggregator._service import AggregatorConfig, BoundAddresses, build_app, drive_round, serve_aggregator
+from aggregator._sink import PacketSink
+from aggregator._store import AggregatorHome, RoundStore
 from aggregator._trial import TrialResult, estimate_histograms, exact_histograms, run_trial
+from aggregator._verify import REJECTION_REASONS, TokenVerifier, process_batch
 
 __all__: list[str] = [
+    "REJECTION_REASONS",
+    "AggregatorConfig",
+    "AggregatorHome",
+    "ApiRefused",
+    "BoundAddresses",
+    "PacketSink",
+    "RoundSecrets",
+    "RoundSpec",
+    "RoundSpecError",
+    "RoundState",
+    "RoundStore",
+    "TokenVerifier",
+    "build_app",
+    "create_round",
+    "drive_round",
+    "learn",
+    "open_round",
+    "parse_round_spec",
+    "process_batch",
+    "serve_aggregator",
+    "write_report",
     "DataError",
     "PartitionEnsemble",
     "PlanScore",
