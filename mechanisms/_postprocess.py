@@ -45,7 +45,8 @@ def _clip(estimate: np.ndarray, n: int) -> np.ndarray:
     if total == 0.0:
         # Nothing survived: no information, so the uniform histogram.
         return np.full(estimate.shape, n / estimate.shape[0])
-    rescaled: np.ndarray = clipped * (n / total)
+    # Divide first: n / total overflows for subnormal totals.
+    rescaled: np.ndarray = clipped / total * n
     return rescaled
 
 
