@@ -202,14 +202,16 @@ def run_experiment(
         for request in requests:
             for eps in epsilons:
                 plan = request.build(spec, train.n_rows, eps, plan_seed, oracle)
-                result = run_trial(spec, train, test, plan, rng, ensembles=ensembles, method=postprocess)
+                result = run_trial(spec, train, test, plan, rng, ensembles=ensembles, method=postprocess, epsilon_budget=eps)
                 for vote, auc in zip(votes, result.aucs):
                     line = lines.setdefault((request.label, vote, eps), {
                         "plan": request.label, "vote": vote, "epsilon_total_requested": eps, "aucs": [], "seconds": [],
-                        "epsilon_total": plan.epsilon_total, "release_epsilon": plan.release_epsilon,
+                        "epsilon_total": result.epsilon_total, "epsilon_total_plan": plan.epsilon_total, "release_epsilon": plan.release_epsilon,
                         "median_epsilon": plan.median_epsilon, "kind": plan.kind, "k_p": plan.k_p, "k_h": plan.k_h,
                         "k_s": plan.k_s, "median_peers": plan.median_peers, "oracles": {},
                     })
+                    # The worst trial's eq. 7.4 total recorded in the peers' ledgers.
+                    line["epsilon_total"] = max(line["epsilon_total"], result.epsilon_total)
                     line["aucs"].append(auc)
                     line["seconds"].append(result.seconds)
                     for name, count in result.oracles.items():

@@ -16,7 +16,7 @@ from sklearn.metrics import roc_auc_score
 from aggregator._binning import bin_table, exact_cut_points, private_cut_points
 from aggregator._data import Table
 from aggregator._ensemble import PartitionEnsemble, SubsetHistogram, exact_histogram
-from mechanisms import make_oracle, postprocess
+from mechanisms import PrivacyLedger, make_oracle, postprocess
 from protocol import Assignment, FeatureSpec, ReleasePlan, assign_partitions, row_keys
 
 IntArray = npt.NDArray[np.int64]
@@ -27,7 +27,7 @@ class TrialResult:
     """What one trial measured: one AUC per ensemble configuration."""
 
     aucs: list[float]
-    epsilon_total: float
+    epsilon_total: float  # eq. 7.4 as recorded in the peers' ledgers (0 when noise-free)
     seconds: float
     oracles: dict[str, int] = field(default_factory=dict)
     cut_points: dict[str, list[float]] = field(default_factory=dict)
@@ -43,10 +43,12 @@ def estimate_histograms(
     *,
     method: str = "norm-sub",
     oracles_used: dict[str, int] | None = None,
+    ledgers: Mapping[int, PrivacyLedger] | None = None,
 ) -> list[SubsetHistogram]:
     """Every peer of every partition encodes and perturbs each of its subsets
     (vectorised over the partition's peers), and the aggregator estimates and
-    post-processes one histogram per (partition, subset)."""
+    post-processes one histogram per (partition, subset). Each release is
+    recorded in the partition's peer ledger, if given, before it happens."""
     histograms = []
     for p in range(plan.k_p):
         rows = assignment.members(p)
@@ -57,6 +59,8 @@ def estimate_histograms(
             oracle = make_oracle(plan.oracle, plan.release_epsilon, m, n=max(1, rows.size))
             if oracles_used is not None:
                 oracles_used[oracle.name] = oracles_used.get(oracle.name, 0) + 1
+            if ledgers is not None:
+                ledgers[p].record_subset(subset, plan.release_epsilon)
             reports = oracle.privatize(codes, rng)
             estimate = oracle.estimate(reports)
             counts = postprocess(estimate, int(rows.size), method, oracle=oracle, reports=reports)
@@ -85,19 +89,35 @@ def run_trial(
     ensembles: Sequence[Mapping[str, Any]] = ({},),
     method: str = "norm-sub",
     noise_free: bool = False,
+    epsilon_budget: float | None = None,
 ) -> TrialResult:
     """One trial; each of ``ensembles`` (PartitionEnsemble parameters) is fit
     on the same histograms. ``noise_free`` uses exact cut points and exact
-    histograms (same plan, same partitions) instead of the private pipeline."""
+    histograms (same plan, same partitions) instead of the private pipeline.
+    ``epsilon_budget`` is the ε_T promised to every peer (default: the
+    plan's own total); a release beyond it raises ``BudgetExceeded``."""
     started = time.perf_counter()
     assignment = assign_partitions(plan.seed, row_keys(train.n_rows), plan.k_p)
-    cuts = exact_cut_points(spec, train) if noise_free else private_cut_points(spec, train, plan, assignment, rng)
-    X, y = bin_table(spec, train, cuts)
     oracles: dict[str, int] = {}
     if noise_free:
+        cuts = exact_cut_points(spec, train)
+        X, y = bin_table(spec, train, cuts)
         histograms = exact_histograms(spec, plan, assignment, X, y)
+        spent = 0.0
     else:
-        histograms = estimate_histograms(spec, plan, assignment, X, y, rng, method=method, oracles_used=oracles)
+        # One ledger per partition (all its peers release the same things):
+        # the cost is recorded from the queries actually made, and a release
+        # past the promised ε_T is refused (BudgetExceeded).
+        budget = plan.epsilon_total if epsilon_budget is None else epsilon_budget
+        ledgers = {p: PrivacyLedger(budget) for p in range(plan.k_p)}
+        for name in spec.numeric_names:
+            asked = np.unique(assignment.partition[np.concatenate(plan.median_groups(name, assignment))])
+            for p in asked.tolist():
+                ledgers[p].record_median(name, plan.median_epsilon)
+        cuts = private_cut_points(spec, train, plan, assignment, rng)
+        X, y = bin_table(spec, train, cuts)
+        histograms = estimate_histograms(spec, plan, assignment, X, y, rng, method=method, oracles_used=oracles, ledgers=ledgers)
+        spent = max(ledger.spent() for ledger in ledgers.values())
     X_test, y_test = bin_table(spec, test, cuts)
     aucs = []
     for params in ensembles:
@@ -106,7 +126,7 @@ def run_trial(
         aucs.append(float(roc_auc_score(y_test, model.decision_function(X_test))))
     return TrialResult(
         aucs=aucs,
-        epsilon_total=0.0 if noise_free else plan.epsilon_total,
+        epsilon_total=spent,
         seconds=time.perf_counter() - started,
         oracles=oracles,
         cut_points={k: [float(c) for c in v] for k, v in cuts.items()},

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from sklearn.exceptions import NotFittedError
@@ -10,6 +12,7 @@ from sklearn.utils.estimator_checks import parametrize_with_checks
 
 from aggregator import PartitionEnsemble, SubsetHistogram, adult_spec, choose_plan, exact_histogram, plan_objective, run_trial
 from aggregator._data import Table
+from mechanisms import BudgetExceeded
 from protocol import CategoricalFeature, FeatureSpec, LabelSpec, NumericFeature, PlanError, ReleasePlan
 
 
@@ -156,7 +159,13 @@ def test_a_private_trial_records_the_plans_cost_and_beats_chance() -> None:
     train, test = tiny_table(20_000, 1), tiny_table(5_000, 2)
     plan = ReleasePlan.build(kind="one", features=spec.names, numeric_features=spec.numeric_names, k_p=4, k_h=1, k_s=1, epsilon_total=2.0, seed=b"trial", median_peers="disjoint")
     result = run_trial(spec, train, test, plan, np.random.default_rng(0), ensembles=[{"vote": "weighted"}, {"vote": "soft"}])
+    # Recorded from the queries actually made, in one ledger per partition.
     assert result.epsilon_total == pytest.approx(plan.epsilon_total) == pytest.approx(2.0)
+    thesis = ReleasePlan.build(kind="split", features=spec.names, numeric_features=spec.numeric_names, k_p=3, k_h=2, k_s=1, epsilon_total=1.0, seed=b"t")
+    assert run_trial(spec, train, test, thesis, np.random.default_rng(1), epsilon_budget=1.0).epsilon_total == pytest.approx(1.0)
+    overspending = dataclasses.replace(thesis, release_epsilon=0.6)  # label: 2 x 0.6 > 1
+    with pytest.raises(BudgetExceeded):
+        run_trial(spec, train, test, overspending, np.random.default_rng(1), epsilon_budget=1.0)
     assert sum(result.oracles.values()) == 4
     assert 17 < result.cut_points["age"][0] < 90
     assert all(auc > 0.6 for auc in result.aucs)
