@@ -14,6 +14,7 @@ import hashlib
 import json
 import os
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
@@ -36,6 +37,7 @@ from protocol import (
     MedianThresholds,
     PhaseTimes,
     PlanError,
+    ReceiptLog,
     RegisterRequest,
     RelayEntry,
     ReleasePlan,
@@ -102,6 +104,9 @@ class RoundState:
         self.spec = FeatureSpec.from_dict(dict(self.manifest.features))
         self.numeric = self.spec.numeric_names
         self._manifest_json = signed.to_json()
+        self._receipts_cache: tuple[int, bytes] | None = None
+        self.link_errors: Counter[str] = Counter()
+        """Packet-sink connections that ended in a link error, by reason (reported in the status counts)."""
 
     def now(self) -> int:
         return int(self.clock())
@@ -134,15 +139,25 @@ class RoundState:
         outcome = self.outcome()
         if outcome is not None:
             phase, sub_round = outcome, None
-        rejected = self.store.rejections()
+        counts = self.store.counts()
+        counts.update({f"link/{reason}": count for reason, count in sorted(self.link_errors.items())})
         return RoundStatus(
-            self.round_id, phase, sub_round, now, self.manifest.schedule.to_dict(), self.store.counts(), rejected
+            self.round_id, phase, sub_round, now, self.manifest.schedule.to_dict(), counts, self.store.rejections()
         )
 
     # -- announce, register, roster ------------------------------------------------
 
     def manifest_json(self) -> bytes:
         return self._manifest_json
+
+    def receipts_json(self) -> bytes:
+        """The whole receipt log (DESIGN.md §5), re-encoded only when a packet was accepted since."""
+        version = self.store.packets_version
+        if self._receipts_cache is None or self._receipts_cache[0] != version:
+            log = self.store.receipts()
+            body = ReceiptLog({survey: tuple(digests) for survey, digests in log.items()}).to_json()
+            self._receipts_cache = (version, body)
+        return self._receipts_cache[1]
 
     def register(self, request: RegisterRequest) -> bool:
         if request.round_id != self.round_id:

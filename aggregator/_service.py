@@ -35,7 +35,6 @@ from protocol import (
     CredentialRequest,
     ErrorResponse,
     InvalidApiMessage,
-    ReceiptLog,
     RegisterRequest,
     RegisterResponse,
 )
@@ -145,8 +144,7 @@ def build_app(state: RoundState) -> Starlette:
         return _json(result.to_json())
 
     async def receipts(request: Request) -> Response:
-        log_ = state.store.receipts()
-        return _json(ReceiptLog({survey: tuple(digests) for survey, digests in log_.items()}).to_json())
+        return _json(state.receipts_json())
 
     async def status(request: Request) -> Response:
         return _json(state.status().to_json())

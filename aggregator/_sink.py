@@ -9,8 +9,6 @@ event loop keeps serving HTTP while tokens are checked.
 from __future__ import annotations
 
 import logging
-from collections import Counter
-
 import trio
 
 from protocol import AckStatus, LinkError, LinkLimits, serve_link
@@ -31,7 +29,7 @@ class PacketSink:
         self.limiter = trio.CapacityLimiter(threads)
         self.verifier = TokenVerifier(state.secrets.issuer_key, processes)
         self.limits = limits
-        self.link_errors: Counter[str] = Counter()
+        self.link_errors = state.link_errors
         geometry = state.geometry
         self.packet_size = geometry.packet_size
         self.geometry_hash = geometry.canonical_hash()

@@ -65,6 +65,8 @@ class RoundStore:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._lock = threading.Lock()
+        self.packets_version = 0
+        """Bumped whenever a packet is accepted (lets readers cache the receipt log)."""
         self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
         with self._lock:
             self._db.execute("PRAGMA journal_mode=WAL")
@@ -195,6 +197,7 @@ class RoundStore:
                             (survey, packet.tag_digest, packet.message_hash, packet.report, packet.receipt, now),
                         )
                         outcomes.append("accepted")
+                        self.packets_version += 1
                         continue
                     outcome = "duplicate" if bytes(row[0]) == packet.message_hash else "double-submission"
                     outcomes.append(outcome)

@@ -416,3 +416,19 @@ def test_schedule_leaves_a_publish_gap_before_phases_that_need_results() -> None
     assert schedule.median[0].t_s == schedule.t_issue_end
     assert schedule.median[1].t_s == schedule.median[0].t_r + 3
     assert schedule.data.t_s == schedule.median[1].t_r + 3
+
+
+async def test_garbage_on_the_packet_sink_is_counted_and_harmless(served: Any) -> None:
+    state, addresses, _ = served
+    stream = await trio.open_tcp_stream(*addresses.sink)
+    await stream.send_all(b"GET / HTTP/1.1\r\n\r\n" + bytes(200))
+    with trio.move_on_after(10):
+        while await stream.receive_some(1024):
+            pass
+    await stream.aclose()
+    with trio.fail_after(10):
+        while not state.link_errors:
+            await trio.sleep(0.05)
+    status = json.loads((await get(addresses.http_url, "/v1/status")).content)
+    assert any(key.startswith("link/") for key in status["counts"]), status
+    assert status["phase"] == "registration"
