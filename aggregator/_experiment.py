@@ -273,29 +273,37 @@ def print_results(report: dict[str, Any]) -> None:
     console.print(base)
 
 
-def plot_results(report: dict[str, Any], path: Path) -> None:
-    """AUC against ε_T (Figure 8-2): one line per plan and vote, baselines dashed."""
+def plot_results(report: dict[str, Any], path: Path, x_axis: str = "eps") -> None:
+    """AUC against ε_T (Figure 8-2: one line per plan and vote, baselines and
+    exact-histogram ensembles dashed), or against ``k_p`` / ``k_s`` (Figures
+    8-3b to 8-5b: one line per ε_T and vote)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     figure, axes = plt.subplots(figsize=(7, 4.5))
-    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    x_key = {"eps": "epsilon_total", "kp": "k_p", "ks": "k_s"}[x_axis]
+    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
     for line in report["results"]:
-        groups.setdefault((line["plan"], line["vote"]), []).append(line)
+        if x_axis == "eps":
+            key: tuple[Any, ...] = (line["plan"], line["vote"])
+        else:
+            fixed = f"ks={line['k_s']}" if x_axis == "kp" else f"kp={line['k_p']}"
+            key = (f"{line['kind']} {fixed if line['kind'] == 'split' else ''}".strip(), line["vote"], f"ε_T={line['epsilon_total_requested']:g}")
+        groups.setdefault(key, []).append(line)
     noise_free = {(e["plan"], e["vote"]): e["auc"]["mean"] for e in report["noise_free_ensemble"]}
-    for (plan, vote), lines in sorted(groups.items()):
-        lines.sort(key=lambda r: r["epsilon_total"])
-        x = [r["epsilon_total"] for r in lines]
-        drawn = axes.errorbar(x, [r["auc"]["mean"] for r in lines], yerr=[r["auc"]["std"] for r in lines], marker="o", capsize=3, label=f"{plan}, {vote}")
-        if (plan, vote) in noise_free:
-            axes.axhline(noise_free[(plan, vote)], linestyle="--", color=drawn[0].get_color(), linewidth=1)
+    for key, lines in sorted(groups.items()):
+        lines.sort(key=lambda r: r[x_key])
+        x = [r[x_key] for r in lines]
+        drawn = axes.errorbar(x, [r["auc"]["mean"] for r in lines], yerr=[r["auc"]["std"] for r in lines], marker="o", capsize=3, label=", ".join(key))
+        if x_axis == "eps" and key in noise_free:
+            axes.axhline(noise_free[key], linestyle="--", color=drawn[0].get_color(), linewidth=1)
     for (name, auc), style in zip(report["baselines"].items(), (":", "-.", (0, (5, 5)))):
         axes.axhline(auc, linestyle=style, color="grey", linewidth=1, label=name)
-    axes.set_xlabel("ε_T (eq. 7.4, median estimation included)")
+    axes.set_xlabel({"eps": "ε_T (eq. 7.4, median estimation included)", "kp": "partitions k_p", "ks": "features per subset k_s"}[x_axis])
     axes.set_ylabel("ROC AUC on adult.test")
-    axes.set_title(f"UCI Adult, mean of {report['trials']} trials (dashed: exact histograms)")
+    axes.set_title(f"UCI Adult, mean ± std of {report['trials']} trials" + (" (dashed: exact histograms)" if x_axis == "eps" else ""))
     axes.legend(fontsize=7)
     figure.tight_layout()
     figure.savefig(path, dpi=120)
@@ -328,11 +336,12 @@ def experiment() -> None:
 @click.option("--baselines/--no-baselines", default=True, show_default=True)
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Write all results as JSON.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Draw AUC vs ε_T (PNG).")
+@click.option("--plot-x", type=click.Choice(["eps", "kp", "ks"]), default="eps", show_default=True, help="x axis of the plot: ε_T (Figure 8-2) or a swept k_p / k_s (Figures 8-3 to 8-5).")
 def adult(
     data_dir: Path, epsilons: tuple[float, ...], trials: int, plans: tuple[str, ...], kp: tuple[int, ...], ks: tuple[int, ...],
     kh: tuple[int, ...], median_peers: str | None, votes: tuple[str, ...], base: str, scoring: str, oracle: str,
     postprocess: str, quantiles: int, features: str | None, max_train_rows: int | None, seed: int, baselines: bool,
-    json_path: Path | None, plot_path: Path | None,
+    json_path: Path | None, plot_path: Path | None, plot_x: str,
 ) -> None:
     """UCI Adult: AUC against ε_T for the release plans, with baselines."""
     requests = plan_requests(plans, kp, ks, kh, median_peers)
@@ -363,7 +372,7 @@ def adult(
         json_path.write_text(json.dumps(report, indent=2, allow_nan=False) + "\n")
         click.echo(f"wrote {json_path}")
     if plot_path is not None:
-        plot_results(report, plot_path)
+        plot_results(report, plot_path, plot_x)
         click.echo(f"wrote {plot_path}")
     if any(not math.isfinite(r["auc"]["mean"]) for r in report["results"]):
         raise click.ClickException("some trials produced a non-finite AUC")

@@ -111,3 +111,17 @@ def test_smoke_on_a_subsample(tmp_path: Path, adult_dir: Path) -> None:
         assert line["auc"]["n"] == 2 and 0.5 < line["auc"]["mean"] <= 1.0
     assert 0.85 < report["baselines"]["logreg raw"] < 0.95
     assert plot_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_sweep_plots_put_the_swept_parameter_on_the_x_axis(tmp_path: Path) -> None:
+    from aggregator._experiment import plot_results
+
+    lines = [
+        {"plan": f"split kp={k_p} kh=2 ks=3", "kind": "split", "vote": "soft", "k_p": k_p, "k_s": 3, "epsilon_total": 1.0,
+         "epsilon_total_requested": 1.0, "auc": {"mean": 0.8 + k_p / 100, "std": 0.01}}
+        for k_p in (2, 5, 8)
+    ]
+    report = {"results": lines, "noise_free_ensemble": [], "baselines": {"logreg raw": 0.9}, "trials": 1}
+    for axis in ("eps", "kp", "ks"):
+        plot_results(report, tmp_path / f"{axis}.png", axis)
+        assert (tmp_path / f"{axis}.png").read_bytes()[:4] == b"\x89PNG"
