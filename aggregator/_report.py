@@ -41,7 +41,7 @@ def learn(state: RoundState, directory: Path, *, test_file: Path | None = None) 
         for index, subset in enumerate(subsets):
             survey = SurveyId.data(state.round_id, partition, index)
             blobs = state.store.reports(survey)
-            per_survey[str(survey)] = len(blobs)
+            per_survey[f"partition {partition} subset {index}"] = len(blobs)
             if not blobs:
                 continue
             oracle = state.data_oracle(partition, index)
@@ -53,6 +53,9 @@ def learn(state: RoundState, directory: Path, *, test_file: Path | None = None) 
     report: dict[str, Any] = {
         "round_id": state.round_id.hex(),
         "name": manifest.name,
+        "status": "done",
+        "partition_sizes": state.partition_sizes(),
+        "schedule": manifest.schedule.to_dict(),
         "counts": state.store.counts(),
         "rejected": state.store.rejections(),
         "accepted_by_survey": per_survey,
@@ -67,7 +70,12 @@ def learn(state: RoundState, directory: Path, *, test_file: Path | None = None) 
         report["model"] = MODEL_FILE
         if test_file is not None:
             report["utility"] = _utility(state, model, cut_points, test_file)
-    report["timings"] = {"learn_seconds": round(time.perf_counter() - started, 3)}
+    schedule = manifest.schedule
+    report["timings"] = {
+        "learn_seconds": round(time.perf_counter() - started, 3),
+        "learning_started_at": state.now(),
+        "lag_after_delivery_seconds": state.now() - schedule.end,
+    }
     write_report(report, directory)
     state.store.put_result("report", json.dumps(report, sort_keys=True).encode())
     return report
@@ -76,7 +84,7 @@ def learn(state: RoundState, directory: Path, *, test_file: Path | None = None) 
 def _privacy(state: RoundState) -> dict[str, Any]:
     manifest = state.manifest
     sizes = [size for size in state.partition_sizes() if size > 0]
-    central = None
+    central: dict[str, Any] | None = None
     if sizes:
         n = min(sizes)
         delta = 1.0 / (n * n) if n > 1 else 1.0

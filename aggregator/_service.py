@@ -234,7 +234,8 @@ async def serve_aggregator(
     app = build_app(state)
     try:
         async with trio.open_nursery() as nursery:
-            binds = await nursery.start(partial(hypercorn_serve, app, hyper, mode="asgi"))
+            # Starlette is an ASGI app; hypercorn's typing of ASGI callables is narrower than starlette's.
+            binds = await nursery.start(partial(hypercorn_serve, app, hyper, mode="asgi"))  # type: ignore[arg-type]
             listeners = await nursery.start(partial(trio.serve_tcp, sink.handle, config.sink_port, host=config.sink_host))
             sink_port = listeners[0].socket.getsockname()[1]
             task_status.started(BoundAddresses(binds[0], (config.sink_host, sink_port)))

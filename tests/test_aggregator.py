@@ -432,3 +432,32 @@ async def test_garbage_on_the_packet_sink_is_counted_and_harmless(served: Any) -
     status = json.loads((await get(addresses.http_url, "/v1/status")).content)
     assert any(key.startswith("link/") for key in status["counts"]), status
     assert status["phase"] == "registration"
+
+
+async def test_one_credential_per_peer_over_http(served: Any) -> None:
+    state, addresses, clock = served
+    peer, stranger = Peer(state, 1), Peer(state, 2)
+    peer.register()
+    Peer(state, 3).register()
+    clock.now = state.manifest.schedule.t_register_end
+    state.prepare()
+    partition = state.assignment()[bytes(peer.key.verify_key)]
+    request, issuance_state = begin_issuance(peer.public, peer.secret, partition)
+    body = CredentialRequest.create(peer.key, state.round_id, request.to_bytes()).to_json()
+    first = await post(addresses.http_url, "/v1/credential", body)
+    assert first.status_code == 200, first.text
+    assert first.json()["partition"] == partition
+    finish_issuance(issuance_state, bytes.fromhex(first.json()["response"]))
+    again = await post(addresses.http_url, "/v1/credential", body)
+    assert again.status_code == 409 and "already" in again.json()["error"]
+    request, _ = begin_issuance(stranger.public, stranger.secret, 0)
+    refused = await post(
+        addresses.http_url, "/v1/credential", CredentialRequest.create(stranger.key, state.round_id, request.to_bytes()).to_json()
+    )
+    assert refused.status_code == 403 and "roster" in refused.json()["error"]
+    # The roster now carries the revealed seed, which opens the manifest's commitment.
+    from protocol import RosterResponse, check_seed
+
+    roster = RosterResponse.from_json((await get(addresses.http_url, "/v1/roster")).content)
+    roster.verify(state.manifest.identity_key, state.round_id)
+    assert roster.seed is not None and check_seed(roster.seed, state.manifest.seed_commitment)
