@@ -29,8 +29,11 @@ REPORT_HTML = "report.html"
 MODEL_FILE = "model.pickle"
 
 
-def learn(state: RoundState, directory: Path, *, test_file: Path | None = None) -> dict[str, Any]:
-    """Fit the ensemble on the round's reports; write the model and the report files; return the report."""
+def learn(state: RoundState, now: int, directory: Path, *, test_file: Path | None = None) -> dict[str, Any]:
+    """Fit the ensemble on the round's reports; write the model and the report files; return the report.
+
+    ``now`` is when learning starts; runs in a worker thread, so it never reads the clock.
+    """
     from aggregator._ensemble import PartitionEnsemble, SubsetHistogram
 
     started = time.perf_counter()
@@ -48,7 +51,7 @@ def learn(state: RoundState, directory: Path, *, test_file: Path | None = None) 
             reports = oracle.decode_reports(blobs)
             counts = postprocess(oracle.estimate(reports), len(blobs), "norm-sub")
             histograms.append(SubsetHistogram.from_spec(spec, subset, counts, partition))
-    medians = state.medians()
+    medians = state.medians(now)
     cut_points = {name: [value] for name, value in (medians.medians.items() if medians else ())}
     report: dict[str, Any] = {
         "round_id": state.round_id.hex(),
@@ -73,8 +76,8 @@ def learn(state: RoundState, directory: Path, *, test_file: Path | None = None) 
     schedule = manifest.schedule
     report["timings"] = {
         "learn_seconds": round(time.perf_counter() - started, 3),
-        "learning_started_at": state.now(),
-        "lag_after_delivery_seconds": state.now() - schedule.end,
+        "learning_started_at": now,
+        "lag_after_delivery_seconds": now - schedule.end,
     }
     write_report(report, directory)
     state.store.put_result("report", json.dumps(report, sort_keys=True).encode())

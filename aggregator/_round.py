@@ -332,11 +332,11 @@ class RoundState:
             self.store.put_result(key, cached)
         return MedianThresholds.from_json(cached)
 
-    def medians(self) -> MedianResults | None:
+    def medians(self, now: int | None = None) -> MedianResults | None:
         """Final per-feature medians, once the last median sub-round's delivery window has closed."""
         m = self.manifest
         last_end = m.schedule.median[-1].t_r if m.median_rounds else m.schedule.t_issue_end
-        if self.now() < last_end:
+        if (self.now() if now is None else now) < last_end:
             return None
         cached = self.store.get_result("medians")
         if cached is None:
