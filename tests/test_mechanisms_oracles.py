@@ -74,13 +74,15 @@ def _all_outputs(oracle: FrequencyOracle) -> np.ndarray:
     """Every report the oracle can emit (not OLH, whose seed space is 2^62)."""
     if oracle.name == "grr":
         return np.arange(oracle.m).reshape(-1, 1)
+    if oracle.name == "hr":
+        return np.array([(row, bit) for row in range(oracle.rows) for bit in (0, 1)], dtype=np.int64)
     bits = np.array(list(itertools.product([0, 1], repeat=oracle.m)), dtype=np.uint8)
     if oracle.name == "ss":
         return bits[bits.sum(axis=1) == oracle.k]
     return bits
 
 
-@pytest.mark.parametrize("name", ["grr", "sue", "pq", "oue", "ss"])
+@pytest.mark.parametrize("name", ["grr", "sue", "pq", "oue", "ss", "hr"])
 @pytest.mark.parametrize(("epsilon", "m"), [(0.7, 5), (2.5, 6)])
 def test_output_distribution_is_exactly_epsilon_ldp(name: str, epsilon: float, m: int) -> None:
     oracle = make_oracle(name, epsilon, m)
@@ -93,7 +95,7 @@ def test_output_distribution_is_exactly_epsilon_ldp(name: str, epsilon: float, m
     assert worst == pytest.approx(math.exp(epsilon), rel=1e-9)
 
 
-@pytest.mark.parametrize("name", ["grr", "sue", "pq", "oue", "ss"])
+@pytest.mark.parametrize("name", ["grr", "sue", "pq", "oue", "ss", "hr"])
 def test_privatize_samples_the_stated_distribution(name: str) -> None:
     # Ties privatize() to log_likelihood(), on which the exact check relies:
     # chi-square goodness of fit of 40,000 reports of one value.
@@ -129,6 +131,14 @@ def test_olh_reports_the_true_bucket_with_the_stated_probability() -> None:
     hit = oracle.likelihood(reports)[:, 4] > oracle.likelihood(reports)[:, 4].min()
     p = oracle.p_bucket
     assert abs(hit.mean() - p) <= 4.5 * math.sqrt(p * (1 - p) / n)
+
+
+def test_hadamard_columns_agree_on_exactly_half_the_rows() -> None:
+    # The fact behind q = 1/2 (Harmony §3.2): distinct columns are orthogonal.
+    oracle = make_oracle("hr", 1.0, 12)
+    rows = np.arange(oracle.rows)[:, None]
+    signs = np.where(oracle._positive(rows, np.arange(oracle.m)[None, :]), 1, -1)
+    np.testing.assert_array_equal(signs.T @ signs, oracle.rows * np.eye(oracle.m, dtype=np.int64))
 
 
 def test_sue_and_pq_meet_their_thesis_definitions() -> None:
@@ -218,6 +228,10 @@ def test_decode_rejects_impossible_values() -> None:
     assert ss.k >= 1
     with pytest.raises(InvalidReport):
         ss.decode_reports([bytes([(1 << (ss.k + 1)) - 1])])  # k + 1 members
+    hr = make_oracle("hr", 1.0, 5)  # 8 Hadamard rows: (row, bit) packs into 0..15
+    assert hr.decode_reports([bytes([15])]).tolist() == [[7, 1]]
+    with pytest.raises(InvalidReport):
+        hr.decode_reports([bytes([16])])
     olh = make_oracle("olh", 1.0, 8)
     too_big_seed = (2**31 - 2) * (2**31 - 1)
     with pytest.raises(InvalidReport):
