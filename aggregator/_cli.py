@@ -112,8 +112,8 @@ def run(data_dir: Path, round_id: str | None, test_file: Path | None, linger: fl
     manifest = state.manifest
     host, port = manifest.aggregator_url.removeprefix("http://").rsplit(":", 1)
 
-    def on_learn(s: RoundState, now: int) -> dict[str, Any]:
-        report = learn(s, now, directory, test_file=test_file)
+    def on_learn(s: RoundState) -> dict[str, Any]:
+        report = learn(s, directory, test_file=test_file)
         return {"report": str(directory / "report.json"), "accepted": report["counts"]["accepted"]}
 
     config = AggregatorConfig(

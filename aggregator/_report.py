@@ -29,11 +29,13 @@ REPORT_HTML = "report.html"
 MODEL_FILE = "model.pickle"
 
 
-def learn(state: RoundState, now: int, directory: Path, *, test_file: Path | None = None) -> dict[str, Any]:
+def learn(state: RoundState, directory: Path, *, test_file: Path | None = None) -> dict[str, Any]:
     """Fit the ensemble on the round's reports; write the model and the report files; return the report.
 
-    ``now`` is when learning starts; runs in a worker thread, so it never reads the clock.
+    The driver runs it in a worker thread after setting ``state.learning_started_at``,
+    so it never reads the clock itself (trio's MockClock is only readable on the loop).
     """
+    now = state.learning_started_at if state.learning_started_at is not None else state.now()
     from aggregator._ensemble import PartitionEnsemble, SubsetHistogram
 
     started = time.perf_counter()

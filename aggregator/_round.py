@@ -105,6 +105,8 @@ class RoundState:
         self.numeric = self.spec.numeric_names
         self._manifest_json = signed.to_json()
         self._receipts_cache: tuple[int, bytes] | None = None
+        self.learning_started_at: int | None = None
+        """Set by the driver when the data phase's delivery window has closed."""
         self.link_errors: Counter[str] = Counter()
         """Packet-sink connections that ended in a link error, by reason (reported in the status counts)."""
 

@@ -56,7 +56,7 @@ class AggregatorConfig:
     verify_threads: int = 2
     verify_processes: int = 0
     linger: float = 0.0
-    on_learn: Callable[[RoundState, int], dict[str, Any]] | None = None
+    on_learn: Callable[[RoundState], dict[str, Any]] | None = None
 
 
 @dataclass(frozen=True)
@@ -189,12 +189,12 @@ async def wait_until(clock: Clock, when: float) -> None:
         await trio.sleep(remaining)
 
 
-async def drive_round(state: RoundState, on_learn: Callable[[RoundState, int], dict[str, Any]] | None = None) -> str:
+async def drive_round(state: RoundState, on_learn: Callable[[RoundState], dict[str, Any]] | None = None) -> str:
     """Take the round through its phases by the schedule; return ``"done"`` or ``"failed"``.
 
     Minimum participation is checked when registration and issuance close; a
     round that misses it ends at once with a clear status (DESIGN.md §3).
-    ``on_learn(state, now)`` runs in a worker thread after the data phase.
+    ``on_learn(state)`` runs in a worker thread after the data phase.
     """
     outcome = state.outcome()
     if outcome is not None:
@@ -217,7 +217,8 @@ async def drive_round(state: RoundState, on_learn: Callable[[RoundState, int], d
             state.medians()
     await wait_until(state.clock, schedule.data.t_r)
     # Learning takes seconds on a large round: off the event loop, so the API keeps answering.
-    detail = await trio.to_thread.run_sync(on_learn, state, state.now()) if on_learn is not None else {}
+    state.learning_started_at = state.now()
+    detail = await trio.to_thread.run_sync(on_learn, state) if on_learn is not None else {}
     state.finish("done", detail)
     return "done"
 

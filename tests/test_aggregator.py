@@ -312,7 +312,7 @@ async def test_phases_advance_by_the_schedule(tmp_path: Path, autojump_clock: tr
     async with trio.open_nursery() as nursery:
         nursery.start_soon(issue_when_open)
         learned: list[int] = []
-        outcome = await drive_round(state, lambda s, now: learned.append(now) or {"ok": True})
+        outcome = await drive_round(state, lambda s: learned.append(s.learning_started_at) or {"ok": True})
     assert outcome == "done" and learned == [state.manifest.schedule.data.t_r]
     assert seen == ["issuance"]
     assert state.status().phase == "done"
@@ -363,7 +363,7 @@ async def test_full_round_in_process_learns_and_reports(tmp_path: Path, autojump
     directory = home.round_dir(state.round_id)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(all_peers)
-        outcome = await drive_round(state, lambda s, now: learn(s, now, directory))
+        outcome = await drive_round(state, lambda s: learn(s, directory))
     assert outcome == "done"
     report = json.loads((directory / "report.json").read_text())
     assert report["counts"] == {"registered": 12, "credentials": 12, "accepted": 6 + 12}
