@@ -7,8 +7,9 @@ weight, not a property of the person). Every remaining feature is binary, as
 in the thesis (§7.2, "we reduced all ordinal features to binary variables"):
 numeric features are split at their privately estimated median, and each
 categorical is grouped by domain meaning, not by looking at the labels.
-``?`` (missing) goes with the group a missing answer most plausibly belongs
-to, so every raw value has a declared bin.
+``?`` (missing) is declared too, so every raw value has a bin: in
+workclass and occupation it joins the larger, lower-income group; in
+native-country it counts as non-US (the thesis's split has no third bin).
 """
 
 from __future__ import annotations

@@ -27,6 +27,9 @@ import numpy.typing as npt
 from sklearn.base import BaseEstimator, ClassifierMixin
 from sklearn.preprocessing import LabelEncoder
 from sklearn.tree import DecisionTreeClassifier
+# scikit-learn's declarative parameter validation, read by
+# BaseEstimator._validate_params. It lives in a private module, so a future
+# scikit-learn may move it; the estimator checks in tests/ would catch that.
 from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.multiclass import check_classification_targets, type_of_target
 from sklearn.utils.validation import check_is_fitted, check_random_state, validate_data

@@ -105,8 +105,10 @@ def plan_requests(plans: Sequence[str], kp: Sequence[int], ks: Sequence[int], kh
                     for k_h in kh or [THESIS_SPLIT["k_h"]]:
                         requests.append(PlanRequest(f"split kp={k_p} kh={k_h} ks={k_s}", "split", k_p, k_h, k_s, median_peers or "all"))
         elif kind == "one":
-            for k_s in ks or [None]:  # type: ignore[list-item]
-                for k_p in kp or [None]:  # type: ignore[list-item]
+            k_s_sweep: list[int | None] = list(ks) or [None]
+            k_p_sweep: list[int | None] = list(kp) or [None]
+            for k_s in k_s_sweep:
+                for k_p in k_p_sweep:
                     label = "one" + (f" kp={k_p}" if k_p else "") + (f" ks={k_s}" if k_s else "")
                     requests.append(PlanRequest(label, "one", k_p, 1, k_s, median_peers))
         else:
