@@ -121,24 +121,63 @@ def laplace_mechanism(value: np.ndarray | float, sensitivity: float, epsilon: fl
     return array + rng.laplace(0.0, sensitivity / epsilon, size=array.shape)
 
 
-def gaussian_sigma(sensitivity: float, epsilon: float, delta: float) -> float:
-    """The classic Gaussian mechanism's noise scale
-    ``sigma = sensitivity * sqrt(2 ln(1.25/delta)) / epsilon``, (eps, delta)-DP
-    for epsilon in (0, 1) (Dwork and Roth 2014, Thm A.1); outside that range the
-    theorem does not hold, so it is refused."""
+def _normal_cdf(x: float) -> float:
+    return 0.5 * math.erfc(-x / math.sqrt(2))
+
+
+def _analytic_gaussian_delta(sigma: float, sensitivity: float, epsilon: float) -> float:
+    # Balle and Wang 2018, Theorem 8: the exact delta of N(0, sigma^2) noise
+    # at this epsilon for a query of this L2 sensitivity.
+    a = sensitivity / (2 * sigma)
+    b = epsilon * sigma / sensitivity
+    return _normal_cdf(a - b) - math.exp(epsilon) * _normal_cdf(-a - b)
+
+
+def gaussian_sigma(sensitivity: float, epsilon: float, delta: float, *, method: str = "classic") -> float:
+    """The Gaussian mechanism's noise scale for (epsilon, delta)-DP.
+
+    ``"classic"``: ``sigma = sensitivity * sqrt(2 ln(1.25/delta)) / epsilon``
+    (Dwork and Roth 2014, Thm A.1), proven only for epsilon in (0, 1), so
+    other epsilons are refused. ``"analytic"``: the smallest sigma whose exact
+    privacy curve meets delta (Balle and Wang, "Improving the Gaussian
+    Mechanism for Differential Privacy", ICML 2018, Thm 8), for any epsilon,
+    found by bisection to a relative 1e-12.
+    """
     epsilon = check_epsilon(epsilon)
-    if epsilon >= 1.0:
-        raise ValueError(f"epsilon must be < 1 for the classic Gaussian mechanism, got {epsilon!r}")
     delta = check_probability(delta, "delta")
     sensitivity = check_epsilon(sensitivity, "sensitivity")
-    return sensitivity * math.sqrt(2 * math.log(1.25 / delta)) / epsilon
+    if method == "classic":
+        if epsilon >= 1.0:
+            raise ValueError(f"epsilon must be < 1 for the classic Gaussian mechanism, got {epsilon!r}")
+        return sensitivity * math.sqrt(2 * math.log(1.25 / delta)) / epsilon
+    if method != "analytic":
+        raise ValueError(f"method must be 'classic' or 'analytic', got {method!r}")
+    # delta(sigma) decreases in sigma: bracket, then bisect.
+    low, high = sensitivity, sensitivity
+    while _analytic_gaussian_delta(high, sensitivity, epsilon) > delta:
+        high *= 2
+    while _analytic_gaussian_delta(low, sensitivity, epsilon) <= delta and low > 1e-12 * sensitivity:
+        low /= 2
+    while high - low > 1e-12 * high:
+        middle = (low + high) / 2
+        if _analytic_gaussian_delta(middle, sensitivity, epsilon) > delta:
+            low = middle
+        else:
+            high = middle
+    return high
 
 
 def gaussian_mechanism(
-    value: np.ndarray | float, sensitivity: float, epsilon: float, delta: float, rng: np.random.Generator
+    value: np.ndarray | float,
+    sensitivity: float,
+    epsilon: float,
+    delta: float,
+    rng: np.random.Generator,
+    *,
+    method: str = "classic",
 ) -> np.ndarray:
     """``value`` plus N(0, sigma^2) noise with ``sigma = gaussian_sigma(...)``:
     (epsilon, delta)-DP for a query with that L2 sensitivity."""
-    sigma = gaussian_sigma(sensitivity, epsilon, delta)
+    sigma = gaussian_sigma(sensitivity, epsilon, delta, method=method)
     array = np.asarray(value, dtype=np.float64)
     return array + rng.normal(0.0, sigma, size=array.shape)

@@ -85,3 +85,23 @@ def test_gaussian_sigma_is_the_classic_formula_and_its_domain_is_enforced() -> N
     for delta in (0.0, 1.0, -1e-3):
         with pytest.raises(ValueError, match="delta"):
             gaussian_sigma(1.0, 0.5, delta)
+
+
+@pytest.mark.parametrize("epsilon", [0.3, 1.0, 3.0])
+def test_analytic_gaussian_sigma_meets_delta_exactly(epsilon: float) -> None:
+    # Independent check: the hockey-stick divergence between N(0, s^2) and
+    # N(1, s^2), integrated numerically, equals delta at the returned sigma.
+    delta = 1e-4
+    sigma = gaussian_sigma(1.0, epsilon, delta, method="analytic")
+    grid = np.linspace(-40 * sigma, 40 * sigma, 2_000_001)
+
+    def hockey_stick(s: float) -> float:
+        excess = np.maximum(stats.norm.pdf(grid, 0, s) - math.exp(epsilon) * stats.norm.pdf(grid, 1, s), 0)
+        return float(excess.sum() * (grid[1] - grid[0]))
+
+    assert hockey_stick(sigma) == pytest.approx(delta, rel=1e-4)
+    assert hockey_stick(0.99 * sigma) > delta  # and no smaller sigma would do
+    if epsilon < 1:
+        assert sigma < gaussian_sigma(1.0, epsilon, delta)  # tighter than the classic bound
+    with pytest.raises(ValueError, match="method"):
+        gaussian_sigma(1.0, epsilon, delta, method="rdp")
