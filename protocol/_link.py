@@ -16,7 +16,7 @@ A frame carries no length or type: every packet of a round has the same size
 (DESIGN.md §5), so the hello fixes the size once and a frame is just the next
 ``packet_size`` bytes. That keeps parsing total (there is nothing to parse but
 a count of bytes) and memory bounded (a connection never buffers more than
-``max_pending_frames + max_batch + 1`` frames plus one socket read).
+``max_pending_frames + 2 * max_batch`` frames plus one socket read).
 
 The receiver may acknowledge several frames after one durable write ("group
 commit"): ``serve_link`` hands every frame already read to ``on_packets`` in
@@ -47,7 +47,7 @@ HELLO_BYTES = _HELLO.size
 HELLO_REPLY_BYTES = _REPLY.size
 # Bytes asked of the socket per read: large enough that a batch of frames
 # costs few system calls, small enough to bound per-connection memory.
-_READ_CHUNK = 65536
+_READ_CHUNK = 131072
 
 
 class HelloStatus(enum.IntEnum):
@@ -106,7 +106,8 @@ class LinkLimits:
     ``frame_timeout``: once a frame has started, all of it must arrive within
     this, so a slow sender holds a connection slot for a bounded time.
     ``send_timeout``: writing acks (or the hello reply) must finish within it.
-    ``max_pending_frames``: frames read but not yet handed to ``on_packets``.
+    ``max_pending_frames``: frames read but not yet handed to ``on_packets``
+    (rounded down to whole batches, at least one).
     ``max_batch``: most frames handed to one ``on_packets`` call.
     """
 
@@ -243,6 +244,15 @@ class _ExactReader:
             return record
         raise LinkError(slow_reason, f"only {len(self._buffer)} of {size} bytes within {complete_timeout}s")
 
+    def take_complete(self, size: int, max_count: int) -> list[bytes]:
+        """Up to ``max_count`` complete ``size``-byte records already buffered (no waiting)."""
+        count = min(len(self._buffer) // size, max_count)
+        if count <= 0:
+            return []
+        block = bytes(self._buffer[: count * size])
+        del self._buffer[: count * size]
+        return [block[i * size : (i + 1) * size] for i in range(count)]
+
     async def read_available(self, max_size: int, *, deadline: float, reason: str) -> bytes | None:
         """Between 1 and ``max_size`` bytes by ``deadline``; None at end of stream."""
         if not self._buffer:
@@ -317,10 +327,13 @@ async def serve_link(
         raise LinkError("geometry-mismatch", f"hello for another geometry: {hello[5:]!r}")
 
     reader_error: list[LinkError] = []
-    send_frames, receive_frames = trio.open_memory_channel[bytes](limits.max_pending_frames)
+    # Items are lists of frames: every complete frame already buffered when
+    # one arrives, so frames that came together are committed together.
+    capacity = max(1, limits.max_pending_frames // limits.max_batch)
+    send_batches, receive_batches = trio.open_memory_channel[list[bytes]](capacity)
 
     async def read_frames() -> None:
-        async with send_frames:
+        async with send_batches:
             try:
                 while True:
                     frame = await reader.read_exactly(
@@ -332,30 +345,29 @@ async def serve_link(
                     )
                     if frame is None:
                         return
-                    await send_frames.send(frame)
+                    await send_batches.send([frame, *reader.take_complete(packet_size, limits.max_batch - 1)])
             except LinkError as exc:
                 reader_error.append(exc)
 
+    # Errors of the batch loop are kept and raised after the nursery closes, so
+    # callers see a bare LinkError, not an ExceptionGroup.
+    loop_error: list[BaseException] = []
     async with trio.open_nursery() as nursery:
         nursery.start_soon(read_frames)
         try:
-            async with receive_frames:
-                async for first in receive_frames:
-                    batch = [first]
-                    while len(batch) < limits.max_batch:
-                        try:
-                            batch.append(receive_frames.receive_nowait())
-                        except (trio.WouldBlock, trio.EndOfChannel):
-                            break
+            async with receive_batches:
+                async for batch in receive_batches:
                     statuses = await on_packets(batch)
                     if len(statuses) != len(batch):
                         raise RuntimeError(f"on_packets returned {len(statuses)} statuses for {len(batch)} frames")
                     stats.frames += len(batch)
                     stats.batches += 1
                     await _send_with_timeout(stream, bytes(int(s) for s in statuses), limits.send_timeout)
-        except BaseException:
+        except Exception as exc:
+            loop_error.append(exc)
             nursery.cancel_scope.cancel()
-            raise
+    if loop_error:
+        raise loop_error[0]
     if reader_error:
         raise reader_error[0]
 
@@ -448,9 +460,11 @@ class LinkClient:
             outstanding -= len(record)
 
     async def send_batch(self, packets: Sequence[bytes], *, give_up_at: float) -> list[AckStatus | None]:
-        """Send ``packets``; one status per packet, None where no ack came by ``give_up_at``.
+        """Send ``packets``; one status per packet, None where none was acknowledged.
 
-        ``give_up_at`` is in trio time (``trio.current_time()``). Raises
+        Retries (reconnecting, with backoff) start only before ``give_up_at``
+        (trio time, ``trio.current_time()``); the first attempt always runs,
+        bounded by the connect and ack timeouts. Raises
         ``ValueError`` for a packet of the wrong size (a caller bug).
         """
         for packet in packets:
@@ -459,21 +473,28 @@ class LinkClient:
         statuses: list[AckStatus] = []
         backoff = self._initial_backoff
         async with self._lock:
-            while len(statuses) < len(packets) and trio.current_time() < give_up_at:
+            # The first attempt always starts, even at or after give_up_at: a
+            # packet released at the very end of its window still gets sent.
+            # Each attempt is bounded by the connect and ack timeouts.
+            while len(statuses) < len(packets):
                 acked_before = len(statuses)
                 try:
-                    with trio.move_on_at(give_up_at):
-                        await self._attempt(packets[acked_before:], statuses)
-                        continue
-                    # give_up_at passed mid-attempt: the stream state is unknown.
-                    await self._drop_connection()
+                    await self._attempt(packets[acked_before:], statuses)
                 except LinkError:
                     self.failures += 1
                     await self._drop_connection()
                     if len(statuses) > acked_before:
                         backoff = self._initial_backoff
+                    if trio.current_time() >= give_up_at:
+                        break
                     await trio.sleep_until(min(give_up_at, trio.current_time() + backoff))
                     backoff = min(backoff * 2, self._max_backoff)
+                except BaseException:
+                    # Cancelled mid-attempt: the stream state is unknown.
+                    stream, self._stream, self._reader = self._stream, None, None
+                    if stream is not None:
+                        await trio.aclose_forcefully(stream)
+                    raise
         return [*statuses, *([None] * (len(packets) - len(statuses)))]
 
     async def aclose(self) -> None:

@@ -9,6 +9,7 @@ a timeout, so it is as hostile-input-safe as the link.
 from __future__ import annotations
 
 import logging
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -42,6 +43,11 @@ class RelayCounters:
     connections_open: int = 0
     forward_retries: int = 0
     held: int = 0
+    # Where the time goes (``anonml bench relay``): CPU seconds of Sphinx
+    # processing (thread time, so other processes' load does not count), and
+    # wall seconds of SQLite writes and commits (fsync waits included).
+    crypto_seconds: float = 0.0
+    store_seconds: float = 0.0
 
     def drop(self, reason: str, count: int = 1) -> None:
         self.dropped[reason] += count
@@ -51,12 +57,12 @@ def render_prometheus(counters: RelayCounters) -> str:
     """The counters in the Prometheus text format."""
     lines: list[str] = []
 
-    def metric(name: str, kind: str, help_text: str, samples: list[tuple[str, int]]) -> None:
+    def metric(name: str, kind: str, help_text: str, samples: list[tuple[str, int | float]]) -> None:
         lines.append(f"# HELP anonml_relay_{name} {help_text}")
         lines.append(f"# TYPE anonml_relay_{name} {kind}")
         lines.extend(f"anonml_relay_{name}{labels} {value}" for labels, value in samples)
 
-    def by_reason(counter: Counter[str]) -> list[tuple[str, int]]:
+    def by_reason(counter: Counter[str]) -> list[tuple[str, int | float]]:
         return [(f'{{reason="{reason}"}}', value) for reason, value in sorted(counter.items())]
 
     metric("packets_received_total", "counter", "Frames received on link connections.", [("", counters.received)])
@@ -68,6 +74,11 @@ def render_prometheus(counters: RelayCounters) -> str:
     metric("connections_refused_total", "counter", "Link connections closed at once (limit).",
            [("", counters.connections_refused)])
     metric("forward_retries_total", "counter", "Forwarding batches retried later.", [("", counters.forward_retries)])
+    metric("crypto_seconds_total", "counter", "Seconds spent in Sphinx processing.", [("", counters.crypto_seconds)])
+    metric("store_seconds_total", "counter", "Seconds spent in SQLite writes and commits.",
+           [("", counters.store_seconds)])
+    metric("process_cpu_seconds_total", "counter", "CPU seconds used by the relay process.",
+           [("", time.process_time())])
     metric("connections_open", "gauge", "Link connections open now.", [("", counters.connections_open)])
     metric("packets_held", "gauge", "Packets held now.", [("", counters.held)])
     return "\n".join(lines) + "\n"

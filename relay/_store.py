@@ -15,6 +15,7 @@ batch amortises the fsync (``synchronous=FULL``).
 from __future__ import annotations
 
 import sqlite3
+import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -63,19 +64,36 @@ class RelayStore:
         self._db.execute(f"PRAGMA synchronous={synchronous}")
         self._db.executescript(_SCHEMA)
         self._in_transaction = False
+        # Wall seconds spent inside SQLite (fsync waits included), for the
+        # relay's "where the time goes" figures.
+        self.busy_seconds = 0.0
+
+    def _execute(self, sql: str, parameters: tuple[object, ...] = ()) -> sqlite3.Cursor:
+        started = time.perf_counter()
+        try:
+            return self._db.execute(sql, parameters)
+        finally:
+            self.busy_seconds += time.perf_counter() - started
+
+    def _execute_many(self, sql: str, rows: list[tuple[object, ...]]) -> None:
+        started = time.perf_counter()
+        try:
+            self._db.executemany(sql, rows)
+        finally:
+            self.busy_seconds += time.perf_counter() - started
 
     @contextmanager
     def transaction(self) -> Iterator[None]:
         """One atomic, durable unit: committed on exit, rolled back on error."""
-        self._db.execute("BEGIN IMMEDIATE")
+        self._execute("BEGIN IMMEDIATE")
         self._in_transaction = True
         try:
             yield
         except BaseException:
-            self._db.execute("ROLLBACK")
+            self._execute("ROLLBACK")
             raise
         else:
-            self._db.execute("COMMIT")
+            self._execute("COMMIT")
         finally:
             self._in_transaction = False
 
@@ -86,7 +104,7 @@ class RelayStore:
     def record_tag(self, epoch: int, tag: bytes) -> bool:
         """Record ``tag`` for ``epoch``; False if it was already there (a replay)."""
         self._require_transaction()
-        cursor = self._db.execute("INSERT OR IGNORE INTO replay_tags (epoch, tag) VALUES (?, ?)", (epoch, tag))
+        cursor = self._execute("INSERT OR IGNORE INTO replay_tags (epoch, tag) VALUES (?, ?)", (epoch, tag))
         return cursor.rowcount == 1
 
     def tag_counts(self) -> dict[int, int]:
@@ -95,11 +113,11 @@ class RelayStore:
     def erase_epochs(self, epochs: Iterable[int]) -> None:
         """Erase the replay tags of ``epochs`` (their keys are gone)."""
         with self.transaction():
-            self._db.executemany("DELETE FROM replay_tags WHERE epoch = ?", [(e,) for e in epochs])
+            self._execute_many("DELETE FROM replay_tags WHERE epoch = ?", [(e,) for e in epochs])
 
     def insert_held(self, release_at: float, window_end: float, next_host: str, next_port: int, packet: bytes) -> int:
         self._require_transaction()
-        cursor = self._db.execute(
+        cursor = self._execute(
             "INSERT INTO held (release_at, window_end, next_host, next_port, packet) VALUES (?, ?, ?, ?, ?)",
             (release_at, window_end, next_host, next_port, packet),
         )
@@ -124,7 +142,7 @@ class RelayStore:
         for offset in range(0, len(row_ids), 500):
             chunk = row_ids[offset : offset + 500]
             marks = ",".join("?" * len(chunk))
-            rows = self._db.execute(
+            rows = self._execute(
                 f"SELECT id, release_at, window_end, next_host, next_port, packet FROM held WHERE id IN ({marks})",
                 tuple(chunk),
             ).fetchall()
@@ -132,16 +150,20 @@ class RelayStore:
         return found
 
     def delete(self, row_ids: Sequence[int]) -> None:
-        """Forget delivered or dropped packets (one transaction)."""
-        if row_ids:
+        """Forget delivered or dropped packets (in the open transaction, else in one of its own)."""
+        if not row_ids:
+            return
+        if self._in_transaction:
+            self._execute_many("DELETE FROM held WHERE id = ?", [(i,) for i in row_ids])
+        else:
             with self.transaction():
-                self._db.executemany("DELETE FROM held WHERE id = ?", [(i,) for i in row_ids])
+                self._execute_many("DELETE FROM held WHERE id = ?", [(i,) for i in row_ids])
 
     def reschedule(self, updates: Sequence[tuple[int, float]]) -> None:
         """Set new release times ``(row_id, release_at)`` (one transaction)."""
         if updates:
             with self.transaction():
-                self._db.executemany("UPDATE held SET release_at = ? WHERE id = ?", [(t, i) for i, t in updates])
+                self._execute_many("UPDATE held SET release_at = ? WHERE id = ?", [(t, i) for i, t in updates])
 
     def close(self) -> None:
         self._db.close()

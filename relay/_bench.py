@@ -1,0 +1,280 @@
+"""``anonml bench relay``: packets per second through a 3-relay cascade.
+
+Setup (DESIGN.md §11 "relay cost"). Three relays run as separate processes
+(``python -m relay._bench node``), each the real ``serve_relay`` with its
+SQLite store in a temporary directory, on loopback; this process sends
+pre-built packets to the first relay over one link connection and runs the
+final hop (a sink that removes the last Sphinx layer, :mod:`relay._sink`).
+Separate processes let the relays use both cores, as separate machines would.
+
+Zero-length windows. Every hop's window is ``[T, T]`` and each relay's clock
+is pinned at ``T`` (:class:`relay.PinnedClock`): every window is open for the
+whole run, so nothing waits and nothing is late; what is measured is pure
+processing: the link (hello, frames, acks), Sphinx processing, the SQLite
+WAL commit before each ack, the scheduler and forwarding.
+
+Beside the end-to-end rate it prints, from the same run: one X25519
+multiplication (the baseline, DESIGN.md §11), the isolated one-hop
+``process_packet`` cost (the ``anonml bench crypto`` figure), and each relay's
+own split of its time between Sphinx processing, SQLite, and the rest (link
+I/O, scheduling, Python overhead), read from its metrics endpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import click
+import trio
+
+from crypto import NodeAddress, PathHop, ReleaseWindow, SphinxGeometry, build_packet, generate_keypair, node_id_of
+from protocol import AckStatus, LinkClient
+from relay._clock import PinnedClock
+from relay._config import CONFIG_FILE, RelayConfig, load_config, render_config
+from relay._keys import KeyRing, create_identity, load_identity
+from relay._server import RelayStarted, serve_relay
+from relay._sink import FinalHopSink
+
+TARGET_PACKETS_PER_SECOND = 2000.0  # issue 5
+_RELAYS = 3
+_SEND_BATCH = 128
+_METRICS = ("packets_received_total", "packets_forwarded_total", "crypto_seconds_total", "store_seconds_total",
+            "process_cpu_seconds_total")
+
+
+# -- one relay process ---------------------------------------------------
+
+
+async def _run_node(data_dir: Path, pinned: int) -> None:
+    config = load_config(data_dir)
+    async with trio.open_nursery() as nursery:
+        started: RelayStarted = await nursery.start(
+            lambda task_status: serve_relay(config, clock=PinnedClock(pinned), task_status=task_status)
+        )
+        assert started.metrics is not None
+        print(json.dumps({"link": started.link[1], "metrics": started.metrics[1]}), flush=True)
+        # Exit when the parent closes our stdin (or dies): no orphan relays.
+        stdin = trio.lowlevel.FdStream(os.dup(sys.stdin.fileno()))
+        while await stdin.receive_some(1024):
+            pass
+        nursery.cancel_scope.cancel()
+
+
+# -- the parent ------------------------------------------------------------
+
+
+def _prepare_relay(data_dir: Path, pinned: int, synchronous: str, geometry: SphinxGeometry) -> tuple[bytes, bytes]:
+    """Initialise a relay data dir; returns (node_id, epoch public key at ``pinned``)."""
+    create_identity(data_dir)
+    config = RelayConfig(data_dir=data_dir, listen=("127.0.0.1", 0), metrics=("127.0.0.1", 0),
+                         max_hops=geometry.max_hops, packet_size=geometry.packet_size, synchronous=synchronous,
+                         log_level="WARNING")
+    (data_dir / CONFIG_FILE).write_text(render_config(config))
+    keyring = KeyRing(data_dir, epoch_seconds=config.key_epoch_seconds, grace_seconds=config.key_grace_seconds)
+    keyring.rotate(pinned)
+    node_id, _ = load_identity(data_dir)
+    return node_id, keyring.published(pinned)[0].public_key
+
+
+async def _scrape(port: int) -> dict[str, float]:
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    await stream.send_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+    body = b""
+    while chunk := await stream.receive_some(65536):
+        body += chunk
+    await stream.aclose()
+    values: dict[str, float] = {}
+    for line in body.decode().splitlines():
+        name, _, value = line.partition(" ")
+        short = name.removeprefix("anonml_relay_")
+        if short in _METRICS:
+            values[short] = float(value)
+    return values
+
+
+async def _drive(
+    geometry: SphinxGeometry, hops: list[tuple[bytes, bytes, int]], metrics_ports: list[int], pinned: int,
+    packets_count: int,
+) -> dict[str, Any]:
+    sink_private, sink_public = generate_keypair()
+    sink = FinalHopSink(geometry, sink_private)
+    async with trio.open_nursery() as nursery:
+        sink_address = await nursery.start(sink.serve)
+        window = ReleaseWindow(pinned, pinned)
+        path = [PathHop(node_id, NodeAddress("127.0.0.1", port), public, window) for node_id, public, port in hops]
+        path.append(PathHop(node_id_of(sink_public), NodeAddress(*sink_address), sink_public, window))
+        build_started = time.perf_counter()
+        packets = [build_packet(geometry, path, i.to_bytes(4, "big")) for i in range(packets_count)]
+        build_us = (time.perf_counter() - build_started) / packets_count * 1e6
+        client = LinkClient("127.0.0.1", hops[0][2], packet_size=geometry.packet_size,
+                            geometry_hash=geometry.canonical_hash())
+        before = [await _scrape(port) for port in metrics_ports]
+        started, cpu_started = time.perf_counter(), time.process_time()
+        for offset in range(0, packets_count, _SEND_BATCH):
+            batch = packets[offset : offset + _SEND_BATCH]
+            statuses = await client.send_batch(batch, give_up_at=trio.current_time() + 30)
+            if statuses != [AckStatus.ACCEPTED] * len(batch):
+                raise RuntimeError(f"first relay did not accept the batch at {offset}: {statuses[:5]!r}...")
+        with trio.fail_after(120):
+            await sink.wait_for(packets_count)
+        elapsed, driver_cpu = time.perf_counter() - started, time.process_time() - cpu_started
+        await client.aclose()
+        after = [await _scrape(port) for port in metrics_ports]
+        relays = [{k: a[k] - b.get(k, 0.0) for k in a} for a, b in zip(after, before)]
+        nursery.cancel_scope.cancel()
+    return {
+        "elapsed_s": elapsed,
+        "driver_cpu_s": driver_cpu,
+        "delivered": len(sink.arrivals),
+        "build_us": build_us,
+        "sink_process_us": sink.process_seconds / max(1, len(sink.arrivals)) * 1e6,
+        "relays": relays,
+    }
+
+
+def _crypto_figures(geometry: SphinxGeometry, repeat: int) -> dict[str, float]:
+    """The ``anonml bench crypto`` figures for this geometry, measured now
+    (empty if that benchmark's module is missing or changed its interface)."""
+    try:
+        from crypto._bench import measure_sphinx
+
+        return {str(k): float(v) for k, v in measure_sphinx(repeat, geometry).items()}
+    except (ImportError, TypeError):
+        return {}
+
+
+def _rounded(value: float | None, digits: int = 1) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+def run_benchmark(packets_count: int, synchronous: str, repeat: int) -> dict[str, Any]:
+    """Run the cascade benchmark and its same-run baselines; returns the figures."""
+    geometry = SphinxGeometry.create(max_hops=_RELAYS + 1, packet_size=2048)
+    crypto = _crypto_figures(geometry, repeat)
+    pinned = int(time.time())
+    processes: list[subprocess.Popen[str]] = []
+    with tempfile.TemporaryDirectory(prefix="anonml-bench-relay-") as work:
+        try:
+            hops: list[tuple[bytes, bytes, int]] = []
+            metrics_ports: list[int] = []
+            for index in range(_RELAYS):
+                data_dir = Path(work) / f"relay-{index}"
+                node_id, public = _prepare_relay(data_dir, pinned, synchronous, geometry)
+                process = subprocess.Popen(
+                    [sys.executable, "-m", "relay._bench", "node", str(data_dir), str(pinned)],
+                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                )
+                processes.append(process)
+                assert process.stdout is not None
+                ready = json.loads(process.stdout.readline())
+                hops.append((node_id, public, int(ready["link"])))
+                metrics_ports.append(int(ready["metrics"]))
+            run = trio.run(_drive, geometry, hops, metrics_ports, pinned, packets_count)
+        finally:
+            for process in processes:
+                if process.stdin is not None:
+                    process.stdin.close()
+            for process in processes:
+                try:
+                    process.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    process.send_signal(signal.SIGKILL)
+                    process.wait()
+    x25519_us = crypto.get("x25519_mult_us")
+    hop_us = crypto.get("sphinx_process_hop_us")
+    rate = run["delivered"] / run["elapsed_s"]
+    per_relay = []
+    for index, figures in enumerate(run["relays"]):
+        received = max(1.0, figures["packets_received_total"])
+        busy = {"cpu_us": figures["process_cpu_seconds_total"] / received * 1e6,
+                "crypto_cpu_us": figures["crypto_seconds_total"] / received * 1e6,
+                "sqlite_wall_us": figures["store_seconds_total"] / received * 1e6}
+        per_relay.append({
+            "relay": index,
+            "received": int(figures["packets_received_total"]),
+            "forwarded": int(figures["packets_forwarded_total"]),
+            **{k: round(v, 1) for k, v in busy.items()},
+        })
+    wall_per_packet_us = run["elapsed_s"] / max(1, run["delivered"]) * 1e6
+    # CPU of every process of the cascade per delivered packet: what the
+    # machine would sustain with all its cores free for this (the machine is
+    # shared, so the wall-clock rate above also pays for others' load).
+    cpu_per_packet_us = (sum(r["cpu_us"] for r in per_relay)
+                         + run["driver_cpu_s"] / max(1, run["delivered"]) * 1e6)
+    return {
+        "setup": f"{_RELAYS} relays as separate processes + final-hop sink in the driver, loopback TCP, "
+                 f"zero-length windows (clocks pinned), {geometry.packet_size}-byte packets, "
+                 f"SQLite WAL synchronous={synchronous}, {os.cpu_count()} CPUs",
+        "packets": packets_count,
+        "delivered": run["delivered"],
+        "elapsed_s": round(run["elapsed_s"], 3),
+        "packets_per_second": round(rate, 1),
+        "target_packets_per_second": TARGET_PACKETS_PER_SECOND,
+        "meets_target": rate >= TARGET_PACKETS_PER_SECOND,
+        "wall_us_per_packet": round(wall_per_packet_us, 1),
+        "baseline_x25519_us": _rounded(x25519_us, 2),
+        "isolated_process_hop_us": _rounded(hop_us),
+        "isolated_process_hop_x_x25519": _rounded(hop_us / x25519_us, 2) if hop_us and x25519_us else None,
+        "isolated_process_final_us": _rounded(crypto.get("sphinx_process_final_us")),
+        "relay_crypto_x_x25519": [
+            round(r["crypto_cpu_us"] / x25519_us, 2) if x25519_us else None for r in per_relay
+        ],
+        "driver_cpu_us_per_packet": round(run["driver_cpu_s"] / max(1, run["delivered"]) * 1e6, 1),
+        "cpu_us_per_packet_all_processes": round(cpu_per_packet_us, 1),
+        "cpu_bound_capacity_packets_per_second": round((os.cpu_count() or 1) / cpu_per_packet_us * 1e6, 1),
+        "sink_process_us": round(run["sink_process_us"], 1),
+        "build_packet_us": round(run["build_us"], 1),
+        "per_relay": per_relay,
+    }
+
+
+@click.command("relay")
+@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
+@click.option("--packets", default=3000, show_default=True, type=click.IntRange(min=_SEND_BATCH),
+              help="Packets sent through the cascade.")
+@click.option("--synchronous", type=click.Choice(["FULL", "NORMAL"]), default="FULL", show_default=True,
+              help="The relays' SQLite synchronous mode (FULL survives power loss).")
+@click.option("--repeat", default=500, show_default=True, type=click.IntRange(min=10),
+              help="Calls per isolated crypto figure.")
+def bench_relay(as_json: bool, packets: int, synchronous: str, repeat: int) -> None:
+    """Packets/s through 3 relays on loopback with zero-length windows, and where the time goes."""
+    result = run_benchmark(packets, synchronous, repeat)
+    if as_json:
+        click.echo(json.dumps(result, indent=2))
+        return
+    click.echo(result["setup"])
+    verdict = "meets" if result["meets_target"] else "MISSES"
+    click.echo(f"end to end: {result['packets_per_second']:.0f} packets/s ({result['delivered']}/{result['packets']} "
+               f"in {result['elapsed_s']} s; {verdict} the {result['target_packets_per_second']:.0f}/s target)")
+    click.echo(f"baseline: one X25519 multiplication {result['baseline_x25519_us']} µs")
+    click.echo(f"isolated process_packet (bench crypto): {result['isolated_process_hop_us']} µs per hop "
+               f"= {result['isolated_process_hop_x_x25519']} x X25519; final hop {result['isolated_process_final_us']} µs")
+    click.echo(f"sink (final layer, in run): {result['sink_process_us']} µs per packet")
+    click.echo(f"CPU per packet, all 4 processes: {result['cpu_us_per_packet_all_processes']} µs "
+               f"(driver incl. sink and sender {result['driver_cpu_us_per_packet']} µs) -> CPU-bound capacity "
+               f"{result['cpu_bound_capacity_packets_per_second']:.0f} packets/s on {os.cpu_count()} idle cores")
+    click.echo("per relay, µs per packet: process CPU | of it Sphinx CPU | SQLite wall (inserts, commits, deletes)")
+    for relay_figures in result["per_relay"]:
+        click.echo(f"  relay {relay_figures['relay']}: {relay_figures['cpu_us']:8.1f} | {relay_figures['crypto_cpu_us']:8.1f}"
+                   f" | {relay_figures['sqlite_wall_us']:8.1f}   (received {relay_figures['received']}, "
+                   f"forwarded {relay_figures['forwarded']})")
+
+
+def _node_main(argv: list[str]) -> None:
+    """``python -m relay._bench node DATA_DIR PINNED``: one benchmark relay."""
+    if len(argv) != 3 or argv[0] != "node":
+        raise SystemExit("usage: python -m relay._bench node DATA_DIR PINNED_UNIX_SECONDS")
+    trio.run(_run_node, Path(argv[1]), int(argv[2]))
+
+
+if __name__ == "__main__":
+    _node_main(sys.argv[1:])
