@@ -111,7 +111,7 @@ class AggregatorClient:
             self.retries += 1
             # Full jitter: thousands of peers retrying together must not come back in step.
             await trio.sleep(random.uniform(0, backoff))
-            backoff = min(backoff * 2, 5.0)
+            backoff = min(backoff * 2, 2.0)
 
     async def _get(self, path: str, parse: Callable[[bytes], T]) -> T | None:
         response = await self._call("GET", path)
