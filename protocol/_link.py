@@ -372,6 +372,23 @@ async def serve_link(
         raise reader_error[0]
 
 
+class _Connection:
+    """One connected stream of a :class:`LinkClient` and its ack order.
+
+    Batches are written in ticket order under the client's write lock, and
+    their acks (which the receiver sends in frame order) are read in the same
+    ticket order: ``served`` is the ticket whose acks are read next.
+    """
+
+    def __init__(self, stream: trio.SocketStream, reader: _ExactReader) -> None:
+        self.stream = stream
+        self.reader = reader
+        self.issued = 0
+        self.served = 0
+        self.turn = trio.Event()
+        self.broken = False
+
+
 class LinkClient:
     """The sending side of a link: one reused connection to one neighbour.
 
@@ -380,7 +397,12 @@ class LinkClient:
     only the frames not yet acknowledged, until ``give_up_at``. A frame may
     thus reach the receiver twice (its ack was lost); the receiver's replay
     cache rejects the copy, which is harmless because the first copy was
-    durably accepted. One caller at a time per client (calls are serialised).
+    durably accepted.
+
+    Several tasks may call :meth:`send_batch` at once: their batches are
+    pipelined on the one connection (the next batch is written while earlier
+    ones wait for their acks), which keeps a receiver that commits batch by
+    batch busy instead of idle for a round trip per batch.
     """
 
     def __init__(
@@ -404,15 +426,15 @@ class LinkClient:
         self._ack_timeout = ack_timeout
         self._initial_backoff = initial_backoff
         self._max_backoff = max_backoff
-        self._stream: trio.SocketStream | None = None
-        self._reader: _ExactReader | None = None
-        self._lock = trio.Lock()
+        self._connection: _Connection | None = None
+        self._write_lock = trio.Lock()
         self.connects = 0
         self.failures = 0
 
-    async def _connect(self) -> tuple[trio.SocketStream, _ExactReader]:
-        if self._stream is not None and self._reader is not None:
-            return self._stream, self._reader
+    async def _connect(self) -> _Connection:
+        """The open connection, or a new one (hello exchanged); call under the write lock."""
+        if self._connection is not None:
+            return self._connection
         try:
             with trio.fail_after(self._connect_timeout):
                 stream = await trio.open_tcp_stream(self.host, self.port)
@@ -434,30 +456,55 @@ class LinkClient:
             if status is not HelloStatus.OK:
                 raise LinkError("geometry-mismatch", f"{self.host}:{self.port} refused the hello: {status.name}")
         except BaseException:
-            await stream.aclose()
+            await trio.aclose_forcefully(stream)
             raise
-        self._stream, self._reader = stream, reader
+        self._connection = _Connection(stream, reader)
         self.connects += 1
-        return stream, reader
+        return self._connection
 
-    async def _drop_connection(self) -> None:
-        stream, self._stream, self._reader = self._stream, None, None
-        if stream is not None:
-            await stream.aclose()
+    async def _break(self, connection: _Connection) -> None:
+        """Give up ``connection``: every batch waiting on it fails and is retried."""
+        if self._connection is connection:
+            self._connection = None
+        if not connection.broken:
+            connection.broken = True
+            connection.turn.set()
+            await trio.aclose_forcefully(connection.stream)
 
     async def _attempt(self, frames: Sequence[bytes], statuses: list[AckStatus]) -> None:
         """Send ``frames`` on the current connection, appending their acks to ``statuses``."""
-        stream, reader = await self._connect()
-        await _send_with_timeout(stream, b"".join(frames), self._ack_timeout)
-        outstanding = len(frames)
-        while outstanding:
-            record = await reader.read_available(
-                outstanding, deadline=trio.current_time() + self._ack_timeout, reason="ack-timeout"
-            )
-            if record is None:
-                raise LinkError("truncated", f"{self.host}:{self.port} closed with {outstanding} frames unacknowledged")
-            statuses.extend(parse_acks(record))
-            outstanding -= len(record)
+        async with self._write_lock:
+            connection = await self._connect()
+            ticket = connection.issued
+            connection.issued += 1
+            try:
+                await _send_with_timeout(connection.stream, b"".join(frames), self._ack_timeout)
+            except BaseException:
+                await self._break(connection)
+                raise
+        try:
+            while connection.served != ticket and not connection.broken:
+                await connection.turn.wait()
+            if connection.broken:
+                raise LinkError("broken", f"connection to {self.host}:{self.port} failed before these acks")
+            outstanding = len(frames)
+            while outstanding:
+                record = await connection.reader.read_available(
+                    outstanding, deadline=trio.current_time() + self._ack_timeout, reason="ack-timeout"
+                )
+                if record is None:
+                    raise LinkError(
+                        "truncated", f"{self.host}:{self.port} closed with {outstanding} frames unacknowledged"
+                    )
+                statuses.extend(parse_acks(record))
+                outstanding -= len(record)
+        except BaseException:
+            # A failed or cancelled read leaves the ack stream out of step.
+            await self._break(connection)
+            raise
+        connection.served += 1
+        connection.turn.set()
+        connection.turn = trio.Event()
 
     async def send_batch(self, packets: Sequence[bytes], *, give_up_at: float) -> list[AckStatus | None]:
         """Send ``packets``; one status per packet, None where none was acknowledged.
@@ -472,31 +519,24 @@ class LinkClient:
                 raise ValueError(f"packet must be {self.packet_size} bytes, got {len(packet)}")
         statuses: list[AckStatus] = []
         backoff = self._initial_backoff
-        async with self._lock:
-            # The first attempt always starts, even at or after give_up_at: a
-            # packet released at the very end of its window still gets sent.
-            # Each attempt is bounded by the connect and ack timeouts.
-            while len(statuses) < len(packets):
-                acked_before = len(statuses)
-                try:
-                    await self._attempt(packets[acked_before:], statuses)
-                except LinkError:
-                    self.failures += 1
-                    await self._drop_connection()
-                    if len(statuses) > acked_before:
-                        backoff = self._initial_backoff
-                    if trio.current_time() >= give_up_at:
-                        break
-                    await trio.sleep_until(min(give_up_at, trio.current_time() + backoff))
-                    backoff = min(backoff * 2, self._max_backoff)
-                except BaseException:
-                    # Cancelled mid-attempt: the stream state is unknown.
-                    stream, self._stream, self._reader = self._stream, None, None
-                    if stream is not None:
-                        await trio.aclose_forcefully(stream)
-                    raise
+        # The first attempt always starts, even at or after give_up_at: a
+        # packet released at the very end of its window still gets sent.
+        # Each attempt is bounded by the connect and ack timeouts.
+        while len(statuses) < len(packets):
+            acked_before = len(statuses)
+            try:
+                await self._attempt(packets[acked_before:], statuses)
+            except LinkError:
+                self.failures += 1
+                if len(statuses) > acked_before:
+                    backoff = self._initial_backoff
+                if trio.current_time() >= give_up_at:
+                    break
+                await trio.sleep_until(min(give_up_at, trio.current_time() + backoff))
+                backoff = min(backoff * 2, self._max_backoff)
         return [*statuses, *([None] * (len(packets) - len(statuses)))]
 
     async def aclose(self) -> None:
-        async with self._lock:
-            await self._drop_connection()
+        async with self._write_lock:
+            if self._connection is not None:
+                await self._break(self._connection)

@@ -43,10 +43,10 @@ class RelayCounters:
     connections_open: int = 0
     forward_retries: int = 0
     held: int = 0
-    # Where the time goes (``anonml bench relay``): CPU seconds of Sphinx
-    # processing (thread time, so other processes' load does not count), and
-    # wall seconds of SQLite writes and commits (fsync waits included).
-    crypto_seconds: float = 0.0
+    # Where the time goes (``anonml bench relay``): CPU seconds of intake
+    # (Sphinx processing, replay tags and stores, commits), and wall seconds
+    # inside SQLite (fsync waits included).
+    intake_cpu_seconds: float = 0.0
     store_seconds: float = 0.0
 
     def drop(self, reason: str, count: int = 1) -> None:
@@ -74,7 +74,8 @@ def render_prometheus(counters: RelayCounters) -> str:
     metric("connections_refused_total", "counter", "Link connections closed at once (limit).",
            [("", counters.connections_refused)])
     metric("forward_retries_total", "counter", "Forwarding batches retried later.", [("", counters.forward_retries)])
-    metric("crypto_seconds_total", "counter", "Seconds spent in Sphinx processing.", [("", counters.crypto_seconds)])
+    metric("intake_cpu_seconds_total", "counter", "CPU seconds of intake: Sphinx processing and SQLite writes.",
+           [("", counters.intake_cpu_seconds)])
     metric("store_seconds_total", "counter", "Seconds spent in SQLite writes and commits.",
            [("", counters.store_seconds)])
     metric("process_cpu_seconds_total", "counter", "CPU seconds used by the relay process.",

@@ -265,3 +265,53 @@ def test_wrong_size_packet_is_a_caller_error() -> None:
             await client.send_batch([b"short"], give_up_at=trio.current_time() + 1)
 
     trio.run(main)
+
+
+class FlakyRecorder(Recorder):
+    """Slow to commit; fails (dropping the connection unacknowledged) on its 3rd batch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    async def __call__(self, frames: list[bytes]) -> Sequence[AckStatus]:
+        self.calls += 1
+        await trio.sleep(0.02)
+        if self.calls == 3:
+            raise RuntimeError("simulated crash before commit")
+        return await super().__call__(frames)
+
+
+async def test_concurrent_batches_are_pipelined_on_one_connection_and_survive_a_break() -> None:
+    recorder = FlakyRecorder()
+
+    async def handler(stream: trio.SocketStream) -> None:
+        try:
+            await serve_link(stream, recorder, packet_size=SIZE, geometry_hash=GEOMETRY, limits=LIMITS)
+        except (LinkError, RuntimeError):
+            pass
+        finally:
+            await stream.aclose()
+
+    results: dict[int, list[AckStatus | None]] = {}
+    async with trio.open_nursery() as nursery:
+        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        nursery.start_soon(trio.serve_listeners, handler, listeners)
+        client = LinkClient("127.0.0.1", listeners[0].socket.getsockname()[1], packet_size=SIZE,
+                            geometry_hash=GEOMETRY, initial_backoff=0.01)
+
+        async def sender(batch: int) -> None:
+            frames = [frame(batch * 100 + i, accept=(batch + i) % 2 == 0) for i in range(8)]
+            results[batch] = await client.send_batch(frames, give_up_at=trio.current_time() + 10)
+
+        async with trio.open_nursery() as senders:
+            for batch in range(6):
+                senders.start_soon(sender, batch)
+        await client.aclose()
+        nursery.cancel_scope.cancel()
+    for batch in range(6):  # each batch got its own acks, in its own frame order
+        assert results[batch] == [
+            AckStatus.ACCEPTED if (batch + i) % 2 == 0 else AckStatus.REJECTED for i in range(8)
+        ]
+    # All six shared one connection until the break, then one more.
+    assert client.connects == 2 and client.failures >= 1
