@@ -29,6 +29,7 @@ ROLE_COMMANDS: dict[str, str] = {
 BENCH_COMMANDS: dict[str, str] = {
     "mechanisms": "mechanisms._bench:bench_mechanisms",
     "crypto": "crypto._bench:bench_crypto",
+    "relay": "relay._bench:bench_relay",
 }
 
 
