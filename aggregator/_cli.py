@@ -89,7 +89,7 @@ def _latest_round(home: AggregatorHome) -> str:
 @_data_dir
 @click.option("--round", "round_id", default=None, help="Round id (default: the newest round).")
 @click.option("--test-file", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None,
-              help="Labelled held-out file (UCI Adult format) to measure utility on.")
+              help="Labelled held-out file to measure utility on: CSV with a header naming the features and the label, or UCI Adult format.")
 @click.option("--linger", type=float, default=0.0, help="Keep serving this many seconds after the round ends.")
 @click.option("--threads", type=click.IntRange(1, 64), default=2, help="Packet batches processed at once (worker threads).")
 @click.option("--processes", type=click.IntRange(0, 64), default=0,

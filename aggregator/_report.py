@@ -10,19 +10,26 @@ utility on an operator-supplied labelled test file, and timings.
 from __future__ import annotations
 
 import base64
+import csv
 import html
 import io
 import json
+import math
 import pickle
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 
 from mechanisms import postprocess, shuffle_amplified_epsilon
-from protocol import SurveyId
+from protocol import FeatureSpec, SurveyId
 
 from aggregator._round import RoundState
+
+if TYPE_CHECKING:
+    from aggregator._data import Table
 
 REPORT_JSON = "report.json"
 REPORT_HTML = "report.html"
@@ -106,12 +113,60 @@ def _privacy(state: RoundState) -> dict[str, Any]:
     }
 
 
+MAX_TEST_ROWS = 10_000_000
+
+
+def read_labelled_csv(path: Path, spec: FeatureSpec) -> Table:
+    """A held-out table as CSV with a header naming every feature and the label.
+
+    Raises DataError naming the line of the first malformed row.
+    """
+    from aggregator._data import DataError, Table
+
+    needed = [*spec.names, spec.label.name]
+    numeric = set(spec.numeric_names)
+    values: dict[str, list[Any]] = {name: [] for name in needed}
+    try:
+        with path.open("r", encoding="utf-8", newline="") as handle:
+            reader = csv.DictReader(handle)
+            missing = [name for name in needed if name not in (reader.fieldnames or [])]
+            if missing:
+                raise DataError(f"{path.name}:1: header lacks columns {missing!r}")
+            for row in reader:
+                line = reader.line_num
+                if line > MAX_TEST_ROWS:
+                    raise DataError(f"{path.name}:{line}: more than {MAX_TEST_ROWS} rows")
+                for name in needed:
+                    field = (row.get(name) or "").strip()
+                    if not field:
+                        raise DataError(f"{path.name}:{line}: empty field {name!r}")
+                    if name in numeric:
+                        try:
+                            number = float(field)
+                        except ValueError:
+                            raise DataError(f"{path.name}:{line}: {name!r} is not a number: {field[:40]!r}") from None
+                        if not math.isfinite(number):
+                            raise DataError(f"{path.name}:{line}: {name!r} is not finite: {field[:40]!r}")
+                        values[name].append(number)
+                    else:
+                        values[name].append(field)
+    except (UnicodeDecodeError, csv.Error) as exc:
+        raise DataError(f"{path.name}: not a readable CSV file ({exc})") from None
+    if not values[spec.label.name]:
+        raise DataError(f"{path.name}: no data rows")
+    columns = {
+        name: np.asarray(values[name], dtype=np.float64 if name in numeric else str) for name in spec.names
+    }
+    return Table(columns, np.asarray(values[spec.label.name], dtype=str))
+
+
 def _utility(state: RoundState, model: Any, cut_points: dict[str, list[float]], test_file: Path) -> dict[str, Any]:
+    """AUC of the published model on a labelled held-out file: CSV with a header, or UCI Adult's format."""
     from sklearn.metrics import roc_auc_score
 
     from aggregator._data import read_adult_file
 
-    table = read_adult_file(test_file)
+    table = read_labelled_csv(test_file, state.spec) if test_file.suffix == ".csv" else read_adult_file(test_file)
     bins = state.spec.bin_columns(table.columns, cut_points)
     labels = state.spec.label.encode(table.labels)
     scores = model.decision_function(bins)

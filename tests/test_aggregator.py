@@ -361,9 +361,14 @@ async def test_full_round_in_process_learns_and_reports(tmp_path: Path, autojump
         assert process_batch(state, frames, state.now()) == ["accepted"] * len(peers)
 
     directory = home.round_dir(state.round_id)
+    test_file = tmp_path / "held-out.csv"
+    rows = ["colour,shape,size,y"] + [
+        f"{c},{sh},{z},{int(c == 'red')}" for c in ("red", "green", "blue") for sh in ("round", "square") for z in (1, 9)
+    ]
+    test_file.write_text("\n".join(rows) + "\n")
     async with trio.open_nursery() as nursery:
         nursery.start_soon(all_peers)
-        outcome = await drive_round(state, lambda s: learn(s, directory))
+        outcome = await drive_round(state, lambda s: learn(s, directory, test_file=test_file))
     assert outcome == "done"
     report = json.loads((directory / "report.json").read_text())
     assert report["counts"] == {"registered": 12, "credentials": 12, "accepted": 6 + 12}
@@ -372,6 +377,22 @@ async def test_full_round_in_process_learns_and_reports(tmp_path: Path, autojump
     assert sum(report["accepted_by_survey"].values()) == 12
     assert report["privacy"]["eps_total_local"] == state.manifest.eps_total
     assert (directory / "model.pickle").is_file() and (directory / "report.html").is_file()
+    assert report["utility"]["rows"] == 12 and 0.0 <= report["utility"]["auc"] <= 1.0
+
+
+def test_malformed_test_file_names_its_line(tmp_path: Path) -> None:
+    from aggregator._data import DataError
+    from aggregator._report import read_labelled_csv
+    from protocol import FeatureSpec
+
+    spec = FeatureSpec.from_dict({"features": spec_document()["task"]["features"], "label": spec_document()["task"]["label"]})
+    path = tmp_path / "bad.csv"
+    path.write_text("colour,shape,y\nred,round,1\ngreen,,0\n")
+    with pytest.raises(DataError, match=r"bad.csv:3: empty field 'shape'"):
+        read_labelled_csv(path, spec)
+    path.write_text("colour,y\nred,1\n")
+    with pytest.raises(DataError, match="header lacks"):
+        read_labelled_csv(path, spec)
 
 
 def test_process_pool_verifier_agrees_with_in_thread(tmp_path: Path) -> None:
