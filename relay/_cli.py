@@ -46,7 +46,8 @@ def _address(value: str, what: str) -> tuple[str, int]:
 @_DATA_DIR
 @click.option("--listen", required=True, help="IP:PORT the link server binds, e.g. 127.0.0.1:9000.")
 @click.option("--advertise", default=None, help="IP:PORT other nodes use (default: --listen).")
-@click.option("--metrics", default=None, help="IP:PORT for the Prometheus endpoint (default: off).")
+@click.option("--metrics", default=None,
+              help="Prometheus endpoint: PORT (on 127.0.0.1) or IP:PORT (default: off).")
 @click.option("--max-hops", default=5, show_default=True, type=click.IntRange(1, 32), help="Geometry: routing slots.")
 @click.option("--packet-size", default=2048, show_default=True, type=click.IntRange(1), help="Geometry: bytes.")
 def init(data_dir: Path, listen: str, advertise: str | None, metrics: str | None, max_hops: int,
@@ -59,7 +60,8 @@ def init(data_dir: Path, listen: str, advertise: str | None, metrics: str | None
             data_dir=data_dir,
             listen=_address(listen, "--listen"),
             advertise=_address(advertise, "--advertise") if advertise else None,
-            metrics=_address(metrics, "--metrics") if metrics else None,
+            metrics=_address(f"127.0.0.1:{metrics}" if metrics.isdigit() else metrics, "--metrics")
+            if metrics else None,
             max_hops=max_hops,
             packet_size=packet_size,
         )

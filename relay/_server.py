@@ -143,7 +143,9 @@ class Relay:
         self._schedule: list[tuple[float, int]] = []
         self._wakeup = trio.Event()
         self._tag_counts: dict[int, int] = store.tag_counts()
-        self._neighbours: set[tuple[str, int]] = set()
+        # Held (or in-flight) packets per next hop: bounds the next hops in use
+        # by max_neighbours, and tells which forwarders are idle.
+        self._neighbours: dict[tuple[str, int], int] = {}
         self._forwarders: dict[tuple[str, int], trio.MemorySendChannel[HeldPacket]] = {}
         self._nursery: trio.Nursery | None = None
         self._finished: list[int] = []
@@ -184,7 +186,7 @@ class Relay:
         if expired:
             self.counters.drop("expired-while-down", len(expired))
         self.counters.held = len(self._schedule)
-        self._neighbours.update(self.store.neighbours())
+        self._neighbours = self.store.neighbours()
         log_event(logger, logging.INFO, "recovered", held=len(self._schedule), redrawn=len(redrawn),
                   expired=len(expired))
 
@@ -234,11 +236,10 @@ class Relay:
             self.counters.drop("late")
             return AckStatus.REJECTED
         neighbour = (result.next_address.host, result.next_address.port)
-        if neighbour not in self._neighbours:
-            if len(self._neighbours) >= self.config.max_neighbours:
-                self.counters.drop("too-many-neighbours")
-                return AckStatus.REJECTED
-            self._neighbours.add(neighbour)
+        if neighbour not in self._neighbours and len(self._neighbours) >= self.config.max_neighbours:
+            self.counters.drop("too-many-neighbours")
+            return AckStatus.REJECTED
+        self._neighbours[neighbour] = self._neighbours.get(neighbour, 0) + 1
         release_at = self.uniform(max(now, float(window.start)), float(window.end))
         row_id = self.store.insert_held(release_at, float(window.end), neighbour[0], neighbour[1], result.packet)
         scheduled.append((release_at, row_id))
@@ -332,10 +333,20 @@ class Relay:
             channel = self._forwarders.get(neighbour)
             if channel is None:
                 assert self._nursery is not None  # attach() runs before the scheduler starts
+                self._retire_idle_forwarders()
                 channel, receive = trio.open_memory_channel[HeldPacket](math.inf)
                 self._forwarders[neighbour] = channel
                 self._nursery.start_soon(self._run_forwarder, neighbour, receive)
             channel.send_nowait(packet)
+
+    def _retire_idle_forwarders(self) -> None:
+        """Close forwarders (and their connections) with nothing held, once
+        there are max_neighbours of them: a long-lived relay sees its
+        neighbours change with the directory."""
+        if len(self._forwarders) < self.config.max_neighbours:
+            return
+        for neighbour in [n for n in self._forwarders if n not in self._neighbours]:
+            self._forwarders.pop(neighbour).close()
 
     async def _run_forwarder(
         self, neighbour: tuple[str, int], receive: trio.MemoryReceiveChannel[HeldPacket]
@@ -362,6 +373,13 @@ class Relay:
                 pipeline.start_soon(forward_batches, receive)
         finally:
             await client.aclose()
+
+    def _release_neighbour(self, neighbour: tuple[str, int], count: int) -> None:
+        remaining = self._neighbours.get(neighbour, 0) - count
+        if remaining > 0:
+            self._neighbours[neighbour] = remaining
+        else:
+            self._neighbours.pop(neighbour, None)
 
     def _settle(self, neighbour: tuple[str, int], batch: list[HeldPacket], statuses: list[AckStatus | None]) -> None:
         now = self.clock.now()
@@ -392,6 +410,7 @@ class Relay:
         # (an fsync) of their own per forwarded batch.
         self._finished.extend(finished)
         self.counters.held -= len(finished)
+        self._release_neighbour(neighbour, len(finished))
 
     async def run_delete_flush(self) -> None:
         """Delete forwarded rows when no intake transaction has done it."""

@@ -130,10 +130,10 @@ class RelayStore:
         rows = self._db.execute("SELECT release_at, id, window_end FROM held").fetchall()
         return [(float(r), int(i), float(e)) for r, i, e in rows]
 
-    def neighbours(self) -> set[tuple[str, int]]:
-        """The distinct next hops of held packets."""
-        rows = self._db.execute("SELECT DISTINCT next_host, next_port FROM held").fetchall()
-        return {(str(h), int(p)) for h, p in rows}
+    def neighbours(self) -> dict[tuple[str, int], int]:
+        """Held packets per next hop."""
+        rows = self._db.execute("SELECT next_host, next_port, COUNT(*) FROM held GROUP BY next_host, next_port")
+        return {(str(h), int(p)): int(n) for h, p, n in rows.fetchall()}
 
     def load(self, row_ids: Sequence[int]) -> list[HeldPacket]:
         """The held packets with these ids (missing ids are skipped)."""

@@ -36,8 +36,7 @@ def mode(path: Path) -> int:
 
 def test_init_creates_owner_only_keys_and_a_config_and_refuses_to_overwrite(tmp_path: Path) -> None:
     data_dir = tmp_path / "relay"
-    code, output = invoke("init", "--data-dir", str(data_dir), "--listen", "127.0.0.1:9401",
-                          "--metrics", "127.0.0.1:9402")
+    code, output = invoke("init", "--data-dir", str(data_dir), "--listen", "127.0.0.1:9401", "--metrics", "9402")
     assert code == 0, output
     assert mode(data_dir) == 0o700 and mode(data_dir / "keys") == 0o700
     key_files = [data_dir / "identity.key", *sorted((data_dir / "keys").iterdir())]
@@ -50,6 +49,7 @@ def test_init_creates_owner_only_keys_and_a_config_and_refuses_to_overwrite(tmp_
     assert code != 0 and "refusing to overwrite" in output
     assert (data_dir / "identity.key").read_bytes() == identity
     assert load_config(data_dir).listen == ("127.0.0.1", 9401)
+    assert load_config(data_dir).metrics == ("127.0.0.1", 9402)  # localhost unless told otherwise
 
 
 def test_info_prints_the_descriptor_the_aggregator_needs(tmp_path: Path) -> None:

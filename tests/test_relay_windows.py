@@ -119,11 +119,12 @@ class Harness:
         epoch = self.relay.keyring.epoch_of(now) + epoch_offset
         return next(k.public_key for k in self.relay.keyring.published(now) if k.epoch == epoch)
 
-    def packet(self, index: int, window: ReleaseWindow, public_key: bytes | None = None) -> bytes:
+    def packet(self, index: int, window: ReleaseWindow, public_key: bytes | None = None,
+               next_hop: NodeAddress = NEXT_HOP) -> bytes:
         key = public_key if public_key is not None else self.public_key()
         path = [
             PathHop(node_id_of(key), NodeAddress("127.0.0.1", 9000), key, window),
-            PathHop(node_id_of(NEXT_PUBLIC), NEXT_HOP, NEXT_PUBLIC, ReleaseWindow(0, 2**40)),
+            PathHop(node_id_of(NEXT_PUBLIC), next_hop, NEXT_PUBLIC, ReleaseWindow(0, 2**40)),
         ]
         return build_packet(GEOMETRY, path, index.to_bytes(4, "big"))
 
@@ -310,3 +311,24 @@ async def test_forwarding_retries_inside_the_window_then_gives_up(
         nursery.cancel_scope.cancel()
     assert unreachable.relay.counters.dropped["next-hop-unreachable"] == 1
     assert unreachable.relay.counters.held == 0 and unreachable.store.schedule() == []
+
+
+async def test_next_hops_in_use_are_bounded_and_freed_once_delivered(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    clock = WallClock.starting_at(T0)
+    harness = Harness(tmp_path, clock, max_neighbours=2)
+    window = ReleaseWindow(T0 + 1, T0 + 2)
+    hops = [NodeAddress("127.0.0.1", 9100 + i) for i in range(3)]
+    async with trio.open_nursery() as nursery:
+        harness.start(nursery)
+        statuses = await harness.relay.on_packets([harness.packet(i, window, next_hop=hops[i]) for i in range(3)])
+        assert statuses == [AckStatus.ACCEPTED, AckStatus.ACCEPTED, AckStatus.REJECTED]
+        assert harness.relay.counters.dropped["too-many-neighbours"] == 1
+        await trio.sleep_until(clock.to_trio(window.end + 1))  # both delivered: their next hops are free
+        later = ReleaseWindow(T0 + 5, T0 + 6)
+        assert await harness.relay.on_packets([harness.packet(3, later, next_hop=hops[2])]) == [AckStatus.ACCEPTED]
+        await trio.sleep_until(clock.to_trio(later.end + 1))
+        nursery.cancel_scope.cancel()
+    assert sorted(i for _, i in harness.sent) == [0, 1, 3]
+    assert len(harness.senders) == 3  # an idle forwarder was retired for the new next hop
