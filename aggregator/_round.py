@@ -105,6 +105,7 @@ class RoundState:
         self.numeric = self.spec.numeric_names
         self._manifest_json = signed.to_json()
         self._receipts_cache: tuple[int, bytes] | None = None
+        self._roster_cache: tuple[tuple[int, bool], bytes] | None = None
         self.learning_started_at: int | None = None
         """Set by the driver when the data phase's delivery window has closed."""
         self.link_errors: Counter[str] = Counter()
@@ -184,6 +185,13 @@ class RoundState:
     def roster(self) -> RosterResponse:
         seed = self.secrets.seed if self.seed_revealed(self.now()) else None
         return RosterResponse.create(self.secrets.signing_key, self.round_id, self.store.roster(), seed)
+
+    def roster_json(self) -> bytes:
+        """``GET /v1/roster``, signed and encoded once per roster change (every peer fetches it)."""
+        key = (self.store.registrations_version, self.seed_revealed(self.now()))
+        if self._roster_cache is None or self._roster_cache[0] != key:
+            self._roster_cache = (key, self.roster().to_json())
+        return self._roster_cache[1]
 
     @cached_property
     def _assignment(self) -> dict[bytes, int]:

@@ -120,7 +120,7 @@ def build_app(state: RoundState) -> Starlette:
         return _json(RegisterResponse(True).to_json())
 
     async def roster(request: Request) -> Response:
-        return _json(state.roster().to_json())
+        return _json(state.roster_json())
 
     async def credential(request: Request) -> Response:
         parsed = CredentialRequest.from_json(await _read_body(request))

@@ -65,6 +65,8 @@ class RoundStore:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._lock = threading.Lock()
+        self.registrations_version = 0
+        """Bumped on every new registration (lets readers cache the roster)."""
         self.packets_version = 0
         """Bumped whenever a packet is accepted (lets readers cache the receipt log)."""
         self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
@@ -133,6 +135,7 @@ class RoundStore:
                         raise RegistrationRefused("identity key is not on the allow-list")
                 self._db.execute("INSERT INTO registrations VALUES (?, ?, ?)", (identity_key, invitation, now))
                 self._db.execute("COMMIT")
+                self.registrations_version += 1
             except BaseException:
                 self._db.execute("ROLLBACK")
                 raise
