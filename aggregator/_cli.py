@@ -11,6 +11,7 @@ from typing import Any
 
 import click
 
+from aggregator._round import ROUND_SPEC_EXAMPLE
 from aggregator._store import AggregatorHome
 
 EXIT_MIN_PARTICIPATION = 3
@@ -49,7 +50,8 @@ def round_group() -> None:
     """Create rounds."""
 
 
-@round_group.command(name="new")
+# "\b" keeps click from rewrapping each paragraph of the example.
+@round_group.command(name="new", epilog="Example spec:\n\n\b\n" + ROUND_SPEC_EXAMPLE.replace("\n\n", "\n\n\b\n"))
 @_data_dir
 @click.option("--spec", "spec_path", required=True, type=click.Path(dir_okay=False, exists=True, path_type=Path))
 def round_new(data_dir: Path, spec_path: Path) -> None:

@@ -403,8 +403,53 @@ class RoundSpec:
     allow_list: tuple[bytes, ...]
 
 
+ROUND_SPEC_EXAMPLE = """\
+name = "adult-income"
+
+[task]                      # builtin = "adult", or features + label as protocol.FeatureSpec.to_dict()
+builtin = "adult"
+
+[learning]
+k_p = 8                     # partitions
+k_h = 2                     # subsets per partition ("one" plan: 1)
+k_s = 2                     # features per subset
+plan = "split"              # or "one"
+learner = "logreg"          # or "tree"
+
+[privacy]
+eps_total = 4.0             # promised to each peer (thesis eq. 7.4), median answers included
+oracle = "auto"             # or a mechanisms.ORACLE_NAMES entry
+median_share = 0.5          # optional: share of eps_total for the median search
+
+[schedule]                  # seconds; the round starts when `round new` runs
+register = 120
+issue = 60
+median_rounds = 4           # sub-round i queries partition i (needs <= k_p; 0 without numeric features)
+median_send = 10            # each sub-round: send window (delta) ...
+median_delivery = 20        # ... then delivery window (needs >= path_length + 1)
+data_send = 60
+data_delivery = 60
+publish_gap = 2             # optional: seconds between publishing results and the next send window
+
+[network]
+path_length = 3             # relays per path
+packet_size = 2048          # optional
+http_host = "127.0.0.1"
+http_port = 8080
+sink_host = "127.0.0.1"     # where last relays deliver (the aggregator is the last Sphinx hop)
+sink_port = 8081
+relays = [                  # `anonml relay info` gives each entry
+  { node_id = "<hex>", host = "127.0.0.1", port = 9001, public_key = "<hex>", key_epoch = 1 },
+]
+
+[participation]
+min_participation = 100
+registration = "open"       # or "allow-list" (allow_list = ["<hex identity key>", ...]) or "invitation" (invitations = N)
+"""
+
+
 def parse_round_spec(document: dict[str, Any]) -> RoundSpec:
-    """Validate a parsed round.toml; every error names its field (``learning.k_p``)."""
+    """Validate a parsed round.toml (see ROUND_SPEC_EXAMPLE); every error names its field (``learning.k_p``)."""
     reader = FieldReader(document, "", RoundSpecError)
     name = reader.text("name", max_len=128, pattern=r"[A-Za-z0-9][A-Za-z0-9 ._\-]*")
     task = reader.child("task")

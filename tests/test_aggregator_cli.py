@@ -99,3 +99,17 @@ def test_round_missing_participation_exits_with_a_clear_status(tmp_path: Path) -
     assert (tmp_path / "agg" / "rounds" / round_id / "report.json").is_file()
     summary = runner.invoke(main, ["aggregator", "report", "--data-dir", str(tmp_path / "agg"), round_id])
     assert summary.exit_code == 0 and "failed" in summary.output
+
+
+def test_the_documented_example_spec_is_valid() -> None:
+    import tomllib
+
+    from aggregator._round import ROUND_SPEC_EXAMPLE, parse_round_spec
+
+    relay = '{ node_id = "%s", host = "127.0.0.1", port = %d, public_key = "%s", key_epoch = 1 },'
+    relays = "\n".join(relay % (f"{i:02x}" * 16, 9001 + i, f"{i + 16:02x}" * 32) for i in range(3))
+    text = ROUND_SPEC_EXAMPLE.replace(
+        '{ node_id = "<hex>", host = "127.0.0.1", port = 9001, public_key = "<hex>", key_epoch = 1 },', relays
+    )
+    spec = parse_round_spec(tomllib.loads(text))
+    assert spec.k_p == 8 and spec.median_rounds == 4 and len(spec.relays) == 3
