@@ -482,3 +482,30 @@ async def test_one_credential_per_peer_over_http(served: Any) -> None:
     roster = RosterResponse.from_json((await get(addresses.http_url, "/v1/roster")).content)
     roster.verify(state.manifest.identity_key, state.round_id)
     assert roster.seed is not None and check_seed(roster.seed, state.manifest.seed_commitment)
+
+
+def test_a_restarted_aggregator_resumes_the_round(tmp_path: Path) -> None:
+    from aggregator._round import open_round
+
+    clock = FakeClock(T0 + 1)
+    state, _ = make_round(tmp_path, clock)
+    peers = [Peer(state, i) for i in range(1, 5)]
+    for peer in peers:
+        peer.register()
+    clock.now = state.manifest.schedule.t_register_end
+    state.prepare()
+    issued = {bytes(p.key.verify_key): p.obtain_credential() for p in peers[:2]}
+    roster_before = state.roster()
+    state.store.close()
+    home = AggregatorHome(tmp_path / "agg")
+    again = open_round(home, state.round_id.hex(), clock=clock)
+    assert again.round_id == state.round_id and again.manifest == state.manifest
+    assert again.roster() == roster_before
+    assert again.store.partitions() == issued
+    # One credential per peer survives the restart.
+    from aggregator._round import ApiRefused
+
+    with pytest.raises(ApiRefused, match="already"):
+        Peer(again, 1).obtain_credential()
+    # The remaining peers still get theirs, in the same partitions as before.
+    assert Peer(again, 3).obtain_credential() == state.assignment()[bytes(peers[2].key.verify_key)]
