@@ -35,6 +35,7 @@ from protocol import (
     InvalidMessage,
     MedianResults,
     MedianThresholds,
+    NumericFeature,
     PhaseTimes,
     PlanError,
     ReceiptLog,
@@ -274,8 +275,11 @@ class RoundState:
         return survey.partition
 
     def data_oracle(self, partition: int, subset: int) -> FrequencyOracle:
-        """The frequency oracle of one data survey; ``"auto"`` chooses with the partition's size (DESIGN.md §8)."""
-        return self._oracle(partition, subset)
+        """The frequency oracle of one data survey; ``"auto"`` chooses with the partition's size (DESIGN.md §8).
+
+        Peers make the same choice: the partition sizes follow from the signed roster and the seed.
+        """
+        return self._oracles[(partition, subset)]
 
     @cached_property
     def _oracles(self) -> dict[tuple[int, int], FrequencyOracle]:
@@ -289,9 +293,6 @@ class RoundState:
                 )
         return oracles
 
-    def _oracle(self, partition: int, subset: int) -> FrequencyOracle:
-        return self._oracles[(partition, subset)]
-
     def check_report(self, survey: SurveyId, report: bytes) -> None:
         """Raise InvalidMessage unless ``report`` is a well-formed answer to ``survey``."""
         if survey.kind == SurveyKind.MEDIAN:
@@ -300,7 +301,7 @@ class RoundState:
         from mechanisms import InvalidReport
 
         try:
-            self._oracle(survey.partition, survey.subset).decode_reports([report])
+            self.data_oracle(survey.partition, survey.subset).decode_reports([report])
         except (InvalidReport, ValueError) as exc:
             raise InvalidMessage(f"bad report for {survey}: {exc}") from None
 
@@ -311,9 +312,8 @@ class RoundState:
         searches = []
         for name in self.numeric:
             feature = self.spec.feature(name)
-            searches.append(
-                QuantileSearch(feature.low, feature.high, self.manifest.eps_median)  # type: ignore[union-attr]
-            )
+            assert isinstance(feature, NumericFeature)
+            searches.append(QuantileSearch(feature.low, feature.high, self.manifest.eps_median))
         for sub_round in range(sub_rounds):
             answers = [
                 decode_median_report(report, len(self.numeric))
