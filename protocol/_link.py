@@ -16,7 +16,8 @@ A frame carries no length or type: every packet of a round has the same size
 (DESIGN.md §5), so the hello fixes the size once and a frame is just the next
 ``packet_size`` bytes. That keeps parsing total (there is nothing to parse but
 a count of bytes) and memory bounded (a connection never buffers more than
-``max_pending_frames + 2 * max_batch`` frames plus one socket read).
+``max(max_pending_frames, max_batch) + 2 * max_batch`` frames plus one socket
+read, whatever the sender does).
 
 The receiver may acknowledge several frames after one durable write ("group
 commit"): ``serve_link`` hands every frame already read to ``on_packets`` in

@@ -395,7 +395,10 @@ class Relay:
             elif now + _FORWARD_RETRY_DELAY <= packet.window_end:
                 retry_at.append((now + _FORWARD_RETRY_DELAY, packet.row_id))
             else:
-                self.counters.drop("next-hop-busy" if status is AckStatus.BUSY else "next-hop-unreachable")
+                reason = "next-hop-busy" if status is AckStatus.BUSY else "next-hop-unreachable"
+                self.counters.drop(reason)
+                log_event(logger, logging.WARNING, "forward-dropped", neighbour=f"{neighbour[0]}:{neighbour[1]}",
+                          reason=reason, window_end=packet.window_end)
                 finished.append(packet.row_id)
         if retry_at:
             self.counters.forward_retries += 1
