@@ -241,6 +241,7 @@ async def serve_aggregator(
             binds = await nursery.start(partial(hypercorn_serve, app, hyper, mode="asgi"))  # type: ignore[arg-type]
             listeners = await nursery.start(partial(trio.serve_tcp, sink.handle, config.sink_port, host=config.sink_host))
             sink_port = listeners[0].socket.getsockname()[1]
+            await trio.to_thread.run_sync(sink.verifier.warm)
             task_status.started(BoundAddresses(binds[0], (config.sink_host, sink_port)))
             outcome = await drive_round(state, config.on_learn)
             await trio.sleep(config.linger)

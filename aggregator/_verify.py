@@ -91,6 +91,11 @@ class TokenVerifier:
             )
             self.processes = processes
 
+    def warm(self) -> None:
+        """Start every worker process now (spawning imports the crypto stack: seconds, not per packet)."""
+        if self.pool is not None:
+            list(self.pool.map(_verify_in_worker, [[] for _ in range(self.processes)]))
+
     def verify(self, jobs: list[TokenJob]) -> list[bytes | str]:
         if self.pool is None or len(jobs) < 2:
             return [verify_job(self.issuer_key, job) for job in jobs]

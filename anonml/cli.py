@@ -27,6 +27,7 @@ ROLE_COMMANDS: dict[str, str] = {
 # ``anonml bench NAME``: one benchmark per component, each printing ratios
 # against a baseline measured in the same run.
 BENCH_COMMANDS: dict[str, str] = {
+    "aggregator": "aggregator._bench:bench_aggregator",
     "mechanisms": "mechanisms._bench:bench_mechanisms",
     "crypto": "crypto._bench:bench_crypto",
     "relay": "relay._bench:bench_relay",

@@ -15,20 +15,14 @@ import trio
 import trio.testing
 from nacl.signing import SigningKey
 
+from aggregator._bench import SimulatedPeer
 from aggregator._round import RoundSpecError, RoundState, create_round, parse_round_spec
 from aggregator._service import AggregatorConfig, BoundAddresses, drive_round, serve_aggregator
 from aggregator._store import AggregatorHome
 from crypto import (
-    CredentialSecret,
-    IssuerPublicKey,
-    NodeAddress,
-    PathHop,
-    ReleaseWindow,
     begin_issuance,
-    build_packet,
     finish_issuance,
     generate_keypair,
-    make_token,
 )
 from protocol import (
     CredentialRequest,
@@ -36,7 +30,6 @@ from protocol import (
     RegisterRequest,
     SurveyId,
     SurveyMessage,
-    hop_windows,
 )
 
 T0 = 1_800_000_000
@@ -170,39 +163,8 @@ def test_round_spec_names_the_bad_field() -> None:
         assert info.value.field == field
 
 
-class Peer:
-    """Just enough of a peer to make real credentials, tokens and packets."""
-
-    def __init__(self, state: RoundState, seed: int) -> None:
-        self.key = SigningKey(bytes([seed]) * 32)
-        self.state = state
-        self.public = IssuerPublicKey.from_bytes(state.manifest.token_public_key)
-        self.secret = CredentialSecret.generate()
-
-    def register(self) -> None:
-        self.state.register(RegisterRequest.create(self.key, self.state.round_id))
-
-    def obtain_credential(self) -> int:
-        partition = self.state.assignment()[bytes(self.key.verify_key)]
-        request, issuance_state = begin_issuance(self.public, self.secret, partition)
-        response = self.state.issue(CredentialRequest.create(self.key, self.state.round_id, request.to_bytes()))
-        self.credential = finish_issuance(issuance_state, response.response)
-        self.partition = response.partition
-        return response.partition
-
-    def packet(
-        self, survey: SurveyId, report: bytes, *, credential: Any = None, public: Any = None, tamper: bool = False
-    ) -> bytes:
-        message = SurveyMessage(survey, b"\x00", report)
-        token = make_token(public or self.public, credential or self.credential, survey.to_bytes(), message.bound_bytes())
-        if tamper:
-            token = token[:-1] + bytes([token[-1] ^ 1])
-        geometry = self.state.manifest.sphinx_geometry()
-        body = SurveyMessage(survey, token, report).to_bytes(geometry.message_size)
-        hop = self.state.manifest.aggregator_hop
-        window = hop_windows(self.state.manifest.schedule, survey, 1)[-1]
-        path = [PathHop(hop.node_id, NodeAddress(hop.host, hop.port), hop.public_key, window)]
-        return build_packet(geometry, path, body)
+def Peer(state: RoundState, seed: int) -> SimulatedPeer:  # noqa: N802 - reads like the class it builds
+    return SimulatedPeer(state, bytes([seed]) * 32)
 
 
 async def test_packet_sink_accepts_and_rejects_by_reason(served: Any) -> None:

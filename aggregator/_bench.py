@@ -1,0 +1,222 @@
+"""``anonml bench aggregator``: the packet sink's cost per packet, beside same-run baselines.
+
+Simulated peers (real identities, blind credentials, tokens and Sphinx
+packets, no network) fill one round; the bench then times the aggregator's
+whole per-packet path — final Sphinx layer, message parsing, token
+verification, report check, durable store — in link-sized batches, with
+verification in the batch's thread and in a process pool. Baselines measured
+in the same run: one X25519 scalar multiplication and one token verification
+alone (DESIGN.md §11: ratios, because absolute times drift on shared machines).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+import numpy as np
+from nacl.signing import SigningKey
+
+from crypto import (
+    Credential,
+    CredentialSecret,
+    IssuerPublicKey,
+    NodeAddress,
+    PathHop,
+    begin_issuance,
+    build_packet,
+    finish_issuance,
+    generate_keypair,
+    make_token,
+    public_key_of,
+    verify_token,
+)
+from protocol import CredentialRequest, RegisterRequest, SurveyId, SurveyMessage, hop_windows
+
+from aggregator._round import RoundState, create_round, parse_round_spec
+from aggregator._store import AggregatorHome
+from aggregator._verify import TokenVerifier, process_batch
+
+
+class SimulatedPeer:
+    """A peer reduced to what the aggregator sees of it: registration, credential, packets.
+
+    Used by the bench and the tests to drive a round without the peer client.
+    """
+
+    def __init__(self, state: RoundState, identity_seed: bytes) -> None:
+        self.state = state
+        self.key = SigningKey(identity_seed)
+        self.public = IssuerPublicKey.from_bytes(state.manifest.token_public_key)
+        self.secret = CredentialSecret.generate()
+        self.credential: Credential | None = None
+        self.partition = -1
+
+    @property
+    def identity(self) -> bytes:
+        return bytes(self.key.verify_key)
+
+    def register(self, invitation: str | None = None) -> bool:
+        return self.state.register(RegisterRequest.create(self.key, self.state.round_id, invitation))
+
+    def obtain_credential(self) -> int:
+        """Blind issuance through :meth:`RoundState.issue`; returns the partition."""
+        partition = self.state.assignment()[self.identity]
+        request, issuance = begin_issuance(self.public, self.secret, partition)
+        response = self.state.issue(CredentialRequest.create(self.key, self.state.round_id, request.to_bytes()))
+        self.credential = finish_issuance(issuance, response.response)
+        self.partition = response.partition
+        return response.partition
+
+    def packet(
+        self,
+        survey: SurveyId,
+        report: bytes,
+        *,
+        credential: Credential | None = None,
+        public: IssuerPublicKey | None = None,
+        tamper: bool = False,
+    ) -> bytes:
+        """A one-hop Sphinx packet (straight to the aggregator) carrying a token for ``report``."""
+        chosen = credential or self.credential
+        if chosen is None:
+            raise ValueError("no credential: call obtain_credential() or pass one")
+        bound = SurveyMessage(survey, b"\x00", report).bound_bytes()
+        token = make_token(public or self.public, chosen, survey.to_bytes(), bound)
+        if tamper:
+            token = token[:-1] + bytes([token[-1] ^ 1])
+        geometry = self.state.geometry
+        body = SurveyMessage(survey, token, report).to_bytes(geometry.message_size)
+        hop = self.state.manifest.aggregator_hop
+        window = hop_windows(self.state.manifest.schedule, survey, 1)[-1]
+        path = [PathHop(hop.node_id, NodeAddress(hop.host, hop.port), hop.public_key, window)]
+        return build_packet(geometry, path, body)
+
+
+def _bench_spec() -> dict[str, Any]:
+    relays = [
+        {"node_id": f"{i + 1:02x}" * 16, "host": "127.0.0.1", "port": 9000 + i, "public_key": generate_keypair()[1].hex(), "key_epoch": 1}
+        for i in range(3)
+    ]
+    return {
+        "name": "bench",
+        "task": {
+            "features": [
+                {"name": "a", "type": "categorical", "categories": ["x", "y", "z"]},
+                {"name": "b", "type": "categorical", "categories": ["u", "v"]},
+            ],
+            "label": {"name": "y", "positive": ["1"], "negative": ["0"]},
+        },
+        "learning": {"k_p": 2, "k_h": 1, "k_s": 2, "plan": "split", "learner": "logreg"},
+        "privacy": {"eps_total": 2.0, "oracle": "auto"},
+        "schedule": {"register": 100, "issue": 100, "median_send": 10, "median_delivery": 20, "data_send": 50, "data_delivery": 60},
+        "network": {"relays": relays, "path_length": 3, "http_host": "127.0.0.1", "http_port": 8080, "sink_host": "127.0.0.1", "sink_port": 8081},
+        "participation": {"min_participation": 1, "registration": "open"},
+    }
+
+
+class _Clock:
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def run_bench(n_packets: int, batch: int, processes: int, seed: int) -> dict[str, Any]:
+    """Per-packet sink cost over ``n_packets`` fresh packets; returns the figures."""
+    rng = np.random.default_rng(seed)
+    start = 1_800_000_000
+    with tempfile.TemporaryDirectory() as tmp:
+        home = AggregatorHome(Path(tmp) / "agg")
+        home.initialise(os.urandom(32), generate_keypair()[0])
+        clock = _Clock(start + 1)
+        state, _ = create_round(home, parse_round_spec(_bench_spec()), now=start)
+        state.clock = clock
+        peers = [SimulatedPeer(state, rng.bytes(32)) for _ in range(n_packets)]
+        for peer in peers:
+            peer.register()
+        clock.now = state.manifest.schedule.t_register_end
+        state.prepare()
+        for peer in peers:
+            peer.obtain_credential()
+        data = state.manifest.schedule.data
+        clock.now = data.t_s + data.delta + 1
+        frames = []
+        for peer in peers:
+            oracle = state.data_oracle(peer.partition, 0)
+            report = oracle.encode_report(oracle.privatize(np.array([int(rng.integers(0, 12))]), rng)[0])
+            frames.append(peer.packet(SurveyId.data(state.round_id, peer.partition, 0), report))
+
+        private = os.urandom(32)
+        began = time.perf_counter()
+        for _ in range(200):
+            public_key_of(private)
+        x25519 = (time.perf_counter() - began) / 200
+        survey = SurveyId.data(state.round_id, peers[0].partition, 0)
+        message = SurveyMessage.from_bytes(
+            SurveyMessage(survey, make_token(peers[0].public, peers[0].credential, survey.to_bytes(), b"m"), b"r").to_bytes(600)
+        )
+        began = time.perf_counter()
+        for _ in range(20):
+            verify_token(state.secrets.issuer_key, survey.to_bytes(), b"m", message.token, expected_partition=survey.partition)
+        token_alone = (time.perf_counter() - began) / 20
+
+        figures: dict[str, Any] = {"packets": n_packets, "batch": batch, "x25519_seconds": x25519, "verify_token_seconds": token_alone}
+        modes = [0] + ([processes] if processes > 0 else [])
+        half = n_packets // len(modes)
+        for index, procs in enumerate(modes):
+            verifier = TokenVerifier(state.secrets.issuer_key, procs)
+            try:
+                part = frames[index * half : (index + 1) * half]
+                verifier.warm()
+                began = time.perf_counter()
+                outcomes: list[str] = []
+                for offset in range(0, len(part), batch):
+                    outcomes += process_batch(state, part[offset : offset + batch], state.now(), verifier)
+                seconds = (time.perf_counter() - began) / max(len(part), 1)
+            finally:
+                verifier.close()
+            figures[f"processes={procs}"] = {
+                "seconds_per_packet": seconds,
+                "packets_per_second": 1 / seconds if seconds else 0.0,
+                "x_x25519": seconds / x25519,
+                "x_verify_token": seconds / token_alone,
+                "accepted": outcomes.count("accepted"),
+            }
+        state.store.close()
+    return figures
+
+
+@click.command(name="aggregator")
+@click.option("--packets", type=click.IntRange(10, 100_000), default=400, show_default=True)
+@click.option("--batch", type=click.IntRange(1, 1024), default=128, show_default=True, help="Packets per link batch.")
+@click.option("--processes", type=click.IntRange(0, 64), default=2, show_default=True, help="Verification pool size (0: threads only).")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
+def bench_aggregator(packets: int, batch: int, processes: int, seed: int, as_json: bool) -> None:
+    """Packet-sink cost per packet (final hop, token, durable store) vs X25519 and token baselines."""
+    figures = run_bench(packets, batch, processes, seed)
+    if as_json:
+        click.echo(json.dumps(figures, indent=2))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"aggregator packet sink: {packets} packets, batches of {batch}")
+    for column in ("path", "µs/packet", "packets/s", "x X25519", "x verify_token", "accepted"):
+        table.add_column(column, justify="right" if column != "path" else "left")
+    table.add_row("baseline: X25519 scalar mult", f"{figures['x25519_seconds'] * 1e6:.0f}", "", "1", "", "")
+    table.add_row("baseline: verify_token alone", f"{figures['verify_token_seconds'] * 1e6:.0f}", "", f"{figures['verify_token_seconds'] / figures['x25519_seconds']:.1f}", "1", "")
+    for key, row in figures.items():
+        if key.startswith("processes="):
+            table.add_row(
+                f"sink, {key}", f"{row['seconds_per_packet'] * 1e6:.0f}", f"{row['packets_per_second']:.0f}",
+                f"{row['x_x25519']:.1f}", f"{row['x_verify_token']:.2f}", str(row["accepted"]),
+            )
+    Console().print(table)
