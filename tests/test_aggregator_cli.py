@@ -113,3 +113,13 @@ def test_the_documented_example_spec_is_valid() -> None:
     )
     spec = parse_round_spec(tomllib.loads(text))
     assert spec.k_p == 8 and spec.median_rounds == 4 and len(spec.relays) == 3
+
+
+def test_bench_aggregator_reports_its_figures() -> None:
+    import json
+
+    result = CliRunner().invoke(main, ["bench", "aggregator", "--packets", "20", "--processes", "0", "--json"])
+    assert result.exit_code == 0, result.output
+    figures = json.loads(result.output)
+    assert figures["processes=0"]["accepted"] == 20
+    assert figures["processes=0"]["x_verify_token"] > 0
