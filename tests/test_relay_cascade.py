@@ -63,7 +63,7 @@ async def test_three_relay_cascade_delivers_everything_inside_the_final_window_i
             for i in range(3)
         ]
         # Sending slice until T, then one window per hop: [T, T+1], [T+1, T+2], [T+2, T+3].
-        t = math.ceil(time.time()) + 2
+        t = math.ceil(time.time()) + 3
         windows = [ReleaseWindow(t + i, t + i + 1) for i in range(3)]
         path = [hop(r, w) for r, w in zip(relays, windows)] + [sink_hop(sink_address)]
         packets = [build_packet(GEOMETRY, path, i.to_bytes(4, "big")) for i in range(n)]
@@ -82,8 +82,9 @@ async def test_three_relay_cascade_delivers_everything_inside_the_final_window_i
     order = [index_of(a.message) for a in arrivals]
     assert sorted(order) == list(range(n))
     final = windows[-1]
-    # Released inside the last relay's window; arrival adds loopback latency only.
-    assert all(final.start <= a.arrived_at <= final.end + 0.3 for a in arrivals), (
+    # Released inside the last relay's window; arrival adds loopback latency
+    # (and, on a loaded machine, scheduling delay) only.
+    assert all(final.start <= a.arrived_at <= final.end + 0.5 for a in arrivals), (
         min(a.arrived_at for a in arrivals) - final.start, max(a.arrived_at for a in arrivals) - final.end)
     rho = stats.spearmanr(order, np.arange(n)).statistic
     assert abs(rho) < 4 / math.sqrt(n - 1), rho  # 4 sd of rho under independence
@@ -174,7 +175,7 @@ async def test_garbage_truncated_slow_and_flooding_clients_do_not_disturb_an_hon
         sink_address = await nursery.start(sink.serve)
         config = relay_config(tmp_path / "r", link=limits, max_connections=16)
         started: RelayStarted = await nursery.start(serve_relay, config)
-        t = int(time.time()) + 3
+        t = int(time.time()) + 4
         path = [hop(started, ReleaseWindow(t, t + 1)), sink_hop(sink_address)]
         packets = [build_packet(GEOMETRY, path, i.to_bytes(4, "big")) for i in range(n)]
         client = client_for(started)

@@ -94,6 +94,6 @@ async def test_a_relay_killed_mid_window_and_restarted_delivers_what_it_held(tmp
             process.kill()
     messages = [int.from_bytes(a.message[:4], "big") for a in sink.arrivals]
     assert sorted(messages) == list(range(n)), log.read_text()
-    assert all(window.start <= a.arrived_at <= window.end + 0.3 for a in sink.arrivals)
+    assert all(window.start <= a.arrived_at <= window.end + 0.5 for a in sink.arrivals)
     assert process.returncode == 0, log.read_text()  # SIGTERM is a clean shutdown
     assert "event=recovered" in log.read_text()
