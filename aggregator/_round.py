@@ -109,6 +109,8 @@ class RoundState:
         self._roster_cache: tuple[tuple[int, bool], bytes] | None = None
         self.learning_started_at: int | None = None
         """Set by the driver when the data phase's delivery window has closed."""
+        self.batches_in_flight = 0
+        """Packet batches being verified and stored (the driver waits for them before publishing)."""
         self.link_errors: Counter[str] = Counter()
         """Packet-sink connections that ended in a link error, by reason (reported in the status counts)."""
 
@@ -270,7 +272,9 @@ class RoundState:
         elif survey.partition >= m.k_p or survey.subset >= m.k_h:
             raise SurveyRefused("unknown-survey")
         start, end = acceptance_window(m.schedule, survey)
-        if not start <= now <= end:
+        # Delivery happens in (t_s + δ, t_r): at t_r the phase's results are
+        # computed and published, so nothing more may count for it.
+        if not start <= now < end:
             raise SurveyRefused("outside-window")
         return survey.partition
 

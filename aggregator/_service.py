@@ -189,6 +189,17 @@ async def wait_until(clock: Clock, when: float) -> None:
         await trio.sleep(remaining)
 
 
+async def _settle(state: RoundState, when: int) -> None:
+    """Wait until ``when`` and until every batch accepted before it is stored.
+
+    A batch stamped before ``when`` may still be verifying in a worker
+    thread; results computed at ``when`` must include it.
+    """
+    await wait_until(state.clock, when)
+    while state.batches_in_flight:
+        await trio.sleep(0.01)
+
+
 async def drive_round(state: RoundState, on_learn: Callable[[RoundState], dict[str, Any]] | None = None) -> str:
     """Take the round through its phases by the schedule; return ``"done"`` or ``"failed"``.
 
@@ -209,13 +220,13 @@ async def drive_round(state: RoundState, on_learn: Callable[[RoundState], dict[s
             return "failed"
         state.prepare()
     for sub_round, phase in enumerate(schedule.median):
-        await wait_until(state.clock, phase.t_r)
+        await _settle(state, phase.t_r)
         # Publish the next sub-round's thresholds (or the final medians) now.
         if sub_round + 1 < len(schedule.median):
             state.thresholds(sub_round + 1)
         else:
             state.medians()
-    await wait_until(state.clock, schedule.data.t_r)
+    await _settle(state, schedule.data.t_r)
     # Learning takes seconds on a large round: off the event loop, so the API keeps answering.
     state.learning_started_at = state.now()
     detail = await trio.to_thread.run_sync(on_learn, state) if on_learn is not None else {}

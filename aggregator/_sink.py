@@ -36,9 +36,13 @@ class PacketSink:
 
     async def on_packets(self, frames: list[bytes]) -> list[AckStatus]:
         now = self.state.now()
-        outcomes = await trio.to_thread.run_sync(
-            process_batch, self.state, frames, now, self.verifier, limiter=self.limiter
-        )
+        self.state.batches_in_flight += 1
+        try:
+            outcomes = await trio.to_thread.run_sync(
+                process_batch, self.state, frames, now, self.verifier, limiter=self.limiter
+            )
+        finally:
+            self.state.batches_in_flight -= 1
         # A duplicate is durable already (its first copy): the sender may forget it.
         return [AckStatus.ACCEPTED if o in ("accepted", "duplicate") else AckStatus.REJECTED for o in outcomes]
 

@@ -181,10 +181,11 @@ def phase_at(schedule: RoundSchedule, now: int) -> tuple[str, int | None]:
 
 
 def acceptance_window(schedule: RoundSchedule, survey: SurveyId) -> tuple[int, int]:
-    """``[start, end]`` during which the aggregator accepts packets for ``survey``.
+    """``(start, end)``: the aggregator accepts a packet for ``survey`` when ``start <= now < end``.
 
-    The whole delivery window ``[t_s + δ, t_r]``: the last relay releases inside
-    it, and the final slice that no relay uses absorbs link latency.
+    The whole delivery window ``[t_s + δ, t_r)``: the last relay releases inside
+    it, and the final slice that no relay uses absorbs link latency. At ``t_r``
+    the phase's results are computed, so ``end`` itself is outside.
     """
     phase = schedule.phase_of(survey)
     return phase.send_end, phase.t_r

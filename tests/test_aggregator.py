@@ -239,7 +239,7 @@ async def test_packet_sink_accepts_and_rejects_by_reason(served: Any) -> None:
     receipts = json.loads((await get(addresses.http_url, "/v1/receipts")).content)["receipts"]
     assert list(receipts) == [own.to_bytes().hex()] and len(receipts[own.to_bytes().hex()]) == 1
     # Outside the window: refused and counted.
-    clock.now = data.t_r + 1
+    clock.now = data.t_r  # the window is [t_s + δ, t_r): t_r itself is late
     late = b.packet(own, report(0, 1))
     client = LinkClient(*addresses.sink, packet_size=geometry.packet_size, geometry_hash=geometry.canonical_hash())
     await client.send_batch([late], give_up_at=trio.current_time() + 20)
