@@ -61,7 +61,10 @@ class RelayConfig:
     connect_timeout: float = 5.0
     ack_timeout: float = 30.0
     forward_batch: int = 128
-    key_epoch_seconds: int = 86_400
+    # A week: a round names one epoch key per relay in its manifest (DESIGN.md
+    # §4) and must finish before that key is erased, so epochs are longer
+    # than rounds; erasing keys weekly still bounds what a seized relay exposes.
+    key_epoch_seconds: int = 604_800
     key_grace_seconds: int = 3_600
     synchronous: str = "FULL"
     metrics: tuple[str, int] | None = None
@@ -232,7 +235,8 @@ max_batch = {config.forward_batch}
 # Sphinx keys rotate every epoch_seconds (epochs are counted from the Unix
 # epoch, so all relays rotate together). A packet built for the previous
 # epoch's key is still accepted for grace_seconds after the boundary; then
-# that key and its replay tags are erased.
+# that key and its replay tags are erased. A round must end before the key
+# its manifest names is erased (`anonml relay info` lists the next key too).
 epoch_seconds = {config.key_epoch_seconds}
 grace_seconds = {config.key_grace_seconds}
 
