@@ -60,7 +60,7 @@ def learn(state: RoundState, directory: Path, *, test_file: Path | None = None) 
             reports = oracle.decode_reports(blobs)
             counts = postprocess(oracle.estimate(reports), len(blobs), "norm-sub")
             histograms.append(SubsetHistogram.from_spec(spec, subset, counts, partition))
-    medians = state.medians(now)
+    medians = state.medians()
     cut_points = {name: [value] for name, value in (medians.medians.items() if medians else ())}
     report: dict[str, Any] = {
         "round_id": state.round_id.hex(),

@@ -330,34 +330,37 @@ class RoundState:
                 search.update(bits[:, column])
         return searches
 
-    def thresholds(self, sub_round: int) -> MedianThresholds | None:
-        """Thresholds of ``sub_round``: published once sub-round ``i-1``'s delivery window has closed."""
-        m = self.manifest
-        if not 0 <= sub_round < m.median_rounds or not self.numeric:
-            return None
-        if sub_round > 0 and self.now() < m.schedule.median[sub_round - 1].t_r:
+    def publish_thresholds(self, sub_round: int) -> MedianThresholds | None:
+        """Compute and store the thresholds of ``sub_round`` (once; the driver calls it when
+        sub-round ``i-1``'s delivery window has closed and its batches are stored)."""
+        if not 0 <= sub_round < self.manifest.median_rounds or not self.numeric:
             return None
         key = f"thresholds/{sub_round}"
-        cached = self.store.get_result(key)
-        if cached is None:
+        if self.store.get_result(key) is None:
             values = tuple(float(search.thresholds()[0]) for search in self._searches_after(sub_round))
-            result = MedianThresholds(sub_round, SurveyId.median(self.round_id, sub_round), self.numeric, values)
-            cached = result.to_json()
-            self.store.put_result(key, cached)
-        return MedianThresholds.from_json(cached)
+            published = MedianThresholds(sub_round, SurveyId.median(self.round_id, sub_round), self.numeric, values)
+            self.store.put_result(key, published.to_json())
+        return self.thresholds(sub_round)
 
-    def medians(self, now: int | None = None) -> MedianResults | None:
-        """Final per-feature medians, once the last median sub-round's delivery window has closed."""
-        m = self.manifest
-        last_end = m.schedule.median[-1].t_r if m.median_rounds else m.schedule.t_issue_end
-        if (self.now() if now is None else now) < last_end:
-            return None
-        cached = self.store.get_result("medians")
-        if cached is None:
-            searches = self._searches_after(m.median_rounds)
-            cached = MedianResults({n: float(s.estimates()[0]) for n, s in zip(self.numeric, searches)}).to_json()
-            self.store.put_result("medians", cached)
-        return MedianResults.from_json(cached)
+    def thresholds(self, sub_round: int) -> MedianThresholds | None:
+        """The published thresholds of ``sub_round``, or None before they are published."""
+        stored = self.store.get_result(f"thresholds/{sub_round}") if 0 <= sub_round < 2**16 else None
+        return None if stored is None else MedianThresholds.from_json(stored)
+
+    def publish_medians(self) -> MedianResults:
+        """Compute and store the final medians (once; after the last sub-round's batches are stored)."""
+        if self.store.get_result("medians") is None:
+            searches = self._searches_after(self.manifest.median_rounds)
+            medians = MedianResults({n: float(s.estimates()[0]) for n, s in zip(self.numeric, searches)})
+            self.store.put_result("medians", medians.to_json())
+        published = self.medians()
+        assert published is not None
+        return published
+
+    def medians(self) -> MedianResults | None:
+        """The published final medians, or None before the median phase has ended."""
+        stored = self.store.get_result("medians")
+        return None if stored is None else MedianResults.from_json(stored)
 
     def finish(self, phase: str, detail: dict[str, Any]) -> None:
         self.store.put_result("outcome", json.dumps({"phase": phase, **detail}, sort_keys=True).encode())

@@ -211,6 +211,8 @@ async def drive_round(state: RoundState, on_learn: Callable[[RoundState], dict[s
     if outcome is not None:
         return outcome
     schedule = state.manifest.schedule
+    # Sub-round 0 asks about the middle of each feature's public bounds: nothing to wait for.
+    state.publish_thresholds(0)
     for checkpoint in (schedule.t_register_end, schedule.t_issue_end):
         await wait_until(state.clock, checkpoint)
         failure = state.participation_failure(state.now())
@@ -221,11 +223,9 @@ async def drive_round(state: RoundState, on_learn: Callable[[RoundState], dict[s
         state.prepare()
     for sub_round, phase in enumerate(schedule.median):
         await _settle(state, phase.t_r)
-        # Publish the next sub-round's thresholds (or the final medians) now.
-        if sub_round + 1 < len(schedule.median):
-            state.thresholds(sub_round + 1)
-        else:
-            state.medians()
+        # Publish the next sub-round's thresholds now (thesis Algorithm 1's next step).
+        state.publish_thresholds(sub_round + 1)
+    state.publish_medians()
     await _settle(state, schedule.data.t_r)
     # Learning takes seconds on a large round: off the event loop, so the API keeps answering.
     state.learning_started_at = state.now()
