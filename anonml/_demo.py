@@ -230,9 +230,9 @@ def default_params(data: DemoData, peers: int, epsilon: float, workers: int, see
         median_rounds=median_rounds,
         send_window=max(1, per_round),
         delivery_window=max(RELAYS + 1, 2 * per_round),
-        data_send_window=max(2, math.ceil(thousands * k_h * 6)),
-        register_seconds=10 + math.ceil(thousands * 4),
-        issue_seconds=5 + math.ceil(thousands * 8),
+        data_send_window=max(2, math.ceil(thousands * k_h * 2.5)),
+        register_seconds=6 + math.ceil(thousands * 4),
+        issue_seconds=3 + math.ceil(thousands * 8),
     )
 
 
@@ -389,9 +389,22 @@ async def run_demo(data: DemoData, params: DemoParams, work: Path, console: Any)
     procs = Processes(logs)
     progress = Progress(peers=peers)
     try:
-        console.print(f"[bold]1/5[/] starting {RELAYS} relays and the aggregator (anonml relay init / info / run, anonml aggregator init)")
+        console.print(f"[bold]1/5[/] {time.monotonic() - started:5.1f} s  starting {RELAYS} relays and the aggregator (anonml relay init / info / run, anonml aggregator init)")
         agg_dir = work / "aggregator"
         descriptors: list[dict[str, Any]] = [{} for _ in range(RELAYS)]
+        http_port, sink_port = free_port(), free_port()
+        url = f"http://{HOST}:{http_port}"
+        # The peers' workers start now and wait for the round to be served:
+        # their start-up overlaps the operators' commands, so registration
+        # (open from `round new` on) is not spent importing libraries.
+        workers = []
+        for w, path in enumerate(write_peer_files(data, rows, work, params.workers)):
+            config = SwarmConfig(w, url, path, work / "peers" / f"worker-{w}.sqlite", params.seed)
+            config_path = work / "peers" / f"worker-{w}.json"
+            config_path.write_text(config.to_json())
+            workers.append(await procs.start(
+                f"worker-{w}", [sys.executable, "-m", "anonml._swarm", str(config_path)], stdout=subprocess.PIPE
+            ))
 
         async def init_relay(i: int) -> None:
             relay_dir = work / f"relay-{i}"
@@ -408,34 +421,24 @@ async def run_demo(data: DemoData, params: DemoParams, work: Path, console: Any)
                 nursery.start_soon(init_relay, i)
             nursery.start_soon(partial(procs.run, "aggregator-init", "aggregator", "init", "--data-dir", str(agg_dir)))
 
-        console.print("[bold]2/5[/] the aggregator opens the round (anonml aggregator round new / run)")
-        http_port, sink_port = free_port(), free_port()
+        console.print(f"[bold]2/5[/] {time.monotonic() - started:5.1f} s  the aggregator opens the round (anonml aggregator round new / run)")
         spec_path = work / "round.toml"
         spec_path.write_text(to_toml(round_spec(data, params, peers, descriptors, http_port, sink_port)))
-        worker_csvs = write_peer_files(data, rows, work, params.workers)
         out = await procs.run("aggregator-round-new", "aggregator", "round", "new", "--data-dir", str(agg_dir), "--spec", str(spec_path))
         round_id = out.strip().splitlines()[-1]
         console.print(f"    round manifest hash (the round id): {round_id}")
         # Registration is open from `round new` on: start the aggregator and
         # the peers' workers together so their start-up overlaps.
         aggregator = await procs.start(
-            "aggregator", anonml_command("aggregator", "run", "--data-dir", str(agg_dir), "--round", round_id, "--linger", "2")
+            "aggregator", anonml_command("aggregator", "run", "--data-dir", str(agg_dir), "--round", round_id, "--linger", "1")
         )
-        url = f"http://{HOST}:{http_port}"
-        console.print(f"[bold]3/5[/] {peers} peers in {params.workers} worker processes join the round")
-        workers = []
-        for w, path in enumerate(worker_csvs):
-            config = SwarmConfig(w, url, path, work / "peers" / f"worker-{w}.sqlite", params.seed)
-            config_path = work / "peers" / f"worker-{w}.json"
-            config_path.write_text(config.to_json())
-            workers.append(await procs.start(
-                f"worker-{w}", [sys.executable, "-m", "anonml._swarm", str(config_path)], stdout=subprocess.PIPE
-            ))
+        console.print(f"[bold]3/5[/] {time.monotonic() - started:5.1f} s  {peers} peers in {params.workers} worker processes join the round")
         await _wait_for_http(url, trio.current_time() + 30)
         client = AggregatorClient(url, max_connections=2)
         async with trio.open_nursery() as nursery:
             for process in workers:
                 nursery.start_soon(_read_worker, process, progress)
+            ended_at: float | None = None
             with Live(_phase_table(progress, peers, started), console=console, refresh_per_second=4, transient=False) as live:
                 while True:
                     try:
@@ -445,23 +448,34 @@ async def run_demo(data: DemoData, params: DemoParams, work: Path, console: Any)
                     live.update(_phase_table(progress, peers, started))
                     workers_done = all(p.returncode is not None for p in workers)
                     ended = progress.status is not None and progress.status.phase in ("done", "failed")
-                    if workers_done and (ended or aggregator.returncode is not None):
-                        break
-                    if aggregator.returncode is not None and not ended:
-                        raise DemoError(f"the aggregator exited ({aggregator.returncode}); see {logs / 'aggregator.log'}")
+                    if aggregator.returncode is not None or ended:
+                        # Peers finish before t_r; after the round nothing is left for them to do.
+                        if ended_at is None:
+                            ended_at = trio.current_time()
+                        if workers_done or trio.current_time() - ended_at > 10:
+                            break
                     await trio.sleep(0.25)
+            for process in workers:
+                if process.returncode is None:
+                    process.terminate()
+        if progress.status is None:
+            raise DemoError(f"the round never started; see {logs / 'aggregator.log'}")
         await client.aclose()
-        console.print("[bold]4/5[/] the round is over; the aggregator writes its report")
+        console.print(f"[bold]4/5[/] {time.monotonic() - started:5.1f} s  the round is over; the aggregator writes its report")
         with trio.move_on_after(120):
             await aggregator.wait()
         round_dir = agg_dir / "rounds" / round_id
         report_path = round_dir / "report.json"
         report = json.loads(report_path.read_text()) if report_path.is_file() else {}
-        shown = await procs.run("aggregator-report", "aggregator", "report", "--data-dir", str(agg_dir), round_id) if report else ""
-        console.print(shown.rstrip())
+        if report:
+            from aggregator._report import summarise as report_lines
+
+            # What `anonml aggregator report --data-dir DIR ROUND` prints.
+            for line in report_lines(report):
+                console.print(f"    {line}")
     finally:
         await procs.stop_all()
-    console.print("[bold]5/5[/] evaluating the published model on the held-out rows")
+    console.print(f"[bold]5/5[/] {time.monotonic() - started:5.1f} s  evaluating the published model on the held-out rows")
     summary = summarise(data, params, progress, report, work, time.monotonic() - started)
     summary["auc"] = held_out_auc(data, round_dir / "model.pickle")
     summary["report_path"] = str(round_dir / "report.html")
