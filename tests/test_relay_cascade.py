@@ -166,6 +166,7 @@ async def test_garbage_truncated_slow_and_flooding_clients_do_not_disturb_an_hon
         await stream.aclose()
 
     async def silent_flood() -> None:
+        await trio.sleep(0.2)  # after the slow clients hold their slots
         streams = [await trio.open_tcp_stream("127.0.0.1", started.link[1]) for _ in range(30)]
         await trio.sleep(1.0)
         for stream in streams:
@@ -173,7 +174,7 @@ async def test_garbage_truncated_slow_and_flooding_clients_do_not_disturb_an_hon
 
     async with trio.open_nursery() as nursery:
         sink_address = await nursery.start(sink.serve)
-        config = relay_config(tmp_path / "r", link=limits, max_connections=16)
+        config = relay_config(tmp_path / "r", link=limits, max_connections=24)
         started: RelayStarted = await nursery.start(serve_relay, config)
         t = int(time.time()) + 4
         path = [hop(started, ReleaseWindow(t, t + 1)), sink_hop(sink_address)]
@@ -182,11 +183,11 @@ async def test_garbage_truncated_slow_and_flooding_clients_do_not_disturb_an_hon
         # The honest sender is connected before the attack starts.
         assert await client.send_batch(packets[:5], give_up_at=trio.current_time() + 5) == [AckStatus.ACCEPTED] * 5
         async with trio.open_nursery() as attack:
+            for _ in range(4):
+                attack.start_soon(slow)
             for _ in range(10):
                 attack.start_soon(garbage)
                 attack.start_soon(truncated)
-            for _ in range(4):
-                attack.start_soon(slow)
             attack.start_soon(silent_flood)
             for offset in range(5, n, 5):
                 statuses = await client.send_batch(packets[offset : offset + 5], give_up_at=trio.current_time() + 5)
@@ -203,8 +204,12 @@ async def test_garbage_truncated_slow_and_flooding_clients_do_not_disturb_an_hon
         nursery.cancel_scope.cancel()
     assert sorted(index_of(a.message) for a in sink.arrivals if a.message != b"after") == list(range(n))
     errors = started.counters.link_errors
-    assert errors["bad-magic"] + errors["truncated"] >= 10
-    assert errors["frame-timeout"] >= 1 and errors["hello-timeout"] >= 1
+    # Every hostile session ended in a counted link error or was refused at
+    # the connection limit. (Which error depends on timing: a client that has
+    # already hung up when the hello reply goes out ends as "broken".)
+    hostile = 10 + 10 + 4 + 30
+    assert sum(errors.values()) + started.counters.connections_refused >= hostile
+    assert errors["bad-magic"] >= 1 and errors["frame-timeout"] >= 1 and errors["hello-timeout"] >= 1
     assert started.counters.connections_refused >= 1
     assert errors["internal"] == 0
     assert started.counters.connections_open == 0
