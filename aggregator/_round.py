@@ -564,6 +564,25 @@ def build_schedule(spec: RoundSpec, start: int) -> RoundSchedule:
     return RoundSchedule(t_register_end, t_issue_end, tuple(median), data)
 
 
+def worst_case_epsilon(spec: FeatureSpec, k_h: int, k_s: int, eps_median: float, eps_data: float, median_rounds: int) -> float:
+    """ε_T to promise in the manifest: eq. 7.4 for the worst subsets a peer could be dealt.
+
+    Subsets come from the seed, which stays secret until registration closes,
+    so the promise cannot depend on them: every numeric feature answered at
+    ``eps_median`` and ``k_h`` disjoint subsets holding the costliest features
+    (numeric ones first). Peers compute the same bound before consenting
+    (``peer._join.planned_releases``).
+    """
+    from mechanisms import total_epsilon
+
+    medians = {name: eps_median for name in spec.numeric_names} if median_rounds else {}
+    worst_first = sorted(spec.names, key=lambda name: -medians.get(name, 0.0))
+    subsets = [
+        (tuple(worst_first[j * k_s : (j + 1) * k_s]) or (spec.names[0],), eps_data) for j in range(k_h)
+    ]
+    return float(total_epsilon(medians, subsets))
+
+
 def create_round(
     home: AggregatorHome, spec: RoundSpec, *, now: int, rng_bytes: Callable[[int], bytes] = os.urandom
 ) -> tuple[RoundState, list[str]]:
@@ -583,7 +602,10 @@ def create_round(
     manifest = RoundManifest(
         name=spec.name, label=spec.spec.label.name, features=spec.spec.to_dict(), k_p=spec.k_p, k_h=spec.k_h,
         k_s=spec.k_s, plan=spec.plan, learner=spec.learner, eps_median=plan.median_epsilon,
-        eps_data=plan.release_epsilon, eps_total=plan.epsilon_total, oracle=spec.oracle,
+        eps_data=plan.release_epsilon, oracle=spec.oracle,
+        eps_total=worst_case_epsilon(
+            spec.spec, spec.k_h, spec.k_s, plan.median_epsilon, plan.release_epsilon, spec.median_rounds
+        ),
         schedule=build_schedule(spec, now), relays=spec.relays,
         aggregator_hop=AggregatorHop(node_id_of(final_public), spec.sink_host, spec.sink_port, final_public),
         aggregator_url=f"http://{spec.http_host}:{spec.http_port}", path_length=spec.path_length,

@@ -471,3 +471,21 @@ def test_a_restarted_aggregator_resumes_the_round(tmp_path: Path) -> None:
         Peer(again, 1).obtain_credential()
     # The remaining peers still get theirs, in the same partitions as before.
     assert Peer(again, 3).obtain_credential() == state.assignment()[bytes(peers[2].key.verify_key)]
+
+
+def test_promised_epsilon_does_not_depend_on_the_secret_seed(tmp_path: Path) -> None:
+    # Which features a partition releases comes from the seed; the manifest's
+    # eps_total is fixed before the seed is revealed, so it must be the worst case.
+    document = spec_document()
+    document["task"]["features"].append({"name": "size", "type": "numeric", "low": 0, "high": 10})
+    document["schedule"]["median_rounds"] = 1
+    document["privacy"]["eps_total"] = 4.0
+    promised = set()
+    for attempt in range(6):
+        home = AggregatorHome(tmp_path / f"agg{attempt}")
+        home.initialise(bytes(range(32)), generate_keypair()[0])
+        state, _ = create_round(home, parse_round_spec(document), now=T0)
+        promised.add(state.manifest.eps_total)
+        # A released numeric feature costs its median answer plus its subset.
+        assert state.manifest.eps_median + state.manifest.eps_data <= state.manifest.eps_total
+    assert promised == {4.0}
