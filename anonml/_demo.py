@@ -213,6 +213,7 @@ class DemoParams:
     send_window: int
     delivery_window: int
     data_send_window: int
+    data_delivery_window: int
     register_seconds: int
     issue_seconds: int
 
@@ -232,17 +233,19 @@ def default_params(data: DemoData, peers: int, epsilon: float, workers: int, see
     if data.name == "breast-cancer":
         k_p, k_h, k_s, plan, median_rounds = 4, 2, 2, "split", 3
     else:
-        k_p, k_h, k_s, plan, median_rounds = 8, 1, 3, "one", 8
+        # Four sub-rounds of binary search resolve each median to 1/32 of its public range.
+        k_p, k_h, k_s, plan, median_rounds = 8, 1, 3, "one", 4
     thousands = peers / 1000.0
-    per_round = math.ceil(peers / k_p / 1000.0 * 6)  # one median sub-round's answers, seconds
+    per_round = math.ceil(peers / k_p / 1000.0 * 2.5)  # seconds to build and send one sub-round's answers
     return DemoParams(
         peers=peers, epsilon=epsilon, workers=workers, seed=seed, k_p=k_p, k_h=k_h, k_s=k_s, plan=plan,
         median_rounds=median_rounds,
         send_window=max(1, per_round),
-        delivery_window=max(RELAYS + 1, 2 * per_round),
-        data_send_window=max(2, math.ceil(thousands * k_h * 2.5)),
-        register_seconds=6 + math.ceil(thousands * 4),
-        issue_seconds=3 + math.ceil(thousands * 8),
+        delivery_window=max(RELAYS + 1, math.ceil(per_round * 1.2)),
+        data_send_window=max(2, math.ceil(thousands * k_h * 2)),
+        data_delivery_window=max(RELAYS + 1, math.ceil(thousands * k_h * 1.5)),
+        register_seconds=6 + math.ceil(thousands * 3.5),
+        issue_seconds=3 + math.ceil(thousands * 6),
     )
 
 
@@ -525,7 +528,7 @@ def round_spec(data: DemoData, params: DemoParams, peers: int, relays: list[dict
             "median_send": params.send_window,
             "median_delivery": params.delivery_window,
             "data_send": params.data_send_window,
-            "data_delivery": params.delivery_window,
+            "data_delivery": params.data_delivery_window,
         },
         "network": {
             "relays": [{k: relay[k] for k in relay_fields} for relay in relays],
