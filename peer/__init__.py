@@ -1,6 +1,84 @@
 """The peer: computes features locally, perturbs them, and sends each subset
-as one anonymous packet."""
+as one anonymous packet.
+
+:func:`join_round` is one peer's whole part in a round (DESIGN.md §3), callable
+in process so many peers can run concurrently (``anonml demo``); ``anonml peer
+init`` and ``anonml peer join`` wrap it for a person with one data file.
+"""
 
 from __future__ import annotations
 
-__all__: list[str] = []
+from peer._client import AggregatorClient, AggregatorError
+from peer._disclosure import describe_release
+from peer._features import RoundPipeline
+from peer._framework import (
+    CsvImporter,
+    Dataset,
+    EntityIsPeerInstancer,
+    Event,
+    FeatureError,
+    FeatureFunction,
+    FeatureVector,
+    Featurizer,
+    Importer,
+    Instancer,
+    MalformedData,
+    TrainingExample,
+)
+from peer._identity import IdentityError, PeerIdentity, init_identity, load_identity
+from peer._join import (
+    JoinRefused,
+    JoinResult,
+    Peer,
+    RoundSession,
+    check_manifest_unchanged,
+    choose_path,
+    join_round,
+    late_windows,
+    planned_releases,
+    receipt_check_time,
+)
+from peer._ledger import PeerLedger
+from peer._store import PeerStore, Registration, Spend, StoredPacket, StoreError
+from peer._transport import PacketTransport, open_transport
+
+__all__ = [
+    "AggregatorClient",
+    "AggregatorError",
+    "CsvImporter",
+    "Dataset",
+    "EntityIsPeerInstancer",
+    "Event",
+    "FeatureError",
+    "FeatureFunction",
+    "FeatureVector",
+    "Featurizer",
+    "IdentityError",
+    "Importer",
+    "Instancer",
+    "JoinRefused",
+    "JoinResult",
+    "MalformedData",
+    "PacketTransport",
+    "Peer",
+    "PeerIdentity",
+    "PeerLedger",
+    "PeerStore",
+    "Registration",
+    "RoundPipeline",
+    "RoundSession",
+    "Spend",
+    "StoreError",
+    "StoredPacket",
+    "TrainingExample",
+    "check_manifest_unchanged",
+    "choose_path",
+    "describe_release",
+    "init_identity",
+    "join_round",
+    "late_windows",
+    "load_identity",
+    "open_transport",
+    "planned_releases",
+    "receipt_check_time",
+]
