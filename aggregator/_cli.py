@@ -93,10 +93,9 @@ def _latest_round(home: AggregatorHome) -> str:
 @click.option("--test-file", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None,
               help="Labelled held-out file to measure utility on: CSV with a header naming the features and the label, or UCI Adult format.")
 @click.option("--linger", type=float, default=0.0, help="Keep serving this many seconds after the round ends.")
-@click.option("--threads", type=click.IntRange(1, 64), default=2, help="Packet batches processed at once (worker threads).")
 @click.option("--processes", type=click.IntRange(0, 64), default=0,
               help="Worker processes for token verification (0: verify in the batch's thread).")
-def run(data_dir: Path, round_id: str | None, test_file: Path | None, linger: float, threads: int, processes: int) -> None:
+def run(data_dir: Path, round_id: str | None, test_file: Path | None, linger: float, processes: int) -> None:
     """Serve the round through all its phases, then learn and write the report."""
     import trio
 
@@ -120,7 +119,7 @@ def run(data_dir: Path, round_id: str | None, test_file: Path | None, linger: fl
 
     config = AggregatorConfig(
         state, http_host=host, http_port=int(port), sink_host=manifest.aggregator_hop.host,
-        sink_port=manifest.aggregator_hop.port, verify_threads=threads, verify_processes=processes, linger=linger,
+        sink_port=manifest.aggregator_hop.port, verify_processes=processes, linger=linger,
         on_learn=on_learn,
     )
 

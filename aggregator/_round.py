@@ -109,8 +109,6 @@ class RoundState:
         self._roster_cache: tuple[tuple[int, bool], bytes] | None = None
         self.learning_started_at: int | None = None
         """Set by the driver when the data phase's delivery window has closed."""
-        self.batches_in_flight = 0
-        """Packet batches being verified and stored (the driver waits for them before publishing)."""
         self.link_errors: Counter[str] = Counter()
         """Packet-sink connections that ended in a link error, by reason (reported in the status counts)."""
 

@@ -53,7 +53,6 @@ class AggregatorConfig:
     http_port: int = 0
     sink_host: str = "127.0.0.1"
     sink_port: int = 0
-    verify_threads: int = 2
     verify_processes: int = 0
     linger: float = 0.0
     on_learn: Callable[[RoundState], dict[str, Any]] | None = None
@@ -190,14 +189,14 @@ async def wait_until(clock: Clock, when: float) -> None:
 
 
 async def _settle(state: RoundState, when: int) -> None:
-    """Wait until ``when`` and until every batch accepted before it is stored.
+    """Wait until ``when`` and until every frame that arrived before it has been verified.
 
-    A batch stamped before ``when`` may still be verifying in a worker
-    thread; results computed at ``when`` must include it.
+    Frames wait in the inbox until the verifier gets to them; results
+    computed for a phase ending at ``when`` must include every one of them.
     """
     await wait_until(state.clock, when)
-    while state.batches_in_flight:
-        await trio.sleep(0.01)
+    while state.store.inbox_pending_before(when):
+        await trio.sleep(0.05)
 
 
 async def drive_round(state: RoundState, on_learn: Callable[[RoundState], dict[str, Any]] | None = None) -> str:
@@ -239,7 +238,7 @@ async def serve_aggregator(
 ) -> str:
     """Serve one round until it ends (plus ``config.linger`` seconds); return its outcome."""
     state = config.state
-    sink = PacketSink(state, threads=config.verify_threads, processes=config.verify_processes)
+    sink = PacketSink(state, processes=config.verify_processes)
     hyper = HypercornConfig()
     hyper.bind = [f"{config.http_host}:{config.http_port}"]
     hyper.accesslog = None
@@ -253,6 +252,7 @@ async def serve_aggregator(
             listeners = await nursery.start(partial(trio.serve_tcp, sink.handle, config.sink_port, host=config.sink_host))
             sink_port = listeners[0].socket.getsockname()[1]
             await trio.to_thread.run_sync(sink.verifier.warm)
+            nursery.start_soon(sink.verify_forever)
             task_status.started(BoundAddresses(binds[0], (config.sink_host, sink_port)))
             outcome = await drive_round(state, config.on_learn)
             await trio.sleep(config.linger)

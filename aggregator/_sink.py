@@ -1,14 +1,19 @@
 """The packet sink: where the last relays deliver (DESIGN.md §5, §7, §10).
 
-It speaks the relay link protocol (``protocol.serve_link``) and acknowledges
-each frame only once :func:`aggregator._verify.process_batch` has committed
-it. Verification runs in worker threads bounded by a CapacityLimiter, so the
-event loop keeps serving HTTP while tokens are checked.
+It speaks the relay link protocol (``protocol.serve_link``). Each batch of
+frames is made durable in the round's inbox, stamped with its arrival time,
+and only then acknowledged; a background worker verifies the inbox in order
+(:func:`aggregator._verify.process_batch`, in a worker thread so the event
+loop keeps serving HTTP) and moves each frame to the accepted packets or the
+rejection counts. Judging the acceptance window at arrival keeps a slow
+verifier from turning punctual packets into late ones, and acknowledging
+quickly keeps the last relay's releases on time.
 """
 
 from __future__ import annotations
 
 import logging
+
 import trio
 
 from protocol import AckStatus, LinkError, LinkLimits, serve_link
@@ -20,31 +25,48 @@ log = logging.getLogger(__name__)
 
 
 class PacketSink:
-    """Turns link batches into durable outcomes; counts link-level failures by reason."""
+    """Receives link batches durably, verifies them in the background, counts link failures by reason."""
 
     def __init__(
-        self, state: RoundState, *, threads: int = 2, processes: int = 0, limits: LinkLimits = LinkLimits()
+        self,
+        state: RoundState,
+        *,
+        processes: int = 0,
+        verify_batch: int = 256,
+        limits: LinkLimits = LinkLimits(),
     ) -> None:
         self.state = state
-        self.limiter = trio.CapacityLimiter(threads)
         self.verifier = TokenVerifier(state.secrets.issuer_key, processes)
+        self.verify_batch = verify_batch
         self.limits = limits
         self.link_errors = state.link_errors
         geometry = state.geometry
         self.packet_size = geometry.packet_size
         self.geometry_hash = geometry.canonical_hash()
+        self._wakeup = trio.Event()
 
     async def on_packets(self, frames: list[bytes]) -> list[AckStatus]:
-        now = self.state.now()
-        self.state.batches_in_flight += 1
-        try:
-            outcomes = await trio.to_thread.run_sync(
-                process_batch, self.state, frames, now, self.verifier, limiter=self.limiter
+        """Store, then acknowledge: every frame is durable (DESIGN.md §10); its verdict comes later."""
+        await trio.to_thread.run_sync(self.state.store.enqueue, frames, self.state.now())
+        self._wakeup.set()
+        return [AckStatus.ACCEPTED] * len(frames)
+
+    async def verify_forever(self) -> None:
+        """Verify the inbox, oldest first, until cancelled (also drains what a restart left)."""
+        store = self.state.store
+        while True:
+            # A fresh event before looking, so a batch stored after the look still wakes us.
+            self._wakeup = trio.Event()
+            rows = store.inbox_batch(self.verify_batch)
+            if not rows:
+                await self._wakeup.wait()
+                continue
+            ids = [row[0] for row in rows]
+            frames = [row[1] for row in rows]
+            arrivals = [row[2] for row in rows]
+            await trio.to_thread.run_sync(
+                lambda: process_batch(self.state, frames, arrivals, self.verifier, inbox_ids=ids)
             )
-        finally:
-            self.state.batches_in_flight -= 1
-        # A duplicate is durable already (its first copy): the sender may forget it.
-        return [AckStatus.ACCEPTED if o in ("accepted", "duplicate") else AckStatus.REJECTED for o in outcomes]
 
     def close(self) -> None:
         self.verifier.close()

@@ -1,10 +1,11 @@
 """The aggregator's durable state for one round: SQLite in WAL mode (DESIGN.md §10).
 
-Registrations, invitations, the allow-list, credentials issued, accepted
-packets (unique per survey and tag digest, DESIGN.md §6), rejections counted
-by reason, the receipt log, final-hop replay tags, and published results.
-A packet is acknowledged on the link only after :meth:`RoundStore.store_batch`
-has committed it.
+Registrations, invitations, the allow-list, credentials issued, the inbox of
+received frames, accepted packets (unique per survey and tag digest,
+DESIGN.md §6), rejections counted by reason, the receipt log, final-hop replay
+tags, and published results. A frame is acknowledged on the link only after
+:meth:`RoundStore.enqueue` has committed it; verification then moves it from
+the inbox to the packets or the rejection counts in one transaction.
 
 One connection per store, used from the event loop and from verification
 threads; a lock serialises access (SQLite connections are not thread-safe).
@@ -37,6 +38,8 @@ CREATE TABLE IF NOT EXISTS packets (
 CREATE TABLE IF NOT EXISTS rejections (reason TEXT PRIMARY KEY, count INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS replay_tags (tag BLOB PRIMARY KEY);
 CREATE TABLE IF NOT EXISTS results (key TEXT PRIMARY KEY, value BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS inbox (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, frame BLOB NOT NULL, arrived INTEGER NOT NULL);
 """
 
 
@@ -171,8 +174,41 @@ class RoundStore:
         with self._lock:
             return self._db.execute("SELECT 1 FROM replay_tags WHERE tag = ?", (tag,)).fetchone() is not None
 
+    # -- the inbox: frames received and durable, not yet verified ---------------------
+
+    def enqueue(self, frames: Sequence[bytes], arrived: int) -> None:
+        """Make received frames durable with their arrival time (the link acknowledges after this)."""
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                self._db.executemany("INSERT INTO inbox (frame, arrived) VALUES (?, ?)", [(f, arrived) for f in frames])
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+
+    def inbox_batch(self, limit: int) -> list[tuple[int, bytes, int]]:
+        """The oldest ``limit`` unverified frames as ``(id, frame, arrived)``."""
+        with self._lock:
+            rows = self._db.execute("SELECT id, frame, arrived FROM inbox ORDER BY id LIMIT ?", (limit,)).fetchall()
+        return [(int(i), bytes(f), int(a)) for i, f, a in rows]
+
+    def inbox_size(self) -> int:
+        with self._lock:
+            return int(self._db.execute("SELECT COUNT(*) FROM inbox").fetchone()[0])
+
+    def inbox_pending_before(self, when: int) -> bool:
+        """Whether a frame that arrived before ``when`` still awaits its verdict."""
+        with self._lock:
+            return self._db.execute("SELECT 1 FROM inbox WHERE arrived < ? LIMIT 1", (when,)).fetchone() is not None
+
     def store_batch(
-        self, packets: Sequence[VerifiedPacket], rejections: Sequence[str], now: int, replay_tags: Sequence[bytes] = ()
+        self,
+        packets: Sequence[VerifiedPacket],
+        rejections: Sequence[str],
+        now: int,
+        replay_tags: Sequence[bytes] = (),
+        done_inbox_ids: Sequence[int] = (),
     ) -> list[str]:
         """Store verified packets and count rejections in one transaction.
 
@@ -205,6 +241,8 @@ class RoundStore:
                     outcome = "duplicate" if bytes(row[0]) == packet.message_hash else "double-submission"
                     outcomes.append(outcome)
                     counted[outcome] = counted.get(outcome, 0) + 1
+                # The inbox rows go in the same transaction: each frame is decided exactly once.
+                self._db.executemany("DELETE FROM inbox WHERE id = ?", [(i,) for i in done_inbox_ids])
                 # Replay tags commit with the batch: one fsync per batch, not per packet.
                 self._db.executemany("INSERT OR IGNORE INTO replay_tags VALUES (?)", [(t,) for t in replay_tags])
                 self._db.executemany(

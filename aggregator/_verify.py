@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
@@ -145,21 +146,34 @@ def _open(state: RoundState, frame: bytes, now: int, batch_tags: set[bytes]) -> 
     return _Opened(message, bound, TokenJob(message.survey.to_bytes(), bound, message.token, partition))
 
 
-def process_batch(state: RoundState, frames: list[bytes], now: int, verifier: TokenVerifier | None = None) -> list[str]:
+def process_batch(
+    state: RoundState,
+    frames: list[bytes],
+    now: int | Sequence[int],
+    verifier: TokenVerifier | None = None,
+    *,
+    inbox_ids: Sequence[int] = (),
+) -> list[str]:
     """Outcome per frame (``"accepted"`` or a reason), after the batch is durable.
 
-    Order per packet (DESIGN.md §5, §6): final Sphinx layer and replay tag,
-    message, open survey and window, token (with its partition), report
-    format, then double-submission handling in the store.
+    ``now`` is the time the frames arrived (one for all, or one per frame): the
+    acceptance window is judged at arrival, not when verification gets to
+    them. Order per packet (DESIGN.md §5, §6): final Sphinx layer and replay
+    tag, message, open survey and window, token (with its partition), report
+    format, then double-submission handling in the store. ``inbox_ids`` are
+    removed from the inbox in the same commit.
     """
     verifier = verifier or TokenVerifier(state.secrets.issuer_key)
+    arrivals = [now] * len(frames) if isinstance(now, int) else list(now)
+    if len(arrivals) != len(frames):
+        raise ValueError(f"{len(arrivals)} arrival times for {len(frames)} frames")
     outcomes: list[str] = [""] * len(frames)
     rejections: list[str] = []
     batch_tags: set[bytes] = set()
     opened: list[tuple[int, _Opened]] = []
     for index, frame in enumerate(frames):
         try:
-            opened.append((index, _open(state, frame, now, batch_tags)))
+            opened.append((index, _open(state, frame, arrivals[index], batch_tags)))
         except SurveyRefused as exc:
             outcomes[index] = exc.reason
             rejections.append(exc.reason)
@@ -179,7 +193,9 @@ def process_batch(state: RoundState, frames: list[bytes], now: int, verifier: To
         verified.append(
             (index, VerifiedPacket(item.message.survey, result, message_hash(item.bound), item.message.report, receipt_digest(result)))
         )
-    stored = state.store.store_batch([packet for _, packet in verified], rejections, now, sorted(batch_tags))
+    stored = state.store.store_batch(
+        [packet for _, packet in verified], rejections, max(arrivals, default=0), sorted(batch_tags), inbox_ids
+    )
     for (index, _), outcome in zip(verified, stored):
         outcomes[index] = outcome
     if rejections:
