@@ -19,6 +19,7 @@ import json
 import math
 import os
 import resource
+import signal
 import socket
 import subprocess
 import sys
@@ -236,16 +237,16 @@ def default_params(data: DemoData, peers: int, epsilon: float, workers: int, see
         # Four sub-rounds of binary search resolve each median to 1/32 of its public range.
         k_p, k_h, k_s, plan, median_rounds = 8, 1, 3, "one", 4
     thousands = peers / 1000.0
-    per_round = math.ceil(peers / k_p / 1000.0 * 2.5)  # seconds to build and send one sub-round's answers
+    per_round = math.ceil(peers / k_p / 1000.0 * 2.0)  # seconds to build and send one sub-round's answers
     return DemoParams(
         peers=peers, epsilon=epsilon, workers=workers, seed=seed, k_p=k_p, k_h=k_h, k_s=k_s, plan=plan,
         median_rounds=median_rounds,
         send_window=max(1, per_round),
-        delivery_window=max(RELAYS + 1, math.ceil(per_round * 1.2)),
+        delivery_window=max(RELAYS + 1, math.ceil(per_round * 1.25)),
         data_send_window=max(2, math.ceil(thousands * k_h * 2)),
         data_delivery_window=max(RELAYS + 1, math.ceil(thousands * k_h * 1.5)),
-        register_seconds=6 + math.ceil(thousands * 3.5),
-        issue_seconds=3 + math.ceil(thousands * 6),
+        register_seconds=6 + math.ceil(thousands * 3),
+        issue_seconds=3 + math.ceil(thousands * 7),
     )
 
 
@@ -638,6 +639,8 @@ def demo(peers: int | None, dataset: str, data_dir: Path | None, epsilon: float,
     params = default_params(data, n, epsilon, workers, seed)
     work = work_dir or Path(tempfile.mkdtemp(prefix="anonml-demo-"))
     work.mkdir(parents=True, exist_ok=True)
+    # SIGTERM unwinds like Ctrl-C, so the demo's child processes are stopped too.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     summary = trio.run(run_demo, data, params, work, console)
     _print_summary(console, summary, params)
     if json_out is not None:

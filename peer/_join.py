@@ -21,6 +21,7 @@ import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import TypeVar
 
 import numpy as np
@@ -40,7 +41,7 @@ from crypto import (
     make_token,
     tag_digest,
 )
-from mechanisms import BudgetExceeded, answer_is_greater, make_oracle
+from mechanisms import BudgetExceeded, FrequencyOracle, answer_is_greater, make_oracle
 from peer._client import AggregatorClient, AggregatorError, retry_delay
 from peer._features import RoundPipeline
 from peer._framework import FeatureVector
@@ -55,6 +56,7 @@ from protocol._api import (
     ReceiptLog,
     RegisterRequest,
     RosterResponse,
+    receipt_digest,
 )
 from protocol._features import FeatureSpec, NumericFeature
 from protocol._link import AckStatus
@@ -83,6 +85,13 @@ class JoinRefused(ValueError):
 
 
 Clock = Callable[[], float]
+
+
+@lru_cache(maxsize=1024)
+def _oracle(name: str, epsilon: float, m: int, n: int) -> FrequencyOracle:
+    """The survey's frequency oracle, built once per process: ``"auto"``
+    chooses by the partition size ``n``, as the aggregator does (DESIGN.md §8)."""
+    return make_oracle(name, epsilon, m, n=n)
 
 
 async def sleep_until_wall(when: float, now: Clock = time.time) -> None:
@@ -148,10 +157,16 @@ class RoundSession:
 
         return await self._cache.get(key, poll)
 
-    async def roster(self, manifest: RoundManifest) -> RosterResponse:
+    async def roster(self, manifest: RoundManifest, round_id: bytes) -> RosterResponse:
+        """The signed roster with the seed revealed; its signature is checked
+        once per process (one Ed25519 check over every key of the round)."""
+
         async def revealed() -> RosterResponse | None:
             roster = await self.client.roster()
-            return None if roster is None or roster.seed is None else roster
+            if roster is None or roster.seed is None:
+                return None
+            roster.verify(manifest.identity_key, round_id)
+            return roster
 
         await sleep_until_wall(manifest.schedule.t_register_end, self.now)
         return await self._poll("roster", revealed, manifest.schedule.t_issue_end, "the roster and seed")
@@ -165,10 +180,14 @@ class RoundSession:
             await sleep_until_wall(manifest.schedule.median[-1].t_r, self.now)
         return await self._poll("medians", self.client.medians, manifest.schedule.data.send_end, "the medians")
 
-    async def receipts(self, at: float) -> ReceiptLog:
+    async def receipts(self, at: float) -> Receipts:
         """The whole receipt log as of wall time ``at`` (fetched once for everyone waiting on ``at``)."""
         await sleep_until_wall(at, self.now)
-        return await self._cache.get(("receipts", at), self.client.receipts)
+
+        async def fetch() -> Receipts:
+            return Receipts.of(await self.client.receipts())
+
+        return await self._cache.get(("receipts", at), fetch)
 
     async def assignment(self, manifest: RoundManifest, roster: RosterResponse) -> dict[bytes, tuple[int, int]]:
         """Identity key -> (partition, partition size), as everyone derives it from the seed."""
@@ -180,6 +199,20 @@ class RoundSession:
             return {key: (int(p), int(sizes[p])) for key, p in zip(roster.roster, partitions, strict=True)}
 
         return await self._cache.get(("assignment", roster.seed), derive)
+
+
+@dataclass(frozen=True)
+class Receipts:
+    """A receipt log indexed for lookups (every peer of a process checks its own digests in it)."""
+
+    by_survey: dict[SurveyId, frozenset[bytes]]
+
+    @classmethod
+    def of(cls, log: ReceiptLog) -> Receipts:
+        return cls({survey: frozenset(digests) for survey, digests in log.receipts.items()})
+
+    def contains(self, survey: SurveyId, tag_digest: bytes) -> bool:
+        return receipt_digest(tag_digest) in self.by_survey.get(survey, frozenset())
 
 
 @dataclass
@@ -334,8 +367,7 @@ class _RoundRun:
         self.emit("registered")
 
     async def partition(self) -> tuple[int, int, tuple[tuple[str, ...], ...]]:
-        roster = await self.session.roster(self.manifest)
-        roster.verify(self.manifest.identity_key, self.round_id)
+        roster = await self.session.roster(self.manifest, self.round_id)
         assert roster.seed is not None
         if not check_seed(roster.seed, self.manifest.seed_commitment):
             raise JoinRefused("seed-mismatch", "the revealed seed does not open the manifest's commitment; refusing the round")
@@ -384,7 +416,10 @@ class _RoundRun:
             relays = choose_path(self.manifest.relays, self.manifest.path_length, self.peer.rng, out.tried)
             out.tried.update(r.node_id for r in relays)
             packet = build_packet(self.geometry, self._hops(relays, windows), out.message)
-            give_up_at = trio.current_time() + max(0.0, deadline - self.session.now())
+            # Half the time left per attempt: a first relay that is down must
+            # leave time to try a path through another one.
+            left = max(0.0, deadline - self.session.now())
+            give_up_at = trio.current_time() + (left if left < 2.0 else max(2.0, left / 2))
             status = await self.session.transport.send(relays[0].host, relays[0].port, packet, give_up_at=give_up_at)
             out.sends += 1
             self.result.sends += 1
@@ -427,7 +462,7 @@ class _RoundRun:
             try:
                 final = await self.session.receipts(phase.t_r - _MARGIN)
             except AggregatorError:
-                final = ReceiptLog({})
+                final = Receipts({})
             for out in pending:
                 if final.contains(out.survey, out.receipt):
                     self.acknowledged(out)
@@ -470,7 +505,7 @@ class _RoundRun:
         outgoing = []
         for index, subset in enumerate(subsets):
             value = self.pipeline.encode_subset(subset, bins, self.peer.vector.label)
-            oracle = make_oracle(self.manifest.oracle, self.manifest.eps_data, self.spec.domain_size(subset), n=size)
+            oracle = _oracle(self.manifest.oracle, self.manifest.eps_data, self.spec.domain_size(subset), size)
             report = oracle.encode_report(oracle.privatize(np.asarray([value]), self.peer.rng)[0])
             survey = SurveyId.data(self.round_id, partition, index)
             self.ledger.spend_subset(survey, subset, self.manifest.eps_data)

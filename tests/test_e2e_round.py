@@ -153,8 +153,19 @@ class Adversary:
 
 
 async def test_a_round_completes_rejects_every_forbidden_submission_and_survives_a_stopped_relay(tmp_path: Path) -> None:
+    relay_processes: list[trio.Process] = []
+    try:
+        await run_round(tmp_path, relay_processes)
+    finally:
+        for process in relay_processes:
+            if process.returncode is None:
+                process.kill()
+
+
+async def run_round(tmp_path: Path, relay_processes: list[trio.Process]) -> None:
     async with trio.open_nursery() as nursery:
-        descriptors, relay_processes = await start_relays(tmp_path, nursery)
+        descriptors, started = await start_relays(tmp_path, nursery)
+        relay_processes.extend(started)
         home = AggregatorHome(tmp_path / "agg")
         home.initialise(os.urandom(32), generate_keypair()[0])
         spec = parse_round_spec(spec_document(descriptors))
