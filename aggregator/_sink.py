@@ -33,11 +33,13 @@ class PacketSink:
         *,
         processes: int = 0,
         verify_batch: int = 256,
+        max_inbox: int = 500_000,
         limits: LinkLimits = LinkLimits(),
     ) -> None:
         self.state = state
         self.verifier = TokenVerifier(state.secrets.issuer_key, processes)
         self.verify_batch = verify_batch
+        self.max_inbox = max_inbox
         self.limits = limits
         self.link_errors = state.link_errors
         geometry = state.geometry
@@ -46,7 +48,14 @@ class PacketSink:
         self._wakeup = trio.Event()
 
     async def on_packets(self, frames: list[bytes]) -> list[AckStatus]:
-        """Store, then acknowledge: every frame is durable (DESIGN.md §10); its verdict comes later."""
+        """Store, then acknowledge: every frame is durable (DESIGN.md §10); its verdict comes later.
+
+        A full inbox (a flood, or a verifier far behind) answers BUSY: the
+        sender keeps the packets and may resend later; disk use stays bounded.
+        """
+        if self.state.store.inbox_size() + len(frames) > self.max_inbox:
+            self.link_errors["inbox-full"] += len(frames)
+            return [AckStatus.BUSY] * len(frames)
         await trio.to_thread.run_sync(self.state.store.enqueue, frames, self.state.now())
         self._wakeup.set()
         return [AckStatus.ACCEPTED] * len(frames)

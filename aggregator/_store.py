@@ -78,6 +78,8 @@ class RoundStore:
             # FULL: a commit is on disk before the link acknowledges (DESIGN.md §10).
             self._db.execute("PRAGMA synchronous=FULL")
             self._db.executescript(_SCHEMA)
+            self.inbox_count = int(self._db.execute("SELECT COUNT(*) FROM inbox").fetchone()[0])
+            """Frames waiting for verification (kept in memory: the sink checks it per batch)."""
 
     def close(self) -> None:
         with self._lock:
@@ -183,6 +185,7 @@ class RoundStore:
             try:
                 self._db.executemany("INSERT INTO inbox (frame, arrived) VALUES (?, ?)", [(f, arrived) for f in frames])
                 self._db.execute("COMMIT")
+                self.inbox_count += len(frames)
             except BaseException:
                 self._db.execute("ROLLBACK")
                 raise
@@ -194,8 +197,7 @@ class RoundStore:
         return [(int(i), bytes(f), int(a)) for i, f, a in rows]
 
     def inbox_size(self) -> int:
-        with self._lock:
-            return int(self._db.execute("SELECT COUNT(*) FROM inbox").fetchone()[0])
+        return self.inbox_count
 
     def inbox_pending_before(self, when: int) -> bool:
         """Whether a frame that arrived before ``when`` still awaits its verdict."""
@@ -242,7 +244,7 @@ class RoundStore:
                     outcomes.append(outcome)
                     counted[outcome] = counted.get(outcome, 0) + 1
                 # The inbox rows go in the same transaction: each frame is decided exactly once.
-                self._db.executemany("DELETE FROM inbox WHERE id = ?", [(i,) for i in done_inbox_ids])
+                deleted = self._db.executemany("DELETE FROM inbox WHERE id = ?", [(i,) for i in done_inbox_ids]).rowcount
                 # Replay tags commit with the batch: one fsync per batch, not per packet.
                 self._db.executemany("INSERT OR IGNORE INTO replay_tags VALUES (?)", [(t,) for t in replay_tags])
                 self._db.executemany(
@@ -253,6 +255,7 @@ class RoundStore:
             except BaseException:
                 self._db.execute("ROLLBACK")
                 raise
+            self.inbox_count -= max(deleted, 0)
         return outcomes
 
     def reports(self, survey: SurveyId) -> list[bytes]:

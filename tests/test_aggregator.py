@@ -544,3 +544,22 @@ async def test_frames_are_judged_at_arrival_and_results_wait_for_them(
     assert state.store.rejections() == {"outside-window": 1}
     medians = state.medians()
     assert medians is not None and medians.medians["size"] > 5.0
+
+
+async def test_a_full_inbox_answers_busy_and_stores_nothing(tmp_path: Path) -> None:
+    from aggregator._sink import PacketSink
+    from protocol import AckStatus
+
+    state, _ = make_round(tmp_path, FakeClock(T0 + 1))
+    sink = PacketSink(state, max_inbox=3)
+    frame = bytes(state.geometry.packet_size)
+    assert await sink.on_packets([frame, frame]) == [AckStatus.ACCEPTED] * 2
+    assert await sink.on_packets([frame, frame]) == [AckStatus.BUSY] * 2
+    assert state.store.inbox_size() == 2 and state.link_errors["inbox-full"] == 2
+    # Verification drains the inbox (both frames are garbage: counted as bad packets).
+    from aggregator._verify import process_batch
+
+    rows = state.store.inbox_batch(10)
+    process_batch(state, [r[1] for r in rows], [r[2] for r in rows], inbox_ids=[r[0] for r in rows])
+    assert state.store.inbox_size() == 0 and state.store.rejections() == {"bad-packet": 2}
+    assert await sink.on_packets([frame]) == [AckStatus.ACCEPTED]
