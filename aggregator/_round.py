@@ -144,6 +144,7 @@ class RoundState:
         if outcome is not None:
             phase, sub_round = outcome, None
         counts = self.store.counts()
+        counts["awaiting-verification"] = self.store.inbox_size()
         counts.update({f"link/{reason}": count for reason, count in sorted(self.link_errors.items())})
         return RoundStatus(
             self.round_id, phase, sub_round, now, self.manifest.schedule.to_dict(), counts, self.store.rejections()
