@@ -129,7 +129,18 @@ def run(data_dir: Path, round_id: str | None, test_file: Path | None, linger: fl
             click.echo(f"round {state.round_id.hex()[:16]}… serving {addresses.http_url}, packet sink {addresses.sink}", err=True)
         return state.outcome() or "failed"
 
-    outcome = trio.run(main)
+    try:
+        outcome = trio.run(main)
+    except (KeyboardInterrupt, OSError, BaseExceptionGroup) as exc:
+        # trio wraps failures of the serving tasks in exception groups.
+        group = exc if isinstance(exc, BaseExceptionGroup) else BaseExceptionGroup("run", [exc])
+        if group.subgroup(KeyboardInterrupt) is not None:
+            click.echo(f"interrupted; `anonml aggregator run --data-dir {data_dir} --round {chosen}` resumes the round", err=True)
+            sys.exit(130)
+        address_errors = group.subgroup(OSError)
+        if address_errors is None:
+            raise
+        raise click.ClickException(f"cannot serve the round: {address_errors.exceptions[0]}") from None
     if outcome == "failed":
         detail = json.loads(state.store.get_result("outcome") or b"{}")
         report = {"round_id": state.round_id.hex(), "name": manifest.name, "status": "failed", **detail,

@@ -123,3 +123,21 @@ def test_bench_aggregator_reports_its_figures() -> None:
     figures = json.loads(result.output)
     assert figures["processes=0"]["accepted"] == 20
     assert figures["processes=0"]["x_verify_token"] > 0
+
+
+def test_run_on_a_taken_port_fails_with_a_clear_message(tmp_path: Path) -> None:
+    import re
+    import socket
+
+    runner = CliRunner()
+    runner.invoke(main, ["aggregator", "init", "--data-dir", str(tmp_path / "agg")])
+    spec = write_spec(tmp_path / "round.toml")
+    http_port = int(re.search(r"http_port = (\d+)", spec.read_text()).group(1))  # type: ignore[union-attr]
+    created = runner.invoke(main, ["aggregator", "round", "new", "--data-dir", str(tmp_path / "agg"), "--spec", str(spec)])
+    round_id = created.stdout.strip().splitlines()[-1]
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", http_port))
+        taken.listen()
+        result = runner.invoke(main, ["aggregator", "run", "--data-dir", str(tmp_path / "agg"), "--round", round_id])
+    assert result.exit_code == 1
+    assert "cannot serve the round" in result.output
