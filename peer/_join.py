@@ -138,7 +138,19 @@ class RoundSession:
     client: AggregatorClient
     transport: PacketTransport
     now: Clock = time.time
+    # CPU-heavy steps (signing, blind issuance, tokens) of thousands of peers
+    # in one process take turns here, so the event loop keeps serving sockets
+    # between them instead of running every peer's step in one long batch.
+    slots: trio.CapacityLimiter = field(default_factory=lambda: trio.CapacityLimiter(32))
     _cache: _SingleFlight = field(default_factory=_SingleFlight)
+    _keys: dict[bytes, tuple[SphinxGeometry, IssuerPublicKey]] = field(default_factory=dict)
+
+    def round_keys(self, signed: SignedManifest) -> tuple[SphinxGeometry, IssuerPublicKey]:
+        """The round's packet geometry and token key, parsed once per process."""
+        if signed.round_id not in self._keys:
+            manifest = signed.manifest
+            self._keys[signed.round_id] = (manifest.sphinx_geometry(), IssuerPublicKey.from_bytes(manifest.token_public_key))
+        return self._keys[signed.round_id]
 
     async def manifest(self, phase: str) -> SignedManifest:
         return await self._cache.get(("manifest", phase), self.client.manifest)
@@ -341,8 +353,7 @@ class _RoundRun:
         self.pipeline = pipeline
         self.spec = pipeline.spec
         self.key = peer.identity.public_key
-        self.geometry: SphinxGeometry = self.manifest.sphinx_geometry()
-        self.issuer_key = IssuerPublicKey.from_bytes(self.manifest.token_public_key)
+        self.geometry, self.issuer_key = session.round_keys(signed)
         self.ledger = PeerLedger(peer.store, self.key, self.round_id, self.manifest.eps_total)
         self.listener = listener
         self.result = JoinResult()
@@ -382,13 +393,14 @@ class _RoundRun:
 
     async def obtain_credential(self, partition: int) -> Credential:
         await self.recheck_manifest("issuance")
-        secret = CredentialSecret.generate()
-        request, state = begin_issuance(self.issuer_key, secret, partition)
-        body = CredentialRequest.create(self.peer.identity.signing_key, self.round_id, request.to_bytes())
-        response = await self.session.client.credential(body)
-        if response.partition != partition:
-            raise JoinRefused("partition-mismatch", f"the aggregator says partition {response.partition!r}, the seed says {partition!r}")
-        credential = finish_issuance(state, response.response)
+        async with self.session.slots:
+            secret = CredentialSecret.generate()
+            request, state = begin_issuance(self.issuer_key, secret, partition)
+            body = CredentialRequest.create(self.peer.identity.signing_key, self.round_id, request.to_bytes())
+            response = await self.session.client.credential(body)
+            if response.partition != partition:
+                raise JoinRefused("partition-mismatch", f"the aggregator says partition {response.partition!r}, the seed says {partition!r}")
+            credential = finish_issuance(state, response.response)
         self.peer.store.set_credential(self.key, self.round_id, credential.to_bytes())
         self.emit("credential")
         return credential
@@ -488,8 +500,9 @@ class _RoundRun:
             for name, threshold in zip(thresholds.features, thresholds.thresholds, strict=True)
         ]
         report = encode_median_report(bits)
-        self.ledger.spend_median(survey, thresholds.features, self.manifest.eps_median)
-        out = self.prepare(survey, report, self.manifest.schedule.median[partition])
+        async with self.session.slots:
+            self.ledger.spend_median(survey, thresholds.features, self.manifest.eps_median)
+            out = self.prepare(survey, report, self.manifest.schedule.median[partition])
         await self.send_in_window(out)
         return [out]
 
@@ -508,8 +521,9 @@ class _RoundRun:
             oracle = _oracle(self.manifest.oracle, self.manifest.eps_data, self.spec.domain_size(subset), size)
             report = oracle.encode_report(oracle.privatize(np.asarray([value]), self.peer.rng)[0])
             survey = SurveyId.data(self.round_id, partition, index)
-            self.ledger.spend_subset(survey, subset, self.manifest.eps_data)
-            outgoing.append(self.prepare(survey, report, self.manifest.schedule.data))
+            async with self.session.slots:
+                self.ledger.spend_subset(survey, subset, self.manifest.eps_data)
+                outgoing.append(self.prepare(survey, report, self.manifest.schedule.data))
         async with trio.open_nursery() as nursery:
             for out in outgoing:
                 nursery.start_soon(self.send_in_window, out)
@@ -531,13 +545,14 @@ async def join_round(
     obtained the peer's consent. Raises :class:`JoinRefused`,
     :class:`AggregatorError` or :class:`mechanisms.BudgetExceeded`.
     """
-    run = _RoundRun(peer, session, signed, pipeline, listener)
-    medians, subsets = planned_releases(run.manifest, run.spec)
-    try:
-        run.ledger.check(medians=medians, subsets=subsets)
-    except BudgetExceeded as exc:
-        raise JoinRefused("budget", str(exc)) from None
-    await run.register()
+    async with session.slots:
+        run = _RoundRun(peer, session, signed, pipeline, listener)
+        medians, subsets = planned_releases(run.manifest, run.spec)
+        try:
+            run.ledger.check(medians=medians, subsets=subsets)
+        except BudgetExceeded as exc:
+            raise JoinRefused("budget", str(exc)) from None
+        await run.register()
     partition, size, my_subsets = await run.partition()
     run.credential = await run.obtain_credential(partition)
     median_out = await run.answer_median(partition)
