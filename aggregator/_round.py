@@ -107,6 +107,8 @@ class RoundState:
         self._manifest_json = signed.to_json()
         self._receipts_cache: tuple[int, bytes] | None = None
         self._roster_cache: tuple[tuple[int, bool], bytes] | None = None
+        self.roster_final = False
+        """Set when registration has closed and every admitted registration is stored."""
         self.learning_started_at: int | None = None
         """Set by the driver when the data phase's delivery window has closed."""
         self.link_errors: Counter[str] = Counter()
@@ -164,7 +166,12 @@ class RoundState:
             self._receipts_cache = (version, body)
         return self._receipts_cache[1]
 
-    def register(self, request: RegisterRequest) -> bool:
+    def admit_registration(self, request: RegisterRequest) -> int | None:
+        """Check a registration request; the time to record it with, or None if there is nothing to record.
+
+        None means the key registered earlier and registration has closed
+        (re-registering is idempotent). Raises ApiRefused otherwise.
+        """
         if request.round_id != self.round_id:
             raise ApiRefused(409, f"round_id {request.round_id.hex()!r} is not this round")
         try:
@@ -172,17 +179,31 @@ class RoundState:
         except InvalidApiMessage:
             raise ApiRefused(403, "bad signature") from None
         now = self.now()
-        if now >= self.manifest.schedule.t_register_end:
+        if now >= self.manifest.schedule.t_register_end or self.roster_final:
             if self.store.is_registered(request.identity_key):
-                return False
+                return None
             raise ApiRefused(403, "registration has closed")
+        return now
+
+    def register(self, request: RegisterRequest) -> bool:
+        """Admit and record one registration now; True if new (the HTTP path batches commits instead)."""
+        now = self.admit_registration(request)
+        if now is None:
+            return False
         try:
             return self.store.register(request.identity_key, request.invitation, self.manifest.registration, now)
         except RegistrationRefused as exc:
             raise ApiRefused(403, exc.reason) from None
 
+    def close_registration(self) -> None:
+        """Freeze the roster (registration has closed and every admitted request is stored): the seed may be revealed."""
+        if not self.now() >= self.manifest.schedule.t_register_end:
+            raise RuntimeError(f"registration is open until {self.manifest.schedule.t_register_end}")
+        self.roster_final = True
+
     def seed_revealed(self, now: int) -> bool:
-        return now >= self.manifest.schedule.t_register_end
+        """The seed (and with it every partition) is public once the roster is final (DESIGN.md §3 step 3)."""
+        return self.roster_final and now >= self.manifest.schedule.t_register_end
 
     def roster(self) -> RosterResponse:
         seed = self.secrets.seed if self.seed_revealed(self.now()) else None
@@ -209,13 +230,15 @@ class RoundState:
         return self._assignment
 
     def prepare(self) -> None:
-        """Derive partitions, subsets and oracles once the roster is final.
+        """Close registration and derive partitions, subsets and oracles from the final roster.
 
-        Called on the event loop when registration closes, so verification
-        threads only read these (they must not consult the clock: under
-        trio's MockClock it is only readable from the loop).
+        The caller has stored every admitted registration (the driver drains
+        the registration batcher first). Called on the event loop, so
+        verification threads only read these (they must not consult the
+        clock: under trio's MockClock it is only readable from the loop).
         """
-        if self.seed_revealed(self.now()):
+        if self.now() >= self.manifest.schedule.t_register_end:
+            self.close_registration()
             _ = self._oracles
 
     def partition_sizes(self) -> list[int]:

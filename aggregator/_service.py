@@ -107,15 +107,76 @@ def _guarded(handler: Handler) -> Handler:
     return guarded
 
 
-def build_app(state: RoundState) -> Starlette:
-    """The HTTP API of protocol/_api.py over one round."""
+class RegistrationBatcher:
+    """Group commit for registrations: one SQLite transaction (one fsync) for all waiting requests.
+
+    A registration is answered only after it is durable; committing each on
+    its own costs an fsync per peer on the event loop (measured ~4 ms under
+    load, i.e. at most ~250 registrations/s for the whole round).
+    """
+
+    def __init__(self, state: RoundState) -> None:
+        self.state = state
+        self._pending: list[tuple[tuple[bytes, str | None, int], list[bool | str], trio.Event]] = []
+        self._wakeup = trio.Event()
+        self._busy = False
+
+    async def submit(self, request: RegisterRequest) -> bool:
+        """Admit, wait for the commit, return True if newly registered; raises ApiRefused."""
+        now = self.state.admit_registration(request)
+        if now is None:
+            return False
+        result: list[bool | str] = []
+        done = trio.Event()
+        self._pending.append(((request.identity_key, request.invitation, now), result, done))
+        self._wakeup.set()
+        await done.wait()
+        if not result:
+            raise ApiRefused(503, "registration could not be stored; retry")
+        if isinstance(result[0], str):
+            raise ApiRefused(403, result[0])
+        return result[0]
+
+    async def run(self) -> None:
+        """Commit waiting registrations in batches until cancelled."""
+        while True:
+            self._wakeup = trio.Event()
+            if not self._pending:
+                await self._wakeup.wait()
+                continue
+            batch, self._pending = self._pending, []
+            self._busy = True
+            try:
+                outcomes = await trio.to_thread.run_sync(
+                    self.state.store.register_many, [item for item, _, _ in batch], self.state.manifest.registration
+                )
+                for (_, result, _), outcome in zip(batch, outcomes):
+                    result.append(outcome)
+            except Exception:
+                log.exception("storing %d registrations failed", len(batch))
+            finally:
+                self._busy = False
+                for _, _, done in batch:
+                    done.set()
+
+    async def drain(self) -> None:
+        """Wait until every admitted registration is stored (before the roster is frozen)."""
+        while self._pending or self._busy:
+            await trio.sleep(0.01)
+
+
+def build_app(state: RoundState, registrations: RegistrationBatcher | None = None) -> Starlette:
+    """The HTTP API of protocol/_api.py over one round (registrations group-committed when a batcher runs)."""
 
     async def manifest(request: Request) -> Response:
         return _json(state.manifest_json())
 
     async def register(request: Request) -> Response:
         parsed = RegisterRequest.from_json(await _read_body(request))
-        state.register(parsed)
+        if registrations is not None:
+            await registrations.submit(parsed)
+        else:
+            state.register(parsed)
         return _json(RegisterResponse(True).to_json())
 
     async def roster(request: Request) -> Response:
@@ -199,7 +260,11 @@ async def _settle(state: RoundState, when: int) -> None:
         await trio.sleep(0.05)
 
 
-async def drive_round(state: RoundState, on_learn: Callable[[RoundState], dict[str, Any]] | None = None) -> str:
+async def drive_round(
+    state: RoundState,
+    on_learn: Callable[[RoundState], dict[str, Any]] | None = None,
+    registrations: RegistrationBatcher | None = None,
+) -> str:
     """Take the round through its phases by the schedule; return ``"done"`` or ``"failed"``.
 
     Minimum participation is checked when registration and issuance close; a
@@ -214,6 +279,9 @@ async def drive_round(state: RoundState, on_learn: Callable[[RoundState], dict[s
     state.publish_thresholds(0)
     for checkpoint in (schedule.t_register_end, schedule.t_issue_end):
         await wait_until(state.clock, checkpoint)
+        if registrations is not None:
+            # Requests admitted before t_register_end belong to the roster.
+            await registrations.drain()
         failure = state.participation_failure(state.now())
         if failure is not None:
             log.warning("round %s failed: %s", state.round_id.hex()[:12], failure)
@@ -244,7 +312,8 @@ async def serve_aggregator(
     hyper.accesslog = None
     hyper.errorlog = log
     hyper.h11_max_incomplete_size = MAX_REQUEST_BYTES
-    app = build_app(state)
+    registrations = RegistrationBatcher(state)
+    app = build_app(state, registrations)
     try:
         async with trio.open_nursery() as nursery:
             # Starlette is an ASGI app; hypercorn's typing of ASGI callables is narrower than starlette's.
@@ -253,8 +322,9 @@ async def serve_aggregator(
             sink_port = listeners[0].socket.getsockname()[1]
             await trio.to_thread.run_sync(sink.verifier.warm)
             nursery.start_soon(sink.verify_forever)
+            nursery.start_soon(registrations.run)
             task_status.started(BoundAddresses(binds[0], (config.sink_host, sink_port)))
-            outcome = await drive_round(state, config.on_learn)
+            outcome = await drive_round(state, config.on_learn, registrations)
             await trio.sleep(config.linger)
             nursery.cancel_scope.cancel()
     finally:

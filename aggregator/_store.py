@@ -121,30 +121,53 @@ class RoundStore:
         Raises RegistrationRefused for a missing, unknown or used invitation, or
         a key not on the allow-list. Re-registering the same key is idempotent.
         """
+        (outcome,) = self.register_many([(identity_key, invitation, now)], policy)
+        if isinstance(outcome, str):
+            raise RegistrationRefused(outcome)
+        return outcome
+
+    def register_many(self, items: Sequence[tuple[bytes, str | None, int]], policy: str) -> list[bool | str]:
+        """Record ``(identity_key, invitation, now)`` registrations in one commit (one fsync for all).
+
+        Per item: True (registered now), False (already registered) or the
+        refusal reason (the policy's checks, as in :meth:`register`).
+        """
+        outcomes: list[bool | str] = []
         with self._lock:
-            if self._db.execute("SELECT 1 FROM registrations WHERE identity_key = ?", (identity_key,)).fetchone():
-                return False
             self._db.execute("BEGIN IMMEDIATE")
             try:
-                if policy == "invitation":
-                    if invitation is None:
-                        raise RegistrationRefused("an invitation code is required")
-                    row = self._db.execute("SELECT used_by FROM invitations WHERE code = ?", (invitation,)).fetchone()
-                    if row is None:
-                        raise RegistrationRefused("unknown invitation code")
-                    if row[0] is not None:
-                        raise RegistrationRefused("invitation code already used")
-                    self._db.execute("UPDATE invitations SET used_by = ? WHERE code = ?", (identity_key, invitation))
-                elif policy == "allow-list":
-                    if not self._db.execute("SELECT 1 FROM allow_list WHERE identity_key = ?", (identity_key,)).fetchone():
-                        raise RegistrationRefused("identity key is not on the allow-list")
-                self._db.execute("INSERT INTO registrations VALUES (?, ?, ?)", (identity_key, invitation, now))
+                for identity_key, invitation, now in items:
+                    if self._db.execute("SELECT 1 FROM registrations WHERE identity_key = ?", (identity_key,)).fetchone():
+                        outcomes.append(False)
+                        continue
+                    refusal = self._policy_refusal(identity_key, invitation, policy)
+                    if refusal is not None:
+                        outcomes.append(refusal)
+                        continue
+                    if policy == "invitation":
+                        self._db.execute("UPDATE invitations SET used_by = ? WHERE code = ?", (identity_key, invitation))
+                    self._db.execute("INSERT INTO registrations VALUES (?, ?, ?)", (identity_key, invitation, now))
+                    outcomes.append(True)
                 self._db.execute("COMMIT")
-                self.registrations_version += 1
             except BaseException:
                 self._db.execute("ROLLBACK")
                 raise
-        return True
+            self.registrations_version += sum(1 for outcome in outcomes if outcome is True)
+        return outcomes
+
+    def _policy_refusal(self, identity_key: bytes, invitation: str | None, policy: str) -> str | None:
+        if policy == "invitation":
+            if invitation is None:
+                return "an invitation code is required"
+            row = self._db.execute("SELECT used_by FROM invitations WHERE code = ?", (invitation,)).fetchone()
+            if row is None:
+                return "unknown invitation code"
+            if row[0] is not None:
+                return "invitation code already used"
+        elif policy == "allow-list":
+            if not self._db.execute("SELECT 1 FROM allow_list WHERE identity_key = ?", (identity_key,)).fetchone():
+                return "identity key is not on the allow-list"
+        return None
 
     def roster(self) -> list[bytes]:
         with self._lock:

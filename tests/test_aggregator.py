@@ -112,6 +112,10 @@ async def test_manifest_and_registration(served: Any) -> None:
     response = await post(addresses.http_url, "/v1/register", late.to_json())
     assert response.status_code == 403 and "closed" in response.json()["error"]
     roster = (await get(addresses.http_url, "/v1/roster")).json()
+    # The seed stays secret until the driver has stored every admitted registration.
+    assert roster["roster"] == [bytes(peer.verify_key).hex()] and roster["seed"] is None
+    state.prepare()  # what the driver does at t_register_end (its clock here is a FakeClock)
+    roster = (await get(addresses.http_url, "/v1/roster")).json()
     assert roster["roster"] == [bytes(peer.verify_key).hex()] and roster["seed"] is not None
 
 
@@ -470,6 +474,7 @@ def test_a_restarted_aggregator_resumes_the_round(tmp_path: Path) -> None:
     home = AggregatorHome(tmp_path / "agg")
     again = open_round(home, state.round_id.hex(), clock=clock)
     assert again.round_id == state.round_id and again.manifest == state.manifest
+    again.prepare()  # the driver's first step past t_register_end
     assert again.roster() == roster_before
     assert again.store.partitions() == issued
     # One credential per peer survives the restart.
@@ -563,3 +568,49 @@ async def test_a_full_inbox_answers_busy_and_stores_nothing(tmp_path: Path) -> N
     process_batch(state, [r[1] for r in rows], [r[2] for r in rows], inbox_ids=[r[0] for r in rows])
     assert state.store.inbox_size() == 0 and state.store.rejections() == {"bad-packet": 2}
     assert await sink.on_packets([frame]) == [AckStatus.ACCEPTED]
+
+
+async def test_concurrent_registrations_are_group_committed(served: Any) -> None:
+    state, addresses, _ = served
+    keys = [SigningKey(bytes([i]) * 32) for i in range(1, 41)]
+    codes: list[int] = []
+    async with httpx.AsyncClient(base_url=addresses.http_url) as client:
+
+        async def register(key: SigningKey) -> None:
+            body = RegisterRequest.create(key, state.round_id).to_json()
+            codes.append((await client.post("/v1/register", content=body)).status_code)
+
+        async with trio.open_nursery() as nursery:
+            for key in keys:
+                nursery.start_soon(register, key)
+    assert codes == [200] * len(keys)
+    assert state.store.roster() == sorted(bytes(k.verify_key) for k in keys)
+
+
+async def test_the_roster_waits_for_registrations_admitted_before_the_deadline(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    from aggregator._service import RegistrationBatcher
+
+    state, _ = make_round(tmp_path, lambda: T0 + trio.current_time())
+    batcher = RegistrationBatcher(state)
+    deadline = state.manifest.schedule.t_register_end
+    peers = [SigningKey(bytes([i]) * 32) for i in range(1, 4)]
+
+    async def late_but_admitted() -> None:
+        await trio.sleep(deadline - 1 - state.now())
+        async with trio.open_nursery() as nursery:
+            for key in peers:
+                nursery.start_soon(batcher.submit, RegisterRequest.create(key, state.round_id))
+            # The batcher only starts committing after the deadline has passed.
+            await trio.sleep(5)
+            nursery.start_soon(batcher.run)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(late_but_admitted)
+        outcome = await drive_round(state, registrations=batcher)
+        nursery.cancel_scope.cancel()
+    # min_participation is 2: the three admitted in time count, and are on the final roster.
+    assert outcome == "failed"  # nobody obtained a credential
+    assert "credentials issued" in json.loads(state.store.get_result("outcome") or b"{}")["reason"]
+    assert state.roster().roster == tuple(sorted(bytes(k.verify_key) for k in peers))
