@@ -63,6 +63,9 @@ from aggregator._store import AggregatorHome, RegistrationRefused, RoundStore
 Clock = Callable[[], float]
 
 
+ALREADY_ISSUED = "a credential was already issued to this identity for this round"
+
+
 class ApiRefused(Exception):
     """Raised by :class:`RoundState` request handlers; ``status`` is the HTTP status, ``reason`` the error text."""
 
@@ -256,7 +259,8 @@ class RoundState:
 
     # -- credentials ---------------------------------------------------------------
 
-    def issue(self, request: CredentialRequest) -> CredentialResponse:
+    def admit_credential(self, request: CredentialRequest) -> tuple[int, int]:
+        """Check a credential request; ``(partition, now)`` to issue it with, or ApiRefused."""
         if request.round_id != self.round_id:
             raise ApiRefused(409, f"round_id {request.round_id.hex()!r} is not this round")
         try:
@@ -272,13 +276,22 @@ class RoundState:
         if partition is None:
             raise ApiRefused(403, "identity key is not on the roster")
         if self.store.credential_issued(request.identity_key):
-            raise ApiRefused(409, "a credential was already issued to this identity for this round")
+            raise ApiRefused(409, ALREADY_ISSUED)
+        return partition, now
+
+    def blind_issue(self, request: CredentialRequest, partition: int) -> bytes:
+        """The issuer's blind response for ``partition`` (CPU-bound P-256 proofs; thread-safe)."""
         try:
-            response = issue_credential(self.secrets.issuer_key, request.request, partition).to_bytes()
+            return issue_credential(self.secrets.issuer_key, request.request, partition).to_bytes()
         except InvalidIssuance as exc:
             raise ApiRefused(400, f"bad issuance request ({exc.reason})") from None
+
+    def issue(self, request: CredentialRequest) -> CredentialResponse:
+        """Admit, issue and record one credential now (the HTTP path batches the commits instead)."""
+        partition, now = self.admit_credential(request)
+        response = self.blind_issue(request, partition)
         if not self.store.record_credential(request.identity_key, partition, response, now):
-            raise ApiRefused(409, "a credential was already issued to this identity for this round")
+            raise ApiRefused(409, ALREADY_ISSUED)
         return CredentialResponse(response, partition)
 
     # -- surveys -------------------------------------------------------------------

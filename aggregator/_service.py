@@ -12,7 +12,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import trio
 from hypercorn.config import Config as HypercornConfig
@@ -33,13 +33,14 @@ from protocol import (
     PATH_ROSTER,
     PATH_STATUS,
     CredentialRequest,
+    CredentialResponse,
     ErrorResponse,
     InvalidApiMessage,
     RegisterRequest,
     RegisterResponse,
 )
 
-from aggregator._round import ApiRefused, Clock, RoundState
+from aggregator._round import ALREADY_ISSUED, ApiRefused, Clock, RoundState
 from aggregator._sink import PacketSink
 
 log = logging.getLogger(__name__)
@@ -107,38 +108,37 @@ def _guarded(handler: Handler) -> Handler:
     return guarded
 
 
-class RegistrationBatcher:
-    """Group commit for registrations: one SQLite transaction (one fsync) for all waiting requests.
+Item = TypeVar("Item")
+Outcome = TypeVar("Outcome")
 
-    A registration is answered only after it is durable; committing each on
-    its own costs an fsync per peer on the event loop (measured ~4 ms under
-    load, i.e. at most ~250 registrations/s for the whole round).
+
+class GroupCommit(Generic[Item, Outcome]):
+    """Commits waiting items together: one SQLite transaction (one fsync) for all of them.
+
+    Each request is answered only after its item is durable; committing each
+    on its own costs an fsync per request (measured ~4 ms under load, capping
+    registration at ~100-250 per second for the whole round).
     """
 
-    def __init__(self, state: RoundState) -> None:
-        self.state = state
-        self._pending: list[tuple[tuple[bytes, str | None, int], list[bool | str], trio.Event]] = []
+    def __init__(self, commit_many: Callable[[list[Item]], list[Outcome]]) -> None:
+        self._commit_many = commit_many
+        self._pending: list[tuple[Item, list[Outcome], trio.Event]] = []
         self._wakeup = trio.Event()
         self._busy = False
 
-    async def submit(self, request: RegisterRequest) -> bool:
-        """Admit, wait for the commit, return True if newly registered; raises ApiRefused."""
-        now = self.state.admit_registration(request)
-        if now is None:
-            return False
-        result: list[bool | str] = []
+    async def submit(self, item: Item) -> Outcome:
+        """Wait until ``item`` is committed; its outcome. Raises ApiRefused(503) if the commit failed."""
+        result: list[Outcome] = []
         done = trio.Event()
-        self._pending.append(((request.identity_key, request.invitation, now), result, done))
+        self._pending.append((item, result, done))
         self._wakeup.set()
         await done.wait()
         if not result:
-            raise ApiRefused(503, "registration could not be stored; retry")
-        if isinstance(result[0], str):
-            raise ApiRefused(403, result[0])
+            raise ApiRefused(503, "could not be stored; retry")
         return result[0]
 
     async def run(self) -> None:
-        """Commit waiting registrations in batches until cancelled."""
+        """Commit waiting items in batches until cancelled."""
         while True:
             self._wakeup = trio.Event()
             if not self._pending:
@@ -147,26 +147,62 @@ class RegistrationBatcher:
             batch, self._pending = self._pending, []
             self._busy = True
             try:
-                outcomes = await trio.to_thread.run_sync(
-                    self.state.store.register_many, [item for item, _, _ in batch], self.state.manifest.registration
-                )
+                outcomes = await trio.to_thread.run_sync(self._commit_many, [item for item, _, _ in batch])
                 for (_, result, _), outcome in zip(batch, outcomes):
                     result.append(outcome)
             except Exception:
-                log.exception("storing %d registrations failed", len(batch))
+                log.exception("committing %d items failed", len(batch))
             finally:
                 self._busy = False
                 for _, _, done in batch:
                     done.set()
 
     async def drain(self) -> None:
-        """Wait until every admitted registration is stored (before the roster is frozen)."""
+        """Wait until every submitted item is committed."""
         while self._pending or self._busy:
             await trio.sleep(0.01)
 
 
-def build_app(state: RoundState, registrations: RegistrationBatcher | None = None) -> Starlette:
-    """The HTTP API of protocol/_api.py over one round (registrations group-committed when a batcher runs)."""
+class RegistrationBatcher(GroupCommit[tuple[bytes, str | None, int], "bool | str"]):
+    """Registrations, group-committed; the roster waits for :meth:`drain` (DESIGN.md §3 step 2-3)."""
+
+    def __init__(self, state: RoundState) -> None:
+        super().__init__(lambda items: state.store.register_many(items, state.manifest.registration))
+        self.state = state
+
+    async def register(self, request: RegisterRequest) -> bool:
+        """Admit, wait for the commit; True if newly registered. Raises ApiRefused."""
+        now = self.state.admit_registration(request)
+        if now is None:
+            return False
+        outcome = await self.submit((request.identity_key, request.invitation, now))
+        if isinstance(outcome, str):
+            raise ApiRefused(403, outcome)
+        return outcome
+
+
+class CredentialBatcher(GroupCommit[tuple[bytes, int, bytes, int], bool]):
+    """Issued credentials, group-committed; one per peer per round (the first commit wins)."""
+
+    def __init__(self, state: RoundState) -> None:
+        super().__init__(state.store.record_credentials)
+        self.state = state
+
+    async def issue(self, request: CredentialRequest) -> CredentialResponse:
+        partition, now = self.state.admit_credential(request)
+        # Blind issuance proves and checks P-256 statements: off the event loop.
+        response = await trio.to_thread.run_sync(self.state.blind_issue, request, partition)
+        if not await self.submit((request.identity_key, partition, response, now)):
+            raise ApiRefused(409, ALREADY_ISSUED)
+        return CredentialResponse(response, partition)
+
+
+def build_app(
+    state: RoundState,
+    registrations: RegistrationBatcher | None = None,
+    credentials: CredentialBatcher | None = None,
+) -> Starlette:
+    """The HTTP API of protocol/_api.py over one round (writes group-committed when batchers run)."""
 
     async def manifest(request: Request) -> Response:
         return _json(state.manifest_json())
@@ -174,7 +210,7 @@ def build_app(state: RoundState, registrations: RegistrationBatcher | None = Non
     async def register(request: Request) -> Response:
         parsed = RegisterRequest.from_json(await _read_body(request))
         if registrations is not None:
-            await registrations.submit(parsed)
+            await registrations.register(parsed)
         else:
             state.register(parsed)
         return _json(RegisterResponse(True).to_json())
@@ -184,8 +220,11 @@ def build_app(state: RoundState, registrations: RegistrationBatcher | None = Non
 
     async def credential(request: Request) -> Response:
         parsed = CredentialRequest.from_json(await _read_body(request))
-        # Issuance proves and checks P-256 statements: off the event loop.
-        response = await trio.to_thread.run_sync(state.issue, parsed)
+        if credentials is not None:
+            response = await credentials.issue(parsed)
+        else:
+            # Issuance proves and checks P-256 statements: off the event loop.
+            response = await trio.to_thread.run_sync(state.issue, parsed)
         return _json(response.to_json())
 
     async def median(request: Request) -> Response:
@@ -264,6 +303,7 @@ async def drive_round(
     state: RoundState,
     on_learn: Callable[[RoundState], dict[str, Any]] | None = None,
     registrations: RegistrationBatcher | None = None,
+    credentials: CredentialBatcher | None = None,
 ) -> str:
     """Take the round through its phases by the schedule; return ``"done"`` or ``"failed"``.
 
@@ -279,9 +319,10 @@ async def drive_round(
     state.publish_thresholds(0)
     for checkpoint in (schedule.t_register_end, schedule.t_issue_end):
         await wait_until(state.clock, checkpoint)
-        if registrations is not None:
-            # Requests admitted before t_register_end belong to the roster.
-            await registrations.drain()
+        # Requests admitted before a deadline count: wait until they are stored.
+        for batcher in (registrations, credentials):
+            if batcher is not None:
+                await batcher.drain()
         failure = state.participation_failure(state.now())
         if failure is not None:
             log.warning("round %s failed: %s", state.round_id.hex()[:12], failure)
@@ -312,8 +353,8 @@ async def serve_aggregator(
     hyper.accesslog = None
     hyper.errorlog = log
     hyper.h11_max_incomplete_size = MAX_REQUEST_BYTES
-    registrations = RegistrationBatcher(state)
-    app = build_app(state, registrations)
+    registrations, credentials = RegistrationBatcher(state), CredentialBatcher(state)
+    app = build_app(state, registrations, credentials)
     try:
         async with trio.open_nursery() as nursery:
             # Starlette is an ASGI app; hypercorn's typing of ASGI callables is narrower than starlette's.
@@ -323,8 +364,9 @@ async def serve_aggregator(
             await trio.to_thread.run_sync(sink.verifier.warm)
             nursery.start_soon(sink.verify_forever)
             nursery.start_soon(registrations.run)
+            nursery.start_soon(credentials.run)
             task_status.started(BoundAddresses(binds[0], (config.sink_host, sink_port)))
-            outcome = await drive_round(state, config.on_learn, registrations)
+            outcome = await drive_round(state, config.on_learn, registrations, credentials)
             await trio.sleep(config.linger)
             nursery.cancel_scope.cancel()
     finally:

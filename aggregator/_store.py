@@ -186,11 +186,25 @@ class RoundStore:
 
     def record_credential(self, identity_key: bytes, partition: int, response: bytes, now: int) -> bool:
         """Record an issued credential; False if this peer already had one (nothing stored)."""
+        return self.record_credentials([(identity_key, partition, response, now)])[0]
+
+    def record_credentials(self, items: Sequence[tuple[bytes, int, bytes, int]]) -> list[bool]:
+        """Record ``(identity_key, partition, response, now)`` credentials in one commit.
+
+        Per item False if that peer already had one (the first stays: one credential per peer per round).
+        """
+        outcomes: list[bool] = []
         with self._lock:
-            cursor = self._db.execute(
-                "INSERT OR IGNORE INTO credentials VALUES (?, ?, ?, ?)", (identity_key, partition, response, now)
-            )
-            return cursor.rowcount == 1
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                for item in items:
+                    cursor = self._db.execute("INSERT OR IGNORE INTO credentials VALUES (?, ?, ?, ?)", item)
+                    outcomes.append(cursor.rowcount == 1)
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+        return outcomes
 
     # -- packets ----------------------------------------------------------------
 

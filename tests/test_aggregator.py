@@ -601,7 +601,7 @@ async def test_the_roster_waits_for_registrations_admitted_before_the_deadline(
         await trio.sleep(deadline - 1 - state.now())
         async with trio.open_nursery() as nursery:
             for key in peers:
-                nursery.start_soon(batcher.submit, RegisterRequest.create(key, state.round_id))
+                nursery.start_soon(batcher.register, RegisterRequest.create(key, state.round_id))
             # The batcher only starts committing after the deadline has passed.
             await trio.sleep(5)
             nursery.start_soon(batcher.run)
