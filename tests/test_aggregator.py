@@ -614,3 +614,28 @@ async def test_the_roster_waits_for_registrations_admitted_before_the_deadline(
     assert outcome == "failed"  # nobody obtained a credential
     assert "credentials issued" in json.loads(state.store.get_result("outcome") or b"{}")["reason"]
     assert state.roster().roster == tuple(sorted(bytes(k.verify_key) for k in peers))
+
+
+async def test_two_concurrent_credential_requests_get_one_credential(served: Any) -> None:
+    state, addresses, clock = served
+    peer = Peer(state, 1)
+    peer.register()
+    Peer(state, 2).register()
+    clock.now = state.manifest.schedule.t_register_end
+    state.prepare()
+    partition = state.assignment()[peer.identity]
+    bodies = []
+    for _ in range(2):
+        request, _ = begin_issuance(peer.public, peer.secret, partition)
+        bodies.append(CredentialRequest.create(peer.key, state.round_id, request.to_bytes()).to_json())
+    codes: list[int] = []
+    async with httpx.AsyncClient(base_url=addresses.http_url) as client:
+
+        async def ask(body: bytes) -> None:
+            codes.append((await client.post("/v1/credential", content=body)).status_code)
+
+        async with trio.open_nursery() as nursery:
+            for body in bodies:
+                nursery.start_soon(ask, body)
+    assert sorted(codes) == [200, 409]
+    assert state.store.counts()["credentials"] == 1
