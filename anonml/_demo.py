@@ -237,16 +237,20 @@ def default_params(data: DemoData, peers: int, epsilon: float, workers: int, see
         # Four sub-rounds of binary search resolve each median to 1/32 of its public range.
         k_p, k_h, k_s, plan, median_rounds = 8, 1, 3, "one", 4
     thousands = peers / 1000.0
-    per_round = math.ceil(peers / k_p / 1000.0 * 2.0)  # seconds to build and send one sub-round's answers
+    # Seconds of this machine per thousand peers (2 cores shared by every
+    # process), measured: ~3 to register, ~7.5 for blind issuance (aggregator
+    # and peer), ~4.5 to prepare and send one packet each (token and Sphinx
+    # packet at the peer, verification at the aggregator).
+    per_round = math.ceil(peers / k_p / 1000.0 * 3.0)
     return DemoParams(
         peers=peers, epsilon=epsilon, workers=workers, seed=seed, k_p=k_p, k_h=k_h, k_s=k_s, plan=plan,
         median_rounds=median_rounds,
         send_window=max(1, per_round),
         delivery_window=max(RELAYS + 1, math.ceil(per_round * 1.25)),
-        data_send_window=max(2, math.ceil(thousands * k_h * 2)),
+        data_send_window=max(2, math.ceil(thousands * k_h * 4.5)),
         data_delivery_window=max(RELAYS + 1, math.ceil(thousands * k_h * 1.5)),
-        register_seconds=6 + math.ceil(thousands * 3),
-        issue_seconds=3 + math.ceil(thousands * 7),
+        register_seconds=6 + math.ceil(thousands * 3.2),
+        issue_seconds=3 + math.ceil(thousands * 7.5),
     )
 
 
@@ -296,6 +300,15 @@ class Progress:
     errors: list[str] = field(default_factory=list)
     status: Any = None  # protocol.RoundStatus
     peak_rss_mb: float = 0.0  # all demo processes together, sampled
+    relays: dict[int, dict[str, float]] = field(default_factory=dict)  # last metrics scraped from each relay
+
+    def relay_drops(self) -> Counter[str]:
+        total: Counter[str] = Counter()
+        for metrics in self.relays.values():
+            for name, value in metrics.items():
+                if name.startswith("dropped/"):
+                    total[name.removeprefix("dropped/")] += int(value)
+        return total
 
     def events(self) -> Counter[str]:
         total: Counter[str] = Counter()
@@ -344,6 +357,9 @@ def _phase_table(progress: Progress, peers: int, started: float) -> Any:
     table.add_row("accepted by the aggregator", f"{counts.get('accepted', 0)}")
     table.add_row("receipts found / resent / missing", f"{events['acknowledged']} / {events['resent']} / {events['missing']}")
     table.add_row("rejected", ", ".join(f"{k}: {v}" for k, v in sorted(rejected.items())) or "none")
+    relayed = sum(int(m.get("forwarded", 0)) for m in progress.relays.values())
+    drops = progress.relay_drops()
+    table.add_row("relays: forwarded / dropped", f"{relayed} / " + (", ".join(f"{k}: {v}" for k, v in sorted(drops.items())) or "none"))
     if progress.errors:
         table.add_row("peer errors", f"{len(progress.errors)}: {progress.errors[-1][:80]}")
     return table
@@ -372,6 +388,26 @@ def to_toml(document: dict[str, Any]) -> str:
     # Round-trip check: what the aggregator parses must be what was meant.
     assert tomllib.loads("\n".join(lines)) == json.loads(json.dumps(document)), "TOML writer lost information"
     return "\n".join(lines) + "\n"
+
+
+async def scrape_relay(port: int) -> dict[str, float]:
+    """A relay's counters from its Prometheus endpoint: ``forwarded``, ``received``, ``dropped/<reason>``."""
+    import re
+
+    import httpx
+
+    try:
+        async with httpx.AsyncClient(timeout=2.0) as client:
+            text = (await client.get(f"http://{HOST}:{port}/metrics")).text
+    except httpx.HTTPError:
+        return {}
+    metrics: dict[str, float] = {}
+    for line in text.splitlines():
+        found = re.fullmatch(r'anonml_relay_packets_(received|forwarded|dropped)_total(?:\{reason="([^"]+)"\})? ([0-9.e+]+)', line)
+        if found:
+            kind, reason, value = found.groups()
+            metrics[f"dropped/{reason}" if kind == "dropped" else kind] = float(value)
+    return metrics
 
 
 async def _wait_for_http(url: str, deadline: float) -> None:
@@ -407,6 +443,7 @@ async def run_demo(data: DemoData, params: DemoParams, work: Path, console: Any)
         console.print(f"[bold]1/5[/] {time.monotonic() - started:5.1f} s  starting {RELAYS} relays and the aggregator (anonml relay init / info / run, anonml aggregator init)")
         agg_dir = work / "aggregator"
         descriptors: list[dict[str, Any]] = [{} for _ in range(RELAYS)]
+        metrics_ports = [free_port() for _ in range(RELAYS)]
         http_port, sink_port = free_port(), free_port()
         url = f"http://{HOST}:{http_port}"
         # The peers' workers start now and wait for the round to be served:
@@ -426,7 +463,7 @@ async def run_demo(data: DemoData, params: DemoParams, work: Path, console: Any)
             # The round's geometry has one routing slot per relay plus the aggregator (the last hop).
             await procs.run(
                 f"relay-{i}-init", "relay", "init", "--data-dir", str(relay_dir), "--listen", f"{HOST}:{free_port()}",
-                "--max-hops", str(RELAYS + 1),
+                "--max-hops", str(RELAYS + 1), "--metrics", f"{HOST}:{metrics_ports[i]}",
             )
             descriptors[i] = json.loads(await procs.run(f"relay-{i}-info", "relay", "info", "--data-dir", str(relay_dir), "--json"))
             await procs.start(f"relay-{i}", anonml_command("relay", "run", "--data-dir", str(relay_dir)))
@@ -449,17 +486,22 @@ async def run_demo(data: DemoData, params: DemoParams, work: Path, console: Any)
         )
         console.print(f"[bold]3/5[/] {time.monotonic() - started:5.1f} s  {peers} peers in {params.workers} worker processes join the round")
         await _wait_for_http(url, trio.current_time() + 30)
-        client = AggregatorClient(url, max_connections=2)
+        client = AggregatorClient(url, max_connections=2, retry_for=1.0)
         async with trio.open_nursery() as nursery:
             for process in workers:
                 nursery.start_soon(_read_worker, process, progress)
             ended_at: float | None = None
+            next_scrape = 0.0
             with Live(_phase_table(progress, peers, started), console=console, refresh_per_second=4, transient=False) as live:
                 while True:
                     try:
                         progress.status = await client.status()
                     except Exception:  # noqa: BLE001 - a status poll failing must not stop the demo
                         pass
+                    if trio.current_time() >= next_scrape:
+                        next_scrape = trio.current_time() + 2.0
+                        for i, port in enumerate(metrics_ports):
+                            progress.relays[i] = await scrape_relay(port) or progress.relays.get(i, {})
                     live.update(_phase_table(progress, peers, started))
                     total = _rss_mb(os.getpid()) + sum(_rss_mb(p.pid) for _, p in procs.running if p.returncode is None)
                     progress.peak_rss_mb = max(progress.peak_rss_mb, total)
@@ -566,6 +608,8 @@ def summarise(data: DemoData, params: DemoParams, progress: Progress, report: di
         "accepted": counts.get("accepted", 0),
         "rejected": rejected,
         "peer_errors": progress.errors,
+        "relay_drops": dict(progress.relay_drops()),
+        "relay_forwarded": sum(int(m.get("forwarded", 0)) for m in progress.relays.values()),
         "epsilon_local_max": max(epsilons, default=0.0),
         "epsilon_local_mean": float(np.mean(epsilons)) if epsilons else 0.0,
         "report": report,
@@ -593,6 +637,7 @@ def _print_summary(console: Any, summary: dict[str, Any], params: DemoParams) ->
     table.add_row("accepted by the aggregator", f"{accepted} ({100.0 * accepted / max(summary['packets'], 1):.2f}% of messages)")
     table.add_row("receipts found / missing", f"{summary['receipts']} / {summary['missing']}")
     table.add_row("rejected by reason", ", ".join(f"{k}: {v}" for k, v in sorted(summary["rejected"].items())) or "none")
+    table.add_row("dropped by relays", ", ".join(f"{k}: {v}" for k, v in sorted(summary["relay_drops"].items())) or "none")
     table.add_row("epsilon per peer, local (eq. 7.4)", f"max {summary['epsilon_local_max']:.3g}, promised {params.epsilon:g}")
     central = (summary["report"].get("privacy") or {}).get("central_per_survey") or {}
     if "epsilon" in central:

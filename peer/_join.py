@@ -491,7 +491,13 @@ class _RoundRun:
         """Sub-round ``partition`` queries this peer (thesis Algorithm 1): one perturbed bit per feature."""
         if partition >= self.manifest.median_rounds:
             return []
-        thresholds = await self.session.thresholds(self.manifest, partition)
+        try:
+            thresholds = await self.session.thresholds(self.manifest, partition)
+        except AggregatorError:
+            # Not published in time: this peer's answer is simply missing from
+            # the search; it still sends its data (nothing was spent).
+            self.emit("median-missed")
+            return []
         survey = SurveyId.median(self.round_id, partition)
         if thresholds.survey != survey:
             raise JoinRefused("bad-thresholds", f"thresholds for sub-round {partition} name survey {thresholds.survey}")
