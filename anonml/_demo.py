@@ -38,6 +38,7 @@ import numpy as np
 import trio
 
 from anonml._swarm import SwarmConfig
+from protocol import FeatureSpec, RoundStatus
 
 RELAYS = 3
 HOST = "127.0.0.1"
@@ -52,7 +53,7 @@ class DemoData:
     """Peers' raw rows (one per peer), the held-out test rows, and the task."""
 
     name: str
-    spec: Any  # protocol.FeatureSpec
+    spec: FeatureSpec
     header: tuple[str, ...]
     train_rows: list[list[str]]
     test_columns: dict[str, np.ndarray]
@@ -298,7 +299,7 @@ class Progress:
     workers: dict[int, dict[str, Any]] = field(default_factory=dict)
     summaries: dict[int, dict[str, Any]] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
-    status: Any = None  # protocol.RoundStatus
+    status: RoundStatus | None = None
     peak_rss_mb: float = 0.0  # all demo processes together, sampled
     relays: dict[int, dict[str, float]] = field(default_factory=dict)  # last metrics scraped from each relay
 

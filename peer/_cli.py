@@ -9,7 +9,7 @@ import click
 import numpy as np
 import trio
 
-from peer._identity import IdentityError, init_identity, load_identity
+from peer._identity import IdentityError, PeerIdentity, init_identity, load_identity
 
 STORE_FILE = "peer.sqlite"
 
@@ -47,19 +47,17 @@ def join(data_dir: Path, url: str, data_file: Path, invitation: str | None, dry_
     sys.exit(code)
 
 
-async def _join(identity: object, data_dir: Path, url: str, data_file: Path, invitation: str | None, dry_run: bool, yes: bool) -> int:
+async def _join(identity: PeerIdentity, data_dir: Path, url: str, data_file: Path, invitation: str | None, dry_run: bool, yes: bool) -> int:
     from mechanisms import BudgetExceeded
     from peer._client import AggregatorClient, AggregatorError
     from peer._disclosure import describe_release
     from peer._features import RoundPipeline
     from peer._framework import FeatureError, MalformedData
-    from peer._identity import PeerIdentity
     from peer._join import JoinRefused, Peer, RoundSession, join_round
     from peer._store import PeerStore, StoreError
     from peer._transport import open_transport
     from protocol._features import FeatureSpec, FeatureSpecError
 
-    assert isinstance(identity, PeerIdentity)
     client = AggregatorClient(url, max_connections=4)
     store = PeerStore(data_dir / STORE_FILE)
     try:

@@ -67,8 +67,8 @@ def free_port() -> int:
 
 
 def relay_cli(*args: str) -> list[str]:
-    """The relay operator's command (``python -m relay`` is ``anonml relay``)."""
-    return [sys.executable, "-m", "relay", *args]
+    """The relay operator's command, ``anonml relay ...``."""
+    return [sys.executable, "-c", "import sys; from anonml.cli import main; sys.exit(main())", "relay", *args]
 
 
 async def start_relays(tmp_path: Path, nursery: trio.Nursery) -> tuple[list[dict[str, Any]], list[trio.Process]]:
