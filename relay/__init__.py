@@ -10,6 +10,15 @@ from __future__ import annotations
 from relay._clock import PinnedClock, RelayClock, WallClock
 from relay._config import RelayConfig, load_config, parse_host_port, render_config
 from relay._descriptor import relay_descriptor
+from relay._directory import (
+    DirectoryEntry,
+    DirectoryError,
+    NextHopDirectory,
+    fetch_manifest_hops,
+    load_directory_file,
+    parse_directory_file,
+    render_directory_file,
+)
 from relay._errors import RelayConfigError, RelayDataDirError
 from relay._keys import EpochKey, KeyRing, create_identity, load_identity
 from relay._metrics import RelayCounters, render_prometheus
@@ -17,9 +26,12 @@ from relay._server import RelayStarted, serve_relay
 from relay._store import HeldPacket, RelayStore
 
 __all__ = [
+    "DirectoryEntry",
+    "DirectoryError",
     "EpochKey",
     "HeldPacket",
     "KeyRing",
+    "NextHopDirectory",
     "PinnedClock",
     "RelayClock",
     "RelayConfig",
@@ -30,11 +42,15 @@ __all__ = [
     "RelayStore",
     "WallClock",
     "create_identity",
+    "fetch_manifest_hops",
     "load_config",
+    "load_directory_file",
     "load_identity",
+    "parse_directory_file",
     "parse_host_port",
     "relay_descriptor",
     "render_config",
+    "render_directory_file",
     "render_prometheus",
     "serve_relay",
 ]

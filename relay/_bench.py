@@ -2,7 +2,8 @@
 
 Setup (DESIGN.md §11 "relay cost"). Three relays run as separate processes
 (``python -m relay._bench node``), each the real ``serve_relay`` with its
-SQLite store in a temporary directory, on loopback; this process sends
+SQLite store in a temporary directory and a static next-hop directory file
+naming only the next relay (the last: the sink), on loopback; this process sends
 pre-built packets to the first relay over one link connection and runs the
 final hop (a sink that removes the last Sphinx layer, :mod:`relay._sink`).
 Separate processes let the relays use both cores, as separate machines would.
@@ -50,6 +51,7 @@ from crypto import (
 from protocol import AckStatus, LinkClient
 from relay._clock import PinnedClock
 from relay._config import CONFIG_FILE, RelayConfig, load_config, render_config
+from relay._directory import DirectoryEntry, render_directory_file
 from relay._keys import KeyRing, create_identity, load_identity
 from relay._server import RelayStarted, serve_relay
 from relay._sink import FinalHopSink
@@ -84,12 +86,18 @@ async def _run_node(data_dir: Path, pinned: int) -> None:
 # -- the parent ------------------------------------------------------------
 
 
-def _prepare_relay(data_dir: Path, pinned: int, synchronous: str, geometry: SphinxGeometry) -> tuple[bytes, bytes]:
-    """Initialise a relay data dir; returns (node_id, epoch public key at ``pinned``)."""
+_DIRECTORY_FILE = "directory.json"
+
+
+def _prepare_relay(data_dir: Path, pinned: int, synchronous: str, geometry: SphinxGeometry,
+                   next_hop: DirectoryEntry) -> tuple[bytes, bytes]:
+    """Initialise a relay data dir whose directory holds only ``next_hop``;
+    returns (node_id, epoch public key at ``pinned``)."""
     create_identity(data_dir)
+    (data_dir / _DIRECTORY_FILE).write_text(render_directory_file([next_hop]))
     config = RelayConfig(data_dir=data_dir, listen=("127.0.0.1", 0), metrics=("127.0.0.1", 0),
                          max_hops=geometry.max_hops, packet_size=geometry.packet_size, synchronous=synchronous,
-                         log_level="WARNING")
+                         log_level="WARNING", directory_file=_DIRECTORY_FILE)
     (data_dir / CONFIG_FILE).write_text(render_config(config))
     keyring = KeyRing(data_dir, epoch_seconds=config.key_epoch_seconds, grace_seconds=config.key_grace_seconds)
     keyring.rotate(pinned)
@@ -113,14 +121,39 @@ async def _scrape(port: int) -> dict[str, float]:
     return values
 
 
+def _start_relay(work: Path, index: int, pinned: int, synchronous: str, geometry: SphinxGeometry,
+                 next_hop: DirectoryEntry, processes: list[subprocess.Popen[str]]) -> tuple[bytes, bytes, int, int]:
+    """Start relay ``index`` as a process; returns (node_id, public key, link port, metrics port)."""
+    data_dir = work / f"relay-{index}"
+    node_id, public = _prepare_relay(data_dir, pinned, synchronous, geometry, next_hop)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "relay._bench", "node", str(data_dir), str(pinned)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )
+    processes.append(process)
+    assert process.stdout is not None
+    ready = json.loads(process.stdout.readline())
+    return node_id, public, int(ready["link"]), int(ready["metrics"])
+
+
 async def _drive(
-    geometry: SphinxGeometry, hops: list[tuple[bytes, bytes, int]], metrics_ports: list[int], pinned: int,
+    geometry: SphinxGeometry, work: Path, synchronous: str, processes: list[subprocess.Popen[str]], pinned: int,
     packets_count: int,
 ) -> dict[str, Any]:
     sink_private, sink_public = generate_keypair()
     sink = FinalHopSink(geometry, sink_private)
     async with trio.open_nursery() as nursery:
         sink_address = await nursery.start(sink.serve)
+        # Last relay first: each one's directory names the next hop's port.
+        hops: list[tuple[bytes, bytes, int]] = []
+        metrics_ports: list[int] = []
+        next_hop = DirectoryEntry(node_id_of(sink_public), *sink_address)
+        for index in reversed(range(_RELAYS)):
+            node_id, public, link_port, metrics_port = await trio.to_thread.run_sync(
+                _start_relay, work, index, pinned, synchronous, geometry, next_hop, processes)
+            hops.insert(0, (node_id, public, link_port))
+            metrics_ports.insert(0, metrics_port)
+            next_hop = DirectoryEntry(node_id, "127.0.0.1", link_port)
         window = ReleaseWindow(pinned, pinned)
         path = [PathHop(node_id, NodeAddress("127.0.0.1", port), public, window) for node_id, public, port in hops]
         path.append(PathHop(node_id_of(sink_public), NodeAddress(*sink_address), sink_public, window))
@@ -231,21 +264,7 @@ def run_benchmark(packets_count: int, synchronous: str, repeat: int) -> dict[str
     processes: list[subprocess.Popen[str]] = []
     with tempfile.TemporaryDirectory(prefix="anonml-bench-relay-") as work:
         try:
-            hops: list[tuple[bytes, bytes, int]] = []
-            metrics_ports: list[int] = []
-            for index in range(_RELAYS):
-                data_dir = Path(work) / f"relay-{index}"
-                node_id, public = _prepare_relay(data_dir, pinned, synchronous, geometry)
-                process = subprocess.Popen(
-                    [sys.executable, "-m", "relay._bench", "node", str(data_dir), str(pinned)],
-                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                )
-                processes.append(process)
-                assert process.stdout is not None
-                ready = json.loads(process.stdout.readline())
-                hops.append((node_id, public, int(ready["link"])))
-                metrics_ports.append(int(ready["metrics"]))
-            run = trio.run(_drive, geometry, hops, metrics_ports, pinned, packets_count)
+            run = trio.run(_drive, geometry, Path(work), synchronous, processes, pinned, packets_count)
         finally:
             for process in processes:
                 if process.stdin is not None:

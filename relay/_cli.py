@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import click
@@ -35,6 +36,13 @@ def relay() -> None:
     """Run a mix relay: hold Sphinx packets and release them inside their windows."""
 
 
+_AGGREGATOR = click.option(
+    "--aggregator", "aggregators", multiple=True, metavar="URL",
+    help="Base URL of an aggregator this relay serves (repeatable): its signed manifest lists the only "
+         "next hops the relay forwards to.",
+)
+
+
 def _address(value: str, what: str) -> tuple[str, int]:
     try:
         return parse_host_port(value, what=what)
@@ -50,8 +58,12 @@ def _address(value: str, what: str) -> tuple[str, int]:
               help="Prometheus endpoint: PORT (on 127.0.0.1) or IP:PORT (default: off).")
 @click.option("--max-hops", default=5, show_default=True, type=click.IntRange(1, 32), help="Geometry: routing slots.")
 @click.option("--packet-size", default=2048, show_default=True, type=click.IntRange(1), help="Geometry: bytes.")
+@_AGGREGATOR
+@click.option("--directory-file", default=None, metavar="PATH",
+              help="Static next-hop directory JSON (relative to the data directory), instead of or beside "
+                   "--aggregator.")
 def init(data_dir: Path, listen: str, advertise: str | None, metrics: str | None, max_hops: int,
-         packet_size: int) -> None:
+         packet_size: int, aggregators: tuple[str, ...], directory_file: str | None) -> None:
     """Create the relay's identity key and a commented config (never overwrites)."""
     if (data_dir / IDENTITY_FILE).exists() or (data_dir / CONFIG_FILE).exists():
         raise click.ClickException(f"{str(data_dir)!r} is already initialised; refusing to overwrite it")
@@ -64,6 +76,8 @@ def init(data_dir: Path, listen: str, advertise: str | None, metrics: str | None
             if metrics else None,
             max_hops=max_hops,
             packet_size=packet_size,
+            directory_aggregators=aggregators,
+            directory_file=directory_file,
         )
         create_identity(data_dir)
     except (RelayConfigError, RelayDataDirError) as exc:
@@ -83,7 +97,8 @@ def init(data_dir: Path, listen: str, advertise: str | None, metrics: str | None
 def info(data_dir: Path, as_json: bool) -> None:
     """Print the descriptor an aggregator needs: id, address, public key, key epoch."""
     try:
-        descriptor = relay_descriptor(load_config(data_dir), time.time())
+        config = load_config(data_dir)
+        descriptor = relay_descriptor(config, time.time())
     except (RelayConfigError, RelayDataDirError) as exc:
         raise click.ClickException(str(exc)) from None
     if as_json:
@@ -97,8 +112,20 @@ def info(data_dir: Path, as_json: bool) -> None:
         geometry = descriptor["geometry"]
         click.echo(f"{'geometry':20} {geometry['max_hops']} hops, {geometry['packet_size']} bytes, "
                    f"hash {geometry['hash']}")
+        click.echo(f"{'directory':20} {_directory_summary(config)}")
     if descriptor["public_key"] is None:
         click.echo("warning: no key for the current epoch yet; `anonml relay run` creates it", err=True)
+
+
+def _directory_summary(config: RelayConfig) -> str:
+    sources = [f"aggregator {url}" for url in config.directory_aggregators]
+    if config.directory_path is not None:
+        sources.append(f"file {config.directory_path}")
+    if sources:
+        return "forwards only to next hops from: " + ", ".join(sources)
+    if config.require_directory:
+        return "NONE configured: `run` refuses to start (set [directory] in the config)"
+    return "NONE configured: forwards to ANY address (insecure; set [directory] in the config)"
 
 
 async def _run_until_signalled(config: RelayConfig) -> None:
@@ -113,10 +140,13 @@ async def _run_until_signalled(config: RelayConfig) -> None:
 
 @relay.command()
 @_DATA_DIR
-def run(data_dir: Path) -> None:
+@_AGGREGATOR
+def run(data_dir: Path, aggregators: tuple[str, ...]) -> None:
     """Serve until SIGINT/SIGTERM; held packets stay durable across restarts."""
     try:
         config = load_config(data_dir)
+        extra = tuple(url for url in aggregators if url not in config.directory_aggregators)
+        config = replace(config, directory_aggregators=config.directory_aggregators + extra)
     except (RelayConfigError, RelayDataDirError) as exc:
         raise click.ClickException(str(exc)) from None
     logging.basicConfig(
@@ -124,5 +154,5 @@ def run(data_dir: Path) -> None:
     )
     try:
         trio.run(_run_until_signalled, config)
-    except RelayDataDirError as exc:
+    except (RelayConfigError, RelayDataDirError) as exc:
         raise click.ClickException(str(exc)) from None

@@ -9,7 +9,9 @@ to a default.
 from __future__ import annotations
 
 import ipaddress
+import json
 import math
+import re
 import tomllib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -21,6 +23,14 @@ from relay._errors import RelayConfigError
 CONFIG_FILE = "relay.toml"
 _SYNCHRONOUS = ("FULL", "NORMAL")
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+_URL_PATTERN = re.compile(r"https?://[A-Za-z0-9.:\-\[\]]+(/[A-Za-z0-9._\-/]*)?")
+
+# THE SWITCH (issue 5 security fix). With no directory source configured
+# ([directory] aggregators / file), False lets `run` start with a loud warning
+# and forward to any address a packet names (legacy, an open forwarder);
+# True makes `run` refuse to start. Flip to True once every launcher (the
+# demo, tests/test_e2e_round.py) passes `--aggregator URL` to `relay init`.
+REQUIRE_DIRECTORY_DEFAULT = False
 
 
 def parse_host_port(text: str, *, what: str = "address") -> tuple[str, int]:
@@ -69,6 +79,14 @@ class RelayConfig:
     synchronous: str = "FULL"
     metrics: tuple[str, int] | None = None
     log_level: str = "INFO"
+    # Next-hop directory sources (relay._directory): aggregator base URLs
+    # whose signed manifests list the allowed next hops, and/or a static
+    # JSON file (relative to data_dir unless absolute).
+    directory_aggregators: tuple[str, ...] = ()
+    directory_file: str | None = None
+    require_directory: bool = REQUIRE_DIRECTORY_DEFAULT
+    directory_min_refresh_seconds: float = 5.0
+    directory_fetch_timeout: float = 10.0
 
     def __post_init__(self) -> None:
         for name in ("max_hops", "packet_size", "max_connections", "max_held_packets",
@@ -80,7 +98,7 @@ class RelayConfig:
             raise RelayConfigError(
                 f"key_grace_seconds must be an integer in [0, key_epoch_seconds), got {self.key_grace_seconds!r}"
             )
-        for name in ("connect_timeout", "ack_timeout"):
+        for name in ("connect_timeout", "ack_timeout", "directory_min_refresh_seconds", "directory_fetch_timeout"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
                 raise RelayConfigError(f"{name} must be a positive number of seconds, got {value!r}")
@@ -88,6 +106,26 @@ class RelayConfig:
             raise RelayConfigError(f"storage.synchronous must be one of {_SYNCHRONOUS}, got {self.synchronous!r}")
         if self.log_level not in _LOG_LEVELS:
             raise RelayConfigError(f"log.level must be one of {_LOG_LEVELS}, got {self.log_level!r}")
+        if type(self.directory_aggregators) is not tuple or not all(
+            isinstance(url, str) and _URL_PATTERN.fullmatch(url) for url in self.directory_aggregators
+        ):
+            raise RelayConfigError(
+                f"directory.aggregators must be a list of http(s)://HOST[:PORT] URLs, got {self.directory_aggregators!r}"
+            )
+        if self.directory_file is not None and not (isinstance(self.directory_file, str) and self.directory_file):
+            raise RelayConfigError(f"directory.file must be a non-empty path, got {self.directory_file!r}")
+        if type(self.require_directory) is not bool:
+            raise RelayConfigError(f"directory.require must be true or false, got {self.require_directory!r}")
+
+    @property
+    def directory_path(self) -> Path | None:
+        """The static directory file, resolved against the data directory."""
+        return None if self.directory_file is None else self.data_dir / self.directory_file
+
+    @property
+    def has_directory(self) -> bool:
+        """Whether any next-hop directory source is configured."""
+        return bool(self.directory_aggregators) or self.directory_file is not None
 
     @property
     def advertised(self) -> tuple[str, int]:
@@ -122,6 +160,11 @@ _KEYS: dict[tuple[str, str], str] = {
     ("storage", "synchronous"): "synchronous",
     ("metrics", "listen"): "metrics",
     ("log", "level"): "log_level",
+    ("directory", "aggregators"): "directory_aggregators",
+    ("directory", "file"): "directory_file",
+    ("directory", "require"): "require_directory",
+    ("directory", "min_refresh_seconds"): "directory_min_refresh_seconds",
+    ("directory", "fetch_timeout"): "directory_fetch_timeout",
 }
 _ADDRESS_FIELDS = ("listen", "advertise", "metrics")
 
@@ -139,6 +182,8 @@ def config_from_mapping(data: dict[str, Any], data_dir: Path) -> RelayConfig:
                 raise RelayConfigError(f"unknown config key {section}.{key} = {value!r}")
             if target in _ADDRESS_FIELDS:
                 value = parse_host_port(value, what=f"{section}.{key}")
+            if target == "directory_aggregators" and isinstance(value, list):
+                value = tuple(value)
             if target.startswith("link."):
                 link_values[target.removeprefix("link.")] = value
             else:
@@ -180,6 +225,12 @@ def render_config(config: RelayConfig) -> str:
         f'advertise = "{format_host_port(*config.advertise)}"'
         if config.advertise is not None
         else f'# advertise = "{format_host_port(*config.listen)}"'
+    )
+    aggregators = ", ".join(json.dumps(url) for url in config.directory_aggregators)
+    directory_file = (
+        f"file = {json.dumps(config.directory_file)}"
+        if config.directory_file is not None
+        else '# file = "directory.json"'
     )
     return f"""\
 # AnonML relay configuration, written by `anonml relay init`.
@@ -253,5 +304,26 @@ synchronous = "{config.synchronous}"
 
 [log]
 level = "{config.log_level}"
+
+[directory]
+# The only next hops this relay forwards to. A packet naming any other node
+# id, or a known node id at another address, is dropped and counted
+# ("unknown-next-hop", "next-hop-address-mismatch"): the sender chooses the
+# next hop, so without this a relay forwards frames to any host and port.
+# aggregators: base URLs of the aggregators this relay serves; their signed
+# manifests (GET URL/v1/manifest, signature and round id verified) give
+# every listed relay and the aggregator's final hop. Fetched at start (an
+# unreachable aggregator is retried) and again when a packet names an
+# unknown next hop, at most once per min_refresh_seconds.
+aggregators = [{aggregators}]
+# A static JSON file {{"hops": [{{"node_id": HEX, "host": IP, "port": N}}]}}
+# (relative to the data directory), re-read with the aggregators.
+{directory_file}
+# With neither source: true refuses to start; false starts with a warning and
+# forwards anywhere (legacy, insecure).
+require = {"true" if config.require_directory else "false"}
+min_refresh_seconds = {config.directory_min_refresh_seconds}
+# Per manifest fetch (connect, read, whole body).
+fetch_timeout = {config.directory_fetch_timeout}
 """
 

@@ -5,7 +5,9 @@ Per accepted frame (DESIGN.md §5 order, §7 behaviour):
 1. ``process_packet`` under each key the key ring accepts now (current epoch
    first); the replay tag is recorded inside the ``is_replay`` callback, in the
    same SQLite transaction as the packet, per key epoch.
-2. A packet whose hop window has already closed is dropped ("late").
+2. A packet whose hop window has already closed is dropped ("late"); one
+   whose next hop is not in the relay's directory at that address is dropped
+   ("unknown-next-hop", "next-hop-address-mismatch"; :mod:`relay._directory`).
 3. Otherwise its release time is drawn uniformly in ``[max(now, a), b]`` for
    its window ``[a, b]`` (the thesis's staggering) and the packet, already
    encrypted for the next hop, is stored with it. The link ack goes out only
@@ -52,6 +54,14 @@ from crypto import BadMac, ForwardPacket, InvalidPacket, SphinxGeometry, process
 from protocol import AckStatus, LinkClient, LinkError, serve_link
 from relay._clock import RelayClock, WallClock
 from relay._config import RelayConfig
+from relay._directory import (
+    UNKNOWN_NEXT_HOP,
+    DirectoryError,
+    NextHopDirectory,
+    fetch_manifest_hops,
+    load_directory_file,
+)
+from relay._errors import RelayConfigError
 from relay._keys import EpochKey, KeyRing, load_identity
 from relay._metrics import RelayCounters, log_event, serve_metrics
 from relay._store import STORE_FILE, HeldPacket, RelayStore
@@ -69,6 +79,10 @@ _FORWARD_PIPELINE = 4
 # A batch the next hop answered BUSY (or that found it unreachable) is retried
 # after this long, while its window lasts.
 _FORWARD_RETRY_DELAY = 0.5
+# An aggregator that cannot be reached is asked again after min_refresh_seconds,
+# doubling per failure up to this (a packet naming an unknown next hop asks
+# sooner: after min_refresh_seconds).
+_DIRECTORY_RETRY_MAX_SECONDS = 30.0
 
 Uniform = Callable[[float, float], float]
 
@@ -128,10 +142,13 @@ class Relay:
         uniform: Uniform,
         counters: RelayCounters,
         open_sender: OpenSender | None = None,
+        directory: NextHopDirectory | None = None,
     ) -> None:
         """``open_sender(neighbour)`` makes the link to a next hop; the default
         is a :class:`protocol.LinkClient` (tests of window logic under MockClock
-        pass an in-memory recorder instead of opening sockets)."""
+        pass an in-memory recorder instead of opening sockets). ``directory``
+        holds the allowed next hops; None forwards anywhere (legacy, see
+        ``REQUIRE_DIRECTORY_DEFAULT`` in :mod:`relay._config`)."""
         self.config = config
         self.geometry = geometry
         self.geometry_hash = geometry.canonical_hash()
@@ -150,6 +167,8 @@ class Relay:
         self._nursery: trio.Nursery | None = None
         self._finished: list[int] = []
         self._open_sender = open_sender if open_sender is not None else self._link_client
+        self.directory = directory
+        self._directory_wanted = trio.Event()
 
     def _link_client(self, neighbour: tuple[str, int]) -> PacketSender:
         return LinkClient(
@@ -235,6 +254,16 @@ class Relay:
         if now > window.end:
             self.counters.drop("late")
             return AckStatus.REJECTED
+        if self.directory is not None:
+            refused = self.directory.check(result.next_node_id, result.next_address)
+            if refused is not None:
+                self.counters.drop(refused)
+                if refused == UNKNOWN_NEXT_HOP:
+                    # Perhaps a round that started after the last fetch: ask
+                    # the sources again (rate-limited, in the background; the
+                    # intake never waits on the network).
+                    self._directory_wanted.set()
+                return AckStatus.REJECTED
         neighbour = (result.next_address.host, result.next_address.port)
         if neighbour not in self._neighbours and len(self._neighbours) >= self.config.max_neighbours:
             self.counters.drop("too-many-neighbours")
@@ -428,6 +457,47 @@ class Relay:
                     log_event(logger, logging.ERROR, "store-error", error=repr(exc), rows=len(finished))
                 self.counters.store_seconds = self.store.busy_seconds
 
+    # -- directory -------------------------------------------------------
+
+    async def _refresh_directory(self) -> bool:
+        """Re-read every directory source; True if all of them answered."""
+        assert self.directory is not None
+        complete = True
+        for url in self.config.directory_aggregators:
+            try:
+                self.directory.replace_source(url, await fetch_manifest_hops(
+                    url, timeout=self.config.directory_fetch_timeout))
+            except DirectoryError as exc:
+                complete = False
+                log_event(logger, logging.WARNING, "directory-fetch-failed", source=url, error=str(exc))
+        path = self.config.directory_path
+        if path is not None:
+            try:
+                self.directory.replace_source(str(path), await trio.to_thread.run_sync(load_directory_file, path))
+            except DirectoryError as exc:
+                complete = False
+                log_event(logger, logging.WARNING, "directory-file-failed", source=str(path), error=str(exc))
+        log_event(logger, logging.INFO, "directory", next_hops=len(self.directory),
+                  sources=",".join(f"{source}={count}" for source, count in self.directory.sources().items()))
+        return complete
+
+    async def run_directory_refresh(self) -> None:
+        """Fetch the directory now, retry failures with backoff, and re-fetch
+        when an unknown next hop is seen, at most once per min_refresh_seconds."""
+        min_interval = self.config.directory_min_refresh_seconds
+        retry_delay = min_interval
+        while True:
+            started = trio.current_time()
+            self._directory_wanted = trio.Event()
+            if await self._refresh_directory():
+                retry_delay = min_interval
+                await self._directory_wanted.wait()
+            else:
+                with trio.move_on_after(retry_delay):
+                    await self._directory_wanted.wait()
+                retry_delay = min(2 * retry_delay, max(min_interval, _DIRECTORY_RETRY_MAX_SECONDS))
+            await trio.sleep_until(started + min_interval)
+
     # -- keys ------------------------------------------------------------
 
     def rotate_keys(self) -> None:
@@ -455,12 +525,15 @@ async def serve_relay(
     """Run the relay of ``config.data_dir`` until cancelled.
 
     Raises :class:`relay.RelayDataDirError` if the data directory is not
-    initialised (it never creates an identity). Reports a
+    initialised (it never creates an identity), :class:`relay.RelayConfigError`
+    if the static directory file cannot be read or no directory source is
+    configured while ``require_directory`` is set. Reports a
     :class:`RelayStarted` through ``task_status`` once listening. ``clock``
     defaults to :meth:`WallClock.anchored`; ``rng`` (a seeded numpy Generator,
     for tests) replaces the CSPRNG that draws release times.
     """
     node_id, _ = load_identity(config.data_dir)
+    directory = _initial_directory(config)
     geometry = SphinxGeometry.create(max_hops=config.max_hops, packet_size=config.packet_size)
     keyring = KeyRing(config.data_dir, epoch_seconds=config.key_epoch_seconds, grace_seconds=config.key_grace_seconds)
     store = RelayStore(config.data_dir / STORE_FILE, synchronous=config.synchronous)
@@ -474,6 +547,7 @@ async def serve_relay(
             clock=clock if clock is not None else WallClock.anchored(),
             uniform=_uniform_from(rng),
             counters=counters,
+            directory=directory,
         )
         relay.rotate_keys()
         relay.recover()
@@ -488,6 +562,8 @@ async def serve_relay(
             nursery.start_soon(relay.run_scheduler)
             nursery.start_soon(relay.run_key_rotation)
             nursery.start_soon(relay.run_delete_flush)
+            if directory is not None:
+                nursery.start_soon(relay.run_directory_refresh)
             nursery.start_soon(functools.partial(trio.serve_listeners, relay.handle_connection, listeners,
                                                  handler_nursery=nursery))
             published = tuple(keyring.published(relay.clock.now()))
@@ -498,3 +574,26 @@ async def serve_relay(
         store.close()
         log_event(logger, logging.INFO, "stopped", received=counters.received, forwarded=counters.forwarded,
                   held=counters.held)
+
+
+def _initial_directory(config: RelayConfig) -> NextHopDirectory | None:
+    """The directory at start: the static file read now (an error is fatal:
+    the operator named it), aggregators fetched by ``run_directory_refresh``."""
+    if not config.has_directory:
+        if config.require_directory:
+            raise RelayConfigError(
+                "no next-hop directory: set [directory] aggregators (or `relay init --aggregator URL`) "
+                f"or [directory] file in {str(config.data_dir)!r}"
+            )
+        log_event(logger, logging.WARNING, "no-directory-insecure",
+                  detail="no [directory] source configured: forwarding to ANY address a packet names "
+                         "(an open forwarder); configure aggregators or a directory file")
+        return None
+    directory = NextHopDirectory()
+    path = config.directory_path
+    if path is not None:
+        try:
+            directory.replace_source(str(path), load_directory_file(path))
+        except DirectoryError as exc:
+            raise RelayConfigError(str(exc)) from None
+    return directory

@@ -9,6 +9,7 @@ import math
 import os
 import random
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ from scipy import stats
 
 from crypto import NodeAddress, PathHop, ReleaseWindow, SphinxGeometry, build_packet, generate_keypair, node_id_of
 from protocol import AckStatus, LinkClient, LinkLimits, encode_hello
-from relay import RelayConfig, RelayStarted, create_identity, serve_relay
+from relay import DirectoryEntry, RelayConfig, RelayStarted, create_identity, render_directory_file, serve_relay
 from relay._sink import FinalHopSink
 
 # Three relays plus the sink (the aggregator's place) on every path.
@@ -26,10 +27,35 @@ GEOMETRY = SphinxGeometry.create(max_hops=4, packet_size=2048)
 SINK_PRIVATE, SINK_PUBLIC = generate_keypair()
 
 
-def relay_config(data_dir: Path, **overrides: Any) -> RelayConfig:
+def relay_config(data_dir: Path, next_hops: Sequence[DirectoryEntry], **overrides: Any) -> RelayConfig:
+    """A new relay whose static directory file lists ``next_hops``."""
     create_identity(data_dir)
+    (data_dir / "directory.json").write_text(render_directory_file(next_hops))
     return RelayConfig(data_dir=data_dir, listen=("127.0.0.1", 0), max_hops=GEOMETRY.max_hops,
-                       packet_size=GEOMETRY.packet_size, synchronous="NORMAL", **overrides)
+                       packet_size=GEOMETRY.packet_size, synchronous="NORMAL", directory_file="directory.json",
+                       **overrides)
+
+
+def sink_entry(address: tuple[str, int]) -> DirectoryEntry:
+    return DirectoryEntry(node_id_of(SINK_PUBLIC), *address)
+
+
+def relay_entry(started: RelayStarted) -> DirectoryEntry:
+    return DirectoryEntry(started.node_id, *started.link)
+
+
+async def start_cascade(nursery: trio.Nursery, tmp_path: Path, sink_address: tuple[str, int],
+                        count: int = 3) -> list[RelayStarted]:
+    """``count`` relays, each with only the next one (the last: the sink) in
+    its directory; started last to first so each next hop's port is known."""
+    relays: list[RelayStarted] = []
+    next_hop = sink_entry(sink_address)
+    for i in reversed(range(count)):
+        started = await nursery.start(functools.partial(
+            serve_relay, relay_config(tmp_path / f"r{i}", [next_hop]), rng=np.random.default_rng(i)))
+        relays.insert(0, started)
+        next_hop = relay_entry(started)
+    return relays
 
 
 def hop(started: RelayStarted, window: ReleaseWindow) -> PathHop:
@@ -57,11 +83,7 @@ async def test_three_relay_cascade_delivers_everything_inside_the_final_window_i
     sink = FinalHopSink(GEOMETRY, SINK_PRIVATE)
     async with trio.open_nursery() as nursery:
         sink_address = await nursery.start(sink.serve)
-        relays: list[RelayStarted] = [
-            await nursery.start(functools.partial(
-                serve_relay, relay_config(tmp_path / f"r{i}"), rng=np.random.default_rng(i)))
-            for i in range(3)
-        ]
+        relays = await start_cascade(nursery, tmp_path, sink_address)
         # Sending slice until T, then one window per hop: [T, T+1], [T+1, T+2], [T+2, T+3].
         t = math.ceil(time.time()) + 3
         windows = [ReleaseWindow(t + i, t + i + 1) for i in range(3)]
@@ -107,7 +129,7 @@ async def test_late_and_replayed_packets_are_dropped_and_counted_in_the_metrics(
     sink = FinalHopSink(GEOMETRY, SINK_PRIVATE)
     async with trio.open_nursery() as nursery:
         sink_address = await nursery.start(sink.serve)
-        config = relay_config(tmp_path / "r", metrics=("127.0.0.1", 0))
+        config = relay_config(tmp_path / "r", [sink_entry(sink_address)], metrics=("127.0.0.1", 0))
         started: RelayStarted = await nursery.start(serve_relay, config)
         assert started.metrics is not None and started.metrics[0] == "127.0.0.1"
         now = int(time.time())
@@ -174,7 +196,7 @@ async def test_garbage_truncated_slow_and_flooding_clients_do_not_disturb_an_hon
 
     async with trio.open_nursery() as nursery:
         sink_address = await nursery.start(sink.serve)
-        config = relay_config(tmp_path / "r", link=limits, max_connections=24)
+        config = relay_config(tmp_path / "r", [sink_entry(sink_address)], link=limits, max_connections=24)
         started: RelayStarted = await nursery.start(serve_relay, config)
         t = int(time.time()) + 4
         path = [hop(started, ReleaseWindow(t, t + 1)), sink_hop(sink_address)]

@@ -1,0 +1,198 @@
+"""The next hops a relay may forward to (DESIGN.md §7; issue 5 security fix).
+
+The routing slot of a Sphinx packet names the next hop's node id and address,
+and the *sender* chooses both. A relay that forwarded to whatever address a
+packet names would be an open forwarder of fixed-size frames to any host and
+port. So a relay forwards only to the nodes of its directory, and only at the
+address the directory gives for that node id; anything else is dropped and
+counted ("unknown-next-hop", "next-hop-address-mismatch").
+
+The directory is the union of its sources:
+
+* the signed manifest of each aggregator the operator chose to serve
+  (``GET {url}/v1/manifest``, DESIGN.md §4): every listed relay and the
+  aggregator's own final hop. The signature and ``round_id`` are checked with
+  :class:`protocol.SignedManifest`, so a forged or altered manifest adds
+  nothing. Trust in *which* aggregator to serve is the operator's choice of
+  URL, as it is in which round a peer joins.
+* a static JSON file, for operators without an aggregator URL and for tests
+  (:func:`render_directory_file` writes one).
+
+Each source replaces only its own entries when it is re-read, so a relay
+that left a round's directory stops being a next hop.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import trio
+
+from crypto import NodeAddress
+from protocol import PATH_MANIFEST, InvalidManifest, SignedManifest
+from protocol._manifest import MAX_MANIFEST_BYTES
+
+logger = logging.getLogger("anonml.relay")
+
+# A signed manifest is its JSON plus a signature and round id (protocol
+# SignedManifest.from_json's own bound).
+_MAX_MANIFEST_RESPONSE_BYTES = MAX_MANIFEST_BYTES + 1024
+_MAX_DIRECTORY_FILE_BYTES = 1024 * 1024
+_MAX_DIRECTORY_ENTRIES = 4096
+_MAX_NODE_ID_BYTES = 64
+
+UNKNOWN_NEXT_HOP = "unknown-next-hop"
+ADDRESS_MISMATCH = "next-hop-address-mismatch"
+
+
+class DirectoryError(ValueError):
+    """Raised by :func:`parse_directory_file`, :func:`load_directory_file` and
+    :func:`fetch_manifest_hops` for a directory source that cannot be read:
+    malformed or oversized JSON, an unreachable aggregator, an HTTP error, or
+    a manifest whose signature or round id does not verify."""
+
+
+@dataclass(frozen=True)
+class DirectoryEntry:
+    """One allowed next hop: a node id and the address it listens on."""
+
+    node_id: bytes
+    host: str
+    port: int
+
+
+def _normalised_host(host: str) -> str:
+    """The host as a Sphinx :class:`NodeAddress` spells it after parsing, so
+    ``::ffff:127.0.0.1`` and ``127.0.0.1`` compare equal; a host name (never
+    in a Sphinx address) is kept as written and so never matches."""
+    try:
+        parsed = ipaddress.ip_address(host)
+    except ValueError:
+        return host
+    if isinstance(parsed, ipaddress.IPv6Address) and parsed.ipv4_mapped is not None:
+        parsed = parsed.ipv4_mapped
+    return str(parsed)
+
+
+class NextHopDirectory:
+    """node id -> allowed addresses, merged over named sources."""
+
+    def __init__(self) -> None:
+        self._sources: dict[str, tuple[DirectoryEntry, ...]] = {}
+        self._allowed: dict[bytes, frozenset[tuple[str, int]]] = {}
+
+    def replace_source(self, source: str, entries: Iterable[DirectoryEntry]) -> None:
+        """Set the entries that ``source`` (a URL or a file path) provides."""
+        self._sources[source] = tuple(entries)
+        allowed: dict[bytes, set[tuple[str, int]]] = {}
+        for source_entries in self._sources.values():
+            for entry in source_entries:
+                allowed.setdefault(entry.node_id, set()).add((_normalised_host(entry.host), entry.port))
+        self._allowed = {node_id: frozenset(addresses) for node_id, addresses in allowed.items()}
+
+    def __len__(self) -> int:
+        return len(self._allowed)
+
+    def sources(self) -> Mapping[str, int]:
+        """Entries per source (for logs)."""
+        return {source: len(entries) for source, entries in self._sources.items()}
+
+    def check(self, node_id: bytes, address: NodeAddress) -> str | None:
+        """None if ``node_id`` is a next hop at ``address``, else the drop reason."""
+        addresses = self._allowed.get(node_id)
+        if addresses is None:
+            return UNKNOWN_NEXT_HOP
+        if (address.host, address.port) not in addresses:
+            return ADDRESS_MISMATCH
+        return None
+
+
+def entries_from_manifest(signed: SignedManifest) -> tuple[DirectoryEntry, ...]:
+    """Every relay of a verified manifest's directory and its final hop."""
+    network = signed.manifest
+    entries = [DirectoryEntry(relay.node_id, relay.host, relay.port) for relay in network.relays]
+    hop = network.aggregator_hop
+    entries.append(DirectoryEntry(hop.node_id, hop.host, hop.port))
+    return tuple(entries)
+
+
+def parse_directory_file(data: bytes) -> tuple[DirectoryEntry, ...]:
+    """Strictly parse ``{"hops": [{"node_id": HEX, "host": IP, "port": N}, ...]}``."""
+    if len(data) > _MAX_DIRECTORY_FILE_BYTES:
+        raise DirectoryError(f"directory file of {len(data)!r} bytes exceeds {_MAX_DIRECTORY_FILE_BYTES!r}")
+    try:
+        document = json.loads(data)
+    except (ValueError, RecursionError) as exc:
+        raise DirectoryError(f"directory file is not JSON: {exc}") from None
+    if not isinstance(document, dict) or set(document) != {"hops"} or not isinstance(document["hops"], list):
+        raise DirectoryError(f"directory file must be an object with one key 'hops' (a list), got {document!r:.200}")
+    hops = document["hops"]
+    if len(hops) > _MAX_DIRECTORY_ENTRIES:
+        raise DirectoryError(f"directory file lists {len(hops)!r} hops, more than {_MAX_DIRECTORY_ENTRIES!r}")
+    entries: list[DirectoryEntry] = []
+    for item in hops:
+        if not isinstance(item, dict) or set(item) != {"node_id", "host", "port"}:
+            raise DirectoryError(f"a hop must have exactly node_id, host and port, got {item!r:.200}")
+        node_id, host, port = item["node_id"], item["host"], item["port"]
+        try:
+            node_id_bytes = bytes.fromhex(node_id) if isinstance(node_id, str) else b""
+            NodeAddress(host, port)
+        except ValueError:
+            raise DirectoryError(f"a hop needs a hex node_id, an IP literal host and a port, got {item!r:.200}") from None
+        if not 0 < len(node_id_bytes) <= _MAX_NODE_ID_BYTES:
+            raise DirectoryError(f"node_id must be 1..{_MAX_NODE_ID_BYTES} bytes of hex, got {node_id!r:.200}")
+        entries.append(DirectoryEntry(node_id_bytes, host, port))
+    return tuple(entries)
+
+
+def render_directory_file(entries: Iterable[DirectoryEntry]) -> str:
+    """The JSON that :func:`parse_directory_file` reads."""
+    hops = [{"node_id": e.node_id.hex(), "host": e.host, "port": e.port} for e in entries]
+    return json.dumps({"hops": hops}, indent=2) + "\n"
+
+
+def load_directory_file(path: Path) -> tuple[DirectoryEntry, ...]:
+    """Read and parse a static directory file (bounded read)."""
+    try:
+        with path.open("rb") as handle:
+            data = handle.read(_MAX_DIRECTORY_FILE_BYTES + 1)
+    except OSError as exc:
+        raise DirectoryError(f"cannot read the directory file {str(path)!r}: {exc}") from None
+    return parse_directory_file(data)
+
+
+async def fetch_manifest_hops(url: str, *, timeout: float) -> tuple[DirectoryEntry, ...]:
+    """``GET {url}/v1/manifest``, verify it, and return its next hops.
+
+    The whole exchange is bounded by ``timeout`` seconds and the body by the
+    manifest size limit, so a slow or hostile server costs bounded time and
+    memory.
+    """
+    body = bytearray()
+    try:
+        with trio.fail_after(timeout):
+            async with httpx.AsyncClient(timeout=httpx.Timeout(timeout)) as client:
+                async with client.stream("GET", url.rstrip("/") + PATH_MANIFEST) as response:
+                    if response.status_code != 200:
+                        raise DirectoryError(f"{url!r} answered HTTP {response.status_code!r} for the manifest")
+                    async for chunk in response.aiter_bytes():
+                        body += chunk
+                        if len(body) > _MAX_MANIFEST_RESPONSE_BYTES:
+                            raise DirectoryError(
+                                f"{url!r} sent a manifest over {_MAX_MANIFEST_RESPONSE_BYTES!r} bytes"
+                            )
+    except trio.TooSlowError:
+        raise DirectoryError(f"{url!r} did not serve its manifest within {timeout!r} s") from None
+    except (httpx.HTTPError, httpx.InvalidURL, OSError) as exc:
+        raise DirectoryError(f"cannot fetch the manifest from {url!r}: {exc!r}") from None
+    try:
+        signed = SignedManifest.from_json(bytes(body))
+    except InvalidManifest as exc:
+        raise DirectoryError(f"the manifest from {url!r} does not verify: {exc}") from None
+    return entries_from_manifest(signed)

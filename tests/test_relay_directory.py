@@ -1,0 +1,226 @@
+"""A relay forwards only to the next hops of its directory (issue 5 security
+fix), over real TCP on loopback: a static directory file, and the signed
+manifest an aggregator serves at ``GET /v1/manifest``."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import trio
+from test_manifest import SIGNING_KEY, fixed_manifest
+from test_relay_cli import invoke
+from test_relay_cascade import GEOMETRY, SINK_PRIVATE, SINK_PUBLIC, client_for, hop, relay_config, sink_entry, sink_hop
+
+from crypto import NodeAddress, PathHop, ReleaseWindow, build_packet, generate_keypair, node_id_of
+from protocol import AckStatus, AggregatorHop, RelayEntry, SignedManifest
+from relay import (
+    DirectoryEntry,
+    DirectoryError,
+    NextHopDirectory,
+    RelayConfig,
+    RelayConfigError,
+    RelayStarted,
+    create_identity,
+    load_config,
+    parse_directory_file,
+    render_directory_file,
+    serve_relay,
+)
+from relay._sink import FinalHopSink
+
+
+async def open_recorder(nursery: trio.Nursery, connections: list[object]) -> tuple[str, int]:
+    """A TCP listener that records every connection it gets (it must get none)."""
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    nursery.start_soon(trio.serve_listeners, lambda stream: _record(stream, connections), listeners)
+    return "127.0.0.1", int(listeners[0].socket.getsockname()[1])
+
+
+async def _record(stream: trio.SocketStream, connections: list[object]) -> None:
+    connections.append(stream)
+    await stream.aclose()
+
+
+async def test_packets_to_unknown_or_readdressed_next_hops_are_dropped_counted_and_never_sent(
+    tmp_path: Path,
+) -> None:
+    sink = FinalHopSink(GEOMETRY, SINK_PRIVATE)
+    contacted: list[object] = []
+    async with trio.open_nursery() as nursery:
+        sink_address = await nursery.start(sink.serve)
+        rogue_address = await open_recorder(nursery, contacted)
+        config = relay_config(tmp_path / "r", [sink_entry(sink_address)])
+        started: RelayStarted = await nursery.start(serve_relay, config)
+        now = int(time.time())
+        window = ReleaseWindow(now - 1, now + 1)
+        _, rogue_public = generate_keypair()
+        unknown = PathHop(node_id_of(rogue_public), NodeAddress(*rogue_address), rogue_public, window)
+        # The sink's node id, its address rewritten by the sender.
+        readdressed = PathHop(node_id_of(SINK_PUBLIC), NodeAddress(*rogue_address), SINK_PUBLIC,
+                              window)
+        honest = PathHop(node_id_of(SINK_PUBLIC), NodeAddress(*sink_address), SINK_PUBLIC, window)
+        packets = [build_packet(GEOMETRY, [hop(started, window), last], message)
+                   for last, message in ((unknown, b"unknown"), (readdressed, b"readdressed"), (honest, b"honest"))]
+        client = client_for(started)
+        statuses = await client.send_batch(packets, give_up_at=trio.current_time() + 5)
+        await client.aclose()
+        assert statuses == [AckStatus.REJECTED, AckStatus.REJECTED, AckStatus.ACCEPTED]
+        with trio.fail_after(5):
+            await sink.wait_for(1)
+        await trio.sleep(0.3)  # time for a (wrong) forward to the rogue address to show up
+        nursery.cancel_scope.cancel()
+    assert [a.message for a in sink.arrivals] == [b"honest"]
+    assert contacted == []
+    dropped = started.counters.dropped
+    assert dropped["unknown-next-hop"] == 1 and dropped["next-hop-address-mismatch"] == 1
+    assert started.counters.forwarded == 1 and sum(dropped.values()) == 2
+
+
+async def serve_manifests(documents: dict[str, bytes], *, task_status: trio.TaskStatus[int]) -> None:
+    """A minimal HTTP/1.1 server: ``GET path`` -> ``documents[path]`` or 404."""
+
+    async def handle(stream: trio.SocketStream) -> None:
+        request = b""
+        with trio.move_on_after(5):
+            while b"\r\n\r\n" not in request and len(request) < 8192:
+                chunk = await stream.receive_some(4096)
+                if not chunk:
+                    break
+                request += chunk
+        path = request.split(b" ")[1].decode() if request.count(b" ") >= 2 else ""
+        body = documents.get(path)
+        status = b"200 OK" if body is not None else b"404 Not Found"
+        body = body if body is not None else b"{}"
+        await stream.send_all(b"HTTP/1.1 " + status + b"\r\nContent-Type: application/json\r\nContent-Length: "
+                              + str(len(body)).encode() + b"\r\nConnection: close\r\n\r\n" + body)
+        await stream.aclose()
+
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    task_status.started(int(listeners[0].socket.getsockname()[1]))
+    await trio.serve_listeners(handle, listeners)
+
+
+def signed_manifest_json(relay_node: bytes, relay_link: tuple[str, int], relay_public: bytes,
+                         sink_address: tuple[str, int]) -> bytes:
+    manifest = fixed_manifest(
+        relays=(RelayEntry(relay_node, relay_link[0], relay_link[1], relay_public, 1),),
+        aggregator_hop=AggregatorHop(node_id_of(SINK_PUBLIC), sink_address[0], sink_address[1],
+                                     SINK_PUBLIC),
+        path_length=1,
+    )
+    return SignedManifest.sign(manifest, SIGNING_KEY).to_json()
+
+
+async def test_the_directory_comes_from_verified_manifests_of_an_aggregator_that_starts_later(
+    tmp_path: Path,
+) -> None:
+    sink = FinalHopSink(GEOMETRY, SINK_PRIVATE)
+    documents: dict[str, bytes] = {}
+    async with trio.open_nursery() as nursery:
+        sink_address = await nursery.start(sink.serve)
+        http_port = await nursery.start(serve_manifests, documents)
+        base = f"http://127.0.0.1:{http_port}"
+        data_dir = tmp_path / "r"
+        create_identity(data_dir)
+        config = RelayConfig(data_dir=data_dir, listen=("127.0.0.1", 0), max_hops=GEOMETRY.max_hops,
+                             packet_size=GEOMETRY.packet_size, synchronous="NORMAL",
+                             directory_aggregators=(base + "/good", base + "/forged"),
+                             directory_min_refresh_seconds=0.2, directory_fetch_timeout=2.0)
+        # The aggregator is not serving its manifest yet: the relay still starts.
+        started: RelayStarted = await nursery.start(serve_relay, config)
+        now = int(time.time())
+        window = ReleaseWindow(now - 1, now + 4)  # released within 4 s of the first accepted packet
+        good = signed_manifest_json(started.node_id, started.link, started.keys[0].public_key, sink_address)
+        _, rogue_public = generate_keypair()
+        rogue_address = ("127.0.0.1", 9)
+        forged = SignedManifest.from_json(signed_manifest_json(
+            started.node_id, started.link, started.keys[0].public_key, rogue_address))
+        # A manifest naming the rogue address as the final hop, its signature broken.
+        forged_json = SignedManifest(forged.manifest, bytes(64)).to_json()
+        client = client_for(started)
+        first = build_packet(GEOMETRY, [hop(started, window), sink_hop(sink_address)], b"before")
+        assert await client.send_batch([first], give_up_at=trio.current_time() + 5) == [AckStatus.REJECTED]
+        documents["/good/v1/manifest"] = good
+        documents["/forged/v1/manifest"] = forged_json
+        accepted = None
+        with trio.fail_after(10):
+            for attempt in range(1000):  # each unknown next hop asks for a refresh (rate-limited)
+                packet = build_packet(GEOMETRY, [hop(started, window), sink_hop(sink_address)], b"%d" % attempt)
+                if await client.send_batch([packet], give_up_at=trio.current_time() + 5) == [AckStatus.ACCEPTED]:
+                    accepted = b"%d" % attempt
+                    break
+                await trio.sleep(0.05)
+            await sink.wait_for(1)
+        rogue = PathHop(node_id_of(SINK_PUBLIC), NodeAddress(*rogue_address), SINK_PUBLIC, window)
+        readdressed = build_packet(GEOMETRY, [hop(started, window), rogue], b"rogue")
+        assert await client.send_batch([readdressed], give_up_at=trio.current_time() + 5) == [AckStatus.REJECTED]
+        await client.aclose()
+        nursery.cancel_scope.cancel()
+    assert [a.message for a in sink.arrivals] == [accepted]
+    dropped = started.counters.dropped
+    assert dropped["unknown-next-hop"] >= 1 and dropped["next-hop-address-mismatch"] == 1
+
+
+async def test_a_missing_or_malformed_directory_file_stops_the_relay_at_start(tmp_path: Path) -> None:
+    create_identity(tmp_path)
+    config = RelayConfig(data_dir=tmp_path, listen=("127.0.0.1", 0), directory_file="missing.json")
+    with pytest.raises(RelayConfigError, match="missing.json"):
+        await serve_relay(config)
+    (tmp_path / "bad.json").write_text('{"hops": [{"node_id": "zz", "host": "127.0.0.1", "port": 1}]}')
+    with pytest.raises(RelayConfigError, match="node_id"):
+        await serve_relay(RelayConfig(data_dir=tmp_path, listen=("127.0.0.1", 0), directory_file="bad.json"))
+
+
+async def test_no_directory_source_refuses_to_start_when_required(tmp_path: Path) -> None:
+    create_identity(tmp_path)
+    config = RelayConfig(data_dir=tmp_path, listen=("127.0.0.1", 0), require_directory=True)
+    with pytest.raises(RelayConfigError, match="no next-hop directory"):
+        await serve_relay(config)
+
+
+@pytest.mark.parametrize("data", [
+    b"", b"[]", b"{}", b'{"hops": {}}', b'{"hops": [], "x": 1}', b'{"hops": [1]}',
+    b'{"hops": [{"node_id": "00", "host": "example.org", "port": 1}]}',
+    b'{"hops": [{"node_id": "00", "host": "127.0.0.1", "port": 0}]}',
+    b'{"hops": [{"node_id": "00", "host": "127.0.0.1", "port": true}]}',
+    b'{"hops": [{"node_id": "", "host": "127.0.0.1", "port": 1}]}',
+    b'{"hops": [{"node_id": 5, "host": "127.0.0.1", "port": 1}]}',
+    b'{"hops": [{"node_id": "00", "host": "127.0.0.1", "port": 1, "extra": 1}]}',
+    b"[" * 100_000, b"\xff\xfe", b'{"hops": [' + b'{"node_id": "00", "host": "::1", "port": 1},' * 5000 + b"]}",
+])
+def test_directory_files_parse_strictly_with_one_typed_error(data: bytes) -> None:
+    with pytest.raises(DirectoryError):
+        parse_directory_file(data)
+
+
+def test_directory_file_round_trip_and_address_normalisation(tmp_path: Path) -> None:
+    entries = (DirectoryEntry(b"\x01" * 16, "::ffff:127.0.0.1", 7000), DirectoryEntry(b"\x02" * 16, "::1", 7001))
+    assert parse_directory_file(render_directory_file(entries).encode()) == entries
+    directory = NextHopDirectory()
+    directory.replace_source("file", entries)
+    assert directory.check(b"\x01" * 16, NodeAddress("127.0.0.1", 7000)) is None
+    assert directory.check(b"\x01" * 16, NodeAddress("127.0.0.1", 7001)) == "next-hop-address-mismatch"
+    assert directory.check(b"\x03" * 16, NodeAddress("::1", 7001)) == "unknown-next-hop"
+    directory.replace_source("file", entries[1:])  # a source's re-read replaces its own entries
+    assert directory.check(b"\x01" * 16, NodeAddress("127.0.0.1", 7000)) == "unknown-next-hop"
+
+
+def test_init_stores_the_directory_sources_and_info_shows_them(tmp_path: Path) -> None:
+    data_dir = tmp_path / "r"
+    code, output = invoke("init", "--data-dir", str(data_dir), "--listen", "127.0.0.1:9000",
+                          "--aggregator", "http://127.0.0.1:8080", "--aggregator", "http://[::1]:8081/a",
+                          "--directory-file", "directory.json")
+    assert code == 0, output
+    config = load_config(data_dir)
+    assert config.directory_aggregators == ("http://127.0.0.1:8080", "http://[::1]:8081/a")
+    assert config.directory_path == data_dir / "directory.json"
+    code, output = invoke("info", "--data-dir", str(data_dir))
+    assert code == 0 and "forwards only to next hops from: aggregator http://127.0.0.1:8080" in output
+    code, output = invoke("init", "--data-dir", str(tmp_path / "bad"), "--listen", "127.0.0.1:9000",
+                          "--aggregator", "ftp://x")
+    assert code != 0 and "ftp://x" in output
+    code, output = invoke("init", "--data-dir", str(tmp_path / "none"), "--listen", "127.0.0.1:9001")
+    assert code == 0
+    assert "forwards to ANY address" in invoke("info", "--data-dir", str(tmp_path / "none"))[1]
