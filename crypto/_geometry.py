@@ -125,30 +125,30 @@ class SphinxGeometry:
                 f"(header {self.header_size} bytes, SURB {self.surb_size} bytes)"
             )
 
-    @property
+    @functools.cached_property
     def routing_info_size(self) -> int:
         """Bytes of one hop's routing slot in the header."""
         return self.command_size + self.node_id_size + self.address_size + self.window_size + self.mac_size
 
-    @property
+    @functools.cached_property
     def routing_size(self) -> int:
         """Bytes of beta, all routing slots."""
         return self.max_hops * self.routing_info_size
 
-    @property
+    @functools.cached_property
     def header_size(self) -> int:
         return self.group_element_size + self.routing_size + self.mac_size
 
-    @property
+    @functools.cached_property
     def payload_size(self) -> int:
         return self.packet_size - self.header_size
 
-    @property
+    @functools.cached_property
     def message_size(self) -> int:
         """The largest end-to-end message one packet carries."""
         return self.payload_size - self.payload_tag_size - self.length_prefix_size
 
-    @property
+    @functools.cached_property
     def surb_size(self) -> int:
         """Bytes of a serialised single-use reply block."""
         return self.node_id_size + self.address_size + self.header_size + self.payload_key_size
@@ -167,12 +167,12 @@ class SphinxGeometry:
 
     def canonical_hash(self) -> bytes:
         """SHA-256 over the canonical JSON of :meth:`to_dict` (sorted keys, no spaces)."""
-        return _canonical_hash(self)
+        return self._canonical_hash
 
-
-# Every packet operation salts its key derivation with the geometry hash;
-# caching keeps the JSON encoding off the per-packet path.
-@functools.lru_cache(maxsize=64)
-def _canonical_hash(geometry: SphinxGeometry) -> bytes:
-    encoded = json.dumps(geometry.to_dict(), sort_keys=True, separators=(",", ":")).encode()
-    return hashlib.sha256(_HASH_DOMAIN + encoded).digest()
+    # Every packet operation salts its key derivation with the geometry hash
+    # and reads the derived sizes several times: computed once per geometry
+    # (the object is frozen), they stay off the per-packet path.
+    @functools.cached_property
+    def _canonical_hash(self) -> bytes:
+        encoded = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":")).encode()
+        return hashlib.sha256(_HASH_DOMAIN + encoded).digest()
