@@ -232,6 +232,7 @@ def measure_intake_split(geometry: SphinxGeometry, packets: int = 512, batch: in
             seconds["replay_tag_us"] += clock() - started
             return seen
 
+        held: list[tuple[float, float, str, int, bytes]] = []
         try:
             for offset in range(0, packets, batch):
                 with store.transaction():
@@ -240,9 +241,11 @@ def measure_intake_split(geometry: SphinxGeometry, packets: int = 512, batch: in
                         result = process_packet(geometry, private, frame, is_replay=is_replay)
                         seconds["sphinx_us"] += clock() - started
                         assert isinstance(result, ForwardPacket)
-                        started = clock()
-                        store.insert_held(0.0, 1.0, "127.0.0.1", 2, result.packet)
-                        seconds["held_insert_us"] += clock() - started
+                        held.append((0.0, 1.0, "127.0.0.1", 2, result.packet))
+                    started = clock()
+                    store.insert_held(held)
+                    seconds["held_insert_us"] += clock() - started
+                    held.clear()
                     committing = clock()
                 seconds["commit_us"] += clock() - committing
         finally:

@@ -220,11 +220,12 @@ class Relay:
         return True
 
     def _intake(
-        self, frame: bytes, now: float, keys: Sequence[EpochKey], scheduled: list[tuple[float, int]]
+        self, frame: bytes, now: float, keys: Sequence[EpochKey], accepted: list[tuple[float, float, str, int, bytes]]
     ) -> AckStatus:
-        """Process and store one frame inside the batch transaction."""
+        """Process one frame inside the batch transaction; an accepted one is
+        appended to ``accepted`` (stored when the batch is)."""
         self.counters.received += 1
-        if self.counters.held + len(scheduled) >= self.config.max_held_packets:
+        if self.counters.held + len(accepted) >= self.config.max_held_packets:
             self.counters.drop("capacity")
             return AckStatus.BUSY
         result = None
@@ -270,14 +271,14 @@ class Relay:
             return AckStatus.REJECTED
         self._neighbours[neighbour] = self._neighbours.get(neighbour, 0) + 1
         release_at = self.uniform(max(now, float(window.start)), float(window.end))
-        row_id = self.store.insert_held(release_at, float(window.end), neighbour[0], neighbour[1], result.packet)
-        scheduled.append((release_at, row_id))
+        accepted.append((release_at, float(window.end), neighbour[0], neighbour[1], result.packet))
         return AckStatus.ACCEPTED
 
     async def on_packets(self, frames: list[bytes]) -> list[AckStatus]:
         """The link's callback: statuses for ``frames``, after their durable commit."""
         now = self.clock.now()
         keys = self.keyring.accepting(now)
+        accepted: list[tuple[float, float, str, int, bytes]] = []
         scheduled: list[tuple[float, int]] = []
         statuses: list[AckStatus] = []
         # CPU time of the whole batch (one call per batch: thread_time is a
@@ -288,9 +289,13 @@ class Relay:
             with self.store.transaction():
                 self.store.delete(finished)
                 for frame in frames:
-                    statuses.append(self._intake(frame, now, keys, scheduled))
+                    statuses.append(self._intake(frame, now, keys, accepted))
+                row_ids = self.store.insert_held(accepted)
+                scheduled = [(row[0], row_id) for row, row_id in zip(accepted, row_ids)]
         except sqlite3.Error as exc:
             self._finished.extend(finished)
+            for row in accepted:
+                self._release_neighbour((row[2], row[3]), 1)
             # Nothing of the batch is stored: the sender keeps it and retries.
             log_event(logger, logging.ERROR, "store-error", error=repr(exc), frames=len(frames))
             self.counters.drop("store-error", len(frames))
