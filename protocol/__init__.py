@@ -98,23 +98,6 @@ from protocol._schedule import (
     hop_windows,
     phase_at,
 )
-from protocol._features import (
-    CategoricalFeature,
-    Feature,
-    FeatureSpec,
-    FeatureSpecError,
-    LabelSpec,
-    NumericFeature,
-)
-from protocol._plan import (
-    PLAN_KINDS,
-    Assignment,
-    PlanError,
-    ReleasePlan,
-    assign_partitions,
-    derive_subsets,
-    row_keys,
-)
 from protocol._survey import (
     ROUND_ID_BYTES,
     SURVEY_ID_BYTES,
