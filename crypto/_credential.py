@@ -136,6 +136,16 @@ class _Reader:
         (value,) = _PARTITION.unpack(self.raw(_PARTITION.size))
         return int(value)
 
+    def header(self) -> tuple[bytes, int]:
+        """The key id and partition after the version byte (see :func:`_header`)."""
+        return self.raw(KID_BYTES), self.partition()
+
+    def points(self, count: int) -> tuple[Point, ...]:
+        return tuple(self.point() for _ in range(count))
+
+    def scalars(self, count: int) -> tuple[int, ...]:
+        return tuple(self.scalar() for _ in range(count))
+
     def point(self) -> Point:
         try:
             return decode_point(self.raw(POINT_BYTES))
@@ -161,6 +171,16 @@ def _same_scalar(left: int, right: int) -> bool:
 
 def _header(kid: bytes, partition: int) -> bytes:
     return _HEADER.pack(VERSION, kid, partition)
+
+
+def _encode_proof_message(kid: bytes, partition: int, points: Sequence[Point], scalars: Sequence[int]) -> bytes:
+    """The layout of every message carrying a proof (issuance request and
+    response, token): header, statement points, then challenge and responses."""
+    return (
+        _header(kid, partition)
+        + b"".join(encode_point(p) for p in points)
+        + b"".join(encode_scalar(k) for k in scalars)
+    )
 
 
 # --------------------------------------------------------------------- keys
@@ -315,22 +335,17 @@ class IssuanceRequest:
     responses: tuple[int, int, int]  # for d, s, r
 
     def to_bytes(self) -> bytes:
-        points = (self.elgamal_key, self.a1, self.a2)
-        scalars = (self.challenge, *self.responses)
-        return (
-            _header(self.kid, self.partition)
-            + b"".join(encode_point(p) for p in points)
-            + b"".join(encode_scalar(k) for k in scalars)
+        return _encode_proof_message(
+            self.kid, self.partition, (self.elgamal_key, self.a1, self.a2), (self.challenge, *self.responses)
         )
 
     @classmethod
     def from_bytes(cls, data: bytes) -> IssuanceRequest:
         reader = _Reader(data, ISSUANCE_REQUEST_BYTES, InvalidIssuance, "issuance request")
-        kid, partition = reader.raw(KID_BYTES), reader.partition()
-        points = (reader.point(), reader.point(), reader.point())
-        challenge = reader.scalar()
-        responses = (reader.scalar(), reader.scalar(), reader.scalar())
-        return cls(kid, partition, *points, challenge, responses)
+        kid, partition = reader.header()
+        elgamal_key, a1, a2 = reader.points(3)
+        challenge, r_d, r_s, r_r = reader.scalars(4)
+        return cls(kid, partition, elgamal_key, a1, a2, challenge, (r_d, r_s, r_r))
 
 
 @dataclass(frozen=True, eq=False)
@@ -363,22 +378,17 @@ class IssuanceResponse:
     responses: tuple[int, int, int, int, int, int]  # for x0, x̃0, x2, b, t1, r'
 
     def to_bytes(self) -> bytes:
-        points = (self.u, self.t1, self.e1, self.e2)
-        scalars = (self.challenge, *self.responses)
-        return (
-            _header(self.kid, self.partition)
-            + b"".join(encode_point(p) for p in points)
-            + b"".join(encode_scalar(k) for k in scalars)
+        return _encode_proof_message(
+            self.kid, self.partition, (self.u, self.t1, self.e1, self.e2), (self.challenge, *self.responses)
         )
 
     @classmethod
     def from_bytes(cls, data: bytes) -> IssuanceResponse:
         reader = _Reader(data, ISSUANCE_RESPONSE_BYTES, InvalidIssuance, "issuance response")
-        kid, partition = reader.raw(KID_BYTES), reader.partition()
-        points = (reader.point(), reader.point(), reader.point(), reader.point())
-        challenge = reader.scalar()
-        r = tuple(reader.scalar() for _ in range(6))
-        return cls(kid, partition, *points, challenge, (r[0], r[1], r[2], r[3], r[4], r[5]))
+        kid, partition = reader.header()
+        u, t1, e1, e2 = reader.points(4)
+        challenge, *r = reader.scalars(7)
+        return cls(kid, partition, u, t1, e1, e2, challenge, (r[0], r[1], r[2], r[3], r[4], r[5]))
 
 
 @dataclass(frozen=True, eq=False)
@@ -403,8 +413,8 @@ class Credential:
     @classmethod
     def from_bytes(cls, data: bytes) -> Credential:
         reader = _Reader(data, CREDENTIAL_BYTES, InvalidKeyMaterial, "credential")
-        kid, partition = reader.raw(KID_BYTES), reader.partition()
-        u, u_prime = reader.point(), reader.point()
+        kid, partition = reader.header()
+        u, u_prime = reader.points(2)
         return cls(kid, partition, u, u_prime, CredentialSecret(reader.scalar(nonzero=True)))
 
     def __repr__(self) -> str:
@@ -639,12 +649,8 @@ class Token:
 
     @cached_property
     def _encoding(self) -> bytes:
-        points = (self.u, self.cs, self.cu_prime, self.tag)
-        scalars = (self.challenge, *self.responses)
-        return (
-            _header(self.kid, self.partition)
-            + b"".join(encode_point(p) for p in points)
-            + b"".join(encode_scalar(k) for k in scalars)
+        return _encode_proof_message(
+            self.kid, self.partition, (self.u, self.cs, self.cu_prime, self.tag), (self.challenge, *self.responses)
         )
 
     def to_bytes(self) -> bytes:
@@ -660,11 +666,10 @@ class Token:
     @classmethod
     def from_bytes(cls, data: bytes) -> Token:
         reader = _Reader(data, TOKEN_BYTES, InvalidToken, "token")
-        kid, partition = reader.raw(KID_BYTES), reader.partition()
-        points = (reader.point(), reader.point(), reader.point(), reader.point())
-        challenge = reader.scalar()
-        responses = (reader.scalar(), reader.scalar(), reader.scalar())
-        token = cls(kid, partition, *points, challenge, responses)
+        kid, partition = reader.header()
+        u, cs, cu_prime, tag = reader.points(4)
+        challenge, r_s, r_z, r_r = reader.scalars(4)
+        token = cls(kid, partition, u, cs, cu_prime, tag, challenge, (r_s, r_z, r_r))
         token.__dict__["_encoding"] = data  # canonical: parsing accepts one encoding per value
         return token
 

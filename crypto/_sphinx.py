@@ -501,6 +501,12 @@ def build_packet(
     return header + payload
 
 
+def never_replayed(tag: bytes) -> bool:
+    """An ``is_replay`` for :func:`process_packet` callers that keep no replay
+    cache: benchmarks, tests and offline inspection (never a relay)."""
+    return False
+
+
 def process_packet(
     geometry: SphinxGeometry,
     private_key: bytes,

@@ -22,6 +22,7 @@ from crypto import (
     SphinxGeometry,
     build_packet,
     generate_keypair,
+    never_replayed,
     node_id_of,
     process_packet,
 )
@@ -69,7 +70,7 @@ class RecordingSender:
 
 
 def message_index(forwarded: bytes) -> int:
-    result = process_packet(GEOMETRY, NEXT_PRIVATE, forwarded, is_replay=lambda tag: False)
+    result = process_packet(GEOMETRY, NEXT_PRIVATE, forwarded, is_replay=never_replayed)
     assert isinstance(result, FinalMessage)
     return int.from_bytes(result.message[:4], "big")
 

@@ -30,6 +30,7 @@ from crypto import (
     WrongLength,
     build_packet,
     generate_keypair,
+    never_replayed,
     node_id_of,
     process_packet,
     public_key_of,
@@ -43,10 +44,6 @@ PATH = [
     PathHop(node_id_of(public), NodeAddress(f"127.0.0.{index + 1}", 7000 + index), public, ReleaseWindow(100 * index, 100 * index + 60))
     for index, (_, public) in enumerate(KEYS)
 ]
-
-
-def never_replayed(tag: bytes) -> bool:
-    return False
 
 
 def replay_cache() -> Callable[[bytes], bool]:

@@ -22,6 +22,7 @@ from crypto import (
     SphinxGeometry,
     build_packet,
     generate_keypair,
+    never_replayed,
     node_id_of,
     process_packet,
 )
@@ -54,12 +55,12 @@ class Fuzzer:
             packet = build_packet(GEOMETRY, path, self.rng.randbytes(100), rng_bytes=self.rng.randbytes)
             for hop in range(4):
                 self.valid.append((hop, packet))
-                result = process_packet(GEOMETRY, self.private_keys[hop], packet, is_replay=lambda tag: False)
+                result = process_packet(GEOMETRY, self.private_keys[hop], packet, is_replay=never_replayed)
                 packet = getattr(result, "packet", b"")
         self.outcomes: Counter[str] = Counter()
         self.count = 0
 
-    def feed(self, hop: int, packet: object, is_replay: Callable[[bytes], bool] = lambda tag: False) -> None:
+    def feed(self, hop: int, packet: object, is_replay: Callable[[bytes], bool] = never_replayed) -> None:
         self.count += 1
         try:
             process_packet(GEOMETRY, self.private_keys[hop], packet, is_replay=is_replay)  # type: ignore[arg-type]

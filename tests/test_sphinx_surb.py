@@ -23,6 +23,7 @@ from crypto import (
     build_packet,
     create_surb,
     generate_keypair,
+    never_replayed,
     node_id_of,
     open_reply,
     package_reply,
@@ -40,7 +41,7 @@ PATH = [
 
 def deliver(packet: bytes, hop_count: int) -> SurbReply:
     for index in range(hop_count):
-        result = process_packet(GEOMETRY, KEYS[index][0], packet, is_replay=lambda tag: False)
+        result = process_packet(GEOMETRY, KEYS[index][0], packet, is_replay=never_replayed)
         if isinstance(result, ForwardPacket):
             packet = result.packet
     assert isinstance(result, SurbReply)
@@ -66,9 +67,9 @@ def test_surb_round_trip(hop_count: int, message: bytes) -> None:
 def test_surb_travels_inside_a_forward_message() -> None:
     surb, keys = create_surb(GEOMETRY, PATH[:3])
     forward = build_packet(GEOMETRY, PATH[:2], surb.to_bytes())
-    hop0 = process_packet(GEOMETRY, KEYS[0][0], forward, is_replay=lambda tag: False)
+    hop0 = process_packet(GEOMETRY, KEYS[0][0], forward, is_replay=never_replayed)
     assert isinstance(hop0, ForwardPacket)
-    final = process_packet(GEOMETRY, KEYS[1][0], hop0.packet, is_replay=lambda tag: False)
+    final = process_packet(GEOMETRY, KEYS[1][0], hop0.packet, is_replay=never_replayed)
     carried = Surb.from_bytes(GEOMETRY, final.message)  # type: ignore[union-attr]
     _, reply_packet = package_reply(GEOMETRY, carried, b"ack")
     assert open_reply(GEOMETRY, keys, deliver(reply_packet, 3)) == b"ack"

@@ -26,6 +26,7 @@ from crypto import (
     SurbReply,
     build_packet,
     create_surb,
+    never_replayed,
     node_id_of,
     open_reply,
     package_reply,
@@ -68,7 +69,7 @@ def _path(case: dict[str, Any]) -> tuple[list[bytes], list[PathHop]]:
 def _check_trace(geometry: SphinxGeometry, private_keys: list[bytes], packet: bytes, outputs: list[dict[str, Any]]) -> object:
     result: object = None
     for private_key, expected in zip(private_keys, outputs, strict=True):
-        result = process_packet(geometry, private_key, packet, is_replay=lambda tag: False)
+        result = process_packet(geometry, private_key, packet, is_replay=never_replayed)
         assert result.replay_tag.hex() == expected["replay_tag"]  # type: ignore[attr-defined]
         assert [result.window.start, result.window.end] == expected["window"]  # type: ignore[attr-defined]
         if expected["kind"] == "forward":
