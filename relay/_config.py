@@ -313,8 +313,9 @@ level = "{config.log_level}"
 # aggregators: base URLs of the aggregators this relay serves; their signed
 # manifests (GET URL/v1/manifest, signature and round id verified) give
 # every listed relay and the aggregator's final hop. Fetched at start (an
-# unreachable aggregator is retried) and again when a packet names an
-# unknown next hop, at most once per min_refresh_seconds.
+# unreachable aggregator is retried every min_refresh_seconds) and again when
+# a packet names a next hop the directory refuses, at most once per
+# min_refresh_seconds (the packet itself is dropped).
 aggregators = [{aggregators}]
 # A static JSON file {{"hops": [{{"node_id": HEX, "host": IP, "port": N}}]}}
 # (relative to the data directory), re-read with the aggregators.

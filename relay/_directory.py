@@ -70,9 +70,10 @@ class DirectoryEntry:
 def _normalised_host(host: str) -> str:
     """The host as a Sphinx :class:`NodeAddress` spells it after parsing, so
     ``::ffff:127.0.0.1`` and ``127.0.0.1`` compare equal; a host name (never
-    in a Sphinx address) is kept as written and so never matches."""
+    in a Sphinx address) is kept as written and so never matches. A manifest
+    may bracket an IPv6 literal (``[::1]``)."""
     try:
-        parsed = ipaddress.ip_address(host)
+        parsed = ipaddress.ip_address(host.removeprefix("[").removesuffix("]"))
     except ValueError:
         return host
     if isinstance(parsed, ipaddress.IPv6Address) and parsed.ipv4_mapped is not None:

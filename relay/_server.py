@@ -45,6 +45,7 @@ import sqlite3
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 import numpy as np
@@ -55,7 +56,7 @@ from protocol import AckStatus, LinkClient, LinkError, serve_link
 from relay._clock import RelayClock, WallClock
 from relay._config import RelayConfig
 from relay._directory import (
-    UNKNOWN_NEXT_HOP,
+    DirectoryEntry,
     DirectoryError,
     NextHopDirectory,
     fetch_manifest_hops,
@@ -79,10 +80,6 @@ _FORWARD_PIPELINE = 4
 # A batch the next hop answered BUSY (or that found it unreachable) is retried
 # after this long, while its window lasts.
 _FORWARD_RETRY_DELAY = 0.5
-# An aggregator that cannot be reached is asked again after min_refresh_seconds,
-# doubling per failure up to this (a packet naming an unknown next hop asks
-# sooner: after min_refresh_seconds).
-_DIRECTORY_RETRY_MAX_SECONDS = 30.0
 
 Uniform = Callable[[float, float], float]
 
@@ -107,7 +104,8 @@ class RelayStarted:
     """What :func:`serve_relay` reports once it listens.
 
     ``link`` and ``metrics`` are the bound ``(host, port)``s; ``keys`` the
-    published epoch keys (current and next); ``counters`` is live.
+    published epoch keys (current and next); ``counters`` and ``directory``
+    (the allowed next hops; None when none is configured) are live.
     """
 
     link: tuple[str, int]
@@ -115,6 +113,7 @@ class RelayStarted:
     node_id: bytes
     keys: tuple[EpochKey, ...]
     counters: RelayCounters
+    directory: NextHopDirectory | None = None
 
 
 def _uniform_from(rng: np.random.Generator | None) -> Uniform:
@@ -259,11 +258,11 @@ class Relay:
             refused = self.directory.check(result.next_node_id, result.next_address)
             if refused is not None:
                 self.counters.drop(refused)
-                if refused == UNKNOWN_NEXT_HOP:
-                    # Perhaps a round that started after the last fetch: ask
-                    # the sources again (rate-limited, in the background; the
-                    # intake never waits on the network).
-                    self._directory_wanted.set()
+                # Perhaps a round (or a relay's new address) newer than the
+                # last fetch: ask the sources again, rate-limited and in the
+                # background (the intake never waits on the network). The
+                # packet is dropped; its sender's receipt check resends it.
+                self._directory_wanted.set()
                 return AckStatus.REJECTED
         neighbour = (result.next_address.host, result.next_address.port)
         if neighbour not in self._neighbours and len(self._neighbours) >= self.config.max_neighbours:
@@ -464,43 +463,44 @@ class Relay:
 
     # -- directory -------------------------------------------------------
 
-    async def _refresh_directory(self) -> bool:
-        """Re-read every directory source; True if all of them answered."""
+    async def _read_directory_source(self, source: str) -> tuple[DirectoryEntry, ...]:
+        if source in self.config.directory_aggregators:
+            return await fetch_manifest_hops(source, timeout=self.config.directory_fetch_timeout)
+        return await trio.to_thread.run_sync(load_directory_file, Path(source))
+
+    async def _refresh_directory(self, failing: set[str]) -> None:
+        """Re-read every directory source; ``failing`` holds those whose last
+        read failed (a failure is logged as a warning once per streak)."""
         assert self.directory is not None
-        complete = True
-        for url in self.config.directory_aggregators:
-            try:
-                self.directory.replace_source(url, await fetch_manifest_hops(
-                    url, timeout=self.config.directory_fetch_timeout))
-            except DirectoryError as exc:
-                complete = False
-                log_event(logger, logging.WARNING, "directory-fetch-failed", source=url, error=str(exc))
         path = self.config.directory_path
-        if path is not None:
+        sources = [*self.config.directory_aggregators, *([str(path)] if path is not None else [])]
+        before = dict(self.directory.sources())
+        for source in sources:
             try:
-                self.directory.replace_source(str(path), await trio.to_thread.run_sync(load_directory_file, path))
+                self.directory.replace_source(source, await self._read_directory_source(source))
             except DirectoryError as exc:
-                complete = False
-                log_event(logger, logging.WARNING, "directory-file-failed", source=str(path), error=str(exc))
-        log_event(logger, logging.INFO, "directory", next_hops=len(self.directory),
+                level = logging.DEBUG if source in failing else logging.WARNING
+                failing.add(source)
+                log_event(logger, level, "directory-source-failed", source=source, error=str(exc))
+            else:
+                failing.discard(source)
+        level = logging.INFO if self.directory.sources() != before else logging.DEBUG
+        log_event(logger, level, "directory", next_hops=len(self.directory),
                   sources=",".join(f"{source}={count}" for source, count in self.directory.sources().items()))
-        return complete
 
     async def run_directory_refresh(self) -> None:
-        """Fetch the directory now, retry failures with backoff, and re-fetch
-        when an unknown next hop is seen, at most once per min_refresh_seconds."""
+        """Read the directory sources now; again every min_refresh_seconds
+        while one fails (an aggregator may start after its relays), and when
+        a packet names a next hop the directory refuses, at most once per
+        min_refresh_seconds."""
         min_interval = self.config.directory_min_refresh_seconds
-        retry_delay = min_interval
+        failing: set[str] = set()
         while True:
             started = trio.current_time()
             self._directory_wanted = trio.Event()
-            if await self._refresh_directory():
-                retry_delay = min_interval
+            await self._refresh_directory(failing)
+            if not failing:
                 await self._directory_wanted.wait()
-            else:
-                with trio.move_on_after(retry_delay):
-                    await self._directory_wanted.wait()
-                retry_delay = min(2 * retry_delay, max(min_interval, _DIRECTORY_RETRY_MAX_SECONDS))
             await trio.sleep_until(started + min_interval)
 
     # -- keys ------------------------------------------------------------
@@ -574,7 +574,7 @@ async def serve_relay(
             published = tuple(keyring.published(relay.clock.now()))
             log_event(logger, logging.INFO, "listening", link=f"{link[0]}:{link[1]}", node_id=node_id.hex(),
                       epoch=published[0].epoch, held=counters.held)
-            task_status.started(RelayStarted(link, metrics, node_id, published, counters))
+            task_status.started(RelayStarted(link, metrics, node_id, published, counters, directory))
     finally:
         store.close()
         log_event(logger, logging.INFO, "stopped", received=counters.received, forwarded=counters.forwarded,
