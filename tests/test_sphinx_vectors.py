@@ -7,12 +7,10 @@ from the pinned keys and seeds, and every hop's output is compared.
 
 from __future__ import annotations
 
-import importlib.util
-import json
-from pathlib import Path
 from typing import Any
 
 import pytest
+from vector_support import load_generator, load_vectors
 
 from crypto import (
     FinalMessage,
@@ -35,21 +33,10 @@ from crypto import (
 )
 from crypto._primitives import hkdf_sha256, lioness_decrypt, lioness_encrypt
 
-VECTORS_DIR = Path(__file__).resolve().parent / "vectors"
-
-
-def _load_generator() -> Any:
-    # The deterministic rng lives once, in the generator script; import it from there.
-    spec = importlib.util.spec_from_file_location("gen_sphinx_vectors", VECTORS_DIR / "gen_sphinx_vectors.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-DeterministicRng = _load_generator().DeterministicRng
-PACKETS = json.loads((VECTORS_DIR / "sphinx_packets.json").read_text())
-PRIMITIVES = json.loads((VECTORS_DIR / "sphinx_primitives.json").read_text())
+# The deterministic rng lives once, in the generator script; import it from there.
+DeterministicRng = load_generator("gen_sphinx_vectors").DeterministicRng
+PACKETS = load_vectors("sphinx_packets.json")
+PRIMITIVES = load_vectors("sphinx_primitives.json")
 
 
 def _path(case: dict[str, Any]) -> tuple[list[bytes], list[PathHop]]:
@@ -133,7 +120,7 @@ def test_hop_key_derivation_vector() -> None:
 
 
 def test_generator_is_deterministic() -> None:
-    generator = _load_generator()
+    generator = load_generator("gen_sphinx_vectors")
     rebuilt = generator.forward_case(
         "relays3-aggregator", SphinxGeometry.create(), 4, b"anonml sphinx known-answer message"
     )

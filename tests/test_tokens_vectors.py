@@ -7,12 +7,10 @@ derivation or the hash-to-point shows up here as a mismatch.
 
 from __future__ import annotations
 
-import importlib.util
-import json
-from pathlib import Path
 from typing import Any
 
 import pytest
+from vector_support import load_generator, load_vectors
 
 from crypto import (
     Credential,
@@ -26,25 +24,14 @@ from crypto import (
     verify_token,
 )
 
-VECTORS_DIR = Path(__file__).resolve().parent / "vectors"
-
-
-def _load_generator() -> Any:
-    spec = importlib.util.spec_from_file_location("gen_token_vectors", VECTORS_DIR / "gen_token_vectors.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
 def pinned() -> dict[str, Any]:
-    data: dict[str, Any] = json.loads((VECTORS_DIR / "token_kat.json").read_text())
+    data: dict[str, Any] = load_vectors("token_kat.json")
     return data
 
 
 def test_regenerated_vectors_match_the_pinned_file(pinned: dict[str, Any]) -> None:
-    assert _load_generator().generate() == pinned
+    assert load_generator("gen_token_vectors").generate() == pinned
 
 
 def test_pinned_keys_parse_and_reencode(pinned: dict[str, Any]) -> None:
