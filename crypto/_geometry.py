@@ -42,6 +42,18 @@ _ADDRESS_SIZE = 18
 _COMMAND_SIZE = 1
 # Katzenpost spec: a 16-byte all-zero tag at the start of the innermost payload.
 _PAYLOAD_TAG_SIZE = 16
+# Every size the suite fixes: what create() fills in and validate() requires.
+_SUITE_SIZES = {
+    "group_element_size": X25519_ELEMENT_SIZE,
+    "mac_size": HMAC_SHA256_SIZE,
+    "command_size": _COMMAND_SIZE,
+    "node_id_size": NODE_ID_SIZE,
+    "address_size": _ADDRESS_SIZE,
+    "window_size": _WINDOW_SIZE,
+    "payload_tag_size": _PAYLOAD_TAG_SIZE,
+    "length_prefix_size": _LENGTH_PREFIX_SIZE,
+    "payload_key_size": LIONESS_KEY_SIZE,
+}
 
 
 class InvalidGeometry(ValueError):
@@ -76,38 +88,14 @@ class SphinxGeometry:
 
         The header holds ``max_hops`` routing slots; the payload gets the rest.
         """
-        return cls(
-            suite=SUITE,
-            max_hops=max_hops,
-            packet_size=packet_size,
-            group_element_size=X25519_ELEMENT_SIZE,
-            mac_size=HMAC_SHA256_SIZE,
-            command_size=_COMMAND_SIZE,
-            node_id_size=NODE_ID_SIZE,
-            address_size=_ADDRESS_SIZE,
-            window_size=_WINDOW_SIZE,
-            payload_tag_size=_PAYLOAD_TAG_SIZE,
-            length_prefix_size=_LENGTH_PREFIX_SIZE,
-            payload_key_size=LIONESS_KEY_SIZE,
-        )
+        return cls(suite=SUITE, max_hops=max_hops, packet_size=packet_size, **_SUITE_SIZES)
 
     def __post_init__(self) -> None:
         self.validate()
 
     def validate(self) -> None:
         """Raise :class:`InvalidGeometry` unless this geometry is the suite's and fits."""
-        reference = {
-            "suite": SUITE,
-            "group_element_size": X25519_ELEMENT_SIZE,
-            "mac_size": HMAC_SHA256_SIZE,
-            "command_size": _COMMAND_SIZE,
-            "node_id_size": NODE_ID_SIZE,
-            "address_size": _ADDRESS_SIZE,
-            "window_size": _WINDOW_SIZE,
-            "payload_tag_size": _PAYLOAD_TAG_SIZE,
-            "length_prefix_size": _LENGTH_PREFIX_SIZE,
-            "payload_key_size": LIONESS_KEY_SIZE,
-        }
+        reference: dict[str, object] = {"suite": SUITE, **_SUITE_SIZES}
         for name, expected in reference.items():
             value = getattr(self, name)
             if type(value) is not type(expected) or value != expected:

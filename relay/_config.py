@@ -85,7 +85,7 @@ class RelayConfig:
     directory_aggregators: tuple[str, ...] = ()
     directory_file: str | None = None
     require_directory: bool = REQUIRE_DIRECTORY_DEFAULT
-    directory_min_refresh_seconds: float = 5.0
+    directory_min_refresh_seconds: float = 2.0
     directory_fetch_timeout: float = 10.0
 
     def __post_init__(self) -> None:

@@ -72,6 +72,16 @@ def client_for(started: RelayStarted) -> LinkClient:
     return LinkClient(*started.link, packet_size=GEOMETRY.packet_size, geometry_hash=GEOMETRY.canonical_hash())
 
 
+async def send_in_slices(client: LinkClient, packets: Sequence[bytes], size: int, pause: float) -> None:
+    """Send ``packets`` in order, ``size`` per batch and ``pause`` seconds
+    apart; every packet must be accepted."""
+    for offset in range(0, len(packets), size):
+        batch = packets[offset : offset + size]
+        statuses = await client.send_batch(batch, give_up_at=trio.current_time() + 5)
+        assert statuses == [AckStatus.ACCEPTED] * len(batch)
+        await trio.sleep(pause)
+
+
 def index_of(message: bytes) -> int:
     return int.from_bytes(message[:4], "big")
 
@@ -91,10 +101,7 @@ async def test_three_relay_cascade_delivers_everything_inside_the_final_window_i
         packets = [build_packet(GEOMETRY, path, i.to_bytes(4, "big")) for i in range(n)]
         assert time.time() < t - 0.5, "building the batch took too long for the schedule"
         client = client_for(relays[0])
-        for offset in range(0, n, 10):  # sent in index order, spread over the sending slice
-            statuses = await client.send_batch(packets[offset : offset + 10], give_up_at=trio.current_time() + 5)
-            assert statuses == [AckStatus.ACCEPTED] * 10
-            await trio.sleep(0.01)
+        await send_in_slices(client, packets, 10, 0.01)  # in index order, spread over the sending slice
         await client.aclose()
         with trio.fail_after(t + 3 + 5 - time.time()):
             await sink.wait_for(n)
@@ -211,10 +218,7 @@ async def test_garbage_truncated_slow_and_flooding_clients_do_not_disturb_an_hon
                 attack.start_soon(garbage)
                 attack.start_soon(truncated)
             attack.start_soon(silent_flood)
-            for offset in range(5, n, 5):
-                statuses = await client.send_batch(packets[offset : offset + 5], give_up_at=trio.current_time() + 5)
-                assert statuses == [AckStatus.ACCEPTED] * 5
-                await trio.sleep(0.02)
+            await send_in_slices(client, packets[5:], 5, 0.02)
         await client.aclose()
         with trio.fail_after(t + 1 + 5 - time.time()):
             await sink.wait_for(n)
