@@ -4,7 +4,7 @@ client's connection reuse and retry."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 import pytest
 import trio
@@ -182,9 +182,9 @@ def test_any_byte_string_ends_in_link_error_or_clean_close(data: bytes, cut: int
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
 
 
-async def serve_tcp_link(
-    recorder: Recorder, limits: LinkLimits, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED
-) -> None:
+def link_handler(recorder: Recorder, limits: LinkLimits) -> Callable[[trio.SocketStream], Awaitable[None]]:
+    """A connection handler serving the link into ``recorder``; link errors end the connection."""
+
     async def handler(stream: trio.SocketStream) -> None:
         try:
             await serve_link(stream, recorder, packet_size=SIZE, geometry_hash=GEOMETRY, limits=limits)
@@ -193,9 +193,15 @@ async def serve_tcp_link(
         finally:
             await stream.aclose()
 
+    return handler
+
+
+async def serve_tcp_link(
+    recorder: Recorder, limits: LinkLimits, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED
+) -> None:
     listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
     task_status.started(listeners[0].socket.getsockname()[1])
-    await trio.serve_listeners(handler, listeners)
+    await trio.serve_listeners(link_handler(recorder, limits), listeners)
 
 
 async def test_client_reuses_its_connection_and_reconnects_after_idle_close() -> None:
@@ -232,16 +238,7 @@ async def test_client_retries_until_the_receiver_comes_up_then_gives_up_on_time(
         task_status.started()
         await trio.sleep(0.3)
         listeners = await trio.open_tcp_listeners(port, host="127.0.0.1")
-
-        async def handler(stream: trio.SocketStream) -> None:
-            try:
-                await serve_link(stream, recorder, packet_size=SIZE, geometry_hash=GEOMETRY, limits=LIMITS)
-            except LinkError:
-                pass
-            finally:
-                await stream.aclose()
-
-        await trio.serve_listeners(handler, listeners)
+        await trio.serve_listeners(link_handler(recorder, LIMITS), listeners)
 
     async with trio.open_nursery() as nursery:
         await nursery.start(late_server)
