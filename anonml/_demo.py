@@ -356,7 +356,10 @@ def _phase_table(progress: Progress, peers: int, started: float) -> Any:
     table.add_row("credentials", f"{events['credential']} / {peers}  (aggregator: {counts.get('credentials', 0)})")
     table.add_row("packets sent", f"{events['sent']}  (first-hop retries {events['first-hop-failed']})")
     table.add_row("accepted by the aggregator", f"{counts.get('accepted', 0)}")
-    table.add_row("receipts found / resent / missing", f"{events['acknowledged']} / {events['resent']} / {events['missing']}")
+    table.add_row(
+        "receipts found / resent / missing / unconfirmed",
+        f"{events['acknowledged']} / {events['resent']} / {events['missing']} / {events['unconfirmed']}",
+    )
     table.add_row("rejected", ", ".join(f"{k}: {v}" for k, v in sorted(rejected.items())) or "none")
     relayed = sum(int(m.get("forwarded", 0)) for m in progress.relays.values())
     drops = progress.relay_drops()
@@ -483,7 +486,7 @@ async def run_demo(data: DemoData, params: DemoParams, work: Path, console: Any)
         # Registration is open from `round new` on: start the aggregator and
         # the peers' workers together so their start-up overlaps.
         aggregator = await procs.start(
-            "aggregator", anonml_command("aggregator", "run", "--data-dir", str(agg_dir), "--round", round_id, "--linger", "1")
+            "aggregator", anonml_command("aggregator", "run", "--data-dir", str(agg_dir), "--round", round_id, "--linger", "30")
         )
         console.print(f"[bold]3/5[/] {time.monotonic() - started:5.1f} s  {peers} peers in {params.workers} worker processes join the round")
         await _wait_for_http(url, trio.current_time() + 30)
@@ -522,10 +525,16 @@ async def run_demo(data: DemoData, params: DemoParams, work: Path, console: Any)
             raise DemoError(f"the round never started; see {logs / 'aggregator.log'}")
         await client.aclose()
         console.print(f"[bold]4/5[/] {time.monotonic() - started:5.1f} s  the round is over; the aggregator writes its report")
-        with trio.move_on_after(120):
-            await aggregator.wait()
+        # The aggregator keeps serving (--linger) so peers can read the final
+        # receipt log; once the peers are done and the report is written, stop it.
         round_dir = agg_dir / "rounds" / round_id
         report_path = round_dir / "report.json"
+        with trio.move_on_after(120):
+            while aggregator.returncode is None and not report_path.is_file():
+                await trio.sleep(0.2)
+        if aggregator.returncode is None:
+            aggregator.terminate()
+            await aggregator.wait()
         report = json.loads(report_path.read_text()) if report_path.is_file() else {}
         if report:
             from aggregator._report import summarise as report_lines
@@ -590,7 +599,7 @@ def summarise(data: DemoData, params: DemoParams, progress: Progress, report: di
     epsilons = [e for s in progress.summaries.values() for e in s.get("epsilon", [])]
     total = Counter[str]()
     for s in progress.summaries.values():
-        for key in ("joined", "packets", "sends", "resends", "acknowledged", "missing"):
+        for key in ("joined", "packets", "sends", "resends", "acknowledged", "missing", "unconfirmed"):
             total[key] += int(s.get(key, 0))
     status = progress.status
     counts = dict(status.counts) if status is not None else {}
@@ -606,6 +615,7 @@ def summarise(data: DemoData, params: DemoParams, progress: Progress, report: di
         "resends": total["resends"],
         "receipts": total["acknowledged"],
         "missing": total["missing"],
+        "unconfirmed": total["unconfirmed"],
         "accepted": counts.get("accepted", 0),
         "rejected": rejected,
         "peer_errors": progress.errors,
@@ -636,7 +646,7 @@ def _print_summary(console: Any, summary: dict[str, Any], params: DemoParams) ->
     table.add_row("peers registered / answered", f"{summary['registered']} / {summary['joined']} of {summary['peers']}")
     table.add_row("packets: messages / sends (incl. resends)", f"{summary['packets']} / {sent} ({summary['resends']} resent)")
     table.add_row("accepted by the aggregator", f"{accepted} ({100.0 * accepted / max(summary['packets'], 1):.2f}% of messages)")
-    table.add_row("receipts found / missing", f"{summary['receipts']} / {summary['missing']}")
+    table.add_row("receipts found / missing / unconfirmed", f"{summary['receipts']} / {summary['missing']} / {summary['unconfirmed']}")
     table.add_row("rejected by reason", ", ".join(f"{k}: {v}" for k, v in sorted(summary["rejected"].items())) or "none")
     table.add_row("dropped by relays", ", ".join(f"{k}: {v}" for k, v in sorted(summary["relay_drops"].items())) or "none")
     table.add_row("epsilon per peer, local (eq. 7.4)", f"max {summary['epsilon_local_max']:.3g}, promised {params.epsilon:g}")

@@ -116,6 +116,7 @@ async def run_swarm(config: SwarmConfig) -> dict[str, Any]:
         "resends": sum(r.resends for r in results),
         "acknowledged": sum(r.acknowledged for r in results),
         "missing": sum(r.missing for r in results),
+        "unconfirmed": sum(r.unconfirmed for r in results),
         "epsilon": [r.epsilon_spent for r in results],
         "http_requests": client.requests,
         "http_retries": client.retries,

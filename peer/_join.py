@@ -248,6 +248,7 @@ class JoinResult:
     resends: int = 0
     acknowledged: int = 0
     missing: int = 0
+    unconfirmed: int = 0
     epsilon_spent: float = 0.0
     events: list[str] = field(default_factory=list)
 
@@ -470,11 +471,16 @@ class _RoundRun:
             await self.send_once(out, late, late[0].end - _MARGIN)
         pending = [out for out in outgoing if not log.contains(out.survey, out.receipt)]
         if pending:
-            # Resends cross their last relay before t_r; the aggregator may stop serving at t_r.
+            # After t_r nothing more is accepted: the log then says what counted.
             try:
-                final = await self.session.receipts(phase.t_r - _MARGIN)
+                final = await self.session.receipts(phase.t_r + _MARGIN)
             except AggregatorError:
-                final = Receipts({})
+                # The log could not be read (the aggregator stopped serving):
+                # the packets may well have counted, but the peer cannot tell.
+                self.result.unconfirmed += len(pending)
+                for _ in pending:
+                    self.emit("unconfirmed")
+                return
             for out in pending:
                 if final.contains(out.survey, out.receipt):
                     self.acknowledged(out)

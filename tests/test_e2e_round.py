@@ -177,7 +177,7 @@ async def run_round(tmp_path: Path, relay_processes: list[trio.Process]) -> None
             reports["report"] = learn(s, round_dir)
             return {}
 
-        config = AggregatorConfig(state, http_host=spec.http_host, http_port=spec.http_port, sink_host=spec.sink_host, sink_port=spec.sink_port, on_learn=on_learn)
+        config = AggregatorConfig(state, http_host=spec.http_host, http_port=spec.http_port, sink_host=spec.sink_host, sink_port=spec.sink_port, on_learn=on_learn, linger=5.0)
         outcome: list[str] = []
 
         async def serve() -> None:
@@ -270,6 +270,7 @@ async def run_round(tmp_path: Path, relay_processes: list[trio.Process]) -> None
     assert len(results) == HONEST
     honest_messages = sum(r.packets for r in results)
     assert sum(r.missing for r in results) == 0, "a stopped relay lost packets"
+    assert sum(r.unconfirmed for r in results) == 0
     assert sum(r.acknowledged for r in results) == honest_messages
     assert sum(r.resends for r in results) >= 1, "no packet went through the stopped relay; the test proved nothing"
     rejected = report["rejected"]
