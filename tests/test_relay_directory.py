@@ -225,3 +225,6 @@ def test_init_stores_the_directory_sources_and_info_shows_them(tmp_path: Path) -
     code, output = invoke("init", "--data-dir", str(tmp_path / "none"), "--listen", "127.0.0.1:9001")
     assert code == 0
     assert "forwards to ANY address" in invoke("info", "--data-dir", str(tmp_path / "none"))[1]
+    # `run --aggregator` adds to the configured sources, validated the same way.
+    code, output = invoke("run", "--data-dir", str(tmp_path / "none"), "--aggregator", "ftp://y")
+    assert code != 0 and "ftp://y" in output
