@@ -23,6 +23,7 @@ from relay import (
     RelayConfigError,
     RelayStarted,
     create_identity,
+    fetch_manifest_hops,
     load_config,
     parse_directory_file,
     render_directory_file,
@@ -93,8 +94,11 @@ async def serve_manifests(documents: dict[str, bytes], *, task_status: trio.Task
         body = documents.get(path)
         status = b"200 OK" if body is not None else b"404 Not Found"
         body = body if body is not None else b"{}"
-        await stream.send_all(b"HTTP/1.1 " + status + b"\r\nContent-Type: application/json\r\nContent-Length: "
-                              + str(len(body)).encode() + b"\r\nConnection: close\r\n\r\n" + body)
+        try:
+            await stream.send_all(b"HTTP/1.1 " + status + b"\r\nContent-Type: application/json\r\nContent-Length: "
+                                  + str(len(body)).encode() + b"\r\nConnection: close\r\n\r\n" + body)
+        except trio.BrokenResourceError:
+            pass  # the client stopped reading (an oversized body)
         await stream.aclose()
 
     listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
@@ -228,3 +232,26 @@ def test_init_stores_the_directory_sources_and_info_shows_them(tmp_path: Path) -
     # `run --aggregator` adds to the configured sources, validated the same way.
     code, output = invoke("run", "--data-dir", str(tmp_path / "none"), "--aggregator", "ftp://y")
     assert code != 0 and "ftp://y" in output
+
+
+async def test_fetching_a_manifest_is_bounded_in_time_and_size() -> None:
+    async def silent(stream: trio.SocketStream) -> None:
+        await trio.sleep_forever()
+
+    documents = {"/big/v1/manifest": b"{" + b" " * (2 * 1024 * 1024) + b"}", "/junk/v1/manifest": b"\xff not json"}
+    async with trio.open_nursery() as nursery:
+        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        nursery.start_soon(trio.serve_listeners, silent, listeners)
+        silent_url = f"http://127.0.0.1:{listeners[0].socket.getsockname()[1]}"
+        http_port = await nursery.start(serve_manifests, documents)
+        started = trio.current_time()
+        with pytest.raises(DirectoryError, match="within"):
+            await fetch_manifest_hops(silent_url, timeout=0.5)
+        assert trio.current_time() - started < 2
+        with pytest.raises(DirectoryError, match="over"):
+            await fetch_manifest_hops(f"http://127.0.0.1:{http_port}/big", timeout=5)
+        with pytest.raises(DirectoryError, match="does not verify"):
+            await fetch_manifest_hops(f"http://127.0.0.1:{http_port}/junk", timeout=5)
+        with pytest.raises(DirectoryError, match="cannot fetch"):
+            await fetch_manifest_hops("http://127.0.0.1:1", timeout=5)
+        nursery.cancel_scope.cancel()
