@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from anonml._demo import anonml_command
 
 pytestmark = pytest.mark.slow
 
@@ -16,8 +17,7 @@ pytestmark = pytest.mark.slow
 def test_the_default_demo_completes_a_round_with_a_small_group(tmp_path: Path) -> None:
     summary_path = tmp_path / "summary.json"
     result = subprocess.run(
-        [sys.executable, "-c", "import sys; from anonml.cli import main; sys.exit(main())", "demo",
-         "--peers", "60", "--work-dir", str(tmp_path / "work"), "--json", str(summary_path)],
+        anonml_command("demo", "--peers", "60", "--work-dir", str(tmp_path / "work"), "--json", str(summary_path)),
         capture_output=True, text=True, timeout=240,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]

@@ -15,8 +15,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -26,6 +24,7 @@ import pytest
 import trio
 
 from aggregator._report import learn
+from anonml._demo import anonml_command, free_port
 from aggregator._round import RoundState, create_round, parse_round_spec
 from aggregator._service import AggregatorConfig, serve_aggregator
 from aggregator._store import AggregatorHome
@@ -60,15 +59,9 @@ N_RELAYS = 4
 HONEST = 8
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def relay_cli(*args: str) -> list[str]:
     """The relay operator's command, ``anonml relay ...``."""
-    return [sys.executable, "-c", "import sys; from anonml.cli import main; sys.exit(main())", "relay", *args]
+    return anonml_command("relay", *args)
 
 
 async def start_relays(tmp_path: Path, nursery: trio.Nursery) -> tuple[list[dict[str, Any]], list[trio.Process]]:

@@ -128,9 +128,9 @@ async def test_a_peer_refuses_a_manifest_whose_hash_differs_from_the_one_it_regi
 
 
 def peer_cli(*args: str) -> list[str]:
-    import sys
+    from anonml._demo import anonml_command
 
-    return [sys.executable, "-c", "import sys; from anonml.cli import main; sys.exit(main())", "peer", *args]
+    return anonml_command("peer", *args)
 
 
 async def test_peer_cli_dry_run_shows_what_leaves_and_sends_nothing(served: Any, tmp_path: Path) -> None:
