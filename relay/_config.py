@@ -213,25 +213,24 @@ def load_config(data_dir: Path) -> RelayConfig:
     return config_from_mapping(data, Path(data_dir))
 
 
+def _optional_line(key: str, value: str | None, example: str) -> str:
+    """``key = "value"``, or the example commented out when the value is unset."""
+    return f"{key} = {json.dumps(value)}" if value is not None else f"# {key} = {json.dumps(example)}"
+
+
 def render_config(config: RelayConfig) -> str:
     """The commented TOML that ``init`` writes (reads back to ``config``)."""
     link = config.link
-    metrics = (
-        f'listen = "{format_host_port(*config.metrics)}"'
-        if config.metrics is not None
-        else '# listen = "127.0.0.1:9464"'
+    metrics = _optional_line(
+        "listen", format_host_port(*config.metrics) if config.metrics is not None else None, "127.0.0.1:9464"
     )
-    advertise = (
-        f'advertise = "{format_host_port(*config.advertise)}"'
-        if config.advertise is not None
-        else f'# advertise = "{format_host_port(*config.listen)}"'
+    advertise = _optional_line(
+        "advertise",
+        format_host_port(*config.advertise) if config.advertise is not None else None,
+        format_host_port(*config.listen),
     )
     aggregators = ", ".join(json.dumps(url) for url in config.directory_aggregators)
-    directory_file = (
-        f"file = {json.dumps(config.directory_file)}"
-        if config.directory_file is not None
-        else '# file = "directory.json"'
-    )
+    directory_file = _optional_line("file", config.directory_file, "directory.json")
     return f"""\
 # AnonML relay configuration, written by `anonml relay init`.
 # Times are seconds. Unknown keys are errors. See DESIGN.md §7.
