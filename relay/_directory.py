@@ -178,16 +178,16 @@ async def fetch_manifest_hops(url: str, *, timeout: float) -> tuple[DirectoryEnt
     body = bytearray()
     try:
         with trio.fail_after(timeout):
-            async with httpx.AsyncClient(timeout=httpx.Timeout(timeout)) as client:
-                async with client.stream("GET", url.rstrip("/") + PATH_MANIFEST) as response:
-                    if response.status_code != 200:
-                        raise DirectoryError(f"{url!r} answered HTTP {response.status_code!r} for the manifest")
-                    async for chunk in response.aiter_bytes():
-                        body += chunk
-                        if len(body) > _MAX_MANIFEST_RESPONSE_BYTES:
-                            raise DirectoryError(
-                                f"{url!r} sent a manifest over {_MAX_MANIFEST_RESPONSE_BYTES!r} bytes"
-                            )
+            async with (
+                httpx.AsyncClient(timeout=httpx.Timeout(timeout)) as client,
+                client.stream("GET", url.rstrip("/") + PATH_MANIFEST) as response,
+            ):
+                if response.status_code != 200:
+                    raise DirectoryError(f"{url!r} answered HTTP {response.status_code!r} for the manifest")
+                async for chunk in response.aiter_bytes():
+                    body += chunk
+                    if len(body) > _MAX_MANIFEST_RESPONSE_BYTES:
+                        raise DirectoryError(f"{url!r} sent a manifest over {_MAX_MANIFEST_RESPONSE_BYTES!r} bytes")
     except trio.TooSlowError:
         raise DirectoryError(f"{url!r} did not serve its manifest within {timeout!r} s") from None
     except (httpx.HTTPError, httpx.InvalidURL, OSError) as exc:

@@ -10,10 +10,26 @@ from pathlib import Path
 import pytest
 import trio
 from test_manifest import SIGNING_KEY, fixed_manifest
+from test_relay_cascade import (
+    GEOMETRY,
+    SINK_PRIVATE,
+    SINK_PUBLIC,
+    client_for,
+    hop,
+    relay_config,
+    sink_entry,
+    sink_hop,
+)
 from test_relay_cli import invoke
-from test_relay_cascade import GEOMETRY, SINK_PRIVATE, SINK_PUBLIC, client_for, hop, relay_config, sink_entry, sink_hop
 
-from crypto import NodeAddress, PathHop, ReleaseWindow, build_packet, generate_keypair, node_id_of
+from crypto import (
+    NodeAddress,
+    PathHop,
+    ReleaseWindow,
+    build_packet,
+    generate_keypair,
+    node_id_of,
+)
 from protocol import AckStatus, AggregatorHop, RelayEntry, SignedManifest
 from relay import (
     DirectoryEntry,
@@ -137,7 +153,6 @@ async def test_the_directory_comes_from_verified_manifests_of_an_aggregator_that
         now = int(time.time())
         window = ReleaseWindow(now - 1, now + 4)  # released within 4 s of the first accepted packet
         good = signed_manifest_json(started.node_id, started.link, started.keys[0].public_key, sink_address)
-        _, rogue_public = generate_keypair()
         rogue_address = ("127.0.0.1", 9)
         forged = SignedManifest.from_json(signed_manifest_json(
             started.node_id, started.link, started.keys[0].public_key, rogue_address))

@@ -37,13 +37,14 @@ from crypto import (
 )
 from crypto._primitives import chacha20_xor, x25519
 from crypto._sphinx import _derive_hop_keys, _path_secrets
+from sphinx_support import keyed_path
 
 GEOMETRY = SphinxGeometry.create()
-KEYS = [generate_keypair() for _ in range(GEOMETRY.max_hops)]
-PATH = [
-    PathHop(node_id_of(public), NodeAddress(f"127.0.0.{index + 1}", 7000 + index), public, ReleaseWindow(100 * index, 100 * index + 60))
-    for index, (_, public) in enumerate(KEYS)
-]
+KEYS, PATH = keyed_path(
+    GEOMETRY.max_hops,
+    lambda index: NodeAddress(f"127.0.0.{index + 1}", 7000 + index),
+    lambda index: ReleaseWindow(100 * index, 100 * index + 60),
+)
 
 
 def replay_cache() -> Callable[[bytes], bool]:

@@ -17,17 +17,15 @@ from collections.abc import Callable
 from crypto import (
     InvalidPacket,
     NodeAddress,
-    PathHop,
     ReleaseWindow,
     SphinxGeometry,
     build_packet,
-    generate_keypair,
     never_replayed,
-    node_id_of,
     process_packet,
 )
 from crypto._primitives import chacha20_keystream, hmac_sha256, x25519, x25519_base, xor_bytes
 from crypto._sphinx import _derive_hop_keys
+from sphinx_support import keyed_path
 
 GEOMETRY = SphinxGeometry.create()
 SMALL_ORDER_ELEMENTS = [
@@ -42,13 +40,12 @@ SMALL_ORDER_ELEMENTS = [
 class Fuzzer:
     def __init__(self, seed: int) -> None:
         self.rng = random.Random(seed)
-        keypairs = [generate_keypair(rng_bytes=self.rng.randbytes) for _ in range(4)]
+        keypairs, path = keyed_path(
+            4, lambda index: NodeAddress("127.0.0.1", 9000 + index), lambda index: ReleaseWindow(0, 10),
+            rng_bytes=self.rng.randbytes,
+        )
         self.private_keys = [private for private, _ in keypairs]
         self.public_keys = [public for _, public in keypairs]
-        path = [
-            PathHop(node_id_of(public), NodeAddress("127.0.0.1", 9000 + index), public, ReleaseWindow(0, 10))
-            for index, public in enumerate(self.public_keys)
-        ]
         # Valid packets as each hop receives them: (hop index, packet).
         self.valid: list[tuple[int, bytes]] = []
         for _ in range(3):

@@ -13,7 +13,6 @@ from crypto import (
     ForwardPacket,
     InvalidSurb,
     NodeAddress,
-    PathHop,
     ReleaseWindow,
     SphinxGeometry,
     Surb,
@@ -22,21 +21,18 @@ from crypto import (
     WrongLength,
     build_packet,
     create_surb,
-    generate_keypair,
     never_replayed,
-    node_id_of,
     open_reply,
     package_reply,
     process_packet,
 )
+from sphinx_support import keyed_path
 
 GEOMETRY = SphinxGeometry.create()
-KEYS = [generate_keypair() for _ in range(GEOMETRY.max_hops)]
 # The last hop is the SURB's receiver (a peer that can receive, DESIGN.md §5 (b)).
-PATH = [
-    PathHop(node_id_of(public), NodeAddress("::1", 8000 + index), public, ReleaseWindow(10 * index, 10 * index + 5))
-    for index, (_, public) in enumerate(KEYS)
-]
+KEYS, PATH = keyed_path(
+    GEOMETRY.max_hops, lambda index: NodeAddress("::1", 8000 + index), lambda index: ReleaseWindow(10 * index, 10 * index + 5)
+)
 
 
 def deliver(packet: bytes, hop_count: int) -> SurbReply:
