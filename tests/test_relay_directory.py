@@ -45,6 +45,7 @@ from relay import (
     render_directory_file,
     serve_relay,
 )
+from relay._config import REQUIRE_DIRECTORY_DEFAULT
 from relay._sink import FinalHopSink
 
 
@@ -243,7 +244,8 @@ def test_init_stores_the_directory_sources_and_info_shows_them(tmp_path: Path) -
     assert code != 0 and "ftp://x" in output
     code, output = invoke("init", "--data-dir", str(tmp_path / "none"), "--listen", "127.0.0.1:9001")
     assert code == 0
-    assert "forwards to ANY address" in invoke("info", "--data-dir", str(tmp_path / "none"))[1]
+    without_directory = "refuses to start" if REQUIRE_DIRECTORY_DEFAULT else "forwards to ANY address"
+    assert without_directory in invoke("info", "--data-dir", str(tmp_path / "none"))[1]
     # `run --aggregator` adds to the configured sources, validated the same way.
     code, output = invoke("run", "--data-dir", str(tmp_path / "none"), "--aggregator", "ftp://y")
     assert code != 0 and "ftp://y" in output

@@ -17,6 +17,7 @@ import trio
 
 from crypto import NodeAddress, PathHop, ReleaseWindow, SphinxGeometry, build_packet, generate_keypair, node_id_of
 from protocol import AckStatus, LinkClient
+from relay import DirectoryEntry, render_directory_file
 from relay._sink import FinalHopSink
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -54,15 +55,20 @@ async def test_a_relay_killed_mid_window_and_restarted_delivers_what_it_held(tmp
     n = 60
     port = free_port()
     data_dir = tmp_path / "relay"
-    relay_cli("init", "--data-dir", str(data_dir), "--listen", f"127.0.0.1:{port}", "--max-hops", "3")
+    relay_cli("init", "--data-dir", str(data_dir), "--listen", f"127.0.0.1:{port}", "--max-hops", "3",
+              "--directory-file", "directory.json")
     descriptor = json.loads(relay_cli("info", "--data-dir", str(data_dir), "--json").stdout)
     log = tmp_path / "relay.log"
     sink_private, sink_public = generate_keypair()
     sink = FinalHopSink(GEOMETRY, sink_private)
-    process = await start_relay(data_dir, port, log)
+    process: trio.Process | None = None
     try:
         async with trio.open_nursery() as nursery:
             sink_address = await nursery.start(sink.serve)
+            # The relay's only next hop is the sink (its directory file, read at start).
+            (data_dir / "directory.json").write_text(
+                render_directory_file([DirectoryEntry(node_id_of(sink_public), *sink_address)]))
+            process = await start_relay(data_dir, port, log)
             t = math.ceil(time.time()) + 2
             window = ReleaseWindow(t, t + 5)
             path = [
@@ -87,13 +93,14 @@ async def test_a_relay_killed_mid_window_and_restarted_delivers_what_it_held(tmp
                 await sink.wait_for(n)
             nursery.cancel_scope.cancel()
     finally:
-        process.send_signal(signal.SIGTERM)
-        with trio.move_on_after(10):
-            await process.wait()
-        if process.poll() is None:
-            process.kill()
+        if process is not None:
+            process.send_signal(signal.SIGTERM)
+            with trio.move_on_after(10):
+                await process.wait()
+            if process.poll() is None:
+                process.kill()
     messages = [int.from_bytes(a.message[:4], "big") for a in sink.arrivals]
     assert sorted(messages) == list(range(n)), log.read_text()
     assert all(window.start <= a.arrived_at <= window.end + 0.5 for a in sink.arrivals)
-    assert process.returncode == 0, log.read_text()  # SIGTERM is a clean shutdown
+    assert process is not None and process.returncode == 0, log.read_text()  # SIGTERM is a clean shutdown
     assert "event=recovered" in log.read_text()
