@@ -516,7 +516,7 @@ async def run_demo(data: DemoData, params: DemoParams, work: Path, console: Any)
                         # Peers finish before t_r; after the round nothing is left for them to do.
                         if ended_at is None:
                             ended_at = trio.current_time()
-                        if workers_done or trio.current_time() - ended_at > 10:
+                        if workers_done or trio.current_time() - ended_at > 30:
                             break
                     await trio.sleep(0.25)
             for process in workers:

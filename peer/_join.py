@@ -64,12 +64,14 @@ from protocol._manifest import RelayEntry, RoundManifest, SignedManifest, check_
 from protocol._message import SurveyMessage, bound_bytes, encode_median_report
 from protocol._plan import assign_partitions, derive_subsets
 from protocol._schedule import PhaseTimes, hop_windows
-from protocol._survey import SurveyId
+from protocol._survey import SurveyId, SurveyKind
 
 T = TypeVar("T")
 
 # Seconds kept free at the end of a window for the last link round trip.
 _MARGIN = 0.5
+# How long after t_r a peer waits for the aggregator to finish verifying a phase.
+_SETTLE_SECONDS = 300.0
 
 
 class JoinRefused(ValueError):
@@ -200,6 +202,31 @@ class RoundSession:
             return Receipts.of(await self.client.receipts())
 
         return await self._cache.get(("receipts", at), fetch)
+
+    async def settled_receipts(self, manifest: RoundManifest, survey: SurveyId) -> Receipts:
+        """The receipt log once the aggregator has verified every packet of ``survey``'s phase.
+
+        Packets that reached it before ``t_r`` may still wait in its inbox
+        (durable, not yet verified) at ``t_r``. The aggregator publishes the
+        next sub-round's thresholds, the medians, or the round report only
+        after the phase's packets are stored, so those mark the log final.
+        """
+        phase = manifest.schedule.phase_of(survey)
+        await sleep_until_wall(phase.t_r, self.now)
+        if survey.kind == SurveyKind.MEDIAN and survey.partition + 1 < manifest.median_rounds:
+            key: object = ("median", survey.partition + 1)
+            await self._poll(key, lambda: self.client.median(survey.partition + 1), phase.t_r + _SETTLE_SECONDS, "the next thresholds")
+        elif survey.kind == SurveyKind.MEDIAN:
+            key = "medians"
+            await self._poll(key, self.client.medians, phase.t_r + _SETTLE_SECONDS, "the medians")
+        else:
+            key = "report"
+            await self._poll(key, self.client.report, phase.t_r + _SETTLE_SECONDS, "the round report")
+
+        async def fetch() -> Receipts:
+            return Receipts.of(await self.client.receipts())
+
+        return await self._cache.get(("settled", key), fetch)
 
     async def assignment(self, manifest: RoundManifest, roster: RosterResponse) -> dict[bytes, tuple[int, int]]:
         """Identity key -> (partition, partition size), as everyone derives it from the seed."""
@@ -471,9 +498,10 @@ class _RoundRun:
             await self.send_once(out, late, late[0].end - _MARGIN)
         pending = [out for out in outgoing if not log.contains(out.survey, out.receipt)]
         if pending:
-            # After t_r nothing more is accepted: the log then says what counted.
+            # After t_r nothing more is accepted: once the aggregator has
+            # verified what arrived, the log says what counted.
             try:
-                final = await self.session.receipts(phase.t_r + _MARGIN)
+                final = await self.session.settled_receipts(self.manifest, outgoing[0].survey)
             except AggregatorError:
                 # The log could not be read (the aggregator stopped serving):
                 # the packets may well have counted, but the peer cannot tell.
