@@ -469,6 +469,8 @@ async def run_demo(data: DemoData, params: DemoParams, work: Path, console: Any)
             await procs.run(
                 f"relay-{i}-init", "relay", "init", "--data-dir", str(relay_dir), "--listen", f"{HOST}:{free_port()}",
                 "--max-hops", str(RELAYS + 1), "--metrics", f"{HOST}:{metrics_ports[i]}",
+                # The relay forwards only to next hops the round's signed manifest lists.
+                "--aggregator", url,
             )
             descriptors[i] = json.loads(await procs.run(f"relay-{i}-info", "relay", "info", "--data-dir", str(relay_dir), "--json"))
             await procs.start(f"relay-{i}", anonml_command("relay", "run", "--data-dir", str(relay_dir)))

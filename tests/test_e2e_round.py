@@ -64,13 +64,16 @@ def relay_cli(*args: str) -> list[str]:
     return anonml_command("relay", *args)
 
 
-async def start_relays(tmp_path: Path, nursery: trio.Nursery) -> tuple[list[dict[str, Any]], list[trio.Process]]:
+async def start_relays(tmp_path: Path, aggregator_url: str) -> tuple[list[dict[str, Any]], list[trio.Process]]:
     descriptors, processes = [], []
     for i in range(N_RELAYS):
         data_dir = tmp_path / f"relay-{i}"
         # max hops: a 2-relay path plus the aggregator, the geometry the round will use
         await trio.run_process(
-            relay_cli("init", "--data-dir", str(data_dir), "--listen", f"127.0.0.1:{free_port()}", "--max-hops", "3"),
+            relay_cli(
+                "init", "--data-dir", str(data_dir), "--listen", f"127.0.0.1:{free_port()}", "--max-hops", "3",
+                "--aggregator", aggregator_url,  # next hops come from the round's signed manifest
+            ),
             capture_stdout=True,
         )
         info = await trio.run_process(relay_cli("info", "--data-dir", str(data_dir), "--json"), capture_stdout=True)
@@ -89,7 +92,7 @@ async def start_relays(tmp_path: Path, nursery: trio.Nursery) -> tuple[list[dict
     return descriptors, processes
 
 
-def spec_document(relays: list[dict[str, Any]]) -> dict[str, Any]:
+def spec_document(relays: list[dict[str, Any]], http_port: int) -> dict[str, Any]:
     fields = ("node_id", "host", "port", "public_key", "key_epoch")
     return {
         "name": "e2e",
@@ -105,7 +108,7 @@ def spec_document(relays: list[dict[str, Any]]) -> dict[str, Any]:
         "schedule": {"register": 4, "issue": 4, "median_rounds": 2, "median_send": 2, "median_delivery": 6, "data_send": 3, "data_delivery": 12},
         "network": {
             "relays": [{k: r[k] for k in fields} for r in relays], "path_length": 2,
-            "http_host": "127.0.0.1", "http_port": free_port(), "sink_host": "127.0.0.1", "sink_port": free_port(),
+            "http_host": "127.0.0.1", "http_port": http_port, "sink_host": "127.0.0.1", "sink_port": free_port(),
         },
         "participation": {"min_participation": 4, "registration": "open"},
     }
@@ -157,11 +160,12 @@ async def test_a_round_completes_rejects_every_forbidden_submission_and_survives
 
 async def run_round(tmp_path: Path, relay_processes: list[trio.Process]) -> None:
     async with trio.open_nursery() as nursery:
-        descriptors, started = await start_relays(tmp_path, nursery)
+        http_port = free_port()
+        descriptors, started = await start_relays(tmp_path, f"http://127.0.0.1:{http_port}")
         relay_processes.extend(started)
         home = AggregatorHome(tmp_path / "agg")
         home.initialise(os.urandom(32), generate_keypair()[0])
-        spec = parse_round_spec(spec_document(descriptors))
+        spec = parse_round_spec(spec_document(descriptors, http_port))
         state, _ = create_round(home, spec, now=int(time.time()))
         round_dir = home.round_dir(state.round_id)
         reports: dict[str, Any] = {}
