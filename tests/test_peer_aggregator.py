@@ -4,6 +4,7 @@ credential issuance, and the refusal of a manifest that changed under it."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -28,17 +29,7 @@ from protocol._features import FeatureSpec
 T0 = 1_800_000_000
 
 
-class FakeClock:
-    """A settable UTC clock shared by the aggregator and the peers."""
-
-    def __init__(self, now: float) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def spec_document() -> dict[str, Any]:
+def spec_document(register_seconds: int = 100) -> dict[str, Any]:
     relays = [
         {"node_id": (bytes([i + 1]) * 16).hex(), "host": "127.0.0.1", "port": 9000 + i, "public_key": generate_keypair()[1].hex(), "key_epoch": 1}
         for i in range(3)
@@ -54,14 +45,14 @@ def spec_document() -> dict[str, Any]:
         },
         "learning": {"k_p": 2, "k_h": 1, "k_s": 1, "plan": "split", "learner": "logreg"},
         "privacy": {"eps_total": 2.0, "oracle": "grr"},
-        "schedule": {"register": 100, "issue": 100, "median_rounds": 2, "median_send": 10, "median_delivery": 20, "data_send": 50, "data_delivery": 60},
+        "schedule": {"register": register_seconds, "issue": 100, "median_rounds": 2, "median_send": 10, "median_delivery": 20, "data_send": 50, "data_delivery": 60},
         "network": {"relays": relays, "path_length": 2, "http_host": "127.0.0.1", "http_port": 8080, "sink_host": "127.0.0.1", "sink_port": 8081},
         "participation": {"min_participation": 2, "registration": "open"},
     }
 
 
-def make_round(home: AggregatorHome, now: int) -> RoundState:
-    state, _ = create_round(home, parse_round_spec(spec_document()), now=now)
+def make_round(home: AggregatorHome, now: int, register_seconds: int = 100) -> RoundState:
+    state, _ = create_round(home, parse_round_spec(spec_document(register_seconds)), now=now)
     return state
 
 
@@ -73,12 +64,11 @@ def home(tmp_path: Path) -> AggregatorHome:
 
 
 @pytest.fixture
-async def served(home: AggregatorHome, nursery: trio.Nursery) -> AsyncIterator[tuple[RoundState, str, FakeClock]]:
-    clock = FakeClock(T0 + 1)
-    state = make_round(home, T0)
-    state.clock = clock
+async def served(home: AggregatorHome, nursery: trio.Nursery) -> AsyncIterator[tuple[RoundState, str]]:
+    """A round served on loopback in real time; registration closes 3 s after it opens."""
+    state = make_round(home, int(time.time()), register_seconds=3)
     addresses = await nursery.start(serve_aggregator, AggregatorConfig(state))
-    yield state, addresses.http_url, clock
+    yield state, addresses.http_url
     nursery.cancel_scope.cancel()
 
 
@@ -87,13 +77,13 @@ def vector_for(pipeline: RoundPipeline, age: float, colour: str, label: str) -> 
 
 
 async def test_peers_register_agree_on_partitions_and_get_credentials_blindly(served: Any, tmp_path: Path) -> None:
-    state, url, clock = served
+    state, url = served
     client = AggregatorClient(url, retry_for=5)
     signed = await client.manifest()
     pipeline = RoundPipeline.for_spec(FeatureSpec.from_dict(dict(signed.manifest.features)))
     store = PeerStore(tmp_path / "peers.sqlite", durable=False)
     async with open_transport(packet_size=2048, geometry_hash=bytes(32)) as transport:
-        session = RoundSession(client, transport, now=clock)
+        session = RoundSession(client, transport)
         runs = [
             _RoundRun(Peer(PeerIdentity.generate(), store, vector_for(pipeline, 30.0 + i, "red", "1"), np.random.default_rng(i)), session, signed, pipeline, lambda _: None)
             for i in range(5)
@@ -101,7 +91,7 @@ async def test_peers_register_agree_on_partitions_and_get_credentials_blindly(se
         for run in runs:
             await run.register()
         assert state.store.counts()["registered"] == 5
-        clock.now = signed.manifest.schedule.t_register_end + 1
+        # partition() waits for registration to close and the seed to be revealed
         for run in runs:
             partition, size, subsets = await run.partition()
             assert state.assignment()[run.key] == partition
@@ -134,7 +124,7 @@ def peer_cli(*args: str) -> list[str]:
 
 
 async def test_peer_cli_dry_run_shows_what_leaves_and_sends_nothing(served: Any, tmp_path: Path) -> None:
-    state, url, _ = served
+    state, url = served
     data_dir = tmp_path / "me"
     init = await trio.run_process(peer_cli("init", "--data-dir", str(data_dir)), capture_stdout=True, capture_stderr=True)
     assert b"created" in init.stdout
@@ -156,7 +146,7 @@ async def test_peer_cli_dry_run_shows_what_leaves_and_sends_nothing(served: Any,
 
 
 async def test_peer_cli_reports_a_malformed_csv_row_with_its_line_number(served: Any, tmp_path: Path) -> None:
-    _, url, _ = served
+    _, url = served
     data_dir = tmp_path / "me"
     await trio.run_process(peer_cli("init", "--data-dir", str(data_dir)), capture_stdout=True)
     bad = tmp_path / "bad.csv"
