@@ -23,7 +23,16 @@ from typing import Any
 import numpy as np
 from nacl.signing import SigningKey
 
-from crypto import InvalidIssuance, IssuerSecretKey, SphinxGeometry, issue_credential, node_id_of, public_key_of
+from crypto import (
+    DEFAULT_MAX_HOPS,
+    DEFAULT_PACKET_SIZE,
+    InvalidIssuance,
+    IssuerSecretKey,
+    SphinxGeometry,
+    issue_credential,
+    node_id_of,
+    public_key_of,
+)
 from mechanisms import FrequencyOracle, QuantileSearch, make_oracle
 from protocol import (
     AggregatorHop,
@@ -435,6 +444,7 @@ class RoundSpec:
     relays: tuple[RelayEntry, ...]
     path_length: int
     packet_size: int
+    max_hops: int
     http_host: str
     http_port: int
     sink_host: str
@@ -475,7 +485,8 @@ publish_gap = 2             # optional: seconds between publishing results and t
 
 [network]
 path_length = 3             # relays per path
-packet_size = 2048          # optional
+packet_size = 2048          # optional; relays must use the same geometry (their defaults match)
+max_hops = 5                # optional: Sphinx routing slots, >= path_length + 1
 http_host = "127.0.0.1"
 http_port = 8080
 sink_host = "127.0.0.1"     # where last relays deliver (the aggregator is the last Sphinx hop)
@@ -550,7 +561,12 @@ def parse_round_spec(document: dict[str, Any]) -> RoundSpec:
     for phase_name, delivery in (("median_delivery", median_delivery), ("data_delivery", data_delivery)):
         if delivery < path_length + 1:
             reader.fail_at(f"schedule.{phase_name}", f"{delivery} s cannot hold {path_length} relay windows and the slack slice")
-    packet_size = network.integer("packet_size", 512, 65536) if network.optional("packet_size") else 2048
+    packet_size = (
+        network.integer("packet_size", 512, 65536) if network.optional("packet_size") else DEFAULT_PACKET_SIZE
+    )
+    max_hops = network.integer("max_hops", 2, 32) if network.optional("max_hops") else DEFAULT_MAX_HOPS
+    if path_length + 1 > max_hops:
+        network.fail("max_hops", f"{max_hops} routing slots cannot hold {path_length} relays and the aggregator")
     http_host = network.text("http_host", max_len=255)
     http_port = network.integer("http_port", 1, 65535)
     sink_host = network.text("sink_host", max_len=255)
@@ -577,7 +593,7 @@ def parse_round_spec(document: dict[str, Any]) -> RoundSpec:
     return RoundSpec(
         name, spec, k_p, k_h, k_s, plan, learner, eps_total, oracle, median_share, register_seconds, issue_seconds,
         median_rounds, median_send, median_delivery, data_send, data_delivery, publish_gap, relays, path_length,
-        packet_size,
+        packet_size, max_hops,
         http_host, http_port, sink_host, sink_port, min_participation, registration, invitations, allow_list,
     )
 
@@ -633,7 +649,7 @@ def create_round(
         k_h=spec.k_h, k_s=spec.k_s, epsilon_total=spec.eps_total, seed=seed, oracle=spec.oracle,
         median_peers="all", median_share=spec.median_share, median_steps=max(spec.median_rounds, 1),
     )
-    geometry = SphinxGeometry.create(max_hops=spec.path_length + 1, packet_size=spec.packet_size)
+    geometry = SphinxGeometry.create(max_hops=spec.max_hops, packet_size=spec.packet_size)
     manifest = RoundManifest(
         name=spec.name, label=spec.spec.label.name, features=spec.spec.to_dict(), k_p=spec.k_p, k_h=spec.k_h,
         k_s=spec.k_s, plan=spec.plan, learner=spec.learner, eps_median=plan.median_epsilon,

@@ -468,7 +468,7 @@ async def run_demo(data: DemoData, params: DemoParams, work: Path, console: Any)
             # The round's geometry has one routing slot per relay plus the aggregator (the last hop).
             await procs.run(
                 f"relay-{i}-init", "relay", "init", "--data-dir", str(relay_dir), "--listen", f"{HOST}:{free_port()}",
-                "--max-hops", str(RELAYS + 1), "--metrics", f"{HOST}:{metrics_ports[i]}",
+                "--metrics", f"{HOST}:{metrics_ports[i]}",
                 # The relay forwards only to next hops the round's signed manifest lists.
                 "--aggregator", url,
             )

@@ -9,7 +9,7 @@ from __future__ import annotations
 __all__: list[str] = []
 
 # Sphinx packets (DESIGN.md §5).
-from crypto._geometry import InvalidGeometry, SphinxGeometry
+from crypto._geometry import DEFAULT_MAX_HOPS, DEFAULT_PACKET_SIZE, InvalidGeometry, SphinxGeometry
 from crypto._primitives import ct_equal
 from crypto._sphinx import (
     BadGroupElement,
@@ -38,6 +38,8 @@ from crypto._sphinx import (
 from crypto._surb import InvalidSurb, Surb, SurbKeys, create_surb, open_reply, package_reply
 
 __all__ += [
+    "DEFAULT_MAX_HOPS",
+    "DEFAULT_PACKET_SIZE",
     "BadGroupElement",
     "BadMac",
     "BadPayload",

@@ -61,6 +61,14 @@ class InvalidGeometry(ValueError):
     for parameters that cannot form a packet format."""
 
 
+
+# The geometry every role uses unless a round says otherwise. Relays and the
+# aggregator must agree on it (the link hello compares geometry hashes), so
+# both read these defaults from here. Five slots fit a 3-relay path plus the
+# aggregator's final hop with one to spare; ~2 KiB fits this data (DESIGN §5).
+DEFAULT_MAX_HOPS = 5
+DEFAULT_PACKET_SIZE = 2048
+
 @dataclass(frozen=True)
 class SphinxGeometry:
     """The fixed sizes of every packet of one round (one per manifest).
@@ -83,7 +91,7 @@ class SphinxGeometry:
     payload_key_size: int
 
     @classmethod
-    def create(cls, max_hops: int = 5, packet_size: int = 2048) -> SphinxGeometry:
+    def create(cls, max_hops: int = DEFAULT_MAX_HOPS, packet_size: int = DEFAULT_PACKET_SIZE) -> SphinxGeometry:
         """The geometry for paths of up to ``max_hops`` hops in ``packet_size`` bytes.
 
         The header holds ``max_hops`` routing slots; the payload gets the rest.

@@ -14,6 +14,7 @@ from pathlib import Path
 import click
 import trio
 
+from crypto import DEFAULT_MAX_HOPS, DEFAULT_PACKET_SIZE
 from relay._config import CONFIG_FILE, RelayConfig, load_config, parse_host_port, render_config
 from relay._descriptor import relay_descriptor
 from relay._errors import RelayConfigError, RelayDataDirError
@@ -56,8 +57,8 @@ def _address(value: str, what: str) -> tuple[str, int]:
 @click.option("--advertise", default=None, help="IP:PORT other nodes use (default: --listen).")
 @click.option("--metrics", default=None,
               help="Prometheus endpoint: PORT (on 127.0.0.1) or IP:PORT (default: off).")
-@click.option("--max-hops", default=5, show_default=True, type=click.IntRange(1, 32), help="Geometry: routing slots.")
-@click.option("--packet-size", default=2048, show_default=True, type=click.IntRange(1), help="Geometry: bytes.")
+@click.option("--max-hops", default=DEFAULT_MAX_HOPS, show_default=True, type=click.IntRange(1, 32), help="Geometry: routing slots.")
+@click.option("--packet-size", default=DEFAULT_PACKET_SIZE, show_default=True, type=click.IntRange(1), help="Geometry: bytes.")
 @_AGGREGATOR
 @click.option("--directory-file", default=None, metavar="PATH",
               help="Static next-hop directory JSON (relative to the data directory), instead of or beside "

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from crypto import DEFAULT_MAX_HOPS, DEFAULT_PACKET_SIZE
 from protocol import LinkLimits
 from relay._errors import RelayConfigError
 
@@ -25,12 +26,12 @@ _SYNCHRONOUS = ("FULL", "NORMAL")
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 _URL_PATTERN = re.compile(r"https?://[A-Za-z0-9.:\-\[\]]+(/[A-Za-z0-9._\-/]*)?")
 
-# THE SWITCH (issue 5 security fix). With no directory source configured
-# ([directory] aggregators / file), False lets `run` start with a loud warning
-# and forward to any address a packet names (legacy, an open forwarder);
-# True makes `run` refuse to start. Flip to True once every launcher (the
-# demo, tests/test_e2e_round.py) passes `--aggregator URL` to `relay init`.
-REQUIRE_DIRECTORY_DEFAULT = False
+# A relay forwards only to next hops its directory lists: the sender chooses
+# the next address inside the packet, so without a directory any client could
+# make the relay an open forwarder. With no directory source configured
+# ([directory] aggregators / file), `run` therefore refuses to start; an
+# operator who really wants the open behaviour sets `require = false`.
+REQUIRE_DIRECTORY_DEFAULT = True
 
 
 def parse_host_port(text: str, *, what: str = "address") -> tuple[str, int]:
@@ -61,8 +62,8 @@ class RelayConfig:
     data_dir: Path
     listen: tuple[str, int]
     advertise: tuple[str, int] | None = None
-    max_hops: int = 5
-    packet_size: int = 2048
+    max_hops: int = DEFAULT_MAX_HOPS
+    packet_size: int = DEFAULT_PACKET_SIZE
     max_connections: int = 256
     max_held_packets: int = 100_000
     max_replay_tags_per_epoch: int = 5_000_000

@@ -68,10 +68,9 @@ async def start_relays(tmp_path: Path, aggregator_url: str) -> tuple[list[dict[s
     descriptors, processes = [], []
     for i in range(N_RELAYS):
         data_dir = tmp_path / f"relay-{i}"
-        # max hops: a 2-relay path plus the aggregator, the geometry the round will use
         await trio.run_process(
             relay_cli(
-                "init", "--data-dir", str(data_dir), "--listen", f"127.0.0.1:{free_port()}", "--max-hops", "3",
+                "init", "--data-dir", str(data_dir), "--listen", f"127.0.0.1:{free_port()}",
                 "--aggregator", aggregator_url,  # next hops come from the round's signed manifest
             ),
             capture_stdout=True,
