@@ -184,12 +184,7 @@ class RoundState:
         None means the key registered earlier and registration has closed
         (re-registering is idempotent). Raises ApiRefused otherwise.
         """
-        if request.round_id != self.round_id:
-            raise ApiRefused(409, f"round_id {request.round_id.hex()!r} is not this round")
-        try:
-            request.verify()
-        except InvalidApiMessage:
-            raise ApiRefused(403, "bad signature") from None
+        self._authenticate(request)
         now = self.now()
         if now >= self.manifest.schedule.t_register_end or self.roster_final:
             if self.store.is_registered(request.identity_key):
@@ -268,14 +263,18 @@ class RoundState:
 
     # -- credentials ---------------------------------------------------------------
 
-    def admit_credential(self, request: CredentialRequest) -> tuple[int, int]:
-        """Check a credential request; ``(partition, now)`` to issue it with, or ApiRefused."""
+    def _authenticate(self, request: RegisterRequest | CredentialRequest) -> None:
+        """Refuse a request for another round (409) or one its identity key did not sign (403)."""
         if request.round_id != self.round_id:
             raise ApiRefused(409, f"round_id {request.round_id.hex()!r} is not this round")
         try:
             request.verify()
         except InvalidApiMessage:
             raise ApiRefused(403, "bad signature") from None
+
+    def admit_credential(self, request: CredentialRequest) -> tuple[int, int]:
+        """Check a credential request; ``(partition, now)`` to issue it with, or ApiRefused."""
+        self._authenticate(request)
         now = self.now()
         if not self.seed_revealed(now):
             raise ApiRefused(409, "credentials are issued after registration closes")
