@@ -61,6 +61,15 @@ async def _record(stream: trio.SocketStream, connections: list[object]) -> None:
     await stream.aclose()
 
 
+def open_window() -> ReleaseWindow:
+    """A hop window open now, drawn when the packet is built: a window fixed at
+    the test's start can close on a loaded machine before a later packet is
+    sent, and the relay would then count it "late" instead of checking its
+    next hop."""
+    now = int(time.time())
+    return ReleaseWindow(now - 1, now + 4)  # released within 4 s of acceptance
+
+
 async def test_packets_to_unknown_or_readdressed_next_hops_are_dropped_counted_and_never_sent(
     tmp_path: Path,
 ) -> None:
@@ -71,8 +80,7 @@ async def test_packets_to_unknown_or_readdressed_next_hops_are_dropped_counted_a
         rogue_address = await open_recorder(nursery, contacted)
         config = relay_config(tmp_path / "r", [sink_entry(sink_address)])
         started: RelayStarted = await nursery.start(serve_relay, config)
-        now = int(time.time())
-        window = ReleaseWindow(now - 1, now + 1)
+        window = open_window()
         _, rogue_public = generate_keypair()
         unknown = PathHop(node_id_of(rogue_public), NodeAddress(*rogue_address), rogue_public, window)
         # The sink's node id, its address rewritten by the sender.
@@ -151,8 +159,6 @@ async def test_the_directory_comes_from_verified_manifests_of_an_aggregator_that
                              directory_min_refresh_seconds=0.2, directory_fetch_timeout=2.0)
         # The aggregator is not serving its manifest yet: the relay still starts.
         started: RelayStarted = await nursery.start(serve_relay, config)
-        now = int(time.time())
-        window = ReleaseWindow(now - 1, now + 4)  # released within 4 s of the first accepted packet
         good = signed_manifest_json(started.node_id, started.link, started.keys[0].public_key, sink_address)
         rogue_address = ("127.0.0.1", 9)
         forged = SignedManifest.from_json(signed_manifest_json(
@@ -160,7 +166,7 @@ async def test_the_directory_comes_from_verified_manifests_of_an_aggregator_that
         # A manifest naming the rogue address as the final hop, its signature broken.
         forged_json = SignedManifest(forged.manifest, bytes(64)).to_json()
         client = client_for(started)
-        first = build_packet(GEOMETRY, [hop(started, window), sink_hop(sink_address)], b"before")
+        first = build_packet(GEOMETRY, [hop(started, open_window()), sink_hop(sink_address)], b"before")
         assert await client.send_batch([first], give_up_at=trio.current_time() + 5) == [AckStatus.REJECTED]
         documents["/good/v1/manifest"] = good
         documents["/forged/v1/manifest"] = forged_json
@@ -170,10 +176,11 @@ async def test_the_directory_comes_from_verified_manifests_of_an_aggregator_that
             while not started.directory.sources().get(base + "/good"):
                 await trio.sleep(0.05)
         assert started.directory.sources() == {base + "/good": 2}  # the relay and the final hop; nothing forged
-        packet = build_packet(GEOMETRY, [hop(started, window), sink_hop(sink_address)], b"after")
+        packet = build_packet(GEOMETRY, [hop(started, open_window()), sink_hop(sink_address)], b"after")
         assert await client.send_batch([packet], give_up_at=trio.current_time() + 5) == [AckStatus.ACCEPTED]
         with trio.fail_after(10):
             await sink.wait_for(1)
+        window = open_window()
         rogue = PathHop(node_id_of(SINK_PUBLIC), NodeAddress(*rogue_address), SINK_PUBLIC, window)
         readdressed = build_packet(GEOMETRY, [hop(started, window), rogue], b"rogue")
         assert await client.send_batch([readdressed], give_up_at=trio.current_time() + 5) == [AckStatus.REJECTED]
