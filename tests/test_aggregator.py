@@ -171,6 +171,17 @@ def Peer(state: RoundState, seed: int) -> SimulatedPeer:  # noqa: N802 - reads l
     return SimulatedPeer(state, bytes([seed]) * 32)
 
 
+def registered_peers(state: RoundState, clock: FakeClock, count: int = 4) -> list[SimulatedPeer]:
+    """``count`` peers registered, the clock at the registration deadline, and the
+    roster and seed prepared as the phase driver would, ready for credentials."""
+    peers = [Peer(state, i) for i in range(1, count + 1)]
+    for peer in peers:
+        peer.register()
+    clock.now = state.manifest.schedule.t_register_end
+    state.prepare()
+    return peers
+
+
 async def verified(state: RoundState) -> None:
     """Wait until the sink's background verifier has decided every received frame."""
     with trio.fail_after(30):
@@ -180,11 +191,7 @@ async def verified(state: RoundState) -> None:
 
 async def test_packet_sink_accepts_and_rejects_by_reason(served: Any) -> None:
     state, addresses, clock = served
-    peers = [Peer(state, i) for i in range(1, 5)]
-    for peer in peers:
-        peer.register()
-    clock.now = state.manifest.schedule.t_register_end
-    state.prepare()
+    peers = registered_peers(state, clock)
     for peer in peers:
         peer.obtain_credential()
     by_partition: dict[int, list[Peer]] = {}
@@ -375,11 +382,7 @@ def test_process_pool_verifier_agrees_with_in_thread(tmp_path: Path) -> None:
 
     clock = FakeClock(T0 + 1)
     state, _ = make_round(tmp_path, clock)
-    peers = [Peer(state, i) for i in range(1, 5)]
-    for peer in peers:
-        peer.register()
-    clock.now = state.manifest.schedule.t_register_end
-    state.prepare()
+    peers = registered_peers(state, clock)
     for peer in peers:
         peer.obtain_credential()
     jobs = []
@@ -463,11 +466,7 @@ def test_a_restarted_aggregator_resumes_the_round(tmp_path: Path) -> None:
 
     clock = FakeClock(T0 + 1)
     state, _ = make_round(tmp_path, clock)
-    peers = [Peer(state, i) for i in range(1, 5)]
-    for peer in peers:
-        peer.register()
-    clock.now = state.manifest.schedule.t_register_end
-    state.prepare()
+    peers = registered_peers(state, clock)
     issued = {bytes(p.key.verify_key): p.obtain_credential() for p in peers[:2]}
     roster_before = state.roster()
     state.store.close()
