@@ -33,7 +33,7 @@ from crypto import (
     node_id_of,
     public_key_of,
 )
-from mechanisms import FrequencyOracle, QuantileSearch, make_oracle
+from mechanisms import FrequencyOracle, QuantileSearch, make_oracle, total_epsilon
 from protocol import (
     AggregatorHop,
     CredentialRequest,
@@ -64,6 +64,7 @@ from protocol import (
     derive_subsets,
     phase_at,
     seed_commitment,
+    worst_case_releases,
 )
 from protocol._canonical import FieldReader, InvalidDocument
 
@@ -615,21 +616,14 @@ def build_schedule(spec: RoundSpec, start: int) -> RoundSchedule:
 
 
 def worst_case_epsilon(spec: FeatureSpec, k_h: int, k_s: int, eps_median: float, eps_data: float, median_rounds: int) -> float:
-    """ε_T to promise in the manifest: eq. 7.4 for the worst subsets a peer could be dealt.
+    """ε_T to promise in the manifest: eq. 7.4 of :func:`protocol.worst_case_releases`.
 
-    Subsets come from the seed, which stays secret until registration closes,
-    so the promise cannot depend on them: every numeric feature answered at
-    ``eps_median`` and ``k_h`` disjoint subsets holding the costliest features
-    (numeric ones first). Peers compute the same bound before consenting
-    (``peer._join.planned_releases``).
+    Peers check the same releases against their ledger before consenting, so
+    the promise and the consent follow one rule.
     """
-    from mechanisms import total_epsilon
-
-    medians = {name: eps_median for name in spec.numeric_names} if median_rounds else {}
-    worst_first = sorted(spec.names, key=lambda name: -medians.get(name, 0.0))
-    subsets = [
-        (tuple(worst_first[j * k_s : (j + 1) * k_s]) or (spec.names[0],), eps_data) for j in range(k_h)
-    ]
+    medians, subsets = worst_case_releases(
+        spec, k_h=k_h, k_s=k_s, eps_median=eps_median, eps_data=eps_data, median_rounds=median_rounds
+    )
     return float(total_epsilon(medians, subsets))
 
 

@@ -37,6 +37,7 @@ from protocol._plan import (
     assign_partitions,
     derive_subsets,
     row_keys,
+    worst_case_releases,
 )
 from protocol._api import (
     MAX_REQUEST_BYTES,
@@ -120,6 +121,7 @@ __all__ = [
     "assign_partitions",
     "derive_subsets",
     "row_keys",
+    "worst_case_releases",
     "HELLO_BYTES",
     "HELLO_REPLY_BYTES",
     "LINK_ERROR_REASONS",

@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from protocol._features import MAX_FEATURES
+from protocol._features import MAX_FEATURES, FeatureSpec
 
 PLAN_KINDS = ("split", "one")
 MEDIAN_PEERS = ("all", "disjoint")
@@ -147,6 +147,42 @@ def derive_subsets(seed: bytes, features: Sequence[str], kind: str, k_p: int, k_
             subset.append(stream.pop(pick))
         subsets.append((tuple(subset),))
     return tuple(subsets)
+
+
+def worst_case_releases(
+    spec: FeatureSpec, *, k_h: int, k_s: int, eps_median: float, eps_data: float, median_rounds: int
+) -> tuple[dict[str, float], list[tuple[tuple[str, ...], float]]]:
+    """The releases a peer of a round can at worst be asked for, before partitions are known.
+
+    Returns ``(medians, subsets)`` in the form ``mechanisms.total_epsilon``
+    takes: every numeric feature answered at ``eps_median`` (if the round has
+    a median phase, ``median_rounds > 0``) and ``k_h`` subset releases of
+    ``k_s`` features at ``eps_data``. The aggregator promises the eq. 7.4
+    total of exactly this as the manifest's ε_T, and each peer checks the same
+    total against its ledger before consenting, so both sides must use this
+    one rule.
+
+    Why this is the worst case: the subsets a peer sends come from the seed
+    (DESIGN.md §3 step 3), which stays secret until registration closes, so
+    neither the promise nor the consent can depend on them. A peer's ``k_h``
+    subsets are disjoint (thesis §6.1), so each feature is released at most
+    once; under eq. 7.4 (``ε_f^i = ε_h + ε_e^i``, ``ε_l = Σ_j ε_h^j``, total
+    the max) the worst deal is the one whose subsets hold the costliest
+    features, i.e. the numeric ones that also paid for the median search.
+    The label's ``k_h·eps_data`` does not depend on the deal at all.
+
+    A manifest asking for more subset slots than there are features
+    (``k_h·k_s > k_f``, which :func:`derive_subsets` refuses) cannot be dealt
+    disjointly; its empty slots count the first feature again, which
+    eq. 7.4 sums, so the result stays an upper bound rather than failing.
+    """
+    medians = {name: eps_median for name in spec.numeric_names} if median_rounds else {}
+    names = spec.names
+    worst_first = sorted(names, key=lambda name: -medians.get(name, 0.0))
+    subsets = [
+        (tuple(worst_first[j * k_s:(j + 1) * k_s]) or (names[0],), eps_data) for j in range(k_h)
+    ]
+    return medians, subsets
 
 
 @dataclass(frozen=True)
