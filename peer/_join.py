@@ -62,7 +62,7 @@ from protocol._features import FeatureSpec, NumericFeature
 from protocol._link import AckStatus
 from protocol._manifest import RelayEntry, RoundManifest, SignedManifest, check_seed
 from protocol._message import SurveyMessage, bound_bytes, encode_median_report
-from protocol._plan import assign_partitions, derive_subsets
+from protocol._plan import assign_partitions, derive_subsets, worst_case_releases
 from protocol._schedule import PhaseTimes, hop_windows
 from protocol._survey import SurveyId, SurveyKind
 
@@ -290,19 +290,14 @@ def _ignore(_: str) -> None:
 def planned_releases(manifest: RoundManifest, spec: FeatureSpec) -> tuple[dict[str, float], list[tuple[tuple[str, ...], float]]]:
     """The worst case a peer of this round can be asked for, before partitions are known.
 
-    Every numeric feature answered once at ``eps_median`` (if the round has a
-    median phase) and ``k_h`` subset releases at ``eps_data``; subsets of one
-    peer are disjoint (thesis §6.1), so the worst feature is in one of them.
-    The ledger's eq. 7.4 total of this is what the peer is asked to accept.
+    :func:`protocol.worst_case_releases` with this manifest's parameters, the
+    same rule the aggregator's promised ``eps_total`` comes from; its eq. 7.4
+    total is what the peer is asked to accept.
     """
-    medians = {name: manifest.eps_median for name in spec.numeric_names} if manifest.median_rounds else {}
-    names = list(spec.names)
-    worst_first = sorted(names, key=lambda n: -medians.get(n, 0.0))
-    subsets: list[tuple[tuple[str, ...], float]] = []
-    for j in range(manifest.k_h):
-        chunk = tuple(worst_first[j * manifest.k_s:(j + 1) * manifest.k_s]) or (names[0],)
-        subsets.append((chunk, manifest.eps_data))
-    return medians, subsets
+    return worst_case_releases(
+        spec, k_h=manifest.k_h, k_s=manifest.k_s, eps_median=manifest.eps_median,
+        eps_data=manifest.eps_data, median_rounds=manifest.median_rounds,
+    )
 
 
 def check_manifest_unchanged(peer: Peer, signed: SignedManifest, aggregator: str) -> None:
@@ -369,8 +364,17 @@ class _Outgoing:
     sends: int = 0
 
 
-class _RoundRun:
-    """The state of one peer in one round while :func:`join_round` runs."""
+class PeerRound:
+    """One peer's run through one round, and its state between steps.
+
+    The steps, in order (DESIGN.md §3): :meth:`register`, :meth:`partition`,
+    :meth:`obtain_credential` (whose result the caller stores in
+    ``credential``), :meth:`answer_median`, :meth:`send_subsets` and
+    :meth:`confirm` for what each sending step returned. :func:`join_round`
+    runs them all after checking the round's worst case against the ledger;
+    tests drive them one at a time to stand in for a peer that stops early or
+    misbehaves after registering.
+    """
 
     def __init__(self, peer: Peer, session: RoundSession, signed: SignedManifest, pipeline: RoundPipeline, listener: Listener) -> None:
         self.peer = peer
@@ -586,7 +590,7 @@ async def join_round(
     :class:`AggregatorError` or :class:`mechanisms.BudgetExceeded`.
     """
     async with session.slots:
-        run = _RoundRun(peer, session, signed, pipeline, listener)
+        run = PeerRound(peer, session, signed, pipeline, listener)
         medians, subsets = planned_releases(run.manifest, run.spec)
         try:
             run.ledger.check(medians=medians, subsets=subsets)

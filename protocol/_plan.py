@@ -172,9 +172,10 @@ def worst_case_releases(
     The label's ``k_h·eps_data`` does not depend on the deal at all.
 
     A manifest asking for more subset slots than there are features
-    (``k_h·k_s > k_f``, which :func:`derive_subsets` refuses) cannot be dealt
-    disjointly; its empty slots count the first feature again, which
-    eq. 7.4 sums, so the result stays an upper bound rather than failing.
+    (``k_h·k_s > k_f``) cannot be dealt at all: :func:`derive_subsets` refuses
+    it once the seed is known. Rather than fail before that, each empty slot
+    counts the first feature again (eq. 7.4 sums a feature released twice),
+    so every slot still costs the label its ``eps_data``.
     """
     medians = {name: eps_median for name in spec.numeric_names} if median_rounds else {}
     names = spec.names

@@ -41,11 +41,12 @@ from crypto import (
     issue_credential,
     make_token,
 )
+from peer import PeerRound
 from peer._client import AggregatorClient
 from peer._features import RoundPipeline
 from peer._framework import Dataset, Event
 from peer._identity import PeerIdentity
-from peer._join import Peer, RoundSession, _RoundRun, join_round, sleep_until_wall
+from peer._join import Peer, RoundSession, join_round, sleep_until_wall
 from peer._store import PeerStore
 from peer._transport import open_transport
 from protocol import AckStatus, LinkClient, SurveyId, SurveyMessage, bound_bytes, encode_median_report, hop_windows
@@ -121,7 +122,7 @@ def vector(pipeline: RoundPipeline, i: int) -> Any:
 class Adversary:
     """A registered peer that misbehaves, plus an outsider with its own issuer."""
 
-    def __init__(self, run: _RoundRun, manifest: RoundManifest) -> None:
+    def __init__(self, run: PeerRound, manifest: RoundManifest) -> None:
         self.run = run
         self.manifest = manifest
         self.geometry = manifest.sphinx_geometry()
@@ -202,7 +203,7 @@ async def run_round(tmp_path: Path, relay_processes: list[trio.Process]) -> None
                 results.append(await join_round(peer, session, signed, pipeline))
 
             async def adversary() -> None:
-                run = _RoundRun(Peer(PeerIdentity.generate(), store, vector(pipeline, 100), np.random.default_rng(100)), session, signed, pipeline, lambda _: None)
+                run = PeerRound(Peer(PeerIdentity.generate(), store, vector(pipeline, 100), np.random.default_rng(100)), session, signed, pipeline, lambda _: None)
                 await run.register()
                 partition, _, _ = await run.partition()
                 run.credential = credential = await run.obtain_credential(partition)

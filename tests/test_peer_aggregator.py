@@ -17,13 +17,15 @@ from aggregator._round import RoundState, create_round, parse_round_spec
 from aggregator._service import AggregatorConfig, serve_aggregator
 from aggregator._store import AggregatorHome
 from crypto import generate_keypair
+from peer import PeerLedger, PeerRound, planned_releases
 from peer._client import AggregatorClient
 from peer._features import RoundPipeline
 from peer._framework import Dataset, Event
 from peer._identity import PeerIdentity
-from peer._join import JoinRefused, Peer, RoundSession, _RoundRun, check_manifest_unchanged
+from peer._join import JoinRefused, Peer, RoundSession, check_manifest_unchanged
 from peer._store import PeerStore
 from peer._transport import open_transport
+from protocol import SurveyId, derive_subsets
 from protocol._features import FeatureSpec
 
 T0 = 1_800_000_000
@@ -85,7 +87,7 @@ async def test_peers_register_agree_on_partitions_and_get_credentials_blindly(se
     async with open_transport(packet_size=2048, geometry_hash=bytes(32)) as transport:
         session = RoundSession(client, transport)
         runs = [
-            _RoundRun(Peer(PeerIdentity.generate(), store, vector_for(pipeline, 30.0 + i, "red", "1"), np.random.default_rng(i)), session, signed, pipeline, lambda _: None)
+            PeerRound(Peer(PeerIdentity.generate(), store, vector_for(pipeline, 30.0 + i, "red", "1"), np.random.default_rng(i)), session, signed, pipeline, lambda _: None)
             for i in range(5)
         ]
         for run in runs:
@@ -103,6 +105,31 @@ async def test_peers_register_agree_on_partitions_and_get_credentials_blindly(se
             assert registration is not None and registration.credential == run.credential.to_bytes()
     assert state.store.counts()["credentials"] == 5
     await client.aclose()
+
+
+@pytest.mark.parametrize("k_h", [1, 2])
+def test_the_promised_epsilon_is_what_a_peer_consents_to_and_bounds_what_it_spends(home: AggregatorHome, tmp_path: Path, k_h: int) -> None:
+    document = spec_document()
+    document["learning"]["k_h"] = k_h
+    state, _ = create_round(home, parse_round_spec(document), now=T0)
+    manifest = state.manifest
+    spec = FeatureSpec.from_dict(dict(manifest.features))
+    store = PeerStore(tmp_path / "peers.sqlite", durable=False)
+    # Before partitions are known: the peer's ledger total of the worst case is the promise.
+    medians, subsets = planned_releases(manifest, spec)
+    consenting = PeerLedger(store, PeerIdentity.generate().public_key, state.round_id, manifest.eps_total)
+    assert consenting.total_after(medians=medians, subsets=subsets) == manifest.eps_total
+    assert manifest.eps_total == pytest.approx(document["privacy"]["eps_total"])
+    consenting.check(medians=medians, subsets=subsets)
+    # Once the seed is known: what a peer of each partition really spends fits the promise.
+    dealt = derive_subsets(state.secrets.seed, spec.names, manifest.plan, manifest.k_p, manifest.k_h, manifest.k_s)
+    for partition, partition_subsets in enumerate(dealt):
+        ledger = PeerLedger(store, PeerIdentity.generate().public_key, state.round_id, manifest.eps_total)
+        if partition < manifest.median_rounds:
+            ledger.spend_median(SurveyId.median(state.round_id, partition), spec.numeric_names, manifest.eps_median)
+        for index, subset in enumerate(partition_subsets):
+            ledger.spend_subset(SurveyId.data(state.round_id, partition, index), subset, manifest.eps_data)
+        assert ledger.spent() <= manifest.eps_total
 
 
 async def test_a_peer_refuses_a_manifest_whose_hash_differs_from_the_one_it_registered_under(home: AggregatorHome, tmp_path: Path) -> None:

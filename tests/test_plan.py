@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import itertools
 import math
 from collections import Counter
 
@@ -10,7 +11,7 @@ import numpy as np
 import pytest
 
 from mechanisms import total_epsilon
-from protocol import PlanError, ReleasePlan, assign_partitions, derive_subsets, row_keys
+from protocol import FeatureSpec, PlanError, ReleasePlan, assign_partitions, derive_subsets, row_keys, worst_case_releases
 
 FEATURES = tuple(f"f{i}" for i in range(12))
 NUMERIC = ("f0", "f3", "f7")
@@ -143,3 +144,54 @@ def test_plan_round_trips_and_rejects_tampering() -> None:
             ReleasePlan.from_dict(bad)
     with pytest.raises(PlanError, match="missing"):
         ReleasePlan.from_dict({k: v for k, v in plan.to_dict().items() if k != "oracle"})
+
+
+# Categorical and numeric features interleaved, so "costliest first" has to reorder them.
+MIXED_SPEC = FeatureSpec.from_dict({
+    "features": [
+        {"name": "colour", "type": "categorical", "categories": ["red", "green", "blue"]},
+        {"name": "age", "type": "numeric", "low": 0, "high": 100},
+        {"name": "shape", "type": "categorical", "categories": ["round", "square"]},
+        {"name": "size", "type": "numeric", "low": 0, "high": 10},
+        {"name": "city", "type": "categorical", "categories": ["a", "b", "c", "d"]},
+    ],
+    "label": {"name": "y", "positive": ["1"], "negative": ["0"]},
+})
+
+
+@pytest.mark.parametrize(
+    ("k_h", "k_s", "eps_median", "eps_data", "median_rounds"),
+    [(2, 2, 0.7, 0.5, 1), (2, 2, 0.1, 0.5, 2), (1, 3, 1.0, 1.0, 1), (3, 1, 0.4, 0.3, 1), (2, 1, 0.9, 0.5, 0)],
+)
+def test_worst_case_releases_cost_the_most_of_every_deal_the_seed_could_make(
+    k_h: int, k_s: int, eps_median: float, eps_data: float, median_rounds: int
+) -> None:
+    medians, subsets = worst_case_releases(
+        MIXED_SPEC, k_h=k_h, k_s=k_s, eps_median=eps_median, eps_data=eps_data, median_rounds=median_rounds
+    )
+    assert medians == ({"age": eps_median, "size": eps_median} if median_rounds else {})
+    assert len(subsets) == k_h and all(len(s) == k_s and eps == eps_data for s, eps in subsets)
+    released = [name for subset, _ in subsets for name in subset]
+    assert len(set(released)) == len(released)  # disjoint, as one peer's subsets are (thesis §6.1)
+    if median_rounds:
+        # The numeric features, which also paid for the median search, are dealt first.
+        assert released[:2] == ["age", "size"]
+    worst = total_epsilon(medians, subsets)
+    # Eq. 7.4 by hand: a numeric feature released with its median answer, or the label over k_h subsets.
+    assert worst == pytest.approx(max(eps_data + (eps_median if median_rounds else 0.0), k_h * eps_data))
+    # Every disjoint deal of k_h subsets of k_s features costs at most that, and one costs exactly that.
+    deals = [
+        [(tuple(order[j * k_s:(j + 1) * k_s]), eps_data) for j in range(k_h)]
+        for order in itertools.permutations(MIXED_SPEC.names, k_h * k_s)
+    ]
+    assert max(total_epsilon(medians, deal) for deal in deals) == worst
+
+
+def test_worst_case_releases_charge_the_label_for_slots_no_deal_can_fill() -> None:
+    # k_h·k_s > k_f: no plan exists (derive_subsets refuses it); the fourth slot, left
+    # empty, re-counts the first feature, and the label still pays for all four.
+    medians, subsets = worst_case_releases(MIXED_SPEC, k_h=4, k_s=2, eps_median=0.2, eps_data=0.5, median_rounds=1)
+    assert [s for s, _ in subsets] == [("age", "size"), ("colour", "shape"), ("city",), ("colour",)]
+    assert total_epsilon(medians, subsets) == pytest.approx(4 * 0.5)
+    with pytest.raises(PlanError, match="k_h"):
+        derive_subsets(b"seed", MIXED_SPEC.names, "split", 2, 4, 2)
