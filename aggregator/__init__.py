@@ -23,7 +23,8 @@ from aggregator._service import AggregatorConfig, BoundAddresses, build_app, dri
 from aggregator._sink import PacketSink
 from aggregator._store import AggregatorHome, RoundStore
 from aggregator._trial import TrialResult, estimate_histograms, exact_histograms, run_trial
-from aggregator._verify import REJECTION_REASONS, TokenVerifier, process_batch
+from aggregator._verify import REJECTION_REASONS, process_batch
+from aggregator._workers import IssuerWorkers
 
 __all__: list[str] = [
     "REJECTION_REASONS",
@@ -31,13 +32,13 @@ __all__: list[str] = [
     "AggregatorHome",
     "ApiRefused",
     "BoundAddresses",
+    "IssuerWorkers",
     "PacketSink",
     "RoundSecrets",
     "RoundSpec",
     "RoundSpecError",
     "RoundState",
     "RoundStore",
-    "TokenVerifier",
     "build_app",
     "create_round",
     "drive_round",

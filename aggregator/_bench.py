@@ -40,7 +40,8 @@ from protocol import CredentialRequest, RegisterRequest, SurveyId, SurveyMessage
 
 from aggregator._round import RoundState, create_round, parse_round_spec
 from aggregator._store import AggregatorHome
-from aggregator._verify import TokenVerifier, process_batch
+from aggregator._verify import process_batch
+from aggregator._workers import IssuerWorkers
 
 
 class SimulatedPeer:
@@ -171,7 +172,7 @@ def run_bench(n_packets: int, batch: int, processes: int, seed: int) -> dict[str
         modes = [0] + ([processes] if processes > 0 else [])
         half = n_packets // len(modes)
         for index, procs in enumerate(modes):
-            verifier = TokenVerifier(state.secrets.issuer_key, procs)
+            verifier = IssuerWorkers(state.secrets.issuer_key, procs)
             try:
                 part = frames[index * half : (index + 1) * half]
                 verifier.warm()

@@ -94,7 +94,7 @@ def _latest_round(home: AggregatorHome) -> str:
               help="Labelled held-out file to measure utility on: CSV with a header naming the features and the label, or UCI Adult format.")
 @click.option("--linger", type=float, default=0.0, help="Keep serving this many seconds after the round ends.")
 @click.option("--processes", type=click.IntRange(0, 64), default=0,
-              help="Worker processes for token verification (0: verify in the batch's thread).")
+              help="Worker processes for blind issuance and token verification (0: in a thread of the service).")
 def run(data_dir: Path, round_id: str | None, test_file: Path | None, linger: float, processes: int) -> None:
     """Serve the round through all its phases, then learn and write the report."""
     import trio
@@ -119,7 +119,7 @@ def run(data_dir: Path, round_id: str | None, test_file: Path | None, linger: fl
 
     config = AggregatorConfig(
         state, http_host=host, http_port=int(port), sink_host=manifest.aggregator_hop.host,
-        sink_port=manifest.aggregator_hop.port, verify_processes=processes, linger=linger,
+        sink_port=manifest.aggregator_hop.port, worker_processes=processes, linger=linger,
         on_learn=on_learn,
     )
 

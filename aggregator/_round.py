@@ -69,6 +69,7 @@ from protocol import (
 from protocol._canonical import FieldReader, InvalidDocument
 
 from aggregator._store import AggregatorHome, RegistrationRefused, RoundStore
+from aggregator._workers import IssueJob, issue_job
 
 Clock = Callable[[], float]
 
@@ -83,6 +84,11 @@ class ApiRefused(Exception):
         super().__init__(f"{status}: {reason}")
         self.status = status
         self.reason = reason
+
+
+def issuance_refused(reason: str) -> ApiRefused:
+    """The answer to a credential request whose blind-issuance proof fails (``InvalidIssuance.reason``)."""
+    return ApiRefused(400, f"bad issuance request ({reason})")
 
 
 class SurveyRefused(Exception):
@@ -288,17 +294,12 @@ class RoundState:
             raise ApiRefused(409, ALREADY_ISSUED)
         return partition, now
 
-    def blind_issue(self, request: CredentialRequest, partition: int) -> bytes:
-        """The issuer's blind response for ``partition`` (CPU-bound P-256 proofs; thread-safe)."""
-        try:
-            return issue_credential(self.secrets.issuer_key, request.request, partition).to_bytes()
-        except InvalidIssuance as exc:
-            raise ApiRefused(400, f"bad issuance request ({exc.reason})") from None
-
     def issue(self, request: CredentialRequest) -> CredentialResponse:
-        """Admit, issue and record one credential now (the HTTP path batches the commits instead)."""
+        """Admit, issue and record one credential now (the HTTP path batches issuance and commits instead)."""
         partition, now = self.admit_credential(request)
-        response = self.blind_issue(request, partition)
+        response = issue_job(self.secrets.issuer_key, IssueJob(request.request, partition))
+        if isinstance(response, str):
+            raise issuance_refused(response)
         if not self.store.record_credential(request.identity_key, partition, response, now):
             raise ApiRefused(409, ALREADY_ISSUED)
         return CredentialResponse(response, partition)

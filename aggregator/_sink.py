@@ -19,7 +19,8 @@ import trio
 from protocol import AckStatus, LinkError, LinkLimits, serve_link
 
 from aggregator._round import RoundState
-from aggregator._verify import TokenVerifier, process_batch
+from aggregator._verify import process_batch
+from aggregator._workers import IssuerWorkers
 
 log = logging.getLogger(__name__)
 
@@ -30,14 +31,14 @@ class PacketSink:
     def __init__(
         self,
         state: RoundState,
+        workers: IssuerWorkers,
         *,
-        processes: int = 0,
         verify_batch: int = 256,
         max_inbox: int = 500_000,
         limits: LinkLimits = LinkLimits(),
     ) -> None:
         self.state = state
-        self.verifier = TokenVerifier(state.secrets.issuer_key, processes)
+        self.workers = workers
         self.verify_batch = verify_batch
         self.max_inbox = max_inbox
         self.limits = limits
@@ -74,11 +75,8 @@ class PacketSink:
             frames = [row[1] for row in rows]
             arrivals = [row[2] for row in rows]
             await trio.to_thread.run_sync(
-                lambda: process_batch(self.state, frames, arrivals, self.verifier, inbox_ids=ids)
+                lambda: process_batch(self.state, frames, arrivals, self.workers, inbox_ids=ids)
             )
-
-    def close(self) -> None:
-        self.verifier.close()
 
     async def handle(self, stream: trio.SocketStream) -> None:
         """One relay connection; never raises (DESIGN.md §2: outsiders can send anything)."""

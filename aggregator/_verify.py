@@ -10,24 +10,15 @@ any acknowledgement goes back on the link.
 from __future__ import annotations
 
 import logging
-import multiprocessing
 from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
-from crypto import (
-    FinalMessage,
-    InvalidPacket,
-    InvalidToken,
-    IssuerSecretKey,
-    ReplayedPacket,
-    process_packet,
-    verify_token,
-)
+from crypto import FinalMessage, InvalidPacket, ReplayedPacket, process_packet
 from protocol import InvalidMessage, SurveyMessage, receipt_digest
 
 from aggregator._round import RoundState, SurveyRefused, message_hash
 from aggregator._store import VerifiedPacket
+from aggregator._workers import IssuerWorkers, TokenJob
 
 log = logging.getLogger(__name__)
 
@@ -43,70 +34,6 @@ REJECTION_REASONS = (
     "duplicate",
 )
 """Every reason a packet is counted as rejected (``bad-token/`` carries the token's reason)."""
-
-
-@dataclass(frozen=True)
-class TokenJob:
-    """One token to verify: everything ``verify_token`` needs besides the issuer key."""
-
-    ctx: bytes
-    message: bytes
-    token: bytes
-    partition: int
-
-
-def verify_job(issuer_key: IssuerSecretKey, job: TokenJob) -> bytes | str:
-    """The tag digest, or the rejection reason (``wrong-partition`` or ``bad-token/<reason>``)."""
-    try:
-        return verify_token(issuer_key, job.ctx, job.message, job.token, expected_partition=job.partition)
-    except InvalidToken as exc:
-        return "wrong-partition" if exc.reason == "wrong-partition" else f"bad-token/{exc.reason}"
-
-
-_WORKER_KEY: list[IssuerSecretKey] = []
-
-
-def _init_worker(issuer_key_bytes: bytes) -> None:
-    _WORKER_KEY[:] = [IssuerSecretKey.from_bytes(issuer_key_bytes)]
-
-
-def _verify_in_worker(jobs: list[TokenJob]) -> list[bytes | str]:
-    return [verify_job(_WORKER_KEY[0], job) for job in jobs]
-
-
-class TokenVerifier:
-    """Verifies a batch's tokens: in the calling thread, or spread over worker processes.
-
-    petlib holds the GIL through its P-256 arithmetic, so threads do not run
-    verifications in parallel (measured: 2 threads gave no speed-up); with
-    ``processes > 0`` a process pool does.
-    """
-
-    def __init__(self, issuer_key: IssuerSecretKey, processes: int = 0) -> None:
-        self.issuer_key = issuer_key
-        self.pool: ProcessPoolExecutor | None = None
-        if processes > 0:
-            self.pool = ProcessPoolExecutor(
-                processes, mp_context=multiprocessing.get_context("spawn"),
-                initializer=_init_worker, initargs=(issuer_key.to_bytes(),),
-            )
-            self.processes = processes
-
-    def warm(self) -> None:
-        """Start every worker process now (spawning imports the crypto stack: seconds, not per packet)."""
-        if self.pool is not None:
-            list(self.pool.map(_verify_in_worker, [[] for _ in range(self.processes)]))
-
-    def verify(self, jobs: list[TokenJob]) -> list[bytes | str]:
-        if self.pool is None or len(jobs) < 2:
-            return [verify_job(self.issuer_key, job) for job in jobs]
-        chunk = -(-len(jobs) // self.processes)
-        parts = [jobs[i : i + chunk] for i in range(0, len(jobs), chunk)]
-        return [result for part in self.pool.map(_verify_in_worker, parts) for result in part]
-
-    def close(self) -> None:
-        if self.pool is not None:
-            self.pool.shutdown(cancel_futures=True)
 
 
 @dataclass(frozen=True)
@@ -150,7 +77,7 @@ def process_batch(
     state: RoundState,
     frames: list[bytes],
     now: int | Sequence[int],
-    verifier: TokenVerifier | None = None,
+    verifier: IssuerWorkers | None = None,
     *,
     inbox_ids: Sequence[int] = (),
 ) -> list[str]:
@@ -163,7 +90,7 @@ def process_batch(
     format, then double-submission handling in the store. ``inbox_ids`` are
     removed from the inbox in the same commit.
     """
-    verifier = verifier or TokenVerifier(state.secrets.issuer_key)
+    verifier = verifier or IssuerWorkers(state.secrets.issuer_key)
     arrivals = [now] * len(frames) if isinstance(now, int) else list(now)
     if len(arrivals) != len(frames):
         raise ValueError(f"{len(arrivals)} arrival times for {len(frames)} frames")

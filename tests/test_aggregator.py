@@ -19,7 +19,10 @@ from aggregator._bench import SimulatedPeer
 from aggregator._round import RoundSpecError, RoundState, create_round, parse_round_spec
 from aggregator._service import AggregatorConfig, BoundAddresses, drive_round, serve_aggregator
 from aggregator._store import AggregatorHome
+from aggregator._workers import IssuerWorkers
 from crypto import (
+    CredentialSecret,
+    IssuerPublicKey,
     begin_issuance,
     finish_issuance,
     generate_keypair,
@@ -376,8 +379,8 @@ def test_malformed_test_file_names_its_line(tmp_path: Path) -> None:
         read_labelled_csv(path, spec)
 
 
-def test_process_pool_verifier_agrees_with_in_thread(tmp_path: Path) -> None:
-    from aggregator._verify import TokenJob, TokenVerifier
+def test_worker_processes_verify_and_issue_as_the_thread_does(tmp_path: Path) -> None:
+    from aggregator._workers import IssueJob, TokenJob
     from crypto import process_packet
 
     clock = FakeClock(T0 + 1)
@@ -392,10 +395,20 @@ def test_process_pool_verifier_agrees_with_in_thread(tmp_path: Path) -> None:
         opened = process_packet(state.geometry, state.secrets.final_hop_private_key, frame, is_replay=lambda tag: False)
         message = SurveyMessage.from_bytes(opened.message)  # type: ignore[union-attr]
         jobs.append(TokenJob(survey.to_bytes(), message.bound_bytes(), message.token, 0))
-    in_thread = TokenVerifier(state.secrets.issuer_key).verify(jobs)
-    pool = TokenVerifier(state.secrets.issuer_key, processes=1)
+    in_thread = IssuerWorkers(state.secrets.issuer_key).verify(jobs)
+    pool = IssuerWorkers(state.secrets.issuer_key, processes=2)
     try:
         assert pool.verify(jobs) == in_thread
+        # Blind issuance in the pool: valid responses for good requests, the proof's reason for a tampered one.
+        public = IssuerPublicKey.from_bytes(state.manifest.token_public_key)
+        started = [begin_issuance(public, CredentialSecret.generate(), j) for j in (0, 1, 1)]
+        requests = [request.to_bytes() for request, _ in started]
+        requests[2] = requests[2][:-1] + bytes([requests[2][-1] ^ 1])
+        issued = pool.issue([IssueJob(request, j) for request, j in zip(requests, (0, 1, 1))])
+        for (_, issuance), response in zip(started[:2], issued[:2]):
+            assert isinstance(response, bytes)
+            finish_issuance(issuance, response)
+        assert issued[2] == "bad-proof"
     finally:
         pool.close()
     # Partition-0 survey: peers of partition 1 are refused as wrong-partition, the others accepted.
@@ -448,6 +461,14 @@ async def test_one_credential_per_peer_over_http(served: Any) -> None:
     finish_issuance(issuance_state, bytes.fromhex(first.json()["response"]))
     again = await post(addresses.http_url, "/v1/credential", body)
     assert again.status_code == 409 and "already" in again.json()["error"]
+    # A request whose proof does not verify is refused with the proof's reason, and issues nothing.
+    other = Peer(state, 3)
+    partition = state.assignment()[bytes(other.key.verify_key)]
+    request, _ = begin_issuance(other.public, other.secret, partition)
+    tampered = request.to_bytes()[:-1] + bytes([request.to_bytes()[-1] ^ 1])
+    bad = await post(addresses.http_url, "/v1/credential", CredentialRequest.create(other.key, state.round_id, tampered).to_json())
+    assert bad.status_code == 400 and bad.json()["error"] == "bad issuance request (bad-proof)"
+    assert not state.store.credential_issued(bytes(other.key.verify_key))
     request, _ = begin_issuance(stranger.public, stranger.secret, 0)
     refused = await post(
         addresses.http_url, "/v1/credential", CredentialRequest.create(stranger.key, state.round_id, request.to_bytes()).to_json()
@@ -521,7 +542,7 @@ async def test_frames_are_judged_at_arrival_and_results_wait_for_them(
     peers = [Peer(state, i) for i in range(1, 9)]
     for peer in peers:
         peer.register()
-    sink = PacketSink(state)
+    sink = PacketSink(state, IssuerWorkers(state.secrets.issuer_key))
 
     async def scenario(nursery: trio.Nursery) -> None:
         await trio.sleep(schedule.t_register_end + 1 - state.now())
@@ -555,7 +576,7 @@ async def test_a_full_inbox_answers_busy_and_stores_nothing(tmp_path: Path) -> N
     from protocol import AckStatus
 
     state, _ = make_round(tmp_path, FakeClock(T0 + 1))
-    sink = PacketSink(state, max_inbox=3)
+    sink = PacketSink(state, IssuerWorkers(state.secrets.issuer_key), max_inbox=3)
     frame = bytes(state.geometry.packet_size)
     assert await sink.on_packets([frame, frame]) == [AckStatus.ACCEPTED] * 2
     assert await sink.on_packets([frame, frame]) == [AckStatus.BUSY] * 2
