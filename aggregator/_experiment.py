@@ -27,7 +27,7 @@ from aggregator._adult import adult_spec
 from aggregator._data import ADULT_COLUMNS, ADULT_NUMERIC, DataError, Table, load_adult
 from aggregator._planner import choose_plan
 from aggregator._trial import run_trial
-from protocol import FeatureSpec, FeatureSpecError, PlanError, ReleasePlan
+from protocol import DEFAULT_MEDIAN_STEPS, MAX_MEDIAN_STEPS, FeatureSpec, FeatureSpecError, PlanError, ReleasePlan
 
 # The thesis's Figure 8-2a plan: two subsets of three features on each of
 # five partitions, with ε_e = ε_h (§8.2.1).
@@ -68,31 +68,37 @@ class PlanRequest:
     k_h: int | None = None
     k_s: int | None = None
     median_peers: str | None = None
+    median_steps: int = DEFAULT_MEDIAN_STEPS
 
     def build(self, spec: FeatureSpec, n: int, epsilon_total: float, seed: bytes, oracle: str) -> ReleasePlan:
         if self.kind is not None and self.k_p is not None and self.k_s is not None and self.median_peers is not None:
-            return ReleasePlan.build(
-                kind=self.kind, features=spec.names, numeric_features=spec.numeric_names, k_p=self.k_p,
-                k_h=self.k_h or 1, k_s=self.k_s, epsilon_total=epsilon_total, seed=seed, oracle=oracle,
-                median_peers=self.median_peers or "all",
+            kind, features, k_p, k_h, k_s, median_peers = (
+                self.kind, spec.names, self.k_p, self.k_h or 1, self.k_s, self.median_peers or "all"
             )
-        choice = choose_plan(
-            spec, n, epsilon_total, seed,
-            kinds=(self.kind,) if self.kind else ("split", "one"),
-            k_s_values=(self.k_s,) if self.k_s else None,
-            k_p_values=(self.k_p,) if self.k_p else None,
-            median_peers=(self.median_peers,) if self.median_peers else ("all", "disjoint"),
-        ).plan
-        if oracle == "auto":
-            return choice
+        else:
+            choice = choose_plan(
+                spec, n, epsilon_total, seed,
+                kinds=(self.kind,) if self.kind else ("split", "one"),
+                k_s_values=(self.k_s,) if self.k_s else None,
+                k_p_values=(self.k_p,) if self.k_p else None,
+                median_peers=(self.median_peers,) if self.median_peers else ("all", "disjoint"),
+            ).plan
+            if oracle == "auto" and self.median_steps == choice.median_steps:
+                return choice
+            kind, features, k_p, k_h, k_s, median_peers = (
+                choice.kind, choice.features, choice.k_p, choice.k_h, choice.k_s, choice.median_peers
+            )
         return ReleasePlan.build(
-            kind=choice.kind, features=choice.features, numeric_features=choice.numeric_features, k_p=choice.k_p,
-            k_h=choice.k_h, k_s=choice.k_s, epsilon_total=epsilon_total, seed=seed, oracle=oracle,
-            median_peers=choice.median_peers,
+            kind=kind, features=features, numeric_features=spec.numeric_names, k_p=k_p, k_h=k_h, k_s=k_s,
+            epsilon_total=epsilon_total, seed=seed, oracle=oracle, median_peers=median_peers,
+            median_steps=self.median_steps,
         )
 
 
-def plan_requests(plans: Sequence[str], kp: Sequence[int], ks: Sequence[int], kh: Sequence[int], median_peers: str | None) -> list[PlanRequest]:
+def plan_requests(
+    plans: Sequence[str], kp: Sequence[int], ks: Sequence[int], kh: Sequence[int], median_peers: str | None,
+    median_steps: int = DEFAULT_MEDIAN_STEPS,
+) -> list[PlanRequest]:
     """Expand ``--plan`` and the ``--kp/--ks/--kh`` sweeps into result lines."""
     kinds: list[str] = []
     for plan in plans:
@@ -103,16 +109,16 @@ def plan_requests(plans: Sequence[str], kp: Sequence[int], ks: Sequence[int], kh
             for k_p in kp or [THESIS_SPLIT["k_p"]]:
                 for k_s in ks or [THESIS_SPLIT["k_s"]]:
                     for k_h in kh or [THESIS_SPLIT["k_h"]]:
-                        requests.append(PlanRequest(f"split kp={k_p} kh={k_h} ks={k_s}", "split", k_p, k_h, k_s, median_peers or "all"))
+                        requests.append(PlanRequest(f"split kp={k_p} kh={k_h} ks={k_s}", "split", k_p, k_h, k_s, median_peers or "all", median_steps))
         elif kind == "one":
             k_s_sweep: list[int | None] = list(ks) or [None]
             k_p_sweep: list[int | None] = list(kp) or [None]
             for k_s in k_s_sweep:
                 for k_p in k_p_sweep:
                     label = "one" + (f" kp={k_p}" if k_p else "") + (f" ks={k_s}" if k_s else "")
-                    requests.append(PlanRequest(label, "one", k_p, 1, k_s, median_peers))
+                    requests.append(PlanRequest(label, "one", k_p, 1, k_s, median_peers, median_steps))
         else:
-            requests.append(PlanRequest("best (planner)", None, median_peers=median_peers))
+            requests.append(PlanRequest("best (planner)", None, median_peers=median_peers, median_steps=median_steps))
     return requests
 
 
@@ -210,7 +216,7 @@ def run_experiment(
                         "plan": request.label, "vote": vote, "epsilon_total_requested": eps, "aucs": [], "seconds": [],
                         "epsilon_total": result.epsilon_total, "epsilon_total_plan": plan.epsilon_total, "release_epsilon": plan.release_epsilon,
                         "median_epsilon": plan.median_epsilon, "kind": plan.kind, "k_p": plan.k_p, "k_h": plan.k_h,
-                        "k_s": plan.k_s, "median_peers": plan.median_peers, "oracles": {},
+                        "k_s": plan.k_s, "median_peers": plan.median_peers, "median_steps": plan.median_steps, "oracles": {},
                     })
                     # The worst trial's eq. 7.4 total recorded in the peers' ledgers.
                     line["epsilon_total"] = max(line["epsilon_total"], result.epsilon_total)
@@ -326,6 +332,7 @@ def experiment() -> None:
 @click.option("--ks", type=click.IntRange(min=1), multiple=True, help="Features per subset (sweep: several values).")
 @click.option("--kh", type=click.IntRange(min=1), multiple=True, help="Subsets per partition for the split plan.")
 @click.option("--median-peers", type=click.Choice(["all", "disjoint"]), default=None, help="Who answers the median search (default: split=all as the thesis, one/best=planner).")
+@click.option("--median-steps", type=click.IntRange(1, MAX_MEDIAN_STEPS), default=DEFAULT_MEDIAN_STEPS, show_default=True, help="Steps of the median search (thesis Algorithm 1); each answering peer answers one.")
 @click.option("--vote", "votes", type=click.Choice(["weighted", "soft"]), multiple=True, default=("weighted", "soft"), show_default=True)
 @click.option("--base", type=click.Choice(["logreg", "tree"]), default="logreg", show_default=True)
 @click.option("--scoring", type=click.Choice(["f1", "roc_auc", "accuracy"]), default="f1", show_default=True)
@@ -341,12 +348,12 @@ def experiment() -> None:
 @click.option("--plot-x", type=click.Choice(["eps", "kp", "ks"]), default="eps", show_default=True, help="x axis of the plot: ε_T (Figure 8-2) or a swept k_p / k_s (Figures 8-3 to 8-5).")
 def adult(
     data_dir: Path, epsilons: tuple[float, ...], trials: int, plans: tuple[str, ...], kp: tuple[int, ...], ks: tuple[int, ...],
-    kh: tuple[int, ...], median_peers: str | None, votes: tuple[str, ...], base: str, scoring: str, oracle: str,
-    postprocess: str, quantiles: int, features: str | None, max_train_rows: int | None, seed: int, baselines: bool,
-    json_path: Path | None, plot_path: Path | None, plot_x: str,
+    kh: tuple[int, ...], median_peers: str | None, median_steps: int, votes: tuple[str, ...], base: str, scoring: str,
+    oracle: str, postprocess: str, quantiles: int, features: str | None, max_train_rows: int | None, seed: int,
+    baselines: bool, json_path: Path | None, plot_path: Path | None, plot_x: str,
 ) -> None:
     """UCI Adult: AUC against ε_T for the release plans, with baselines."""
-    requests = plan_requests(plans, kp, ks, kh, median_peers)
+    requests = plan_requests(plans, kp, ks, kh, median_peers, median_steps)
     started = time.perf_counter()
     steps = trials * len(requests) * len(epsilons)
     done = [0]

@@ -3,9 +3,9 @@
 It speaks the relay link protocol (``protocol.serve_link``). Each batch of
 frames is made durable in the round's inbox, stamped with its arrival time,
 and only then acknowledged; a background worker verifies the inbox in order
-(:func:`aggregator._verify.process_batch`, in a worker thread so the event
-loop keeps serving HTTP) and moves each frame to the accepted packets or the
-rejection counts. Judging the acceptance window at arrival keeps a slow
+(:mod:`aggregator._verify`'s two stages, in worker threads and processes so
+the event loop keeps serving HTTP) and moves each frame to the accepted
+packets or the rejection counts. Judging the acceptance window at arrival keeps a slow
 verifier from turning punctual packets into late ones, and acknowledging
 quickly keeps the last relay's releases on time.
 """
@@ -19,7 +19,7 @@ import trio
 from protocol import AckStatus, LinkError, LinkLimits, serve_link
 
 from aggregator._round import RoundState
-from aggregator._verify import process_batch
+from aggregator._verify import OpenedBatch, finish_batch, open_batch
 from aggregator._workers import IssuerWorkers
 
 log = logging.getLogger(__name__)
@@ -47,6 +47,8 @@ class PacketSink:
         self.packet_size = geometry.packet_size
         self.geometry_hash = geometry.canonical_hash()
         self._wakeup = trio.Event()
+        self._in_flight: set[bytes] = set()
+        """Replay tags of batches opened and not yet stored (they count as seen)."""
 
     async def on_packets(self, frames: list[bytes]) -> list[AckStatus]:
         """Store, then acknowledge: every frame is durable (DESIGN.md §10); its verdict comes later.
@@ -62,21 +64,39 @@ class PacketSink:
         return [AckStatus.ACCEPTED] * len(frames)
 
     async def verify_forever(self) -> None:
-        """Verify the inbox, oldest first, until cancelled (also drains what a restart left)."""
-        store = self.state.store
+        """Verify the inbox, oldest first, until cancelled (also drains what a restart left).
+
+        Two stages overlap: one batch is opened (final Sphinx layer) in a
+        thread while the previous one's tokens are verified and it is
+        stored; batches are stored in arrival order, so the first of two
+        submissions stays the one accepted.
+        """
+        opened_send, opened_receive = trio.open_memory_channel[OpenedBatch](0)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._open_forever, opened_send)
+            async for batch in opened_receive:
+                await trio.to_thread.run_sync(finish_batch, self.state, batch, self.workers)
+                # Stored now: the store's replay cache holds these tags.
+                self._in_flight.difference_update(batch.tags)
+
+    async def _open_forever(self, opened: trio.MemorySendChannel[OpenedBatch]) -> None:
+        store, last_id = self.state.store, 0
         while True:
             # A fresh event before looking, so a batch stored after the look still wakes us.
             self._wakeup = trio.Event()
-            rows = store.inbox_batch(self.verify_batch)
+            rows = store.inbox_batch(self.verify_batch, after=last_id)
             if not rows:
                 await self._wakeup.wait()
                 continue
+            last_id = rows[-1][0]
             ids = [row[0] for row in rows]
             frames = [row[1] for row in rows]
             arrivals = [row[2] for row in rows]
-            await trio.to_thread.run_sync(
-                lambda: process_batch(self.state, frames, arrivals, self.workers, inbox_ids=ids)
+            batch = await trio.to_thread.run_sync(
+                lambda: open_batch(self.state, frames, arrivals, inbox_ids=ids, in_flight=self._in_flight)
             )
+            self._in_flight.update(batch.tags)
+            await opened.send(batch)
 
     async def handle(self, stream: trio.SocketStream) -> None:
         """One relay connection; never raises (DESIGN.md §2: outsiders can send anything)."""

@@ -227,10 +227,12 @@ class RoundStore:
                 self._db.execute("ROLLBACK")
                 raise
 
-    def inbox_batch(self, limit: int) -> list[tuple[int, bytes, int]]:
-        """The oldest ``limit`` unverified frames as ``(id, frame, arrived)``."""
+    def inbox_batch(self, limit: int, after: int = 0) -> list[tuple[int, bytes, int]]:
+        """The oldest ``limit`` unverified frames with ids above ``after``, as ``(id, frame, arrived)``."""
         with self._lock:
-            rows = self._db.execute("SELECT id, frame, arrived FROM inbox ORDER BY id LIMIT ?", (limit,)).fetchall()
+            rows = self._db.execute(
+                "SELECT id, frame, arrived FROM inbox WHERE id > ? ORDER BY id LIMIT ?", (after, limit)
+            ).fetchall()
         return [(int(i), bytes(f), int(a)) for i, f, a in rows]
 
     def inbox_size(self) -> int:

@@ -1,16 +1,19 @@
 """Final-hop processing and token verification of one batch of packets (DESIGN.md §5, §6).
 
 :func:`process_batch` is synchronous and CPU-bound (X25519, LIONESS, P-256
-proofs): the sink runs it in a worker thread, off the event loop. Each packet
-ends as one outcome — ``"accepted"`` or a rejection reason — and accepted
-packets are stored, with the batch's rejections counted, in one commit before
-any acknowledgement goes back on the link.
+proofs), in two stages the sink overlaps: :func:`open_batch` (final Sphinx
+layer, replay tag, message, survey and window) in a worker thread while
+:func:`finish_batch` verifies the previous batch's tokens (in the worker
+processes) and stores it. Each packet ends as one outcome — ``"accepted"`` or
+a rejection reason — and accepted packets are stored, with the batch's
+rejections counted, in one commit.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
 from crypto import FinalMessage, InvalidPacket, ReplayedPacket, process_packet
@@ -43,14 +46,18 @@ class _Opened:
     job: TokenJob
 
 
-def _open(state: RoundState, frame: bytes, now: int, batch_tags: set[bytes]) -> _Opened:
+def _open(
+    state: RoundState, frame: bytes, now: int, batch_tags: set[bytes], in_flight: AbstractSet[bytes] = frozenset()
+) -> _Opened:
     """Final Sphinx layer, message parsing, survey and window: raise SurveyRefused(reason) on failure.
 
-    Authentic packets' replay tags are added to ``batch_tags`` (stored with the batch).
+    Authentic packets' replay tags are added to ``batch_tags`` (stored with
+    the batch); ``in_flight`` holds the tags of earlier batches opened but not
+    yet stored, which count as seen.
     """
 
     def is_replay(tag: bytes) -> bool:
-        if tag in batch_tags or state.store.replay_seen(tag):
+        if tag in batch_tags or tag in in_flight or state.store.replay_seen(tag):
             return True
         batch_tags.add(tag)
         return False
@@ -73,6 +80,75 @@ def _open(state: RoundState, frame: bytes, now: int, batch_tags: set[bytes]) -> 
     return _Opened(message, bound, TokenJob(message.survey.to_bytes(), bound, message.token, partition))
 
 
+@dataclass
+class OpenedBatch:
+    """A batch after its final Sphinx layers: what :func:`finish_batch` needs to verify and store it."""
+
+    frame_count: int
+    arrivals: list[int]
+    inbox_ids: Sequence[int]
+    opened: list[tuple[int, _Opened]]
+    outcomes: list[str]
+    rejections: list[str]
+    tags: set[bytes]
+    """Replay tags of the batch's authentic packets, stored with it."""
+
+
+def open_batch(
+    state: RoundState,
+    frames: list[bytes],
+    now: int | Sequence[int],
+    *,
+    inbox_ids: Sequence[int] = (),
+    in_flight: AbstractSet[bytes] = frozenset(),
+) -> OpenedBatch:
+    """The first stage of :func:`process_batch`: final Sphinx layer and replay tag, message, open survey and window.
+
+    ``in_flight`` are the replay tags of batches opened before this one and
+    not stored yet (the sink opens one batch while it verifies the previous one).
+    """
+    arrivals = [now] * len(frames) if isinstance(now, int) else list(now)
+    if len(arrivals) != len(frames):
+        raise ValueError(f"{len(arrivals)} arrival times for {len(frames)} frames")
+    batch = OpenedBatch(len(frames), arrivals, inbox_ids, [], [""] * len(frames), [], set())
+    for index, frame in enumerate(frames):
+        try:
+            batch.opened.append((index, _open(state, frame, arrivals[index], batch.tags, in_flight)))
+        except SurveyRefused as exc:
+            batch.outcomes[index] = exc.reason
+            batch.rejections.append(exc.reason)
+    return batch
+
+
+def finish_batch(state: RoundState, batch: OpenedBatch, workers: IssuerWorkers) -> list[str]:
+    """The second stage of :func:`process_batch`: tokens, report format, then one commit of the whole batch."""
+    outcomes, rejections = batch.outcomes, batch.rejections
+    results = workers.verify([item.job for _, item in batch.opened])
+    verified: list[tuple[int, VerifiedPacket]] = []
+    for (index, item), result in zip(batch.opened, results):
+        if isinstance(result, str):
+            outcomes[index] = result
+            rejections.append(result)
+            continue
+        try:
+            state.check_report(item.message.survey, item.message.report)
+        except InvalidMessage:
+            outcomes[index] = "bad-message"
+            rejections.append("bad-message")
+            continue
+        verified.append(
+            (index, VerifiedPacket(item.message.survey, result, message_hash(item.bound), item.message.report, receipt_digest(result)))
+        )
+    stored = state.store.store_batch(
+        [packet for _, packet in verified], rejections, max(batch.arrivals, default=0), sorted(batch.tags), batch.inbox_ids
+    )
+    for (index, _), outcome in zip(verified, stored):
+        outcomes[index] = outcome
+    if rejections:
+        log.debug("batch of %d: rejected %r", batch.frame_count, rejections)
+    return outcomes
+
+
 def process_batch(
     state: RoundState,
     frames: list[bytes],
@@ -90,41 +166,5 @@ def process_batch(
     format, then double-submission handling in the store. ``inbox_ids`` are
     removed from the inbox in the same commit.
     """
-    verifier = verifier or IssuerWorkers(state.secrets.issuer_key)
-    arrivals = [now] * len(frames) if isinstance(now, int) else list(now)
-    if len(arrivals) != len(frames):
-        raise ValueError(f"{len(arrivals)} arrival times for {len(frames)} frames")
-    outcomes: list[str] = [""] * len(frames)
-    rejections: list[str] = []
-    batch_tags: set[bytes] = set()
-    opened: list[tuple[int, _Opened]] = []
-    for index, frame in enumerate(frames):
-        try:
-            opened.append((index, _open(state, frame, arrivals[index], batch_tags)))
-        except SurveyRefused as exc:
-            outcomes[index] = exc.reason
-            rejections.append(exc.reason)
-    results = verifier.verify([item.job for _, item in opened])
-    verified: list[tuple[int, VerifiedPacket]] = []
-    for (index, item), result in zip(opened, results):
-        if isinstance(result, str):
-            outcomes[index] = result
-            rejections.append(result)
-            continue
-        try:
-            state.check_report(item.message.survey, item.message.report)
-        except InvalidMessage:
-            outcomes[index] = "bad-message"
-            rejections.append("bad-message")
-            continue
-        verified.append(
-            (index, VerifiedPacket(item.message.survey, result, message_hash(item.bound), item.message.report, receipt_digest(result)))
-        )
-    stored = state.store.store_batch(
-        [packet for _, packet in verified], rejections, max(arrivals, default=0), sorted(batch_tags), inbox_ids
-    )
-    for (index, _), outcome in zip(verified, stored):
-        outcomes[index] = outcome
-    if rejections:
-        log.debug("batch of %d: rejected %r", len(frames), rejections)
-    return outcomes
+    batch = open_batch(state, frames, now, inbox_ids=inbox_ids)
+    return finish_batch(state, batch, verifier or IssuerWorkers(state.secrets.issuer_key))

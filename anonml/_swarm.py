@@ -31,7 +31,7 @@ class SwarmConfig:
     csv: Path
     store: Path
     seed: int
-    max_connections: int = 48
+    max_connections: int = 8
 
     def to_json(self) -> str:
         return json.dumps({**self.__dict__, "csv": str(self.csv), "store": str(self.store)})

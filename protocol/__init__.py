@@ -30,6 +30,8 @@ from protocol._features import (
     NumericFeature,
 )
 from protocol._plan import (
+    DEFAULT_MEDIAN_STEPS,
+    MAX_MEDIAN_STEPS,
     PLAN_KINDS,
     Assignment,
     PlanError,
@@ -108,6 +110,8 @@ from protocol._survey import (
 )
 
 __all__ = [
+    "DEFAULT_MEDIAN_STEPS",
+    "MAX_MEDIAN_STEPS",
     "PLAN_KINDS",
     "Assignment",
     "CategoricalFeature",

@@ -42,6 +42,7 @@ PLAN_KINDS = ("split", "one")
 MEDIAN_PEERS = ("all", "disjoint")
 MAX_PARTITIONS = 4096
 MAX_MEDIAN_STEPS = 64
+DEFAULT_MEDIAN_STEPS = 10  # steps of Algorithm 1 in the experiments: 1/2**11 of the public range
 SEED_BYTES = 32
 
 IntArray = npt.NDArray[np.int64]
@@ -223,7 +224,7 @@ class ReleasePlan:
         oracle: str = "auto",
         median_peers: str = "all",
         median_share: float = 0.5,
-        median_steps: int = 10,
+        median_steps: int = DEFAULT_MEDIAN_STEPS,
     ) -> ReleasePlan:
         """Derive subsets from ``seed`` and split ``epsilon_total`` (ε_T of
         eq. 7.4) between median answers and subset reports.

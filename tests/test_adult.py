@@ -78,6 +78,7 @@ def test_cli_errors_are_clean(tmp_path: Path, adult_dir: Path) -> None:
         (["--data-dir", str(adult_dir), "--features", "age,height", "--trials", "1"], "unknown feature 'height'"),
         (["--data-dir", str(adult_dir), "--plan", "split", "--kh", "5", "--ks", "3", "--trials", "1"], "5 disjoint subsets of 3 features need 15"),
         (["--data-dir", str(adult_dir), "--epsilon", "0", "--trials", "1"], "--epsilon"),
+        (["--data-dir", str(adult_dir), "--median-steps", "0", "--trials", "1"], "--median-steps"),
     ]
     bad = write_dir(tmp_path, GOOD_ROW + GOOD_ROW.replace("13,", "x,"), TEST_ROW)
     cases.append((["--data-dir", str(bad)], "adult.data:2: 'education-num' is not a number"))
@@ -125,3 +126,16 @@ def test_sweep_plots_put_the_swept_parameter_on_the_x_axis(tmp_path: Path) -> No
     for axis in ("eps", "kp", "ks"):
         plot_results(report, tmp_path / f"{axis}.png", axis)
         assert (tmp_path / f"{axis}.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_median_steps_reach_every_plan() -> None:
+    """``--median-steps`` sets Algorithm 1's steps for fixed and planner-chosen plans alike (the demo's round uses 4)."""
+    from aggregator._experiment import plan_requests
+
+    spec = adult_spec()
+    for request in plan_requests(["one", "best"], [12], [1], [], "all", median_steps=4):
+        for oracle in ("auto", "grr"):
+            plan = request.build(spec, 32561, 2.0, bytes(16), oracle)
+            assert plan.median_steps == 4 and plan.median_peers == "all", (request, oracle)
+    default = plan_requests(["one"], [12], [1], [], "all")[0].build(spec, 32561, 2.0, bytes(16), "auto")
+    assert default.median_steps == 10

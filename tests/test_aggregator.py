@@ -416,6 +416,32 @@ def test_worker_processes_verify_and_issue_as_the_thread_does(tmp_path: Path) ->
     assert {r for r in in_thread if isinstance(r, str)} == {"wrong-partition"}
 
 
+def test_a_replay_in_a_batch_opened_before_the_first_is_stored_is_a_replay(tmp_path: Path) -> None:
+    """The sink opens one batch while it stores the previous one: tags in flight count as seen."""
+    from aggregator._verify import finish_batch, open_batch
+
+    clock = FakeClock(T0 + 1)
+    state, _ = make_round(tmp_path, clock)
+    peers = registered_peers(state, clock)
+    for peer in peers:
+        peer.obtain_credential()
+    data = state.manifest.schedule.data
+    clock.now = data.t_s + data.delta + 1
+    sender = next(p for p in peers if p.partition == 0)
+    oracle = state.data_oracle(0, 0)
+    report = oracle.encode_report(oracle.privatize(np.array([1]), np.random.default_rng(0))[0])
+    frame = sender.packet(SurveyId.data(state.round_id, 0, 0), report)
+    workers = IssuerWorkers(state.secrets.issuer_key)
+    first = open_batch(state, [frame], state.now())
+    second = open_batch(state, [frame], state.now(), in_flight=first.tags)
+    assert first.outcomes == [""] and second.outcomes == ["replay"]
+    assert finish_batch(state, first, workers) == ["accepted"]
+    assert finish_batch(state, second, workers) == ["replay"]
+    # Once stored, the store's replay cache catches it without the in-flight set.
+    assert open_batch(state, [frame], state.now()).outcomes == ["replay"]
+    assert state.store.counts()["accepted"] == 1 and state.store.rejections() == {"replay": 1}
+
+
 def test_schedule_leaves_a_publish_gap_before_phases_that_need_results() -> None:
     from aggregator._round import build_schedule
 
