@@ -243,7 +243,7 @@ def default_params(data: DemoData, peers: int, epsilon: float, workers: int, see
     thousands = peers / 1000.0
     # Seconds per thousand peers on this machine (2 cores shared by every
     # process), measured on the 32,561-peer Adult round with the aggregator's
-    # crypto in worker processes: 1.8 to register; 4.3 for blind issuance
+    # crypto in worker processes: 1.8-2.1 to register; 4.0-4.3 for blind issuance
     # (both cores busy: ~3.8 ms of CPU per peer at the peer, mostly httpx and
     # checking the issuer's proof, ~1.5 ms of HTTP at the aggregator, ~1.9 ms
     # in its workers). Per packet ~2.7 ms at the peer to bin, perturb and make
@@ -260,7 +260,7 @@ def default_params(data: DemoData, peers: int, epsilon: float, workers: int, see
         # Small rounds: a few seconds more than their work, for a loaded machine.
         data_send_window=max(4, math.ceil(thousands * k_h * 3.0)),
         data_delivery_window=max(RELAYS + 1, math.ceil(thousands * k_h * 1.5)),
-        register_seconds=6 + math.ceil(thousands * 2.4),
+        register_seconds=6 + math.ceil(thousands * 2.8),
         issue_seconds=3 + math.ceil(thousands * 5.5),
     )
 

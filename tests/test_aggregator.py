@@ -185,6 +185,14 @@ def registered_peers(state: RoundState, clock: FakeClock, count: int = 4) -> lis
     return peers
 
 
+def credentialed_peers(state: RoundState, clock: FakeClock) -> list[SimulatedPeer]:
+    """Four registered peers, each holding its credential (issuance is open on ``clock``)."""
+    peers = registered_peers(state, clock)
+    for peer in peers:
+        peer.obtain_credential()
+    return peers
+
+
 async def verified(state: RoundState) -> None:
     """Wait until the sink's background verifier has decided every received frame."""
     with trio.fail_after(30):
@@ -194,9 +202,7 @@ async def verified(state: RoundState) -> None:
 
 async def test_packet_sink_accepts_and_rejects_by_reason(served: Any) -> None:
     state, addresses, clock = served
-    peers = registered_peers(state, clock)
-    for peer in peers:
-        peer.obtain_credential()
+    peers = credentialed_peers(state, clock)
     by_partition: dict[int, list[Peer]] = {}
     for peer in peers:
         by_partition.setdefault(peer.partition, []).append(peer)
@@ -385,9 +391,7 @@ def test_worker_processes_verify_and_issue_as_the_thread_does(tmp_path: Path) ->
 
     clock = FakeClock(T0 + 1)
     state, _ = make_round(tmp_path, clock)
-    peers = registered_peers(state, clock)
-    for peer in peers:
-        peer.obtain_credential()
+    peers = credentialed_peers(state, clock)
     jobs = []
     for peer in peers:
         survey = SurveyId.data(state.round_id, 0, 0)
@@ -422,9 +426,7 @@ def test_a_replay_in_a_batch_opened_before_the_first_is_stored_is_a_replay(tmp_p
 
     clock = FakeClock(T0 + 1)
     state, _ = make_round(tmp_path, clock)
-    peers = registered_peers(state, clock)
-    for peer in peers:
-        peer.obtain_credential()
+    peers = credentialed_peers(state, clock)
     data = state.manifest.schedule.data
     clock.now = data.t_s + data.delta + 1
     sender = next(p for p in peers if p.partition == 0)
