@@ -652,6 +652,24 @@ def summarise(data: DemoData, params: DemoParams, progress: Progress, report: di
     }
 
 
+def experiment_command(params: DemoParams, data_dir: Path, n_train: int) -> str:
+    """The in-process ``anonml experiment`` at this round's plan, ε and median steps: its AUC is the demo's yardstick.
+
+    The round asks every peer's budget to cover a median answer
+    (``median_peers="all"``) and learns with the weighted vote.
+    """
+    args = [
+        "anonml", "experiment", "adult", "--data-dir", str(data_dir), "--epsilon", f"{params.epsilon:g}",
+        "--plan", params.plan, "--kp", str(params.k_p), "--ks", str(params.k_s),
+    ]
+    if params.plan == "split":
+        args += ["--kh", str(params.k_h)]
+    args += ["--median-peers", "all", "--median-steps", str(max(params.median_rounds, 1)), "--vote", "weighted"]
+    if params.peers is not None and params.peers < n_train:
+        args += ["--max-train-rows", str(max(50, params.peers))]
+    return " ".join(args)
+
+
 def _print_summary(console: Any, summary: dict[str, Any], params: DemoParams) -> None:
     from rich.table import Table
 
@@ -680,6 +698,8 @@ def _print_summary(console: Any, summary: dict[str, Any], params: DemoParams) ->
     auc = summary.get("auc")
     table.add_row("AUC on held-out data", f"{auc:.4f}" if isinstance(auc, float) else "n/a")
     table.add_row("AUC, non-private logistic regression", f"{summary['baseline_auc']:.4f}")
+    if "experiment_command" in summary:
+        table.add_row("the same round without the network (compare its AUC)", summary["experiment_command"])
     table.add_row("wall time", f"{summary['wall_seconds']:.1f} s")
     table.add_row(
         "peak memory (all processes / demo / largest child)",
@@ -716,6 +736,8 @@ def demo(peers: int | None, dataset: str, data_dir: Path | None, epsilon: float,
     # SIGTERM unwinds like Ctrl-C, so the demo's child processes are stopped too.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     summary = trio.run(run_demo, data, params, work, console)
+    if dataset == "adult" and data_dir is not None:
+        summary["experiment_command"] = experiment_command(params, data_dir, len(data.train_rows))
     _print_summary(console, summary, params)
     if json_out is not None:
         json_out.write_text(json.dumps(summary, indent=2, default=str))

@@ -139,3 +139,21 @@ def test_median_steps_reach_every_plan() -> None:
             assert plan.median_steps == 4 and plan.median_peers == "all", (request, oracle)
     default = plan_requests(["one"], [12], [1], [], "all")[0].build(spec, 32561, 2.0, bytes(16), "auto")
     assert default.median_steps == 10
+
+
+def test_the_adult_demo_names_an_experiment_at_its_own_parameters(tmp_path: Path, adult_dir: Path) -> None:
+    """The command the demo prints runs, with the demo's plan, ε and median steps."""
+    from types import SimpleNamespace
+
+    from anonml._demo import default_params, experiment_command
+
+    params = default_params(SimpleNamespace(name="adult"), 2000, 2.0, 2, 0)  # type: ignore[arg-type]
+    command = experiment_command(params, adult_dir, 32561).split()
+    assert command[:3] == ["anonml", "experiment", "adult"] and command[-2:] == ["--max-train-rows", "2000"]
+    report_path = tmp_path / "r.json"
+    code, output = run_cli(*command[3:], "--trials", "1", "--no-baselines", "--json", str(report_path))
+    assert code == 0, output
+    (line,) = json.loads(report_path.read_text())["results"]
+    assert (line["k_p"], line["k_s"], line["vote"]) == (params.k_p, params.k_s, "weighted")
+    assert (line["median_peers"], line["median_steps"]) == ("all", params.median_rounds)
+    assert line["epsilon_total"] == pytest.approx(params.epsilon)
