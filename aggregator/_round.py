@@ -26,10 +26,8 @@ from nacl.signing import SigningKey
 from crypto import (
     DEFAULT_MAX_HOPS,
     DEFAULT_PACKET_SIZE,
-    InvalidIssuance,
     IssuerSecretKey,
     SphinxGeometry,
-    issue_credential,
     node_id_of,
     public_key_of,
 )

@@ -653,10 +653,13 @@ def summarise(data: DemoData, params: DemoParams, progress: Progress, report: di
 
 
 def experiment_command(params: DemoParams, data_dir: Path, n_train: int) -> str:
-    """The in-process ``anonml experiment`` at this round's plan, ε and median steps: its AUC is the demo's yardstick.
+    """The in-process ``anonml experiment`` closest to this round: its AUC is the demo's yardstick.
 
-    The round asks every peer's budget to cover a median answer
-    (``median_peers="all"``) and learns with the weighted vote.
+    Same plan, ε and weighted vote; both ask every peer's budget to cover a
+    median answer (``median_peers="all"``) and run as many median steps. Not
+    identical: the round's sub-round ``i`` asks partition ``i`` only, while
+    the experiment deals all peers over the steps (with k_p = 12 and 4 steps,
+    3 times as many answers per step), so the round's medians are noisier.
     """
     args = [
         "anonml", "experiment", "adult", "--data-dir", str(data_dir), "--epsilon", f"{params.epsilon:g}",
@@ -685,7 +688,8 @@ def _print_summary(console: Any, summary: dict[str, Any], params: DemoParams) ->
     table.add_row("receipts found / missing / unconfirmed", f"{summary['receipts']} / {summary['missing']} / {summary['unconfirmed']}")
     table.add_row("rejected by reason", ", ".join(f"{k}: {v}" for k, v in sorted(summary["rejected"].items())) or "none")
     table.add_row("dropped by relays", ", ".join(f"{k}: {v}" for k, v in sorted(summary["relay_drops"].items())) or "none")
-    table.add_row("epsilon per peer, local (eq. 7.4)", f"max {summary['epsilon_local_max']:.3g}, promised {params.epsilon:g}")
+    promised = (summary["report"].get("privacy") or {}).get("eps_total_local", params.epsilon)
+    table.add_row("epsilon per peer, local (eq. 7.4)", f"max {summary['epsilon_local_max']:.3g}, promised {promised:.3g}")
     central = (summary["report"].get("privacy") or {}).get("central_per_survey") or {}
     if "epsilon" in central:
         # Each data report hides among its partition's n unlinkable reports
@@ -699,7 +703,7 @@ def _print_summary(console: Any, summary: dict[str, Any], params: DemoParams) ->
     table.add_row("AUC on held-out data", f"{auc:.4f}" if isinstance(auc, float) else "n/a")
     table.add_row("AUC, non-private logistic regression", f"{summary['baseline_auc']:.4f}")
     if "experiment_command" in summary:
-        table.add_row("the same round without the network (compare its AUC)", summary["experiment_command"])
+        table.add_row("closest round without the network (compare its AUC)", summary["experiment_command"])
     table.add_row("wall time", f"{summary['wall_seconds']:.1f} s")
     table.add_row(
         "peak memory (all processes / demo / largest child)",

@@ -70,10 +70,20 @@ def spec_document(**participation: Any) -> dict[str, Any]:
     }
 
 
-def make_round(tmp_path: Path, clock: Any, **participation: Any) -> tuple[RoundState, list[str]]:
+def with_median(document: dict[str, Any], median_rounds: int = 1) -> dict[str, Any]:
+    """``document`` with a numeric feature and ``median_rounds`` median sub-rounds."""
+    document["task"]["features"].append({"name": "size", "type": "numeric", "low": 0, "high": 10})
+    document["schedule"]["median_rounds"] = median_rounds
+    return document
+
+
+def make_round(
+    tmp_path: Path, clock: Any, document: dict[str, Any] | None = None, **participation: Any
+) -> tuple[RoundState, list[str]]:
+    """A round created at T0 from ``document`` (default ``spec_document(**participation)``), read on ``clock``."""
     home = AggregatorHome(tmp_path / "agg")
     home.initialise(bytes(range(32)), generate_keypair()[0])
-    state, codes = create_round(home, parse_round_spec(spec_document(**participation)), now=T0)
+    state, codes = create_round(home, parse_round_spec(document or spec_document(**participation)), now=T0)
     state.clock = clock
     return state, codes
 
@@ -218,7 +228,6 @@ async def test_packet_sink_accepts_and_rejects_by_reason(served: Any) -> None:
     a, b = by_partition[0]
     c = by_partition[1][0]
     own = SurveyId.data(state.round_id, 0, 0)
-    other = SurveyId.data(state.round_id, 1, 0)
     report_a = report(0, 1)
     other_report = next(r for r in (report(0, v % 12) for v in range(100)) if r != report_a)
     good = a.packet(own, report_a)
@@ -314,13 +323,7 @@ async def test_full_round_in_process_learns_and_reports(tmp_path: Path, autojump
     from aggregator._verify import process_batch
     from protocol import MedianThresholds, encode_median_report
 
-    document = spec_document()
-    document["task"]["features"].append({"name": "size", "type": "numeric", "low": 0, "high": 10})
-    document["schedule"]["median_rounds"] = 1
-    home = AggregatorHome(tmp_path / "agg")
-    home.initialise(bytes(range(32)), generate_keypair()[0])
-    state, _ = create_round(home, parse_round_spec(document), now=T0)
-    state.clock = lambda: T0 + trio.current_time()
+    state, _ = make_round(tmp_path, lambda: T0 + trio.current_time(), with_median(spec_document()))
     schedule = state.manifest.schedule
     peers = [Peer(state, i) for i in range(1, 13)]
     rng = np.random.default_rng(3)
@@ -350,7 +353,7 @@ async def test_full_round_in_process_learns_and_reports(tmp_path: Path, autojump
             frames.append(peer.packet(SurveyId.data(state.round_id, peer.partition, 0), report))
         assert process_batch(state, frames, state.now()) == ["accepted"] * len(peers)
 
-    directory = home.round_dir(state.round_id)
+    directory = AggregatorHome(tmp_path / "agg").round_dir(state.round_id)
     test_file = tmp_path / "held-out.csv"
     rows = ["colour,shape,size,y"] + [
         f"{c},{sh},{z},{int(c == 'red')}" for c in ("red", "green", "blue") for sh in ("round", "square") for z in (1, 9)
@@ -447,9 +450,8 @@ def test_a_replay_in_a_batch_opened_before_the_first_is_stored_is_a_replay(tmp_p
 def test_schedule_leaves_a_publish_gap_before_phases_that_need_results() -> None:
     from aggregator._round import build_schedule
 
-    document = spec_document()
-    document["task"]["features"].append({"name": "size", "type": "numeric", "low": 0, "high": 10})
-    document["schedule"].update(median_rounds=2, publish_gap=3)
+    document = with_median(spec_document(), median_rounds=2)
+    document["schedule"]["publish_gap"] = 3
     schedule = build_schedule(parse_round_spec(document), T0)
     assert schedule.t_register_end == T0 + 100 and schedule.t_issue_end == T0 + 200
     assert schedule.median[0].t_s == schedule.t_issue_end
@@ -537,9 +539,7 @@ def test_a_restarted_aggregator_resumes_the_round(tmp_path: Path) -> None:
 def test_promised_epsilon_does_not_depend_on_the_secret_seed(tmp_path: Path) -> None:
     # Which features a partition releases comes from the seed; the manifest's
     # eps_total is fixed before the seed is revealed, so it must be the worst case.
-    document = spec_document()
-    document["task"]["features"].append({"name": "size", "type": "numeric", "low": 0, "high": 10})
-    document["schedule"]["median_rounds"] = 1
+    document = with_median(spec_document())
     document["privacy"]["eps_total"] = 4.0
     promised = set()
     for attempt in range(6):
@@ -558,13 +558,7 @@ async def test_frames_are_judged_at_arrival_and_results_wait_for_them(
     from aggregator._sink import PacketSink
     from protocol import encode_median_report
 
-    document = spec_document()
-    document["task"]["features"].append({"name": "size", "type": "numeric", "low": 0, "high": 10})
-    document["schedule"]["median_rounds"] = 1
-    home = AggregatorHome(tmp_path / "agg")
-    home.initialise(bytes(range(32)), generate_keypair()[0])
-    state, _ = create_round(home, parse_round_spec(document), now=T0)
-    state.clock = lambda: T0 + trio.current_time()
+    state, _ = make_round(tmp_path, lambda: T0 + trio.current_time(), with_median(spec_document()))
     schedule = state.manifest.schedule
     median = schedule.median[0]
     peers = [Peer(state, i) for i in range(1, 9)]

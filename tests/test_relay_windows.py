@@ -9,7 +9,6 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
-import pytest
 import trio
 import trio.testing
 from scipy import stats
