@@ -531,9 +531,10 @@ class LinkClient:
                 self.failures += 1
                 if len(statuses) > acked_before:
                     backoff = self._initial_backoff
-                if trio.current_time() >= give_up_at:
-                    break
-                await trio.sleep_until(min(give_up_at, trio.current_time() + backoff))
+                retry_at = trio.current_time() + backoff
+                if retry_at >= give_up_at:
+                    break  # a retry would start at or after give_up_at
+                await trio.sleep_until(retry_at)
                 backoff = min(backoff * 2, self._max_backoff)
         return [*statuses, *([None] * (len(packets) - len(statuses)))]
 

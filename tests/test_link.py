@@ -252,6 +252,8 @@ async def test_client_retries_until_the_receiver_comes_up_then_gives_up_on_time(
     started = trio.current_time()
     assert await dead.send_batch([frame(8)], give_up_at=started + 0.3) == [None]
     assert trio.current_time() - started == pytest.approx(0.3, abs=0.2)
+    # Attempts at 0, 0.02, 0.06 and 0.14 s; the next would start at 0.30, not before give_up_at.
+    assert dead.failures == 4
 
 
 def test_wrong_size_packet_is_a_caller_error() -> None:
