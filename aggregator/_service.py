@@ -221,34 +221,21 @@ class CredentialBatcher(GroupCommit[tuple[bytes, bytes, int, int], "bytes | str 
         return CredentialResponse(outcome, partition)
 
 
-def build_app(
-    state: RoundState,
-    registrations: RegistrationBatcher | None = None,
-    credentials: CredentialBatcher | None = None,
-) -> Starlette:
-    """The HTTP API of protocol/_api.py over one round (writes group-committed when batchers run)."""
+def build_app(state: RoundState, registrations: RegistrationBatcher, credentials: CredentialBatcher) -> Starlette:
+    """The HTTP API of protocol/_api.py over one round; writes go through the group-committing batchers."""
 
     async def manifest(request: Request) -> Response:
         return _json(state.manifest_json())
 
     async def register(request: Request) -> Response:
-        parsed = RegisterRequest.from_json(await _read_body(request))
-        if registrations is not None:
-            await registrations.register(parsed)
-        else:
-            state.register(parsed)
+        await registrations.register(RegisterRequest.from_json(await _read_body(request)))
         return _json(RegisterResponse(True).to_json())
 
     async def roster(request: Request) -> Response:
         return _json(state.roster_json())
 
     async def credential(request: Request) -> Response:
-        parsed = CredentialRequest.from_json(await _read_body(request))
-        if credentials is not None:
-            response = await credentials.issue(parsed)
-        else:
-            # Issuance proves and checks P-256 statements: off the event loop.
-            response = await trio.to_thread.run_sync(state.issue, parsed)
+        response = await credentials.issue(CredentialRequest.from_json(await _read_body(request)))
         return _json(response.to_json())
 
     async def median(request: Request) -> Response:

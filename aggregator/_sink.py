@@ -84,7 +84,8 @@ class PacketSink:
         while True:
             # A fresh event before looking, so a batch stored after the look still wakes us.
             self._wakeup = trio.Event()
-            rows = store.inbox_batch(self.verify_batch, after=last_id)
+            # Off the event loop: the read waits for the store's lock, which a commit holds through its fsync.
+            rows = await trio.to_thread.run_sync(store.inbox_batch, self.verify_batch, last_id)
             if not rows:
                 await self._wakeup.wait()
                 continue

@@ -42,8 +42,8 @@ REJECTION_REASONS = (
 @dataclass(frozen=True)
 class _Opened:
     message: SurveyMessage
-    bound: bytes
     job: TokenJob
+    """Its ``message`` is the bound bytes the token signs."""
 
 
 def _open(
@@ -77,14 +77,13 @@ def _open(
         raise SurveyRefused("bad-message") from None
     partition = state.check_survey(message.survey, now)
     bound = message.bound_bytes()
-    return _Opened(message, bound, TokenJob(message.survey.to_bytes(), bound, message.token, partition))
+    return _Opened(message, TokenJob(message.survey.to_bytes(), bound, message.token, partition))
 
 
 @dataclass
 class OpenedBatch:
     """A batch after its final Sphinx layers: what :func:`finish_batch` needs to verify and store it."""
 
-    frame_count: int
     arrivals: list[int]
     inbox_ids: Sequence[int]
     opened: list[tuple[int, _Opened]]
@@ -110,7 +109,7 @@ def open_batch(
     arrivals = [now] * len(frames) if isinstance(now, int) else list(now)
     if len(arrivals) != len(frames):
         raise ValueError(f"{len(arrivals)} arrival times for {len(frames)} frames")
-    batch = OpenedBatch(len(frames), arrivals, inbox_ids, [], [""] * len(frames), [], set())
+    batch = OpenedBatch(arrivals, inbox_ids, [], [""] * len(frames), [], set())
     for index, frame in enumerate(frames):
         try:
             batch.opened.append((index, _open(state, frame, arrivals[index], batch.tags, in_flight)))
@@ -137,7 +136,7 @@ def finish_batch(state: RoundState, batch: OpenedBatch, workers: IssuerWorkers) 
             rejections.append("bad-message")
             continue
         verified.append(
-            (index, VerifiedPacket(item.message.survey, result, message_hash(item.bound), item.message.report, receipt_digest(result)))
+            (index, VerifiedPacket(item.message.survey, result, message_hash(item.job.message), item.message.report, receipt_digest(result)))
         )
     stored = state.store.store_batch(
         [packet for _, packet in verified], rejections, max(batch.arrivals, default=0), sorted(batch.tags), batch.inbox_ids
@@ -145,7 +144,7 @@ def finish_batch(state: RoundState, batch: OpenedBatch, workers: IssuerWorkers) 
     for (index, _), outcome in zip(verified, stored):
         outcomes[index] = outcome
     if rejections:
-        log.debug("batch of %d: rejected %r", batch.frame_count, rejections)
+        log.debug("batch of %d: rejected %r", len(outcomes), rejections)
     return outcomes
 
 
