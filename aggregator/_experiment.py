@@ -82,8 +82,9 @@ class PlanRequest:
                 k_s_values=(self.k_s,) if self.k_s else None,
                 k_p_values=(self.k_p,) if self.k_p else None,
                 median_peers=(self.median_peers,) if self.median_peers else ("all", "disjoint"),
+                median_steps=self.median_steps,
             ).plan
-            if oracle == "auto" and self.median_steps == choice.median_steps:
+            if oracle == "auto":
                 return choice
             kind, features, k_p, k_h, k_s, median_peers = (
                 choice.kind, choice.features, choice.k_p, choice.k_h, choice.k_s, choice.median_peers

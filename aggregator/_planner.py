@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from mechanisms import make_oracle
-from protocol import FeatureSpec, PlanError, ReleasePlan
+from protocol import DEFAULT_MEDIAN_STEPS, FeatureSpec, PlanError, ReleasePlan
 
 MIN_PEERS_PER_PARTITION = 20
 SPLIT_PARTITIONS = (1, 2, 4, 5, 8, 10, 16, 20)
@@ -131,10 +131,13 @@ def choose_plan(
     k_s_values: Sequence[int] | None = None,
     k_p_values: Sequence[int] | None = None,
     median_peers: Sequence[str] = ("all", "disjoint"),
+    median_steps: int = DEFAULT_MEDIAN_STEPS,
 ) -> PlanScore:
     """The plan with the lowest objective; its ``oracle`` names the concrete
     mechanism chosen for its histograms (the most frequent one when sizes
-    differ). Raises :class:`PlanError` if nothing in the grid is satisfiable."""
+    differ), and it searches medians in ``median_steps`` steps (they do not
+    change the objective). Raises :class:`PlanError` if nothing in the grid is
+    satisfiable."""
     scored = []
     for plan in candidate_plans(spec, n, epsilon_total, seed, kinds=kinds, k_s_values=k_s_values, k_p_values=k_p_values, median_peers=median_peers):
         objective = plan_objective(spec, plan, n)
@@ -150,5 +153,6 @@ def choose_plan(
     chosen = ReleasePlan.build(
         kind=plan.kind, features=plan.features, numeric_features=plan.numeric_features, k_p=plan.k_p, k_h=plan.k_h,
         k_s=plan.k_s, epsilon_total=epsilon_total, seed=seed, median_peers=plan.median_peers, oracle=oracle,
+        median_steps=median_steps,
     )
     return PlanScore(chosen, best.objective, best.n_histograms)
