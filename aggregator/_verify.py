@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
+from crypto import REJECTION_REASONS as TOKEN_REJECTION_REASONS
 from crypto import FinalMessage, InvalidPacket, ReplayedPacket, process_packet
 from protocol import InvalidMessage, SurveyMessage, receipt_digest
 
@@ -25,18 +26,18 @@ from aggregator._workers import IssuerWorkers, TokenJob
 
 log = logging.getLogger(__name__)
 
-REJECTION_REASONS = (
+REJECTION_REASONS: tuple[str, ...] = (
     "bad-packet",
     "replay",
     "bad-message",
     "unknown-survey",
     "outside-window",
-    "bad-token/<reason>",
+    *sorted(f"bad-token/{reason}" for reason in TOKEN_REJECTION_REASONS - {"wrong-partition"}),
     "wrong-partition",
     "double-submission",
     "duplicate",
 )
-"""Every reason a packet is counted as rejected (``bad-token/`` carries the token's reason)."""
+"""Every reason a packet is counted as rejected under (``bad-token/`` names the token's reason: :func:`aggregator._workers.verify_job`)."""
 
 
 @dataclass(frozen=True)

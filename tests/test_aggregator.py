@@ -270,6 +270,9 @@ async def test_packet_sink_accepts_and_rejects_by_reason(served: Any) -> None:
     assert rejected.get("outside-window") is None
     assert rejected.get("duplicate") == 1
     assert rejected.get("double-submission") == 1
+    from aggregator import REJECTION_REASONS
+
+    assert set(rejected) <= set(REJECTION_REASONS), rejected
     # Every frame was durable before its acknowledgement; verdicts are not sent back (STYLE.md 8).
     assert [status.name for _, status in statuses] == ["ACCEPTED"] * len(statuses)
     receipts = json.loads((await get(addresses.http_url, "/v1/receipts")).content)["receipts"]
