@@ -12,29 +12,72 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:
-    from aggregator._adult import adult_spec
-    from aggregator._binning import bin_table, exact_cut_points, private_cut_points
-    from aggregator._data import DataError, Table, load_adult, read_adult_file
-    from aggregator._ensemble import PartitionEnsemble, SubsetHistogram, exact_histogram
-    from aggregator._planner import PlanScore, choose_plan, plan_objective
-    from aggregator._report import learn, write_report
-    from aggregator._round import (
-        ApiRefused,
-        RoundSecrets,
-        RoundSpec,
-        RoundSpecError,
-        RoundState,
-        create_round,
-        open_round,
-        parse_round_spec,
+if TYPE_CHECKING:  # what the names below resolve to, for type checkers (`X as X`: re-exported)
+    from aggregator._adult import (
+        adult_spec as adult_spec,
     )
-    from aggregator._service import AggregatorConfig, BoundAddresses, build_app, drive_round, serve_aggregator
-    from aggregator._sink import PacketSink
-    from aggregator._store import AggregatorHome, RoundStore
-    from aggregator._trial import TrialResult, estimate_histograms, exact_histograms, run_trial
-    from aggregator._verify import REJECTION_REASONS, process_batch
-    from aggregator._workers import IssuerWorkers
+    from aggregator._binning import (
+        bin_table as bin_table,
+        exact_cut_points as exact_cut_points,
+        private_cut_points as private_cut_points,
+    )
+    from aggregator._data import (
+        DataError as DataError,
+        Table as Table,
+        load_adult as load_adult,
+        read_adult_file as read_adult_file,
+    )
+    from aggregator._ensemble import (
+        PartitionEnsemble as PartitionEnsemble,
+        SubsetHistogram as SubsetHistogram,
+        exact_histogram as exact_histogram,
+    )
+    from aggregator._planner import (
+        PlanScore as PlanScore,
+        choose_plan as choose_plan,
+        plan_objective as plan_objective,
+    )
+    from aggregator._report import (
+        learn as learn,
+        write_report as write_report,
+    )
+    from aggregator._round import (
+        ApiRefused as ApiRefused,
+        RoundSecrets as RoundSecrets,
+        RoundSpec as RoundSpec,
+        RoundSpecError as RoundSpecError,
+        RoundState as RoundState,
+        create_round as create_round,
+        open_round as open_round,
+        parse_round_spec as parse_round_spec,
+    )
+    from aggregator._service import (
+        AggregatorConfig as AggregatorConfig,
+        BoundAddresses as BoundAddresses,
+        build_app as build_app,
+        drive_round as drive_round,
+        serve_aggregator as serve_aggregator,
+    )
+    from aggregator._sink import (
+        PacketSink as PacketSink,
+    )
+    from aggregator._store import (
+        AggregatorHome as AggregatorHome,
+        RoundStore as RoundStore,
+    )
+    from aggregator._trial import (
+        TrialResult as TrialResult,
+        estimate_histograms as estimate_histograms,
+        exact_histograms as exact_histograms,
+        run_trial as run_trial,
+    )
+    from aggregator._verify import (
+        REJECTION_REASONS as REJECTION_REASONS,
+        process_batch as process_batch,
+    )
+    from aggregator._workers import (
+        IssuerWorkers as IssuerWorkers,
+    )
 
 _HOME: dict[str, str] = {
     "REJECTION_REASONS": "aggregator._verify",

@@ -9,6 +9,7 @@ decides where they go); blank lines are skipped.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,6 +56,17 @@ class Table:
         return Table({name: col[rows] for name, col in self.columns.items()}, self.labels[rows])
 
 
+def finite_number(where: str, name: str, field: str) -> float:
+    """``field`` of column ``name`` as a finite float; DataError naming ``where`` (``file:line``) otherwise."""
+    try:
+        number = float(field)
+    except ValueError:
+        raise DataError(f"{where}: {name!r} is not a number: {field[:40]!r}") from None
+    if not math.isfinite(number):
+        raise DataError(f"{where}: {name!r} is not finite: {field[:40]!r}")
+    return number
+
+
 def read_adult_file(path: Path) -> Table:
     """Parse one Adult file; see the module docstring for the format."""
     if not path.is_file():
@@ -77,12 +89,7 @@ def read_adult_file(path: Path) -> Table:
                     if not field:
                         raise DataError(f"{path.name}:{line_number}: empty field {ADULT_COLUMNS[j]!r}")
                     if numeric[j]:
-                        try:
-                            number = float(field)
-                        except ValueError:
-                            raise DataError(f"{path.name}:{line_number}: {ADULT_COLUMNS[j]!r} is not a number: {field!r}") from None
-                        if not np.isfinite(number):
-                            raise DataError(f"{path.name}:{line_number}: {ADULT_COLUMNS[j]!r} is not finite: {field!r}")
+                        finite_number(f"{path.name}:{line_number}", ADULT_COLUMNS[j], field)
                     values[j].append(field)
                 label = fields[-1].removesuffix(".")
                 if label not in (">50K", "<=50K"):

@@ -14,7 +14,6 @@ import csv
 import html
 import io
 import json
-import math
 import pickle
 import time
 from pathlib import Path
@@ -121,7 +120,7 @@ def read_labelled_csv(path: Path, spec: FeatureSpec) -> Table:
 
     Raises DataError naming the line of the first malformed row.
     """
-    from aggregator._data import DataError, Table
+    from aggregator._data import DataError, Table, finite_number
 
     needed = [*spec.names, spec.label.name]
     numeric = set(spec.numeric_names)
@@ -140,16 +139,7 @@ def read_labelled_csv(path: Path, spec: FeatureSpec) -> Table:
                     field = (row.get(name) or "").strip()
                     if not field:
                         raise DataError(f"{path.name}:{line}: empty field {name!r}")
-                    if name in numeric:
-                        try:
-                            number = float(field)
-                        except ValueError:
-                            raise DataError(f"{path.name}:{line}: {name!r} is not a number: {field[:40]!r}") from None
-                        if not math.isfinite(number):
-                            raise DataError(f"{path.name}:{line}: {name!r} is not finite: {field[:40]!r}")
-                        values[name].append(number)
-                    else:
-                        values[name].append(field)
+                    values[name].append(finite_number(f"{path.name}:{line}", name, field) if name in numeric else field)
     except (UnicodeDecodeError, csv.Error) as exc:
         raise DataError(f"{path.name}: not a readable CSV file ({exc})") from None
     if not values[spec.label.name]:
