@@ -357,7 +357,20 @@ async def serve_link(
         nursery.start_soon(read_frames)
         try:
             async with receive_batches:
-                async for batch in receive_batches:
+                pending: list[bytes] = []
+                while True:
+                    if not pending:
+                        try:
+                            pending = await receive_batches.receive()
+                        except trio.EndOfChannel:
+                            break
+                    # Lists that queued during the last commit go into this one (one fsync for all).
+                    while len(pending) < limits.max_batch:
+                        try:
+                            pending += receive_batches.receive_nowait()
+                        except (trio.WouldBlock, trio.EndOfChannel):
+                            break
+                    batch, pending = pending[: limits.max_batch], pending[limits.max_batch :]
                     statuses = await on_packets(batch)
                     if len(statuses) != len(batch):
                         raise RuntimeError(f"on_packets returned {len(statuses)} statuses for {len(batch)} frames")

@@ -88,6 +88,35 @@ async def test_frames_are_acknowledged_in_order_and_batched(autojump_clock: trio
     assert len(recorder.batches) < 40 and max(recorder.batches) <= LIMITS.max_batch
 
 
+async def test_frames_that_queue_during_a_commit_share_the_next_one(autojump_clock: trio.testing.MockClock) -> None:
+    """Writes that arrive while on_packets is busy are merged into one call (one fsync), up to max_batch."""
+    client, server = trio.testing.memory_stream_pair()
+    first_call = trio.Event()
+
+    class SlowRecorder(Recorder):
+        async def __call__(self, frames: list[bytes]) -> Sequence[AckStatus]:
+            first_call.set()
+            await trio.sleep(1.0)  # a commit's fsync
+            return await super().__call__(frames)
+
+    recorder = SlowRecorder()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(lambda: serve_link(server, recorder, packet_size=SIZE, geometry_hash=GEOMETRY, limits=LIMITS))
+        await client.send_all(encode_hello(SIZE, GEOMETRY))
+        assert parse_hello_reply(await receive_exactly(client, HELLO_REPLY_BYTES)) is HelloStatus.OK
+        await client.send_all(frame(0))
+        await first_call.wait()
+        # Separate writes while the first commit runs, as many as the pending
+        # bound (max_pending_frames // max_batch lists) holds.
+        queued = LIMITS.max_pending_frames // LIMITS.max_batch
+        for i in range(1, queued + 1):
+            await client.send_all(frame(i))
+            await trio.sleep(0.1)
+        assert parse_acks(await receive_exactly(client, queued + 1)) == [AckStatus.ACCEPTED] * (queued + 1)
+        await client.send_eof()
+    assert recorder.batches == [1, queued]
+
+
 async def test_geometry_mismatch_is_answered_then_refused(autojump_clock: trio.testing.MockClock) -> None:
     client, server = trio.testing.memory_stream_pair()
     recorder = Recorder()
