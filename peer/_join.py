@@ -56,7 +56,6 @@ from protocol._api import (
     ReceiptLog,
     RegisterRequest,
     RosterResponse,
-    receipt_digest,
 )
 from protocol._features import FeatureSpec, NumericFeature
 from protocol._link import AckStatus
@@ -194,16 +193,12 @@ class RoundSession:
             await sleep_until_wall(manifest.schedule.median[-1].t_r, self.now)
         return await self._poll("medians", self.client.medians, manifest.schedule.data.send_end, "the medians")
 
-    async def receipts(self, at: float) -> Receipts:
+    async def receipts(self, at: float) -> ReceiptLog:
         """The whole receipt log as of wall time ``at`` (fetched once for everyone waiting on ``at``)."""
         await sleep_until_wall(at, self.now)
+        return await self._cache.get(("receipts", at), self.client.receipts)
 
-        async def fetch() -> Receipts:
-            return Receipts.of(await self.client.receipts())
-
-        return await self._cache.get(("receipts", at), fetch)
-
-    async def settled_receipts(self, manifest: RoundManifest, survey: SurveyId) -> Receipts:
+    async def settled_receipts(self, manifest: RoundManifest, survey: SurveyId) -> ReceiptLog:
         """The receipt log once the aggregator has verified every packet of ``survey``'s phase.
 
         Packets that reached it before ``t_r`` may still wait in its inbox
@@ -222,11 +217,7 @@ class RoundSession:
         else:
             key = "report"
             await self._poll(key, self.client.report, phase.t_r + _SETTLE_SECONDS, "the round report")
-
-        async def fetch() -> Receipts:
-            return Receipts.of(await self.client.receipts())
-
-        return await self._cache.get(("settled", key), fetch)
+        return await self._cache.get(("settled", key), self.client.receipts)
 
     async def assignment(self, manifest: RoundManifest, roster: RosterResponse) -> dict[bytes, tuple[int, int]]:
         """Identity key -> (partition, partition size), as everyone derives it from the seed."""
@@ -238,20 +229,6 @@ class RoundSession:
             return {key: (int(p), int(sizes[p])) for key, p in zip(roster.roster, partitions, strict=True)}
 
         return await self._cache.get(("assignment", roster.seed), derive)
-
-
-@dataclass(frozen=True)
-class Receipts:
-    """A receipt log indexed for lookups (every peer of a process checks its own digests in it)."""
-
-    by_survey: dict[SurveyId, frozenset[bytes]]
-
-    @classmethod
-    def of(cls, log: ReceiptLog) -> Receipts:
-        return cls({survey: frozenset(digests) for survey, digests in log.receipts.items()})
-
-    def contains(self, survey: SurveyId, tag_digest: bytes) -> bool:
-        return receipt_digest(tag_digest) in self.by_survey.get(survey, frozenset())
 
 
 @dataclass

@@ -24,6 +24,7 @@ import math
 import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from protocol._canonical import FieldReader, InvalidDocument, canonical_json, parse_json_object
@@ -354,8 +355,13 @@ class ReceiptLog:
 
     receipts: Mapping[SurveyId, tuple[bytes, ...]]
 
+    @cached_property
+    def _index(self) -> dict[SurveyId, frozenset[bytes]]:
+        # Built once: every peer of a process looks its own digests up in one log.
+        return {survey: frozenset(digests) for survey, digests in self.receipts.items()}
+
     def contains(self, survey: SurveyId, tag_digest: bytes) -> bool:
-        return receipt_digest(tag_digest) in self.receipts.get(survey, ())
+        return receipt_digest(tag_digest) in self._index.get(survey, frozenset())
 
     def to_json(self) -> bytes:
         return canonical_json(
