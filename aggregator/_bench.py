@@ -121,7 +121,9 @@ def _bench_spec() -> dict[str, Any]:
     }
 
 
-class _Clock:
+class SettableClock:
+    """A UTC clock that reads what it was last set to (the bench, and tests with sockets where MockClock cannot serve)."""
+
     def __init__(self, now: float) -> None:
         self.now = now
 
@@ -136,7 +138,7 @@ def run_bench(n_packets: int, batch: int, processes: int, seed: int) -> dict[str
     with tempfile.TemporaryDirectory() as tmp:
         home = AggregatorHome(Path(tmp) / "agg")
         home.initialise(os.urandom(32), generate_keypair()[0])
-        clock = _Clock(start + 1)
+        clock = SettableClock(start + 1)
         state, _ = create_round(home, parse_round_spec(_bench_spec()), now=start)
         state.clock = clock
         peers = [SimulatedPeer(state, rng.bytes(32)) for _ in range(n_packets)]

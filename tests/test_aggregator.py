@@ -15,6 +15,7 @@ import trio
 import trio.testing
 from nacl.signing import SigningKey
 
+from aggregator._bench import SettableClock
 from aggregator._bench import SimulatedPeer
 from aggregator._round import RoundSpecError, RoundState, create_round, parse_round_spec
 from aggregator._service import AggregatorConfig, BoundAddresses, drive_round, serve_aggregator
@@ -36,16 +37,6 @@ from protocol import (
 )
 
 T0 = 1_800_000_000
-
-
-class FakeClock:
-    """A settable UTC clock for socket tests (MockClock is for tests without sockets)."""
-
-    def __init__(self, now: float) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def spec_document(**participation: Any) -> dict[str, Any]:
@@ -89,8 +80,8 @@ def make_round(
 
 
 @pytest.fixture
-async def served(tmp_path: Path, nursery: trio.Nursery) -> AsyncIterator[tuple[RoundState, BoundAddresses, FakeClock]]:
-    clock = FakeClock(T0 + 1)
+async def served(tmp_path: Path, nursery: trio.Nursery) -> AsyncIterator[tuple[RoundState, BoundAddresses, SettableClock]]:
+    clock = SettableClock(T0 + 1)
     state, _ = make_round(tmp_path, clock)
     addresses = await nursery.start(serve_aggregator, AggregatorConfig(state))
     yield state, addresses, clock
@@ -127,7 +118,7 @@ async def test_manifest_and_registration(served: Any) -> None:
     roster = (await get(addresses.http_url, "/v1/roster")).json()
     # The seed stays secret until the driver has stored every admitted registration.
     assert roster["roster"] == [bytes(peer.verify_key).hex()] and roster["seed"] is None
-    state.prepare()  # what the driver does at t_register_end (its clock here is a FakeClock)
+    state.prepare()  # what the driver does at t_register_end (its clock here is a SettableClock)
     roster = (await get(addresses.http_url, "/v1/roster")).json()
     assert roster["roster"] == [bytes(peer.verify_key).hex()] and roster["seed"] is not None
 
@@ -148,7 +139,7 @@ async def test_bad_input_gets_a_4xx_with_a_reason(served: Any) -> None:
 
 
 def test_invitation_and_allow_list(tmp_path: Path) -> None:
-    clock = FakeClock(T0 + 1)
+    clock = SettableClock(T0 + 1)
     state, codes = make_round(tmp_path / "inv", clock, registration="invitation", invitations=2)
     from aggregator._round import ApiRefused
 
@@ -184,7 +175,7 @@ def Peer(state: RoundState, seed: int) -> SimulatedPeer:  # noqa: N802 - reads l
     return SimulatedPeer(state, bytes([seed]) * 32)
 
 
-def registered_peers(state: RoundState, clock: FakeClock, count: int = 4) -> list[SimulatedPeer]:
+def registered_peers(state: RoundState, clock: SettableClock, count: int = 4) -> list[SimulatedPeer]:
     """``count`` peers registered, the clock at the registration deadline, and the
     roster and seed prepared as the phase driver would, ready for credentials."""
     peers = [Peer(state, i) for i in range(1, count + 1)]
@@ -195,7 +186,7 @@ def registered_peers(state: RoundState, clock: FakeClock, count: int = 4) -> lis
     return peers
 
 
-def credentialed_peers(state: RoundState, clock: FakeClock) -> list[SimulatedPeer]:
+def credentialed_peers(state: RoundState, clock: SettableClock) -> list[SimulatedPeer]:
     """Four registered peers, each holding its credential (issuance is open on ``clock``)."""
     peers = registered_peers(state, clock)
     for peer in peers:
@@ -395,7 +386,7 @@ def test_worker_processes_verify_and_issue_as_the_thread_does(tmp_path: Path) ->
     from aggregator._workers import IssueJob, TokenJob
     from crypto import process_packet
 
-    clock = FakeClock(T0 + 1)
+    clock = SettableClock(T0 + 1)
     state, _ = make_round(tmp_path, clock)
     peers = credentialed_peers(state, clock)
     jobs = []
@@ -430,7 +421,7 @@ def test_a_replay_in_a_batch_opened_before_the_first_is_stored_is_a_replay(tmp_p
     """The sink opens one batch while it stores the previous one: tags in flight count as seen."""
     from aggregator._verify import finish_batch, open_batch
 
-    clock = FakeClock(T0 + 1)
+    clock = SettableClock(T0 + 1)
     state, _ = make_round(tmp_path, clock)
     peers = credentialed_peers(state, clock)
     data = state.manifest.schedule.data
@@ -518,7 +509,7 @@ async def test_one_credential_per_peer_over_http(served: Any) -> None:
 def test_a_restarted_aggregator_resumes_the_round(tmp_path: Path) -> None:
     from aggregator._round import open_round
 
-    clock = FakeClock(T0 + 1)
+    clock = SettableClock(T0 + 1)
     state, _ = make_round(tmp_path, clock)
     peers = registered_peers(state, clock)
     issued = {bytes(p.key.verify_key): p.obtain_credential() for p in peers[:2]}
@@ -600,7 +591,7 @@ async def test_a_full_inbox_answers_busy_and_stores_nothing(tmp_path: Path) -> N
     from aggregator._sink import PacketSink
     from protocol import AckStatus
 
-    state, _ = make_round(tmp_path, FakeClock(T0 + 1))
+    state, _ = make_round(tmp_path, SettableClock(T0 + 1))
     sink = PacketSink(state, IssuerWorkers(state.secrets.issuer_key), max_inbox=3)
     frame = bytes(state.geometry.packet_size)
     assert await sink.on_packets([frame, frame]) == [AckStatus.ACCEPTED] * 2
