@@ -2,9 +2,11 @@
 
 Simulated peers (real identities, blind credentials, tokens and Sphinx
 packets, no network) fill one round; the bench then times the aggregator's
-whole per-packet path — final Sphinx layer, message parsing, token
-verification, report check, durable store — in link-sized batches, with
-verification in the batch's thread and in a process pool. Baselines measured
+verification path (:func:`aggregator.process_batch`) — final Sphinx layer,
+message parsing, token verification, report check, durable store — in
+link-sized batches, with verification in the batch's thread and in a process
+pool. Not timed: the sink's link reads and its inbox (the commit that makes
+a frame durable before it is acknowledged, and reading it back). Baselines measured
 in the same run: one X25519 scalar multiplication and one token verification
 alone (DESIGN.md §11: ratios, because absolute times drift on shared machines).
 """
