@@ -37,6 +37,7 @@ import click
 import trio
 
 from crypto import (
+    DEFAULT_PACKET_SIZE,
     ForwardPacket,
     NodeAddress,
     PathHop,
@@ -259,7 +260,7 @@ def _rounded(value: float | None, digits: int = 1) -> float | None:
 
 def run_benchmark(packets_count: int, synchronous: str, repeat: int) -> dict[str, Any]:
     """Run the cascade benchmark and its same-run baselines; returns the figures."""
-    geometry = SphinxGeometry.create(max_hops=_RELAYS + 1, packet_size=2048)
+    geometry = SphinxGeometry.create(max_hops=_RELAYS + 1, packet_size=DEFAULT_PACKET_SIZE)
     crypto = _crypto_figures(geometry, repeat)
     intake_split = measure_intake_split(geometry, synchronous=synchronous)
     pinned = int(time.time())

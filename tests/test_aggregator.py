@@ -384,7 +384,7 @@ def test_malformed_test_file_names_its_line(tmp_path: Path) -> None:
 
 def test_worker_processes_verify_and_issue_as_the_thread_does(tmp_path: Path) -> None:
     from aggregator._workers import IssueJob, TokenJob
-    from crypto import process_packet
+    from crypto import never_replayed, process_packet
 
     clock = SettableClock(T0 + 1)
     state, _ = make_round(tmp_path, clock)
@@ -393,7 +393,7 @@ def test_worker_processes_verify_and_issue_as_the_thread_does(tmp_path: Path) ->
     for peer in peers:
         survey = SurveyId.data(state.round_id, 0, 0)
         frame = peer.packet(survey, b"\x01")
-        opened = process_packet(state.geometry, state.secrets.final_hop_private_key, frame, is_replay=lambda tag: False)
+        opened = process_packet(state.geometry, state.secrets.final_hop_private_key, frame, is_replay=never_replayed)
         message = SurveyMessage.from_bytes(opened.message)  # type: ignore[union-attr]
         jobs.append(TokenJob(survey.to_bytes(), message.bound_bytes(), message.token, 0))
     in_thread = IssuerWorkers(state.secrets.issuer_key).verify(jobs)

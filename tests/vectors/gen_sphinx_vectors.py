@@ -34,6 +34,7 @@ from crypto import (  # noqa: E402  (the path set-up above must run first)
     build_packet,
     create_surb,
     generate_keypair,
+    never_replayed,
     node_id_of,
     package_reply,
     process_packet,
@@ -88,7 +89,7 @@ def _trace(geometry: SphinxGeometry, private_keys: list[bytes], packet: bytes) -
     """What every hop outputs when it processes ``packet`` in turn."""
     outputs: list[dict[str, Any]] = []
     for private_key in private_keys:
-        result = process_packet(geometry, private_key, packet, is_replay=lambda tag: False)
+        result = process_packet(geometry, private_key, packet, is_replay=never_replayed)
         if isinstance(result, ForwardPacket):
             outputs.append(
                 {
