@@ -13,14 +13,13 @@ threads; a lock serialises access (SQLite connections are not thread-safe).
 
 from __future__ import annotations
 
-import os
 import sqlite3
 import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from protocol import SurveyId
+from protocol import SurveyId, write_secret_file
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value BLOB NOT NULL);
@@ -359,10 +358,7 @@ class AggregatorHome:
         self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.root.chmod(0o700)
         for path, secret in ((self.identity_path, identity_seed), (self.final_hop_path, final_hop_private)):
-            # O_EXCL: never silently replace a key (DESIGN.md §7's rule for relays applies here too).
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "wb") as handle:
-                handle.write(secret)
+            write_secret_file(path, secret)
 
     def read_key(self, path: Path) -> bytes:
         if not path.is_file():

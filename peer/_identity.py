@@ -7,12 +7,13 @@ owner-only, ``init`` never overwrites them and loading never creates them.
 
 from __future__ import annotations
 
-import os
 import stat
 from dataclasses import dataclass
 from pathlib import Path
 
 from nacl.signing import SigningKey
+
+from protocol import write_secret_file
 
 IDENTITY_FILE = "identity.key"
 PUBLIC_FILE = "identity.pub"
@@ -40,15 +41,6 @@ class PeerIdentity:
         return cls(SigningKey.generate())
 
 
-def _write_owner_only(path: Path, data: bytes) -> None:
-    # O_EXCL: two concurrent ``init`` calls cannot both believe they created it.
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        os.write(fd, data)
-    finally:
-        os.close(fd)
-
-
 def init_identity(data_dir: Path) -> PeerIdentity:
     """Create ``data_dir`` (mode 0700) and a fresh identity in it; never overwrite."""
     data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -57,7 +49,7 @@ def init_identity(data_dir: Path) -> PeerIdentity:
         raise IdentityError(f"an identity already exists at {str(key_path)!r}; refusing to overwrite it")
     identity = PeerIdentity.generate()
     seed = bytes(identity.signing_key)
-    _write_owner_only(key_path, seed.hex().encode() + b"\n")
+    write_secret_file(key_path, seed.hex().encode() + b"\n")
     (data_dir / PUBLIC_FILE).write_text(identity.public_key.hex() + "\n")
     return identity
 

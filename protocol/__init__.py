@@ -70,6 +70,7 @@ from protocol._api import (
     roster_bytes,
 )
 from protocol._canonical import InvalidDocument, canonical_json
+from protocol._files import write_secret_file
 from protocol._manifest import (
     MAX_MANIFEST_BYTES,
     PROTOCOL_VERSION,
@@ -110,6 +111,7 @@ from protocol._survey import (
 )
 
 __all__ = [
+    "write_secret_file",
     "DEFAULT_MEDIAN_STEPS",
     "MAX_MEDIAN_STEPS",
     "PLAN_KINDS",

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from crypto import generate_keypair, node_id_of, public_key_of
+from protocol import write_secret_file
 from relay._errors import RelayDataDirError
 
 IDENTITY_FILE = "identity.key"
@@ -43,16 +44,6 @@ class EpochKey:
     public_key: bytes
     valid_from: int
     valid_until: int
-
-
-def _write_secret(path: Path, secret: bytes) -> None:
-    """Create ``path`` with mode 0600 (never overwriting) and write ``secret``."""
-    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        os.write(descriptor, secret)
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
 
 
 def _read_secret(path: Path) -> bytes:
@@ -80,7 +71,7 @@ def create_identity(data_dir: Path) -> bytes:
     make_private_dir(data_dir / KEYS_DIR)
     private, public = generate_keypair()
     try:
-        _write_secret(data_dir / IDENTITY_FILE, private)
+        write_secret_file(data_dir / IDENTITY_FILE, private)
     except FileExistsError:
         raise RelayDataDirError(
             f"{str(data_dir / IDENTITY_FILE)!r} exists: this relay is already initialised; refusing to overwrite"
@@ -133,7 +124,7 @@ class KeyRing:
         for epoch in (current, current + 1):
             if epoch not in self._keys:
                 private, _ = generate_keypair()
-                _write_secret(self._dir / f"epoch-{epoch}.key", private)
+                write_secret_file(self._dir / f"epoch-{epoch}.key", private)
                 self._keys[epoch] = self._make(epoch, private)
         erased = [e for e, key in self._keys.items() if now >= key.valid_until + self.grace_seconds]
         for epoch in erased:
