@@ -29,7 +29,6 @@ import tomllib
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -472,14 +471,22 @@ async def run_demo(data: DemoData, params: DemoParams, work: Path, console: Any)
                 f"worker-{w}", [sys.executable, "-m", "anonml._swarm", str(config_path)], stdout=subprocess.PIPE
             ))
 
+        # The aggregator's operator creates its identity first and gives the
+        # printed key to the relay operators, who pin it with the URL.
+        init_out = await procs.run("aggregator-init", "aggregator", "init", "--data-dir", str(agg_dir))
+        words = init_out.split()
+        if len(words) < 3 or words[:2] != ["aggregator", "identity"]:
+            raise DemoError(f"`anonml aggregator init` did not print its identity: {init_out!r}")
+        identity = words[2]
+
         async def init_relay(i: int) -> None:
             relay_dir = work / f"relay-{i}"
             # The round's geometry has one routing slot per relay plus the aggregator (the last hop).
             await procs.run(
                 f"relay-{i}-init", "relay", "init", "--data-dir", str(relay_dir), "--listen", f"{HOST}:{free_port()}",
                 "--metrics", f"{HOST}:{metrics_ports[i]}",
-                # The relay forwards only to next hops the round's signed manifest lists.
-                "--aggregator", url,
+                # The relay forwards only to next hops a manifest signed by that identity lists.
+                "--aggregator", f"{identity}@{url}",
             )
             descriptors[i] = json.loads(await procs.run(f"relay-{i}-info", "relay", "info", "--data-dir", str(relay_dir), "--json"))
             await procs.start(f"relay-{i}", anonml_command("relay", "run", "--data-dir", str(relay_dir)))
@@ -487,7 +494,6 @@ async def run_demo(data: DemoData, params: DemoParams, work: Path, console: Any)
         async with trio.open_nursery() as nursery:
             for i in range(RELAYS):
                 nursery.start_soon(init_relay, i)
-            nursery.start_soon(partial(procs.run, "aggregator-init", "aggregator", "init", "--data-dir", str(agg_dir)))
 
         console.print(f"[bold]2/5[/] {time.monotonic() - started:5.1f} s  the aggregator opens the round (anonml aggregator round new / run)")
         spec_path = work / "round.toml"

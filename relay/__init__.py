@@ -8,7 +8,13 @@ operator's interface (:mod:`relay._cli`).
 from __future__ import annotations
 
 from relay._clock import PinnedClock, RelayClock, WallClock
-from relay._config import RelayConfig, load_config, parse_host_port, render_config
+from relay._config import (
+    PinnedAggregator,
+    RelayConfig,
+    load_config,
+    parse_host_port,
+    render_config,
+)
 from relay._descriptor import relay_descriptor
 from relay._directory import (
     DirectoryEntry,
@@ -32,6 +38,7 @@ __all__ = [
     "HeldPacket",
     "KeyRing",
     "NextHopDirectory",
+    "PinnedAggregator",
     "PinnedClock",
     "RelayClock",
     "RelayConfig",

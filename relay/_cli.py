@@ -15,7 +15,14 @@ import click
 import trio
 
 from crypto import DEFAULT_MAX_HOPS, DEFAULT_PACKET_SIZE
-from relay._config import CONFIG_FILE, RelayConfig, load_config, parse_host_port, render_config
+from relay._config import (
+    CONFIG_FILE,
+    PinnedAggregator,
+    RelayConfig,
+    load_config,
+    parse_host_port,
+    render_config,
+)
 from relay._descriptor import relay_descriptor
 from relay._errors import RelayConfigError, RelayDataDirError
 from relay._keys import IDENTITY_FILE, KeyRing, create_identity
@@ -37,10 +44,20 @@ def relay() -> None:
     """Run a mix relay: hold Sphinx packets and release them inside their windows."""
 
 
+def _pinned_aggregators(
+    ctx: click.Context, param: click.Parameter, values: tuple[str, ...]
+) -> tuple[PinnedAggregator, ...]:
+    try:
+        return tuple(PinnedAggregator.parse(value) for value in values)
+    except RelayConfigError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
 _AGGREGATOR = click.option(
-    "--aggregator", "aggregators", multiple=True, metavar="URL",
-    help="Base URL of an aggregator this relay serves (repeatable): its signed manifest lists the only "
-         "next hops the relay forwards to.",
+    "--aggregator", "aggregators", multiple=True, metavar="IDENTITY@URL", callback=_pinned_aggregators,
+    help="An aggregator this relay serves (repeatable): its Ed25519 identity key as 64 hex digits (printed by "
+         "`anonml aggregator init`), '@', its base URL. Its round manifest, if signed by that key, lists the "
+         "only next hops the relay forwards to.",
 )
 
 
@@ -64,7 +81,7 @@ def _address(value: str, what: str) -> tuple[str, int]:
               help="Static next-hop directory JSON (relative to the data directory), instead of or beside "
                    "--aggregator.")
 def init(data_dir: Path, listen: str, advertise: str | None, metrics: str | None, max_hops: int,
-         packet_size: int, aggregators: tuple[str, ...], directory_file: str | None) -> None:
+         packet_size: int, aggregators: tuple[PinnedAggregator, ...], directory_file: str | None) -> None:
     """Create the relay's identity key and a commented config (never overwrites)."""
     if (data_dir / IDENTITY_FILE).exists() or (data_dir / CONFIG_FILE).exists():
         raise click.ClickException(f"{str(data_dir)!r} is already initialised; refusing to overwrite it")
@@ -119,7 +136,7 @@ def info(data_dir: Path, as_json: bool) -> None:
 
 
 def _directory_summary(config: RelayConfig) -> str:
-    sources = [f"aggregator {url}" for url in config.directory_aggregators]
+    sources = [f"aggregator {a.url} (identity {a.identity.hex()})" for a in config.directory_aggregators]
     if config.directory_path is not None:
         sources.append(f"file {config.directory_path}")
     if sources:
@@ -142,11 +159,11 @@ async def _run_until_signalled(config: RelayConfig) -> None:
 @relay.command()
 @_DATA_DIR
 @_AGGREGATOR
-def run(data_dir: Path, aggregators: tuple[str, ...]) -> None:
+def run(data_dir: Path, aggregators: tuple[PinnedAggregator, ...]) -> None:
     """Serve until SIGINT/SIGTERM; held packets stay durable across restarts."""
     try:
         config = load_config(data_dir)
-        extra = tuple(url for url in aggregators if url not in config.directory_aggregators)
+        extra = tuple(a for a in aggregators if a not in config.directory_aggregators)
         config = replace(config, directory_aggregators=config.directory_aggregators + extra)
     except (RelayConfigError, RelayDataDirError) as exc:
         raise click.ClickException(str(exc)) from None

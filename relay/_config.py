@@ -25,6 +25,8 @@ CONFIG_FILE = "relay.toml"
 _SYNCHRONOUS = ("FULL", "NORMAL")
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 _URL_PATTERN = re.compile(r"https?://[A-Za-z0-9.:\-\[\]]+(/[A-Za-z0-9._\-/]*)?")
+_IDENTITY_HEX_DIGITS = 64  # an Ed25519 verify key is 32 bytes
+_MAX_DIRECTORY_AGGREGATORS = 64
 
 # A relay forwards only to next hops its directory lists: the sender chooses
 # the next address inside the packet, so without a directory any client could
@@ -56,6 +58,49 @@ def format_host_port(host: str, port: int) -> str:
 
 
 @dataclass(frozen=True)
+class PinnedAggregator:
+    """An aggregator this relay serves: its base URL and the Ed25519 identity
+    key its round manifests must be signed with.
+
+    The key is pinned here, not taken from the manifest, because whoever
+    answers the URL (plain http is allowed) could otherwise sign a manifest
+    of their own listing any next hops (DESIGN.md §4, §7).
+    """
+
+    url: str
+    identity: bytes
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.url, str) and _URL_PATTERN.fullmatch(self.url)):
+            raise RelayConfigError(f"url must be an http(s)://HOST[:PORT][/PATH] URL, got {self.url!r}")
+        if type(self.identity) is not bytes or len(self.identity) * 2 != _IDENTITY_HEX_DIGITS:
+            raise RelayConfigError(f"identity must be a 32-byte Ed25519 key, got {self.identity!r}")
+
+    @classmethod
+    def from_text(cls, url: object, identity: object) -> PinnedAggregator:
+        """From a URL and the key as 64 hex digits; RelayConfigError names the bad field."""
+        if not (isinstance(identity, str) and len(identity) == _IDENTITY_HEX_DIGITS
+                and all(c in "0123456789abcdefABCDEF" for c in identity)):
+            raise RelayConfigError(
+                f"identity must be the aggregator's Ed25519 key as {_IDENTITY_HEX_DIGITS} hex digits, got {identity!r}"
+            )
+        if not isinstance(url, str):
+            raise RelayConfigError(f"url must be an http(s)://HOST[:PORT][/PATH] URL, got {url!r}")
+        return cls(url, bytes.fromhex(identity))
+
+    @classmethod
+    def parse(cls, text: str) -> PinnedAggregator:
+        """``IDENTITY@URL`` (the command-line form): 64 hex digits, ``@``, the base URL."""
+        identity, sep, url = text.partition("@")
+        if not sep:
+            raise RelayConfigError(f"an aggregator must be given as IDENTITY@URL (hex key, '@', base URL), got {text!r}")
+        return cls.from_text(url, identity)
+
+    def __str__(self) -> str:
+        return f"{self.identity.hex()}@{self.url}"
+
+
+@dataclass(frozen=True)
 class RelayConfig:
     """Everything ``serve_relay`` needs; see :func:`render_config` for each meaning."""
 
@@ -80,10 +125,10 @@ class RelayConfig:
     synchronous: str = "FULL"
     metrics: tuple[str, int] | None = None
     log_level: str = "INFO"
-    # Next-hop directory sources (relay._directory): aggregator base URLs
-    # whose signed manifests list the allowed next hops, and/or a static
-    # JSON file (relative to data_dir unless absolute).
-    directory_aggregators: tuple[str, ...] = ()
+    # Next-hop directory sources (relay._directory): aggregators (URL and
+    # pinned identity key) whose signed manifests list the allowed next hops,
+    # and/or a static JSON file (relative to data_dir unless absolute).
+    directory_aggregators: tuple[PinnedAggregator, ...] = ()
     directory_file: str | None = None
     require_directory: bool = REQUIRE_DIRECTORY_DEFAULT
     directory_min_refresh_seconds: float = 2.0
@@ -108,11 +153,15 @@ class RelayConfig:
         if self.log_level not in _LOG_LEVELS:
             raise RelayConfigError(f"log.level must be one of {_LOG_LEVELS}, got {self.log_level!r}")
         if type(self.directory_aggregators) is not tuple or not all(
-            isinstance(url, str) and _URL_PATTERN.fullmatch(url) for url in self.directory_aggregators
+            isinstance(aggregator, PinnedAggregator) for aggregator in self.directory_aggregators
         ):
             raise RelayConfigError(
-                f"directory.aggregators must be a list of http(s)://HOST[:PORT] URLs, got {self.directory_aggregators!r}"
+                f"directory.aggregators must be a tuple of PinnedAggregator, got {self.directory_aggregators!r}"
             )
+        urls = [aggregator.url for aggregator in self.directory_aggregators]
+        if len(set(urls)) != len(urls):
+            # One URL is one directory source; two keys for it would be ambiguous.
+            raise RelayConfigError(f"directory.aggregators lists a URL twice: {urls!r}")
         if self.directory_file is not None and not (isinstance(self.directory_file, str) and self.directory_file):
             raise RelayConfigError(f"directory.file must be a non-empty path, got {self.directory_file!r}")
         if type(self.require_directory) is not bool:
@@ -170,6 +219,25 @@ _KEYS: dict[tuple[str, str], str] = {
 _ADDRESS_FIELDS = ("listen", "advertise", "metrics")
 
 
+def _pinned_aggregators(value: object) -> tuple[PinnedAggregator, ...]:
+    """``directory.aggregators``: a list of ``{ url = "...", identity = "<64 hex>" }``."""
+    if not isinstance(value, list) or len(value) > _MAX_DIRECTORY_AGGREGATORS:
+        raise RelayConfigError(
+            f"directory.aggregators must be a list of at most {_MAX_DIRECTORY_AGGREGATORS} "
+            f'{{ url = "...", identity = "<64 hex>" }} tables, got {value!r:.200}'
+        )
+    aggregators = []
+    for index, item in enumerate(value):
+        where = f"directory.aggregators[{index}]"
+        if not isinstance(item, dict) or set(item) != {"url", "identity"}:
+            raise RelayConfigError(f"{where} must be a table with exactly url and identity, got {item!r:.200}")
+        try:
+            aggregators.append(PinnedAggregator.from_text(item["url"], item["identity"]))
+        except RelayConfigError as exc:
+            raise RelayConfigError(f"{where}.{exc}") from None
+    return tuple(aggregators)
+
+
 def config_from_mapping(data: dict[str, Any], data_dir: Path) -> RelayConfig:
     """Build a :class:`RelayConfig` from parsed TOML; :class:`RelayConfigError` on any problem."""
     values: dict[str, Any] = {}
@@ -183,8 +251,8 @@ def config_from_mapping(data: dict[str, Any], data_dir: Path) -> RelayConfig:
                 raise RelayConfigError(f"unknown config key {section}.{key} = {value!r}")
             if target in _ADDRESS_FIELDS:
                 value = parse_host_port(value, what=f"{section}.{key}")
-            if target == "directory_aggregators" and isinstance(value, list):
-                value = tuple(value)
+            if target == "directory_aggregators":
+                value = _pinned_aggregators(value)
             if target.startswith("link."):
                 link_values[target.removeprefix("link.")] = value
             else:
@@ -230,7 +298,9 @@ def render_config(config: RelayConfig) -> str:
         format_host_port(*config.advertise) if config.advertise is not None else None,
         format_host_port(*config.listen),
     )
-    aggregators = ", ".join(json.dumps(url) for url in config.directory_aggregators)
+    aggregators = "".join(
+        f"\n  {{ url = {json.dumps(a.url)}, identity = {json.dumps(a.identity.hex())} }}," for a in config.directory_aggregators
+    ) + ("\n" if config.directory_aggregators else "")
     directory_file = _optional_line("file", config.directory_file, "directory.json")
     return f"""\
 # AnonML relay configuration, written by `anonml relay init`.
@@ -310,12 +380,15 @@ level = "{config.log_level}"
 # id, or a known node id at another address, is dropped and counted
 # ("unknown-next-hop", "next-hop-address-mismatch"): the sender chooses the
 # next hop, so without this a relay forwards frames to any host and port.
-# aggregators: base URLs of the aggregators this relay serves; their signed
-# manifests (GET URL/v1/manifest, signature and round id verified) give
-# every listed relay and the aggregator's final hop. Fetched at start (an
-# unreachable aggregator is retried every min_refresh_seconds) and again when
-# a packet names a next hop the directory refuses, at most once per
-# min_refresh_seconds (the packet itself is dropped).
+# aggregators: the aggregators this relay serves, each its base URL and its
+# Ed25519 identity key (64 hex digits, printed by `anonml aggregator init`):
+#   aggregators = [{{ url = "http://127.0.0.1:8080", identity = "<64 hex>" }}]
+# Their round manifests (GET URL/v1/manifest) give every listed relay and the
+# aggregator's final hop, and count only if signed by that pinned key (round
+# id verified too): whoever answers the URL cannot add next hops. Fetched at
+# start (an unreachable aggregator is retried every min_refresh_seconds) and
+# again when a packet names a next hop the directory refuses, at most once
+# per min_refresh_seconds (the packet itself is dropped).
 aggregators = [{aggregators}]
 # A static JSON file {{"hops": [{{"node_id": HEX, "host": IP, "port": N}}]}}
 # (relative to the data directory), re-read with the aggregators.

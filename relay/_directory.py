@@ -11,10 +11,14 @@ The directory is the union of its sources:
 
 * the signed manifest of each aggregator the operator chose to serve
   (``GET {url}/v1/manifest``, DESIGN.md §4): every listed relay and the
-  aggregator's own final hop. The signature and ``round_id`` are checked with
-  :class:`protocol.SignedManifest`, so a forged or altered manifest adds
-  nothing. Trust in *which* aggregator to serve is the operator's choice of
-  URL, as it is in which round a peer joins.
+  aggregator's own final hop. The operator configures each aggregator as a
+  URL *and* its Ed25519 identity key; the manifest's signature, its signer
+  (that pinned key, not the key the manifest itself names) and its
+  ``round_id`` are checked with :class:`protocol.SignedManifest`, so a
+  manifest altered in transit, or signed by anyone else who answers the URL
+  (plain http is allowed), adds nothing. Trust in *which* aggregator to
+  serve is the operator's choice of key, as it is in which round a peer
+  joins.
 * a static JSON file, for operators without an aggregator URL and for tests
   (:func:`render_directory_file` writes one).
 
@@ -55,7 +59,8 @@ class DirectoryError(ValueError):
     """Raised by :func:`parse_directory_file`, :func:`load_directory_file` and
     :func:`fetch_manifest_hops` for a directory source that cannot be read:
     malformed or oversized JSON, an unreachable aggregator, an HTTP error, or
-    a manifest whose signature or round id does not verify."""
+    a manifest whose signature or round id does not verify or that is signed
+    by a key other than the aggregator's pinned identity."""
 
 
 @dataclass(frozen=True)
@@ -168,8 +173,9 @@ def load_directory_file(path: Path) -> tuple[DirectoryEntry, ...]:
     return parse_directory_file(data)
 
 
-async def fetch_manifest_hops(url: str, *, timeout: float) -> tuple[DirectoryEntry, ...]:
-    """``GET {url}/v1/manifest``, verify it, and return its next hops.
+async def fetch_manifest_hops(url: str, *, identity: bytes, timeout: float) -> tuple[DirectoryEntry, ...]:
+    """``GET {url}/v1/manifest``, verify it was signed by ``identity`` (the
+    aggregator's pinned Ed25519 key), and return its next hops.
 
     The whole exchange is bounded by ``timeout`` seconds and the body by the
     manifest size limit, so a slow or hostile server costs bounded time and
@@ -193,7 +199,9 @@ async def fetch_manifest_hops(url: str, *, timeout: float) -> tuple[DirectoryEnt
     except (httpx.HTTPError, httpx.InvalidURL, OSError) as exc:
         raise DirectoryError(f"cannot fetch the manifest from {url!r}: {exc!r}") from None
     try:
-        signed = SignedManifest.from_json(bytes(body))
+        # The pinned key, never the one the manifest carries: anyone can sign a
+        # manifest naming their own key (the issue-5 open-forwarder hole).
+        signed = SignedManifest.from_json(bytes(body), expected_identity=identity)
     except InvalidManifest as exc:
         raise DirectoryError(f"the manifest from {url!r} does not verify: {exc}") from None
     return entries_from_manifest(signed)

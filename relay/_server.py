@@ -484,8 +484,10 @@ class Relay:
     # -- directory -------------------------------------------------------
 
     async def _read_directory_source(self, source: str) -> tuple[DirectoryEntry, ...]:
-        if source in self.config.directory_aggregators:
-            return await fetch_manifest_hops(source, timeout=self.config.directory_fetch_timeout)
+        identities = {aggregator.url: aggregator.identity for aggregator in self.config.directory_aggregators}
+        if source in identities:
+            return await fetch_manifest_hops(source, identity=identities[source],
+                                             timeout=self.config.directory_fetch_timeout)
         return await trio.to_thread.run_sync(load_directory_file, Path(source))
 
     async def _refresh_directory(self, failing: set[str]) -> None:
@@ -493,7 +495,7 @@ class Relay:
         read failed (a failure is logged as a warning once per streak)."""
         assert self.directory is not None
         path = self.config.directory_path
-        sources = [*self.config.directory_aggregators, *([str(path)] if path is not None else [])]
+        sources = [*(a.url for a in self.config.directory_aggregators), *([str(path)] if path is not None else [])]
         before = dict(self.directory.sources())
         for source in sources:
             try:

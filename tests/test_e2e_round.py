@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import pytest
 import trio
+from nacl.signing import SigningKey
 
 from aggregator._report import learn
 from anonml._demo import anonml_command, free_port
@@ -65,14 +66,15 @@ def relay_cli(*args: str) -> list[str]:
     return anonml_command("relay", *args)
 
 
-async def start_relays(tmp_path: Path, aggregator_url: str) -> tuple[list[dict[str, Any]], list[trio.Process]]:
+async def start_relays(tmp_path: Path, aggregator: str) -> tuple[list[dict[str, Any]], list[trio.Process]]:
+    """Relays serving ``aggregator`` (``IDENTITY@URL``, the pinned key and base URL)."""
     descriptors, processes = [], []
     for i in range(N_RELAYS):
         data_dir = tmp_path / f"relay-{i}"
         await trio.run_process(
             relay_cli(
                 "init", "--data-dir", str(data_dir), "--listen", f"127.0.0.1:{free_port()}",
-                "--aggregator", aggregator_url,  # next hops come from the round's signed manifest
+                "--aggregator", aggregator,  # next hops come from the round's manifest, signed by that key
             ),
             capture_stdout=True,
         )
@@ -161,10 +163,12 @@ async def test_a_round_completes_rejects_every_forbidden_submission_and_survives
 async def run_round(tmp_path: Path, relay_processes: list[trio.Process]) -> None:
     async with trio.open_nursery() as nursery:
         http_port = free_port()
-        descriptors, started = await start_relays(tmp_path, f"http://127.0.0.1:{http_port}")
-        relay_processes.extend(started)
         home = AggregatorHome(tmp_path / "agg")
-        home.initialise(os.urandom(32), generate_keypair()[0])
+        identity_seed = os.urandom(32)
+        home.initialise(identity_seed, generate_keypair()[0])
+        identity = bytes(SigningKey(identity_seed).verify_key).hex()
+        descriptors, started = await start_relays(tmp_path, f"{identity}@http://127.0.0.1:{http_port}")
+        relay_processes.extend(started)
         spec = parse_round_spec(spec_document(descriptors, http_port))
         state, _ = create_round(home, spec, now=int(time.time()))
         round_dir = home.round_dir(state.round_id)

@@ -14,6 +14,7 @@ from click.testing import CliRunner
 from anonml.cli import main
 from crypto import node_id_of
 from relay import (
+    PinnedAggregator,
     RelayConfig,
     RelayConfigError,
     RelayDataDirError,
@@ -105,6 +106,20 @@ def test_rendered_config_reads_back_and_documents_every_key(tmp_path: Path) -> N
     assert text.count("\n# ") + text.count("\n#") > 20  # commented
 
 
+def test_rendered_config_reads_back_the_pinned_aggregators(tmp_path: Path) -> None:
+    aggregators = (PinnedAggregator("http://127.0.0.1:8080", bytes(range(32))),
+                   PinnedAggregator("https://[::1]:8443/a", b"\xff" * 32))
+    config = RelayConfig(data_dir=tmp_path, listen=("127.0.0.1", 9000), directory_aggregators=aggregators)
+    text = render_config(config)
+    assert f'identity = "{bytes(range(32)).hex()}"' in text
+    assert config_from_mapping(tomllib.loads(text), tmp_path) == config
+    assert str(aggregators[1]) == f"{'ff' * 32}@https://[::1]:8443/a"
+    assert PinnedAggregator.parse(str(aggregators[1])) == aggregators[1]
+
+
+KEY_HEX = "ab" * 32
+
+
 @pytest.mark.parametrize(
     ("section", "key", "value", "message"),
     [
@@ -115,6 +130,19 @@ def test_rendered_config_reads_back_and_documents_every_key(tmp_path: Path) -> N
         ("keys", "grace_seconds", 10**9, "grace_seconds"),
         ("storage", "synchronous", "OFF", "synchronous"),
         ("relay", "advertise", "example.org:80", "IP literal"),
+        ("directory", "aggregators", "http://127.0.0.1:8080", r"directory\.aggregators must be a list"),
+        ("directory", "aggregators", ["http://127.0.0.1:8080"], r"directory\.aggregators\[0\] must be a table"),
+        ("directory", "aggregators", [{"url": "http://127.0.0.1:8080"}], r"\[0\] must be a table with exactly url and identity"),
+        ("directory", "aggregators", [{"url": "http://127.0.0.1:1", "identity": KEY_HEX, "x": 1}], r"exactly url and identity"),
+        ("directory", "aggregators", [{"url": "ftp://x", "identity": KEY_HEX}], r"directory\.aggregators\[0\]\.url .*'ftp://x'"),
+        ("directory", "aggregators", [{"url": 5, "identity": KEY_HEX}], r"directory\.aggregators\[0\]\.url"),
+        ("directory", "aggregators", [{"url": "http://127.0.0.1:1", "identity": KEY_HEX},
+                                      {"url": "http://127.0.0.1:2", "identity": "ab" * 31}],
+         r"directory\.aggregators\[1\]\.identity .*64 hex digits"),
+        ("directory", "aggregators", [{"url": "http://127.0.0.1:1", "identity": "zz" * 32}], r"\[0\]\.identity"),
+        ("directory", "aggregators", [{"url": "http://127.0.0.1:1", "identity": 7}], r"\[0\]\.identity"),
+        ("directory", "aggregators", [{"url": "http://127.0.0.1:1", "identity": KEY_HEX}] * 2, "URL twice"),
+        ("directory", "aggregators", [{"url": "http://127.0.0.1:1", "identity": KEY_HEX}] * 65, "at most 64"),
     ],
 )
 def test_bad_config_values_raise_one_typed_error(section: str, key: str, value: object, message: str) -> None:

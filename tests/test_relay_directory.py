@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import trio
+from nacl.signing import SigningKey
 from test_manifest import SIGNING_KEY, fixed_manifest
 from test_relay_cascade import (
     GEOMETRY,
@@ -35,6 +36,7 @@ from relay import (
     DirectoryEntry,
     DirectoryError,
     NextHopDirectory,
+    PinnedAggregator,
     RelayConfig,
     RelayConfigError,
     RelayStarted,
@@ -47,6 +49,11 @@ from relay import (
 )
 from relay._config import REQUIRE_DIRECTORY_DEFAULT
 from relay._sink import FinalHopSink
+
+AGGREGATOR_IDENTITY = bytes(SIGNING_KEY.verify_key)
+# A key other than the pinned one: whoever answers an aggregator's URL can
+# sign a well-formed manifest with it.
+ROGUE_KEY = SigningKey(bytes(range(100, 132)))
 
 
 async def open_recorder(nursery: trio.Nursery, connections: list[object]) -> tuple[str, int]:
@@ -132,14 +139,17 @@ async def serve_manifests(documents: dict[str, bytes], *, task_status: trio.Task
 
 
 def signed_manifest_json(relay_node: bytes, relay_link: tuple[str, int], relay_public: bytes,
-                         sink_address: tuple[str, int]) -> bytes:
+                         sink_address: tuple[str, int], signing_key: SigningKey = SIGNING_KEY) -> bytes:
+    """A valid signed manifest naming one relay and the sink at ``sink_address``,
+    signed by ``signing_key`` (which it also names as its identity key)."""
     manifest = fixed_manifest(
         relays=(RelayEntry(relay_node, relay_link[0], relay_link[1], relay_public, 1),),
         aggregator_hop=AggregatorHop(node_id_of(SINK_PUBLIC), sink_address[0], sink_address[1],
                                      SINK_PUBLIC),
         path_length=1,
+        identity_key=bytes(signing_key.verify_key),
     )
-    return SignedManifest.sign(manifest, SIGNING_KEY).to_json()
+    return SignedManifest.sign(manifest, signing_key).to_json()
 
 
 async def test_the_directory_comes_from_verified_manifests_of_an_aggregator_that_starts_later(
@@ -155,7 +165,9 @@ async def test_the_directory_comes_from_verified_manifests_of_an_aggregator_that
         create_identity(data_dir)
         config = RelayConfig(data_dir=data_dir, listen=("127.0.0.1", 0), max_hops=GEOMETRY.max_hops,
                              packet_size=GEOMETRY.packet_size, synchronous="NORMAL",
-                             directory_aggregators=(base + "/good", base + "/forged"),
+                             directory_aggregators=tuple(
+                                 PinnedAggregator(base + path, AGGREGATOR_IDENTITY)
+                                 for path in ("/good", "/forged", "/rogue")),
                              directory_min_refresh_seconds=0.2, directory_fetch_timeout=2.0)
         # The aggregator is not serving its manifest yet: the relay still starts.
         started: RelayStarted = await nursery.start(serve_relay, config)
@@ -165,17 +177,22 @@ async def test_the_directory_comes_from_verified_manifests_of_an_aggregator_that
             started.node_id, started.link, started.keys[0].public_key, rogue_address))
         # A manifest naming the rogue address as the final hop, its signature broken.
         forged_json = SignedManifest(forged.manifest, bytes(64)).to_json()
+        # The same, correctly signed by a key other than the pinned one.
+        rogue_json = signed_manifest_json(started.node_id, started.link, started.keys[0].public_key, rogue_address,
+                                          signing_key=ROGUE_KEY)
         client = client_for(started)
         first = build_packet(GEOMETRY, [hop(started, open_window()), sink_hop(sink_address)], b"before")
         assert await client.send_batch([first], give_up_at=trio.current_time() + 5) == [AckStatus.REJECTED]
         documents["/good/v1/manifest"] = good
         documents["/forged/v1/manifest"] = forged_json
+        documents["/rogue/v1/manifest"] = rogue_json
         # No packet asks for it: the failed start-up fetch is simply retried.
         assert started.directory is not None
         with trio.fail_after(10):
             while not started.directory.sources().get(base + "/good"):
                 await trio.sleep(0.05)
-        assert started.directory.sources() == {base + "/good": 2}  # the relay and the final hop; nothing forged
+        # The relay and the final hop; nothing from the broken or the rogue-signed manifest.
+        assert started.directory.sources() == {base + "/good": 2}
         packet = build_packet(GEOMETRY, [hop(started, open_window()), sink_hop(sink_address)], b"after")
         assert await client.send_batch([packet], give_up_at=trio.current_time() + 5) == [AckStatus.ACCEPTED]
         with trio.fail_after(10):
@@ -237,25 +254,32 @@ def test_directory_file_round_trip_and_address_normalisation(tmp_path: Path) -> 
 
 def test_init_stores_the_directory_sources_and_info_shows_them(tmp_path: Path) -> None:
     data_dir = tmp_path / "r"
+    key = AGGREGATOR_IDENTITY.hex()
     code, output = invoke("init", "--data-dir", str(data_dir), "--listen", "127.0.0.1:9000",
-                          "--aggregator", "http://127.0.0.1:8080", "--aggregator", "http://[::1]:8081/a",
+                          "--aggregator", f"{key}@http://127.0.0.1:8080", "--aggregator", f"{key}@http://[::1]:8081/a",
                           "--directory-file", "directory.json")
     assert code == 0, output
     config = load_config(data_dir)
-    assert config.directory_aggregators == ("http://127.0.0.1:8080", "http://[::1]:8081/a")
+    assert config.directory_aggregators == (PinnedAggregator("http://127.0.0.1:8080", AGGREGATOR_IDENTITY),
+                                            PinnedAggregator("http://[::1]:8081/a", AGGREGATOR_IDENTITY))
     assert config.directory_path == data_dir / "directory.json"
     code, output = invoke("info", "--data-dir", str(data_dir))
-    assert code == 0 and "forwards only to next hops from: aggregator http://127.0.0.1:8080" in output
-    code, output = invoke("init", "--data-dir", str(tmp_path / "bad"), "--listen", "127.0.0.1:9000",
-                          "--aggregator", "ftp://x")
-    assert code != 0 and "ftp://x" in output
+    assert code == 0 and f"forwards only to next hops from: aggregator http://127.0.0.1:8080 (identity {key})" in output
+    for value, named in ((f"{key}@ftp://x", "ftp://x"), ("http://127.0.0.1:8080", "IDENTITY@URL"),
+                         (f"{key[:-2]}@http://127.0.0.1:8080", "identity"), (f"{key}zz@http://127.0.0.1:8080", "identity")):
+        code, output = invoke("init", "--data-dir", str(tmp_path / "bad"), "--listen", "127.0.0.1:9000",
+                              "--aggregator", value)
+        assert code != 0 and "--aggregator" in output and named in output, (value, output)
+        assert not (tmp_path / "bad").exists()
     code, output = invoke("init", "--data-dir", str(tmp_path / "none"), "--listen", "127.0.0.1:9001")
     assert code == 0
     without_directory = "refuses to start" if REQUIRE_DIRECTORY_DEFAULT else "forwards to ANY address"
     assert without_directory in invoke("info", "--data-dir", str(tmp_path / "none"))[1]
     # `run --aggregator` adds to the configured sources, validated the same way.
-    code, output = invoke("run", "--data-dir", str(tmp_path / "none"), "--aggregator", "ftp://y")
+    code, output = invoke("run", "--data-dir", str(tmp_path / "none"), "--aggregator", f"{key}@ftp://y")
     assert code != 0 and "ftp://y" in output
+    code, output = invoke("run", "--data-dir", str(tmp_path / "none"), "--aggregator", "ftp://y")
+    assert code != 0 and "IDENTITY@URL" in output
 
 
 async def test_fetching_a_manifest_is_bounded_in_time_and_size() -> None:
@@ -270,12 +294,35 @@ async def test_fetching_a_manifest_is_bounded_in_time_and_size() -> None:
         http_port = await nursery.start(serve_manifests, documents)
         started = trio.current_time()
         with pytest.raises(DirectoryError, match="within"):
-            await fetch_manifest_hops(silent_url, timeout=0.5)
+            await fetch_manifest_hops(silent_url, identity=AGGREGATOR_IDENTITY, timeout=0.5)
         assert trio.current_time() - started < 2
         with pytest.raises(DirectoryError, match="over"):
-            await fetch_manifest_hops(f"http://127.0.0.1:{http_port}/big", timeout=5)
+            await fetch_manifest_hops(f"http://127.0.0.1:{http_port}/big", identity=AGGREGATOR_IDENTITY, timeout=5)
         with pytest.raises(DirectoryError, match="does not verify"):
-            await fetch_manifest_hops(f"http://127.0.0.1:{http_port}/junk", timeout=5)
+            await fetch_manifest_hops(f"http://127.0.0.1:{http_port}/junk", identity=AGGREGATOR_IDENTITY, timeout=5)
         with pytest.raises(DirectoryError, match="cannot fetch"):
-            await fetch_manifest_hops("http://127.0.0.1:1", timeout=5)
+            await fetch_manifest_hops("http://127.0.0.1:1", identity=AGGREGATOR_IDENTITY, timeout=5)
+        nursery.cancel_scope.cancel()
+
+
+async def test_only_a_manifest_signed_by_the_pinned_identity_adds_next_hops() -> None:
+    """Whoever answers the URL can serve a well-formed manifest signed by a key
+    of their own; it must add nothing (the relay would be an open forwarder
+    again), while the pinned aggregator's manifest is accepted."""
+    relay_node, relay_public = b"\x01" * 32, b"\x02" * 32
+    honest_sink, rogue_sink = ("127.0.0.1", 7100), ("127.0.0.1", 9)
+    documents = {
+        "/honest/v1/manifest": signed_manifest_json(relay_node, ("127.0.0.1", 7000), relay_public, honest_sink),
+        "/rogue/v1/manifest": signed_manifest_json(relay_node, ("127.0.0.1", 7000), relay_public, rogue_sink,
+                                                   signing_key=ROGUE_KEY),
+    }
+    async with trio.open_nursery() as nursery:
+        base = f"http://127.0.0.1:{await nursery.start(serve_manifests, documents)}"
+        honest = await fetch_manifest_hops(base + "/honest", identity=AGGREGATOR_IDENTITY, timeout=5)
+        assert DirectoryEntry(node_id_of(SINK_PUBLIC), *honest_sink) in honest
+        with pytest.raises(DirectoryError, match=ROGUE_KEY.verify_key.encode().hex()):
+            await fetch_manifest_hops(base + "/rogue", identity=AGGREGATOR_IDENTITY, timeout=5)
+        # The rogue manifest is itself well formed: only the pin refuses it.
+        assert DirectoryEntry(node_id_of(SINK_PUBLIC), *rogue_sink) in await fetch_manifest_hops(
+            base + "/rogue", identity=bytes(ROGUE_KEY.verify_key), timeout=5)
         nursery.cancel_scope.cancel()
