@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import signal
 import sys
 import time
@@ -15,6 +14,7 @@ import click
 import trio
 
 from crypto import DEFAULT_MAX_HOPS, DEFAULT_PACKET_SIZE
+from protocol import write_secret_file
 from relay._config import (
     CONFIG_FILE,
     PinnedAggregator,
@@ -100,9 +100,7 @@ def init(data_dir: Path, listen: str, advertise: str | None, metrics: str | None
         create_identity(data_dir)
     except (RelayConfigError, RelayDataDirError) as exc:
         raise click.ClickException(str(exc)) from None
-    descriptor = os.open(data_dir / CONFIG_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(descriptor, "w") as handle:
-        handle.write(render_config(config))
+    write_secret_file(data_dir / CONFIG_FILE, render_config(config).encode())
     KeyRing(data_dir, epoch_seconds=config.key_epoch_seconds, grace_seconds=config.key_grace_seconds).rotate(
         time.time()
     )
