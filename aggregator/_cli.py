@@ -39,9 +39,7 @@ def init(data_dir: Path) -> None:
     if home.identity_path.exists() or home.final_hop_path.exists():
         raise click.ClickException(f"{data_dir} already holds an aggregator identity; refusing to overwrite it")
     home.initialise(os.urandom(32), generate_keypair()[0])
-    from nacl.signing import SigningKey
-
-    identity = bytes(SigningKey(home.read_key(home.identity_path)).verify_key)
+    identity = bytes(home.signing_key().verify_key)
     click.echo(f"aggregator identity {identity.hex()} in {data_dir}")
 
 

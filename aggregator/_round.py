@@ -630,7 +630,7 @@ def create_round(
     home: AggregatorHome, spec: RoundSpec, *, now: int, rng_bytes: Callable[[int], bytes] = os.urandom
 ) -> tuple[RoundState, list[str]]:
     """Make a round: issuer key, seed and commitment, signed manifest, database. Returns it and its invitation codes."""
-    signing_key = SigningKey(home.read_key(home.identity_path))
+    signing_key = home.signing_key()
     final_private = home.read_key(home.final_hop_path)
     final_public = public_key_of(final_private)
     seed = rng_bytes(32)
@@ -676,7 +676,7 @@ def open_round(home: AggregatorHome, round_id_hex: str, *, clock: Clock = time.t
     if not (directory / "round.sqlite").is_file():
         raise FileNotFoundError(f"no round {round_id_hex!r} in {str(home.root)!r}")
     store = RoundStore(directory / "round.sqlite")
-    signing_key = SigningKey(home.read_key(home.identity_path))
+    signing_key = home.signing_key()
     manifest_json, issuer, seed = (store.get_meta(k) for k in ("manifest", "issuer_key", "seed"))
     if manifest_json is None or issuer is None or seed is None:
         raise FileNotFoundError(f"round {round_id_hex!r} is incomplete")

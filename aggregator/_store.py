@@ -19,6 +19,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from nacl.signing import SigningKey
+
 from protocol import SurveyId, write_secret_file
 
 _SCHEMA = """
@@ -359,6 +361,10 @@ class AggregatorHome:
         self.root.chmod(0o700)
         for path, secret in ((self.identity_path, identity_seed), (self.final_hop_path, final_hop_private)):
             write_secret_file(path, secret)
+
+    def signing_key(self) -> SigningKey:
+        """The aggregator's Ed25519 identity: it signs manifests and rosters; relays pin its public half."""
+        return SigningKey(self.read_key(self.identity_path))
 
     def read_key(self, path: Path) -> bytes:
         if not path.is_file():

@@ -473,11 +473,10 @@ async def run_demo(data: DemoData, params: DemoParams, work: Path, console: Any)
 
         # The aggregator's operator creates its identity first and gives the
         # printed key to the relay operators, who pin it with the URL.
-        init_out = await procs.run("aggregator-init", "aggregator", "init", "--data-dir", str(agg_dir))
-        words = init_out.split()
-        if len(words) < 3 or words[:2] != ["aggregator", "identity"]:
-            raise DemoError(f"`anonml aggregator init` did not print its identity: {init_out!r}")
-        identity = words[2]
+        await procs.run("aggregator-init", "aggregator", "init", "--data-dir", str(agg_dir))
+        from aggregator import AggregatorHome
+
+        identity = bytes(AggregatorHome(agg_dir).signing_key().verify_key).hex()
 
         async def init_relay(i: int) -> None:
             relay_dir = work / f"relay-{i}"
