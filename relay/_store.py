@@ -65,8 +65,8 @@ class RelayStore:
         self._db.executescript(_SCHEMA)
         self._in_transaction = False
         # Ids of held rows are assigned here so a batch's rows go in with one
-        # executemany (a per-row INSERT cost ~3x more per packet); ids only
-        # need to be unique, and a rolled-back batch merely skips some.
+        # executemany rather than an INSERT per row; ids only need to be
+        # unique, and a rolled-back batch merely skips some.
         (last_id,) = self._db.execute("SELECT COALESCE(MAX(id), 0) FROM held").fetchone()
         self._next_held_id = int(last_id) + 1
         # Wall seconds spent inside SQLite (fsync waits included), for the
