@@ -11,8 +11,9 @@ from typing import Any
 
 import click
 
-from aggregator._round import ROUND_SPEC_EXAMPLE
-from aggregator._store import AggregatorHome
+from anonml.aggregator._round import ROUND_SPEC_EXAMPLE
+from anonml.errors import ConfigError, StorageError
+from anonml.aggregator._store import AggregatorHome
 
 EXIT_MIN_PARTICIPATION = 3
 """``run``'s exit code when the round missed its minimum participation."""
@@ -33,7 +34,7 @@ def init(data_dir: Path) -> None:
     """Create the Ed25519 identity and the X25519 final-hop key (never overwrites)."""
     import os
 
-    from crypto import generate_keypair
+    from anonml.crypto import generate_keypair
 
     home = AggregatorHome(data_dir)
     if home.identity_path.exists() or home.final_hop_path.exists():
@@ -54,7 +55,7 @@ def round_group() -> None:
 @click.option("--spec", "spec_path", required=True, type=click.Path(dir_okay=False, exists=True, path_type=Path))
 def round_new(data_dir: Path, spec_path: Path) -> None:
     """Validate SPEC, create the round (issuer key, seed commitment, signed manifest) and print its id."""
-    from aggregator._round import RoundSpecError, create_round, parse_round_spec
+    from anonml.aggregator._round import RoundSpecError, create_round, parse_round_spec
 
     try:
         document = tomllib.loads(spec_path.read_text())
@@ -67,7 +68,7 @@ def round_new(data_dir: Path, spec_path: Path) -> None:
     home = AggregatorHome(data_dir)
     try:
         state, codes = create_round(home, spec, now=int(time.time()))
-    except FileNotFoundError as exc:
+    except (FileNotFoundError, ConfigError, StorageError) as exc:
         raise click.ClickException(str(exc)) from None
     directory = home.round_dir(state.round_id)
     if codes:
@@ -97,15 +98,15 @@ def run(data_dir: Path, round_id: str | None, test_file: Path | None, linger: fl
     """Serve the round through all its phases, then learn and write the report."""
     import trio
 
-    from aggregator._report import learn, summarise, write_report
-    from aggregator._round import RoundState, open_round
-    from aggregator._service import AggregatorConfig, serve_aggregator
+    from anonml.aggregator._report import learn, summarise, write_report
+    from anonml.aggregator._round import RoundState, open_round
+    from anonml.aggregator._service import AggregatorConfig, serve_aggregator
 
     home = AggregatorHome(data_dir)
     chosen = round_id or _latest_round(home)
     try:
         state = open_round(home, chosen)
-    except (FileNotFoundError, ValueError) as exc:
+    except (FileNotFoundError, ValueError, ConfigError, StorageError) as exc:
         raise click.ClickException(str(exc)) from None
     directory = home.round_dir(state.round_id)
     manifest = state.manifest
@@ -157,7 +158,7 @@ def run(data_dir: Path, round_id: str | None, test_file: Path | None, linger: fl
 @click.argument("round_id")
 def report(data_dir: Path, round_id: str) -> None:
     """Summarise ROUND's report on the terminal (report.json and report.html are in its directory)."""
-    from aggregator._report import summarise
+    from anonml.aggregator._report import summarise
 
     directory = AggregatorHome(data_dir).root / "rounds" / round_id
     path = directory / "report.json"

@@ -22,13 +22,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 
-from mechanisms import postprocess, shuffle_amplified_epsilon
-from protocol import FeatureSpec, SurveyId
+from anonml.mechanisms import postprocess, shuffle_amplified_epsilon
+from anonml.protocol import FeatureSpec, SurveyId
 
-from aggregator._round import RoundState
+from anonml.aggregator._round import RoundState
 
 if TYPE_CHECKING:
-    from aggregator._data import Table
+    from anonml.learning._data import Table
 
 REPORT_JSON = "report.json"
 REPORT_HTML = "report.html"
@@ -42,7 +42,7 @@ def learn(state: RoundState, directory: Path, *, test_file: Path | None = None) 
     so it never reads the clock itself (trio's MockClock is only readable on the loop).
     """
     now = state.learning_started_at if state.learning_started_at is not None else state.now()
-    from aggregator._ensemble import PartitionEnsemble, SubsetHistogram
+    from anonml.learning._ensemble import PartitionEnsemble, SubsetHistogram
 
     started = time.perf_counter()
     manifest, spec = state.manifest, state.spec
@@ -120,7 +120,7 @@ def read_labelled_csv(path: Path, spec: FeatureSpec) -> Table:
 
     Raises DataError naming the line of the first malformed row.
     """
-    from aggregator._data import DataError, Table, finite_number
+    from anonml.learning._data import DataError, Table, finite_number
 
     needed = [*spec.names, spec.label.name]
     numeric = set(spec.numeric_names)
@@ -154,7 +154,7 @@ def _utility(state: RoundState, model: Any, cut_points: dict[str, list[float]], 
     """AUC of the published model on a labelled held-out file: CSV with a header, or UCI Adult's format."""
     from sklearn.metrics import roc_auc_score
 
-    from aggregator._data import read_adult_file
+    from anonml.learning._data import read_adult_file
 
     table = read_labelled_csv(test_file, state.spec) if test_file.suffix == ".csv" else read_adult_file(test_file)
     bins = state.spec.bin_columns(table.columns, cut_points)

@@ -23,16 +23,19 @@ from typing import Any
 import numpy as np
 from nacl.signing import SigningKey
 
-from crypto import (
+from anonml.errors import AnonMLError
+from anonml.crypto import (
     DEFAULT_MAX_HOPS,
     DEFAULT_PACKET_SIZE,
+    IssueJob,
     IssuerSecretKey,
     SphinxGeometry,
+    issue_credentials,
     node_id_of,
     public_key_of,
 )
-from mechanisms import FrequencyOracle, QuantileSearch, make_oracle, total_epsilon
-from protocol import (
+from anonml.mechanisms import FrequencyOracle, QuantileSearch, make_oracle, total_epsilon
+from anonml.protocol import (
     AggregatorHop,
     CredentialRequest,
     CredentialResponse,
@@ -64,10 +67,9 @@ from protocol import (
     seed_commitment,
     worst_case_releases,
 )
-from protocol._canonical import FieldReader, InvalidDocument
+from anonml.protocol._canonical import FieldReader, InvalidDocument
 
-from aggregator._store import AggregatorHome, RegistrationRefused, RoundStore
-from aggregator._workers import IssueJob, issue_job
+from anonml.aggregator._store import AggregatorHome, RegistrationRefused, RoundStore
 
 Clock = Callable[[], float]
 
@@ -75,7 +77,7 @@ Clock = Callable[[], float]
 ALREADY_ISSUED = "a credential was already issued to this identity for this round"
 
 
-class ApiRefused(Exception):
+class ApiRefused(AnonMLError):
     """Raised by :class:`RoundState` request handlers; ``status`` is the HTTP status, ``reason`` the error text."""
 
     def __init__(self, status: int, reason: str) -> None:
@@ -89,7 +91,7 @@ def issuance_refused(reason: str) -> ApiRefused:
     return ApiRefused(400, f"bad issuance request ({reason})")
 
 
-class SurveyRefused(Exception):
+class SurveyRefused(AnonMLError):
     """Raised by :meth:`RoundState.check_survey`; ``reason`` is the rejection counter's name."""
 
     def __init__(self, reason: str) -> None:
@@ -295,7 +297,7 @@ class RoundState:
     def issue(self, request: CredentialRequest) -> CredentialResponse:
         """Admit, issue and record one credential now (the HTTP path batches issuance and commits instead)."""
         partition, now = self.admit_credential(request)
-        response = issue_job(self.secrets.issuer_key, IssueJob(request.request, partition))
+        [response] = issue_credentials(self.secrets.issuer_key, [IssueJob(request.request, partition)])
         if isinstance(response, str):
             raise issuance_refused(response)
         if not self.store.record_credential(request.identity_key, partition, response, now):
@@ -345,7 +347,7 @@ class RoundState:
         if survey.kind == SurveyKind.MEDIAN:
             decode_median_report(report, len(self.numeric))
             return
-        from mechanisms import InvalidReport
+        from anonml.mechanisms import InvalidReport
 
         try:
             self.data_oracle(survey.partition, survey.subset).decode_reports([report])
@@ -507,7 +509,7 @@ def parse_round_spec(document: dict[str, Any]) -> RoundSpec:
     task = reader.child("task")
     if task.optional("builtin"):
         builtin = task.choice("builtin", ("adult",))
-        from aggregator._adult import adult_spec
+        from anonml.learning._adult import adult_spec
 
         spec = adult_spec() if builtin == "adult" else None
         assert spec is not None

@@ -22,7 +22,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from protocol import (
+from anonml.crypto import IssueJob
+from anonml.protocol import (
     MAX_REQUEST_BYTES,
     PATH_CREDENTIAL,
     PATH_MANIFEST,
@@ -40,9 +41,9 @@ from protocol import (
     RegisterResponse,
 )
 
-from aggregator._round import ALREADY_ISSUED, ApiRefused, Clock, RoundState, issuance_refused
-from aggregator._sink import PacketSink
-from aggregator._workers import IssueJob, IssuerWorkers
+from anonml.aggregator._round import ALREADY_ISSUED, ApiRefused, Clock, RoundState, issuance_refused
+from anonml.aggregator._sink import PacketSink
+from anonml.aggregator._workers import IssuerWorkers
 
 log = logging.getLogger(__name__)
 

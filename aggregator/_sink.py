@@ -16,11 +16,11 @@ import logging
 
 import trio
 
-from protocol import AckStatus, LinkError, LinkLimits, serve_link
+from anonml.protocol import AckStatus, LinkError, LinkLimits, serve_link
 
-from aggregator._round import RoundState
-from aggregator._verify import OpenedBatch, finish_batch, open_batch
-from aggregator._workers import IssuerWorkers
+from anonml.aggregator._round import RoundState
+from anonml.aggregator._verify import OpenedBatch, finish_batch, open_batch
+from anonml.aggregator._workers import IssuerWorkers
 
 log = logging.getLogger(__name__)
 

@@ -14,37 +14,45 @@ threads; a lock serialises access (SQLite connections are not thread-safe).
 from __future__ import annotations
 
 import sqlite3
-import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from nacl.signing import SigningKey
 
-from protocol import SurveyId, write_secret_file
+from anonml.errors import AnonMLError, ConfigError
+from anonml.protocol import SurveyId
+from anonml.storage import Database, Schema, make_private_dir, read_secret_file, write_secret_file
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value BLOB NOT NULL);
-CREATE TABLE IF NOT EXISTS invitations (code TEXT PRIMARY KEY, used_by BLOB);
-CREATE TABLE IF NOT EXISTS allow_list (identity_key BLOB PRIMARY KEY);
-CREATE TABLE IF NOT EXISTS registrations (
+SCHEMA = Schema(
+    name="round",
+    application_id=0x414E4103,  # "ANA\x03"
+    version=1,
+    tables="""
+CREATE TABLE meta (key TEXT PRIMARY KEY, value BLOB NOT NULL);
+CREATE TABLE invitations (code TEXT PRIMARY KEY, used_by BLOB);
+CREATE TABLE allow_list (identity_key BLOB PRIMARY KEY);
+CREATE TABLE registrations (
     identity_key BLOB PRIMARY KEY, invitation TEXT, registered_at INTEGER NOT NULL);
-CREATE TABLE IF NOT EXISTS credentials (
+CREATE TABLE credentials (
     identity_key BLOB PRIMARY KEY, partition INTEGER NOT NULL, response BLOB NOT NULL,
     issued_at INTEGER NOT NULL);
-CREATE TABLE IF NOT EXISTS packets (
+CREATE TABLE packets (
     survey BLOB NOT NULL, tag_digest BLOB NOT NULL, message_hash BLOB NOT NULL,
     report BLOB NOT NULL, receipt BLOB NOT NULL, accepted_at INTEGER NOT NULL,
     PRIMARY KEY (survey, tag_digest));
-CREATE TABLE IF NOT EXISTS rejections (reason TEXT PRIMARY KEY, count INTEGER NOT NULL);
-CREATE TABLE IF NOT EXISTS replay_tags (tag BLOB PRIMARY KEY);
-CREATE TABLE IF NOT EXISTS results (key TEXT PRIMARY KEY, value BLOB NOT NULL);
-CREATE TABLE IF NOT EXISTS inbox (
+CREATE TABLE rejections (reason TEXT PRIMARY KEY, count INTEGER NOT NULL);
+CREATE TABLE replay_tags (tag BLOB PRIMARY KEY);
+CREATE TABLE results (key TEXT PRIMARY KEY, value BLOB NOT NULL);
+CREATE TABLE inbox (
     id INTEGER PRIMARY KEY AUTOINCREMENT, frame BLOB NOT NULL, arrived INTEGER NOT NULL);
-"""
+""",
+    # Rounds from before stores were versioned wrote these same tables.
+    unversioned=1,
+)
 
 
-class RegistrationRefused(ValueError):
+class RegistrationRefused(AnonMLError):
     """Raised by :meth:`RoundStore.register` with ``reason`` (used as the 4xx error text)."""
 
     def __init__(self, reason: str) -> None:
@@ -68,53 +76,49 @@ class RoundStore:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._lock = threading.Lock()
         self.registrations_version = 0
         """Bumped on every new registration (lets readers cache the roster)."""
         self.packets_version = 0
         """Bumped whenever a packet is accepted (lets readers cache the receipt log)."""
-        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
-        with self._lock:
-            self._db.execute("PRAGMA journal_mode=WAL")
-            # FULL: a commit is on disk before the link acknowledges (DESIGN.md §10).
-            self._db.execute("PRAGMA synchronous=FULL")
-            self._db.executescript(_SCHEMA)
-            self.inbox_count = int(self._db.execute("SELECT COUNT(*) FROM inbox").fetchone()[0])
+        # Durable (a commit is on disk before the link acknowledges, DESIGN.md
+        # §10) and private: the file holds the issuer's secret key and the seed.
+        self._database = Database(path, SCHEMA, private=True)
+        with self._database.read() as db:
+            self.inbox_count = int(db.execute("SELECT COUNT(*) FROM inbox").fetchone()[0])
             """Frames waiting for verification (kept in memory: the sink checks it per batch)."""
 
     def close(self) -> None:
-        with self._lock:
-            self._db.close()
+        self._database.close()
 
     # -- metadata and results ------------------------------------------------
 
     def put_meta(self, key: str, value: bytes) -> None:
-        with self._lock:
-            self._db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, value))
+        with self._database.transaction() as db:
+            db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, value))
 
     def get_meta(self, key: str) -> bytes | None:
-        with self._lock:
-            row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        with self._database.read() as db:
+            row = db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
         return None if row is None else bytes(row[0])
 
     def put_result(self, key: str, value: bytes) -> None:
-        with self._lock:
-            self._db.execute("INSERT OR REPLACE INTO results VALUES (?, ?)", (key, value))
+        with self._database.transaction() as db:
+            db.execute("INSERT OR REPLACE INTO results VALUES (?, ?)", (key, value))
 
     def get_result(self, key: str) -> bytes | None:
-        with self._lock:
-            row = self._db.execute("SELECT value FROM results WHERE key = ?", (key,)).fetchone()
+        with self._database.read() as db:
+            row = db.execute("SELECT value FROM results WHERE key = ?", (key,)).fetchone()
         return None if row is None else bytes(row[0])
 
     # -- registration ----------------------------------------------------------
 
     def add_invitations(self, codes: Iterable[str]) -> None:
-        with self._lock:
-            self._db.executemany("INSERT OR IGNORE INTO invitations (code) VALUES (?)", [(c,) for c in codes])
+        with self._database.transaction() as db:
+            db.executemany("INSERT OR IGNORE INTO invitations (code) VALUES (?)", [(c,) for c in codes])
 
     def add_allowed(self, keys: Iterable[bytes]) -> None:
-        with self._lock:
-            self._db.executemany("INSERT OR IGNORE INTO allow_list VALUES (?)", [(k,) for k in keys])
+        with self._database.transaction() as db:
+            db.executemany("INSERT OR IGNORE INTO allow_list VALUES (?)", [(k,) for k in keys])
 
     def register(self, identity_key: bytes, invitation: str | None, policy: str, now: int) -> bool:
         """Record a registration; True if new, False if this key was already registered.
@@ -134,56 +138,50 @@ class RoundStore:
         refusal reason (the policy's checks, as in :meth:`register`).
         """
         outcomes: list[bool | str] = []
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                for identity_key, invitation, now in items:
-                    if self._db.execute("SELECT 1 FROM registrations WHERE identity_key = ?", (identity_key,)).fetchone():
-                        outcomes.append(False)
-                        continue
-                    refusal = self._policy_refusal(identity_key, invitation, policy)
-                    if refusal is not None:
-                        outcomes.append(refusal)
-                        continue
-                    if policy == "invitation":
-                        self._db.execute("UPDATE invitations SET used_by = ? WHERE code = ?", (identity_key, invitation))
-                    self._db.execute("INSERT INTO registrations VALUES (?, ?, ?)", (identity_key, invitation, now))
-                    outcomes.append(True)
-                self._db.execute("COMMIT")
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-            self.registrations_version += sum(1 for outcome in outcomes if outcome is True)
+        with self._database.transaction() as db:
+            for identity_key, invitation, now in items:
+                if db.execute("SELECT 1 FROM registrations WHERE identity_key = ?", (identity_key,)).fetchone():
+                    outcomes.append(False)
+                    continue
+                refusal = self._policy_refusal(db, identity_key, invitation, policy)
+                if refusal is not None:
+                    outcomes.append(refusal)
+                    continue
+                if policy == "invitation":
+                    db.execute("UPDATE invitations SET used_by = ? WHERE code = ?", (identity_key, invitation))
+                db.execute("INSERT INTO registrations VALUES (?, ?, ?)", (identity_key, invitation, now))
+                outcomes.append(True)
+        self.registrations_version += sum(1 for outcome in outcomes if outcome is True)
         return outcomes
 
-    def _policy_refusal(self, identity_key: bytes, invitation: str | None, policy: str) -> str | None:
+    def _policy_refusal(self, db: sqlite3.Connection, identity_key: bytes, invitation: str | None, policy: str) -> str | None:
         if policy == "invitation":
             if invitation is None:
                 return "an invitation code is required"
-            row = self._db.execute("SELECT used_by FROM invitations WHERE code = ?", (invitation,)).fetchone()
+            row = db.execute("SELECT used_by FROM invitations WHERE code = ?", (invitation,)).fetchone()
             if row is None:
                 return "unknown invitation code"
             if row[0] is not None:
                 return "invitation code already used"
         elif policy == "allow-list":
-            if not self._db.execute("SELECT 1 FROM allow_list WHERE identity_key = ?", (identity_key,)).fetchone():
+            if not db.execute("SELECT 1 FROM allow_list WHERE identity_key = ?", (identity_key,)).fetchone():
                 return "identity key is not on the allow-list"
         return None
 
     def roster(self) -> list[bytes]:
-        with self._lock:
-            rows = self._db.execute("SELECT identity_key FROM registrations ORDER BY identity_key").fetchall()
+        with self._database.read() as db:
+            rows = db.execute("SELECT identity_key FROM registrations ORDER BY identity_key").fetchall()
         return [bytes(row[0]) for row in rows]
 
     def is_registered(self, identity_key: bytes) -> bool:
-        with self._lock:
-            return self._db.execute("SELECT 1 FROM registrations WHERE identity_key = ?", (identity_key,)).fetchone() is not None
+        with self._database.read() as db:
+            return db.execute("SELECT 1 FROM registrations WHERE identity_key = ?", (identity_key,)).fetchone() is not None
 
     # -- credentials -----------------------------------------------------------
 
     def credential_issued(self, identity_key: bytes) -> bool:
-        with self._lock:
-            return self._db.execute("SELECT 1 FROM credentials WHERE identity_key = ?", (identity_key,)).fetchone() is not None
+        with self._database.read() as db:
+            return db.execute("SELECT 1 FROM credentials WHERE identity_key = ?", (identity_key,)).fetchone() is not None
 
     def record_credential(self, identity_key: bytes, partition: int, response: bytes, now: int) -> bool:
         """Record an issued credential; False if this peer already had one (nothing stored)."""
@@ -195,43 +193,31 @@ class RoundStore:
         Per item False if that peer already had one (the first stays: one credential per peer per round).
         """
         outcomes: list[bool] = []
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                for item in items:
-                    cursor = self._db.execute("INSERT OR IGNORE INTO credentials VALUES (?, ?, ?, ?)", item)
-                    outcomes.append(cursor.rowcount == 1)
-                self._db.execute("COMMIT")
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
+        with self._database.transaction() as db:
+            for item in items:
+                cursor = db.execute("INSERT OR IGNORE INTO credentials VALUES (?, ?, ?, ?)", item)
+                outcomes.append(cursor.rowcount == 1)
         return outcomes
 
     # -- packets ----------------------------------------------------------------
 
     def replay_seen(self, tag: bytes) -> bool:
         """Whether ``tag`` is in the final hop's replay cache (tags are added by :meth:`store_batch`)."""
-        with self._lock:
-            return self._db.execute("SELECT 1 FROM replay_tags WHERE tag = ?", (tag,)).fetchone() is not None
+        with self._database.read() as db:
+            return db.execute("SELECT 1 FROM replay_tags WHERE tag = ?", (tag,)).fetchone() is not None
 
     # -- the inbox: frames received and durable, not yet verified ---------------------
 
     def enqueue(self, frames: Sequence[bytes], arrived: int) -> None:
         """Make received frames durable with their arrival time (the link acknowledges after this)."""
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                self._db.executemany("INSERT INTO inbox (frame, arrived) VALUES (?, ?)", [(f, arrived) for f in frames])
-                self._db.execute("COMMIT")
-                self.inbox_count += len(frames)
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
+        with self._database.transaction() as db:
+            db.executemany("INSERT INTO inbox (frame, arrived) VALUES (?, ?)", [(f, arrived) for f in frames])
+        self.inbox_count += len(frames)
 
     def inbox_batch(self, limit: int, after: int = 0) -> list[tuple[int, bytes, int]]:
         """The oldest ``limit`` unverified frames with ids above ``after``, as ``(id, frame, arrived)``."""
-        with self._lock:
-            rows = self._db.execute(
+        with self._database.read() as db:
+            rows = db.execute(
                 "SELECT id, frame, arrived FROM inbox WHERE id > ? ORDER BY id LIMIT ?", (after, limit)
             ).fetchall()
         return [(int(i), bytes(f), int(a)) for i, f, a in rows]
@@ -241,8 +227,8 @@ class RoundStore:
 
     def inbox_pending_before(self, when: int) -> bool:
         """Whether a frame that arrived before ``when`` still awaits its verdict."""
-        with self._lock:
-            return self._db.execute("SELECT 1 FROM inbox WHERE arrived < ? LIMIT 1", (when,)).fetchone() is not None
+        with self._database.read() as db:
+            return db.execute("SELECT 1 FROM inbox WHERE arrived < ? LIMIT 1", (when,)).fetchone() is not None
 
     def store_batch(
         self,
@@ -264,75 +250,69 @@ class RoundStore:
         counted: dict[str, int] = {}
         for reason in rejections:
             counted[reason] = counted.get(reason, 0) + 1
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                for packet in packets:
-                    survey = packet.survey.to_bytes()
-                    row = self._db.execute(
-                        "SELECT message_hash FROM packets WHERE survey = ? AND tag_digest = ?", (survey, packet.tag_digest)
-                    ).fetchone()
-                    if row is None:
-                        self._db.execute(
-                            "INSERT INTO packets VALUES (?, ?, ?, ?, ?, ?)",
-                            (survey, packet.tag_digest, packet.message_hash, packet.report, packet.receipt, now),
-                        )
-                        outcomes.append("accepted")
-                        self.packets_version += 1
-                        continue
-                    outcome = "duplicate" if bytes(row[0]) == packet.message_hash else "double-submission"
-                    outcomes.append(outcome)
-                    counted[outcome] = counted.get(outcome, 0) + 1
-                # The inbox rows go in the same transaction: each frame is decided exactly once.
-                deleted = self._db.executemany("DELETE FROM inbox WHERE id = ?", [(i,) for i in done_inbox_ids]).rowcount
-                # Replay tags commit with the batch: one fsync per batch, not per packet.
-                self._db.executemany("INSERT OR IGNORE INTO replay_tags VALUES (?)", [(t,) for t in replay_tags])
-                self._db.executemany(
-                    "INSERT INTO rejections VALUES (?, ?) ON CONFLICT(reason) DO UPDATE SET count = count + excluded.count",
-                    sorted(counted.items()),
-                )
-                self._db.execute("COMMIT")
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-            self.inbox_count -= max(deleted, 0)
+        with self._database.transaction() as db:
+            for packet in packets:
+                survey = packet.survey.to_bytes()
+                row = db.execute(
+                    "SELECT message_hash FROM packets WHERE survey = ? AND tag_digest = ?", (survey, packet.tag_digest)
+                ).fetchone()
+                if row is None:
+                    db.execute(
+                        "INSERT INTO packets VALUES (?, ?, ?, ?, ?, ?)",
+                        (survey, packet.tag_digest, packet.message_hash, packet.report, packet.receipt, now),
+                    )
+                    outcomes.append("accepted")
+                    continue
+                outcome = "duplicate" if bytes(row[0]) == packet.message_hash else "double-submission"
+                outcomes.append(outcome)
+                counted[outcome] = counted.get(outcome, 0) + 1
+            # The inbox rows go in the same transaction: each frame is decided exactly once.
+            deleted = db.executemany("DELETE FROM inbox WHERE id = ?", [(i,) for i in done_inbox_ids]).rowcount
+            # Replay tags commit with the batch: one fsync per batch, not per packet.
+            db.executemany("INSERT OR IGNORE INTO replay_tags VALUES (?)", [(t,) for t in replay_tags])
+            db.executemany(
+                "INSERT INTO rejections VALUES (?, ?) ON CONFLICT(reason) DO UPDATE SET count = count + excluded.count",
+                sorted(counted.items()),
+            )
+        self.inbox_count -= max(deleted, 0)
+        self.packets_version += outcomes.count("accepted")
         return outcomes
 
     def reports(self, survey: SurveyId) -> list[bytes]:
-        with self._lock:
-            rows = self._db.execute(
+        with self._database.read() as db:
+            rows = db.execute(
                 "SELECT report FROM packets WHERE survey = ? ORDER BY tag_digest", (survey.to_bytes(),)
             ).fetchall()
         return [bytes(row[0]) for row in rows]
 
     def receipts(self) -> dict[SurveyId, list[bytes]]:
-        with self._lock:
-            rows = self._db.execute("SELECT survey, receipt FROM packets ORDER BY survey, receipt").fetchall()
+        with self._database.read() as db:
+            rows = db.execute("SELECT survey, receipt FROM packets ORDER BY survey, receipt").fetchall()
         log: dict[SurveyId, list[bytes]] = {}
         for survey, receipt in rows:
             log.setdefault(SurveyId.from_bytes(bytes(survey)), []).append(bytes(receipt))
         return log
 
     def counts(self) -> dict[str, int]:
-        with self._lock:
-            registered = self._db.execute("SELECT COUNT(*) FROM registrations").fetchone()[0]
-            credentials = self._db.execute("SELECT COUNT(*) FROM credentials").fetchone()[0]
-            accepted = self._db.execute("SELECT COUNT(*) FROM packets").fetchone()[0]
+        with self._database.read() as db:
+            registered = db.execute("SELECT COUNT(*) FROM registrations").fetchone()[0]
+            credentials = db.execute("SELECT COUNT(*) FROM credentials").fetchone()[0]
+            accepted = db.execute("SELECT COUNT(*) FROM packets").fetchone()[0]
         return {"registered": int(registered), "credentials": int(credentials), "accepted": int(accepted)}
 
     def accepted_by_survey(self) -> dict[SurveyId, int]:
-        with self._lock:
-            rows = self._db.execute("SELECT survey, COUNT(*) FROM packets GROUP BY survey").fetchall()
+        with self._database.read() as db:
+            rows = db.execute("SELECT survey, COUNT(*) FROM packets GROUP BY survey").fetchall()
         return {SurveyId.from_bytes(bytes(survey)): int(count) for survey, count in rows}
 
     def rejections(self) -> dict[str, int]:
-        with self._lock:
-            rows = self._db.execute("SELECT reason, count FROM rejections ORDER BY reason").fetchall()
+        with self._database.read() as db:
+            rows = db.execute("SELECT reason, count FROM rejections ORDER BY reason").fetchall()
         return {str(reason): int(count) for reason, count in rows}
 
     def partitions(self) -> dict[bytes, int]:
-        with self._lock:
-            rows = self._db.execute("SELECT identity_key, partition FROM credentials").fetchall()
+        with self._database.read() as db:
+            rows = db.execute("SELECT identity_key, partition FROM credentials").fetchall()
         return {bytes(key): int(partition) for key, partition in rows}
 
 
@@ -357,8 +337,7 @@ class AggregatorHome:
 
     def initialise(self, identity_seed: bytes, final_hop_private: bytes) -> None:
         """Write both keys; refuses to overwrite an existing identity (FileExistsError)."""
-        self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
-        self.root.chmod(0o700)
+        make_private_dir(self.root)
         for path, secret in ((self.identity_path, identity_seed), (self.final_hop_path, final_hop_private)):
             write_secret_file(path, secret)
 
@@ -367,11 +346,12 @@ class AggregatorHome:
         return SigningKey(self.read_key(self.identity_path))
 
     def read_key(self, path: Path) -> bytes:
-        if not path.is_file():
-            raise FileNotFoundError(f"{str(path)!r} is missing: run `anonml aggregator init --data-dir {self.root}` first")
-        data = path.read_bytes()
+        """A 32-byte key file of this home; ConfigError (naming the fix) if it is missing, open to others or malformed."""
+        if not path.exists():
+            raise ConfigError(f"{str(path)!r} is missing: run `anonml aggregator init --data-dir {self.root}` first")
+        data = read_secret_file(path, what="the aggregator key", max_bytes=32)
         if len(data) != 32:
-            raise ValueError(f"{str(path)!r} holds {len(data)} bytes, expected 32")
+            raise ConfigError(f"{str(path)!r} holds {len(data)} bytes, expected 32")
         return data
 
     def round_dir(self, round_id: bytes) -> Path:

@@ -16,13 +16,13 @@ from collections.abc import Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
-from crypto import REJECTION_REASONS as TOKEN_REJECTION_REASONS
-from crypto import FinalMessage, InvalidPacket, ReplayedPacket, process_packet
-from protocol import InvalidMessage, SurveyMessage, receipt_digest
+from anonml.crypto import REJECTION_REASONS as TOKEN_REJECTION_REASONS
+from anonml.crypto import FinalMessage, InvalidPacket, ReplayedPacket, TokenJob, process_packet
+from anonml.protocol import InvalidMessage, SurveyMessage, receipt_digest
 
-from aggregator._round import RoundState, SurveyRefused, message_hash
-from aggregator._store import VerifiedPacket
-from aggregator._workers import IssuerWorkers, TokenJob
+from anonml.aggregator._round import RoundState, SurveyRefused, message_hash
+from anonml.aggregator._store import VerifiedPacket
+from anonml.aggregator._workers import IssuerWorkers
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +37,7 @@ REJECTION_REASONS: tuple[str, ...] = (
     "double-submission",
     "duplicate",
 )
-"""Every reason a packet is counted as rejected under (``bad-token/`` names the token's reason: :func:`aggregator._workers.verify_job`)."""
+"""Every reason a packet is counted as rejected under (``bad-token/`` names the token's reason: :func:`aggregator._workers.token_rejection`)."""
 
 
 @dataclass(frozen=True)

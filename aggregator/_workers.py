@@ -1,10 +1,7 @@
 """The issuer's secret-key work, a batch at a time: blind issuance and token verification (DESIGN.md §6).
 
-Both are CPU-bound P-256 proofs with the round's issuer secret key. They run
-in the calling thread or, with ``processes > 0``, spread over worker
-processes that each load the key once; results are plain bytes (a response
-or a tag digest) or a plain-string reason, so they cross process boundaries
-as they are.
+Both run in the calling thread or, with ``processes > 0``, spread over worker
+processes that each load the key once (``crypto``'s batch functions).
 """
 
 from __future__ import annotations
@@ -12,59 +9,23 @@ from __future__ import annotations
 import multiprocessing
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
 from typing import TypeVar
 
-from crypto import InvalidIssuance, InvalidToken, IssuerSecretKey, issue_credential, verify_token
+from anonml.crypto import (
+    IssueJob,
+    IssuerSecretKey,
+    TokenJob,
+    init_worker,
+    issue_credentials,
+    issue_in_worker,
+    verify_in_worker,
+    verify_tokens,
+)
 
 
-@dataclass(frozen=True)
-class TokenJob:
-    """One token to verify: everything ``verify_token`` needs besides the issuer key."""
-
-    ctx: bytes
-    message: bytes
-    token: bytes
-    partition: int
-
-
-def verify_job(issuer_key: IssuerSecretKey, job: TokenJob) -> bytes | str:
-    """The tag digest, or the rejection reason (``wrong-partition`` or ``bad-token/<reason>``)."""
-    try:
-        return verify_token(issuer_key, job.ctx, job.message, job.token, expected_partition=job.partition)
-    except InvalidToken as exc:
-        return "wrong-partition" if exc.reason == "wrong-partition" else f"bad-token/{exc.reason}"
-
-
-@dataclass(frozen=True)
-class IssueJob:
-    """One blind issuance: the peer's request and the partition the roster gives it."""
-
-    request: bytes
-    partition: int
-
-
-def issue_job(issuer_key: IssuerSecretKey, job: IssueJob) -> bytes | str:
-    """The issuer's blind response, or the refusal reason (``InvalidIssuance.reason``) for a bad request."""
-    try:
-        return issue_credential(issuer_key, job.request, job.partition).to_bytes()
-    except InvalidIssuance as exc:
-        return exc.reason
-
-
-_WORKER_KEY: list[IssuerSecretKey] = []
-
-
-def _init_worker(issuer_key_bytes: bytes) -> None:
-    _WORKER_KEY[:] = [IssuerSecretKey.from_bytes(issuer_key_bytes)]
-
-
-def _verify_in_worker(jobs: list[TokenJob]) -> list[bytes | str]:
-    return [verify_job(_WORKER_KEY[0], job) for job in jobs]
-
-
-def _issue_in_worker(jobs: list[IssueJob]) -> list[bytes | str]:
-    return [issue_job(_WORKER_KEY[0], job) for job in jobs]
+def token_rejection(reason: str) -> str:
+    """The rejection counter's name for a token refused with ``InvalidToken.reason``."""
+    return "wrong-partition" if reason == "wrong-partition" else f"bad-token/{reason}"
 
 
 Job = TypeVar("Job")
@@ -89,13 +50,13 @@ class IssuerWorkers:
         if processes > 0:
             self.pool = ProcessPoolExecutor(
                 processes, mp_context=multiprocessing.get_context("spawn"),
-                initializer=_init_worker, initargs=(issuer_key.to_bytes(),),
+                initializer=init_worker, initargs=(issuer_key.to_bytes(),),
             )
 
     def warm(self) -> None:
         """Start every worker process now (spawning imports the crypto stack: seconds, not per packet)."""
         if self.pool is not None:
-            list(self.pool.map(_verify_in_worker, [[] for _ in range(self.processes)]))
+            list(self.pool.map(verify_in_worker, [[] for _ in range(self.processes)]))
 
     def _spread(self, work: Callable[[list[Job]], list[bytes | str]], jobs: list[Job]) -> list[bytes | str]:
         assert self.pool is not None
@@ -104,16 +65,18 @@ class IssuerWorkers:
         return [result for part in self.pool.map(work, parts) for result in part]
 
     def verify(self, jobs: list[TokenJob]) -> list[bytes | str]:
-        """Per job the tag digest or the rejection reason (see :func:`verify_job`)."""
+        """Per job the tag digest or the rejection reason (see :func:`token_rejection`)."""
         if self.pool is None or len(jobs) < 2:
-            return [verify_job(self.issuer_key, job) for job in jobs]
-        return self._spread(_verify_in_worker, jobs)
+            results = verify_tokens(self.issuer_key, jobs)
+        else:
+            results = self._spread(verify_in_worker, jobs)
+        return [token_rejection(result) if isinstance(result, str) else result for result in results]
 
     def issue(self, jobs: list[IssueJob]) -> list[bytes | str]:
-        """Per job the blind response or the refusal reason (see :func:`issue_job`)."""
+        """Per job the blind response or the refusal reason (``InvalidIssuance.reason``)."""
         if self.pool is None or len(jobs) < 2:
-            return [issue_job(self.issuer_key, job) for job in jobs]
-        return self._spread(_issue_in_worker, jobs)
+            return issue_credentials(self.issuer_key, jobs)
+        return self._spread(issue_in_worker, jobs)
 
     def close(self) -> None:
         if self.pool is not None:

@@ -1,8 +1,16 @@
-"""AnonML: the ``anonml`` command and the whole-system entry points.
+"""AnonML: anonymous, locally differentially private learning.
 
-The roles live in their own top-level packages (``relay``, ``peer``,
-``aggregator``, ``crypto``, ``mechanisms``); the protocol's shared vocabulary
-lives in ``protocol``. This package only wires them into one command.
+Everything installs under this one name. The packages, lowest layer first:
+
+- ``anonml.crypto``, ``anonml.mechanisms``: Sphinx packets and anonymous
+  tokens; local-DP mechanisms and the privacy ledger;
+- ``anonml.protocol``, ``anonml.learning``: the vocabulary every role shares
+  (manifest, survey ids, wire formats, schedules, plans); the learner;
+- ``anonml.relay``, ``anonml.peer``, ``anonml.aggregator``: the three roles;
+- ``anonml.cli``, the demo and ``anonml.bench``: the ``anonml`` command.
+
+Each lives in its own top-level folder of the source tree (``relay/``,
+``peer/``, …) and is linked into this package.
 """
 
 from __future__ import annotations

@@ -37,7 +37,8 @@ import numpy as np
 import trio
 
 from anonml._swarm import SwarmConfig
-from protocol import FeatureSpec, RoundStatus
+from anonml.cli import anonml_command
+from anonml.protocol import FeatureSpec, RoundStatus
 
 RELAYS = 3
 AGGREGATOR_PROCESSES = 2
@@ -92,7 +93,7 @@ def breast_cancer_data(seed: int) -> DemoData:
     """scikit-learn's Wisconsin breast cancer set (ships with sklearn; offline): 70% peers, 30% held out."""
     from sklearn.datasets import load_breast_cancer
 
-    from protocol._features import FeatureSpec, LabelSpec, NumericFeature
+    from anonml.protocol._features import FeatureSpec, LabelSpec, NumericFeature
 
     bunch = load_breast_cancer()
     names = list(bunch.feature_names)
@@ -115,8 +116,8 @@ def breast_cancer_data(seed: int) -> DemoData:
 
 def adult_data(data_dir: Path) -> DemoData:
     """UCI Adult: every ``adult.data`` row is a peer; ``adult.test`` is held out."""
-    from aggregator._adult import adult_spec
-    from aggregator._data import load_adult
+    from anonml.learning._adult import adult_spec
+    from anonml.learning._data import load_adult
 
     train, test = load_adult(data_dir)
     spec = adult_spec()
@@ -143,11 +144,6 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind((HOST, 0))
         return int(sock.getsockname()[1])
-
-
-def anonml_command(*args: str) -> list[str]:
-    """The same ``anonml`` this process runs, as a child process."""
-    return [sys.executable, "-c", "import sys; from anonml.cli import main; sys.exit(main())", *args]
 
 
 @dataclass
@@ -443,7 +439,7 @@ async def run_demo(data: DemoData, params: DemoParams, work: Path, console: Any)
     """Run one complete round; returns the summary figures."""
     from rich.live import Live
 
-    from peer._client import AggregatorClient
+    from anonml.peer._client import AggregatorClient
 
     started = time.monotonic()
     logs = work / "logs"
@@ -474,7 +470,7 @@ async def run_demo(data: DemoData, params: DemoParams, work: Path, console: Any)
         # The aggregator's operator creates its identity first and gives the
         # printed key to the relay operators, who pin it with the URL.
         await procs.run("aggregator-init", "aggregator", "init", "--data-dir", str(agg_dir))
-        from aggregator import AggregatorHome
+        from anonml.aggregator import AggregatorHome
 
         identity = bytes(AggregatorHome(agg_dir).signing_key().verify_key).hex()
 
@@ -560,7 +556,7 @@ async def run_demo(data: DemoData, params: DemoParams, work: Path, console: Any)
             await aggregator.wait()
         report = json.loads(report_path.read_text()) if report_path.is_file() else {}
         if report:
-            from aggregator._report import summarise as report_lines
+            from anonml.aggregator._report import summarise as report_lines
 
             # What `anonml aggregator report --data-dir DIR ROUND` prints.
             for line in report_lines(report):

@@ -55,15 +55,21 @@ def _emit(record: dict[str, Any]) -> None:
 
 
 async def run_swarm(config: SwarmConfig) -> dict[str, Any]:
-    from mechanisms import BudgetExceeded
-    from peer._client import AggregatorClient, AggregatorError
-    from peer._features import RoundPipeline
-    from peer._framework import Dataset
-    from peer._identity import PeerIdentity
-    from peer._join import JoinRefused, JoinResult, Peer, RoundSession, join_round
-    from peer._store import PeerStore
-    from peer._transport import open_transport
-    from protocol._features import FeatureSpec
+    from anonml.mechanisms import BudgetExceeded
+    from anonml.peer._client import AggregatorClient, AggregatorError
+    from anonml.peer._features import RoundPipeline
+    from anonml.peer._framework import Dataset
+    from anonml.peer._identity import PeerIdentity
+    from anonml.peer._join import (
+        JoinRefused,
+        JoinResult,
+        Peer,
+        RoundSession,
+        join_round,
+    )
+    from anonml.peer._store import PeerStore
+    from anonml.peer._transport import open_transport
+    from anonml.protocol._features import FeatureSpec
 
     started = time.monotonic()
     events: Counter[str] = Counter()

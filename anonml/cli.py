@@ -9,6 +9,7 @@ optional role cannot break the others.
 from __future__ import annotations
 
 import importlib
+import sys
 from typing import Any
 
 import click
@@ -17,21 +18,26 @@ from anonml import __version__
 
 # Subcommand name -> "module:attribute" of a click command or group.
 ROLE_COMMANDS: dict[str, str] = {
-    "experiment": "aggregator._experiment:experiment",
-    "aggregator": "aggregator._cli:aggregator",
-    "peer": "peer._cli:peer",
+    "experiment": "anonml.learning._experiment:experiment",
+    "aggregator": "anonml.aggregator._cli:aggregator",
+    "peer": "anonml.peer._cli:peer",
     "demo": "anonml._demo:demo",
-    "relay": "relay._cli:relay",
+    "relay": "anonml.relay._cli:relay",
 }
 
 # ``anonml bench NAME``: one benchmark per component, each printing ratios
 # against a baseline measured in the same run.
 BENCH_COMMANDS: dict[str, str] = {
-    "aggregator": "aggregator._bench:bench_aggregator",
-    "mechanisms": "mechanisms._bench:bench_mechanisms",
-    "crypto": "crypto._bench:bench_crypto",
-    "relay": "relay._bench:bench_relay",
+    "aggregator": "anonml.bench.aggregator:bench_aggregator",
+    "mechanisms": "anonml.bench.mechanisms:bench_mechanisms",
+    "crypto": "anonml.bench.crypto:bench_crypto",
+    "relay": "anonml.bench.relay:bench_relay",
 }
+
+
+def anonml_command(*args: str) -> list[str]:
+    """The argv that runs this same ``anonml`` (this interpreter, this install) as a child process."""
+    return [sys.executable, "-c", "import sys; from anonml.cli import main; sys.exit(main())", *args]
 
 
 class LazyGroup(click.Group):

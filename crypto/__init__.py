@@ -9,9 +9,9 @@ from __future__ import annotations
 __all__: list[str] = []
 
 # Sphinx packets (DESIGN.md §5).
-from crypto._geometry import DEFAULT_MAX_HOPS, DEFAULT_PACKET_SIZE, InvalidGeometry, SphinxGeometry
-from crypto._primitives import ct_equal
-from crypto._sphinx import (
+from anonml.crypto._geometry import DEFAULT_MAX_HOPS, DEFAULT_PACKET_SIZE, InvalidGeometry, SphinxGeometry
+from anonml.crypto._primitives import ct_equal
+from anonml.crypto._sphinx import (
     BadGroupElement,
     BadMac,
     BadPayload,
@@ -35,7 +35,7 @@ from crypto._sphinx import (
     process_packet,
     public_key_of,
 )
-from crypto._surb import InvalidSurb, Surb, SurbKeys, create_surb, open_reply, package_reply
+from anonml.crypto._surb import InvalidSurb, Surb, SurbKeys, create_surb, open_reply, package_reply
 
 __all__ += [
     "DEFAULT_MAX_HOPS",
@@ -74,7 +74,7 @@ __all__ += [
 ]
 
 # One-per-survey anonymous tokens (DESIGN.md §6).
-from crypto._credential import (
+from anonml.crypto._credential import (
     REJECTION_REASONS,
     TAG_DIGEST_BYTES,
     TOKEN_BYTES,
@@ -124,4 +124,25 @@ __all__ += [
     "tag_digest",
     "verify_parsed_token",
     "verify_token",
+]
+
+# The issuer's work a batch at a time, also in worker processes.
+from anonml.crypto._batch import (
+    IssueJob,
+    TokenJob,
+    init_worker,
+    issue_credentials,
+    issue_in_worker,
+    verify_in_worker,
+    verify_tokens,
+)
+
+__all__ += [
+    "IssueJob",
+    "TokenJob",
+    "init_worker",
+    "issue_credentials",
+    "issue_in_worker",
+    "verify_in_worker",
+    "verify_tokens",
 ]

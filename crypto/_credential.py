@@ -32,7 +32,8 @@ from dataclasses import dataclass
 from functools import cached_property, lru_cache
 from typing import TypeVar
 
-from crypto._group import (
+from anonml.errors import InputError
+from anonml.crypto._group import (
     CURVE_ID,
     G,
     H,
@@ -56,7 +57,7 @@ from crypto._group import (
     secret_mul,
     system_rng,
 )
-from crypto._primitives import ct_equal
+from anonml.crypto._primitives import ct_equal
 
 VERSION = 1
 KID_BYTES = 32
@@ -82,7 +83,7 @@ REJECTION_REASONS = frozenset(
 """Every ``reason`` a :class:`CredentialError` can carry, for pre-created counters."""
 
 
-class CredentialError(ValueError):
+class CredentialError(InputError):
     """Base of the token recipe's errors. ``reason`` (one of
     :data:`REJECTION_REASONS`) is a short label for counters and logs; the
     message is for logs only and is never sent back to a peer."""

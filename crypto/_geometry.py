@@ -25,7 +25,8 @@ import json
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from crypto._primitives import HMAC_SHA256_SIZE, LIONESS_KEY_SIZE, LIONESS_MIN_BLOCK_SIZE, X25519_ELEMENT_SIZE
+from anonml.errors import InputError
+from anonml.crypto._primitives import HMAC_SHA256_SIZE, LIONESS_KEY_SIZE, LIONESS_MIN_BLOCK_SIZE, X25519_ELEMENT_SIZE
 
 SUITE = "anonml-sphinx/v1/x25519-hkdfsha256-hmacsha256-chacha20-lioness"
 _HASH_DOMAIN = b"anonml/sphinx/geometry/v1\x00"
@@ -56,7 +57,7 @@ _SUITE_SIZES = {
 }
 
 
-class InvalidGeometry(ValueError):
+class InvalidGeometry(InputError):
     """Raised by :meth:`SphinxGeometry.create`, ``validate`` and ``from_dict``
     for parameters that cannot form a packet format."""
 

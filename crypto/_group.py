@@ -29,6 +29,8 @@ from petlib.bindings import _C
 from petlib.bn import Bn
 from petlib.ec import EcGroup, EcPt
 
+from anonml.errors import InputError
+
 # NIST P-256 (OpenSSL nid 415, "prime256v1"); DESIGN.md §6 fixes the curve.
 # petlib's default curve is P-224, so the nid is always passed explicitly.
 CURVE_NID = 415
@@ -68,7 +70,7 @@ RandomSource = Union[Callable[[int], bytes], np.random.Generator]
 (:func:`hedged_scalars`), so a weak or repeating source cannot leak a key."""
 
 
-class GroupEncodingError(ValueError):
+class GroupEncodingError(InputError):
     """Raised by :func:`decode_point` and :func:`decode_scalar` for bytes that
     are not a canonical encoding. ``reason`` is a short counter label:
     ``"bad-point"`` or ``"scalar-range"``; recipes re-raise it as their own

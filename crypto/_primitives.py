@@ -27,6 +27,8 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 from cryptography.hazmat.primitives.hashes import SHA256
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
+from anonml.errors import InputError
+
 X25519_SCALAR_SIZE = 32
 X25519_ELEMENT_SIZE = 32
 HMAC_SHA256_SIZE = 32
@@ -45,7 +47,7 @@ LIONESS_KEY_SIZE = 4 * LIONESS_SUBKEY_SIZE
 LIONESS_MIN_BLOCK_SIZE = LIONESS_HALF_SIZE + 1
 
 
-class InvalidGroupElement(ValueError):
+class InvalidGroupElement(InputError):
     """Raised by :func:`x25519` when the result is the all-zero point.
 
     That happens exactly when the input point has small order (RFC 7748 §6.1:

@@ -60,8 +60,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import ClassVar, NamedTuple
 
-from crypto._geometry import NODE_ID_SIZE, SphinxGeometry
-from crypto._primitives import (
+from anonml.errors import InputError
+from anonml.crypto._geometry import NODE_ID_SIZE, SphinxGeometry
+from anonml.crypto._primitives import (
     CHACHA20_KEY_SIZE,
     SHA256_SIZE,
     X25519_ELEMENT_SIZE,
@@ -99,18 +100,18 @@ _SURB_REPLY = 3  # final hop of a reply: the payload is for the SURB's creator
 # Errors
 
 
-class InvalidRoute(ValueError):
+class InvalidRoute(InputError):
     """Raised on the sending side (hop descriptions, :func:`build_packet`,
     SURB creation) for a path, address, window or message that cannot be made
     into a packet of the geometry."""
 
 
-class InvalidKey(ValueError):
+class InvalidKey(InputError):
     """Raised by the key helpers and :func:`process_packet` for a private or
     public key of the wrong size or a public key that is not a usable element."""
 
 
-class InvalidPacket(ValueError):
+class InvalidPacket(InputError):
     """The one exception a hop raises for a packet it will not process.
 
     Relays report only this type to the network (nothing tells a sender which

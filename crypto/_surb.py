@@ -20,9 +20,10 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from crypto._geometry import SphinxGeometry
-from crypto._primitives import ct_equal, lioness_decrypt, lioness_encrypt
-from crypto._sphinx import (
+from anonml.errors import InputError
+from anonml.crypto._geometry import SphinxGeometry
+from anonml.crypto._primitives import ct_equal, lioness_decrypt, lioness_encrypt
+from anonml.crypto._sphinx import (
     _SURB_REPLY,
     BadPayload,
     NodeAddress,
@@ -37,7 +38,7 @@ from crypto._sphinx import (
 )
 
 
-class InvalidSurb(ValueError):
+class InvalidSurb(InputError):
     """Raised by :meth:`Surb.from_bytes`, :meth:`SurbKeys.from_bytes` and
     :func:`package_reply` for bytes or objects that are not a reply block of
     the geometry."""

@@ -3,10 +3,10 @@ quantiles, numeric mechanisms and the privacy-budget ledger."""
 
 from __future__ import annotations
 
-from mechanisms._accounting import PrivacyLedger, shuffle_amplified_epsilon, total_epsilon
-from mechanisms._errors import BudgetExceeded, InvalidReport
-from mechanisms._numeric import OneBitMean, gaussian_mechanism, gaussian_sigma, laplace_mechanism
-from mechanisms._oracles import (
+from anonml.mechanisms._accounting import PrivacyLedger, shuffle_amplified_epsilon, total_epsilon
+from anonml.mechanisms._errors import BudgetExceeded, InvalidReport
+from anonml.mechanisms._numeric import OneBitMean, gaussian_mechanism, gaussian_sigma, laplace_mechanism
+from anonml.mechanisms._oracles import (
     ORACLE_NAMES,
     FrequencyOracle,
     GeneralizedRandomResponse,
@@ -20,8 +20,8 @@ from mechanisms._oracles import (
     make_oracle,
     optimal_pq_p,
 )
-from mechanisms._postprocess import POSTPROCESS_METHODS, postprocess
-from mechanisms._quantiles import (
+from anonml.mechanisms._postprocess import POSTPROCESS_METHODS, postprocess
+from anonml.mechanisms._quantiles import (
     QuantileSearch,
     answer_is_greater,
     answers_are_greater,

@@ -6,8 +6,8 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
-from mechanisms._errors import BudgetExceeded
-from mechanisms._validate import check_epsilon, check_positive_int, check_probability
+from anonml.mechanisms._errors import BudgetExceeded
+from anonml.mechanisms._validate import check_epsilon, check_positive_int, check_probability
 
 # Budgets are sums of floats (0.1 + 0.2 > 0.3 in binary): a release is refused
 # only when the total exceeds the promise by more than this relative slack.

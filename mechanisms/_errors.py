@@ -1,13 +1,15 @@
 """The exceptions of the ``mechanisms`` package.
 
-Both are ``ValueError`` subclasses so that callers validating user input with a
-plain ``except ValueError`` also catch them.
+:class:`InvalidReport` is an :class:`~anonml.errors.InputError` (a bad value
+from outside); :class:`BudgetExceeded` is a refusal, not a failure.
 """
 
 from __future__ import annotations
 
+from anonml.errors import AnonMLError, InputError
 
-class InvalidReport(ValueError):
+
+class InvalidReport(InputError):
     """A perturbed report that no honest peer could have produced.
 
     Raised by ``FrequencyOracle.decode_reports`` (wrong length, wrong type,
@@ -18,8 +20,8 @@ class InvalidReport(ValueError):
     """
 
 
-class BudgetExceeded(ValueError):
-    """A release would push a peer's total epsilon (thesis eq. 7.4) past the
+class BudgetExceeded(AnonMLError):
+    """A release would push a peer's total epsilon past the
     ``epsilon_total`` it was promised.
 
     Raised by ``PrivacyLedger.record_median`` and ``PrivacyLedger.record_subset``;

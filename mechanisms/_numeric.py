@@ -7,9 +7,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from mechanisms._errors import InvalidReport
-from mechanisms._validate import check_epsilon, check_positive_int, check_probability
-from mechanisms._wire import bytes_for, join_blobs, pack_fields, unpack_fields
+from anonml.mechanisms._errors import InvalidReport
+from anonml.mechanisms._validate import check_epsilon, check_positive_int, check_probability
+from anonml.mechanisms._wire import bytes_for, join_blobs, pack_fields, unpack_fields
 
 
 class OneBitMean:

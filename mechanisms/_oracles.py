@@ -27,9 +27,9 @@ from typing import ClassVar
 
 import numpy as np
 
-from mechanisms._errors import InvalidReport
-from mechanisms._validate import check_counts, check_epsilon, check_positive_int, check_values
-from mechanisms._wire import bytes_for, join_blobs, pack_bits, pack_fields, unpack_bits, unpack_fields
+from anonml.mechanisms._errors import InvalidReport
+from anonml.mechanisms._validate import check_counts, check_epsilon, check_positive_int, check_values
+from anonml.mechanisms._wire import bytes_for, join_blobs, pack_bits, pack_fields, unpack_bits, unpack_fields
 
 # Reports are processed in blocks of this many rows where an (n, m) temporary
 # would otherwise be needed, to bound memory at a million reports.

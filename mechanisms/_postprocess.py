@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from mechanisms._oracles import FrequencyOracle
-from mechanisms._validate import check_positive_int
+from anonml.mechanisms._oracles import FrequencyOracle
+from anonml.mechanisms._validate import check_positive_int
 
 POSTPROCESS_METHODS: tuple[str, ...] = ("clip", "norm-sub", "project", "ibu")
 

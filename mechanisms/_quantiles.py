@@ -28,7 +28,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from mechanisms._validate import check_epsilon
+from anonml.mechanisms._validate import check_epsilon
 
 
 def _binary_rr_keep_probability(epsilon: float) -> float:

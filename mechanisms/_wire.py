@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from mechanisms._errors import InvalidReport
+from anonml.mechanisms._errors import InvalidReport
 
 
 def bytes_for(max_value: int) -> int:

@@ -8,10 +8,10 @@ init`` and ``anonml peer join`` wrap it for a person with one data file.
 
 from __future__ import annotations
 
-from peer._client import AggregatorClient, AggregatorError
-from peer._disclosure import describe_release
-from peer._features import RoundPipeline
-from peer._framework import (
+from anonml.peer._client import AggregatorClient, AggregatorError
+from anonml.peer._disclosure import describe_release
+from anonml.peer._features import RoundPipeline
+from anonml.peer._framework import (
     CsvImporter,
     Dataset,
     EntityIsPeerInstancer,
@@ -25,8 +25,8 @@ from peer._framework import (
     MalformedData,
     TrainingExample,
 )
-from peer._identity import IdentityError, PeerIdentity, init_identity, load_identity
-from peer._join import (
+from anonml.peer._identity import IdentityError, PeerIdentity, init_identity, load_identity
+from anonml.peer._join import (
     JoinRefused,
     JoinResult,
     Peer,
@@ -39,9 +39,9 @@ from peer._join import (
     planned_releases,
     receipt_check_time,
 )
-from peer._ledger import PeerLedger
-from peer._store import PeerStore, Registration, Spend, StoredPacket, StoreError
-from peer._transport import PacketTransport, open_transport
+from anonml.peer._ledger import PeerLedger
+from anonml.peer._store import PeerStore, Registration, Spend, StoredPacket, StoreError
+from anonml.peer._transport import PacketTransport, open_transport
 
 __all__ = [
     "AggregatorClient",

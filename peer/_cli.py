@@ -9,7 +9,8 @@ import click
 import numpy as np
 import trio
 
-from peer._identity import IdentityError, PeerIdentity, init_identity, load_identity
+from anonml.errors import ConfigError
+from anonml.peer._identity import PeerIdentity, init_identity, load_identity
 
 STORE_FILE = "peer.sqlite"
 
@@ -25,7 +26,7 @@ def init(data_dir: Path) -> None:
     """Create this peer's Ed25519 identity (owner-only files; never overwrites)."""
     try:
         identity = init_identity(data_dir)
-    except IdentityError as exc:
+    except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(f"identity {identity.public_key.hex()} created in {data_dir}")
 
@@ -41,22 +42,22 @@ def join(data_dir: Path, url: str, data_file: Path, invitation: str | None, dry_
     """Join the round the aggregator is running, from the data in FILE.csv."""
     try:
         identity = load_identity(data_dir)
-    except IdentityError as exc:
+    except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
     code = trio.run(_join, identity, data_dir, url, data_file, invitation, dry_run, yes)
     sys.exit(code)
 
 
 async def _join(identity: PeerIdentity, data_dir: Path, url: str, data_file: Path, invitation: str | None, dry_run: bool, yes: bool) -> int:
-    from mechanisms import BudgetExceeded
-    from peer._client import AggregatorClient, AggregatorError
-    from peer._disclosure import describe_release
-    from peer._features import RoundPipeline
-    from peer._framework import FeatureError, MalformedData
-    from peer._join import JoinRefused, Peer, RoundSession, join_round
-    from peer._store import PeerStore, StoreError
-    from peer._transport import open_transport
-    from protocol._features import FeatureSpec, FeatureSpecError
+    from anonml.mechanisms import BudgetExceeded
+    from anonml.peer._client import AggregatorClient, AggregatorError
+    from anonml.peer._disclosure import describe_release
+    from anonml.peer._features import RoundPipeline
+    from anonml.peer._framework import FeatureError, MalformedData
+    from anonml.peer._join import JoinRefused, Peer, RoundSession, join_round
+    from anonml.peer._store import PeerStore, StoreError
+    from anonml.peer._transport import open_transport
+    from anonml.protocol._features import FeatureSpec, FeatureSpecError
 
     client = AggregatorClient(url, max_connections=4)
     store = PeerStore(data_dir / STORE_FILE)

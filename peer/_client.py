@@ -17,7 +17,8 @@ from typing import TypeVar
 import httpx
 import trio
 
-from protocol._api import (
+from anonml.errors import TransportError
+from anonml.protocol._api import (
     MAX_RESPONSE_BYTES,
     PATH_CREDENTIAL,
     PATH_MANIFEST,
@@ -40,15 +41,15 @@ from protocol._api import (
     RosterResponse,
     RoundStatus,
 )
-from protocol._canonical import InvalidDocument, parse_json_object
-from protocol._manifest import SignedManifest
+from anonml.protocol._canonical import InvalidDocument, parse_json_object
+from anonml.protocol._manifest import SignedManifest
 
 T = TypeVar("T")
 
 _RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
 
 
-class AggregatorError(ValueError):
+class AggregatorError(TransportError):
     """Raised by :class:`AggregatorClient` when the aggregator refuses a request
     (a 4xx other than 404-for-not-yet, with its ``error`` reason), answers
     with a body that does not parse, or stays unreachable past the deadline.

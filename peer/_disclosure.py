@@ -10,13 +10,13 @@ from __future__ import annotations
 import datetime
 import math
 
-from peer._framework import FeatureVector
-from peer._join import planned_releases
-from peer._ledger import PeerLedger
-from peer._store import PeerStore
-from protocol._features import CategoricalFeature, FeatureSpec, NumericFeature
-from protocol._manifest import RoundManifest, SignedManifest
-from protocol._survey import SurveyId
+from anonml.peer._framework import FeatureVector
+from anonml.peer._join import planned_releases
+from anonml.peer._ledger import PeerLedger
+from anonml.peer._store import PeerStore
+from anonml.protocol._features import CategoricalFeature, FeatureSpec, NumericFeature
+from anonml.protocol._manifest import RoundManifest, SignedManifest
+from anonml.protocol._survey import SurveyId
 
 
 def _when(t: int) -> str:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from peer._framework import (
+from anonml.peer._framework import (
     CsvImporter,
     Dataset,
     EntityIsPeerInstancer,
@@ -25,7 +25,7 @@ from peer._framework import (
     Featurizer,
     FieldValue,
 )
-from protocol._features import CategoricalFeature, Feature, FeatureSpec, NumericFeature
+from anonml.protocol._features import CategoricalFeature, Feature, FeatureSpec, NumericFeature
 
 
 def _where(dataset: Dataset, name: str) -> str:

@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from anonml.errors import InputError
+
 # A field's value: numbers for numeric measurements, text for categories
 # (Table 3.1: "a field has a static type ... its value is immutable").
 FieldValue = float | str
@@ -37,7 +39,7 @@ MAX_CSV_FIELDS = 1024
 MAX_FIELD_CHARS = 4096
 
 
-class MalformedData(ValueError):
+class MalformedData(InputError):
     """Raised by an importer for raw data it cannot turn into events.
 
     ``line`` is the 1-based line number in the source file of the offending row
@@ -51,7 +53,7 @@ class MalformedData(ValueError):
         super().__init__(f"{where}{reason}")
 
 
-class FeatureError(ValueError):
+class FeatureError(InputError):
     """Raised by an instancer or featurizer when a dataset lacks what a feature
     or the label needs, or holds a value outside the declared domain."""
 

@@ -13,14 +13,15 @@ from pathlib import Path
 
 from nacl.signing import SigningKey
 
-from protocol import write_secret_file
+from anonml.errors import ConfigError
+from anonml.storage import make_private_dir, read_secret_file, write_secret_file
 
 IDENTITY_FILE = "identity.key"
 PUBLIC_FILE = "identity.pub"
 _SEED_BYTES = 32
 
 
-class IdentityError(ValueError):
+class IdentityError(ConfigError):
     """Raised by :func:`init_identity` when an identity already exists and by
     :func:`load_identity` when there is none or its file is malformed or
     readable by others."""
@@ -43,7 +44,7 @@ class PeerIdentity:
 
 def init_identity(data_dir: Path) -> PeerIdentity:
     """Create ``data_dir`` (mode 0700) and a fresh identity in it; never overwrite."""
-    data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    make_private_dir(data_dir)
     key_path = data_dir / IDENTITY_FILE
     if key_path.exists():
         raise IdentityError(f"an identity already exists at {str(key_path)!r}; refusing to overwrite it")
@@ -59,10 +60,7 @@ def load_identity(data_dir: Path) -> PeerIdentity:
     key_path = data_dir / IDENTITY_FILE
     if not key_path.exists():
         raise IdentityError(f"no identity at {str(key_path)!r}; run `anonml peer init --data-dir {data_dir}` first")
-    mode = stat.S_IMODE(key_path.stat().st_mode)
-    if mode & 0o077:
-        raise IdentityError(f"{str(key_path)!r} is readable by others (mode {oct(mode)}); chmod 600 it")
-    text = key_path.read_text(errors="replace").strip()
+    text = read_secret_file(key_path, what="the peer identity key", max_bytes=256).decode(errors="replace").strip()
     try:
         seed = bytes.fromhex(text)
     except ValueError:

@@ -27,7 +27,8 @@ from typing import TypeVar
 import numpy as np
 import trio
 
-from crypto import (
+from anonml.errors import AnonMLError
+from anonml.crypto import (
     Credential,
     CredentialSecret,
     IssuerPublicKey,
@@ -41,15 +42,15 @@ from crypto import (
     make_token,
     tag_digest,
 )
-from mechanisms import BudgetExceeded, FrequencyOracle, answer_is_greater, make_oracle
-from peer._client import AggregatorClient, AggregatorError, retry_delay
-from peer._features import RoundPipeline
-from peer._framework import FeatureVector
-from peer._identity import PeerIdentity
-from peer._ledger import PeerLedger
-from peer._store import PeerStore, StoreError
-from peer._transport import PacketTransport
-from protocol._api import (
+from anonml.mechanisms import BudgetExceeded, FrequencyOracle, answer_is_greater, make_oracle
+from anonml.peer._client import AggregatorClient, AggregatorError, retry_delay
+from anonml.peer._features import RoundPipeline
+from anonml.peer._framework import FeatureVector
+from anonml.peer._identity import PeerIdentity
+from anonml.peer._ledger import PeerLedger
+from anonml.peer._store import PeerStore, StoreError
+from anonml.peer._transport import PacketTransport
+from anonml.protocol._api import (
     CredentialRequest,
     MedianResults,
     MedianThresholds,
@@ -57,13 +58,13 @@ from protocol._api import (
     RegisterRequest,
     RosterResponse,
 )
-from protocol._features import FeatureSpec, NumericFeature
-from protocol._link import AckStatus
-from protocol._manifest import RelayEntry, RoundManifest, SignedManifest, check_seed
-from protocol._message import SurveyMessage, bound_bytes, encode_median_report
-from protocol._plan import assign_partitions, derive_subsets, worst_case_releases
-from protocol._schedule import PhaseTimes, hop_windows
-from protocol._survey import SurveyId, SurveyKind
+from anonml.protocol._features import FeatureSpec, NumericFeature
+from anonml.protocol._link import AckStatus
+from anonml.protocol._manifest import RelayEntry, RoundManifest, SignedManifest, check_seed
+from anonml.protocol._message import SurveyMessage, bound_bytes, encode_median_report
+from anonml.protocol._plan import assign_partitions, derive_subsets, worst_case_releases
+from anonml.protocol._schedule import PhaseTimes, hop_windows
+from anonml.protocol._survey import SurveyId, SurveyKind
 
 T = TypeVar("T")
 
@@ -73,7 +74,7 @@ _MARGIN = 0.5
 _SETTLE_SECONDS = 300.0
 
 
-class JoinRefused(ValueError):
+class JoinRefused(AnonMLError):
     """Raised by :func:`join_round` when the peer declines to continue: the
     manifest changed under it, the seed does not open its commitment, it is
     not on the roster, the aggregator disagrees about its partition, or a

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from mechanisms import BudgetExceeded, PrivacyLedger
-from peer._store import PeerStore, Spend
-from protocol._survey import SurveyId
+from anonml.mechanisms import BudgetExceeded, PrivacyLedger
+from anonml.peer._store import PeerStore, Spend
+from anonml.protocol._survey import SurveyId
 
 
 class PeerLedger:

@@ -13,13 +13,18 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS registrations (
+from anonml.errors import StorageError
+from anonml.storage import Database, Schema
+
+SCHEMA = Schema(
+    name="peer",
+    application_id=0x414E5002,  # "ANP\x02"
+    version=1,
+    tables="""
+CREATE TABLE registrations (
     peer TEXT NOT NULL,
     aggregator TEXT NOT NULL,
     round_name TEXT NOT NULL,
@@ -29,7 +34,7 @@ CREATE TABLE IF NOT EXISTS registrations (
     credential BLOB,
     PRIMARY KEY (peer, aggregator, round_name)
 );
-CREATE TABLE IF NOT EXISTS spends (
+CREATE TABLE spends (
     peer TEXT NOT NULL,
     round_id TEXT NOT NULL,
     survey TEXT NOT NULL,
@@ -39,7 +44,7 @@ CREATE TABLE IF NOT EXISTS spends (
     recorded_at REAL NOT NULL,
     PRIMARY KEY (peer, survey)
 );
-CREATE TABLE IF NOT EXISTS packets (
+CREATE TABLE packets (
     peer TEXT NOT NULL,
     survey TEXT NOT NULL,
     round_id TEXT NOT NULL,
@@ -49,10 +54,13 @@ CREATE TABLE IF NOT EXISTS packets (
     acknowledged INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (peer, survey)
 );
-"""
+""",
+    # Peers from before stores were versioned wrote these same tables.
+    unversioned=1,
+)
 
 
-class StoreError(ValueError):
+class StoreError(StorageError):
     """Raised by :class:`PeerStore` when the database cannot be opened or a
     record contradicts one already stored (a second spend or packet for the
     same survey, a different manifest for a round already joined)."""
@@ -103,34 +111,24 @@ class PeerStore:
     """
 
     def __init__(self, path: Path, *, durable: bool = True) -> None:
-        try:
-            self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute(f"PRAGMA synchronous={'FULL' if durable else 'NORMAL'}")
-            self._db.executescript(_SCHEMA)
-        except sqlite3.Error as exc:
-            raise StoreError(f"cannot open the peer store {str(path)!r}: {exc}") from None
+        # private: the file holds this peer's credentials and what it sent.
+        self._database = Database(path, SCHEMA, durable=durable, private=True)
 
     def close(self) -> None:
-        self._db.close()
+        self._database.close()
 
-    @contextmanager
-    def _transaction(self) -> Iterator[sqlite3.Connection]:
-        self._db.execute("BEGIN IMMEDIATE")
-        try:
-            yield self._db
-        except BaseException:
-            self._db.execute("ROLLBACK")
-            raise
-        self._db.execute("COMMIT")
+    def _write(self, sql: str, parameters: tuple[object, ...]) -> None:
+        with self._database.transaction() as db:
+            db.execute(sql, parameters)
 
     # -- registrations ---------------------------------------------------
 
     def registration(self, peer: bytes, round_id: bytes) -> Registration | None:
-        row = self._db.execute(
-            "SELECT aggregator, round_name, partition, credential FROM registrations WHERE peer=? AND round_id=?",
-            (peer.hex(), round_id.hex()),
-        ).fetchone()
+        with self._database.read() as db:
+            row = db.execute(
+                "SELECT aggregator, round_name, partition, credential FROM registrations WHERE peer=? AND round_id=?",
+                (peer.hex(), round_id.hex()),
+            ).fetchone()
         if row is None:
             return None
         return Registration(round_id, row[0], row[1], row[2], row[3])
@@ -143,7 +141,7 @@ class PeerStore:
         (DESIGN.md §4: "a peer refuses a round whose manifest hash differs
         from the one it registered under").
         """
-        with self._transaction() as db:
+        with self._database.transaction() as db:
             row = db.execute(
                 "SELECT round_id FROM registrations WHERE peer=? AND aggregator=? AND round_name=?",
                 (peer.hex(), aggregator, round_name),
@@ -161,12 +159,12 @@ class PeerStore:
                 )
 
     def set_partition(self, peer: bytes, round_id: bytes, partition: int) -> None:
-        self._db.execute(
+        self._write(
             "UPDATE registrations SET partition=? WHERE peer=? AND round_id=?", (partition, peer.hex(), round_id.hex())
         )
 
     def set_credential(self, peer: bytes, round_id: bytes, credential: bytes) -> None:
-        self._db.execute(
+        self._write(
             "UPDATE registrations SET credential=? WHERE peer=? AND round_id=?",
             (credential, peer.hex(), round_id.hex()),
         )
@@ -180,13 +178,14 @@ class PeerStore:
         if round_id is not None:
             query += " AND round_id=?"
             args += (round_id.hex(),)
-        rows = self._db.execute(query + " ORDER BY recorded_at, survey", args).fetchall()
+        with self._database.read() as db:
+            rows = db.execute(query + " ORDER BY recorded_at, survey", args).fetchall()
         return [Spend(bytes.fromhex(r[0]), tuple(json.loads(r[1])), bool(r[2]), r[3]) for r in rows]
 
     def record_spend(self, peer: bytes, round_id: bytes, spend: Spend) -> None:
         """Commit one release to the ledger; a survey is spent on at most once."""
         try:
-            with self._transaction() as db:
+            with self._database.transaction() as db:
                 db.execute(
                     "INSERT INTO spends (peer, round_id, survey, features, label, epsilon, recorded_at)"
                     " VALUES (?, ?, ?, ?, ?, ?, ?)",
@@ -207,7 +206,7 @@ class PeerStore:
 
     def record_packet(self, peer: bytes, round_id: bytes, survey: bytes, message: bytes, receipt: bytes) -> None:
         try:
-            self._db.execute(
+            self._write(
                 "INSERT INTO packets (peer, survey, round_id, message, receipt) VALUES (?, ?, ?, ?, ?)",
                 (peer.hex(), survey.hex(), round_id.hex(), message, receipt.hex()),
             )
@@ -215,16 +214,17 @@ class PeerStore:
             raise StoreError(f"a packet for survey {survey.hex()!r} is already recorded") from None
 
     def packet(self, peer: bytes, survey: bytes) -> StoredPacket | None:
-        row = self._db.execute(
-            "SELECT message, receipt, sends, acknowledged FROM packets WHERE peer=? AND survey=?",
-            (peer.hex(), survey.hex()),
-        ).fetchone()
+        with self._database.read() as db:
+            row = db.execute(
+                "SELECT message, receipt, sends, acknowledged FROM packets WHERE peer=? AND survey=?",
+                (peer.hex(), survey.hex()),
+            ).fetchone()
         if row is None:
             return None
         return StoredPacket(survey, row[0], bytes.fromhex(row[1]), row[2], bool(row[3]))
 
     def count_send(self, peer: bytes, survey: bytes) -> None:
-        self._db.execute("UPDATE packets SET sends=sends+1 WHERE peer=? AND survey=?", (peer.hex(), survey.hex()))
+        self._write("UPDATE packets SET sends=sends+1 WHERE peer=? AND survey=?", (peer.hex(), survey.hex()))
 
     def acknowledge(self, peer: bytes, survey: bytes) -> None:
-        self._db.execute("UPDATE packets SET acknowledged=1 WHERE peer=? AND survey=?", (peer.hex(), survey.hex()))
+        self._write("UPDATE packets SET acknowledged=1 WHERE peer=? AND survey=?", (peer.hex(), survey.hex()))

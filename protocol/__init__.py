@@ -7,7 +7,7 @@ here; ``relay``, ``peer`` and ``aggregator`` import them.
 
 from __future__ import annotations
 
-from protocol._link import (
+from anonml.protocol._link import (
     HELLO_BYTES,
     HELLO_REPLY_BYTES,
     LINK_ERROR_REASONS,
@@ -21,7 +21,7 @@ from protocol._link import (
     encode_hello,
     serve_link,
 )
-from protocol._features import (
+from anonml.protocol._features import (
     CategoricalFeature,
     Feature,
     FeatureSpec,
@@ -29,7 +29,7 @@ from protocol._features import (
     LabelSpec,
     NumericFeature,
 )
-from protocol._plan import (
+from anonml.protocol._plan import (
     DEFAULT_MEDIAN_STEPS,
     MAX_MEDIAN_STEPS,
     PLAN_KINDS,
@@ -41,7 +41,7 @@ from protocol._plan import (
     row_keys,
     worst_case_releases,
 )
-from protocol._api import (
+from anonml.protocol._api import (
     MAX_REQUEST_BYTES,
     MAX_RESPONSE_BYTES,
     PATH_CREDENTIAL,
@@ -69,9 +69,8 @@ from protocol._api import (
     registration_bytes,
     roster_bytes,
 )
-from protocol._canonical import InvalidDocument, canonical_json
-from protocol._files import write_secret_file
-from protocol._manifest import (
+from anonml.protocol._canonical import InvalidDocument, canonical_json
+from anonml.protocol._manifest import (
     MAX_MANIFEST_BYTES,
     PROTOCOL_VERSION,
     REGISTRATION_POLICIES,
@@ -84,7 +83,7 @@ from protocol._manifest import (
     check_seed,
     seed_commitment,
 )
-from protocol._message import (
+from anonml.protocol._message import (
     MESSAGE_VERSION,
     InvalidMessage,
     SurveyMessage,
@@ -93,7 +92,7 @@ from protocol._message import (
     encode_median_report,
     message_overhead,
 )
-from protocol._schedule import (
+from anonml.protocol._schedule import (
     PHASES,
     InvalidSchedule,
     PhaseTimes,
@@ -102,7 +101,7 @@ from protocol._schedule import (
     hop_windows,
     phase_at,
 )
-from protocol._survey import (
+from anonml.protocol._survey import (
     ROUND_ID_BYTES,
     SURVEY_ID_BYTES,
     InvalidSurveyId,
@@ -111,7 +110,6 @@ from protocol._survey import (
 )
 
 __all__ = [
-    "write_secret_file",
     "DEFAULT_MEDIAN_STEPS",
     "MAX_MEDIAN_STEPS",
     "PLAN_KINDS",

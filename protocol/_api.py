@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
-from protocol._canonical import FieldReader, InvalidDocument, canonical_json, parse_json_object
-from protocol._survey import ROUND_ID_BYTES, SURVEY_ID_BYTES, InvalidSurveyId, SurveyId
+from anonml.protocol._canonical import FieldReader, InvalidDocument, canonical_json, parse_json_object
+from anonml.protocol._survey import ROUND_ID_BYTES, SURVEY_ID_BYTES, InvalidSurveyId, SurveyId
 
 if TYPE_CHECKING:
     from nacl.signing import SigningKey
@@ -415,7 +415,7 @@ class RoundStatus:
 
     @classmethod
     def from_json(cls, data: bytes | str | Mapping[str, Any]) -> RoundStatus:
-        from protocol._schedule import PHASES, RoundSchedule
+        from anonml.protocol._schedule import PHASES, RoundSchedule
 
         reader = _reader(data, MAX_RESPONSE_BYTES)
         round_id = reader.hex("round_id", size=ROUND_ID_BYTES)

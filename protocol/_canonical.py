@@ -14,12 +14,14 @@ import math
 import re
 from typing import Any, NoReturn
 
+from anonml.errors import InputError
+
 MAX_JSON_DEPTH = 16
 _HEX = re.compile(r"[0-9a-f]*")
 _NAME = r"[A-Za-z0-9_.\-]+"
 
 
-class InvalidDocument(ValueError):
+class InvalidDocument(InputError):
     """Raised by every strict protocol parser for malformed input.
 
     ``field`` is the dotted path of the offending field (``"schedule.data.t_r"``),

@@ -20,6 +20,8 @@ from typing import Any, Union
 import numpy as np
 import numpy.typing as npt
 
+from anonml.errors import InputError
+
 # Bounds on what a manifest may declare, so a hostile document cannot make a
 # peer allocate without limit (every parser is bounded).
 MAX_FEATURES = 256
@@ -31,7 +33,7 @@ MAX_DOMAIN = 1 << 20
 IntArray = npt.NDArray[np.int64]
 
 
-class FeatureSpecError(ValueError):
+class FeatureSpecError(InputError):
     """Raised when a feature specification, a feature subset, or values to bin
     do not fit the declared rules; the message names the field and the value."""
 

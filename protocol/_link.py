@@ -39,6 +39,8 @@ from dataclasses import dataclass
 
 import trio
 
+from anonml.errors import TransportError
+
 LINK_MAGIC = b"AMLK"
 LINK_VERSION = 1
 GEOMETRY_HASH_BYTES = 32
@@ -67,7 +69,7 @@ class AckStatus(enum.IntEnum):
     BUSY = 3  # the receiver is at capacity; the sender may resend later
 
 
-class LinkError(ValueError):
+class LinkError(TransportError):
     """A link session failed.
 
     Raised by :func:`serve_link`, :func:`read_hello` and :class:`LinkClient` for

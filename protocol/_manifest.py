@@ -17,14 +17,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from protocol._canonical import FieldReader, InvalidDocument, canonical_json, format_epsilon, parse_json_object
-from protocol._schedule import RoundSchedule
-from protocol._survey import ROUND_ID_BYTES
+from anonml.crypto import SphinxGeometry
+from anonml.protocol._canonical import FieldReader, InvalidDocument, canonical_json, format_epsilon, parse_json_object
+from anonml.protocol._schedule import RoundSchedule
+from anonml.protocol._survey import ROUND_ID_BYTES
 
 if TYPE_CHECKING:
     from nacl.signing import SigningKey
 
-    from crypto import SphinxGeometry
 
 PROTOCOL_VERSION = 1
 MAX_MANIFEST_BYTES = 512 * 1024
@@ -176,8 +176,6 @@ class RoundManifest:
 
     def sphinx_geometry(self) -> SphinxGeometry:
         """The packet geometry of this round (every packet has the same size, DESIGN.md §5)."""
-        from crypto import SphinxGeometry  # crypto imports protocol; import late to avoid a cycle
-
         return SphinxGeometry.from_dict(dict(self.geometry))
 
     def to_dict(self) -> dict[str, Any]:

@@ -22,7 +22,8 @@ import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from protocol._survey import SURVEY_ID_BYTES, InvalidSurveyId, SurveyId
+from anonml.errors import InputError
+from anonml.protocol._survey import SURVEY_ID_BYTES, InvalidSurveyId, SurveyId
 
 MESSAGE_VERSION = 1
 MAX_TOKEN_BYTES = 1024
@@ -33,7 +34,7 @@ _HEADER_BYTES = 1 + SURVEY_ID_BYTES
 _BOUND_DOMAIN = b"anonml/message/v1"
 
 
-class InvalidMessage(ValueError):
+class InvalidMessage(InputError):
     """Raised by :meth:`SurveyMessage.from_bytes` (and ``to_bytes``) for a malformed or oversized message."""
 
 

@@ -36,7 +36,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from protocol._features import MAX_FEATURES, FeatureSpec
+from anonml.errors import InputError
+from anonml.protocol._features import MAX_FEATURES, FeatureSpec
 
 PLAN_KINDS = ("split", "one")
 MEDIAN_PEERS = ("all", "disjoint")
@@ -48,7 +49,7 @@ SEED_BYTES = 32
 IntArray = npt.NDArray[np.int64]
 
 
-class PlanError(ValueError):
+class PlanError(InputError):
     """Raised when plan parameters cannot be satisfied (e.g. more subset slots
     than features) or a serialised plan is malformed; names the field."""
 
@@ -295,7 +296,7 @@ class ReleasePlan:
 
     def epsilon_of_partition(self, partition: int) -> float:
         """Eq. 7.4 for one peer of ``partition``, computed by the mechanisms ledger."""
-        from mechanisms import total_epsilon
+        from anonml.mechanisms import total_epsilon
 
         releases = [(subset, self.release_epsilon) for subset in self.subsets[partition]]
         return float(total_epsilon(self.median_epsilon_by_feature(partition), releases))

@@ -14,13 +14,11 @@ talking to each other.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from protocol._canonical import FieldReader, InvalidDocument
-from protocol._survey import SurveyId, SurveyKind
-
-if TYPE_CHECKING:
-    from crypto import ReleaseWindow
+from anonml.crypto import ReleaseWindow
+from anonml.protocol._canonical import FieldReader, InvalidDocument
+from anonml.protocol._survey import SurveyId, SurveyKind
 
 # Far enough in the future for any round, small enough that every role's
 # integer arithmetic on times stays exact.
@@ -202,8 +200,6 @@ def hop_windows(schedule: RoundSchedule, survey: SurveyId, n_relays: int) -> lis
     last slice is slack for link latency; the aggregator's window is the whole
     acceptance window (:func:`acceptance_window`).
     """
-    from crypto import ReleaseWindow  # crypto imports protocol; import late to avoid a cycle
-
     if not 1 <= n_relays <= 16:
         raise InvalidSchedule("path_length", f"n_relays must be in [1, 16], got {n_relays!r}")
     phase = schedule.phase_of(survey)

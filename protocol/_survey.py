@@ -13,6 +13,8 @@ import enum
 import struct
 from dataclasses import dataclass
 
+from anonml.errors import InputError
+
 ROUND_ID_BYTES = 32
 _DOMAIN = b"anonml/survey/v1"
 _LAYOUT = struct.Struct(">16s32sBHH")
@@ -25,7 +27,7 @@ class SurveyKind(enum.IntEnum):
     DATA = 2
 
 
-class InvalidSurveyId(ValueError):
+class InvalidSurveyId(InputError):
     """Raised by :meth:`SurveyId.from_bytes` and the constructor for a malformed id."""
 
 

@@ -7,16 +7,16 @@ operator's interface (:mod:`relay._cli`).
 
 from __future__ import annotations
 
-from relay._clock import PinnedClock, RelayClock, WallClock
-from relay._config import (
+from anonml.relay._clock import PinnedClock, RelayClock, WallClock
+from anonml.relay._config import (
     PinnedAggregator,
     RelayConfig,
     load_config,
     parse_host_port,
     render_config,
 )
-from relay._descriptor import relay_descriptor
-from relay._directory import (
+from anonml.relay._descriptor import relay_descriptor
+from anonml.relay._directory import (
     DirectoryEntry,
     DirectoryError,
     NextHopDirectory,
@@ -25,11 +25,11 @@ from relay._directory import (
     parse_directory_file,
     render_directory_file,
 )
-from relay._errors import RelayConfigError, RelayDataDirError
-from relay._keys import EpochKey, KeyRing, create_identity, load_identity
-from relay._metrics import RelayCounters, render_prometheus
-from relay._server import RelayStarted, serve_relay
-from relay._store import HeldPacket, RelayStore
+from anonml.relay._errors import RelayConfigError, RelayDataDirError
+from anonml.relay._keys import EpochKey, KeyRing, create_identity, load_identity
+from anonml.relay._metrics import RelayCounters, render_prometheus
+from anonml.relay._server import RelayStarted, serve_relay
+from anonml.relay._store import HeldPacket, RelayStore
 
 __all__ = [
     "DirectoryEntry",

@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from relay._cli import relay
+from anonml.relay._cli import relay
 
 relay(prog_name="python -m relay")

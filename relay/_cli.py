@@ -13,9 +13,10 @@ from pathlib import Path
 import click
 import trio
 
-from crypto import DEFAULT_MAX_HOPS, DEFAULT_PACKET_SIZE
-from protocol import write_secret_file
-from relay._config import (
+from anonml.crypto import DEFAULT_MAX_HOPS, DEFAULT_PACKET_SIZE
+from anonml.errors import ConfigError, StorageError
+from anonml.storage import write_secret_file
+from anonml.relay._config import (
     CONFIG_FILE,
     PinnedAggregator,
     RelayConfig,
@@ -23,11 +24,11 @@ from relay._config import (
     parse_host_port,
     render_config,
 )
-from relay._descriptor import relay_descriptor
-from relay._errors import RelayConfigError, RelayDataDirError
-from relay._keys import IDENTITY_FILE, KeyRing, create_identity
-from relay._metrics import log_event
-from relay._server import serve_relay
+from anonml.relay._descriptor import relay_descriptor
+from anonml.relay._errors import RelayConfigError, RelayDataDirError
+from anonml.relay._keys import IDENTITY_FILE, KeyRing, create_identity
+from anonml.relay._metrics import log_event
+from anonml.relay._server import serve_relay
 
 logger = logging.getLogger("anonml.relay")
 
@@ -98,7 +99,7 @@ def init(data_dir: Path, listen: str, advertise: str | None, metrics: str | None
             directory_file=directory_file,
         )
         create_identity(data_dir)
-    except (RelayConfigError, RelayDataDirError) as exc:
+    except (ConfigError, StorageError) as exc:
         raise click.ClickException(str(exc)) from None
     write_secret_file(data_dir / CONFIG_FILE, render_config(config).encode())
     KeyRing(data_dir, epoch_seconds=config.key_epoch_seconds, grace_seconds=config.key_grace_seconds).rotate(
@@ -115,7 +116,7 @@ def info(data_dir: Path, as_json: bool) -> None:
     try:
         config = load_config(data_dir)
         descriptor = relay_descriptor(config, time.time())
-    except (RelayConfigError, RelayDataDirError) as exc:
+    except (ConfigError, StorageError) as exc:
         raise click.ClickException(str(exc)) from None
     if as_json:
         click.echo(json.dumps(descriptor, indent=2, sort_keys=True))
@@ -163,12 +164,12 @@ def run(data_dir: Path, aggregators: tuple[PinnedAggregator, ...]) -> None:
         config = load_config(data_dir)
         extra = tuple(a for a in aggregators if a not in config.directory_aggregators)
         config = replace(config, directory_aggregators=config.directory_aggregators + extra)
-    except (RelayConfigError, RelayDataDirError) as exc:
+    except (ConfigError, StorageError) as exc:
         raise click.ClickException(str(exc)) from None
     logging.basicConfig(
         level=config.log_level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s %(message)s"
     )
     try:
         trio.run(_run_until_signalled, config)
-    except (RelayConfigError, RelayDataDirError) as exc:
+    except (ConfigError, StorageError) as exc:
         raise click.ClickException(str(exc)) from None

@@ -17,9 +17,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from crypto import DEFAULT_MAX_HOPS, DEFAULT_PACKET_SIZE
-from protocol import LinkLimits
-from relay._errors import RelayConfigError
+from anonml.crypto import DEFAULT_MAX_HOPS, DEFAULT_PACKET_SIZE
+from anonml.protocol import LinkLimits
+from anonml.relay._errors import RelayConfigError
 
 CONFIG_FILE = "relay.toml"
 _SYNCHRONOUS = ("FULL", "NORMAL")

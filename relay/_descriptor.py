@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from crypto import SphinxGeometry
-from relay._config import RelayConfig, format_host_port
-from relay._keys import KeyRing, load_identity
+from anonml.crypto import SphinxGeometry
+from anonml.relay._config import RelayConfig, format_host_port
+from anonml.relay._keys import KeyRing, load_identity
 
 
 def relay_descriptor(config: RelayConfig, now: float) -> dict[str, Any]:

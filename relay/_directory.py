@@ -38,9 +38,10 @@ from pathlib import Path
 import httpx
 import trio
 
-from crypto import NodeAddress
-from protocol import PATH_MANIFEST, InvalidManifest, SignedManifest
-from protocol._manifest import MAX_MANIFEST_BYTES
+from anonml.errors import TransportError
+from anonml.crypto import NodeAddress
+from anonml.protocol import PATH_MANIFEST, InvalidManifest, SignedManifest
+from anonml.protocol._manifest import MAX_MANIFEST_BYTES
 
 logger = logging.getLogger("anonml.relay")
 
@@ -55,7 +56,7 @@ UNKNOWN_NEXT_HOP = "unknown-next-hop"
 ADDRESS_MISMATCH = "next-hop-address-mismatch"
 
 
-class DirectoryError(ValueError):
+class DirectoryError(TransportError):
     """Raised by :func:`parse_directory_file`, :func:`load_directory_file` and
     :func:`fetch_manifest_hops` for a directory source that cannot be read:
     malformed or oversized JSON, an unreachable aggregator, an HTTP error, or

@@ -25,9 +25,9 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from crypto import generate_keypair, node_id_of, public_key_of
-from protocol import write_secret_file
-from relay._errors import RelayDataDirError
+from anonml.crypto import generate_keypair, node_id_of, public_key_of
+from anonml.storage import make_private_dir, read_secret_file, write_secret_file
+from anonml.relay._errors import RelayDataDirError
 
 IDENTITY_FILE = "identity.key"
 KEYS_DIR = "keys"
@@ -47,19 +47,10 @@ class EpochKey:
 
 
 def _read_secret(path: Path) -> bytes:
-    mode = path.stat().st_mode
-    if mode & (stat.S_IRWXG | stat.S_IRWXO):
-        raise RelayDataDirError(f"{str(path)!r} is readable by others (mode {oct(mode & 0o777)}); chmod 600 it")
-    secret = path.read_bytes()
+    secret = read_secret_file(path, what="the relay key", max_bytes=_KEY_BYTES)
     if len(secret) != _KEY_BYTES:
         raise RelayDataDirError(f"{str(path)!r} does not hold a {_KEY_BYTES}-byte key")
     return secret
-
-
-def make_private_dir(path: Path) -> None:
-    """Create ``path`` (and parents) with the last component at mode 0700."""
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    os.chmod(path, 0o700)
 
 
 def create_identity(data_dir: Path) -> bytes:

@@ -51,21 +51,22 @@ from typing import Protocol
 import numpy as np
 import trio
 
-from crypto import BadMac, ForwardPacket, InvalidPacket, SphinxGeometry, process_packet
-from protocol import AckStatus, LinkClient, LinkError, serve_link
-from relay._clock import RelayClock, WallClock
-from relay._config import RelayConfig
-from relay._directory import (
+from anonml.errors import AnonMLError
+from anonml.crypto import BadMac, ForwardPacket, InvalidPacket, SphinxGeometry, process_packet
+from anonml.protocol import AckStatus, LinkClient, LinkError, serve_link
+from anonml.relay._clock import RelayClock, WallClock
+from anonml.relay._config import RelayConfig
+from anonml.relay._directory import (
     DirectoryEntry,
     DirectoryError,
     NextHopDirectory,
     fetch_manifest_hops,
     load_directory_file,
 )
-from relay._errors import RelayConfigError
-from relay._keys import EpochKey, KeyRing, load_identity
-from relay._metrics import RelayCounters, log_event, serve_metrics
-from relay._store import STORE_FILE, HeldPacket, RelayStore
+from anonml.relay._errors import RelayConfigError
+from anonml.relay._keys import EpochKey, KeyRing, load_identity
+from anonml.relay._metrics import RelayCounters, log_event, serve_metrics
+from anonml.relay._store import STORE_FILE, HeldPacket, RelayStore
 
 logger = logging.getLogger("anonml.relay")
 
@@ -99,7 +100,7 @@ class PacketSender(Protocol):
 OpenSender = Callable[[tuple[str, int]], PacketSender]
 
 
-class _ReplayCacheFull(Exception):
+class _ReplayCacheFull(AnonMLError):
     """Raised from the ``is_replay`` callback when an epoch's tag cache is full."""
 
 

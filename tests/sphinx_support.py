@@ -5,7 +5,13 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
-from crypto import NodeAddress, PathHop, ReleaseWindow, generate_keypair, node_id_of
+from anonml.crypto import (
+    NodeAddress,
+    PathHop,
+    ReleaseWindow,
+    generate_keypair,
+    node_id_of,
+)
 
 
 def keyed_path(

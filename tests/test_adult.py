@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from aggregator import DataError, adult_spec, load_adult
 from anonml.cli import main
+from anonml.learning import DataError, adult_spec, load_adult
 
 GOOD_ROW = "39, State-gov, 77516, Bachelors, 13, Never-married, Adm-clerical, Not-in-family, White, Male, 2174, 0, 40, United-States, <=50K\n"
 TEST_ROW = "25, Private, 226802, 11th, 7, Never-married, Machine-op-inspct, Own-child, Black, Male, 0, 0, 40, ?, >50K.\n"
@@ -115,7 +115,7 @@ def test_smoke_on_a_subsample(tmp_path: Path, adult_dir: Path) -> None:
 
 
 def test_sweep_plots_put_the_swept_parameter_on_the_x_axis(tmp_path: Path) -> None:
-    from aggregator._experiment import plot_results
+    from anonml.learning._experiment import plot_results
 
     lines = [
         {"plan": f"split kp={k_p} kh=2 ks=3", "kind": "split", "vote": "soft", "k_p": k_p, "k_s": 3, "epsilon_total": 1.0,
@@ -130,7 +130,7 @@ def test_sweep_plots_put_the_swept_parameter_on_the_x_axis(tmp_path: Path) -> No
 
 def test_median_steps_reach_every_plan() -> None:
     """``--median-steps`` sets Algorithm 1's steps for fixed and planner-chosen plans alike (the demo's round uses 4)."""
-    from aggregator._experiment import plan_requests
+    from anonml.learning._experiment import plan_requests
 
     spec = adult_spec()
     for request in plan_requests(["one", "best"], [12], [1], [], "all", median_steps=4):

@@ -15,26 +15,35 @@ import trio
 import trio.testing
 from nacl.signing import SigningKey
 
-from aggregator._bench import SettableClock
-from aggregator._bench import SimulatedPeer
-from aggregator._round import RoundSpecError, RoundState, create_round, parse_round_spec
-from aggregator._service import AggregatorConfig, BoundAddresses, drive_round, serve_aggregator
-from aggregator._store import AggregatorHome
-from aggregator._workers import IssuerWorkers
-from crypto import (
+from anonml.aggregator._round import (
+    RoundSpecError,
+    RoundState,
+    create_round,
+    parse_round_spec,
+)
+from anonml.aggregator._service import (
+    AggregatorConfig,
+    BoundAddresses,
+    drive_round,
+    serve_aggregator,
+)
+from anonml.aggregator._store import AggregatorHome
+from anonml.aggregator._workers import IssuerWorkers
+from anonml.crypto import (
     CredentialSecret,
     IssuerPublicKey,
     begin_issuance,
     finish_issuance,
     generate_keypair,
 )
-from protocol import (
+from anonml.protocol import (
     CredentialRequest,
     LinkClient,
     RegisterRequest,
     SurveyId,
     SurveyMessage,
 )
+from anonml.testing import SettableClock, SimulatedPeer
 
 T0 = 1_800_000_000
 
@@ -141,7 +150,7 @@ async def test_bad_input_gets_a_4xx_with_a_reason(served: Any) -> None:
 def test_invitation_and_allow_list(tmp_path: Path) -> None:
     clock = SettableClock(T0 + 1)
     state, codes = make_round(tmp_path / "inv", clock, registration="invitation", invitations=2)
-    from aggregator._round import ApiRefused
+    from anonml.aggregator._round import ApiRefused
 
     a, b = SigningKey(b"\x01" * 32), SigningKey(b"\x02" * 32)
     assert state.register(RegisterRequest.create(a, state.round_id, codes[0]))
@@ -223,7 +232,7 @@ async def test_packet_sink_accepts_and_rejects_by_reason(served: Any) -> None:
     other_report = next(r for r in (report(0, v % 12) for v in range(100)) if r != report_a)
     good = a.packet(own, report_a)
     outsider = Peer(state, 9)  # never registered: a credential from another issuer key
-    from crypto import IssuerSecretKey, issue_credential
+    from anonml.crypto import IssuerSecretKey, issue_credential
 
     rogue_key = IssuerSecretKey.generate()
     rogue_request, rogue_state = begin_issuance(rogue_key.public_key(), outsider.secret, 0)
@@ -261,7 +270,7 @@ async def test_packet_sink_accepts_and_rejects_by_reason(served: Any) -> None:
     assert rejected.get("outside-window") is None
     assert rejected.get("duplicate") == 1
     assert rejected.get("double-submission") == 1
-    from aggregator import REJECTION_REASONS
+    from anonml.aggregator import REJECTION_REASONS
 
     assert set(rejected) <= set(REJECTION_REASONS), rejected
     # Every frame was durable before its acknowledgement; verdicts are not sent back (STYLE.md 8).
@@ -313,9 +322,9 @@ async def test_phases_advance_by_the_schedule(tmp_path: Path, autojump_clock: tr
 
 
 async def test_full_round_in_process_learns_and_reports(tmp_path: Path, autojump_clock: trio.testing.MockClock) -> None:
-    from aggregator._report import learn
-    from aggregator._verify import process_batch
-    from protocol import MedianThresholds, encode_median_report
+    from anonml.aggregator._report import learn
+    from anonml.aggregator._verify import process_batch
+    from anonml.protocol import MedianThresholds, encode_median_report
 
     state, _ = make_round(tmp_path, lambda: T0 + trio.current_time(), with_median(spec_document()))
     schedule = state.manifest.schedule
@@ -368,9 +377,9 @@ async def test_full_round_in_process_learns_and_reports(tmp_path: Path, autojump
 
 
 def test_malformed_test_file_names_its_line(tmp_path: Path) -> None:
-    from aggregator._data import DataError
-    from aggregator._report import read_labelled_csv
-    from protocol import FeatureSpec
+    from anonml.aggregator._report import read_labelled_csv
+    from anonml.learning._data import DataError
+    from anonml.protocol import FeatureSpec
 
     spec = FeatureSpec.from_dict({"features": spec_document()["task"]["features"], "label": spec_document()["task"]["label"]})
     path = tmp_path / "bad.csv"
@@ -383,8 +392,7 @@ def test_malformed_test_file_names_its_line(tmp_path: Path) -> None:
 
 
 def test_worker_processes_verify_and_issue_as_the_thread_does(tmp_path: Path) -> None:
-    from aggregator._workers import IssueJob, TokenJob
-    from crypto import never_replayed, process_packet
+    from anonml.crypto import IssueJob, TokenJob, never_replayed, process_packet
 
     clock = SettableClock(T0 + 1)
     state, _ = make_round(tmp_path, clock)
@@ -419,7 +427,7 @@ def test_worker_processes_verify_and_issue_as_the_thread_does(tmp_path: Path) ->
 
 def test_a_replay_in_a_batch_opened_before_the_first_is_stored_is_a_replay(tmp_path: Path) -> None:
     """The sink opens one batch while it stores the previous one: tags in flight count as seen."""
-    from aggregator._verify import finish_batch, open_batch
+    from anonml.aggregator._verify import finish_batch, open_batch
 
     clock = SettableClock(T0 + 1)
     state, _ = make_round(tmp_path, clock)
@@ -442,7 +450,7 @@ def test_a_replay_in_a_batch_opened_before_the_first_is_stored_is_a_replay(tmp_p
 
 
 def test_schedule_leaves_a_publish_gap_before_phases_that_need_results() -> None:
-    from aggregator._round import build_schedule
+    from anonml.aggregator._round import build_schedule
 
     document = with_median(spec_document(), median_rounds=2)
     document["schedule"]["publish_gap"] = 3
@@ -499,7 +507,7 @@ async def test_one_credential_per_peer_over_http(served: Any) -> None:
     )
     assert refused.status_code == 403 and "roster" in refused.json()["error"]
     # The roster now carries the revealed seed, which opens the manifest's commitment.
-    from protocol import RosterResponse, check_seed
+    from anonml.protocol import RosterResponse, check_seed
 
     roster = RosterResponse.from_json((await get(addresses.http_url, "/v1/roster")).content)
     roster.verify(state.manifest.identity_key, state.round_id)
@@ -507,7 +515,7 @@ async def test_one_credential_per_peer_over_http(served: Any) -> None:
 
 
 def test_a_restarted_aggregator_resumes_the_round(tmp_path: Path) -> None:
-    from aggregator._round import open_round
+    from anonml.aggregator._round import open_round
 
     clock = SettableClock(T0 + 1)
     state, _ = make_round(tmp_path, clock)
@@ -522,7 +530,7 @@ def test_a_restarted_aggregator_resumes_the_round(tmp_path: Path) -> None:
     assert again.roster() == roster_before
     assert again.store.partitions() == issued
     # One credential per peer survives the restart.
-    from aggregator._round import ApiRefused
+    from anonml.aggregator._round import ApiRefused
 
     with pytest.raises(ApiRefused, match="already"):
         Peer(again, 1).obtain_credential()
@@ -549,8 +557,8 @@ def test_promised_epsilon_does_not_depend_on_the_secret_seed(tmp_path: Path) -> 
 async def test_frames_are_judged_at_arrival_and_results_wait_for_them(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    from aggregator._sink import PacketSink
-    from protocol import encode_median_report
+    from anonml.aggregator._sink import PacketSink
+    from anonml.protocol import encode_median_report
 
     state, _ = make_round(tmp_path, lambda: T0 + trio.current_time(), with_median(spec_document()))
     schedule = state.manifest.schedule
@@ -588,8 +596,8 @@ async def test_frames_are_judged_at_arrival_and_results_wait_for_them(
 
 
 async def test_a_full_inbox_answers_busy_and_stores_nothing(tmp_path: Path) -> None:
-    from aggregator._sink import PacketSink
-    from protocol import AckStatus
+    from anonml.aggregator._sink import PacketSink
+    from anonml.protocol import AckStatus
 
     state, _ = make_round(tmp_path, SettableClock(T0 + 1))
     sink = PacketSink(state, IssuerWorkers(state.secrets.issuer_key), max_inbox=3)
@@ -598,7 +606,7 @@ async def test_a_full_inbox_answers_busy_and_stores_nothing(tmp_path: Path) -> N
     assert await sink.on_packets([frame, frame]) == [AckStatus.BUSY] * 2
     assert state.store.inbox_size() == 2 and state.link_errors["inbox-full"] == 2
     # Verification drains the inbox (both frames are garbage: counted as bad packets).
-    from aggregator._verify import process_batch
+    from anonml.aggregator._verify import process_batch
 
     rows = state.store.inbox_batch(10)
     process_batch(state, [r[1] for r in rows], [r[2] for r in rows], inbox_ids=[r[0] for r in rows])
@@ -626,7 +634,7 @@ async def test_concurrent_registrations_are_group_committed(served: Any) -> None
 async def test_the_roster_waits_for_registrations_admitted_before_the_deadline(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    from aggregator._service import RegistrationBatcher
+    from anonml.aggregator._service import RegistrationBatcher
 
     state, _ = make_round(tmp_path, lambda: T0 + trio.current_time())
     batcher = RegistrationBatcher(state)

@@ -10,7 +10,7 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from crypto._primitives import (
+from anonml.crypto._primitives import (
     LIONESS_KEY_SIZE,
     LIONESS_MIN_BLOCK_SIZE,
     InvalidGroupElement,

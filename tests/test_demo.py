@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from anonml._demo import anonml_command
+from anonml.cli import anonml_command
 
 pytestmark = pytest.mark.slow
 

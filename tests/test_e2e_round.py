@@ -24,12 +24,13 @@ import pytest
 import trio
 from nacl.signing import SigningKey
 
-from aggregator._report import learn
-from anonml._demo import anonml_command, free_port
-from aggregator._round import RoundState, create_round, parse_round_spec
-from aggregator._service import AggregatorConfig, serve_aggregator
-from aggregator._store import AggregatorHome
-from crypto import (
+from anonml._demo import free_port
+from anonml.aggregator._report import learn
+from anonml.aggregator._round import RoundState, create_round, parse_round_spec
+from anonml.aggregator._service import AggregatorConfig, serve_aggregator
+from anonml.aggregator._store import AggregatorHome
+from anonml.cli import anonml_command
+from anonml.crypto import (
     CredentialSecret,
     IssuerPublicKey,
     IssuerSecretKey,
@@ -42,17 +43,25 @@ from crypto import (
     issue_credential,
     make_token,
 )
-from peer import PeerRound
-from peer._client import AggregatorClient
-from peer._features import RoundPipeline
-from peer._framework import Dataset, Event
-from peer._identity import PeerIdentity
-from peer._join import Peer, RoundSession, join_round, sleep_until_wall
-from peer._store import PeerStore
-from peer._transport import open_transport
-from protocol import AckStatus, LinkClient, SurveyId, SurveyMessage, bound_bytes, encode_median_report, hop_windows
-from protocol._features import FeatureSpec
-from protocol._manifest import RelayEntry, RoundManifest
+from anonml.peer import PeerRound
+from anonml.peer._client import AggregatorClient
+from anonml.peer._features import RoundPipeline
+from anonml.peer._framework import Dataset, Event
+from anonml.peer._identity import PeerIdentity
+from anonml.peer._join import Peer, RoundSession, join_round, sleep_until_wall
+from anonml.peer._store import PeerStore
+from anonml.peer._transport import open_transport
+from anonml.protocol import (
+    AckStatus,
+    LinkClient,
+    SurveyId,
+    SurveyMessage,
+    bound_bytes,
+    encode_median_report,
+    hop_windows,
+)
+from anonml.protocol._features import FeatureSpec
+from anonml.protocol._manifest import RelayEntry, RoundManifest
 
 pytestmark = pytest.mark.slow
 

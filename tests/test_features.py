@@ -8,8 +8,14 @@ import itertools
 import numpy as np
 import pytest
 
-from aggregator._adult import adult_spec
-from protocol import CategoricalFeature, FeatureSpec, FeatureSpecError, LabelSpec, NumericFeature
+from anonml.learning._adult import adult_spec
+from anonml.protocol import (
+    CategoricalFeature,
+    FeatureSpec,
+    FeatureSpecError,
+    LabelSpec,
+    NumericFeature,
+)
 
 
 def small_spec() -> FeatureSpec:

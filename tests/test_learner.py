@@ -11,10 +11,27 @@ from sklearn.exceptions import NotFittedError
 from sklearn.linear_model import LogisticRegression
 from sklearn.utils.estimator_checks import parametrize_with_checks
 
-from aggregator import PartitionEnsemble, SubsetHistogram, adult_spec, choose_plan, exact_histogram, plan_objective, run_trial
-from aggregator._data import Table
-from mechanisms import BudgetExceeded, QuantileSearch
-from protocol import CategoricalFeature, FeatureSpec, LabelSpec, NumericFeature, PlanError, ReleasePlan, assign_partitions, row_keys
+from anonml.learning import (
+    PartitionEnsemble,
+    SubsetHistogram,
+    adult_spec,
+    choose_plan,
+    exact_histogram,
+    plan_objective,
+    run_trial,
+)
+from anonml.learning._data import Table
+from anonml.mechanisms import BudgetExceeded, QuantileSearch
+from anonml.protocol import (
+    CategoricalFeature,
+    FeatureSpec,
+    LabelSpec,
+    NumericFeature,
+    PlanError,
+    ReleasePlan,
+    assign_partitions,
+    row_keys,
+)
 
 
 @parametrize_with_checks([PartitionEnsemble(), PartitionEnsemble(base="tree", vote="soft", scoring="roc_auc")])

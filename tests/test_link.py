@@ -12,7 +12,7 @@ import trio.testing
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from protocol import (
+from anonml.protocol import (
     HELLO_REPLY_BYTES,
     AckStatus,
     HelloStatus,
@@ -23,7 +23,7 @@ from protocol import (
     encode_hello,
     serve_link,
 )
-from protocol._link import check_hello, parse_acks, parse_hello_reply
+from anonml.protocol._link import check_hello, parse_acks, parse_hello_reply
 
 SIZE = 64
 GEOMETRY = bytes(range(32))

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from nacl.signing import SigningKey
 
-from protocol import (
+from anonml.protocol import (
     AggregatorHop,
     InvalidManifest,
     InvalidSchedule,
@@ -244,7 +244,7 @@ def test_phase_at() -> None:
 
 
 def test_hop_windows_stagger_after_the_send_window() -> None:
-    from crypto import ReleaseWindow
+    from anonml.crypto import ReleaseWindow
 
     schedule = fixed_schedule()
     round_id = fixed_manifest().round_id

@@ -6,7 +6,13 @@ import math
 
 import pytest
 
-from mechanisms import BudgetExceeded, PrivacyLedger, shuffle_amplified_epsilon, total_epsilon
+from anonml.errors import AnonMLError
+from anonml.mechanisms import (
+    BudgetExceeded,
+    PrivacyLedger,
+    shuffle_amplified_epsilon,
+    total_epsilon,
+)
 
 
 def test_eq_7_4_worked_example() -> None:
@@ -43,7 +49,7 @@ def test_ledger_records_and_refuses_an_over_budget_release_recording_nothing() -
     assert ledger.spent() == pytest.approx(1.0)
     assert ledger.remaining() == pytest.approx(0.0)
     assert ledger.spent() == total_epsilon(ledger.medians, ledger.subsets)
-    assert isinstance(BudgetExceeded("x"), ValueError)
+    assert isinstance(BudgetExceeded("x"), AnonMLError) and not isinstance(BudgetExceeded("x"), ValueError)
 
 
 def test_ledger_tolerates_float_rounding_but_not_more() -> None:

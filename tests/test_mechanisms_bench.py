@@ -7,9 +7,9 @@ import json
 import pytest
 from click.testing import CliRunner
 
+from anonml.bench.mechanisms import DOMAIN_SIZES, EPSILONS
 from anonml.cli import main
-from mechanisms import ORACLE_NAMES
-from mechanisms._bench import DOMAIN_SIZES, EPSILONS
+from anonml.mechanisms import ORACLE_NAMES
 
 
 def test_bench_json_covers_the_grid_and_auto_is_the_minimum() -> None:

@@ -8,7 +8,13 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from mechanisms import InvalidReport, OneBitMean, gaussian_mechanism, gaussian_sigma, laplace_mechanism
+from anonml.mechanisms import (
+    InvalidReport,
+    OneBitMean,
+    gaussian_mechanism,
+    gaussian_sigma,
+    laplace_mechanism,
+)
 
 
 def test_one_bit_output_distribution_is_exactly_epsilon_ldp() -> None:

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from scipy import stats
 from scipy.optimize import minimize_scalar
 
-from mechanisms import (
+from anonml.mechanisms import (
     ORACLE_NAMES,
     FrequencyOracle,
     InvalidReport,

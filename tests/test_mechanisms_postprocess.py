@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from mechanisms import POSTPROCESS_METHODS, make_oracle, postprocess
+from anonml.mechanisms import POSTPROCESS_METHODS, make_oracle, postprocess
 
 finite_estimates = hnp.arrays(
     np.float64,

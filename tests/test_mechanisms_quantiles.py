@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from mechanisms import (
+from anonml.mechanisms import (
     QuantileSearch,
     answer_is_greater,
     answers_are_greater,

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from nacl.signing import SigningKey
 
-from protocol import (
+from anonml.protocol import (
     MESSAGE_VERSION,
     SURVEY_ID_BYTES,
     CredentialRequest,

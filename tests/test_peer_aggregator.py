@@ -13,20 +13,20 @@ import numpy as np
 import pytest
 import trio
 
-from aggregator._round import RoundState, create_round, parse_round_spec
-from aggregator._service import AggregatorConfig, serve_aggregator
-from aggregator._store import AggregatorHome
-from crypto import generate_keypair
-from peer import PeerLedger, PeerRound, planned_releases
-from peer._client import AggregatorClient
-from peer._features import RoundPipeline
-from peer._framework import Dataset, Event
-from peer._identity import PeerIdentity
-from peer._join import JoinRefused, Peer, RoundSession, check_manifest_unchanged
-from peer._store import PeerStore
-from peer._transport import open_transport
-from protocol import SurveyId, derive_subsets
-from protocol._features import FeatureSpec
+from anonml.aggregator._round import RoundState, create_round, parse_round_spec
+from anonml.aggregator._service import AggregatorConfig, serve_aggregator
+from anonml.aggregator._store import AggregatorHome
+from anonml.crypto import generate_keypair
+from anonml.peer import PeerLedger, PeerRound, planned_releases
+from anonml.peer._client import AggregatorClient
+from anonml.peer._features import RoundPipeline
+from anonml.peer._framework import Dataset, Event
+from anonml.peer._identity import PeerIdentity
+from anonml.peer._join import JoinRefused, Peer, RoundSession, check_manifest_unchanged
+from anonml.peer._store import PeerStore
+from anonml.peer._transport import open_transport
+from anonml.protocol import SurveyId, derive_subsets
+from anonml.protocol._features import FeatureSpec
 
 T0 = 1_800_000_000
 
@@ -145,7 +145,7 @@ async def test_a_peer_refuses_a_manifest_whose_hash_differs_from_the_one_it_regi
 
 
 def peer_cli(*args: str) -> list[str]:
-    from anonml._demo import anonml_command
+    from anonml.cli import anonml_command
 
     return anonml_command("peer", *args)
 

@@ -7,9 +7,20 @@ from pathlib import Path
 
 import pytest
 
-from peer._features import RoundPipeline
-from peer._framework import CsvImporter, Dataset, Event, FeatureError, MalformedData
-from protocol._features import CategoricalFeature, FeatureSpec, LabelSpec, NumericFeature
+from anonml.peer._features import RoundPipeline
+from anonml.peer._framework import (
+    CsvImporter,
+    Dataset,
+    Event,
+    FeatureError,
+    MalformedData,
+)
+from anonml.protocol._features import (
+    CategoricalFeature,
+    FeatureSpec,
+    LabelSpec,
+    NumericFeature,
+)
 
 SPEC = FeatureSpec(
     (

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import trio
 
-from peer._join import JoinRefused, choose_path, late_windows
-from peer._transport import open_transport
-from protocol._link import AckStatus, serve_link
-from protocol._manifest import RelayEntry
+from anonml.peer._join import JoinRefused, choose_path, late_windows
+from anonml.peer._transport import open_transport
+from anonml.protocol._link import AckStatus, serve_link
+from anonml.protocol._manifest import RelayEntry
 
 PACKET = 64
 GEOMETRY = b"\x07" * 32

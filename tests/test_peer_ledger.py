@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from mechanisms import BudgetExceeded
-from peer._ledger import PeerLedger
-from peer._store import PeerStore
-from protocol._survey import SurveyId
+from anonml.mechanisms import BudgetExceeded
+from anonml.peer._ledger import PeerLedger
+from anonml.peer._store import PeerStore
+from anonml.protocol._survey import SurveyId
 
 PEER = b"\x01" * 32
 ROUND = b"\x02" * 32
@@ -39,7 +39,7 @@ def test_the_ledger_refuses_an_over_budget_release_and_records_nothing(tmp_path:
 
 
 def test_a_survey_is_spent_on_once(tmp_path: Path) -> None:
-    from peer._store import StoreError
+    from anonml.peer._store import StoreError
 
     ledger = PeerLedger(PeerStore(tmp_path / "peer.sqlite"), PEER, ROUND, epsilon_total=10.0)
     ledger.spend_subset(SurveyId.data(ROUND, 0, 0), ("age",), 0.5)

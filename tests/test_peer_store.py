@@ -7,8 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from peer._identity import IDENTITY_FILE, IdentityError, init_identity, load_identity
-from peer._store import PeerStore, Spend, StoreError
+from anonml.errors import ConfigError
+from anonml.peer._identity import (
+    IDENTITY_FILE,
+    IdentityError,
+    init_identity,
+    load_identity,
+)
+from anonml.peer._store import PeerStore, Spend, StoreError
 
 
 def test_identity_is_owner_only_never_overwritten_and_never_created_by_load(tmp_path: Path) -> None:
@@ -30,7 +36,7 @@ def test_identity_readable_by_others_or_garbled_is_refused(tmp_path: Path) -> No
     init_identity(tmp_path)
     key = tmp_path / IDENTITY_FILE
     key.chmod(0o644)
-    with pytest.raises(IdentityError, match="readable by others"):
+    with pytest.raises(ConfigError, match="open to other users"):
         load_identity(tmp_path)
     key.chmod(0o600)
     key.write_text("zz\n")

@@ -10,8 +10,16 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from mechanisms import total_epsilon
-from protocol import FeatureSpec, PlanError, ReleasePlan, assign_partitions, derive_subsets, row_keys, worst_case_releases
+from anonml.mechanisms import total_epsilon
+from anonml.protocol import (
+    FeatureSpec,
+    PlanError,
+    ReleasePlan,
+    assign_partitions,
+    derive_subsets,
+    row_keys,
+    worst_case_releases,
+)
 
 FEATURES = tuple(f"f{i}" for i in range(12))
 NUMERIC = ("f0", "f3", "f7")

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from protocol import SURVEY_ID_BYTES, InvalidSurveyId, SurveyId, SurveyKind
+from anonml.protocol import SURVEY_ID_BYTES, InvalidSurveyId, SurveyId, SurveyKind
 
 ROUND = bytes(range(32))
 

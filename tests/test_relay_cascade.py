@@ -17,10 +17,25 @@ import numpy as np
 import trio
 from scipy import stats
 
-from crypto import NodeAddress, PathHop, ReleaseWindow, SphinxGeometry, build_packet, generate_keypair, node_id_of
-from protocol import AckStatus, LinkClient, LinkLimits, encode_hello
-from relay import DirectoryEntry, RelayConfig, RelayStarted, create_identity, render_directory_file, serve_relay
-from relay._sink import FinalHopSink
+from anonml.crypto import (
+    NodeAddress,
+    PathHop,
+    ReleaseWindow,
+    SphinxGeometry,
+    build_packet,
+    generate_keypair,
+    node_id_of,
+)
+from anonml.protocol import AckStatus, LinkClient, LinkLimits, encode_hello
+from anonml.relay import (
+    DirectoryEntry,
+    RelayConfig,
+    RelayStarted,
+    create_identity,
+    render_directory_file,
+    serve_relay,
+)
+from anonml.testing import FinalHopSink
 
 # Three relays plus the sink (the aggregator's place) on every path.
 GEOMETRY = SphinxGeometry.create(max_hops=4, packet_size=2048)

@@ -12,8 +12,8 @@ import trio
 from click.testing import CliRunner
 
 from anonml.cli import main
-from crypto import node_id_of
-from relay import (
+from anonml.crypto import node_id_of
+from anonml.relay import (
     PinnedAggregator,
     RelayConfig,
     RelayConfigError,
@@ -23,7 +23,7 @@ from relay import (
     render_config,
     serve_relay,
 )
-from relay._config import config_from_mapping
+from anonml.relay._config import config_from_mapping
 
 
 def invoke(*args: str) -> tuple[int, str]:

@@ -23,7 +23,7 @@ from test_relay_cascade import (
 )
 from test_relay_cli import invoke
 
-from crypto import (
+from anonml.crypto import (
     NodeAddress,
     PathHop,
     ReleaseWindow,
@@ -31,8 +31,8 @@ from crypto import (
     generate_keypair,
     node_id_of,
 )
-from protocol import AckStatus, AggregatorHop, RelayEntry, SignedManifest
-from relay import (
+from anonml.protocol import AckStatus, AggregatorHop, RelayEntry, SignedManifest
+from anonml.relay import (
     DirectoryEntry,
     DirectoryError,
     NextHopDirectory,
@@ -47,8 +47,8 @@ from relay import (
     render_directory_file,
     serve_relay,
 )
-from relay._config import REQUIRE_DIRECTORY_DEFAULT
-from relay._sink import FinalHopSink
+from anonml.relay._config import REQUIRE_DIRECTORY_DEFAULT
+from anonml.testing import FinalHopSink
 
 AGGREGATOR_IDENTITY = bytes(SIGNING_KEY.verify_key)
 # A key other than the pinned one: whoever answers an aggregator's URL can

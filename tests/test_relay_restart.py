@@ -15,10 +15,18 @@ from pathlib import Path
 
 import trio
 
-from crypto import NodeAddress, PathHop, ReleaseWindow, SphinxGeometry, build_packet, generate_keypair, node_id_of
-from protocol import AckStatus, LinkClient
-from relay import DirectoryEntry, render_directory_file
-from relay._sink import FinalHopSink
+from anonml.crypto import (
+    NodeAddress,
+    PathHop,
+    ReleaseWindow,
+    SphinxGeometry,
+    build_packet,
+    generate_keypair,
+    node_id_of,
+)
+from anonml.protocol import AckStatus, LinkClient
+from anonml.relay import DirectoryEntry, render_directory_file
+from anonml.testing import FinalHopSink
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 GEOMETRY = SphinxGeometry.create(max_hops=3, packet_size=2048)
@@ -31,14 +39,14 @@ def free_port() -> int:
 
 
 def relay_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "relay", *args], cwd=REPO_ROOT, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "anonml.relay", *args], cwd=REPO_ROOT, capture_output=True, text=True,
                           check=True, timeout=60)
 
 
 async def start_relay(data_dir: Path, port: int, log: Path) -> trio.Process:
     with log.open("a") as handle:
         process = await trio.lowlevel.open_process(
-            [sys.executable, "-m", "relay", "run", "--data-dir", str(data_dir)], cwd=REPO_ROOT, stderr=handle
+            [sys.executable, "-m", "anonml.relay", "run", "--data-dir", str(data_dir)], cwd=REPO_ROOT, stderr=handle
         )
     with trio.fail_after(30):
         while True:  # listening means recovered: the listener opens after recovery

@@ -13,7 +13,7 @@ import trio
 import trio.testing
 from scipy import stats
 
-from crypto import (
+from anonml.crypto import (
     FinalMessage,
     NodeAddress,
     PathHop,
@@ -25,10 +25,17 @@ from crypto import (
     node_id_of,
     process_packet,
 )
-from protocol import AckStatus
-from relay import KeyRing, RelayConfig, RelayCounters, RelayStore, WallClock, create_identity
-from relay._server import PacketSender, Relay, _uniform_from
-from relay._store import STORE_FILE
+from anonml.protocol import AckStatus
+from anonml.relay import (
+    KeyRing,
+    RelayConfig,
+    RelayCounters,
+    RelayStore,
+    WallClock,
+    create_identity,
+)
+from anonml.relay._server import PacketSender, Relay, _uniform_from
+from anonml.relay._store import STORE_FILE
 
 T0 = 1_800_000_000  # the wall time at which each test starts (any value works)
 GEOMETRY = SphinxGeometry.create(max_hops=3, packet_size=1024)

@@ -10,9 +10,10 @@ import pytest
 from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from sphinx_support import keyed_path
 
 from anonml.cli import main
-from crypto import (
+from anonml.crypto import (
     BadGroupElement,
     BadMac,
     BadPayload,
@@ -35,9 +36,8 @@ from crypto import (
     process_packet,
     public_key_of,
 )
-from crypto._primitives import chacha20_xor, x25519
-from crypto._sphinx import _derive_hop_keys, _path_secrets
-from sphinx_support import keyed_path
+from anonml.crypto._primitives import chacha20_xor, x25519
+from anonml.crypto._sphinx import _derive_hop_keys, _path_secrets
 
 GEOMETRY = SphinxGeometry.create()
 KEYS, PATH = keyed_path(

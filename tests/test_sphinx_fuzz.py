@@ -14,7 +14,9 @@ import random
 from collections import Counter
 from collections.abc import Callable
 
-from crypto import (
+from sphinx_support import keyed_path
+
+from anonml.crypto import (
     InvalidPacket,
     NodeAddress,
     ReleaseWindow,
@@ -23,9 +25,14 @@ from crypto import (
     never_replayed,
     process_packet,
 )
-from crypto._primitives import chacha20_keystream, hmac_sha256, x25519, x25519_base, xor_bytes
-from crypto._sphinx import _derive_hop_keys
-from sphinx_support import keyed_path
+from anonml.crypto._primitives import (
+    chacha20_keystream,
+    hmac_sha256,
+    x25519,
+    x25519_base,
+    xor_bytes,
+)
+from anonml.crypto._sphinx import _derive_hop_keys
 
 GEOMETRY = SphinxGeometry.create()
 SMALL_ORDER_ELEMENTS = [

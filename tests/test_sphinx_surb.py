@@ -7,8 +7,9 @@ import random
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from sphinx_support import keyed_path
 
-from crypto import (
+from anonml.crypto import (
     BadPayload,
     ForwardPacket,
     InvalidSurb,
@@ -26,7 +27,6 @@ from crypto import (
     package_reply,
     process_packet,
 )
-from sphinx_support import keyed_path
 
 GEOMETRY = SphinxGeometry.create()
 # The last hop is the SURB's receiver (a peer that can receive, DESIGN.md §5 (b)).

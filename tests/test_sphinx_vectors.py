@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from vector_support import load_generator, load_vectors
 
-from crypto import (
+from anonml.crypto import (
     FinalMessage,
     ForwardPacket,
     NodeAddress,
@@ -31,7 +31,7 @@ from crypto import (
     process_packet,
     public_key_of,
 )
-from crypto._primitives import hkdf_sha256, lioness_decrypt, lioness_encrypt
+from anonml.crypto._primitives import hkdf_sha256, lioness_decrypt, lioness_encrypt
 
 # The deterministic rng lives once, in the generator script; import it from there.
 DeterministicRng = load_generator("gen_sphinx_vectors").DeterministicRng

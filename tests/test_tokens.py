@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 from scipy import stats
 
-import crypto._credential as credential_module
-import crypto._group as group_module
-from crypto import (
+import anonml.crypto._credential as credential_module
+import anonml.crypto._group as group_module
+from anonml.crypto import (
     TAG_DIGEST_BYTES,
     TOKEN_BYTES,
     Credential,
@@ -39,7 +39,7 @@ from crypto import (
     verify_parsed_token,
     verify_token,
 )
-from crypto._group import (
+from anonml.crypto._group import (
     GROUP,
     IDENTITY,
     ORDER,
@@ -53,7 +53,7 @@ from crypto._group import (
     secret_mul,
     seeded_rng,
 )
-from protocol import SurveyId
+from anonml.protocol import SurveyId
 
 ROUND = hashlib.sha256(b"round under test").digest()
 CTX_A = SurveyId.data(ROUND, 3, 1).to_bytes()

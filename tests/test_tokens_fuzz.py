@@ -20,7 +20,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from crypto import (
+from anonml.crypto import (
     REJECTION_REASONS,
     Credential,
     CredentialError,
@@ -39,7 +39,7 @@ from crypto import (
     make_token,
     verify_token,
 )
-from crypto._credential import (
+from anonml.crypto._credential import (
     CREDENTIAL_BYTES,
     ISSUANCE_REQUEST_BYTES,
     ISSUANCE_RESPONSE_BYTES,
@@ -47,7 +47,14 @@ from crypto._credential import (
     SECRET_KEY_BYTES,
     TOKEN_BYTES,
 )
-from crypto._group import FIELD_PRIME, GROUP, ORDER, POINT_BYTES, SCALAR_BYTES, seeded_rng
+from anonml.crypto._group import (
+    FIELD_PRIME,
+    GROUP,
+    ORDER,
+    POINT_BYTES,
+    SCALAR_BYTES,
+    seeded_rng,
+)
 
 CTX = b"fuzzed survey context"
 MESSAGE = b"fuzzed message"

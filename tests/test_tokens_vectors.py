@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from vector_support import load_generator, load_vectors
 
-from crypto import (
+from anonml.crypto import (
     Credential,
     InvalidToken,
     IssuanceRequest,
@@ -23,6 +23,7 @@ from crypto import (
     tag_digest,
     verify_token,
 )
+
 
 @pytest.fixture(scope="module")
 def pinned() -> dict[str, Any]:

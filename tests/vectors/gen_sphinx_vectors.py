@@ -23,7 +23,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-from crypto import (  # noqa: E402  (the path set-up above must run first)
+from anonml.crypto import (  # noqa: E402  (the path set-up above must run first)
     FinalMessage,
     ForwardPacket,
     NodeAddress,
@@ -39,7 +39,7 @@ from crypto import (  # noqa: E402  (the path set-up above must run first)
     package_reply,
     process_packet,
 )
-from crypto._primitives import hkdf_sha256, lioness_encrypt  # noqa: E402
+from anonml.crypto._primitives import hkdf_sha256, lioness_encrypt  # noqa: E402
 
 VECTORS_DIR = Path(__file__).resolve().parent
 PACKETS_FILE = VECTORS_DIR / "sphinx_packets.json"

@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from crypto import (
+from anonml.crypto import (
     CredentialSecret,
     IssuerSecretKey,
     begin_issuance,
@@ -25,8 +25,8 @@ from crypto import (
     survey_point,
     verify_token,
 )
-from crypto._group import G, H, encode_point, seeded_rng
-from protocol import SurveyId
+from anonml.crypto._group import G, H, encode_point, seeded_rng
+from anonml.protocol import SurveyId
 
 SEED = b"anonml token known-answer vectors v1"
 VECTORS_PATH = Path(__file__).resolve().parent / "token_kat.json"

@@ -23,11 +23,11 @@ from typing import Any
 import click
 import numpy as np
 
-from aggregator._adult import adult_spec
-from aggregator._data import ADULT_COLUMNS, ADULT_NUMERIC, DataError, Table, load_adult
-from aggregator._planner import choose_plan
-from aggregator._trial import run_trial
-from protocol import DEFAULT_MEDIAN_STEPS, MAX_MEDIAN_STEPS, FeatureSpec, FeatureSpecError, PlanError, ReleasePlan
+from anonml.learning._adult import adult_spec
+from anonml.learning._data import ADULT_COLUMNS, ADULT_NUMERIC, DataError, Table, load_adult
+from anonml.learning._planner import choose_plan
+from anonml.learning._trial import run_trial
+from anonml.protocol import DEFAULT_MEDIAN_STEPS, MAX_MEDIAN_STEPS, FeatureSpec, FeatureSpecError, PlanError, ReleasePlan
 
 # The thesis's Figure 8-2a plan: two subsets of three features on each of
 # five partitions, with ε_e = ε_h (§8.2.1).
@@ -114,10 +114,10 @@ def plan_requests(
         elif kind == "one":
             k_s_sweep: list[int | None] = list(ks) or [None]
             k_p_sweep: list[int | None] = list(kp) or [None]
-            for k_s in k_s_sweep:
-                for k_p in k_p_sweep:
-                    label = "one" + (f" kp={k_p}" if k_p else "") + (f" ks={k_s}" if k_s else "")
-                    requests.append(PlanRequest(label, "one", k_p, 1, k_s, median_peers, median_steps))
+            for fixed_k_s in k_s_sweep:
+                for fixed_k_p in k_p_sweep:
+                    label = "one" + (f" kp={fixed_k_p}" if fixed_k_p else "") + (f" ks={fixed_k_s}" if fixed_k_s else "")
+                    requests.append(PlanRequest(label, "one", fixed_k_p, 1, fixed_k_s, median_peers, median_steps))
         else:
             requests.append(PlanRequest("best (planner)", None, median_peers=median_peers, median_steps=median_steps))
     return requests
@@ -134,7 +134,7 @@ def raw_baselines(spec: FeatureSpec, train: Table, test: Table, random_state: in
     from sklearn.pipeline import make_pipeline
     from sklearn.preprocessing import OneHotEncoder, OrdinalEncoder, StandardScaler
 
-    from aggregator._binning import bin_table, exact_cut_points
+    from anonml.learning._binning import bin_table, exact_cut_points
 
     def matrix(table: Table) -> np.ndarray:
         return np.column_stack([table.columns[c].astype(object) for c in ADULT_COLUMNS])

@@ -17,6 +17,8 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
+from anonml.errors import InputError
+
 ADULT_COLUMNS = (
     "age", "workclass", "fnlwgt", "education", "education-num", "marital-status", "occupation",
     "relationship", "race", "sex", "capital-gain", "capital-loss", "hours-per-week", "native-country",
@@ -28,7 +30,7 @@ ADULT_FILES = ("adult.data", "adult.test")
 MAX_LINE_CHARS = 4096
 
 
-class DataError(ValueError):
+class DataError(InputError):
     """Raised by the loaders for a missing directory or file, a malformed row
     (naming the file and line number) or an unknown column name."""
 

@@ -1,7 +1,7 @@
 """``anonml bench relay``: packets per second through a 3-relay cascade.
 
 Setup (DESIGN.md §11 "relay cost"). Three relays run as separate processes
-(``python -m relay._bench node``), each the real ``serve_relay`` with its
+(``python -m anonml.bench.relay node``), each the real ``serve_relay`` with its
 SQLite store in a temporary directory and a static next-hop directory file
 naming only the next relay (the last: the sink), on loopback; this process sends
 pre-built packets to the first relay over one link connection and runs the
@@ -36,7 +36,7 @@ from typing import Any
 import click
 import trio
 
-from crypto import (
+from anonml.crypto import (
     DEFAULT_PACKET_SIZE,
     ForwardPacket,
     NodeAddress,
@@ -48,14 +48,14 @@ from crypto import (
     node_id_of,
     process_packet,
 )
-from protocol import AckStatus, LinkClient
-from relay._clock import PinnedClock
-from relay._config import CONFIG_FILE, RelayConfig, load_config, render_config
-from relay._directory import DirectoryEntry, render_directory_file
-from relay._keys import KeyRing, create_identity, load_identity
-from relay._server import RelayStarted, serve_relay
-from relay._sink import FinalHopSink
-from relay._store import STORE_FILE, RelayStore
+from anonml.protocol import AckStatus, LinkClient
+from anonml.relay._clock import PinnedClock
+from anonml.relay._config import CONFIG_FILE, RelayConfig, load_config, render_config
+from anonml.relay._directory import DirectoryEntry, render_directory_file
+from anonml.relay._keys import KeyRing, create_identity, load_identity
+from anonml.relay._server import RelayStarted, serve_relay
+from anonml.relay._store import STORE_FILE, RelayStore
+from anonml.testing import FinalHopSink
 
 TARGET_PACKETS_PER_SECOND = 2000.0  # issue 5
 _RELAYS = 3
@@ -127,7 +127,7 @@ def _start_relay(work: Path, index: int, pinned: int, synchronous: str, geometry
     data_dir = work / f"relay-{index}"
     node_id, public = _prepare_relay(data_dir, pinned, synchronous, geometry, next_hop)
     process = subprocess.Popen(
-        [sys.executable, "-m", "relay._bench", "node", str(data_dir), str(pinned)],
+        [sys.executable, "-m", "anonml.bench.relay", "node", str(data_dir), str(pinned)],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
     )
     processes.append(process)
@@ -194,14 +194,10 @@ async def _drive(
 
 
 def _crypto_figures(geometry: SphinxGeometry, repeat: int) -> dict[str, float]:
-    """The ``anonml bench crypto`` figures for this geometry, measured now
-    (empty if that benchmark's module is missing or changed its interface)."""
-    try:
-        from crypto._bench import measure_sphinx
+    """The ``anonml bench crypto`` figures for this geometry, measured now."""
+    from anonml.bench.crypto import measure_sphinx
 
-        return {str(k): float(v) for k, v in measure_sphinx(repeat, geometry).items()}
-    except (ImportError, TypeError):
-        return {}
+    return {str(k): float(v) for k, v in measure_sphinx(repeat, geometry).items()}
 
 
 def measure_intake_split(geometry: SphinxGeometry, packets: int = 512, batch: int = 64,
@@ -363,9 +359,9 @@ def bench_relay(as_json: bool, packets: int, synchronous: str, repeat: int) -> N
 
 
 def _node_main(argv: list[str]) -> None:
-    """``python -m relay._bench node DATA_DIR PINNED``: one benchmark relay."""
+    """``python -m anonml.bench.relay node DATA_DIR PINNED``: one benchmark relay."""
     if len(argv) != 3 or argv[0] != "node":
-        raise SystemExit("usage: python -m relay._bench node DATA_DIR PINNED_UNIX_SECONDS")
+        raise SystemExit("usage: python -m anonml.bench.relay node DATA_DIR PINNED_UNIX_SECONDS")
     trio.run(_run_node, Path(argv[1]), int(argv[2]))
 
 

@@ -20,7 +20,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from mechanisms._oracles import ORACLE_NAMES, make_oracle
+from anonml.mechanisms._oracles import ORACLE_NAMES, make_oracle
 
 DOMAIN_SIZES = (4, 8, 16, 32, 64)
 EPSILONS = (0.5, 1.0, 2.0, 4.0)

@@ -22,83 +22,19 @@ from typing import Any
 
 import click
 import numpy as np
-from nacl.signing import SigningKey
 
-from crypto import (
-    Credential,
-    CredentialSecret,
-    IssuerPublicKey,
-    NodeAddress,
-    PathHop,
-    begin_issuance,
-    build_packet,
-    finish_issuance,
+from anonml.aggregator._round import create_round, parse_round_spec
+from anonml.aggregator._store import AggregatorHome
+from anonml.aggregator._verify import process_batch
+from anonml.aggregator._workers import IssuerWorkers
+from anonml.crypto import (
     generate_keypair,
     make_token,
     public_key_of,
     verify_token,
 )
-from protocol import CredentialRequest, RegisterRequest, SurveyId, SurveyMessage, hop_windows
-
-from aggregator._round import RoundState, create_round, parse_round_spec
-from aggregator._store import AggregatorHome
-from aggregator._verify import process_batch
-from aggregator._workers import IssuerWorkers
-
-
-class SimulatedPeer:
-    """A peer reduced to what the aggregator sees of it: registration, credential, packets.
-
-    Used by the bench and the tests to drive a round without the peer client.
-    """
-
-    def __init__(self, state: RoundState, identity_seed: bytes) -> None:
-        self.state = state
-        self.key = SigningKey(identity_seed)
-        self.public = IssuerPublicKey.from_bytes(state.manifest.token_public_key)
-        self.secret = CredentialSecret.generate()
-        self.credential: Credential | None = None
-        self.partition = -1
-
-    @property
-    def identity(self) -> bytes:
-        return bytes(self.key.verify_key)
-
-    def register(self, invitation: str | None = None) -> bool:
-        return self.state.register(RegisterRequest.create(self.key, self.state.round_id, invitation))
-
-    def obtain_credential(self) -> int:
-        """Blind issuance through :meth:`RoundState.issue`; returns the partition."""
-        partition = self.state.assignment()[self.identity]
-        request, issuance = begin_issuance(self.public, self.secret, partition)
-        response = self.state.issue(CredentialRequest.create(self.key, self.state.round_id, request.to_bytes()))
-        self.credential = finish_issuance(issuance, response.response)
-        self.partition = response.partition
-        return response.partition
-
-    def packet(
-        self,
-        survey: SurveyId,
-        report: bytes,
-        *,
-        credential: Credential | None = None,
-        public: IssuerPublicKey | None = None,
-        tamper: bool = False,
-    ) -> bytes:
-        """A one-hop Sphinx packet (straight to the aggregator) carrying a token for ``report``."""
-        chosen = credential or self.credential
-        if chosen is None:
-            raise ValueError("no credential: call obtain_credential() or pass one")
-        bound = SurveyMessage(survey, b"\x00", report).bound_bytes()
-        token = make_token(public or self.public, chosen, survey.to_bytes(), bound)
-        if tamper:
-            token = token[:-1] + bytes([token[-1] ^ 1])
-        geometry = self.state.geometry
-        body = SurveyMessage(survey, token, report).to_bytes(geometry.message_size)
-        hop = self.state.manifest.aggregator_hop
-        window = hop_windows(self.state.manifest.schedule, survey, 1)[-1]
-        path = [PathHop(hop.node_id, NodeAddress(hop.host, hop.port), hop.public_key, window)]
-        return build_packet(geometry, path, body)
+from anonml.protocol import SurveyId
+from anonml.testing import SettableClock, SimulatedPeer
 
 
 def _bench_spec() -> dict[str, Any]:
@@ -121,16 +57,6 @@ def _bench_spec() -> dict[str, Any]:
         "network": {"relays": relays, "path_length": 3, "http_host": "127.0.0.1", "http_port": 8080, "sink_host": "127.0.0.1", "sink_port": 8081},
         "participation": {"min_participation": 1, "registration": "open"},
     }
-
-
-class SettableClock:
-    """A UTC clock that reads what it was last set to (the bench, and tests with sockets where MockClock cannot serve)."""
-
-    def __init__(self, now: float) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def run_bench(n_packets: int, batch: int, processes: int, seed: int) -> dict[str, Any]:

@@ -14,7 +14,7 @@ native-country it counts as non-US (the thesis's split has no third bin).
 
 from __future__ import annotations
 
-from protocol import CategoricalFeature, FeatureSpec, LabelSpec, NumericFeature
+from anonml.protocol import CategoricalFeature, FeatureSpec, LabelSpec, NumericFeature
 
 _WORKCLASS = ("Private", "Self-emp-not-inc", "Self-emp-inc", "Federal-gov", "Local-gov", "State-gov", "Without-pay", "Never-worked", "?")
 _MARITAL = ("Married-civ-spouse", "Married-AF-spouse", "Never-married", "Divorced", "Separated", "Widowed", "Married-spouse-absent")

@@ -38,8 +38,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
-from mechanisms import make_oracle
-from protocol import DEFAULT_MEDIAN_STEPS, FeatureSpec, PlanError, ReleasePlan
+from anonml.mechanisms import make_oracle
+from anonml.protocol import DEFAULT_MEDIAN_STEPS, FeatureSpec, PlanError, ReleasePlan
 
 MIN_PEERS_PER_PARTITION = 20
 SPLIT_PARTITIONS = (1, 2, 4, 5, 8, 10, 16, 20)

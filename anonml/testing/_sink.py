@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 
 import trio
 
-from crypto import FinalMessage, InvalidPacket, SphinxGeometry, process_packet
-from protocol import AckStatus, LinkError, serve_link
+from anonml.crypto import FinalMessage, InvalidPacket, SphinxGeometry, process_packet
+from anonml.protocol import AckStatus, LinkError, serve_link
 
 
 @dataclass

@@ -34,8 +34,8 @@ from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.multiclass import check_classification_targets, type_of_target
 from sklearn.utils.validation import check_is_fitted, check_random_state, validate_data
 
-from protocol import FeatureSpec
-from protocol._features import decode_cells, encode_cells
+from anonml.protocol import FeatureSpec
+from anonml.protocol._features import decode_cells, encode_cells
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -281,7 +281,7 @@ class PartitionEnsemble(ClassifierMixin, BaseEstimator):
         totals = np.array([counts[labels == 0].sum(), counts[labels == 1].sum()])
         # Equal total weight per class; a class with no mass keeps weight 0.
         factor = np.divide(counts.sum() / 2.0, totals, out=np.zeros(2), where=totals > 0)
-        return counts * factor[labels]
+        return np.asarray(counts * factor[labels], dtype=np.float64)
 
     def _fit_one(self, design: FloatArray, labels: IntArray, counts: FloatArray) -> Any:
         """Train one member; returns ``cells -> P(y=1)`` for design rows."""
@@ -323,13 +323,13 @@ class PartitionEnsemble(ClassifierMixin, BaseEstimator):
         check_is_fitted(self)
         if self.cut_points_ is not None:
             X_checked = validate_data(self, X, dtype=np.float64, reset=False)
-            return (X_checked > self.cut_points_).astype(np.int64)
+            return np.asarray(X_checked > self.cut_points_, dtype=np.int64)
         X_checked = validate_data(self, X, dtype=np.int64, reset=False)
         bad = (X_checked < 0) | (X_checked >= np.asarray(self.n_bins_))
         if np.any(bad):
             row, col = np.argwhere(bad)[0]
             raise ValueError(f"X[{row}, {col}] = {int(X_checked[row, col])!r} is not a bin index below {self.n_bins_[col]!r}")
-        return X_checked
+        return np.asarray(X_checked, dtype=np.int64)
 
     def member_probabilities(self, X: npt.ArrayLike) -> FloatArray:
         """``(n, n_members)``: each member's P(y=1) for binned rows ``X``."""

@@ -7,9 +7,9 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from aggregator._data import Table
-from mechanisms import estimate_quantiles
-from protocol import Assignment, FeatureSpec, NumericFeature, ReleasePlan
+from anonml.learning._data import Table
+from anonml.mechanisms import estimate_quantiles
+from anonml.protocol import Assignment, FeatureSpec, NumericFeature, ReleasePlan
 
 IntArray = npt.NDArray[np.int64]
 

@@ -13,11 +13,11 @@ import numpy as np
 import numpy.typing as npt
 from sklearn.metrics import roc_auc_score
 
-from aggregator._binning import bin_table, exact_cut_points, private_cut_points
-from aggregator._data import Table
-from aggregator._ensemble import PartitionEnsemble, SubsetHistogram, exact_histogram
-from mechanisms import PrivacyLedger, make_oracle, postprocess
-from protocol import Assignment, FeatureSpec, ReleasePlan, assign_partitions, row_keys
+from anonml.learning._binning import bin_table, exact_cut_points, private_cut_points
+from anonml.learning._data import Table
+from anonml.learning._ensemble import PartitionEnsemble, SubsetHistogram, exact_histogram
+from anonml.mechanisms import PrivacyLedger, make_oracle, postprocess
+from anonml.protocol import Assignment, FeatureSpec, ReleasePlan, assign_partitions, row_keys
 
 IntArray = npt.NDArray[np.int64]
 
@@ -53,7 +53,7 @@ def estimate_histograms(
     for p in range(plan.k_p):
         rows = assignment.members(p)
         for subset in plan.subsets[p]:
-            columns = [spec.index(n) for n in subset]
+            columns = np.asarray([spec.index(n) for n in subset], dtype=np.int64)
             codes = spec.encode(subset, X[np.ix_(rows, columns)], y[rows])
             m = spec.domain_size(subset)
             oracle = make_oracle(plan.oracle, plan.release_epsilon, m, n=max(1, rows.size))

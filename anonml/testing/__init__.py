@@ -1,0 +1,15 @@
+"""Support for tests and benchmarks (like ``trio.testing``): stand-ins that no
+production path uses.
+
+:class:`SimulatedPeer` drives a round as a peer would, without the peer client;
+:class:`SettableClock` is a UTC clock a test sets by hand (where sockets rule
+out trio's MockClock); :class:`FinalHopSink` is a recording final hop for the
+relay tests and benchmark.
+"""
+
+from __future__ import annotations
+
+from anonml.testing._peer import SettableClock, SimulatedPeer
+from anonml.testing._sink import Arrival, FinalHopSink
+
+__all__ = ["Arrival", "FinalHopSink", "SettableClock", "SimulatedPeer"]

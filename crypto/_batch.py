@@ -1,0 +1,73 @@
+"""The issuer's secret-key work, one batch at a time, in this process or in a worker process.
+
+Blind issuance and token verification are CPU-bound P-256 proofs with the
+round's issuer secret key (DESIGN.md §6). The aggregator spreads batches of
+them over spawned worker processes; each worker loads the key once
+(:func:`init_worker`) and runs :func:`verify_in_worker` or
+:func:`issue_in_worker`. Living in ``crypto`` keeps a worker's imports to the
+crypto stack: a spawned process imports the package of the function it runs.
+Results are plain bytes (a tag digest or a blind response) or the error's
+``reason`` string, so they cross process boundaries as they are.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from anonml.crypto._credential import InvalidIssuance, InvalidToken, IssuerSecretKey, issue_credential, verify_token
+
+
+@dataclass(frozen=True)
+class TokenJob:
+    """One token to verify: everything ``verify_token`` needs besides the issuer key."""
+
+    ctx: bytes
+    message: bytes
+    token: bytes
+    partition: int
+
+
+@dataclass(frozen=True)
+class IssueJob:
+    """One blind issuance: the peer's request and the partition the roster gives it."""
+
+    request: bytes
+    partition: int
+
+
+def verify_tokens(issuer_key: IssuerSecretKey, jobs: list[TokenJob]) -> list[bytes | str]:
+    """Per job the 32-byte tag digest, or the ``InvalidToken.reason`` it was refused for."""
+    results: list[bytes | str] = []
+    for job in jobs:
+        try:
+            results.append(verify_token(issuer_key, job.ctx, job.message, job.token, expected_partition=job.partition))
+        except InvalidToken as exc:
+            results.append(exc.reason)
+    return results
+
+
+def issue_credentials(issuer_key: IssuerSecretKey, jobs: list[IssueJob]) -> list[bytes | str]:
+    """Per job the issuer's blind response, or the ``InvalidIssuance.reason`` the request was refused for."""
+    results: list[bytes | str] = []
+    for job in jobs:
+        try:
+            results.append(issue_credential(issuer_key, job.request, job.partition).to_bytes())
+        except InvalidIssuance as exc:
+            results.append(exc.reason)
+    return results
+
+
+_WORKER_KEY: list[IssuerSecretKey] = []
+
+
+def init_worker(issuer_key_bytes: bytes) -> None:
+    """A worker process's initialiser: load the issuer key once."""
+    _WORKER_KEY[:] = [IssuerSecretKey.from_bytes(issuer_key_bytes)]
+
+
+def verify_in_worker(jobs: list[TokenJob]) -> list[bytes | str]:
+    return verify_tokens(_WORKER_KEY[0], jobs)
+
+
+def issue_in_worker(jobs: list[IssueJob]) -> list[bytes | str]:
+    return issue_credentials(_WORKER_KEY[0], jobs)
