@@ -4,16 +4,7 @@ trains the learner (``anonml.learning``) on them."""
 from __future__ import annotations
 
 from anonml.aggregator._report import learn, write_report
-from anonml.aggregator._round import (
-    ApiRefused,
-    RoundSecrets,
-    RoundSpec,
-    RoundSpecError,
-    RoundState,
-    create_round,
-    open_round,
-    parse_round_spec,
-)
+from anonml.aggregator._round import ApiRefused, RoundSecrets, RoundState
 from anonml.aggregator._service import (
     AggregatorConfig,
     BoundAddresses,
@@ -21,7 +12,9 @@ from anonml.aggregator._service import (
     drive_round,
     serve_aggregator,
 )
+from anonml.aggregator._setup import create_round, open_round
 from anonml.aggregator._sink import PacketSink
+from anonml.aggregator._spec import RoundSpec, RoundSpecError, parse_round_spec
 from anonml.aggregator._store import AggregatorHome, RoundStore
 from anonml.aggregator._verify import REJECTION_REASONS, process_batch
 from anonml.aggregator._workers import IssuerWorkers

@@ -11,9 +11,9 @@ from typing import Any
 
 import click
 
-from anonml.aggregator._round import ROUND_SPEC_EXAMPLE
-from anonml.errors import ConfigError, StorageError
+from anonml.aggregator._spec import ROUND_SPEC_EXAMPLE
 from anonml.aggregator._store import AggregatorHome
+from anonml.errors import ConfigError, StorageError
 
 EXIT_MIN_PARTICIPATION = 3
 """``run``'s exit code when the round missed its minimum participation."""
@@ -55,7 +55,8 @@ def round_group() -> None:
 @click.option("--spec", "spec_path", required=True, type=click.Path(dir_okay=False, exists=True, path_type=Path))
 def round_new(data_dir: Path, spec_path: Path) -> None:
     """Validate SPEC, create the round (issuer key, seed commitment, signed manifest) and print its id."""
-    from anonml.aggregator._round import RoundSpecError, create_round, parse_round_spec
+    from anonml.aggregator._setup import create_round
+    from anonml.aggregator._spec import RoundSpecError, parse_round_spec
 
     try:
         document = tomllib.loads(spec_path.read_text())
@@ -99,8 +100,9 @@ def run(data_dir: Path, round_id: str | None, test_file: Path | None, linger: fl
     import trio
 
     from anonml.aggregator._report import learn, summarise, write_report
-    from anonml.aggregator._round import RoundState, open_round
+    from anonml.aggregator._round import RoundState
     from anonml.aggregator._service import AggregatorConfig, serve_aggregator
+    from anonml.aggregator._setup import open_round
 
     home = AggregatorHome(data_dir)
     chosen = round_id or _latest_round(home)

@@ -21,11 +21,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-
+from anonml.aggregator._round import RoundState
 from anonml.mechanisms import postprocess, shuffle_amplified_epsilon
 from anonml.protocol import FeatureSpec, SurveyId
-
-from anonml.aggregator._round import RoundState
 
 if TYPE_CHECKING:
     from anonml.learning._data import Table

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -23,38 +22,28 @@ from typing import Any
 import numpy as np
 from nacl.signing import SigningKey
 
-from anonml.errors import AnonMLError
+from anonml.aggregator._store import RegistrationRefused, RoundStore
 from anonml.crypto import (
-    DEFAULT_MAX_HOPS,
-    DEFAULT_PACKET_SIZE,
     IssueJob,
     IssuerSecretKey,
     SphinxGeometry,
     issue_credentials,
-    node_id_of,
-    public_key_of,
 )
-from anonml.mechanisms import FrequencyOracle, QuantileSearch, make_oracle, total_epsilon
+from anonml.errors import AnonMLError
+from anonml.mechanisms import FrequencyOracle, QuantileSearch, make_oracle
 from anonml.protocol import (
-    AggregatorHop,
     CredentialRequest,
     CredentialResponse,
     FeatureSpec,
-    FeatureSpecError,
     InvalidApiMessage,
     InvalidMessage,
     MedianResults,
     MedianThresholds,
     NumericFeature,
-    PhaseTimes,
-    PlanError,
     ReceiptLog,
     RegisterRequest,
-    RelayEntry,
-    ReleasePlan,
-    RoundManifest,
     RosterResponse,
-    RoundSchedule,
+    RoundManifest,
     RoundStatus,
     SignedManifest,
     SurveyId,
@@ -64,12 +53,7 @@ from anonml.protocol import (
     decode_median_report,
     derive_subsets,
     phase_at,
-    seed_commitment,
-    worst_case_releases,
 )
-from anonml.protocol._canonical import FieldReader, InvalidDocument
-
-from anonml.aggregator._store import AggregatorHome, RegistrationRefused, RoundStore
 
 Clock = Callable[[], float]
 
@@ -414,274 +398,3 @@ class RoundState:
 def message_hash(bound: bytes) -> bytes:
     """What decides "same message" for duplicate detection (DESIGN.md §6): SHA-256 of the bound bytes."""
     return hashlib.sha256(bound).digest()
-
-
-class RoundSpecError(InvalidDocument):
-    """Raised by :func:`parse_round_spec` for a malformed round spec; ``field`` names the bad field."""
-
-
-@dataclass(frozen=True)
-class RoundSpec:
-    """A validated ``round.toml``; times are seconds relative to the round's creation."""
-
-    name: str
-    spec: FeatureSpec
-    k_p: int
-    k_h: int
-    k_s: int
-    plan: str
-    learner: str
-    eps_total: float
-    oracle: str
-    median_share: float
-    register_seconds: int
-    issue_seconds: int
-    median_rounds: int
-    median_send: int
-    median_delivery: int
-    data_send: int
-    data_delivery: int
-    publish_gap: int
-    relays: tuple[RelayEntry, ...]
-    path_length: int
-    packet_size: int
-    max_hops: int
-    http_host: str
-    http_port: int
-    sink_host: str
-    sink_port: int
-    min_participation: int
-    registration: str
-    invitations: int
-    allow_list: tuple[bytes, ...]
-
-
-ROUND_SPEC_EXAMPLE = """\
-name = "adult-income"
-
-[task]                      # builtin = "adult", or features + label as protocol.FeatureSpec.to_dict()
-builtin = "adult"
-
-[learning]
-k_p = 8                     # partitions
-k_h = 2                     # subsets per partition ("one" plan: 1)
-k_s = 2                     # features per subset
-plan = "split"              # or "one"
-learner = "logreg"          # or "tree"
-
-[privacy]
-eps_total = 4.0             # promised to each peer (thesis eq. 7.4), median answers included
-oracle = "auto"             # or a mechanisms.ORACLE_NAMES entry
-median_share = 0.5          # optional: share of eps_total for the median search
-
-[schedule]                  # seconds; the round starts when `round new` runs
-register = 120
-issue = 60
-median_rounds = 4           # sub-round i queries partition i (needs <= k_p; 0 without numeric features)
-median_send = 10            # each sub-round: send window (delta) ...
-median_delivery = 20        # ... then delivery window (needs >= path_length + 1)
-data_send = 60
-data_delivery = 60
-publish_gap = 2             # optional: seconds between publishing results and the next send window
-
-[network]
-path_length = 3             # relays per path
-packet_size = 2048          # optional; relays must use the same geometry (their defaults match)
-max_hops = 5                # optional: Sphinx routing slots, >= path_length + 1
-http_host = "127.0.0.1"
-http_port = 8080
-sink_host = "127.0.0.1"     # where last relays deliver (the aggregator is the last Sphinx hop)
-sink_port = 8081
-relays = [                  # `anonml relay info` gives each entry
-  { node_id = "<hex>", host = "127.0.0.1", port = 9001, public_key = "<hex>", key_epoch = 1 },
-]
-
-[participation]
-min_participation = 100
-registration = "open"       # or "allow-list" (allow_list = ["<hex identity key>", ...]) or "invitation" (invitations = N)
-"""
-
-
-def parse_round_spec(document: dict[str, Any]) -> RoundSpec:
-    """Validate a parsed round.toml (see ROUND_SPEC_EXAMPLE); every error names its field (``learning.k_p``)."""
-    reader = FieldReader(document, "", RoundSpecError)
-    name = reader.text("name", max_len=128, pattern=r"[A-Za-z0-9][A-Za-z0-9 ._\-]*")
-    task = reader.child("task")
-    if task.optional("builtin"):
-        builtin = task.choice("builtin", ("adult",))
-        from anonml.learning._adult import adult_spec
-
-        spec = adult_spec() if builtin == "adult" else None
-        assert spec is not None
-    else:
-        raw = {"features": task.items("features", max_items=256), "label": task.obj("label")}
-        try:
-            spec = FeatureSpec.from_dict(raw)
-        except FeatureSpecError as exc:
-            task.fail("features", str(exc))
-    task.done()
-    if any(getattr(spec.feature(n), "quantiles", 1) != 1 for n in spec.numeric_names):
-        reader.fail_at("task.features", "the network round supports median binning only (quantiles = 1)")
-    learning = reader.child("learning")
-    k_p = learning.integer("k_p", 1, 4096)
-    k_h = learning.integer("k_h", 1, 64)
-    k_s = learning.integer("k_s", 1, 16)
-    plan = learning.choice("plan", ("split", "one"))
-    learner = learning.choice("learner", ("logreg", "tree"))
-    learning.done()
-    privacy = reader.child("privacy")
-    eps_total = privacy.number("eps_total", 1e-6, 100.0)
-    oracle = privacy.text("oracle", max_len=32, pattern=r"[a-z0-9_\-]+")
-    median_share = privacy.number("median_share", 0.01, 0.99) if privacy.optional("median_share") else 0.5
-    privacy.done()
-    schedule = reader.child("schedule")
-    register_seconds = schedule.integer("register", 1, 10**7)
-    issue_seconds = schedule.integer("issue", 1, 10**7)
-    median_rounds = schedule.integer("median_rounds", 0, min(k_p, 64)) if spec.numeric_names else 0
-    if not spec.numeric_names:
-        schedule.optional("median_rounds")
-    elif median_rounds == 0:
-        schedule.fail("median_rounds", "numeric features need at least one median sub-round")
-    median_send = schedule.integer("median_send", 1, 10**7)
-    median_delivery = schedule.integer("median_delivery", 2, 10**7)
-    data_send = schedule.integer("data_send", 1, 10**7)
-    data_delivery = schedule.integer("data_delivery", 2, 10**7)
-    # Thresholds of sub-round i (and the final medians) are published when the
-    # previous delivery window closes; the gap lets every peer fetch them
-    # before its send window opens.
-    publish_gap = schedule.integer("publish_gap", 0, 10**6) if schedule.optional("publish_gap") else 2
-    schedule.done()
-    network = reader.child("network")
-    relays = tuple(
-        RelayEntry.read(network.nested(item, f"network.relays[{i}]"))
-        for i, item in enumerate(network.items("relays", max_items=256))
-    )
-    path_length = network.integer("path_length", 1, 16)
-    if path_length > len(relays):
-        network.fail("path_length", f"{path_length} relays per path but {len(relays)} relays listed")
-    for phase_name, delivery in (("median_delivery", median_delivery), ("data_delivery", data_delivery)):
-        if delivery < path_length + 1:
-            reader.fail_at(f"schedule.{phase_name}", f"{delivery} s cannot hold {path_length} relay windows and the slack slice")
-    packet_size = (
-        network.integer("packet_size", 512, 65536) if network.optional("packet_size") else DEFAULT_PACKET_SIZE
-    )
-    max_hops = network.integer("max_hops", 2, 32) if network.optional("max_hops") else DEFAULT_MAX_HOPS
-    if path_length + 1 > max_hops:
-        network.fail("max_hops", f"{max_hops} routing slots cannot hold {path_length} relays and the aggregator")
-    http_host = network.text("http_host", max_len=255)
-    http_port = network.integer("http_port", 1, 65535)
-    sink_host = network.text("sink_host", max_len=255)
-    sink_port = network.integer("sink_port", 1, 65535)
-    network.done()
-    participation = reader.child("participation")
-    min_participation = participation.integer("min_participation", 1, 2**31)
-    registration = participation.choice("registration", ("open", "allow-list", "invitation"))
-    invitations = participation.integer("invitations", 0, 10**6) if participation.optional("invitations") else 0
-    allow_list = tuple(
-        participation.decode_hex(item, f"participation.allow_list[{i}]", size=32)
-        for i, item in enumerate(participation.items("allow_list", max_items=10**6) if participation.optional("allow_list") else [])
-    )
-    participation.done()
-    reader.done()
-    if registration == "invitation" and invitations == 0:
-        reader.fail_at("participation.invitations", "the invitation policy needs invitations > 0")
-    if registration == "allow-list" and not allow_list:
-        reader.fail_at("participation.allow_list", "the allow-list policy needs a non-empty allow_list")
-    try:
-        derive_subsets(bytes(32), spec.names, plan, k_p, k_h, k_s)
-    except PlanError as exc:
-        reader.fail_at("learning", str(exc))
-    return RoundSpec(
-        name, spec, k_p, k_h, k_s, plan, learner, eps_total, oracle, median_share, register_seconds, issue_seconds,
-        median_rounds, median_send, median_delivery, data_send, data_delivery, publish_gap, relays, path_length,
-        packet_size, max_hops,
-        http_host, http_port, sink_host, sink_port, min_participation, registration, invitations, allow_list,
-    )
-
-
-def build_schedule(spec: RoundSpec, start: int) -> RoundSchedule:
-    """Absolute times from the spec's durations; ``publish_gap`` seconds before each phase that needs published results."""
-    t_register_end = start + spec.register_seconds
-    t_issue_end = t_register_end + spec.issue_seconds
-    t = t_issue_end
-    median = []
-    for index in range(spec.median_rounds):
-        # Sub-round 0's thresholds are public from the start; later ones need the gap.
-        t += spec.publish_gap if index else 0
-        phase = PhaseTimes(t, spec.median_send, t + spec.median_send + spec.median_delivery)
-        median.append(phase)
-        t = phase.t_r
-    t += spec.publish_gap if median else 0
-    data = PhaseTimes(t, spec.data_send, t + spec.data_send + spec.data_delivery)
-    return RoundSchedule(t_register_end, t_issue_end, tuple(median), data)
-
-
-def worst_case_epsilon(spec: FeatureSpec, k_h: int, k_s: int, eps_median: float, eps_data: float, median_rounds: int) -> float:
-    """ε_T to promise in the manifest: eq. 7.4 of :func:`protocol.worst_case_releases`.
-
-    Peers check the same releases against their ledger before consenting, so
-    the promise and the consent follow one rule.
-    """
-    medians, subsets = worst_case_releases(
-        spec, k_h=k_h, k_s=k_s, eps_median=eps_median, eps_data=eps_data, median_rounds=median_rounds
-    )
-    return float(total_epsilon(medians, subsets))
-
-
-def create_round(
-    home: AggregatorHome, spec: RoundSpec, *, now: int, rng_bytes: Callable[[int], bytes] = os.urandom
-) -> tuple[RoundState, list[str]]:
-    """Make a round: issuer key, seed and commitment, signed manifest, database. Returns it and its invitation codes."""
-    signing_key = home.signing_key()
-    final_private = home.read_key(home.final_hop_path)
-    final_public = public_key_of(final_private)
-    seed = rng_bytes(32)
-    issuer_key = IssuerSecretKey.generate()
-    issuer_public = issuer_key.public_key()
-    plan = ReleasePlan.build(
-        kind=spec.plan, features=spec.spec.names, numeric_features=spec.spec.numeric_names, k_p=spec.k_p,
-        k_h=spec.k_h, k_s=spec.k_s, epsilon_total=spec.eps_total, seed=seed, oracle=spec.oracle,
-        median_peers="all", median_share=spec.median_share, median_steps=max(spec.median_rounds, 1),
-    )
-    geometry = SphinxGeometry.create(max_hops=spec.max_hops, packet_size=spec.packet_size)
-    manifest = RoundManifest(
-        name=spec.name, label=spec.spec.label.name, features=spec.spec.to_dict(), k_p=spec.k_p, k_h=spec.k_h,
-        k_s=spec.k_s, plan=spec.plan, learner=spec.learner, eps_median=plan.median_epsilon,
-        eps_data=plan.release_epsilon, oracle=spec.oracle,
-        eps_total=worst_case_epsilon(
-            spec.spec, spec.k_h, spec.k_s, plan.median_epsilon, plan.release_epsilon, spec.median_rounds
-        ),
-        schedule=build_schedule(spec, now), relays=spec.relays,
-        aggregator_hop=AggregatorHop(node_id_of(final_public), spec.sink_host, spec.sink_port, final_public),
-        aggregator_url=f"http://{spec.http_host}:{spec.http_port}", path_length=spec.path_length,
-        geometry=geometry.to_dict(), token_public_key=issuer_public.to_bytes(), token_kid=issuer_public.kid,
-        seed_commitment=seed_commitment(seed), min_participation=spec.min_participation,
-        registration=spec.registration, identity_key=bytes(signing_key.verify_key),
-    )
-    signed = SignedManifest.sign(manifest, signing_key)
-    directory = home.round_dir(signed.round_id)
-    directory.mkdir(mode=0o700, parents=True, exist_ok=False)
-    store = RoundStore(directory / "round.sqlite")
-    store.put_meta("manifest", signed.to_json())
-    store.put_meta("issuer_key", issuer_key.to_bytes())
-    store.put_meta("seed", seed)
-    codes = [rng_bytes(12).hex() for _ in range(spec.invitations)]
-    store.add_invitations(codes)
-    store.add_allowed(spec.allow_list)
-    secrets = RoundSecrets(signing_key, issuer_key, seed, final_private)
-    return RoundState(store, signed, secrets), codes
-
-
-def open_round(home: AggregatorHome, round_id_hex: str, *, clock: Clock = time.time) -> RoundState:
-    """Load a round created by :func:`create_round` (raises FileNotFoundError for an unknown round)."""
-    directory = home.root / "rounds" / round_id_hex
-    if not (directory / "round.sqlite").is_file():
-        raise FileNotFoundError(f"no round {round_id_hex!r} in {str(home.root)!r}")
-    store = RoundStore(directory / "round.sqlite")
-    signing_key = home.signing_key()
-    manifest_json, issuer, seed = (store.get_meta(k) for k in ("manifest", "issuer_key", "seed"))
-    if manifest_json is None or issuer is None or seed is None:
-        raise FileNotFoundError(f"round {round_id_hex!r} is incomplete")
-    signed = SignedManifest.from_json(manifest_json, expected_identity=bytes(signing_key.verify_key))
-    secrets = RoundSecrets(signing_key, IssuerSecretKey.from_bytes(issuer), seed, home.read_key(home.final_hop_path))
-    return RoundState(store, signed, secrets, clock=clock)

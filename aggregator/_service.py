@@ -22,6 +22,15 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from anonml.aggregator._round import (
+    ALREADY_ISSUED,
+    ApiRefused,
+    Clock,
+    RoundState,
+    issuance_refused,
+)
+from anonml.aggregator._sink import PacketSink
+from anonml.aggregator._workers import IssuerWorkers
 from anonml.crypto import IssueJob
 from anonml.protocol import (
     MAX_REQUEST_BYTES,
@@ -40,10 +49,6 @@ from anonml.protocol import (
     RegisterRequest,
     RegisterResponse,
 )
-
-from anonml.aggregator._round import ALREADY_ISSUED, ApiRefused, Clock, RoundState, issuance_refused
-from anonml.aggregator._sink import PacketSink
-from anonml.aggregator._workers import IssuerWorkers
 
 log = logging.getLogger(__name__)
 

@@ -16,11 +16,10 @@ import logging
 
 import trio
 
-from anonml.protocol import AckStatus, LinkError, LinkLimits, serve_link
-
 from anonml.aggregator._round import RoundState
 from anonml.aggregator._verify import OpenedBatch, finish_batch, open_batch
 from anonml.aggregator._workers import IssuerWorkers
+from anonml.protocol import AckStatus, LinkError, LinkLimits, serve_link
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,13 @@ from nacl.signing import SigningKey
 
 from anonml.errors import AnonMLError, ConfigError
 from anonml.protocol import SurveyId
-from anonml.storage import Database, Schema, make_private_dir, read_secret_file, write_secret_file
+from anonml.storage import (
+    Database,
+    Schema,
+    make_private_dir,
+    read_secret_file,
+    write_secret_file,
+)
 
 SCHEMA = Schema(
     name="round",

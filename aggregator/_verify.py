@@ -16,13 +16,18 @@ from collections.abc import Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
-from anonml.crypto import REJECTION_REASONS as TOKEN_REJECTION_REASONS
-from anonml.crypto import FinalMessage, InvalidPacket, ReplayedPacket, TokenJob, process_packet
-from anonml.protocol import InvalidMessage, SurveyMessage, receipt_digest
-
 from anonml.aggregator._round import RoundState, SurveyRefused, message_hash
 from anonml.aggregator._store import VerifiedPacket
 from anonml.aggregator._workers import IssuerWorkers
+from anonml.crypto import REJECTION_REASONS as TOKEN_REJECTION_REASONS
+from anonml.crypto import (
+    FinalMessage,
+    InvalidPacket,
+    ReplayedPacket,
+    TokenJob,
+    process_packet,
+)
+from anonml.protocol import InvalidMessage, SurveyMessage, receipt_digest
 
 log = logging.getLogger(__name__)
 

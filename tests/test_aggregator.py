@@ -15,18 +15,15 @@ import trio
 import trio.testing
 from nacl.signing import SigningKey
 
-from anonml.aggregator._round import (
-    RoundSpecError,
-    RoundState,
-    create_round,
-    parse_round_spec,
-)
+from anonml.aggregator._round import RoundState
 from anonml.aggregator._service import (
     AggregatorConfig,
     BoundAddresses,
     drive_round,
     serve_aggregator,
 )
+from anonml.aggregator._setup import create_round
+from anonml.aggregator._spec import RoundSpecError, parse_round_spec
 from anonml.aggregator._store import AggregatorHome
 from anonml.aggregator._workers import IssuerWorkers
 from anonml.crypto import (
@@ -450,7 +447,7 @@ def test_a_replay_in_a_batch_opened_before_the_first_is_stored_is_a_replay(tmp_p
 
 
 def test_schedule_leaves_a_publish_gap_before_phases_that_need_results() -> None:
-    from anonml.aggregator._round import build_schedule
+    from anonml.aggregator._setup import build_schedule
 
     document = with_median(spec_document(), median_rounds=2)
     document["schedule"]["publish_gap"] = 3
@@ -515,7 +512,7 @@ async def test_one_credential_per_peer_over_http(served: Any) -> None:
 
 
 def test_a_restarted_aggregator_resumes_the_round(tmp_path: Path) -> None:
-    from anonml.aggregator._round import open_round
+    from anonml.aggregator._setup import open_round
 
     clock = SettableClock(T0 + 1)
     state, _ = make_round(tmp_path, clock)

@@ -26,8 +26,10 @@ from nacl.signing import SigningKey
 
 from anonml._demo import free_port
 from anonml.aggregator._report import learn
-from anonml.aggregator._round import RoundState, create_round, parse_round_spec
+from anonml.aggregator._round import RoundState
 from anonml.aggregator._service import AggregatorConfig, serve_aggregator
+from anonml.aggregator._setup import create_round
+from anonml.aggregator._spec import parse_round_spec
 from anonml.aggregator._store import AggregatorHome
 from anonml.cli import anonml_command
 from anonml.crypto import (

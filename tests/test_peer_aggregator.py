@@ -13,8 +13,10 @@ import numpy as np
 import pytest
 import trio
 
-from anonml.aggregator._round import RoundState, create_round, parse_round_spec
+from anonml.aggregator._round import RoundState
 from anonml.aggregator._service import AggregatorConfig, serve_aggregator
+from anonml.aggregator._setup import create_round
+from anonml.aggregator._spec import parse_round_spec
 from anonml.aggregator._store import AggregatorHome
 from anonml.crypto import generate_keypair
 from anonml.peer import PeerLedger, PeerRound, planned_releases

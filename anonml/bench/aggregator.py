@@ -23,7 +23,8 @@ from typing import Any
 import click
 import numpy as np
 
-from anonml.aggregator._round import create_round, parse_round_spec
+from anonml.aggregator._setup import create_round
+from anonml.aggregator._spec import parse_round_spec
 from anonml.aggregator._store import AggregatorHome
 from anonml.aggregator._verify import process_batch
 from anonml.aggregator._workers import IssuerWorkers

@@ -1,0 +1,112 @@
+"""Making a round from a spec and opening it again: keys, seed, signed manifest, database."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+
+from anonml.aggregator._round import Clock, RoundSecrets, RoundState
+from anonml.aggregator._spec import RoundSpec
+from anonml.aggregator._store import AggregatorHome, RoundStore
+from anonml.crypto import IssuerSecretKey, SphinxGeometry, node_id_of, public_key_of
+from anonml.mechanisms import total_epsilon
+from anonml.protocol import (
+    AggregatorHop,
+    FeatureSpec,
+    PhaseTimes,
+    ReleasePlan,
+    RoundManifest,
+    RoundSchedule,
+    SignedManifest,
+    seed_commitment,
+    worst_case_releases,
+)
+
+
+def build_schedule(spec: RoundSpec, start: int) -> RoundSchedule:
+    """Absolute times from the spec's durations; ``publish_gap`` seconds before each phase that needs published results."""
+    t_register_end = start + spec.register_seconds
+    t_issue_end = t_register_end + spec.issue_seconds
+    t = t_issue_end
+    median = []
+    for index in range(spec.median_rounds):
+        # Sub-round 0's thresholds are public from the start; later ones need the gap.
+        t += spec.publish_gap if index else 0
+        phase = PhaseTimes(t, spec.median_send, t + spec.median_send + spec.median_delivery)
+        median.append(phase)
+        t = phase.t_r
+    t += spec.publish_gap if median else 0
+    data = PhaseTimes(t, spec.data_send, t + spec.data_send + spec.data_delivery)
+    return RoundSchedule(t_register_end, t_issue_end, tuple(median), data)
+
+
+def worst_case_epsilon(spec: FeatureSpec, k_h: int, k_s: int, eps_median: float, eps_data: float, median_rounds: int) -> float:
+    """ε_T to promise in the manifest: eq. 7.4 of :func:`protocol.worst_case_releases`.
+
+    Peers check the same releases against their ledger before consenting, so
+    the promise and the consent follow one rule.
+    """
+    medians, subsets = worst_case_releases(
+        spec, k_h=k_h, k_s=k_s, eps_median=eps_median, eps_data=eps_data, median_rounds=median_rounds
+    )
+    return float(total_epsilon(medians, subsets))
+
+
+def create_round(
+    home: AggregatorHome, spec: RoundSpec, *, now: int, rng_bytes: Callable[[int], bytes] = os.urandom
+) -> tuple[RoundState, list[str]]:
+    """Make a round: issuer key, seed and commitment, signed manifest, database. Returns it and its invitation codes."""
+    signing_key = home.signing_key()
+    final_private = home.read_key(home.final_hop_path)
+    final_public = public_key_of(final_private)
+    seed = rng_bytes(32)
+    issuer_key = IssuerSecretKey.generate()
+    issuer_public = issuer_key.public_key()
+    plan = ReleasePlan.build(
+        kind=spec.plan, features=spec.spec.names, numeric_features=spec.spec.numeric_names, k_p=spec.k_p,
+        k_h=spec.k_h, k_s=spec.k_s, epsilon_total=spec.eps_total, seed=seed, oracle=spec.oracle,
+        median_peers="all", median_share=spec.median_share, median_steps=max(spec.median_rounds, 1),
+    )
+    geometry = SphinxGeometry.create(max_hops=spec.max_hops, packet_size=spec.packet_size)
+    manifest = RoundManifest(
+        name=spec.name, label=spec.spec.label.name, features=spec.spec.to_dict(), k_p=spec.k_p, k_h=spec.k_h,
+        k_s=spec.k_s, plan=spec.plan, learner=spec.learner, eps_median=plan.median_epsilon,
+        eps_data=plan.release_epsilon, oracle=spec.oracle,
+        eps_total=worst_case_epsilon(
+            spec.spec, spec.k_h, spec.k_s, plan.median_epsilon, plan.release_epsilon, spec.median_rounds
+        ),
+        schedule=build_schedule(spec, now), relays=spec.relays,
+        aggregator_hop=AggregatorHop(node_id_of(final_public), spec.sink_host, spec.sink_port, final_public),
+        aggregator_url=f"http://{spec.http_host}:{spec.http_port}", path_length=spec.path_length,
+        geometry=geometry.to_dict(), token_public_key=issuer_public.to_bytes(), token_kid=issuer_public.kid,
+        seed_commitment=seed_commitment(seed), min_participation=spec.min_participation,
+        registration=spec.registration, identity_key=bytes(signing_key.verify_key),
+    )
+    signed = SignedManifest.sign(manifest, signing_key)
+    directory = home.round_dir(signed.round_id)
+    directory.mkdir(mode=0o700, parents=True, exist_ok=False)
+    store = RoundStore(directory / "round.sqlite")
+    store.put_meta("manifest", signed.to_json())
+    store.put_meta("issuer_key", issuer_key.to_bytes())
+    store.put_meta("seed", seed)
+    codes = [rng_bytes(12).hex() for _ in range(spec.invitations)]
+    store.add_invitations(codes)
+    store.add_allowed(spec.allow_list)
+    secrets = RoundSecrets(signing_key, issuer_key, seed, final_private)
+    return RoundState(store, signed, secrets), codes
+
+
+def open_round(home: AggregatorHome, round_id_hex: str, *, clock: Clock = time.time) -> RoundState:
+    """Load a round created by :func:`create_round` (raises FileNotFoundError for an unknown round)."""
+    directory = home.root / "rounds" / round_id_hex
+    if not (directory / "round.sqlite").is_file():
+        raise FileNotFoundError(f"no round {round_id_hex!r} in {str(home.root)!r}")
+    store = RoundStore(directory / "round.sqlite")
+    signing_key = home.signing_key()
+    manifest_json, issuer, seed = (store.get_meta(k) for k in ("manifest", "issuer_key", "seed"))
+    if manifest_json is None or issuer is None or seed is None:
+        raise FileNotFoundError(f"round {round_id_hex!r} is incomplete")
+    signed = SignedManifest.from_json(manifest_json, expected_identity=bytes(signing_key.verify_key))
+    secrets = RoundSecrets(signing_key, IssuerSecretKey.from_bytes(issuer), seed, home.read_key(home.final_hop_path))
+    return RoundState(store, signed, secrets, clock=clock)
