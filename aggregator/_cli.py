@@ -1,4 +1,9 @@
-"""``anonml aggregator``: init, round new, run, report."""
+"""``anonml aggregator``: init, round new, rounds, run, report.
+
+Rounds are named by their id (the manifest hash, 64 hex digits) or any
+unique prefix of it (the 16 digits every command prints); ``rounds`` lists
+them with their status.
+"""
 
 from __future__ import annotations
 
@@ -13,10 +18,14 @@ import click
 
 from anonml.aggregator._spec import ROUND_SPEC_EXAMPLE
 from anonml.aggregator._store import AggregatorHome
-from anonml.errors import ConfigError, StorageError
+from anonml.display import duration, local_time
+from anonml.errors import ConfigError
 
 EXIT_MIN_PARTICIPATION = 3
 """``run``'s exit code when the round missed its minimum participation."""
+
+SHORT_ID = 16
+"""Hex digits of a round id that commands print (any unique prefix names the round)."""
 
 _data_dir = click.option(
     "--data-dir", required=True, type=click.Path(file_okay=False, path_type=Path), help="The aggregator's data directory."
@@ -42,6 +51,35 @@ def init(data_dir: Path) -> None:
     home.initialise(os.urandom(32), generate_keypair()[0])
     identity = bytes(home.signing_key().verify_key)
     click.echo(f"aggregator identity {identity.hex()} in {data_dir}")
+    click.echo(f"next: give relay operators `--aggregator {identity.hex()}@http://HOST:PORT`, then "
+               f"`anonml aggregator round new --data-dir {data_dir} --spec round.toml`", err=True)
+
+
+def _existing_home(data_dir: Path) -> AggregatorHome:
+    """The aggregator's home, or a message naming the command that creates it."""
+    home = AggregatorHome(data_dir)
+    if not data_dir.is_dir():
+        raise ConfigError(f"no aggregator data directory {str(data_dir)!r}: create one with `anonml aggregator init --data-dir {data_dir}`")
+    if not home.identity_path.exists():
+        raise ConfigError(f"{str(data_dir)!r} holds no aggregator identity: run `anonml aggregator init --data-dir {data_dir}` first")
+    return home
+
+
+def resolve_round(home: AggregatorHome, text: str | None) -> str:
+    """The full id of the round ``text`` names (a unique prefix of its id); the newest round if None."""
+    rounds = home.rounds()
+    if not rounds:
+        raise ConfigError(f"no rounds in {str(home.root)!r} yet: create one with `anonml aggregator round new --data-dir {home.root} --spec round.toml`")
+    if text is None:
+        return max(rounds, key=lambda r: (home.root / "rounds" / r).stat().st_mtime)
+    wanted = text.strip().lower().rstrip("…")
+    matches = [r for r in rounds if r.startswith(wanted)] if wanted else []
+    if len(matches) == 1:
+        return matches[0]
+    listing = f"`anonml aggregator rounds --data-dir {home.root}` lists them"
+    if not matches:
+        raise ConfigError(f"no round {text!r} in {str(home.root)!r}: {listing}")
+    raise ConfigError(f"{text!r} names {len(matches)} rounds ({', '.join(m[:SHORT_ID] for m in matches)}): give more digits; {listing}")
 
 
 @aggregator.group(name="round")
@@ -49,99 +87,188 @@ def round_group() -> None:
     """Create rounds."""
 
 
+def _parse_start(value: str | None, now: int) -> int | None:
+    """``--start``: ``+90s``/``+10m``/``+2h``, an ISO date-time (local time without an offset), or None."""
+    import datetime
+    import re
+
+    if value is None:
+        return None
+    relative = re.fullmatch(r"\+(\d{1,7})([smh]?)", value.strip())
+    if relative:
+        return now + int(relative.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[relative.group(2)]
+    try:
+        moment = datetime.datetime.fromisoformat(value.strip())
+    except ValueError:
+        raise click.BadParameter(f"{value!r}: use +SECONDS, +MINUTESm, +HOURSh or a date-time such as 2026-12-01T09:00", param_hint="--start") from None
+    return int((moment if moment.tzinfo is not None else moment.astimezone()).timestamp())
+
+
 # "\b" keeps click from rewrapping each paragraph of the example.
 @round_group.command(name="new", epilog="Example spec:\n\n\b\n" + ROUND_SPEC_EXAMPLE.replace("\n\n", "\n\n\b\n"))
 @_data_dir
 @click.option("--spec", "spec_path", required=True, type=click.Path(dir_okay=False, exists=True, path_type=Path))
-def round_new(data_dir: Path, spec_path: Path) -> None:
+@click.option("--start", default=None, metavar="WHEN",
+              help="When the round's schedule starts (registration closes `register` seconds later): +SECONDS, +10m, "
+                   "+1h, or a date-time (local unless it has an offset). Default: the spec's [schedule] start, else now.")
+def round_new(data_dir: Path, spec_path: Path, start: str | None) -> None:
     """Validate SPEC, create the round (issuer key, seed commitment, signed manifest) and print its id."""
     from anonml.aggregator._setup import create_round
-    from anonml.aggregator._spec import RoundSpecError, parse_round_spec
+    from anonml.aggregator._spec import parse_round_spec
 
     try:
         document = tomllib.loads(spec_path.read_text())
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise click.ClickException(f"{spec_path}: not valid TOML: {exc}") from None
-    try:
-        spec = parse_round_spec(document)
-    except RoundSpecError as exc:
-        raise click.ClickException(f"{spec_path}: {exc}") from None
-    home = AggregatorHome(data_dir)
-    try:
-        state, codes = create_round(home, spec, now=int(time.time()))
-    except (FileNotFoundError, ConfigError, StorageError) as exc:
-        raise click.ClickException(str(exc)) from None
+    spec = parse_round_spec(document, base_dir=spec_path.parent)
+    home = _existing_home(data_dir)
+    now = int(time.time())
+    begins = _parse_start(start, now) or spec.start or now
+    if begins < now - 1:
+        raise click.ClickException(
+            f"the schedule starts at {local_time(begins)}, {duration(now - begins)} ago, so registration would already "
+            f"be {'closed' if begins + spec.register_seconds <= now else 'partly over'}: set a later [schedule] start "
+            f"in {spec_path}, or pass --start +10m"
+        )
+    state, codes = create_round(home, spec, now=begins)
     directory = home.round_dir(state.round_id)
     if codes:
         (directory / "invitations.txt").write_text("".join(f"{code}\n" for code in codes))
         click.echo(f"{len(codes)} invitation codes in {directory / 'invitations.txt'}", err=True)
     schedule = state.manifest.schedule
-    click.echo(f"registration closes at {schedule.t_register_end}, data delivery ends at {schedule.end}", err=True)
-    click.echo(state.round_id.hex())
+    round_id = state.round_id.hex()
+    click.echo(f"round {spec.name!r} ({round_id[:SHORT_ID]}) created", err=True)
+    click.echo(f"  registration closes {local_time(schedule.t_register_end)} (in {duration(schedule.t_register_end - now)}); "
+               f"data delivery ends {local_time(schedule.end)}", err=True)
+    click.echo(f"  peers can register only while the aggregator serves it: start "
+               f"`anonml aggregator run --data-dir {data_dir} --round {round_id[:SHORT_ID]}` before registration closes", err=True)
+    click.echo(round_id)
 
 
-def _latest_round(home: AggregatorHome) -> str:
-    rounds = home.rounds()
-    if not rounds:
-        raise click.ClickException(f"no rounds in {home.root}; create one with `anonml aggregator round new`")
-    return max(rounds, key=lambda r: (home.root / "rounds" / r).stat().st_mtime)
+def round_status(home: AggregatorHome, round_id: str, now: int) -> dict[str, Any]:
+    """What ``rounds`` shows of one round: name, status, times, counts (read without the keys)."""
+    from anonml.aggregator._store import RoundStore
+    from anonml.protocol import SignedManifest, phase_at
+
+    store = RoundStore(home.root / "rounds" / round_id / "round.sqlite")
+    try:
+        manifest_json = store.get_meta("manifest")
+        outcome = store.get_result("outcome")
+        counts = store.counts()
+    finally:
+        store.close()
+    if manifest_json is None:
+        return {"round_id": round_id, "name": "?", "status": "incomplete", "counts": counts}
+    manifest = SignedManifest.from_json(manifest_json).manifest
+    schedule = manifest.schedule
+    if outcome is not None:
+        status = json.loads(outcome)["phase"]
+    else:
+        phase, _ = phase_at(schedule, now)
+        status = "not run: resume with `aggregator run`" if phase == "learning" else f"{phase} (not finished)"
+    return {
+        "round_id": round_id, "name": manifest.name, "status": status, "counts": counts,
+        "registration_closes": schedule.t_register_end, "ends": schedule.end,
+    }
 
 
 @aggregator.command()
 @_data_dir
-@click.option("--round", "round_id", default=None, help="Round id (default: the newest round).")
+@click.option("--json", "as_json", is_flag=True, help="Print the list as JSON.")
+def rounds(data_dir: Path, as_json: bool) -> None:
+    """List the rounds in DATA_DIR with their status and short ids (any unique prefix names a round)."""
+    home = _existing_home(data_dir)
+    now = int(time.time())
+    listed = [round_status(home, r, now) for r in sorted(home.rounds(), key=lambda r: (home.root / "rounds" / r).stat().st_mtime)]
+    if as_json:
+        click.echo(json.dumps(listed, indent=2))
+        return
+    if not listed:
+        click.echo(f"no rounds yet: create one with `anonml aggregator round new --data-dir {data_dir} --spec round.toml`")
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(show_header=True, header_style="bold")
+    for column in ("id", "name", "status", "registered", "accepted", "registration closes", "ends"):
+        table.add_column(column)
+    for item in listed:
+        counts = item["counts"]
+        table.add_row(
+            item["round_id"][:SHORT_ID], item["name"], item["status"], str(counts.get("registered", 0)),
+            str(counts.get("accepted", 0)),
+            local_time(item["registration_closes"]) if "registration_closes" in item else "",
+            local_time(item["ends"]) if "ends" in item else "",
+        )
+    Console(width=160).print(table)
+
+
+@aggregator.command()
+@_data_dir
+@click.option("--round", "round_id", default=None, help="Round id or a unique prefix of it (default: the newest round).")
 @click.option("--test-file", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None,
               help="Labelled held-out file to measure utility on: CSV with a header naming the features and the label, or UCI Adult format.")
 @click.option("--linger", type=float, default=0.0, help="Keep serving this many seconds after the round ends.")
 @click.option("--processes", type=click.IntRange(0, 64), default=0,
               help="Worker processes for blind issuance and token verification (0: in a thread of the service).")
 def run(data_dir: Path, round_id: str | None, test_file: Path | None, linger: float, processes: int) -> None:
-    """Serve the round through all its phases, then learn and write the report."""
+    """Serve the round through all its phases, then learn and write the report.
+
+    While it runs, its live dashboard is at http://HOST:PORT/dashboard.
+    """
     import trio
 
+    from anonml.aggregator._progress import watch_round
     from anonml.aggregator._report import learn, summarise, write_report
     from anonml.aggregator._round import RoundState
     from anonml.aggregator._service import AggregatorConfig, serve_aggregator
     from anonml.aggregator._setup import open_round
 
-    home = AggregatorHome(data_dir)
-    chosen = round_id or _latest_round(home)
-    try:
-        state = open_round(home, chosen)
-    except (FileNotFoundError, ValueError, ConfigError, StorageError) as exc:
-        raise click.ClickException(str(exc)) from None
+    home = _existing_home(data_dir)
+    chosen = resolve_round(home, round_id)
+    state = open_round(home, chosen)
     directory = home.round_dir(state.round_id)
     manifest = state.manifest
-    host, port = manifest.aggregator_url.removeprefix("http://").rsplit(":", 1)
+    _refuse_missed_registration(state, data_dir)
+    import httpx
+
+    url = httpx.URL(manifest.aggregator_url)
 
     def on_learn(s: RoundState) -> dict[str, Any]:
         report = learn(s, directory, test_file=test_file)
         return {"report": str(directory / "report.json"), "accepted": report["counts"]["accepted"]}
 
     config = AggregatorConfig(
-        state, http_host=host, http_port=int(port), sink_host=manifest.aggregator_hop.host,
+        state, http_host=url.host, http_port=url.port or 80, sink_host=manifest.aggregator_hop.host,
         sink_port=manifest.aggregator_hop.port, worker_processes=processes, linger=linger,
         on_learn=on_learn,
     )
 
     async def main() -> str:
         async with trio.open_nursery() as nursery:
-            addresses = await nursery.start(serve_aggregator, config)
-            click.echo(f"round {state.round_id.hex()[:16]}… serving {addresses.http_url}, packet sink {addresses.sink}", err=True)
+
+            async def serve_then_stop(task_status: trio.TaskStatus[Any]) -> None:
+                await serve_aggregator(config, task_status=task_status)
+                nursery.cancel_scope.cancel()  # the round is over: stop watching it
+
+            addresses = await nursery.start(serve_then_stop)
+            click.echo(f"round {manifest.name!r} ({state.round_id.hex()[:SHORT_ID]}) serving {addresses.http_url}, "
+                       f"packet sink {addresses.sink[0]}:{addresses.sink[1]}", err=True)
+            click.echo(f"  live dashboard: {addresses.http_url}/dashboard", err=True)
+            nursery.start_soon(watch_round, state)
         return state.outcome() or "failed"
 
     try:
         outcome = trio.run(main)
-    except (KeyboardInterrupt, OSError, BaseExceptionGroup) as exc:
-        # trio wraps failures of the serving tasks in exception groups.
+    except (KeyboardInterrupt, BaseExceptionGroup, OSError) as exc:
         group = exc if isinstance(exc, BaseExceptionGroup) else BaseExceptionGroup("run", [exc])
         if group.subgroup(KeyboardInterrupt) is not None:
-            click.echo(f"interrupted; `anonml aggregator run --data-dir {data_dir} --round {chosen}` resumes the round", err=True)
+            click.echo(f"interrupted; `anonml aggregator run --data-dir {data_dir} --round {chosen[:SHORT_ID]}` resumes the round", err=True)
             sys.exit(130)
         address_errors = group.subgroup(OSError)
         if address_errors is None:
             raise
-        raise click.ClickException(f"cannot serve the round: {address_errors.exceptions[0]}") from None
+        raise click.ClickException(_address_problem(address_errors.exceptions[0], manifest.aggregator_url)) from None
     if outcome == "failed":
         detail = json.loads(state.store.get_result("outcome") or b"{}")
         report = {"round_id": state.round_id.hex(), "name": manifest.name, "status": "failed", **detail,
@@ -155,17 +282,51 @@ def run(data_dir: Path, round_id: str | None, test_file: Path | None, linger: fl
     click.echo(f"report: {directory / 'report.html'}")
 
 
+def _address_problem(error: BaseException, url: str) -> str:
+    """A bind failure in words, with the fix."""
+    import errno
+
+    text = str(error)
+    if isinstance(error, OSError) and error.errno == errno.EADDRINUSE:
+        return (f"cannot serve the round: an address it needs is in use ({text}); stop the process holding it "
+                f"(another `anonml aggregator run`?) or create a round whose spec sets other network.http_port / "
+                f"network.sink_port (this one serves {url})")
+    return f"cannot serve the round: {text}; check network.http_host and network.sink_host in the round spec"
+
+
+def _refuse_missed_registration(state: Any, data_dir: Path) -> None:
+    """A round whose registration closed before it was ever served can only fail: say so, and what to do."""
+    schedule = state.manifest.schedule
+    now = state.now()
+    if state.outcome() is None and now >= schedule.t_register_end and state.store.counts()["registered"] == 0:
+        raise click.ClickException(
+            f"registration for this round closed at {local_time(schedule.t_register_end)} ({duration(now - schedule.t_register_end)} "
+            f"ago) before any peer registered, so it can only fail: create a new round with "
+            f"`anonml aggregator round new --data-dir {data_dir} --spec SPEC --start +5m` and start `aggregator run` "
+            "right after (registration is open only while the aggregator serves the round)"
+        )
+
+
 @aggregator.command()
 @_data_dir
-@click.argument("round_id")
-def report(data_dir: Path, round_id: str) -> None:
-    """Summarise ROUND's report on the terminal (report.json and report.html are in its directory)."""
+@click.argument("round_id", required=False)
+def report(data_dir: Path, round_id: str | None) -> None:
+    """Summarise ROUND's report (a unique prefix of its id; default: the newest round).
+
+    report.json and report.html (the dashboard page, with every figure explained) are in its directory.
+    """
     from anonml.aggregator._report import summarise
 
-    directory = AggregatorHome(data_dir).root / "rounds" / round_id
+    home = _existing_home(data_dir)
+    chosen = resolve_round(home, round_id)
+    directory = home.root / "rounds" / chosen
     path = directory / "report.json"
     if not path.is_file():
-        raise click.ClickException(f"no report for round {round_id!r} (has it finished?)")
+        status = round_status(home, chosen, int(time.time()))
+        raise click.ClickException(
+            f"round {chosen[:SHORT_ID]} has no report yet (status: {status['status']}): its report is written when "
+            f"`anonml aggregator run --data-dir {data_dir} --round {chosen[:SHORT_ID]}` finishes it"
+        )
     for line in summarise(json.loads(path.read_text())):
         click.echo(line)
     click.echo(f"report: {directory / 'report.html'}")

@@ -2,23 +2,37 @@
 
 :func:`parse_round_spec` turns a parsed TOML document into a :class:`RoundSpec`
 or raises :class:`RoundSpecError` naming the offending field
-(``learning.k_p``); ``anonml aggregator round new`` prints the example.
+(``learning.k_p``) and what it accepts; ``anonml aggregator round new``
+prints the example. Validation is complete: every name is checked against
+the registry the round will use it with (oracles, plans, learners), and the
+release plan, the frequency oracles and the packet geometry are built once
+from the spec, so a spec ``round new`` accepts cannot fail later in
+``aggregator run`` or at the peers.
 """
 
 from __future__ import annotations
 
+import datetime
+import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from anonml.crypto import DEFAULT_MAX_HOPS, DEFAULT_PACKET_SIZE
+from anonml.crypto import DEFAULT_MAX_HOPS, DEFAULT_PACKET_SIZE, SphinxGeometry
+from anonml.mechanisms import ORACLE_NAMES, make_oracle
 from anonml.protocol import (
+    PLAN_KINDS,
     FeatureSpec,
     FeatureSpecError,
     PlanError,
     RelayEntry,
+    ReleasePlan,
     derive_subsets,
 )
 from anonml.protocol._canonical import FieldReader, InvalidDocument
+
+LEARNERS = ("logreg", "tree")
+"""The partition ensemble's base learners (``learning.PartitionEnsemble(base=...)``)."""
 
 
 class RoundSpecError(InvalidDocument):
@@ -27,7 +41,12 @@ class RoundSpecError(InvalidDocument):
 
 @dataclass(frozen=True)
 class RoundSpec:
-    """A validated ``round.toml``; times are seconds relative to the round's creation."""
+    """A validated ``round.toml``; durations are seconds from the round's start.
+
+    ``start`` is the Unix time registration opens, if the spec fixes it
+    (``[schedule] start``); otherwise the round starts when ``round new`` runs
+    (or at its ``--start``).
+    """
 
     name: str
     spec: FeatureSpec
@@ -59,6 +78,7 @@ class RoundSpec:
     registration: str
     invitations: int
     allow_list: tuple[bytes, ...]
+    start: int | None = None
 
 
 ROUND_SPEC_EXAMPLE = """\
@@ -76,11 +96,13 @@ learner = "logreg"          # or "tree"
 
 [privacy]
 eps_total = 4.0             # promised to each peer (thesis eq. 7.4), median answers included
-oracle = "auto"             # or a mechanisms.ORACLE_NAMES entry
+oracle = "auto"             # or one of: {ORACLES}
 median_share = 0.5          # optional: share of eps_total for the median search
 
-[schedule]                  # seconds; the round starts when `round new` runs
-register = 120
+[schedule]                  # durations in seconds from the round's start
+# start = 2026-12-01T09:00:00+01:00   # optional: when registration opens (a TOML date-time; without an
+                            # offset it is local time); else when `round new` runs, or its --start
+register = 120              # registration is open this long: `anonml aggregator run` must be serving by then
 issue = 60
 median_rounds = 4           # sub-round i queries partition i (needs <= k_p; 0 without numeric features)
 median_send = 10            # each sub-round: send window (delta) ...
@@ -97,18 +119,60 @@ http_host = "127.0.0.1"
 http_port = 8080
 sink_host = "127.0.0.1"     # where last relays deliver (the aggregator is the last Sphinx hop)
 sink_port = 8081
-relays = [                  # `anonml relay info` gives each entry
+relays = [                  # each: a file `anonml relay info --json > relay-1.json` wrote (relative to
+  "relay-1.json",           # this spec), or its fields written out:
   { node_id = "<hex>", host = "127.0.0.1", port = 9001, public_key = "<hex>", key_epoch = 1 },
 ]
 
 [participation]
 min_participation = 100
 registration = "open"       # or "allow-list" (allow_list = ["<hex identity key>", ...]) or "invitation" (invitations = N)
-"""
+""".replace("{ORACLES}", ", ".join(name for name in ORACLE_NAMES if name != "auto"))
 
 
-def parse_round_spec(document: dict[str, Any]) -> RoundSpec:
-    """Validate a parsed round.toml (see ROUND_SPEC_EXAMPLE); every error names its field (``learning.k_p``)."""
+def _start_time(value: object, field: str, reader: FieldReader) -> int:
+    """``[schedule] start``: a TOML date-time (local time without an offset) or Unix seconds."""
+    if isinstance(value, datetime.datetime):
+        # A TOML local date-time has no offset: it means this machine's local time.
+        moment = value if value.tzinfo is not None else value.astimezone()
+        return int(moment.timestamp())
+    if isinstance(value, int) and not isinstance(value, bool) and 0 < value < 2**40:
+        return value
+    reader.fail_at(field, f"expected a date-time such as 2026-12-01T09:00:00+01:00 (or Unix seconds), got {value!r}")
+
+
+def _read_relay_file(reader: FieldReader, value: str, field: str, base_dir: Path | None) -> dict[str, Any]:
+    """The descriptor ``anonml relay info --json`` wrote to ``value``, checked for a current key."""
+    path = Path(value) if base_dir is None else base_dir / value
+    try:
+        descriptor = json.loads(path.read_text())
+    except FileNotFoundError:
+        reader.fail_at(field, f"no file {str(path)!r}: write it with `anonml relay info --data-dir RELAY_DIR --json > {value}`")
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        reader.fail_at(field, f"{str(path)!r} is not the JSON `anonml relay info --json` writes ({exc})")
+    if not isinstance(descriptor, dict):
+        reader.fail_at(field, f"{str(path)!r} is not the JSON `anonml relay info --json` writes")
+    if descriptor.get("public_key") is None:
+        reader.fail_at(field, f"{str(path)!r} has no key for the current epoch: start `anonml relay run` once, then run `anonml relay info --json` again")
+    return descriptor
+
+
+def _check_relay_geometry(reader: FieldReader, field: str, descriptor: dict[str, Any], geometry: SphinxGeometry) -> None:
+    """A relay whose descriptor names another packet geometry would drop every packet of the round."""
+    theirs = descriptor.get("geometry") or {}
+    if (theirs.get("max_hops"), theirs.get("packet_size")) != (geometry.max_hops, geometry.packet_size):
+        reader.fail_at(
+            field,
+            f"the relay accepts {theirs.get('max_hops')} hops of {theirs.get('packet_size')} bytes, the round uses "
+            f"{geometry.max_hops} of {geometry.packet_size}: set network.max_hops and network.packet_size to match",
+        )
+
+
+def parse_round_spec(document: dict[str, Any], *, base_dir: Path | None = None) -> RoundSpec:
+    """Validate a parsed round.toml (see ROUND_SPEC_EXAMPLE); every error names its field (``learning.k_p``).
+
+    Relay files named in ``network.relays`` are read relative to ``base_dir`` (the spec's directory).
+    """
     reader = FieldReader(document, "", RoundSpecError)
     name = reader.text("name", max_len=128, pattern=r"[A-Za-z0-9][A-Za-z0-9 ._\-]*")
     task = reader.child("task")
@@ -131,15 +195,16 @@ def parse_round_spec(document: dict[str, Any]) -> RoundSpec:
     k_p = learning.integer("k_p", 1, 4096)
     k_h = learning.integer("k_h", 1, 64)
     k_s = learning.integer("k_s", 1, 16)
-    plan = learning.choice("plan", ("split", "one"))
-    learner = learning.choice("learner", ("logreg", "tree"))
+    plan = learning.choice("plan", PLAN_KINDS)
+    learner = learning.choice("learner", LEARNERS)
     learning.done()
     privacy = reader.child("privacy")
     eps_total = privacy.number("eps_total", 1e-6, 100.0)
-    oracle = privacy.text("oracle", max_len=32, pattern=r"[a-z0-9_\-]+")
+    oracle = privacy.choice("oracle", ORACLE_NAMES)
     median_share = privacy.number("median_share", 0.01, 0.99) if privacy.optional("median_share") else 0.5
     privacy.done()
     schedule = reader.child("schedule")
+    start = _start_time(schedule.raw("start"), "schedule.start", schedule) if schedule.optional("start") else None
     register_seconds = schedule.integer("register", 1, 10**7)
     issue_seconds = schedule.integer("issue", 1, 10**7)
     median_rounds = schedule.integer("median_rounds", 0, min(k_p, 64)) if spec.numeric_names else 0
@@ -157,8 +222,18 @@ def parse_round_spec(document: dict[str, Any]) -> RoundSpec:
     publish_gap = schedule.integer("publish_gap", 0, 10**6) if schedule.optional("publish_gap") else 2
     schedule.done()
     network = reader.child("network")
+    # Each entry: a relay file's name (`relay info --json` output) or the five fields written out.
+    descriptors = {
+        i: _read_relay_file(network, item, f"network.relays[{i}]", base_dir)
+        for i, item in enumerate(network.items("relays", max_items=256))
+        if isinstance(item, str)
+    }
     relays = tuple(
-        RelayEntry.read(network.nested(item, f"network.relays[{i}]"))
+        RelayEntry.read(network.nested(
+            {key: descriptors[i].get(key) for key in ("node_id", "host", "port", "public_key", "key_epoch")}
+            if i in descriptors else item,
+            f"network.relays[{i}]",
+        ))
         for i, item in enumerate(network.items("relays", max_items=256))
     )
     path_length = network.integer("path_length", 1, 16)
@@ -173,6 +248,12 @@ def parse_round_spec(document: dict[str, Any]) -> RoundSpec:
     max_hops = network.integer("max_hops", 2, 32) if network.optional("max_hops") else DEFAULT_MAX_HOPS
     if path_length + 1 > max_hops:
         network.fail("max_hops", f"{max_hops} routing slots cannot hold {path_length} relays and the aggregator")
+    try:
+        geometry = SphinxGeometry.create(max_hops=max_hops, packet_size=packet_size)
+    except ValueError as exc:
+        network.fail("packet_size", f"{packet_size} bytes with {max_hops} hops is not a usable packet geometry ({exc})")
+    for i, descriptor in descriptors.items():
+        _check_relay_geometry(network, f"network.relays[{i}]", descriptor, geometry)
     http_host = network.text("http_host", max_len=255)
     http_port = network.integer("http_port", 1, 65535)
     sink_host = network.text("sink_host", max_len=255)
@@ -196,9 +277,38 @@ def parse_round_spec(document: dict[str, Any]) -> RoundSpec:
         derive_subsets(bytes(32), spec.names, plan, k_p, k_h, k_s)
     except PlanError as exc:
         reader.fail_at("learning", str(exc))
+    _check_buildable(reader, spec, plan, k_p, k_h, k_s, eps_total, oracle, median_share, median_rounds)
     return RoundSpec(
         name, spec, k_p, k_h, k_s, plan, learner, eps_total, oracle, median_share, register_seconds, issue_seconds,
         median_rounds, median_send, median_delivery, data_send, data_delivery, publish_gap, relays, path_length,
         packet_size, max_hops,
-        http_host, http_port, sink_host, sink_port, min_participation, registration, invitations, allow_list,
+        http_host, http_port, sink_host, sink_port, min_participation, registration, invitations, allow_list, start,
     )
+
+
+def _check_buildable(
+    reader: FieldReader, spec: FeatureSpec, plan: str, k_p: int, k_h: int, k_s: int, eps_total: float, oracle: str,
+    median_share: float, median_rounds: int,
+) -> None:
+    """Build what the round will build from these values, so a failure shows now and names its field.
+
+    The release plan (``round new``) and each data survey's frequency oracle
+    (the aggregator and the peers, at the partition sizes ``"auto"`` chooses
+    among) are made as they will be then.
+    """
+    try:
+        release = ReleasePlan.build(
+            kind=plan, features=spec.names, numeric_features=spec.numeric_names, k_p=k_p, k_h=k_h, k_s=k_s,
+            epsilon_total=eps_total, seed=bytes(32), oracle=oracle, median_peers="all", median_share=median_share,
+            median_steps=max(median_rounds, 1),
+        )
+    except (PlanError, ValueError) as exc:
+        reader.fail_at("privacy", f"no release plan for these values: {exc}")
+    domains = {spec.domain_size(subset) for subsets in release.subsets for subset in subsets}
+    for m in sorted(domains):
+        for n in (1, 1000):
+            try:
+                make_oracle(oracle, release.release_epsilon, m, n=n)
+            except (ValueError, ZeroDivisionError, OverflowError) as exc:
+                reader.fail_at("privacy.oracle", f"{oracle!r} cannot encode {m} values at epsilon {release.release_epsilon:g}: {exc}")
+

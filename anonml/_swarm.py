@@ -74,7 +74,8 @@ async def run_swarm(config: SwarmConfig) -> dict[str, Any]:
     started = time.monotonic()
     events: Counter[str] = Counter()
     failures: Counter[str] = Counter()
-    client = AggregatorClient(config.aggregator, max_connections=config.max_connections, retry_for=300.0)
+    # The workers start before the aggregator serves (the demo overlaps their start-up with its own).
+    client = AggregatorClient(config.aggregator, max_connections=config.max_connections, retry_for=300.0, wait_for_service=True)
     store = PeerStore(config.store, durable=False)
     results: list[JoinResult] = []
     try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from collections import Counter
 from pathlib import Path
 
 import click
@@ -29,6 +30,7 @@ def init(data_dir: Path) -> None:
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(f"identity {identity.public_key.hex()} created in {data_dir}")
+    click.echo(f"next: `anonml peer join --data-dir {data_dir} --aggregator URL --data YOUR.csv --dry-run` shows what would leave this machine", err=True)
 
 
 @peer.command("join")
@@ -40,35 +42,73 @@ def init(data_dir: Path) -> None:
 @click.option("--yes", is_flag=True, help="Do not ask before spending privacy budget.")
 def join(data_dir: Path, url: str, data_file: Path, invitation: str | None, dry_run: bool, yes: bool) -> None:
     """Join the round the aggregator is running, from the data in FILE.csv."""
-    try:
-        identity = load_identity(data_dir)
-    except ConfigError as exc:
-        raise click.ClickException(str(exc)) from None
+    from anonml.peer._client import check_aggregator_url
+
+    check_aggregator_url(url)
+    if not data_file.is_file():
+        raise click.ClickException(f"no data file {str(data_file)!r}: pass --data a CSV file with a header row naming the round's features")
+    identity = load_identity(data_dir)
     code = trio.run(_join, identity, data_dir, url, data_file, invitation, dry_run, yes)
     sys.exit(code)
 
 
+def _windows(manifest: object) -> list[str]:
+    """When this peer's packets leave and arrive, in local time (told before anything is sent)."""
+    from anonml.display import local_time
+    from anonml.protocol import RoundManifest
+
+    assert isinstance(manifest, RoundManifest)
+    schedule = manifest.schedule
+    lines = [f"  registration closes {local_time(schedule.t_register_end)}; credentials until {local_time(schedule.t_issue_end)}"]
+    if schedule.median:
+        first, last = schedule.median[0], schedule.median[-1]
+        lines.append(f"  a median answer (only if your partition is asked) leaves between {local_time(first.t_s)} and {local_time(last.send_end)}")
+    data = schedule.data
+    lines.append(f"  your data packet(s) leave at random times between {local_time(data.t_s)} and {local_time(data.send_end)}; "
+                 f"relays deliver them by {local_time(data.t_r)}, then receipts are checked")
+    return lines
+
+
+_EVENT_WORDS = {
+    "registered": "registered: your key is on the roster",
+    "credential": "credential received (blind: the aggregator cannot link it to you)",
+    "sent": "a packet left for its first relay",
+    "acknowledged": "receipt found: a packet was counted",
+    "resent": "a receipt was missing: the same message was resent over another path",
+    "first-hop-failed": "a first relay did not answer; trying another path",
+    "missing": "a packet was not counted (its receipt is missing after the round)",
+    "unconfirmed": "the receipt log could not be read: a packet may or may not have counted",
+    "median-missed": "the median thresholds were not published in time: no median answer was sent",
+}
+
+
 async def _join(identity: PeerIdentity, data_dir: Path, url: str, data_file: Path, invitation: str | None, dry_run: bool, yes: bool) -> int:
-    from anonml.mechanisms import BudgetExceeded
-    from anonml.peer._client import AggregatorClient, AggregatorError
+    from anonml.display import StatusBoard
+    from anonml.peer._client import AggregatorClient
     from anonml.peer._disclosure import describe_release
     from anonml.peer._features import RoundPipeline
     from anonml.peer._framework import FeatureError, MalformedData
-    from anonml.peer._join import JoinRefused, Peer, RoundSession, join_round
-    from anonml.peer._store import PeerStore, StoreError
+    from anonml.peer._join import Peer, RoundSession, join_round
+    from anonml.peer._store import PeerStore
     from anonml.peer._transport import open_transport
     from anonml.protocol._features import FeatureSpec, FeatureSpecError
 
-    client = AggregatorClient(url, max_connections=4)
+    client = AggregatorClient(url, max_connections=4, on_retry=lambda message: click.echo(f"  {message}", err=True))
     store = PeerStore(data_dir / STORE_FILE)
     try:
         signed = await client.manifest()
         manifest = signed.manifest
         spec = FeatureSpec.from_dict(dict(manifest.features))
         pipeline = RoundPipeline.for_spec(spec)
-        vector = pipeline.vector_from_file(data_file)
+        try:
+            vector = pipeline.vector_from_file(data_file)
+        except (MalformedData, FeatureError, FeatureSpecError) as exc:
+            raise click.ClickException(f"{data_file}: {exc}") from None
         text, cost = describe_release(signed, spec, vector, store, identity.public_key)
         click.echo(text)
+        click.echo("\nWhen:")
+        for line in _windows(manifest):
+            click.echo(line)
         if cost > manifest.eps_total * (1 + 1e-9):
             raise click.ClickException(f"this round would cost epsilon {cost:.4g}, more than the {manifest.eps_total:g} it promises; refusing")
         if dry_run:
@@ -78,21 +118,29 @@ async def _join(identity: PeerIdentity, data_dir: Path, url: str, data_file: Pat
             click.echo("Nothing was sent.")
             return 1
         geometry = manifest.sphinx_geometry()
-        async with open_transport(packet_size=geometry.packet_size, geometry_hash=geometry.canonical_hash()) as transport:
-            session = RoundSession(client, transport)
-            peer = Peer(identity, store, vector, np.random.default_rng(), invitation)
-            result = await join_round(peer, session, signed, pipeline, listener=lambda event: click.echo(f"  {event}"))
+        events: Counter[str] = Counter()
+        with StatusBoard(f"round {manifest.name}") as board:
+            client.on_retry = board.note
+
+            def heard(event: str) -> None:
+                events[event] += 1
+                board.note(_EVENT_WORDS.get(event, event))
+                board.update([
+                    ("registered", "yes" if events["registered"] else "not yet"),
+                    ("credential", "yes" if events["credential"] else "not yet"),
+                    ("packets sent", str(events["sent"] + events["resent"])),
+                    ("receipts", f"{events['acknowledged']} found, {events['missing']} missing"),
+                ], key=event)
+
+            async with open_transport(packet_size=geometry.packet_size, geometry_hash=geometry.canonical_hash()) as transport:
+                session = RoundSession(client, transport)
+                peer = Peer(identity, store, vector, np.random.default_rng(), invitation)
+                result = await join_round(peer, session, signed, pipeline, listener=heard)
         click.echo(
             f"done: partition {result.partition}, {result.packets} packet(s), {result.acknowledged} acknowledged, "
             f"{result.resends} resent, {result.missing} missing; epsilon spent {result.epsilon_spent:.4g}"
         )
         return 0 if result.missing == 0 else 3
-    except MalformedData as exc:
-        raise click.ClickException(f"{data_file}: {exc}") from None
-    except (FeatureError, FeatureSpecError) as exc:
-        raise click.ClickException(f"{data_file}: {exc}") from None
-    except (AggregatorError, JoinRefused, BudgetExceeded, StoreError) as exc:
-        raise click.ClickException(str(exc)) from None
     finally:
         store.close()
         await client.aclose()

@@ -3,21 +3,29 @@
 One :class:`AggregatorClient` wraps one ``httpx.AsyncClient`` (a connection
 pool), so a process running many peers reuses a few connections instead of
 opening one per request. Every response body is parsed by the protocol's
-strict, size-bounded parsers; a service that is briefly overloaded or
-restarting (connection errors, 5xx, 429) is retried with capped backoff.
+strict, size-bounded parsers.
+
+Only what can succeed later is retried (with capped, jittered backoff, and
+reported to ``on_retry`` so a person sees it): 5xx, 429, timeouts, and a
+connection that fails after the aggregator has answered once (it is
+restarting). What cannot is refused at once with the fix in the message: a
+URL that is not ``http(s)://HOST:PORT``, a host name that does not resolve,
+and nothing listening at the first contact (unless ``wait_for_service``:
+the demo starts its peers before the aggregator serves).
 """
 
 from __future__ import annotations
 
 import math
 import random
+import socket
 from collections.abc import Callable
 from typing import TypeVar
 
 import httpx
 import trio
 
-from anonml.errors import TransportError
+from anonml.errors import InputError, TransportError
 from anonml.protocol._api import (
     MAX_RESPONSE_BYTES,
     PATH_CREDENTIAL,
@@ -63,12 +71,52 @@ class AggregatorError(TransportError):
         super().__init__(f"aggregator answered {status}: {reason}" if status else f"aggregator unreachable: {reason}")
 
 
+class BadAggregatorUrl(InputError):
+    """Raised by :class:`AggregatorClient` for a URL that cannot name an aggregator (no ``http://``, no host)."""
+
+
+def check_aggregator_url(text: str) -> httpx.URL:
+    """``text`` as an aggregator base URL (``http://HOST:PORT``), or BadAggregatorUrl naming the fix."""
+    example = "e.g. --aggregator http://127.0.0.1:8080"
+    try:
+        url = httpx.URL(text.strip())
+    except httpx.InvalidURL as exc:
+        raise BadAggregatorUrl(f"{text!r} is not a URL ({exc}); {example}") from None
+    if url.scheme not in ("http", "https"):
+        raise BadAggregatorUrl(f"{text!r} does not start with http:// or https://; {example}")
+    if not url.host:
+        raise BadAggregatorUrl(f"{text!r} names no host; {example}")
+    return url
+
+
+def _unresolvable(exc: BaseException) -> bool:
+    """Whether ``exc`` (from httpx) comes from a host name that does not resolve."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, socket.gaierror):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return "Name or service not known" in str(exc) or "nodename nor servname" in str(exc)
+
+
+RetryListener = Callable[[str], None]
+
+
+def _quiet(_: str) -> None:
+    pass
+
+
 class AggregatorClient:
     """Typed calls to one aggregator. ``retry_for`` bounds how long transient
-    failures are retried (seconds of trio time)."""
+    failures are retried (seconds of trio time); ``on_retry`` hears each
+    failure that is being retried. With ``wait_for_service`` a refused
+    connection is retried even before the aggregator has first answered."""
 
-    def __init__(self, base_url: str, *, max_connections: int = 32, timeout: float = 60.0, retry_for: float = 120.0) -> None:
-        self.base_url = base_url.rstrip("/")
+    def __init__(
+        self, base_url: str, *, max_connections: int = 32, timeout: float = 60.0, retry_for: float = 120.0,
+        wait_for_service: bool = False, on_retry: RetryListener = _quiet,
+    ) -> None:
+        self.base_url = str(check_aggregator_url(base_url)).rstrip("/")
         self._http = httpx.AsyncClient(
             base_url=self.base_url,
             timeout=httpx.Timeout(timeout),
@@ -78,8 +126,25 @@ class AggregatorClient:
         # pool, whose acquisition timeout would fail requests that merely wait.
         self._limiter = trio.CapacityLimiter(max_connections)
         self._retry_for = retry_for
+        self._wait_for_service = wait_for_service
+        self._reached = False
+        self.on_retry = on_retry
         self.requests = 0
         self.retries = 0
+
+    def _permanent(self, exc: httpx.HTTPError) -> AggregatorError | None:
+        """The error to raise at once for a failure that no retry can cure, else None."""
+        if _unresolvable(exc):
+            host = httpx.URL(self.base_url).host
+            return AggregatorError(0, f"the host {host!r} of {self.base_url} does not resolve: check the --aggregator URL")
+        if isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout)) and not (self._reached or self._wait_for_service):
+            return AggregatorError(
+                0, f"nothing answers at {self.base_url} ({exc or type(exc).__name__}): check the URL, and that the "
+                "aggregator is serving its round (`anonml aggregator run`)",
+            )
+        if isinstance(exc, (httpx.UnsupportedProtocol, httpx.InvalidURL)):
+            return AggregatorError(0, f"{self.base_url}: {exc}")
+        return None
 
     async def aclose(self) -> None:
         await self._http.aclose()
@@ -96,8 +161,12 @@ class AggregatorClient:
                         method, path, content=body, headers={"content-type": "application/json"} if body else None
                     )
             except httpx.HTTPError as exc:
+                permanent = self._permanent(exc)
+                if permanent is not None:
+                    raise permanent from None
                 failure: AggregatorError = AggregatorError(0, f"{type(exc).__name__}: {exc}")
             else:
+                self._reached = True
                 if len(response.content) > MAX_RESPONSE_BYTES:
                     raise AggregatorError(response.status_code, f"response of {len(response.content)} bytes is too large")
                 if response.status_code == 404:
@@ -109,6 +178,9 @@ class AggregatorClient:
                     raise failure
             if trio.current_time() + backoff > deadline:
                 raise failure
+            if backoff == 0.05 or backoff >= 2.0 and self.retries % 5 == 0:
+                left = deadline - trio.current_time()
+                self.on_retry(f"{method} {path}: {failure}; retrying for up to {left:.0f} s")
             self.retries += 1
             # Full jitter: thousands of peers retrying together must not come back in step.
             await trio.sleep(random.uniform(0, backoff))

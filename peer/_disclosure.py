@@ -7,9 +7,9 @@ ledger (thesis eq. 7.4), before anything is spent.
 
 from __future__ import annotations
 
-import datetime
 import math
 
+from anonml.display import local_time
 from anonml.peer._framework import FeatureVector
 from anonml.peer._join import planned_releases
 from anonml.peer._ledger import PeerLedger
@@ -20,7 +20,16 @@ from anonml.protocol._survey import SurveyId
 
 
 def _when(t: int) -> str:
-    return datetime.datetime.fromtimestamp(t, tz=datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return local_time(t)
+
+
+def epsilon_in_words(epsilon: float) -> str:
+    """One plain sentence on what a local-DP epsilon promises (the definition, with e^ε worked out)."""
+    return (
+        f"Epsilon {epsilon:.3g} means that whatever the aggregator sees from you, it is at most "
+        f"{math.exp(epsilon):.3g} times (e^{epsilon:.3g}) more likely to see it with your real data than with any "
+        "other values in its place, so it can never be sure of your values; smaller epsilon, stronger protection."
+    )
 
 
 def _binning(spec: FeatureSpec, name: str) -> str:
@@ -73,6 +82,7 @@ def describe_release(signed: SignedManifest, spec: FeatureSpec, vector: FeatureV
         "",
         f"Privacy cost (thesis eq. 7.4): at most epsilon {cost:.4g} of the {manifest.eps_total:g} this round promises"
         f" (this round's ledger already holds {ledger.spent():.4g}).",
+        "  " + epsilon_in_words(cost),
     ]
     if earlier:
         lines.append(f"  Your ledger also records releases in {len(earlier)} earlier round(s); epsilons add up across rounds.")

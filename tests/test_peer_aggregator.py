@@ -76,6 +76,15 @@ async def served(home: AggregatorHome, nursery: trio.Nursery) -> AsyncIterator[t
     nursery.cancel_scope.cancel()
 
 
+@pytest.fixture
+async def announced(home: AggregatorHome, nursery: trio.Nursery) -> AsyncIterator[tuple[RoundState, str]]:
+    """A round served on loopback whose registration stays open for the whole test (CLI processes start slowly under load)."""
+    state = make_round(home, int(time.time()), register_seconds=600)
+    addresses = await nursery.start(serve_aggregator, AggregatorConfig(state))
+    yield state, addresses.http_url
+    nursery.cancel_scope.cancel()
+
+
 def vector_for(pipeline: RoundPipeline, age: float, colour: str, label: str) -> Any:
     return pipeline.vector_of(Dataset((Event({"age": age, "colour": colour, "y": label}, None, 2),)))
 
@@ -152,8 +161,8 @@ def peer_cli(*args: str) -> list[str]:
     return anonml_command("peer", *args)
 
 
-async def test_peer_cli_dry_run_shows_what_leaves_and_sends_nothing(served: Any, tmp_path: Path) -> None:
-    state, url = served
+async def test_peer_cli_dry_run_shows_what_leaves_and_sends_nothing(announced: Any, tmp_path: Path) -> None:
+    state, url = announced
     data_dir = tmp_path / "me"
     init = await trio.run_process(peer_cli("init", "--data-dir", str(data_dir)), capture_stdout=True, capture_stderr=True)
     assert b"created" in init.stdout
@@ -174,8 +183,8 @@ async def test_peer_cli_dry_run_shows_what_leaves_and_sends_nothing(served: Any,
     assert state.store.counts()["registered"] == 0
 
 
-async def test_peer_cli_reports_a_malformed_csv_row_with_its_line_number(served: Any, tmp_path: Path) -> None:
-    _, url = served
+async def test_peer_cli_reports_a_malformed_csv_row_with_its_line_number(announced: Any, tmp_path: Path) -> None:
+    _, url = announced
     data_dir = tmp_path / "me"
     await trio.run_process(peer_cli("init", "--data-dir", str(data_dir)), capture_stdout=True)
     bad = tmp_path / "bad.csv"
