@@ -218,6 +218,7 @@ def run(data_dir: Path, round_id: str | None, test_file: Path | None, linger: fl
     """
     import trio
 
+    from anonml.aggregator._dashboard import dashboard_data
     from anonml.aggregator._progress import watch_round
     from anonml.aggregator._report import learn, summarise, write_report
     from anonml.aggregator._round import RoundState
@@ -273,7 +274,7 @@ def run(data_dir: Path, round_id: str | None, test_file: Path | None, linger: fl
         detail = json.loads(state.store.get_result("outcome") or b"{}")
         report = {"round_id": state.round_id.hex(), "name": manifest.name, "status": "failed", **detail,
                   "rejected": state.store.rejections()}
-        write_report(report, directory)
+        write_report(report, directory, dashboard_data(state, None, report))
         click.echo(f"round FAILED: {detail.get('reason', 'unknown')}", err=True)
         sys.exit(EXIT_MIN_PARTICIPATION)
     report_json = json.loads((directory / "report.json").read_text())

@@ -9,10 +9,7 @@ utility on an operator-supplied labelled test file, and timings.
 
 from __future__ import annotations
 
-import base64
 import csv
-import html
-import io
 import json
 import pickle
 import time
@@ -21,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from anonml.aggregator._dashboard import dashboard_data, render_page
 from anonml.aggregator._round import RoundState
 from anonml.mechanisms import postprocess, shuffle_amplified_epsilon
 from anonml.protocol import FeatureSpec, SurveyId
@@ -85,7 +83,7 @@ def learn(state: RoundState, directory: Path, *, test_file: Path | None = None) 
         "learning_started_at": now,
         "lag_after_delivery_seconds": now - schedule.end,
     }
-    write_report(report, directory)
+    write_report(report, directory, dashboard_data(state, None, report, now=now))
     state.store.put_result("report", json.dumps(report, sort_keys=True).encode())
     return report
 
@@ -158,42 +156,32 @@ def _utility(state: RoundState, model: Any, cut_points: dict[str, list[float]], 
     bins = state.spec.bin_columns(table.columns, cut_points)
     labels = state.spec.label.encode(table.labels)
     scores = model.decision_function(bins)
-    return {"test_file": str(test_file), "rows": int(labels.shape[0]), "auc": float(roc_auc_score(labels, scores))}
+    return {
+        "test_file": str(test_file), "rows": int(labels.shape[0]), "auc": float(roc_auc_score(labels, scores)),
+        "roc": roc_points(labels, scores),
+    }
 
 
-def _bar_chart(title: str, values: dict[str, int]) -> str:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, axis = plt.subplots(figsize=(7, 0.4 * max(len(values), 2) + 1))
-    names = list(values) or ["(none)"]
-    axis.barh(names, [values[n] for n in values] or [0])
-    axis.set_title(title)
-    figure.tight_layout()
-    buffer = io.BytesIO()
-    figure.savefig(buffer, format="png")
-    plt.close(figure)
-    return base64.b64encode(buffer.getvalue()).decode("ascii")
+ROC_POINTS = 200
+"""At most this many ROC points in the report (the curve's shape, not every threshold)."""
 
 
-def write_report(report: dict[str, Any], directory: Path) -> None:
-    """``report.json`` and a self-contained ``report.html`` with plots."""
+def roc_points(labels: np.ndarray, scores: np.ndarray) -> dict[str, list[float]]:
+    """The ROC curve (false and true positive rates), thinned to at most ROC_POINTS points, ends kept."""
+    from sklearn.metrics import roc_curve
+
+    fpr, tpr, _ = roc_curve(labels, scores, drop_intermediate=True)
+    keep = np.unique(np.linspace(0, len(fpr) - 1, min(len(fpr), ROC_POINTS)).round().astype(int))
+    return {"fpr": [round(float(x), 5) for x in fpr[keep]], "tpr": [round(float(y), 5) for y in tpr[keep]]}
+
+
+def write_report(report: dict[str, Any], directory: Path, page: dict[str, Any]) -> None:
+    """``report.json`` and ``report.html``: the dashboard page with the final figures, readable without a server.
+
+    ``page`` is :func:`dashboard_data` at the end of the round, ``report`` included.
+    """
     (directory / REPORT_JSON).write_text(json.dumps(report, indent=2, sort_keys=True))
-    charts = [
-        _bar_chart("Accepted packets per data survey", report.get("accepted_by_survey", {})),
-        _bar_chart("Rejected packets by reason", report.get("rejected", {})),
-    ]
-    rows = "".join(
-        f"<tr><th>{html.escape(str(k))}</th><td><pre>{html.escape(json.dumps(v, indent=1, sort_keys=True))}</pre></td></tr>"
-        for k, v in report.items()
-    )
-    images = "".join(f'<img alt="chart" src="data:image/png;base64,{c}">' for c in charts)
-    (directory / REPORT_HTML).write_text(
-        f"<!doctype html><meta charset=utf-8><title>AnonML round {html.escape(report.get('name', ''))}</title>"
-        f"<h1>Round {html.escape(report.get('name', ''))}</h1><table>{rows}</table>{images}"
-    )
+    (directory / REPORT_HTML).write_text(render_page(page, standalone=True))
 
 
 def summarise(report: dict[str, Any]) -> list[str]:

@@ -142,8 +142,9 @@ class RoundState:
             return f"minimum participation not reached: {counts['credentials']} credentials issued, {needed} needed"
         return None
 
-    def status(self) -> RoundStatus:
-        now = self.now()
+    def status(self, now: int | None = None) -> RoundStatus:
+        """The public status at ``now`` (default: the clock; worker threads pass it, MockClock is loop-only)."""
+        now = self.now() if now is None else now
         phase, sub_round = phase_at(self.manifest.schedule, now)
         outcome = self.outcome()
         if outcome is not None:

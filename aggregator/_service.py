@@ -22,6 +22,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from anonml.aggregator._dashboard import RelayWatch, dashboard_routes
 from anonml.aggregator._round import (
     ALREADY_ISSUED,
     ApiRefused,
@@ -227,8 +228,13 @@ class CredentialBatcher(GroupCommit[tuple[bytes, bytes, int, int], "bytes | str 
         return CredentialResponse(outcome, partition)
 
 
-def build_app(state: RoundState, registrations: RegistrationBatcher, credentials: CredentialBatcher) -> Starlette:
-    """The HTTP API of protocol/_api.py over one round; writes go through the group-committing batchers."""
+def build_app(
+    state: RoundState, registrations: RegistrationBatcher, credentials: CredentialBatcher, relays: RelayWatch | None = None
+) -> Starlette:
+    """The HTTP API of protocol/_api.py over one round, and its read-only dashboard (``/dashboard``).
+
+    Writes go through the group-committing batchers.
+    """
 
     async def manifest(request: Request) -> Response:
         return _json(state.manifest_json())
@@ -284,6 +290,7 @@ def build_app(state: RoundState, registrations: RegistrationBatcher, credentials
         Route(PATH_RECEIPTS, _guarded(receipts), methods=["GET"]),
         Route(PATH_STATUS, _guarded(status), methods=["GET"]),
         Route(PATH_REPORT, _guarded(report), methods=["GET"]),
+        *dashboard_routes(state, relays if relays is not None else RelayWatch(state)),
     ]
     app = Starlette(routes=routes)
 
@@ -372,7 +379,8 @@ async def serve_aggregator(
     hyper.errorlog = log
     hyper.h11_max_incomplete_size = MAX_REQUEST_BYTES
     registrations, credentials = RegistrationBatcher(state), CredentialBatcher(state, workers)
-    app = build_app(state, registrations, credentials)
+    relays = RelayWatch(state)
+    app = build_app(state, registrations, credentials, relays)
     try:
         async with trio.open_nursery() as nursery:
             # Starlette is an ASGI app; hypercorn's typing of ASGI callables is narrower than starlette's.
@@ -383,6 +391,7 @@ async def serve_aggregator(
             nursery.start_soon(sink.verify_forever)
             nursery.start_soon(registrations.run)
             nursery.start_soon(credentials.run)
+            nursery.start_soon(relays.probe_forever)
             task_status.started(BoundAddresses(binds[0], (config.sink_host, sink_port)))
             outcome = await drive_round(state, config.on_learn, registrations, credentials)
             await trio.sleep(config.linger)

@@ -311,6 +311,26 @@ class RoundStore:
             rows = db.execute("SELECT survey, COUNT(*) FROM packets GROUP BY survey").fetchall()
         return {SurveyId.from_bytes(bytes(survey)): int(count) for survey, count in rows}
 
+    def timeline(self, bucket_seconds: int) -> dict[str, list[tuple[int, int]]]:
+        """Counts per ``bucket_seconds`` of time: ``registered``, ``credentials``, and one entry per survey.
+
+        Each list holds ``(bucket start, count)`` for the buckets with any
+        event (the dashboard draws the cumulative curves); survey keys are
+        ``SurveyId.to_bytes().hex()``.
+        """
+        bucket = max(1, int(bucket_seconds))
+        timeline: dict[str, list[tuple[int, int]]] = {}
+        with self._database.read() as db:
+            for key, table, column in (("registered", "registrations", "registered_at"), ("credentials", "credentials", "issued_at")):
+                rows = db.execute(f"SELECT {column} / ? * ?, COUNT(*) FROM {table} GROUP BY 1 ORDER BY 1", (bucket, bucket)).fetchall()
+                timeline[key] = [(int(t), int(n)) for t, n in rows]
+            rows = db.execute(
+                "SELECT survey, accepted_at / ? * ?, COUNT(*) FROM packets GROUP BY 1, 2 ORDER BY 1, 2", (bucket, bucket)
+            ).fetchall()
+        for survey, t, n in rows:
+            timeline.setdefault(bytes(survey).hex(), []).append((int(t), int(n)))
+        return timeline
+
     def rejections(self) -> dict[str, int]:
         with self._database.read() as db:
             rows = db.execute("SELECT reason, count FROM rejections ORDER BY reason").fetchall()

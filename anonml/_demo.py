@@ -274,6 +274,19 @@ def write_peer_files(data: DemoData, rows: list[list[str]], work: Path, workers:
     return paths
 
 
+def write_test_file(data: DemoData, work: Path) -> Path:
+    """The held-out rows as the labelled CSV ``aggregator run --test-file`` reads: the report then carries the AUC."""
+    path = work / "held-out.csv"
+    label = data.spec.label
+    with path.open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(data.header)
+        for i, y in enumerate(data.test_labels):
+            cells = [_cell(data.test_columns[name][i]) for name in data.spec.names]
+            writer.writerow([*cells, label.positive[0] if y else label.negative[0]])
+    return path
+
+
 def baseline_auc(data: DemoData) -> float:
     """Non-private logistic regression on the raw features of the same training rows."""
     from sklearn.linear_model import LogisticRegression
@@ -345,33 +358,29 @@ async def _read_worker(process: trio.Process, progress: Progress) -> None:
                 progress.workers[worker] = record
 
 
-def _phase_table(progress: Progress, peers: int, started: float) -> Any:
-    from rich.table import Table
-
+def _phase_rows(progress: Progress, peers: int) -> list[tuple[str, str]]:
+    """The live status, one row per phase's count (a table on a terminal, one line per update when piped)."""
     events = progress.events()
     status = progress.status
-    table = Table(title=f"anonml demo — {peers} peers — {time.monotonic() - started:5.1f} s", show_header=True)
-    table.add_column("phase")
-    table.add_column("progress", justify="right")
     phase = status.phase if status is not None else "starting"
     counts = status.counts if status is not None else {}
     rejected = status.rejected if status is not None else {}
-    table.add_row("round phase", f"{phase}" + (f" (sub-round {status.sub_round})" if status is not None and status.sub_round is not None else ""))
-    table.add_row("registered", f"{events['registered']} / {peers}  (aggregator: {counts.get('registered', 0)})")
-    table.add_row("credentials", f"{events['credential']} / {peers}  (aggregator: {counts.get('credentials', 0)})")
-    table.add_row("packets sent", f"{events['sent']}  (first-hop retries {events['first-hop-failed']})")
-    table.add_row("accepted by the aggregator", f"{counts.get('accepted', 0)}")
-    table.add_row(
-        "receipts found / resent / missing / unconfirmed",
-        f"{events['acknowledged']} / {events['resent']} / {events['missing']} / {events['unconfirmed']}",
-    )
-    table.add_row("rejected", ", ".join(f"{k}: {v}" for k, v in sorted(rejected.items())) or "none")
+    rows = [
+        ("round phase", f"{phase}" + (f" (sub-round {status.sub_round})" if status is not None and status.sub_round is not None else "")),
+        ("registered", f"{events['registered']} / {peers}  (aggregator: {counts.get('registered', 0)})"),
+        ("credentials", f"{events['credential']} / {peers}  (aggregator: {counts.get('credentials', 0)})"),
+        ("packets sent", f"{events['sent']}  (first-hop retries {events['first-hop-failed']})"),
+        ("accepted by the aggregator", f"{counts.get('accepted', 0)}"),
+        ("receipts found / resent / missing / unconfirmed",
+         f"{events['acknowledged']} / {events['resent']} / {events['missing']} / {events['unconfirmed']}"),
+        ("rejected", ", ".join(f"{k}: {v}" for k, v in sorted(rejected.items())) or "none"),
+    ]
     relayed = sum(int(m.get("forwarded", 0)) for m in progress.relays.values())
     drops = progress.relay_drops()
-    table.add_row("relays: forwarded / dropped", f"{relayed} / " + (", ".join(f"{k}: {v}" for k, v in sorted(drops.items())) or "none"))
+    rows.append(("relays: forwarded / dropped", f"{relayed} / " + (", ".join(f"{k}: {v}" for k, v in sorted(drops.items())) or "none")))
     if progress.errors:
-        table.add_row("peer errors", f"{len(progress.errors)}: {progress.errors[-1][:80]}")
-    return table
+        rows.append(("peer errors", f"{len(progress.errors)}: {progress.errors[-1][:80]}"))
+    return rows
 
 
 def _toml_value(value: Any) -> str:
@@ -437,8 +446,7 @@ async def _wait_for_http(url: str, deadline: float) -> None:
 
 async def run_demo(data: DemoData, params: DemoParams, work: Path, console: Any) -> dict[str, Any]:
     """Run one complete round; returns the summary figures."""
-    from rich.live import Live
-
+    from anonml.display import StatusBoard
     from anonml.peer._client import AggregatorClient
 
     started = time.monotonic()
@@ -504,10 +512,11 @@ async def run_demo(data: DemoData, params: DemoParams, work: Path, console: Any)
             "aggregator",
             anonml_command(
                 "aggregator", "run", "--data-dir", str(agg_dir), "--round", round_id, "--linger", "30",
-                "--processes", str(AGGREGATOR_PROCESSES),
+                "--processes", str(AGGREGATOR_PROCESSES), "--test-file", str(write_test_file(data, work)),
             ),
         )
         console.print(f"[bold]3/5[/] {time.monotonic() - started:5.1f} s  {peers} peers in {params.workers} worker processes join the round")
+        console.print(f"    live dashboard: {url}/dashboard")
         await _wait_for_http(url, trio.current_time() + 30)
         client = AggregatorClient(url, max_connections=2, retry_for=1.0)
         async with trio.open_nursery() as nursery:
@@ -515,7 +524,8 @@ async def run_demo(data: DemoData, params: DemoParams, work: Path, console: Any)
                 nursery.start_soon(_read_worker, process, progress)
             ended_at: float | None = None
             next_scrape = 0.0
-            with Live(_phase_table(progress, peers, started), console=console, refresh_per_second=4, transient=False) as live:
+            # A live table on a terminal; piped, a line whenever the phase changes and every 5 s.
+            with StatusBoard(f"anonml demo — {peers} peers", stream=console.file, interval=5.0, live=console.is_terminal) as board:
                 while True:
                     try:
                         progress.status = await client.status()
@@ -525,7 +535,7 @@ async def run_demo(data: DemoData, params: DemoParams, work: Path, console: Any)
                         next_scrape = trio.current_time() + 2.0
                         for i, port in enumerate(metrics_ports):
                             progress.relays[i] = await scrape_relay(port) or progress.relays.get(i, {})
-                    live.update(_phase_table(progress, peers, started))
+                    board.update(_phase_rows(progress, peers), key=progress.status.phase if progress.status else "starting")
                     total = _rss_mb(os.getpid()) + sum(_rss_mb(p.pid) for _, p in procs.running if p.returncode is None)
                     progress.peak_rss_mb = max(progress.peak_rss_mb, total)
                     workers_done = all(p.returncode is not None for p in workers)
@@ -731,6 +741,11 @@ def demo(peers: int | None, dataset: str, data_dir: Path | None, epsilon: float,
     if dataset == "adult":
         if data_dir is None:
             raise click.UsageError("--dataset adult needs --data-dir (the directory with adult.data and adult.test)")
+        missing = [name for name in ("adult.data", "adult.test") if not (data_dir / name).is_file()]
+        if missing:
+            raise click.BadParameter(
+                f"{str(data_dir)!r} has no {' or '.join(missing)}: pass the directory holding UCI Adult's adult.data and "
+                "adult.test (e.g. --data-dir ../shared/data/adult)", param_hint="--data-dir")
         data = adult_data(data_dir)
     else:
         data = breast_cancer_data(seed)

@@ -10,12 +10,13 @@ a log file shows progress while it happens instead of a table at the end.
 from __future__ import annotations
 
 import datetime
+import math
 import sys
 import time
 from collections.abc import Sequence
 from typing import IO, Any
 
-__all__ = ["StatusBoard", "duration", "local_time"]
+__all__ = ["StatusBoard", "clock_time", "duration", "epsilon_in_words", "local_time"]
 
 Rows = Sequence[tuple[str, str]]
 
@@ -41,6 +42,15 @@ def duration(seconds: float) -> str:
     if minutes:
         return f"{minutes} min {secs} s" if secs else f"{minutes} min"
     return f"{secs} s"
+
+
+def epsilon_in_words(epsilon: float) -> str:
+    """One plain sentence on what a local-DP epsilon promises (the definition, with e^ε worked out)."""
+    return (
+        f"Epsilon {epsilon:.3g} means that whatever the aggregator sees from a peer, it is at most "
+        f"{math.exp(epsilon):.3g} times (e^{epsilon:.3g}) more likely to see it with the peer's real data than with any "
+        "other values in its place, so it can never be sure of anyone's values; smaller epsilon, stronger protection."
+    )
 
 
 class StatusBoard:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 
-from anonml.display import local_time
+from anonml.display import epsilon_in_words, local_time
 from anonml.peer._framework import FeatureVector
 from anonml.peer._join import planned_releases
 from anonml.peer._ledger import PeerLedger
@@ -21,15 +21,6 @@ from anonml.protocol._survey import SurveyId
 
 def _when(t: int) -> str:
     return local_time(t)
-
-
-def epsilon_in_words(epsilon: float) -> str:
-    """One plain sentence on what a local-DP epsilon promises (the definition, with e^ε worked out)."""
-    return (
-        f"Epsilon {epsilon:.3g} means that whatever the aggregator sees from you, it is at most "
-        f"{math.exp(epsilon):.3g} times (e^{epsilon:.3g}) more likely to see it with your real data than with any "
-        "other values in its place, so it can never be sure of your values; smaller epsilon, stronger protection."
-    )
 
 
 def _binning(spec: FeatureSpec, name: str) -> str:

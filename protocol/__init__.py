@@ -19,6 +19,7 @@ from anonml.protocol._link import (
     LinkLimits,
     LinkSessionStats,
     encode_hello,
+    parse_hello_reply,
     serve_link,
 )
 from anonml.protocol._features import (
@@ -137,6 +138,7 @@ __all__ = [
     "LinkLimits",
     "LinkSessionStats",
     "encode_hello",
+    "parse_hello_reply",
     "serve_link",
     "MAX_REQUEST_BYTES",
     "MAX_RESPONSE_BYTES",

@@ -1,0 +1,323 @@
+"""The round's live dashboard, and the same page as the final report (issue 15).
+
+``GET /dashboard`` serves one page (``dashboard/page.html`` with its script
+and style) that polls ``GET /v1/dashboard`` every two seconds; the report
+written after the round (``report.html``) is that page with the final data,
+the script and plotly.js inlined, so it opens anywhere without a server.
+
+What the page shows is public or aggregate only (no secret, no identity
+key, no report content): the round's phase and countdowns, registrations,
+credentials and accepted packets per survey over time, rejections by
+reason, each relay's health as the aggregator sees it, the privacy promise
+in plain words, and, once learning is done, the model's AUC and ROC curve
+when a held-out test file was given.
+
+Relay health is a real link hello (DESIGN.md §7, ``protocol._link``): the
+aggregator opens a link to each relay of the manifest with the round's
+geometry, reads the reply, and closes at a frame boundary (the relay counts
+nothing as an error); reachable, geometry accepted, and the round trip.
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+import json
+import logging
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import trio
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, Response
+from starlette.routing import Route
+
+from anonml.aggregator._round import RoundState
+from anonml.display import epsilon_in_words
+from anonml.protocol import (
+    HELLO_REPLY_BYTES,
+    HelloStatus,
+    LinkError,
+    RelayEntry,
+    RoundManifest,
+    SurveyId,
+    SurveyKind,
+    encode_hello,
+    parse_hello_reply,
+)
+
+log = logging.getLogger(__name__)
+
+DASHBOARD_PATH = "/dashboard"
+DASHBOARD_DATA_PATH = "/v1/dashboard"
+PLOTLY_PATH = "/dashboard/plotly.min.js"
+POLL_SECONDS = 2.0
+"""How often the live page asks for new figures."""
+RELAY_PROBE_SECONDS = 15.0
+"""How often the aggregator says hello to each relay (one short link session each)."""
+_PROBE_TIMEOUT = 5.0
+_ASSETS = Path(__file__).parent / "dashboard"
+_SERIES_POINTS = 120
+"""Time buckets per series: enough to see each phase's curve, few enough to poll."""
+DELTA_TOO_LARGE = 1e-3
+"""A shuffle bound with δ above this is not a meaningful guarantee (δ should be far below 1/n)."""
+
+
+@dataclass
+class RelayHealth:
+    """What the last hello to one relay found."""
+
+    node_id: str
+    address: str
+    status: str = "not checked yet"
+    round_trip_ms: float | None = None
+    checked_at: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "node_id": self.node_id, "address": self.address, "status": self.status,
+            "round_trip_ms": self.round_trip_ms, "checked_at": self.checked_at,
+        }
+
+
+class RelayWatch:
+    """Says hello to every relay of the round now and then; :meth:`snapshot` is what the page shows."""
+
+    def __init__(self, state: RoundState) -> None:
+        self.state = state
+        manifest = state.manifest
+        geometry = state.geometry
+        self._hello = encode_hello(geometry.packet_size, geometry.canonical_hash())
+        self.health = {
+            relay.node_id: RelayHealth(relay.node_id.hex(), f"{relay.host}:{relay.port}") for relay in manifest.relays
+        }
+
+    def snapshot(self) -> list[dict[str, Any]]:
+        return [health.to_dict() for health in self.health.values()]
+
+    async def probe(self, relay: RelayEntry) -> None:
+        """One hello to ``relay``; records its status and round trip."""
+        health = self.health[relay.node_id]
+        started = trio.current_time()
+        status = "unreachable"
+        try:
+            with trio.fail_after(_PROBE_TIMEOUT):
+                stream = await trio.open_tcp_stream(relay.host, relay.port)
+                try:
+                    await stream.send_all(self._hello)
+                    reply = b""
+                    while len(reply) < HELLO_REPLY_BYTES:
+                        chunk = await stream.receive_some(HELLO_REPLY_BYTES - len(reply))
+                        if not chunk:
+                            break
+                        reply += chunk
+                    answer = parse_hello_reply(reply)
+                    status = {
+                        HelloStatus.OK: "ok",
+                        HelloStatus.GEOMETRY_MISMATCH: "refuses this round's packet geometry",
+                        HelloStatus.UNSUPPORTED_VERSION: "speaks another link version",
+                    }.get(answer, f"answered {answer.name}")
+                finally:
+                    await stream.aclose()
+        except trio.TooSlowError:
+            status = "no answer within 5 s"
+        except (OSError, trio.BrokenResourceError):
+            status = "unreachable"
+        except LinkError:
+            status = "not an AnonML relay"
+        health.status = status
+        health.round_trip_ms = round((trio.current_time() - started) * 1000, 1) if status == "ok" else None
+        health.checked_at = self.state.now()
+
+    async def probe_forever(self, interval: float = RELAY_PROBE_SECONDS) -> None:
+        while True:
+            async with trio.open_nursery() as nursery:
+                for relay in self.state.manifest.relays:
+                    nursery.start_soon(self.probe, relay)
+            await trio.sleep(interval)
+
+
+def survey_label(survey: SurveyId) -> str:
+    if survey.kind == SurveyKind.MEDIAN:
+        return f"median sub-round {survey.partition}"
+    return f"data: partition {survey.partition}, subset {survey.subset}"
+
+
+def schedule_steps(manifest: RoundManifest) -> list[dict[str, Any]]:
+    """Every deadline of the round, in order, each with what happens then."""
+    schedule = manifest.schedule
+    steps = [
+        {"what": "registration closes", "at": schedule.t_register_end,
+         "explain": "the roster is final; the seed is revealed and every peer learns its partition"},
+        {"what": "credential issuance closes", "at": schedule.t_issue_end,
+         "explain": "each rostered peer has had its one blind credential for the round"},
+    ]
+    for i, window in enumerate(schedule.median):
+        steps += [
+            {"what": f"median sub-round {i}: sending opens", "at": window.t_s,
+             "explain": f"peers of partition {i} send one perturbed bit per numeric feature"},
+            {"what": f"median sub-round {i}: sending closes", "at": window.send_end,
+             "explain": "relays now release what they hold inside their windows"},
+            {"what": f"median sub-round {i}: delivery closes", "at": window.t_r,
+             "explain": "the next thresholds (or the medians) are published"},
+        ]
+    steps += [
+        {"what": "data: sending opens", "at": schedule.data.t_s,
+         "explain": "every peer sends each of its subsets as one packet, at a random time in the window"},
+        {"what": "data: sending closes", "at": schedule.data.send_end,
+         "explain": "relays release every held packet before delivery closes"},
+        {"what": "data: delivery closes", "at": schedule.data.t_r,
+         "explain": "nothing more is accepted; the aggregator learns and publishes the report"},
+    ]
+    return steps
+
+
+def privacy_statement(manifest: RoundManifest, partition_sizes: list[int] | None) -> dict[str, Any]:
+    """The privacy promise in plain words, with the figures it rests on and a warning where one is weak."""
+    sentences = [
+        f"Each peer is promised epsilon {manifest.eps_total:.3g} in total for this round (thesis eq. 7.4: every "
+        "median answer and data report it sends, added up); its own ledger refuses to send anything beyond that.",
+        epsilon_in_words(manifest.eps_total),
+        f"Each data report is perturbed on the peer's machine with the {manifest.oracle!r} frequency oracle at epsilon "
+        f"{manifest.eps_data:.3g}" + (f"; each median answer flips its bit at epsilon {manifest.eps_median:.3g} per numeric feature."
+                                        if manifest.median_rounds else "."),
+        "Reports travel through the relays as identical fixed-size packets with anonymous tokens: the aggregator "
+        "cannot tell which peer sent which report.",
+    ]
+    figures: dict[str, Any] = {
+        "eps_total": manifest.eps_total, "eps_data": manifest.eps_data, "eps_median": manifest.eps_median,
+        "oracle": manifest.oracle,
+    }
+    warnings: list[str] = []
+    sizes = [size for size in (partition_sizes or []) if size > 0]
+    if sizes:
+        from anonml.mechanisms import shuffle_amplified_epsilon
+
+        n = min(sizes)
+        delta = 1.0 / (n * n) if n > 1 else 1.0
+        figures.update({"n": n, "delta": delta})
+        try:
+            central = shuffle_amplified_epsilon(manifest.eps_data, n, delta)
+            figures["central_epsilon"] = central
+            sentences.append(
+                f"Shuffled among the n = {n} peers of its partition (the smallest), each data report is also "
+                f"(epsilon {central:.3g}, delta {delta:.2g})-private towards the aggregator (Feldman, McMillan and Talwar's bound)."
+            )
+        except ValueError as exc:
+            warnings.append(f"No shuffle bound applies to partitions of {n} peers ({exc}); only the local epsilon above holds.")
+        if delta > DELTA_TOO_LARGE:
+            warnings.append(
+                f"delta = {delta:.2g} (partitions of only {n} peers) is large: the shuffled figure is a weak "
+                "guarantee at this size; rely on the local epsilon above."
+            )
+    return {"sentences": sentences, "warnings": warnings, "figures": figures}
+
+
+def _series(state: RoundState, now: int) -> dict[str, Any]:
+    """Cumulative counts over time: registered, credentials, and accepted per survey.
+
+    Each curve starts at 0 where its first bucket begins and is carried to
+    ``now``, so a count reached in one bucket still draws as a step.
+    """
+    schedule = state.manifest.schedule
+    span = max(1, schedule.end - schedule.t_register_end)
+    bucket = max(1, math.ceil(span / _SERIES_POINTS))
+    raw = state.store.timeline(bucket)
+    series: dict[str, Any] = {"bucket_seconds": bucket, "registered": [], "credentials": [], "accepted": {}}
+    for key, points in raw.items():
+        total, cumulative = 0, [[points[0][0], 0]] if points else []
+        for t, n in points:
+            total += n
+            cumulative.append([t + bucket, total])
+        if cumulative and cumulative[-1][0] < now:
+            cumulative.append([now, total])
+        if key in ("registered", "credentials"):
+            series[key] = cumulative
+        else:
+            series["accepted"][survey_label(SurveyId.from_bytes(bytes.fromhex(key)))] = cumulative
+    return series
+
+
+def dashboard_data(
+    state: RoundState, relays: list[dict[str, Any]] | None, report: dict[str, Any] | None = None, *, now: int | None = None
+) -> dict[str, Any]:
+    """Everything the page shows, as JSON-ready figures (no secrets), at ``now`` (default: the round's clock)."""
+    status = state.status(now)
+    manifest = state.manifest
+    if report is None:
+        stored = state.store.get_result("report")
+        report = json.loads(stored) if stored is not None else None
+    # Partitions exist once the roster is final (after registration closes with anyone on it).
+    closed = status.now >= manifest.schedule.t_register_end and status.counts.get("registered", 0) > 0
+    sizes = state.partition_sizes() if closed else None
+    # The report is written while the round is "learning"; the page it becomes shows how the round ended.
+    phase = str(report.get("status", status.phase)) if report is not None else status.phase
+    return {
+        "round": {"id": state.round_id.hex(), "name": manifest.name, "url": manifest.aggregator_url,
+                  "k_p": manifest.k_p, "k_h": manifest.k_h, "k_s": manifest.k_s, "plan": manifest.plan,
+                  "learner": manifest.learner, "path_length": manifest.path_length},
+        "phase": phase,
+        "sub_round": status.sub_round if report is None else None,
+        "now": status.now,
+        "steps": schedule_steps(manifest),
+        "min_participation": manifest.min_participation,
+        "counts": dict(status.counts),
+        "rejected": dict(status.rejected),
+        "series": _series(state, status.now),
+        "partition_sizes": sizes,
+        "relays": relays,
+        "privacy": privacy_statement(manifest, sizes),
+        "report": report,
+    }
+
+
+def _asset(name: str) -> str:
+    return (_ASSETS / name).read_text(encoding="utf-8")
+
+
+def _plotly_js() -> str:
+    """plotly.js as the installed plotly package ships it (no network, no copy in this repository)."""
+    return (importlib.resources.files("plotly") / "package_data" / "plotly.min.js").read_text(encoding="utf-8")
+
+
+def render_page(data: dict[str, Any] | None, *, standalone: bool) -> str:
+    """The page: live (``data`` None: it polls the API) or standalone (the figures, script and plotly.js inlined)."""
+    page = _asset("page.html")
+    style = _asset("page.css")
+    script = _asset("page.js")
+    if standalone:
+        # "</" must not end the script element early: JSON and scripts escape it.
+        embedded = json.dumps(data).replace("</", "<\\/")
+        plotly = f"<script>{_plotly_js()}</script>"
+        boot = f'<script id="report-data" type="application/json">{embedded}</script>'
+    else:
+        plotly = f'<script src="{PLOTLY_PATH}"></script>'
+        boot = f'<script id="live-source" type="application/json">{json.dumps({"url": DASHBOARD_DATA_PATH, "every": POLL_SECONDS})}</script>'
+    return (
+        page.replace("/*STYLE*/", style)
+        .replace("<!--PLOTLY-->", plotly)
+        .replace("<!--DATA-->", boot)
+        .replace("/*SCRIPT*/", script.replace("</", "<\\/"))
+    )
+
+
+def dashboard_routes(state: RoundState, relays: RelayWatch) -> list[Route]:
+    """``/dashboard`` (the page), ``/dashboard/plotly.min.js`` and ``/v1/dashboard`` (its figures); all read-only."""
+    page = render_page(None, standalone=False)
+
+    async def dashboard(request: Request) -> Response:
+        return HTMLResponse(page, headers={"cache-control": "no-store"})
+
+    async def plotly(request: Request) -> Response:
+        return Response(_plotly_js(), media_type="text/javascript", headers={"cache-control": "max-age=3600"})
+
+    async def figures(request: Request) -> Response:
+        body = json.dumps(dashboard_data(state, relays.snapshot()))
+        return Response(body, media_type="application/json", headers={"cache-control": "no-store"})
+
+    return [
+        Route(DASHBOARD_PATH, dashboard, methods=["GET"]),
+        Route(PLOTLY_PATH, plotly, methods=["GET"]),
+        Route(DASHBOARD_DATA_PATH, figures, methods=["GET"]),
+    ]
