@@ -269,7 +269,7 @@ def run(data_dir: Path, round_id: str | None, test_file: Path | None, linger: fl
         address_errors = group.subgroup(OSError)
         if address_errors is None:
             raise
-        raise click.ClickException(_address_problem(address_errors.exceptions[0], manifest.aggregator_url)) from None
+        raise click.ClickException(_address_problem(_first_leaf(address_errors), manifest.aggregator_url)) from None
     if outcome == "failed":
         detail = json.loads(state.store.get_result("outcome") or b"{}")
         report = {"round_id": state.round_id.hex(), "name": manifest.name, "status": "failed", **detail,
@@ -281,6 +281,12 @@ def run(data_dir: Path, round_id: str | None, test_file: Path | None, linger: fl
     for line in summarise(report_json):
         click.echo(line)
     click.echo(f"report: {directory / 'report.html'}")
+
+
+def _first_leaf(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    """The first exception inside ``group`` that is not itself a group (trio nests them per nursery)."""
+    first = group.exceptions[0]
+    return _first_leaf(first) if isinstance(first, BaseExceptionGroup) else first
 
 
 def _address_problem(error: BaseException, url: str) -> str:

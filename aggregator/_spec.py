@@ -21,6 +21,7 @@ from typing import Any
 from anonml.crypto import DEFAULT_MAX_HOPS, DEFAULT_PACKET_SIZE, SphinxGeometry
 from anonml.mechanisms import ORACLE_NAMES, make_oracle
 from anonml.protocol import (
+    EPSILON_TOTAL_RANGE,
     PLAN_KINDS,
     FeatureSpec,
     FeatureSpecError,
@@ -199,7 +200,7 @@ def parse_round_spec(document: dict[str, Any], *, base_dir: Path | None = None) 
     learner = learning.choice("learner", LEARNERS)
     learning.done()
     privacy = reader.child("privacy")
-    eps_total = privacy.number("eps_total", 1e-6, 100.0)
+    eps_total = privacy.number("eps_total", *EPSILON_TOTAL_RANGE)
     oracle = privacy.choice("oracle", ORACLE_NAMES)
     median_share = privacy.number("median_share", 0.01, 0.99) if privacy.optional("median_share") else 0.5
     privacy.done()

@@ -444,7 +444,7 @@ async def _wait_for_http(url: str, deadline: float) -> None:
             await trio.sleep(0.1)
 
 
-async def run_demo(data: DemoData, params: DemoParams, work: Path, console: Any) -> dict[str, Any]:
+async def run_demo(data: DemoData, params: DemoParams, work: Path, console: Any, linger: float = 0.0) -> dict[str, Any]:
     """Run one complete round; returns the summary figures."""
     from anonml.display import StatusBoard
     from anonml.peer._client import AggregatorClient
@@ -511,7 +511,7 @@ async def run_demo(data: DemoData, params: DemoParams, work: Path, console: Any)
         aggregator = await procs.start(
             "aggregator",
             anonml_command(
-                "aggregator", "run", "--data-dir", str(agg_dir), "--round", round_id, "--linger", "30",
+                "aggregator", "run", "--data-dir", str(agg_dir), "--round", round_id, "--linger", f"{max(30.0, linger + 5):g}",
                 "--processes", str(AGGREGATOR_PROCESSES), "--test-file", str(write_test_file(data, work)),
             ),
         )
@@ -561,6 +561,9 @@ async def run_demo(data: DemoData, params: DemoParams, work: Path, console: Any)
         with trio.move_on_after(120):
             while aggregator.returncode is None and not report_path.is_file():
                 await trio.sleep(0.2)
+        if linger > 0 and aggregator.returncode is None:
+            console.print(f"    the dashboard stays up for {linger:g} s more: {url}/dashboard")
+            await trio.sleep(linger)
         if aggregator.returncode is None:
             aggregator.terminate()
             await aggregator.wait()
@@ -733,7 +736,8 @@ def _print_summary(console: Any, summary: dict[str, Any], params: DemoParams) ->
 @click.option("--work-dir", type=click.Path(path_type=Path), default=None, help="Keep every process's files here (default: a new temporary directory).")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--json", "json_out", type=click.Path(path_type=Path), default=None, help="Also write the summary as JSON.")
-def demo(peers: int | None, dataset: str, data_dir: Path | None, epsilon: float, workers: int, work_dir: Path | None, seed: int, json_out: Path | None) -> None:
+@click.option("--linger", type=click.FloatRange(0, 3600), default=0.0, help="Keep the aggregator's dashboard up this many seconds after the round.")
+def demo(peers: int | None, dataset: str, data_dir: Path | None, epsilon: float, workers: int, work_dir: Path | None, seed: int, json_out: Path | None, linger: float) -> None:
     """Run one complete round on loopback: 3 relays, the aggregator, N peers."""
     from rich.console import Console
 
@@ -755,7 +759,7 @@ def demo(peers: int | None, dataset: str, data_dir: Path | None, epsilon: float,
     work.mkdir(parents=True, exist_ok=True)
     # SIGTERM unwinds like Ctrl-C, so the demo's child processes are stopped too.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
-    summary = trio.run(run_demo, data, params, work, console)
+    summary = trio.run(run_demo, data, params, work, console, linger)
     if dataset == "adult" and data_dir is not None:
         summary["experiment_command"] = experiment_command(params, data_dir, len(data.train_rows))
     _print_summary(console, summary, params)

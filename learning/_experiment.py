@@ -27,7 +27,7 @@ from anonml.learning._adult import adult_spec
 from anonml.learning._data import ADULT_COLUMNS, ADULT_NUMERIC, DataError, Table, load_adult
 from anonml.learning._planner import choose_plan
 from anonml.learning._trial import run_trial
-from anonml.protocol import DEFAULT_MEDIAN_STEPS, MAX_MEDIAN_STEPS, FeatureSpec, FeatureSpecError, PlanError, ReleasePlan
+from anonml.protocol import DEFAULT_MEDIAN_STEPS, EPSILON_TOTAL_RANGE, MAX_MEDIAN_STEPS, FeatureSpec, FeatureSpecError, PlanError, ReleasePlan
 
 # The thesis's Figure 8-2a plan: two subsets of three features on each of
 # five partitions, with ε_e = ε_h (§8.2.1).
@@ -326,7 +326,7 @@ def experiment() -> None:
 
 @experiment.command("adult", cls=_ListOptionsCommand)
 @click.option("--data-dir", type=click.Path(path_type=Path), required=True, help="Directory with adult.data and adult.test.")
-@click.option("--epsilon", "epsilons", type=click.FloatRange(min=0, min_open=True), multiple=True, default=(0.5, 1.0, 2.0, 4.0), show_default=True, help="ε_T values (eq. 7.4, median cost included); several may follow one flag.")
+@click.option("--epsilon", "epsilons", type=click.FloatRange(*EPSILON_TOTAL_RANGE), multiple=True, default=(0.5, 1.0, 2.0, 4.0), show_default=True, help="ε_T values (eq. 7.4, median cost included); several may follow one flag.")
 @click.option("--trials", type=click.IntRange(min=1), default=20, show_default=True)
 @click.option("--plan", "plans", type=click.Choice(["split", "one", "best", "all"]), multiple=True, default=("all",), show_default=True, help="split: the thesis's plan; one: one subset per peer; best: the planner's choice.")
 @click.option("--kp", type=click.IntRange(min=1), multiple=True, help="Partitions (sweep: several values).")

@@ -33,6 +33,7 @@ from anonml.protocol._features import (
 from anonml.protocol._plan import (
     DEFAULT_MEDIAN_STEPS,
     MAX_MEDIAN_STEPS,
+    EPSILON_TOTAL_RANGE,
     PLAN_KINDS,
     Assignment,
     PlanError,
@@ -113,6 +114,7 @@ from anonml.protocol._survey import (
 __all__ = [
     "DEFAULT_MEDIAN_STEPS",
     "MAX_MEDIAN_STEPS",
+    "EPSILON_TOTAL_RANGE",
     "PLAN_KINDS",
     "Assignment",
     "CategoricalFeature",

@@ -40,6 +40,11 @@ from anonml.errors import InputError
 from anonml.protocol._features import MAX_FEATURES, FeatureSpec
 
 PLAN_KINDS = ("split", "one")
+EPSILON_TOTAL_RANGE = (1e-6, 100.0)
+"""The ε_T a round or an experiment may promise. At ε = 1e-300 a randomised
+response's two probabilities are the same float, and the median search's margin
+of error divides by their difference (zero); 1e-6 keeps them apart. Above 100,
+e^ε exceeds 10^43: such a promise protects nothing."""
 MEDIAN_PEERS = ("all", "disjoint")
 MAX_PARTITIONS = 4096
 MAX_MEDIAN_STEPS = 64

@@ -4,6 +4,7 @@ worker processes on loopback, one complete round, a summary at the end."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from pathlib import Path
 
@@ -33,3 +34,9 @@ def test_the_default_demo_completes_a_round_with_a_small_group(tmp_path: Path) -
     assert 0.0 <= summary["auc"] <= 1.0 and summary["baseline_auc"] > 0.9
     assert Path(summary["report_path"]).is_file()
     assert "round summary" in result.stdout
+    # Piped, progress arrives as timestamped lines while each phase runs, not as a table at its end.
+    assert re.search(r"\[\d\d:\d\d:\d\d\] round phase registration;", result.stdout)
+    assert re.search(r"\[\d\d:\d\d:\d\d\] round phase data;", result.stdout)
+    assert "Traceback" not in result.stdout + result.stderr
+    # The report carries the AUC the demo printed (it was null before the demo passed its held-out rows).
+    assert summary["report"]["utility"]["auc"] == pytest.approx(summary["auc"])

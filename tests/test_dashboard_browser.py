@@ -1,0 +1,128 @@
+"""The dashboard in a real headless browser (Debian's chromium driven by Playwright)
+during a live loopback round (``anonml demo``: relay, aggregator and peer processes),
+its figures checked against the aggregator's own JSON; then the final report page.
+
+``.ci/run`` installs chromium when it is missing. Screenshots go to
+``$ANONML_SCREENSHOTS`` when set (else the test's temporary directory).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from anonml.cli import anonml_command
+
+pytestmark = pytest.mark.slow
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+# Flags that work on this kind of machine (root, no GPU, no network beyond loopback).
+CHROMIUM_FLAGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+    "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage",
+]
+
+
+def _browser() -> Any:
+    if not Path(CHROMIUM).is_file():
+        pytest.skip(f"BROWSER TEST NOT RUN: no chromium at {CHROMIUM}; `apt-get install -y chromium` (.ci/run does)")
+    from playwright.sync_api import sync_playwright
+
+    playwright = sync_playwright().start()
+    return playwright, playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS)
+
+
+def _text(page: Any, figure: str) -> str:
+    return str(page.evaluate(f"document.querySelector('[data-figure=\"{figure}\"]').textContent")).strip()
+
+
+def _shot(page: Any, tmp_path: Path, name: str) -> None:
+    target = Path(os.environ.get("ANONML_SCREENSHOTS", tmp_path))
+    target.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(target / name), full_page=True)
+
+
+def test_the_live_dashboard_shows_the_aggregators_figures_and_the_report_reuses_it(tmp_path: Path) -> None:
+    playwright, browser = _browser()
+    work = tmp_path / "work"
+    demo = subprocess.Popen(
+        anonml_command("demo", "--peers", "40", "--work-dir", str(work), "--json", str(tmp_path / "summary.json"), "--linger", "20"),
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not (work / "round.toml").is_file():
+            assert demo.poll() is None and time.monotonic() < deadline, "the demo did not write its round spec"
+            time.sleep(0.2)
+        port = int(re.search(r'"http_port" = (\d+)', (work / "round.toml").read_text()).group(1))  # type: ignore[union-attr]
+        url = f"http://127.0.0.1:{port}"
+        page = browser.new_page(viewport={"width": 1200, "height": 900})
+        while True:
+            try:
+                page.goto(url + "/dashboard")
+                break
+            except Exception:  # noqa: BLE001 - the aggregator is still starting
+                assert time.monotonic() < deadline and demo.poll() is None
+                time.sleep(0.5)
+        page.wait_for_selector("body[data-rendered-at]", timeout=30_000)
+        checked_live = False
+        final: dict[str, Any] | None = None
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:
+            # The page polls every 2 s: wait for a render at least as new as the JSON just read.
+            truth = httpx.get(url + "/v1/dashboard", timeout=10).json()
+            page.wait_for_function(f"Number(document.body.getAttribute('data-rendered-at')) >= {truth['now']}", timeout=15_000)
+            shown_phase = _text(page, "phase")
+            if truth["phase"] in ("data", "median") and not checked_live:
+                again = httpx.get(url + "/v1/dashboard", timeout=10).json()
+                # After issuance the roster and credentials no longer change: the page must show the same figures.
+                assert _text(page, "registered") == str(truth["counts"]["registered"]) == str(again["counts"]["registered"])
+                assert _text(page, "credentials") == str(truth["counts"]["credentials"])
+                assert _text(page, "min-participation") == str(truth["min_participation"])
+                assert shown_phase.split()[0] in (truth["phase"], again["phase"])
+                rows = page.evaluate("Array.from(document.querySelectorAll('#relay-table tbody tr')).map(r => [r.dataset.relay, r.children[2].textContent])")
+                assert rows == [[relay["node_id"], relay["status"]] for relay in again["relays"]] or rows == [[relay["node_id"], relay["status"]] for relay in truth["relays"]]
+                lines = page.evaluate("document.getElementById('chart-participation').data.length")
+                assert lines == 2 + len(truth["series"]["accepted"]) or lines == 2 + len(again["series"]["accepted"])
+                _shot(page, tmp_path, "dashboard-live.png")
+                checked_live = True
+            if truth["phase"] == "done" and truth["report"] is not None:
+                final = truth
+                break
+            time.sleep(1.0)
+        assert checked_live, "never saw the round's median or data phase"
+        assert final is not None, "the round did not finish while the dashboard was watched"
+        page.wait_for_function("document.querySelector('[data-figure=\"phase\"]').textContent === 'done'", timeout=15_000)
+        utility = final["report"]["utility"]
+        assert _text(page, "accepted") == str(final["counts"]["accepted"])
+        assert _text(page, "rejected-total") == str(sum(final["rejected"].values()))
+        assert page.evaluate("document.getElementById('chart-rejected').hidden") == (not final["rejected"])
+        assert _text(page, "auc") == f"{utility['auc']:.3f}"
+        assert page.evaluate("document.getElementById('chart-roc').data[0].x.length") == len(utility["roc"]["fpr"])
+        _shot(page, tmp_path, "dashboard-done.png")
+        assert demo.wait(timeout=180) == 0
+        # The report is the same page, readable from the file alone.
+        [round_dir] = (work / "aggregator" / "rounds").iterdir()
+        report = json.loads((round_dir / "report.json").read_text())
+        page.goto((round_dir / "report.html").as_uri())
+        page.wait_for_selector("body[data-rendered-at]", timeout=30_000)
+        assert _text(page, "phase") == "done"
+        assert _text(page, "auc") == f"{report['utility']['auc']:.3f}"
+        assert _text(page, "accepted") == str(report["counts"]["accepted"])
+        assert "Unix" not in page.content() and str(report["schedule"]["t_register_end"]) not in page.inner_text("body")
+        _shot(page, tmp_path, "report.png")
+    finally:
+        if demo.poll() is None:
+            demo.terminate()
+            demo.wait(timeout=60)
+        browser.close()
+        playwright.stop()
