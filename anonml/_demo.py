@@ -42,6 +42,7 @@ from anonml.protocol import FeatureSpec, RoundStatus
 
 RELAYS = 3
 AGGREGATOR_PROCESSES = 2
+AGGREGATOR_START_SECONDS = 5
 HOST = "127.0.0.1"
 
 
@@ -501,7 +502,12 @@ async def run_demo(data: DemoData, params: DemoParams, work: Path, console: Any,
         console.print(f"[bold]2/5[/] {time.monotonic() - started:5.1f} s  the aggregator opens the round (anonml aggregator round new / run)")
         spec_path = work / "round.toml"
         spec_path.write_text(to_toml(round_spec(data, params, peers, descriptors, http_port, sink_port)))
-        out = await procs.run("aggregator-round-new", "aggregator", "round", "new", "--data-dir", str(agg_dir), "--spec", str(spec_path))
+        # The schedule starts a few seconds after `round new`: `aggregator run` must be
+        # serving before registration's window runs (on a loaded machine its start-up takes seconds).
+        out = await procs.run(
+            "aggregator-round-new", "aggregator", "round", "new", "--data-dir", str(agg_dir), "--spec", str(spec_path),
+            "--start", f"+{AGGREGATOR_START_SECONDS}",
+        )
         round_id = out.strip().splitlines()[-1]
         console.print(f"    round manifest hash (the round id): {round_id}")
         # Registration is open from `round new` on: start the aggregator and

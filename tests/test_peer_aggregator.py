@@ -70,18 +70,20 @@ def home(tmp_path: Path) -> AggregatorHome:
 @pytest.fixture
 async def served(home: AggregatorHome, nursery: trio.Nursery) -> AsyncIterator[tuple[RoundState, str]]:
     """A round served on loopback in real time; registration closes 3 s after it opens."""
-    state = make_round(home, int(time.time()), register_seconds=3)
-    addresses = await nursery.start(serve_aggregator, AggregatorConfig(state))
-    yield state, addresses.http_url
+    yield await serve_round(home, nursery, register_seconds=3)
     nursery.cancel_scope.cancel()
+
+
+async def serve_round(home: AggregatorHome, nursery: trio.Nursery, register_seconds: int) -> tuple[RoundState, str]:
+    state = make_round(home, int(time.time()), register_seconds=register_seconds)
+    addresses = await nursery.start(serve_aggregator, AggregatorConfig(state))
+    return state, addresses.http_url
 
 
 @pytest.fixture
 async def announced(home: AggregatorHome, nursery: trio.Nursery) -> AsyncIterator[tuple[RoundState, str]]:
     """A round served on loopback whose registration stays open for the whole test (CLI processes start slowly under load)."""
-    state = make_round(home, int(time.time()), register_seconds=600)
-    addresses = await nursery.start(serve_aggregator, AggregatorConfig(state))
-    yield state, addresses.http_url
+    yield await serve_round(home, nursery, register_seconds=600)
     nursery.cancel_scope.cancel()
 
 
