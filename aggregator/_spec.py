@@ -82,6 +82,21 @@ class RoundSpec:
     start: int | None = None
 
 
+# Windows of a real round, in seconds, when its spec leaves them out. Peers
+# are people's machines that join over minutes, not processes started
+# together, and every window must hold a relay or aggregator restart (a
+# process start, its store reopened, the peers' retries) with room to spare;
+# relay windows of minutes also mix more packets (DESIGN.md §7). The demo
+# plans seconds instead, from costs it measures (anonml.demo._schedule).
+DEFAULT_SCHEDULE = {
+    "register": 30 * 60,
+    "issue": 15 * 60,
+    "median_send": 5 * 60,
+    "median_delivery": 10 * 60,
+    "data_send": 15 * 60,
+    "data_delivery": 30 * 60,
+}
+
 ROUND_SPEC_EXAMPLE = """\
 name = "adult-income"
 
@@ -100,16 +115,16 @@ eps_total = 4.0             # promised to each peer (thesis eq. 7.4), median ans
 oracle = "auto"             # or one of: {ORACLES}
 median_share = 0.5          # optional: share of eps_total for the median search
 
-[schedule]                  # durations in seconds from the round's start
+[schedule]                  # durations in seconds from the round's start; each is optional
 # start = 2026-12-01T09:00:00+01:00   # optional: when registration opens (a TOML date-time; without an
                             # offset it is local time); else when `round new` runs, or its --start
-register = 120              # registration is open this long: `anonml aggregator run` must be serving by then
-issue = 60
+register = 1800             # default 30 min: peers join over minutes; `anonml aggregator run` must be serving by then
+issue = 900                 # default 15 min
 median_rounds = 4           # sub-round i queries partition i (needs <= k_p; 0 without numeric features)
-median_send = 10            # each sub-round: send window (delta) ...
-median_delivery = 20        # ... then delivery window (needs >= path_length + 1)
-data_send = 60
-data_delivery = 60
+median_send = 300           # default 5 min: each sub-round's send window (delta) ...
+median_delivery = 600       # default 10 min: ... then its delivery window (needs >= path_length + 1)
+data_send = 900             # default 15 min
+data_delivery = 1800        # default 30 min; every window must hold a relay or aggregator restart
 publish_gap = 2             # optional: seconds between publishing results and the next send window
 
 [network]
@@ -206,17 +221,21 @@ def parse_round_spec(document: dict[str, Any], *, base_dir: Path | None = None) 
     privacy.done()
     schedule = reader.child("schedule")
     start = _start_time(schedule.raw("start"), "schedule.start", schedule) if schedule.optional("start") else None
-    register_seconds = schedule.integer("register", 1, 10**7)
-    issue_seconds = schedule.integer("issue", 1, 10**7)
+
+    def seconds(name: str, low: int) -> int:
+        return schedule.integer(name, low, 10**7) if schedule.optional(name) else DEFAULT_SCHEDULE[name]
+
+    register_seconds = seconds("register", 1)
+    issue_seconds = seconds("issue", 1)
     median_rounds = schedule.integer("median_rounds", 0, min(k_p, 64)) if spec.numeric_names else 0
     if not spec.numeric_names:
         schedule.optional("median_rounds")
     elif median_rounds == 0:
         schedule.fail("median_rounds", "numeric features need at least one median sub-round")
-    median_send = schedule.integer("median_send", 1, 10**7)
-    median_delivery = schedule.integer("median_delivery", 2, 10**7)
-    data_send = schedule.integer("data_send", 1, 10**7)
-    data_delivery = schedule.integer("data_delivery", 2, 10**7)
+    median_send = seconds("median_send", 1)
+    median_delivery = seconds("median_delivery", 2)
+    data_send = seconds("data_send", 1)
+    data_delivery = seconds("data_delivery", 2)
     # Thresholds of sub-round i (and the final medians) are published when the
     # previous delivery window closes; the gap lets every peer fetch them
     # before its send window opens.

@@ -29,7 +29,7 @@ DEBUG_ENV = "ANONML_DEBUG"
 # Subcommand name -> ("module:attribute" of a click command or group, its one-line help).
 ROLE_COMMANDS: dict[str, tuple[str, str]] = {
     "aggregator": ("anonml.aggregator._cli:aggregator", "Run rounds: announce, register peers, issue credentials, collect, learn."),
-    "demo": ("anonml._demo:demo", "Run one complete round on loopback: 3 relays, the aggregator, N peers."),
+    "demo": ("anonml.demo:demo", "Run one complete round on loopback: 3 relays, the aggregator, N peers."),
     "experiment": ("anonml.learning._experiment:experiment", "The thesis's chapter-8 experiments, in process (no network)."),
     "peer": ("anonml.peer._cli:peer", "Take part in a round from your own data."),
     "relay": ("anonml.relay._cli:relay", "Run a mix relay: hold Sphinx packets and release them inside their windows."),
@@ -43,6 +43,8 @@ BENCH_COMMANDS: dict[str, tuple[str, str]] = {
     "mechanisms": ("anonml.bench.mechanisms:bench_mechanisms", "Oracle error against its formula, and throughput."),
     "relay": ("anonml.bench.relay:bench_relay", "Relay forwarding throughput."),
     "startup": ("anonml.bench.startup:bench_startup", "`anonml --help` start-up time beside `python -c pass`."),
+    "faults": ("anonml.bench.faults:bench_faults", "A demo round under killed relays and aggregator and lossy links; audits every message."),
+    "demo": ("anonml.bench.demo:bench_demo", "The demo run N times beside CPU-bound processes: exit codes, accepted fractions."),
 }
 
 

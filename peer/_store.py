@@ -223,6 +223,18 @@ class PeerStore:
             return None
         return StoredPacket(survey, row[0], bytes.fromhex(row[1]), row[2], bool(row[3]))
 
+    def packets(self, round_id: bytes) -> list[tuple[bytes, StoredPacket]]:
+        """Every packet any identity of this store prepared for ``round_id``, with that identity's key."""
+        with self._database.read() as db:
+            rows = db.execute(
+                "SELECT peer, survey, message, receipt, sends, acknowledged FROM packets WHERE round_id=? ORDER BY peer, survey",
+                (round_id.hex(),),
+            ).fetchall()
+        return [
+            (bytes.fromhex(r[0]), StoredPacket(bytes.fromhex(r[1]), r[2], bytes.fromhex(r[3]), r[4], bool(r[5])))
+            for r in rows
+        ]
+
     def count_send(self, peer: bytes, survey: bytes) -> None:
         self._write("UPDATE packets SET sends=sends+1 WHERE peer=? AND survey=?", (peer.hex(), survey.hex()))
 

@@ -10,6 +10,12 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 ADULT_DIR = REPO_ROOT.parent / "shared" / "data" / "adult"
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Slow tests first: pytest-xdist hands tests out in this order, so the
+    long rounds run beside the quick tests instead of after them."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 @pytest.fixture(scope="session")
 def adult_dir() -> Path:
     """The UCI Adult files beside the checkout (never copied into the repo)."""

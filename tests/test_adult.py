@@ -89,6 +89,7 @@ def test_cli_errors_are_clean(tmp_path: Path, adult_dir: Path) -> None:
         assert "Traceback" not in output
 
 
+@pytest.mark.slow
 def test_smoke_on_a_subsample(tmp_path: Path, adult_dir: Path) -> None:
     """A couple of trials on 3,000 training peers: the full pipeline, table, JSON and plot."""
     data = tmp_path / "data"
@@ -145,9 +146,12 @@ def test_the_adult_demo_names_an_experiment_at_its_own_parameters(tmp_path: Path
     """The command the demo prints runs, with the demo's plan, ε and median steps."""
     from types import SimpleNamespace
 
-    from anonml._demo import default_params, experiment_command
+    from anonml.demo._calibrate import PhaseCosts
+    from anonml.demo._schedule import plan_round
+    from anonml.demo._summary import experiment_command
 
-    params = default_params(SimpleNamespace(name="adult"), 2000, 2.0, 2, 0)  # type: ignore[arg-type]
+    costs = PhaseCosts(register=1e-3, issue=1e-3, token=1e-3, relay_hop=1e-3, verify=1e-3, http=1e-3, process_start=1.0)
+    params = plan_round(SimpleNamespace(name="adult"), 2000, 2.0, 2, 0, costs)  # type: ignore[arg-type]
     command = experiment_command(params, adult_dir, 32561).split()
     assert command[:3] == ["anonml", "experiment", "adult"] and command[-2:] == ["--max-train-rows", "2000"]
     report_path = tmp_path / "r.json"

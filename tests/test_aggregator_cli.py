@@ -9,6 +9,7 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from anonml.cli import main
+from anonml.demo import free_port
 
 SPEC = """
 name = "cli-round"
@@ -47,13 +48,6 @@ min_participation = 3
 registration = "open"
 """
 
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def write_spec(path: Path, eps: str = "2.0", register: int = 1) -> Path:
@@ -114,6 +108,14 @@ def test_the_documented_example_spec_is_valid() -> None:
     )
     spec = parse_round_spec(tomllib.loads(text))
     assert spec.k_p == 8 and spec.median_rounds == 4 and len(spec.relays) == 3
+    # The example shows the defaults: a spec that leaves the windows out gets the same, in minutes.
+    document = tomllib.loads(text)
+    for name in ("register", "issue", "median_send", "median_delivery", "data_send", "data_delivery"):
+        del document["schedule"][name]
+    defaults = parse_round_spec(document)
+    assert (defaults.register_seconds, defaults.issue_seconds) == (spec.register_seconds, spec.issue_seconds) == (1800, 900)
+    assert (defaults.median_send, defaults.median_delivery) == (spec.median_send, spec.median_delivery) == (300, 600)
+    assert (defaults.data_send, defaults.data_delivery) == (spec.data_send, spec.data_delivery) == (900, 1800)
 
 
 def test_bench_aggregator_reports_its_figures() -> None:

@@ -1,29 +1,98 @@
 """``anonml demo`` as a user runs it: separate relay, aggregator and peer
-worker processes on loopback, one complete round, a summary at the end."""
+worker processes on loopback, one complete round, a summary at the end; a
+relay and the aggregator killed mid-round are restarted and the round still
+completes; no process outlives the demo, however it ends."""
 
 from __future__ import annotations
 
 import json
 import re
+import signal
 import subprocess
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from anonml.cli import anonml_command
 
 pytestmark = pytest.mark.slow
 
+# A guard against a hang, not a timing assertion: the demo sizes its own
+# round from what it measures on this machine.
+HANG_GUARD_SECONDS = 900
 
-def test_the_default_demo_completes_a_round_with_a_small_group(tmp_path: Path) -> None:
-    summary_path = tmp_path / "summary.json"
-    result = subprocess.run(
-        anonml_command("demo", "--peers", "60", "--work-dir", str(tmp_path / "work"), "--json", str(summary_path)),
-        capture_output=True, text=True, timeout=240,
+
+def start_demo(work: Path, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        anonml_command("demo", "--work-dir", str(work), *args),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+
+
+def wait_for_line(demo: subprocess.Popen[str], text: str) -> list[str]:
+    """Read the demo's output until a line contains ``text`` (its readiness signal)."""
+    assert demo.stdout is not None
+    seen = []
+    for line in demo.stdout:
+        seen.append(line)
+        if text in line:
+            return seen
+    raise AssertionError(f"the demo ended before printing {text!r}:\n" + "".join(seen[-40:]))
+
+
+def descendants(pid: int) -> list[psutil.Process]:
+    return psutil.Process(pid).children(recursive=True)
+
+
+def child_named(demo: subprocess.Popen[str], *words: str) -> psutil.Process:
+    """The demo's descendant whose command line has every word (waits until it runs)."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        for process in descendants(demo.pid):
+            try:
+                command = " ".join(process.cmdline())
+            except psutil.Error:
+                continue
+            if all(word in command for word in words):
+                return process
+        time.sleep(0.2)
+    raise AssertionError(f"no demo process runs {words!r}")
+
+
+def assert_all_gone(processes: list[psutil.Process]) -> None:
+    _, alive = psutil.wait_procs(processes, timeout=30)
+    survivors = []
+    for process in alive:
+        try:
+            survivors.append(" ".join(process.cmdline())[:160])
+        except psutil.Error:
+            continue
+    assert not survivors, f"processes outlived the demo: {survivors}"
+
+
+def test_the_demo_completes_a_round_through_a_killed_relay_and_aggregator_and_leaves_no_process(tmp_path: Path) -> None:
+    summary_path = tmp_path / "summary.json"
+    demo = start_demo(tmp_path / "work", "--peers", "60", "--json", str(summary_path))
+    try:
+        wait_for_line(demo, "the peers join the round")
+        aggregator = child_named(demo, "aggregator", "run", "--round")
+        relay = child_named(demo, "relay", "run", "relay-0")
+        # Everything they started is seen now, so it can be checked afterwards.
+        started = [demo_child for demo_child in descendants(demo.pid)]
+        # SIGKILL, as a crash would: no chance to clean up.
+        aggregator.kill()
+        relay.kill()
+        output, _ = demo.communicate(timeout=HANG_GUARD_SECONDS)
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+    assert demo.returncode == 0, output[-4000:]
     summary = json.loads(summary_path.read_text())
     assert summary["phase"] == "done"
+    assert any(name.startswith("aggregator") for name in summary["restarted"])
+    assert any(name.startswith("relay-0") for name in summary["restarted"])
     assert summary["registered"] == summary["joined"] == 60
     # split plan, k_h = 2: two data packets per peer, plus a median answer
     # from each peer of the partitions the median sub-rounds query
@@ -33,10 +102,44 @@ def test_the_default_demo_completes_a_round_with_a_small_group(tmp_path: Path) -
     assert summary["epsilon_local_max"] <= 2.0 + 1e-9
     assert 0.0 <= summary["auc"] <= 1.0 and summary["baseline_auc"] > 0.9
     assert Path(summary["report_path"]).is_file()
-    assert "round summary" in result.stdout
+    assert "round summary" in output
     # Piped, progress arrives as timestamped lines while each phase runs, not as a table at its end.
-    assert re.search(r"\[\d\d:\d\d:\d\d\] round phase registration;", result.stdout)
-    assert re.search(r"\[\d\d:\d\d:\d\d\] round phase data;", result.stdout)
-    assert "Traceback" not in result.stdout + result.stderr
+    assert re.search(r"\[\d\d:\d\d:\d\d\] round phase registration;", output)
+    assert re.search(r"\[\d\d:\d\d:\d\d\] round phase data;", output)
+    assert "Traceback" not in output
     # The report carries the AUC the demo printed (it was null before the demo passed its held-out rows).
     assert summary["report"]["utility"]["auc"] == pytest.approx(summary["auc"])
+    assert_all_gone(started + descendants_left(started))
+
+
+def descendants_left(processes: list[psutil.Process]) -> list[psutil.Process]:
+    """Whatever the listed processes started after they were listed (the restarted ones' children)."""
+    found = []
+    for process in processes:
+        try:
+            found.extend(process.children(recursive=True))
+        except psutil.Error:
+            continue
+    return found
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_to_the_demo_stops_every_process_it_started(tmp_path: Path, signum: int) -> None:
+    demo = start_demo(tmp_path / "work", "--peers", "20")
+    try:
+        wait_for_line(demo, "the peers join the round")
+        # The aggregator's issuer workers are its children: wait until they run too.
+        aggregator = child_named(demo, "aggregator", "run", "--round")
+        deadline = time.monotonic() + 120
+        while not aggregator.children() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        started = descendants(demo.pid)
+        assert len(started) >= 3 + 1 + 2 + 2, [p.cmdline() for p in started]  # relays, aggregator, its workers, peer workers
+        demo.send_signal(signum)
+        output, _ = demo.communicate(timeout=120)
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+    assert demo.returncode == 128 + signum, output[-3000:]
+    assert "every child process was stopped" in output
+    assert_all_gone(started)

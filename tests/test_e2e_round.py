@@ -24,7 +24,7 @@ import pytest
 import trio
 from nacl.signing import SigningKey
 
-from anonml._demo import free_port
+from anonml.demo import free_port
 from anonml.aggregator._report import learn
 from anonml.aggregator._round import RoundState
 from anonml.aggregator._service import AggregatorConfig, serve_aggregator

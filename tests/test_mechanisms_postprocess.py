@@ -69,6 +69,7 @@ def _skewed_population(m: int, n: int) -> np.ndarray:
     return np.repeat(np.arange(m), counts)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["grr", "oue", "olh", "ss"])
 def test_ibu_and_projection_reduce_error_on_a_skewed_population(name: str) -> None:
     m, n, repeats = 16, 4000, 8

@@ -29,6 +29,7 @@ from anonml.peer._store import PeerStore
 from anonml.peer._transport import open_transport
 from anonml.protocol import SurveyId, derive_subsets
 from anonml.protocol._features import FeatureSpec
+from anonml.testing import SettableClock
 
 T0 = 1_800_000_000
 
@@ -68,9 +69,19 @@ def home(tmp_path: Path) -> AggregatorHome:
 
 
 @pytest.fixture
-async def served(home: AggregatorHome, nursery: trio.Nursery) -> AsyncIterator[tuple[RoundState, str]]:
-    """A round served on loopback in real time; registration closes 3 s after it opens."""
-    yield await serve_round(home, nursery, register_seconds=3)
+async def served(home: AggregatorHome, nursery: trio.Nursery) -> AsyncIterator[tuple[RoundState, str, SettableClock]]:
+    """A round served on loopback whose clock stands still until the test moves it.
+
+    HTTP runs over real sockets, so trio's MockClock cannot drive it; the
+    round and the peers read a :class:`SettableClock` instead, and no window
+    can close before the test has done what it needs inside it, however long
+    a loaded machine takes to start a CLI or answer a request.
+    """
+    clock = SettableClock(float(T0))
+    state, _ = create_round(home, parse_round_spec(spec_document(register_seconds=3)), now=T0)
+    state.clock = clock
+    addresses = await nursery.start(serve_aggregator, AggregatorConfig(state))
+    yield state, addresses.http_url, clock
     nursery.cancel_scope.cancel()
 
 
@@ -92,13 +103,13 @@ def vector_for(pipeline: RoundPipeline, age: float, colour: str, label: str) -> 
 
 
 async def test_peers_register_agree_on_partitions_and_get_credentials_blindly(served: Any, tmp_path: Path) -> None:
-    state, url = served
+    state, url, clock = served
     client = AggregatorClient(url, retry_for=5)
     signed = await client.manifest()
     pipeline = RoundPipeline.for_spec(FeatureSpec.from_dict(dict(signed.manifest.features)))
     store = PeerStore(tmp_path / "peers.sqlite", durable=False)
     async with open_transport(packet_size=2048, geometry_hash=bytes(32)) as transport:
-        session = RoundSession(client, transport)
+        session = RoundSession(client, transport, now=clock)
         runs = [
             PeerRound(Peer(PeerIdentity.generate(), store, vector_for(pipeline, 30.0 + i, "red", "1"), np.random.default_rng(i)), session, signed, pipeline, lambda _: None)
             for i in range(5)
@@ -106,7 +117,8 @@ async def test_peers_register_agree_on_partitions_and_get_credentials_blindly(se
         for run in runs:
             await run.register()
         assert state.store.counts()["registered"] == 5
-        # partition() waits for registration to close and the seed to be revealed
+        # Registration closes only now; partition() waits for the seed to be revealed.
+        clock.now = state.manifest.schedule.t_register_end
         for run in runs:
             partition, size, subsets = await run.partition()
             assert state.assignment()[run.key] == partition

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from click.testing import CliRunner
 
 from anonml.cli import main
 
 
+@pytest.mark.slow
 def test_bench_relay_delivers_every_packet_and_reports_where_time_goes() -> None:
     result = CliRunner().invoke(main, ["bench", "relay", "--json", "--packets", "256", "--repeat", "10"])
     assert result.exit_code == 0, result.output

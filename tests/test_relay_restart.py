@@ -1,18 +1,17 @@
 """A relay process killed with SIGKILL inside its release window and restarted
 still delivers every packet it had acknowledged, inside the window. The relay
-runs as a real subprocess (``python -m relay run``) set up with its own CLI."""
+runs as a real subprocess (``anonml relay run``) set up with its own CLI."""
 
 from __future__ import annotations
 
 import json
 import math
 import signal
-import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
+import pytest
 import trio
 
 from anonml.crypto import (
@@ -24,6 +23,8 @@ from anonml.crypto import (
     generate_keypair,
     node_id_of,
 )
+from anonml.cli import anonml_command
+from anonml.demo import free_port
 from anonml.protocol import AckStatus, LinkClient
 from anonml.relay import DirectoryEntry, render_directory_file
 from anonml.testing import FinalHopSink
@@ -32,21 +33,15 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 GEOMETRY = SphinxGeometry.create(max_hops=3, packet_size=2048)
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 def relay_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "anonml.relay", *args], cwd=REPO_ROOT, capture_output=True, text=True,
+    return subprocess.run(anonml_command("relay", *args), cwd=REPO_ROOT, capture_output=True, text=True,
                           check=True, timeout=60)
 
 
 async def start_relay(data_dir: Path, port: int, log: Path) -> trio.Process:
     with log.open("a") as handle:
         process = await trio.lowlevel.open_process(
-            [sys.executable, "-m", "anonml.relay", "run", "--data-dir", str(data_dir)], cwd=REPO_ROOT, stderr=handle
+            anonml_command("relay", "run", "--data-dir", str(data_dir)), cwd=REPO_ROOT, stderr=handle
         )
     with trio.fail_after(30):
         while True:  # listening means recovered: the listener opens after recovery
@@ -59,6 +54,7 @@ async def start_relay(data_dir: Path, port: int, log: Path) -> trio.Process:
                 await trio.sleep(0.05)
 
 
+@pytest.mark.slow
 async def test_a_relay_killed_mid_window_and_restarted_delivers_what_it_held(tmp_path: Path) -> None:
     n = 60
     port = free_port()

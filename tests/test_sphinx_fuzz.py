@@ -14,6 +14,8 @@ import random
 from collections import Counter
 from collections.abc import Callable
 
+import pytest
+
 from sphinx_support import keyed_path
 
 from anonml.crypto import (
@@ -98,6 +100,7 @@ class Fuzzer:
         return alpha + beta + gamma + rng.randbytes(GEOMETRY.payload_size)
 
 
+@pytest.mark.slow
 def test_process_packet_raises_only_invalid_packet_over_100k_inputs() -> None:
     fuzz = Fuzzer(seed=4)
     rng = fuzz.rng

@@ -204,6 +204,7 @@ def _run(target: Target, data: Any, reasons: Counter[str]) -> None:
     reasons["accepted"] += 1
 
 
+@pytest.mark.slow
 def test_hundred_thousand_malformed_inputs_raise_only_typed_errors(targets: list[Target]) -> None:
     rnd = random.Random(20261122)
     per_target = -(-MINIMUM_INPUTS // len(targets))

@@ -1,7 +1,7 @@
 """A demo worker process: many peers, each its own identity, credential,
 ledger and randomness, run as concurrent :func:`peer.join_round` tasks.
 
-``python -m anonml._swarm CONFIG.json`` reads its peers' rows from one CSV
+``python -m anonml.demo._swarm CONFIG.json`` reads its peers' rows from one CSV
 file (one row per peer: the importer turns the file into events and each peer
 gets the dataset of its own event), shares one HTTP connection pool and one
 link per relay between its peers (the only thing they share: public documents
@@ -56,20 +56,21 @@ def _emit(record: dict[str, Any]) -> None:
 
 async def run_swarm(config: SwarmConfig) -> dict[str, Any]:
     from anonml.mechanisms import BudgetExceeded
-    from anonml.peer._client import AggregatorClient, AggregatorError
-    from anonml.peer._features import RoundPipeline
-    from anonml.peer._framework import Dataset
-    from anonml.peer._identity import PeerIdentity
-    from anonml.peer._join import (
+    from anonml.peer import (
+        AggregatorClient,
+        AggregatorError,
+        Dataset,
         JoinRefused,
         JoinResult,
         Peer,
+        PeerIdentity,
+        PeerStore,
+        RoundPipeline,
         RoundSession,
         join_round,
+        open_transport,
     )
-    from anonml.peer._store import PeerStore
-    from anonml.peer._transport import open_transport
-    from anonml.protocol._features import FeatureSpec
+    from anonml.protocol import FeatureSpec
 
     started = time.monotonic()
     events: Counter[str] = Counter()
@@ -135,7 +136,7 @@ async def run_swarm(config: SwarmConfig) -> dict[str, Any]:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 2:
-        print("usage: python -m anonml._swarm CONFIG.json", file=sys.stderr)
+        print("usage: python -m anonml.demo._swarm CONFIG.json", file=sys.stderr)
         return 2
     config = SwarmConfig.from_json(Path(argv[1]).read_text())
     trio.run(run_swarm, config)

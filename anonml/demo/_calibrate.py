@@ -1,0 +1,165 @@
+"""What each phase of a round costs per peer on this machine, measured now.
+
+The demo sizes its round's windows from these figures (:mod:`._schedule`)
+instead of from constants measured once on another day: the same round needs
+twice the time on a machine whose cores are shared with four busy processes.
+Every figure is the *mean* wall time of real calls (the code paths a round
+runs, not models of them), taken under whatever load the machine has now, so
+contention is in the figure; the minimum would hide it.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from functools import partial
+
+import trio
+
+from anonml.crypto import (
+    Credential,
+    CredentialSecret,
+    IssuerSecretKey,
+    NodeAddress,
+    PathHop,
+    ReleaseWindow,
+    SphinxGeometry,
+    begin_issuance,
+    build_packet,
+    finish_issuance,
+    generate_keypair,
+    issue_credential,
+    make_token,
+    never_replayed,
+    node_id_of,
+    process_packet,
+    tag_digest,
+    verify_token,
+)
+from anonml.peer import PeerIdentity
+from anonml.protocol import RegisterRequest, SurveyId, SurveyMessage, bound_bytes
+
+# Samples per figure: enough for a stable mean of millisecond calls, a
+# fraction of a second in all.
+SAMPLES = 24
+
+
+@dataclass(frozen=True)
+class PhaseCosts:
+    """Seconds of wall time per unit of work, measured on this machine now.
+
+    ``register``: one peer's registration (its identity, the signed request,
+    its encoding, the aggregator's signature check). ``issue``: one blind
+    credential (request, issuance with proof, the peer's check). ``token``:
+    one message made at the peer (token and Sphinx packet). ``verify``: one
+    message checked (every relay's hop, the final hop, the token).
+    ``http``: one loopback request and response through the aggregator's HTTP
+    stack. ``process_start``: one ``anonml`` child process run to completion.
+    """
+
+    register: float
+    issue: float
+    token: float
+    relay_hop: float
+    verify: float
+    http: float
+    process_start: float
+
+    def to_dict(self) -> dict[str, float]:
+        return {name: round(value, 6) for name, value in asdict(self).items()}
+
+
+def mean_seconds(operation: Callable[[], object], samples: int = SAMPLES) -> float:
+    """Mean wall seconds per call of ``operation`` (one warm-up call first)."""
+    operation()
+    started = time.perf_counter()
+    for _ in range(samples):
+        operation()
+    return (time.perf_counter() - started) / samples
+
+
+def _register() -> None:
+    identity = PeerIdentity.generate()
+    request = RegisterRequest.create(identity.signing_key, b"\x01" * 32)
+    RegisterRequest.from_json(request.to_json()).verify()
+
+
+def _crypto_costs(path_length: int, samples: int) -> dict[str, float]:
+    issuer = IssuerSecretKey.generate()
+    public = issuer.public_key()
+    secret = CredentialSecret.generate()
+
+    def issue() -> Credential:
+        request, state = begin_issuance(public, secret, 0)
+        return finish_issuance(state, issue_credential(issuer, request.to_bytes(), 0).to_bytes())
+
+    credential = issue()
+    geometry = SphinxGeometry.create()
+    keys = [generate_keypair() for _ in range(path_length + 1)]
+    hops = [
+        PathHop(node_id_of(public_key), NodeAddress("127.0.0.1", 9000 + i), public_key, ReleaseWindow(0, 60))
+        for i, (_, public_key) in enumerate(keys)
+    ]
+    survey = SurveyId.data(b"\x01" * 32, 0, 0)
+    report = b"\x00" * 8
+
+    def token() -> bytes:
+        made = make_token(public, credential, survey.to_bytes(), bound_bytes(survey, report))
+        tag_digest(credential, survey.to_bytes())
+        message = SurveyMessage(survey, made, report).to_bytes(geometry.message_size)
+        return build_packet(geometry, hops, message)
+
+    packet = token()
+    made = make_token(public, credential, survey.to_bytes(), bound_bytes(survey, report))
+    hop = mean_seconds(lambda: process_packet(geometry, keys[0][0], packet, is_replay=never_replayed), samples)
+    check = mean_seconds(
+        lambda: verify_token(issuer, survey.to_bytes(), bound_bytes(survey, report), made, expected_partition=0), samples
+    )
+    return {
+        "register": mean_seconds(_register, samples),
+        "issue": mean_seconds(issue, samples),
+        "token": mean_seconds(token, samples),
+        "relay_hop": hop,
+        # Every relay's hop and the final hop (the same Sphinx step), then the token check.
+        "verify": hop * (path_length + 1) + check,
+    }
+
+
+async def _http_round_trip(samples: int) -> float:
+    """Mean seconds for one POST and its JSON answer through hypercorn, starlette and httpx on loopback."""
+    import httpx
+    from hypercorn.config import Config
+    from hypercorn.trio import serve
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import Response
+    from starlette.routing import Route
+
+    async def echo(request: Request) -> Response:
+        return Response(await request.body(), media_type="application/json")
+
+    app = Starlette(routes=[Route("/", echo, methods=["POST"])])
+    config = Config()
+    config.bind = ["127.0.0.1:0"]
+    config.accesslog = None
+    body = os.urandom(300).hex().encode()
+    async with trio.open_nursery() as nursery:
+        binds = await nursery.start(partial(serve, app, config, mode="asgi"))  # type: ignore[arg-type]
+        async with httpx.AsyncClient(base_url=binds[0]) as client:
+            await client.post("/", content=body)
+            started = time.perf_counter()
+            for _ in range(samples):
+                (await client.post("/", content=body)).raise_for_status()
+            seconds = (time.perf_counter() - started) / samples
+        nursery.cancel_scope.cancel()
+    return seconds
+
+
+async def measure_costs(path_length: int, process_start: float, samples: int = SAMPLES) -> PhaseCosts:
+    """Time every phase's per-unit work now; ``process_start`` is a child process run the caller timed."""
+    crypto = await trio.to_thread.run_sync(_crypto_costs, path_length, samples)
+    http = await _http_round_trip(samples)
+    return PhaseCosts(http=http, process_start=process_start, **crypto)

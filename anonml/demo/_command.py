@@ -1,0 +1,92 @@
+"""``anonml demo``: the click command, and what ends the demo early.
+
+SIGINT and SIGTERM both cancel the round and stop every child process
+(:func:`._children.open_children`); the demo then exits 128 + the signal's
+number, as a shell reports a process the signal ended.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import click
+import trio
+
+from anonml.demo._data import DemoData, adult_data, breast_cancer_data
+from anonml.demo._run import run_demo
+from anonml.demo._summary import exit_code, experiment_command, print_summary
+
+
+async def _until_signalled(data: DemoData, peers: int, epsilon: float, workers: int, seed: int, work: Path,
+                           console: Any, linger: float) -> tuple[dict[str, Any], Any] | int:
+    """The demo's result, or the number of the signal that stopped it."""
+    outcome: list[tuple[dict[str, Any], Any] | int] = []
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with trio.open_nursery() as nursery:
+
+            async def stop_on_signal() -> None:
+                async for signum in signals:
+                    outcome.append(int(signum))
+                    nursery.cancel_scope.cancel()
+                    return
+
+            async def demo_round() -> None:
+                outcome.append(await run_demo(data, peers, epsilon, workers, seed, work, console, linger))
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(stop_on_signal)
+            nursery.start_soon(demo_round)
+    return outcome[0]
+
+
+@click.command("demo")
+@click.option("--peers", type=click.IntRange(min=4), default=None, help="How many peers (default: every training row).")
+@click.option("--dataset", type=click.Choice(["breast-cancer", "adult"]), default="breast-cancer", show_default=True)
+@click.option("--data-dir", type=click.Path(path_type=Path), default=None, help="Directory with adult.data and adult.test (for --dataset adult).")
+@click.option("--epsilon", type=click.FloatRange(min=0, min_open=True), default=2.0, show_default=True, help="Total epsilon promised to each peer (eq. 7.4).")
+@click.option("--workers", type=click.IntRange(min=1), default=2, show_default=True, help="Peer worker processes.")
+@click.option("--work-dir", type=click.Path(path_type=Path), default=None, help="Keep every process's files here (default: a new temporary directory).")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--json", "json_out", type=click.Path(path_type=Path), default=None, help="Also write the summary as JSON.")
+@click.option("--linger", type=click.FloatRange(0, 3600), default=0.0, help="Keep the aggregator's dashboard up this many seconds after the round.")
+def demo(peers: int | None, dataset: str, data_dir: Path | None, epsilon: float, workers: int, work_dir: Path | None, seed: int, json_out: Path | None, linger: float) -> None:
+    """Run one complete round on loopback: 3 relays, the aggregator, N peers.
+
+    Exits 0 when the round is done and the aggregator accepted at least 99%
+    of the messages the peers prepared, 3 when the round failed, 4 when more
+    was lost, and 128 + N when signal N stopped it.
+    """
+    from rich.console import Console
+
+    console = Console()
+    if dataset == "adult":
+        if data_dir is None:
+            raise click.UsageError("--dataset adult needs --data-dir (the directory with adult.data and adult.test)")
+        missing = [name for name in ("adult.data", "adult.test") if not (data_dir / name).is_file()]
+        if missing:
+            raise click.BadParameter(
+                f"{str(data_dir)!r} has no {' or '.join(missing)}: pass the directory holding UCI Adult's adult.data and "
+                "adult.test (e.g. --data-dir ../shared/data/adult)", param_hint="--data-dir")
+        data = adult_data(data_dir)
+    else:
+        data = breast_cancer_data(seed)
+    n = min(peers or len(data.train_rows), len(data.train_rows))
+    work = work_dir or Path(tempfile.mkdtemp(prefix="anonml-demo-"))
+    work.mkdir(parents=True, exist_ok=True)
+    result = trio.run(_until_signalled, data, n, epsilon, workers, seed, work, console, linger)
+    if isinstance(result, int):
+        console.print(f"stopped by {signal.Signals(result).name}; every child process was stopped; files in {work}")
+        raise SystemExit(128 + result)
+    summary, params = result
+    if dataset == "adult" and data_dir is not None:
+        summary["experiment_command"] = experiment_command(params, data_dir, len(data.train_rows))
+    print_summary(console, summary, params)
+    if json_out is not None:
+        json_out.write_text(json.dumps(summary, indent=2, default=str))
+    code = exit_code(summary)
+    if code:
+        raise SystemExit(code)

@@ -1,0 +1,249 @@
+"""One complete round on loopback, step by step, with every process supervised.
+
+The steps (each its own function): start the peers' workers (their start-up
+overlaps the rest), create the aggregator's identity and the relays (their
+operators' commands), measure what each phase costs on this machine
+(:mod:`._calibrate`) and plan the round from it (:mod:`._schedule`), open the
+round, follow it until it ends, collect the report. A relay or the aggregator
+that dies is started again with the same command (a relay keeps its held
+packets and the aggregator resumes the round from its store), and the demo
+keeps following the round; everything stops with the demo.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from anonml.cli import anonml_command
+from anonml.demo._calibrate import PhaseCosts, measure_costs
+from anonml.demo._children import Child, ChildFailed, Children, open_children, resident_mb
+from anonml.demo._data import DemoData, held_out_auc, write_peer_files, write_test_file
+from anonml.demo._ports import HOST, free_port
+from anonml.demo._progress import Progress, phase_rows, read_worker, scrape_relay
+from anonml.demo._schedule import AGGREGATOR_PROCESSES, RELAYS, DemoParams, plan_round, round_spec, to_toml
+from anonml.demo._summary import summarise
+from anonml.demo._swarm import SwarmConfig
+
+# `anonml aggregator run` exits 0 when the round is done and 3 when it failed
+# for lack of participants: both are its normal end, not a crash to restart.
+AGGREGATOR_ENDS = (0, 3)
+# How long the aggregator keeps serving after the round at least (peers read the final receipt log).
+LINGER_SECONDS = 30.0
+# How long the demo waits for the peers after the round has ended.
+PEER_GRACE_SECONDS = 30.0
+
+
+@dataclass
+class Network:
+    """The demo's addresses, chosen before any process starts (they go into the signed manifest)."""
+
+    http_port: int = field(default_factory=free_port)
+    sink_port: int = field(default_factory=free_port)
+    relay_ports: list[int] = field(default_factory=lambda: [free_port() for _ in range(RELAYS)])
+    """Where peers and relays reach each relay (in the manifest)."""
+    relay_listen_ports: list[int] = field(default_factory=list)
+    """Where each relay listens, if not there (the fault benchmark puts a lossy proxy between)."""
+    metrics_ports: list[int] = field(default_factory=lambda: [free_port() for _ in range(RELAYS)])
+
+    def listen_port(self, relay: int) -> int:
+        return self.relay_listen_ports[relay] if self.relay_listen_ports else self.relay_ports[relay]
+
+    @property
+    def url(self) -> str:
+        return f"http://{HOST}:{self.http_port}"
+
+
+async def start_workers(children: Children, data: DemoData, rows: list[list[str]], work: Path, workers: int, seed: int, url: str) -> list[Child]:
+    """The peers' worker processes; they wait for the round to be served."""
+    started = []
+    for w, path in enumerate(write_peer_files(data, rows, work, workers)):
+        config = SwarmConfig(w, url, path, work / "peers" / f"worker-{w}.sqlite", seed)
+        config_path = work / "peers" / f"worker-{w}.json"
+        config_path.write_text(config.to_json())
+        started.append(await children.start(
+            f"worker-{w}", [sys.executable, "-m", "anonml.demo._swarm", str(config_path)], capture_stdout=True
+        ))
+    return started
+
+
+async def init_aggregator(children: Children, agg_dir: Path) -> tuple[str, float]:
+    """``anonml aggregator init``; the identity relays pin, and the seconds the command took."""
+    started = time.monotonic()
+    await children.run("aggregator-init", "aggregator", "init", "--data-dir", str(agg_dir))
+    seconds = time.monotonic() - started
+    from anonml.aggregator import AggregatorHome
+
+    return bytes(AggregatorHome(agg_dir).signing_key().verify_key).hex(), seconds
+
+
+async def start_relays(children: Children, work: Path, network: Network, identity: str) -> list[dict[str, Any]]:
+    """Each relay operator's ``relay init``, ``relay info`` and ``relay run``; the descriptors."""
+    descriptors: list[dict[str, Any]] = [{} for _ in range(RELAYS)]
+
+    async def one(i: int) -> None:
+        relay_dir = work / f"relay-{i}"
+        await children.run(
+            f"relay-{i}-init", "relay", "init", "--data-dir", str(relay_dir),
+            "--listen", f"{HOST}:{network.listen_port(i)}", "--advertise", f"{HOST}:{network.relay_ports[i]}",
+            "--metrics", f"{HOST}:{network.metrics_ports[i]}",
+            # The relay forwards only to next hops a manifest signed by that identity lists.
+            "--aggregator", f"{identity}@{network.url}",
+        )
+        descriptors[i] = json.loads(await children.run(f"relay-{i}-info", "relay", "info", "--data-dir", str(relay_dir), "--json"))
+        await children.start(f"relay-{i}", anonml_command("relay", "run", "--data-dir", str(relay_dir)), restart=True)
+
+    async with trio.open_nursery() as nursery:
+        for i in range(RELAYS):
+            nursery.start_soon(one, i)
+    return descriptors
+
+
+async def open_round(children: Children, work: Path, agg_dir: Path, data: DemoData, params: DemoParams,
+                     descriptors: list[dict[str, Any]], network: Network, linger: float = 0.0) -> tuple[str, Child]:
+    """``aggregator round new`` with the planned spec, then ``aggregator run`` (restarted if it dies)."""
+    spec_path = work / "round.toml"
+    spec_path.write_text(to_toml(round_spec(data, params, descriptors, network.http_port, network.sink_port)))
+    # The schedule starts once `aggregator run` can be serving: its start-up, measured, with slack.
+    out = await children.run(
+        "aggregator-round-new", "aggregator", "round", "new", "--data-dir", str(agg_dir), "--spec", str(spec_path),
+        "--start", f"+{params.start_seconds}",
+    )
+    round_id = out.strip().splitlines()[-1]
+    # Blind issuance and token verification in worker processes: the
+    # aggregator's one interpreter then only serves HTTP and the sink.
+    aggregator = await children.start(
+        "aggregator",
+        anonml_command(
+            "aggregator", "run", "--data-dir", str(agg_dir), "--round", round_id,
+            "--linger", f"{max(LINGER_SECONDS, linger + 5):g}", "--processes", str(AGGREGATOR_PROCESSES),
+            # The report then carries the AUC on the held-out rows.
+            "--test-file", str(write_test_file(data, work)),
+        ),
+        restart=True, done=lambda code: code in AGGREGATOR_ENDS,
+    )
+    return round_id, aggregator
+
+
+async def follow_round(children: Children, network: Network, workers: list[Child], aggregator: Child,
+                       progress: Progress, console: Any, started: float) -> None:
+    """Show the round's progress until it has ended and the peers are done (or have had their grace)."""
+    from anonml.display import StatusBoard
+    from anonml.peer import AggregatorClient
+
+    client = AggregatorClient(network.url, max_connections=2, retry_for=1.0)
+    ended_at: float | None = None
+    next_scrape = 0.0
+    try:
+        async with trio.open_nursery() as readers:
+            for worker in workers:
+                assert worker.process is not None
+                readers.start_soon(read_worker, worker.process, progress)
+            # A live table on a terminal; piped, a line whenever the phase changes and every 5 s.
+            with StatusBoard(f"anonml demo — {progress.peers} peers", stream=console.file, interval=5.0, live=console.is_terminal) as board:
+                while True:
+                    try:
+                        progress.status = await client.status()
+                    except Exception:  # noqa: BLE001 - the aggregator may be restarting; keep the last status
+                        pass
+                    if trio.current_time() >= next_scrape:
+                        next_scrape = trio.current_time() + 2.0
+                        for i, port in enumerate(network.metrics_ports):
+                            progress.relays[i] = await scrape_relay(port) or progress.relays.get(i, {})
+                    board.update(phase_rows(progress, progress.peers), key=progress.status.phase if progress.status else "starting")
+                    progress.peak_rss_mb = max(progress.peak_rss_mb, resident_mb([*children.pids(), os.getpid()]))
+                    ended = progress.status is not None and progress.status.phase in ("done", "failed")
+                    if ended or aggregator.finished:
+                        # Peers finish before t_r; after the round nothing is left for them to do.
+                        ended_at = trio.current_time() if ended_at is None else ended_at
+                        if all(w.finished for w in workers) or trio.current_time() - ended_at > PEER_GRACE_SECONDS:
+                            break
+                    await trio.sleep(0.25)
+            for worker in workers:
+                children.stop(worker)
+            readers.cancel_scope.cancel()
+    finally:
+        await client.aclose()
+
+
+async def collect_report(aggregator: Child, round_dir: Path, children: Children, console: Any, url: str,
+                         linger: float = 0.0) -> dict[str, Any]:
+    """The round's report once the aggregator has written it (or has ended without one)."""
+    report_path = round_dir / "report.json"
+    with trio.move_on_after(120):
+        while not aggregator.finished and not report_path.is_file():
+            await trio.sleep(0.2)
+    if linger > 0 and not aggregator.finished:
+        console.print(f"    the dashboard stays up for {linger:g} s more: {url}/dashboard")
+        await trio.sleep(linger)
+    # The aggregator lingers so peers can read the final receipt log; they are done.
+    children.stop(aggregator)
+    return json.loads(report_path.read_text()) if report_path.is_file() else {}
+
+
+async def run_demo(data: DemoData, peers: int, epsilon: float, workers: int, seed: int, work: Path, console: Any,
+                   linger: float = 0.0) -> tuple[dict[str, Any], DemoParams]:
+    """Run one complete round; returns the summary figures and the round's parameters."""
+    started = time.monotonic()
+    rows = data.train_rows[:peers]
+    progress = Progress(peers=len(rows))
+    network = Network()
+    agg_dir = work / "aggregator"
+
+    def on_restart(child: Child, returncode: int) -> None:
+        progress.exits.append(f"{child.name} ({returncode})")
+
+    def step(number: int, text: str) -> None:
+        console.print(f"[bold]{number}/6[/] {time.monotonic() - started:5.1f} s  {text}")
+
+    async with open_children(work / "logs", on_restart=on_restart) as children:
+        step(1, f"starting {len(rows)} peers in {workers} worker processes, {RELAYS} relays and the aggregator's identity")
+        # The workers start first: their start-up overlaps the operators' commands.
+        peer_workers = await start_workers(children, data, rows, work, workers, seed, network.url)
+        identity, process_start = await init_aggregator(children, agg_dir)
+        descriptors = await start_relays(children, work, network, identity)
+        step(2, "measuring each phase's cost on this machine to size the round's windows")
+        costs = await measure_costs(RELAYS, process_start)
+        params = plan_round(data, len(rows), epsilon, workers, seed, costs)
+        console.print("    " + describe_plan(costs, params))
+        step(3, "the aggregator opens the round (anonml aggregator round new / run)")
+        round_id, aggregator = await open_round(children, work, agg_dir, data, params, descriptors, network, linger)
+        console.print(f"    round manifest hash (the round id): {round_id}")
+        console.print(f"    live dashboard: {network.url}/dashboard")
+        step(4, "the peers join the round")
+        await follow_round(children, network, peer_workers, aggregator, progress, console, started)
+        if progress.status is None:
+            raise ChildFailed(f"the round never started; see {work / 'logs' / 'aggregator.log'}")
+        step(5, "the round is over; the aggregator writes its report")
+        round_dir = agg_dir / "rounds" / round_id
+        report = await collect_report(aggregator, round_dir, children, console, network.url, linger)
+        if report:
+            # What the aggregator's operator reads at the end of a round.
+            out = await children.run("aggregator-report", "aggregator", "report", "--data-dir", str(agg_dir), round_id)
+            for line in out.splitlines():
+                console.print(f"    {line}")
+    step(6, "evaluating the published model on the held-out rows")
+    summary = summarise(data, params, progress, report, work, time.monotonic() - started)
+    summary["costs"] = costs.to_dict()
+    summary["auc"] = held_out_auc(data, round_dir / "model.pickle")
+    summary["report_path"] = str(round_dir / "report.html")
+    return summary, params
+
+
+def describe_plan(costs: PhaseCosts, params: DemoParams) -> str:
+    """One line: the measured per-unit costs and the windows they give."""
+    return (
+        f"per peer: register {1e3 * costs.register:.1f} ms, credential {1e3 * costs.issue:.1f} ms, "
+        f"HTTP {1e3 * costs.http:.1f} ms; per message: token+packet {1e3 * costs.token:.1f} ms, "
+        f"verify {1e3 * costs.verify:.1f} ms; process start {costs.process_start:.1f} s -> windows (s): "
+        f"register {params.register_seconds}, issue {params.issue_seconds}, "
+        f"median {params.median_rounds}x({params.send_window}+{params.delivery_window}), "
+        f"data {params.data_send_window}+{params.data_delivery_window}; round {params.total_seconds()} s"
+    )

@@ -1,0 +1,143 @@
+"""The demo's closing summary: participation, what was accepted and what was
+lost, epsilon, AUC beside the non-private baseline, time, memory; and the
+exit code that says whether the round delivered.
+"""
+
+from __future__ import annotations
+
+import resource
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from anonml.demo._data import DemoData, baseline_auc
+from anonml.demo._progress import Progress
+from anonml.demo._schedule import DemoParams
+
+def summarise(data: DemoData, params: DemoParams, progress: Progress, report: dict[str, Any], work: Path, seconds: float) -> dict[str, Any]:
+    epsilons = [e for s in progress.summaries.values() for e in s.get("epsilon", [])]
+    total = Counter[str]()
+    for s in progress.summaries.values():
+        for key in ("joined", "packets", "sends", "resends", "acknowledged", "missing", "unconfirmed"):
+            total[key] += int(s.get(key, 0))
+    status = progress.status
+    counts = dict(status.counts) if status is not None else {}
+    rejected = dict(status.rejected) if status is not None else {}
+    return {
+        "dataset": data.name,
+        "peers": progress.peers,
+        "registered": counts.get("registered", 0),
+        "credentials": counts.get("credentials", 0),
+        "joined": total["joined"],
+        "packets": total["packets"],
+        "sends": total["sends"],
+        "resends": total["resends"],
+        "receipts": total["acknowledged"],
+        "missing": total["missing"],
+        "unconfirmed": total["unconfirmed"],
+        "accepted": counts.get("accepted", 0),
+        "rejected": rejected,
+        "peer_errors": progress.errors,
+        "relay_drops": dict(progress.relay_drops()),
+        "relay_forwarded": sum(int(m.get("forwarded", 0)) for m in progress.relays.values()),
+        "epsilon_local_max": max(epsilons, default=0.0),
+        "epsilon_local_mean": float(np.mean(epsilons)) if epsilons else 0.0,
+        "report": report,
+        "phase": status.phase if status is not None else "unknown",
+        "baseline_auc": baseline_auc(data),
+        "wall_seconds": seconds,
+        "work_dir": str(work),
+        # ru_maxrss is in KiB on Linux; for RUSAGE_CHILDREN it is the largest child.
+        "peak_rss_mb_demo": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
+        "peak_rss_mb_children": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024.0,
+        "peak_rss_mb_total": progress.peak_rss_mb,
+        "restarted": list(progress.exits),
+    }
+
+
+# The demo fails when the aggregator accepted fewer of the peers' messages than this.
+MIN_ACCEPTED_FRACTION = 0.99
+EXIT_ROUND_FAILED = 3
+EXIT_MESSAGES_LOST = 4
+
+
+def accepted_fraction(summary: dict[str, Any]) -> float:
+    """Accepted messages over the messages the peers prepared (1.0 when none were prepared)."""
+    return float(summary["accepted"]) / summary["packets"] if summary["packets"] else 1.0
+
+
+def exit_code(summary: dict[str, Any]) -> int:
+    """0 when the round is done and lost at most 1% of the prepared messages."""
+    if summary["phase"] != "done":
+        return EXIT_ROUND_FAILED
+    if accepted_fraction(summary) < MIN_ACCEPTED_FRACTION:
+        return EXIT_MESSAGES_LOST
+    return 0
+
+
+def experiment_command(params: DemoParams, data_dir: Path, n_train: int) -> str:
+    """The in-process ``anonml experiment`` closest to this round: its AUC is the demo's yardstick.
+
+    Same plan, ε and weighted vote; both ask every peer's budget to cover a
+    median answer (``median_peers="all"``) and run as many median steps. Not
+    identical: the round's sub-round ``i`` asks partition ``i`` only, while
+    the experiment deals all peers over the steps (with k_p = 12 and 4 steps,
+    3 times as many answers per step), so the round's medians are noisier.
+    """
+    args = [
+        "anonml", "experiment", "adult", "--data-dir", str(data_dir), "--epsilon", f"{params.epsilon:g}",
+        "--plan", params.plan, "--kp", str(params.k_p), "--ks", str(params.k_s),
+    ]
+    if params.plan == "split":
+        args += ["--kh", str(params.k_h)]
+    args += ["--median-peers", "all", "--median-steps", str(max(params.median_rounds, 1)), "--vote", "weighted"]
+    if params.peers is not None and params.peers < n_train:
+        args += ["--max-train-rows", str(max(50, params.peers))]
+    return " ".join(args)
+
+
+def print_summary(console: Any, summary: dict[str, Any], params: DemoParams) -> None:
+    from rich.table import Table
+
+    table = Table(title="round summary", show_header=False)
+    table.add_column("what")
+    table.add_column("figure", justify="right")
+    sent = summary["sends"]
+    accepted = summary["accepted"]
+    table.add_row("outcome", summary["phase"])
+    table.add_row("peers registered / answered", f"{summary['registered']} / {summary['joined']} of {summary['peers']}")
+    table.add_row("packets: messages / sends (incl. resends)", f"{summary['packets']} / {sent} ({summary['resends']} resent)")
+    table.add_row(
+        "accepted by the aggregator",
+        f"{accepted} ({100.0 * accepted_fraction(summary):.2f}% of messages; the demo fails below {100 * MIN_ACCEPTED_FRACTION:g}%)",
+    )
+    if summary["restarted"]:
+        table.add_row("processes restarted after dying", ", ".join(summary["restarted"]))
+    table.add_row("receipts found / missing / unconfirmed", f"{summary['receipts']} / {summary['missing']} / {summary['unconfirmed']}")
+    table.add_row("rejected by reason", ", ".join(f"{k}: {v}" for k, v in sorted(summary["rejected"].items())) or "none")
+    table.add_row("dropped by relays", ", ".join(f"{k}: {v}" for k, v in sorted(summary["relay_drops"].items())) or "none")
+    promised = (summary["report"].get("privacy") or {}).get("eps_total_local", params.epsilon)
+    table.add_row("epsilon per peer, local (eq. 7.4)", f"max {summary['epsilon_local_max']:.3g}, promised {promised:.3g}")
+    central = (summary["report"].get("privacy") or {}).get("central_per_survey") or {}
+    if "epsilon" in central:
+        # Each data report hides among its partition's n unlinkable reports
+        # (Feldman-McMillan-Talwar); a peer's k_h reports compose.
+        table.add_row(
+            "epsilon, central (shuffle bound)",
+            f"{central['epsilon']:.3g} per report (n={central['n']}, delta={central['delta']:.1e}); "
+            f"{params.k_h * central['epsilon']:.3g} for a peer's {params.k_h} reports",
+        )
+    auc = summary.get("auc")
+    table.add_row("AUC on held-out data", f"{auc:.4f}" if isinstance(auc, float) else "n/a")
+    table.add_row("AUC, non-private logistic regression", f"{summary['baseline_auc']:.4f}")
+    if "experiment_command" in summary:
+        table.add_row("closest round without the network (compare its AUC)", summary["experiment_command"])
+    table.add_row("wall time", f"{summary['wall_seconds']:.1f} s")
+    table.add_row(
+        "peak memory (all processes / demo / largest child)",
+        f"{summary['peak_rss_mb_total']:.0f} MB / {summary['peak_rss_mb_demo']:.0f} MB / {summary['peak_rss_mb_children']:.0f} MB",
+    )
+    table.add_row("report", summary.get("report_path", summary["work_dir"]))
+    console.print(table)

@@ -1,0 +1,75 @@
+"""The demo's supervision and planning, without a round: children restarted
+when they die and all stopped (descendants included) when the block ends;
+windows that grow with the measured costs and always hold a restart."""
+
+from __future__ import annotations
+
+import signal
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from types import SimpleNamespace
+
+import psutil
+import trio
+
+from anonml.demo import open_children
+from anonml.demo._calibrate import PhaseCosts
+from anonml.demo._schedule import plan_round, recovery_seconds
+
+# A child that starts a grandchild in its process group (as the aggregator
+# starts its issuer workers), then waits.
+PARENT = (
+    "import subprocess, sys, time; "
+    "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']); "
+    "print('ready', flush=True); time.sleep(600)"
+)
+
+
+async def wait_for(condition: Callable[[], bool], what: str) -> None:
+    # Real processes start in real time: a hang guard, not a deadline.
+    with trio.move_on_after(120):
+        while not condition():
+            await trio.sleep(0.05)
+        return
+    raise AssertionError(f"still waiting for {what}")
+
+
+async def test_a_killed_child_is_restarted_and_nothing_outlives_the_block(tmp_path: Path) -> None:
+    restarted: list[int] = []
+    seen: list[psutil.Process] = []
+    async with open_children(tmp_path / "logs", restart_delay=0.0, on_restart=lambda _, code: restarted.append(code)) as children:
+        child = await children.start("sleeper", [sys.executable, "-c", PARENT], restart=True)
+        await wait_for(lambda: len(children.pids()) == 2, "the child and its grandchild")
+        seen += [psutil.Process(pid) for pid in children.pids()]
+        assert children.kill(child, signal.SIGKILL)
+        await wait_for(lambda: child.starts == 2 and len(children.pids()) == 2, "the restart")
+        seen += [psutil.Process(pid) for pid in children.pids()]
+        once = await children.start("once", [sys.executable, "-c", "import sys; sys.exit(5)"])
+        await wait_for(lambda: once.finished, "the one-shot child")
+    assert restarted == [-signal.SIGKILL]
+    assert once.starts == 1 and once.exits == [5]
+    # The first grandchild was killed with its group when its parent died; the rest at the end.
+    _, alive = psutil.wait_procs(seen, timeout=30)
+    assert alive == []
+    assert child.finished and child.exits[-1] == -signal.SIGTERM
+
+
+def costs(scale: float) -> PhaseCosts:
+    return PhaseCosts(register=1e-3 * scale, issue=10e-3 * scale, token=10e-3 * scale, relay_hop=1.5e-3 * scale,
+                      verify=8e-3 * scale, http=8e-3 * scale, process_start=1.5 * scale)
+
+
+def test_windows_grow_with_the_measured_costs_and_always_hold_a_restart() -> None:
+    data = SimpleNamespace(name="breast-cancer")
+    idle = plan_round(data, 398, 2.0, 2, 0, costs(1.0))  # type: ignore[arg-type]
+    busy = plan_round(data, 398, 2.0, 2, 0, costs(3.0))  # type: ignore[arg-type]
+    windows = ("register_seconds", "issue_seconds", "send_window", "delivery_window", "data_send_window", "data_delivery_window")
+    for name in windows:
+        assert getattr(busy, name) > getattr(idle, name), name
+        assert getattr(idle, name) >= recovery_seconds(costs(1.0)), name
+    # Each relay's slice of a delivery window holds a restart (protocol.hop_windows gives path_length + 1 slices).
+    assert idle.delivery_window / 4 >= recovery_seconds(costs(1.0))
+    # More peers, more time for the per-peer phases.
+    bigger = plan_round(data, 4000, 2.0, 2, 0, costs(1.0))  # type: ignore[arg-type]
+    assert bigger.register_seconds > idle.register_seconds and bigger.data_send_window > idle.data_send_window
