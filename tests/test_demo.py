@@ -128,13 +128,13 @@ def test_a_signal_to_the_demo_stops_every_process_it_started(tmp_path: Path, sig
     demo = start_demo(tmp_path / "work", "--peers", "20")
     try:
         wait_for_line(demo, "the peers join the round")
-        # The aggregator's issuer workers are its children: wait until they run too.
-        aggregator = child_named(demo, "aggregator", "run", "--round")
+        # 3 relays, 2 peer workers, the aggregator, and its children: the
+        # resource tracker and 2 issuer workers, which start a little later.
+        everything = 3 + 2 + 1 + 3
         deadline = time.monotonic() + 120
-        while not aggregator.children() and time.monotonic() < deadline:
+        while len(started := descendants(demo.pid)) < everything and time.monotonic() < deadline:
             time.sleep(0.2)
-        started = descendants(demo.pid)
-        assert len(started) >= 3 + 1 + 2 + 2, [p.cmdline() for p in started]  # relays, aggregator, its workers, peer workers
+        assert len(started) >= everything, [p.cmdline() for p in started]
         demo.send_signal(signum)
         output, _ = demo.communicate(timeout=120)
     finally:

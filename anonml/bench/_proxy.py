@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 import trio
 
 CHUNK = 65536
-# A reset happens within the first this-many bytes of a connection, so it
-# hits a link's hello, a frame or an acknowledgement alike.
-RESET_WITHIN_BYTES = 16384
+# A reset happens within the first this-many bytes of a connection (a link's
+# hello and its first 2 KiB packet), so it hits a hello, a frame or an ack alike.
+RESET_WITHIN_BYTES = 4096
 
 
 @dataclass(frozen=True)

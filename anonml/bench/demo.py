@@ -21,7 +21,7 @@ import click
 import trio
 
 from anonml.cli import anonml_command
-from anonml.demo import open_children
+from anonml.demo import open_children, until_signalled
 
 HOG = "while True: pass"
 
@@ -69,7 +69,10 @@ def bench_demo(runs: int, hogs: int, peers: int | None, work_dir: Path | None, a
     """Run `anonml demo` RUNS times with HOGS busy processes; exit codes and accepted fractions."""
     work = work_dir or Path(tempfile.mkdtemp(prefix="anonml-bench-demo-"))
     work.mkdir(parents=True, exist_ok=True)
-    report = trio.run(run_acceptance, runs, hogs, peers, work)
+    report = trio.run(until_signalled, run_acceptance, runs, hogs, peers, work)
+    if isinstance(report, int):
+        click.echo(f"stopped by signal {report}; the hogs and any demo were stopped", err=True)
+        sys.exit(128 + report)
     if as_json:
         click.echo(json.dumps(report, indent=2))
     else:

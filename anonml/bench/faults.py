@@ -34,7 +34,7 @@ import trio
 
 from anonml.bench._audit import audit_round
 from anonml.bench._proxy import LinkFaults, LossyProxy, serve_lossy_proxy
-from anonml.demo import Child, Children, open_children
+from anonml.demo import Child, Children, open_children, until_signalled
 from anonml.demo._calibrate import measure_costs
 from anonml.demo._data import breast_cancer_data
 from anonml.demo._ports import HOST, free_port
@@ -168,7 +168,10 @@ def bench_faults(peers: int, events: int, downtime: float, drop: float, reset: f
     work = work_dir or Path(tempfile.mkdtemp(prefix="anonml-faults-"))
     work.mkdir(parents=True, exist_ok=True)
     plan = FaultPlan(events, seed, downtime, LinkFaults(drop=drop, reset=reset, delay=delay))
-    result = trio.run(run_faults, peers, plan, work, console)
+    result = trio.run(until_signalled, run_faults, peers, plan, work, console)
+    if isinstance(result, int):
+        click.echo(f"stopped by signal {result}; every child process was stopped; files in {work}", err=True)
+        raise SystemExit(128 + result)
     if as_json:
         click.echo(json.dumps(result, indent=2, sort_keys=True))
         return

@@ -18,8 +18,8 @@ windows and spec), ``_progress`` (what is shown while it runs), ``_summary``,
 
 from __future__ import annotations
 
-from anonml.demo._children import Child, ChildFailed, Children, open_children, resident_mb
+from anonml.demo._children import Child, ChildFailed, Children, open_children, resident_mb, until_signalled
 from anonml.demo._command import demo
 from anonml.demo._ports import free_port
 
-__all__ = ["Child", "ChildFailed", "Children", "demo", "free_port", "open_children", "resident_mb"]
+__all__ = ["Child", "ChildFailed", "Children", "demo", "free_port", "open_children", "resident_mb", "until_signalled"]

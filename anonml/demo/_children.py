@@ -13,16 +13,19 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 import click
 import psutil
 import trio
 
 from anonml.cli import anonml_command
+
+T = TypeVar("T")
 
 # How long a child has to exit after SIGTERM before it is killed.
 STOP_GRACE_SECONDS = 10.0
@@ -213,3 +216,28 @@ def resident_mb(pids: Sequence[int]) -> float:
         with suppress(psutil.Error):
             total += psutil.Process(pid).memory_info().rss
     return total / 2**20
+
+
+async def until_signalled(function: Callable[..., Awaitable[T]], *args: object) -> T | int:
+    """``await function(*args)``, or the number of the signal (SIGINT or SIGTERM) that cancelled it first.
+
+    Either signal cancels ``function``; the children it opened with
+    :func:`open_children` are stopped on the way out.
+    """
+    outcome: list[T | int] = []
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with trio.open_nursery() as nursery:
+
+            async def stop_on_signal() -> None:
+                async for signum in signals:
+                    outcome.append(int(signum))
+                    nursery.cancel_scope.cancel()
+                    return
+
+            async def run() -> None:
+                outcome.append(await function(*args))
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(stop_on_signal)
+            nursery.start_soon(run)
+    return outcome[0]

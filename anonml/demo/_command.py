@@ -11,36 +11,13 @@ import json
 import signal
 import tempfile
 from pathlib import Path
-from typing import Any
-
 import click
 import trio
 
-from anonml.demo._data import DemoData, adult_data, breast_cancer_data
+from anonml.demo._data import adult_data, breast_cancer_data
+from anonml.demo._children import until_signalled
 from anonml.demo._run import run_demo
 from anonml.demo._summary import exit_code, experiment_command, print_summary
-
-
-async def _until_signalled(data: DemoData, peers: int, epsilon: float, workers: int, seed: int, work: Path,
-                           console: Any, linger: float) -> tuple[dict[str, Any], Any] | int:
-    """The demo's result, or the number of the signal that stopped it."""
-    outcome: list[tuple[dict[str, Any], Any] | int] = []
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        async with trio.open_nursery() as nursery:
-
-            async def stop_on_signal() -> None:
-                async for signum in signals:
-                    outcome.append(int(signum))
-                    nursery.cancel_scope.cancel()
-                    return
-
-            async def demo_round() -> None:
-                outcome.append(await run_demo(data, peers, epsilon, workers, seed, work, console, linger))
-                nursery.cancel_scope.cancel()
-
-            nursery.start_soon(stop_on_signal)
-            nursery.start_soon(demo_round)
-    return outcome[0]
 
 
 @click.command("demo")
@@ -77,7 +54,7 @@ def demo(peers: int | None, dataset: str, data_dir: Path | None, epsilon: float,
     n = min(peers or len(data.train_rows), len(data.train_rows))
     work = work_dir or Path(tempfile.mkdtemp(prefix="anonml-demo-"))
     work.mkdir(parents=True, exist_ok=True)
-    result = trio.run(_until_signalled, data, n, epsilon, workers, seed, work, console, linger)
+    result = trio.run(until_signalled, run_demo, data, n, epsilon, workers, seed, work, console, linger)
     if isinstance(result, int):
         console.print(f"stopped by {signal.Signals(result).name}; every child process was stopped; files in {work}")
         raise SystemExit(128 + result)
