@@ -15,14 +15,14 @@ import json
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
 import numpy as np
 from nacl.signing import SigningKey
 
-from anonml.aggregator._store import RegistrationRefused, RoundStore
+from anonml.aggregator._store import Refusal, Registered, Registration, RoundStore
 from anonml.crypto import (
     IssueJob,
     IssuerSecretKey,
@@ -30,29 +30,37 @@ from anonml.crypto import (
     issue_credentials,
 )
 from anonml.errors import AnonMLError
-from anonml.mechanisms import FrequencyOracle, QuantileSearch, make_oracle
+from anonml.mechanisms import FrequencyOracle, QuantileSearch
 from anonml.protocol import (
+    Check,
     CredentialRequest,
     CredentialResponse,
     FeatureSpec,
+    HeadsResponse,
     InvalidApiMessage,
     InvalidMessage,
     MedianResults,
     MedianThresholds,
     NumericFeature,
-    ReceiptLog,
+    PartitionPlan,
+    PhaseTimes,
+    ReceiptSegment,
     RegisterRequest,
+    RosterHead,
     RosterResponse,
     RoundManifest,
+    RoundPhase,
     RoundStatus,
+    SignedDocument,
     SignedManifest,
     SurveyId,
     SurveyKind,
+    TreeHead,
     acceptance_window,
-    assign_partitions,
     decode_median_report,
-    derive_subsets,
+    log_consistency_proof,
     phase_at,
+    receipt_leaves_root,
 )
 
 Clock = Callable[[], float]
@@ -93,6 +101,30 @@ class RoundSecrets:
     final_hop_private_key: bytes
 
 
+@dataclass
+class Snapshots:
+    """Responses every peer fetches alike, encoded and signed once off the event loop (issue 13).
+
+    Built at the moments they change (the roster when registration closes,
+    the log segments at each scheduled check, the status every second) and
+    served as bytes: a request never rebuilds them.
+    """
+
+    roster: bytes | None = None
+    roster_head: bytes | None = None
+    segments: dict[tuple[SurveyKind, int, Check], bytes] = field(default_factory=dict)
+    heads: bytes | None = None
+    status: bytes | None = None
+    report: bytes | None = None
+
+
+def registration_outcome(outcome: Registered | Refusal) -> bool:
+    """True for a new registration, False for a repeat; raises ApiRefused(403) for a refusal."""
+    if isinstance(outcome, Refusal):
+        raise ApiRefused(403, outcome.reason)
+    return outcome is Registered.NEW
+
+
 class RoundState:
     """Everything the aggregator knows and decides about one round."""
 
@@ -108,10 +140,12 @@ class RoundState:
         self.spec = FeatureSpec.from_dict(dict(self.manifest.features))
         self.numeric = self.spec.numeric_names
         self._manifest_json = signed.to_json()
-        self._receipts_cache: tuple[int, bytes] | None = None
-        self._roster_cache: tuple[tuple[int, bool], bytes] | None = None
         self.roster_final = False
         """Set when registration has closed and every admitted registration is stored."""
+        self.plan: PartitionPlan | None = None
+        """Partitions, subsets and oracles, derived from the final roster (set by :meth:`prepare`)."""
+        self.snapshots = Snapshots()
+        """Encoded, signed responses built off the event loop (issue 13): served as they are."""
         self.learning_started_at: int | None = None
         """Set by the driver when the data phase's delivery window has closed."""
         self.link_errors: Counter[str] = Counter()
@@ -127,10 +161,10 @@ class RoundState:
 
     # -- phases ---------------------------------------------------------------
 
-    def outcome(self) -> str | None:
-        """``"done"`` or ``"failed"`` once the round has ended, else None."""
+    def outcome(self) -> RoundPhase | None:
+        """``DONE`` or ``FAILED`` once the round has ended, else None."""
         value = self.store.get_result("outcome")
-        return None if value is None else json.loads(value)["phase"]
+        return None if value is None else RoundPhase(json.loads(value)["phase"])
 
     def participation_failure(self, now: int) -> str | None:
         """Why the round cannot go on at ``now``, if minimum participation is missed."""
@@ -152,23 +186,19 @@ class RoundState:
         counts = self.store.counts()
         counts["awaiting-verification"] = self.store.inbox_size()
         counts.update({f"link/{reason}": count for reason, count in sorted(self.link_errors.items())})
+        counts.update({reason if reason.startswith("cover/") else "cover/counted": count for reason, count in self.store.covers().items()})
         return RoundStatus(
             self.round_id, phase, sub_round, now, self.manifest.schedule.to_dict(), counts, self.store.rejections()
         )
+
+    def refresh_status(self, now: int) -> None:
+        """Sign and encode the status snapshot (``GET /v1/status`` serves the latest one)."""
+        self.snapshots.status = self.status(now).sign(self.secrets.signing_key).to_json()
 
     # -- announce, register, roster ------------------------------------------------
 
     def manifest_json(self) -> bytes:
         return self._manifest_json
-
-    def receipts_json(self) -> bytes:
-        """The whole receipt log (DESIGN.md §5), re-encoded only when a packet was accepted since."""
-        version = self.store.packets_version
-        if self._receipts_cache is None or self._receipts_cache[0] != version:
-            log = self.store.receipts()
-            body = ReceiptLog({survey: tuple(digests) for survey, digests in log.items()}).to_json()
-            self._receipts_cache = (version, body)
-        return self._receipts_cache[1]
 
     def admit_registration(self, request: RegisterRequest) -> int | None:
         """Check a registration request; the time to record it with, or None if there is nothing to record.
@@ -184,15 +214,21 @@ class RoundState:
             raise ApiRefused(403, "registration has closed")
         return now
 
-    def register(self, request: RegisterRequest) -> bool:
+    def register(self, request: RegisterRequest, client: str = "local") -> bool:
         """Admit and record one registration now; True if new (the HTTP path batches commits instead)."""
         now = self.admit_registration(request)
         if now is None:
             return False
-        try:
-            return self.store.register(request.identity_key, request.invitation, self.manifest.registration, now)
-        except RegistrationRefused as exc:
-            raise ApiRefused(403, exc.reason) from None
+        (outcome,) = self.store.register_many([Registration(request.entry, request.invitation, client, now)], **self.registration_rules())
+        return registration_outcome(outcome)
+
+    def registration_rules(self) -> dict[str, Any]:
+        """The policy and caps :meth:`RoundStore.register_many` applies (DESIGN.md §3 step 2)."""
+        return {
+            "policy": self.manifest.registration,
+            "max_roster": self.manifest.max_roster,
+            "max_per_client": int(self.store.get_meta("max_per_client") or b"1"),
+        }
 
     def close_registration(self) -> None:
         """Freeze the roster (registration has closed and every admitted request is stored): the seed may be revealed."""
@@ -205,53 +241,50 @@ class RoundState:
         return self.roster_final and now >= self.manifest.schedule.t_register_end
 
     def roster(self) -> RosterResponse:
-        seed = self.secrets.seed if self.seed_revealed(self.now()) else None
-        return RosterResponse.create(self.secrets.signing_key, self.round_id, self.store.roster(), seed)
+        """The signed roster: every entry and the head committing to them, with the seed once revealed."""
+        seed = self.secrets.seed if self.roster_final else None
+        return RosterResponse.create(self.secrets.signing_key, self.round_id, self.store.roster_entries(), seed)
 
-    def roster_json(self) -> bytes:
-        """``GET /v1/roster``, signed and encoded once per roster change (every peer fetches it)."""
-        key = (self.store.registrations_version, self.seed_revealed(self.now()))
-        if self._roster_cache is None or self._roster_cache[0] != key:
-            self._roster_cache = (key, self.roster().to_json())
-        return self._roster_cache[1]
-
-    @cached_property
-    def _assignment(self) -> dict[bytes, int]:
-        # Only computed after t_register_end, when the roster is final.
-        roster = self.store.roster()
-        assignment = assign_partitions(self.secrets.seed, roster, self.manifest.k_p)
-        return {key: int(partition) for key, partition in zip(roster, assignment.partition)}
+    def freeze_roster(self) -> PartitionPlan:
+        """Build the final roster, its snapshots and the partition plan (once; in a thread: it signs and hashes every entry)."""
+        if self.plan is None:
+            roster = self.roster()  # entries verified one by one at registration
+            head = RosterHead.from_document(roster.head)
+            self.snapshots.roster = roster.to_json()
+            self.snapshots.roster_head = roster.head.to_json()
+            self.plan = PartitionPlan.derive(self.manifest, self.spec, roster.keys, self.secrets.seed, head.root)
+        return self.plan
 
     def assignment(self) -> dict[bytes, int]:
         """Identity key → partition (DESIGN.md §3 step 3); raises ApiRefused before the roster is final."""
-        if not self.seed_revealed(self.now()):
+        if not self.seed_revealed(self.now()) or self.plan is None:
             raise ApiRefused(409, "the roster is not final before t_register_end")
-        return self._assignment
+        return self.plan.partition_of
 
     def prepare(self) -> None:
         """Close registration and derive partitions, subsets and oracles from the final roster.
 
         The caller has stored every admitted registration (the driver drains
-        the registration batcher first). Called on the event loop, so
-        verification threads only read these (they must not consult the
-        clock: under trio's MockClock it is only readable from the loop).
+        the registration batcher first, and calls :meth:`freeze_roster` in a
+        thread before this when it can).
         """
         if self.now() >= self.manifest.schedule.t_register_end:
             self.close_registration()
-            _ = self._oracles
+            self.freeze_roster()
+
+    def _plan(self) -> PartitionPlan:
+        if self.plan is None:
+            raise RuntimeError("the partition plan is derived when registration closes")
+        return self.plan
 
     def partition_sizes(self) -> list[int]:
         """Peers per partition of the final roster (only meaningful after t_register_end)."""
-        sizes = [0] * self.manifest.k_p
-        for partition in self._assignment.values():
-            sizes[partition] += 1
-        return sizes
+        return list(self._plan().sizes)
 
-    @cached_property
+    @property
     def subsets(self) -> tuple[tuple[tuple[str, ...], ...], ...]:
-        """Feature subsets per partition, derived from the seed (protocol._plan)."""
-        m = self.manifest
-        return derive_subsets(self.secrets.seed, self.spec.names, m.plan, m.k_p, m.k_h, m.k_s)
+        """Feature subsets per partition, derived from the partition seed (protocol.PartitionPlan)."""
+        return self._plan().subsets
 
     # -- credentials ---------------------------------------------------------------
 
@@ -309,23 +342,8 @@ class RoundState:
         return survey.partition
 
     def data_oracle(self, partition: int, subset: int) -> FrequencyOracle:
-        """The frequency oracle of one data survey; ``"auto"`` chooses with the partition's size (DESIGN.md §8).
-
-        Peers make the same choice: the partition sizes follow from the signed roster and the seed.
-        """
-        return self._oracles[(partition, subset)]
-
-    @cached_property
-    def _oracles(self) -> dict[tuple[int, int], FrequencyOracle]:
-        sizes = self.partition_sizes()
-        oracles = {}
-        for partition, subsets in enumerate(self.subsets):
-            for index, subset in enumerate(subsets):
-                m = self.spec.domain_size(subset)
-                oracles[(partition, index)] = make_oracle(
-                    self.manifest.oracle, self.manifest.eps_data, m, n=max(sizes[partition], 1)
-                )
-        return oracles
+        """The frequency oracle of one data survey (``protocol.PartitionPlan.oracle``, as the peers choose it)."""
+        return self._plan().oracle(partition, subset)
 
     def check_report(self, survey: SurveyId, report: bytes) -> None:
         """Raise InvalidMessage unless ``report`` is a well-formed answer to ``survey``."""
@@ -369,31 +387,90 @@ class RoundState:
         if self.store.get_result(key) is None:
             values = tuple(float(search.thresholds()[0]) for search in self._searches_after(sub_round))
             published = MedianThresholds(sub_round, SurveyId.median(self.round_id, sub_round), self.numeric, values)
-            self.store.put_result(key, published.to_json())
+            self.store.put_result(key, published.sign(self.secrets.signing_key).to_json())
         return self.thresholds(sub_round)
+
+    def thresholds_json(self, sub_round: int) -> bytes | None:
+        """The signed thresholds of ``sub_round`` as served, or None before they are published."""
+        return self.store.get_result(f"thresholds/{sub_round}") if 0 <= sub_round < 2**16 else None
 
     def thresholds(self, sub_round: int) -> MedianThresholds | None:
         """The published thresholds of ``sub_round``, or None before they are published."""
-        stored = self.store.get_result(f"thresholds/{sub_round}") if 0 <= sub_round < 2**16 else None
-        return None if stored is None else MedianThresholds.from_json(stored)
+        stored = self.thresholds_json(sub_round)
+        return None if stored is None else MedianThresholds.from_document(SignedDocument.from_json(stored, max_bytes=len(stored)))
 
     def publish_medians(self) -> MedianResults:
         """Compute and store the final medians (once; after the last sub-round's batches are stored)."""
         if self.store.get_result("medians") is None:
             searches = self._searches_after(self.manifest.median_rounds)
             medians = MedianResults({n: float(s.estimates()[0]) for n, s in zip(self.numeric, searches)})
-            self.store.put_result("medians", medians.to_json())
+            self.store.put_result("medians", medians.sign(self.secrets.signing_key, self.round_id).to_json())
         published = self.medians()
         assert published is not None
         return published
 
+    def medians_json(self) -> bytes | None:
+        return self.store.get_result("medians")
+
     def medians(self) -> MedianResults | None:
         """The published final medians, or None before the median phase has ended."""
-        stored = self.store.get_result("medians")
-        return None if stored is None else MedianResults.from_json(stored)
+        stored = self.medians_json()
+        return None if stored is None else MedianResults.from_document(SignedDocument.from_json(stored, max_bytes=len(stored)))
 
-    def finish(self, phase: str, detail: dict[str, Any]) -> None:
-        self.store.put_result("outcome", json.dumps({"phase": phase, **detail}, sort_keys=True).encode())
+    # -- the receipt log (DESIGN.md §5) ----------------------------------------------------
+
+    def phase_surveys(self, phase: PhaseTimes) -> dict[tuple[SurveyKind, int], list[SurveyId]]:
+        """The surveys of one phase, grouped as peers fetch them: ``(kind, partition)`` → surveys."""
+        schedule = self.manifest.schedule
+        if phase is schedule.data:
+            return {
+                (SurveyKind.DATA, partition): [SurveyId.data(self.round_id, partition, i) for i in range(len(subsets))]
+                for partition, subsets in enumerate(self.subsets)
+            }
+        sub_round = schedule.median.index(phase)
+        return {(SurveyKind.MEDIAN, sub_round): [SurveyId.median(self.round_id, sub_round)]}
+
+    def publish_heads(self, phase: PhaseTimes, check: Check) -> None:
+        """Sign one head per survey of ``phase`` for ``check`` (once; durable) and rebuild the log snapshots.
+
+        Runs in a thread after every frame that arrived before the check
+        time is stored: the head covers exactly what was durable then.
+        """
+        for group in self.phase_surveys(phase).values():
+            for survey in group:
+                leaves = self.store.log_leaves(survey)
+                head = TreeHead(survey, check, len(leaves), receipt_leaves_root(leaves))
+                self.store.put_head(survey, check, head.size, head.sign(self.secrets.signing_key).to_json())
+        self.rebuild_log_snapshots()
+
+    def rebuild_log_snapshots(self) -> None:
+        """Encode every published segment and the heads document from the stored heads (also after a restart)."""
+        heads = self.store.heads()
+        by_key = {(survey, check): (size, document) for survey, check, size, document in heads}
+        segments: dict[tuple[SurveyKind, int, Check], bytes] = {}
+        if self.plan is not None:
+            for phase in self.manifest.schedule.phases:
+                for (kind, partition), group in self.phase_surveys(phase).items():
+                    for check in Check:
+                        if not all((survey, check) in by_key for survey in group):
+                            continue
+                        documents, leaves = [], {}
+                        for survey in group:
+                            size, document = by_key[(survey, check)]
+                            documents.append(SignedDocument.from_json(document, max_bytes=len(document)))
+                            leaves[survey] = tuple(self.store.log_leaves(survey, size))
+                        segments[(kind, partition, check)] = ReceiptSegment(tuple(documents), leaves).to_json()
+        proofs = {}
+        for (survey, check), (size, _) in by_key.items():
+            first = by_key.get((survey, Check.FIRST))
+            if check is Check.FINAL and first is not None:
+                proofs[survey] = log_consistency_proof(self.store.log_leaves(survey, size), first[0])
+        documents_all = tuple(SignedDocument.from_json(d, max_bytes=len(d)) for _, _, _, d in heads)
+        self.snapshots.segments = segments
+        self.snapshots.heads = HeadsResponse(documents_all, proofs).to_json()
+
+    def finish(self, phase: RoundPhase, detail: dict[str, Any]) -> None:
+        self.store.put_result("outcome", json.dumps({"phase": str(phase), **detail}, sort_keys=True).encode())
 
 
 def message_hash(bound: bytes) -> bytes:

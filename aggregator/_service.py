@@ -8,6 +8,7 @@ bound addresses, then drives the round through its phases by the schedule
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -29,26 +30,36 @@ from anonml.aggregator._round import (
     Clock,
     RoundState,
     issuance_refused,
+    registration_outcome,
 )
+from anonml.aggregator._store import Refusal, Registered, Registration
 from anonml.aggregator._sink import PacketSink
 from anonml.aggregator._workers import IssuerWorkers
 from anonml.crypto import IssueJob
 from anonml.protocol import (
     MAX_REQUEST_BYTES,
     PATH_CREDENTIAL,
+    PATH_HEADS,
     PATH_MANIFEST,
+    PATH_MEDIAN,
     PATH_MEDIANS,
     PATH_RECEIPTS,
     PATH_REGISTER,
     PATH_REPORT,
     PATH_ROSTER,
+    PATH_ROSTER_HEAD,
     PATH_STATUS,
+    Check,
     CredentialRequest,
     CredentialResponse,
+    DocumentKind,
     ErrorResponse,
     InvalidApiMessage,
     RegisterRequest,
     RegisterResponse,
+    RoundPhase,
+    SignedDocument,
+    SurveyKind,
 )
 
 log = logging.getLogger(__name__)
@@ -172,22 +183,23 @@ class GroupCommit(Generic[Item, Outcome]):
             await trio.sleep(0.01)
 
 
-class RegistrationBatcher(GroupCommit[tuple[bytes, str | None, int], "bool | str"]):
+class RegistrationBatcher(GroupCommit[Registration, Registered | Refusal]):
     """Registrations, group-committed; the roster waits for :meth:`drain` (DESIGN.md §3 step 2-3)."""
 
     def __init__(self, state: RoundState) -> None:
-        super().__init__(lambda items: state.store.register_many(items, state.manifest.registration))
+        super().__init__(lambda items: state.store.register_many(items, **state.registration_rules()))
         self.state = state
 
-    async def register(self, request: RegisterRequest) -> bool:
-        """Admit, wait for the commit; True if newly registered. Raises ApiRefused."""
+    async def register(self, request: RegisterRequest, client: str) -> bool:
+        """Admit, wait for the commit; True if newly registered. Raises ApiRefused.
+
+        ``client`` is the address the request came from: the open policy's
+        Sybil cap counts identities per client.
+        """
         now = self.state.admit_registration(request)
         if now is None:
             return False
-        outcome = await self.submit((request.identity_key, request.invitation, now))
-        if isinstance(outcome, str):
-            raise ApiRefused(403, outcome)
-        return outcome
+        return registration_outcome(await self.submit(Registration(request.entry, request.invitation, client, now)))
 
 
 class CredentialBatcher(GroupCommit[tuple[bytes, bytes, int, int], "bytes | str | None"]):
@@ -236,15 +248,26 @@ def build_app(
     Writes go through the group-committing batchers.
     """
 
+    snapshots = state.snapshots
+
+    def snapshot(body: bytes | None, missing: str) -> Response:
+        if body is None:
+            raise ApiRefused(404, missing)
+        return _json(body)
+
     async def manifest(request: Request) -> Response:
         return _json(state.manifest_json())
 
     async def register(request: Request) -> Response:
-        await registrations.register(RegisterRequest.from_json(await _read_body(request)))
+        client = request.client.host if request.client is not None else "unknown"
+        await registrations.register(RegisterRequest.from_json(await _read_body(request)), client)
         return _json(RegisterResponse(True).to_json())
 
     async def roster(request: Request) -> Response:
-        return _json(state.roster_json())
+        return snapshot(snapshots.roster, "the roster is published when registration closes")
+
+    async def roster_head(request: Request) -> Response:
+        return snapshot(snapshots.roster_head, "the roster is published when registration closes")
 
     async def credential(request: Request) -> Response:
         response = await credentials.issue(CredentialRequest.from_json(await _read_body(request)))
@@ -254,40 +277,43 @@ def build_app(
         raw = request.path_params["i"]
         if not raw.isdigit() or len(raw) > 5:
             raise ApiRefused(404, f"no median sub-round {raw[:16]!r}")
-        thresholds = state.thresholds(int(raw))
-        if thresholds is None:
-            raise ApiRefused(404, f"thresholds of median sub-round {int(raw)} are not published")
-        return _json(thresholds.to_json())
+        return snapshot(state.thresholds_json(int(raw)), f"thresholds of median sub-round {int(raw)} are not published")
 
     async def medians(request: Request) -> Response:
-        result = state.medians()
-        if result is None:
-            raise ApiRefused(404, "medians are published after the median phase")
-        return _json(result.to_json())
+        return snapshot(state.medians_json(), "medians are published after the median phase")
 
     async def receipts(request: Request) -> Response:
-        return _json(state.receipts_json())
+        kind, partition, check = (request.path_params[k] for k in ("kind", "partition", "check"))
+        if kind not in ("median", "data") or not partition.isdigit() or len(partition) > 5 or check not in ("0", "1"):
+            raise ApiRefused(404, f"no receipt segment {request.url.path[:80]!r}")
+        key = (SurveyKind.MEDIAN if kind == "median" else SurveyKind.DATA, int(partition), Check(int(check)))
+        return snapshot(snapshots.segments.get(key), "that receipt-log check is not published (yet)")
+
+    async def heads(request: Request) -> Response:
+        return snapshot(snapshots.heads, "no tree head is published yet")
 
     async def status(request: Request) -> Response:
-        return _json(state.status().to_json())
+        return snapshot(snapshots.status, "the status is not ready yet")
 
     async def report(request: Request) -> Response:
-        body = state.store.get_result("report")
-        if body is None:
-            raise ApiRefused(404, "the report is published after the round")
-        return _json(body)
-
-    async def not_found(request: Request) -> Response:
-        return _error(404, f"no such endpoint {request.url.path[:64]!r}")
+        if snapshots.report is None:
+            body = state.store.get_result("report")
+            if body is None:
+                raise ApiRefused(404, "the report is published after the round")
+            document = SignedDocument.create(state.secrets.signing_key, DocumentKind.REPORT, state.round_id, json.loads(body))
+            snapshots.report = document.to_json()
+        return _json(snapshots.report)
 
     routes = [
         Route(PATH_MANIFEST, _guarded(manifest), methods=["GET"]),
         Route(PATH_REGISTER, _guarded(register), methods=["POST"]),
         Route(PATH_ROSTER, _guarded(roster), methods=["GET"]),
+        Route(PATH_ROSTER_HEAD, _guarded(roster_head), methods=["GET"]),
         Route(PATH_CREDENTIAL, _guarded(credential), methods=["POST"]),
-        Route("/v1/median/{i}", _guarded(median), methods=["GET"]),
+        Route(PATH_MEDIAN, _guarded(median), methods=["GET"]),
         Route(PATH_MEDIANS, _guarded(medians), methods=["GET"]),
         Route(PATH_RECEIPTS, _guarded(receipts), methods=["GET"]),
+        Route(PATH_HEADS, _guarded(heads), methods=["GET"]),
         Route(PATH_STATUS, _guarded(status), methods=["GET"]),
         Route(PATH_REPORT, _guarded(report), methods=["GET"]),
         *dashboard_routes(state, relays if relays is not None else RelayWatch(state)),
@@ -328,11 +354,13 @@ async def drive_round(
     on_learn: Callable[[RoundState], dict[str, Any]] | None = None,
     registrations: RegistrationBatcher | None = None,
     credentials: CredentialBatcher | None = None,
-) -> str:
-    """Take the round through its phases by the schedule; return ``"done"`` or ``"failed"``.
+) -> RoundPhase:
+    """Take the round through its phases by the schedule; return ``DONE`` or ``FAILED``.
 
     Minimum participation is checked when registration and issuance close; a
     round that misses it ends at once with a clear status (DESIGN.md §3).
+    At each phase's two checks (``t_c`` and ``t_r``) the receipt-log heads
+    are signed once every frame that arrived before is stored (DESIGN.md §5).
     ``on_learn(state)`` runs in a worker thread after the data phase.
     """
     outcome = state.outcome()
@@ -350,26 +378,40 @@ async def drive_round(
         failure = state.participation_failure(state.now())
         if failure is not None:
             log.warning("round %s failed: %s", state.round_id.hex()[:12], failure)
-            state.finish("failed", {"reason": failure, "counts": state.store.counts()})
-            return "failed"
-        state.prepare()
-    for sub_round, phase in enumerate(schedule.median):
-        await _settle(state, phase.t_r)
+            state.finish(RoundPhase.FAILED, {"reason": failure, "counts": state.store.counts()})
+            return RoundPhase.FAILED
+        if state.now() >= schedule.t_register_end:
+            state.close_registration()
+            # Signing, hashing and encoding every entry: off the event loop.
+            await trio.to_thread.run_sync(state.freeze_roster)
+            state.rebuild_log_snapshots()
+    for index, phase in enumerate(schedule.phases):
+        if phase is schedule.data:
+            state.publish_medians()
+        for check in Check:
+            await _settle(state, phase.check_time(check))
+            await trio.to_thread.run_sync(state.publish_heads, phase, check)
         # Publish the next sub-round's thresholds now (thesis Algorithm 1's next step).
-        state.publish_thresholds(sub_round + 1)
-    state.publish_medians()
-    await _settle(state, schedule.data.t_r)
+        state.publish_thresholds(index + 1)
     # Learning takes seconds on a large round: off the event loop, so the API keeps answering.
     state.learning_started_at = state.now()
     detail = await trio.to_thread.run_sync(on_learn, state) if on_learn is not None else {}
-    state.finish("done", detail)
-    return "done"
+    state.finish(RoundPhase.DONE, detail)
+    return RoundPhase.DONE
+
+
+async def keep_status(state: RoundState, every: float = 1.0) -> None:
+    """Rebuild the signed status snapshot every ``every`` seconds, in a thread (issue 13: never per request)."""
+    while True:
+        now = state.now()  # on the loop: trio's MockClock is only readable here
+        await trio.to_thread.run_sync(state.refresh_status, now)
+        await trio.sleep(every)
 
 
 async def serve_aggregator(
     config: AggregatorConfig, *, task_status: trio.TaskStatus[BoundAddresses] = trio.TASK_STATUS_IGNORED
-) -> str:
-    """Serve one round until it ends (plus ``config.linger`` seconds); return its outcome."""
+) -> RoundPhase:
+    """Serve one round until it ends (plus ``config.linger`` seconds); return its outcome (``DONE`` or ``FAILED``)."""
     state = config.state
     workers = IssuerWorkers(state.secrets.issuer_key, config.worker_processes)
     sink = PacketSink(state, workers)
@@ -392,6 +434,8 @@ async def serve_aggregator(
             nursery.start_soon(registrations.run)
             nursery.start_soon(credentials.run)
             nursery.start_soon(relays.probe_forever)
+            await trio.to_thread.run_sync(state.refresh_status, state.now())
+            nursery.start_soon(keep_status, state)
             task_status.started(BoundAddresses(binds[0], (config.sink_host, sink_port)))
             outcome = await drive_round(state, config.on_learn, registrations, credentials)
             await trio.sleep(config.linger)

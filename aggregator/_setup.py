@@ -24,6 +24,13 @@ from anonml.protocol import (
 )
 
 
+def _phase(t_s: int, send: int, delivery: int, check: int, second_send: int, second_delivery: int) -> PhaseTimes:
+    """One phase from its durations: send, deliver, check the log, then the second chance (DESIGN.md §3.6-7)."""
+    t_c = t_s + send + delivery
+    t_2 = t_c + check
+    return PhaseTimes(t_s, send, t_c, t_2, second_send, t_2 + second_send + second_delivery)
+
+
 def build_schedule(spec: RoundSpec, start: int) -> RoundSchedule:
     """Absolute times from the spec's durations; ``publish_gap`` seconds before each phase that needs published results."""
     t_register_end = start + spec.register_seconds
@@ -33,11 +40,11 @@ def build_schedule(spec: RoundSpec, start: int) -> RoundSchedule:
     for index in range(spec.median_rounds):
         # Sub-round 0's thresholds are public from the start; later ones need the gap.
         t += spec.publish_gap if index else 0
-        phase = PhaseTimes(t, spec.median_send, t + spec.median_send + spec.median_delivery)
+        phase = _phase(t, spec.median_send, spec.median_delivery, spec.check_seconds, spec.median_second_send, spec.median_second_delivery)
         median.append(phase)
         t = phase.t_r
     t += spec.publish_gap if median else 0
-    data = PhaseTimes(t, spec.data_send, t + spec.data_send + spec.data_delivery)
+    data = _phase(t, spec.data_send, spec.data_delivery, spec.check_seconds, spec.data_second_send, spec.data_second_delivery)
     return RoundSchedule(t_register_end, t_issue_end, tuple(median), data)
 
 
@@ -81,7 +88,8 @@ def create_round(
         aggregator_url=f"http://{spec.http_host}:{spec.http_port}", path_length=spec.path_length,
         geometry=geometry.to_dict(), token_public_key=issuer_public.to_bytes(), token_kid=issuer_public.kid,
         seed_commitment=seed_commitment(seed), min_participation=spec.min_participation,
-        registration=spec.registration, identity_key=bytes(signing_key.verify_key),
+        registration=spec.registration, identity_key=bytes(signing_key.verify_key), purpose=spec.purpose,
+        max_roster=spec.max_roster,
     )
     signed = SignedManifest.sign(manifest, signing_key)
     directory = home.round_dir(signed.round_id)
@@ -93,6 +101,7 @@ def create_round(
     codes = [rng_bytes(12).hex() for _ in range(spec.invitations)]
     store.add_invitations(codes)
     store.add_allowed(spec.allow_list)
+    store.put_meta("max_per_client", str(spec.max_per_client).encode())
     secrets = RoundSecrets(signing_key, issuer_key, seed, final_private)
     return RoundState(store, signed, secrets), codes
 

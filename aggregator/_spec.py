@@ -23,11 +23,15 @@ from anonml.mechanisms import ORACLE_NAMES, make_oracle
 from anonml.protocol import (
     EPSILON_TOTAL_RANGE,
     PLAN_KINDS,
+    MAX_ROSTER,
+    REGISTRATION_POLICIES,
     FeatureSpec,
     FeatureSpecError,
     PlanError,
+    RegistrationPolicy,
     RelayEntry,
     ReleasePlan,
+    RoundPurpose,
     derive_subsets,
 )
 from anonml.protocol._canonical import FieldReader, InvalidDocument
@@ -66,6 +70,11 @@ class RoundSpec:
     median_delivery: int
     data_send: int
     data_delivery: int
+    check_seconds: int
+    median_second_send: int
+    median_second_delivery: int
+    data_second_send: int
+    data_second_delivery: int
     publish_gap: int
     relays: tuple[RelayEntry, ...]
     path_length: int
@@ -76,7 +85,10 @@ class RoundSpec:
     sink_host: str
     sink_port: int
     min_participation: int
-    registration: str
+    registration: RegistrationPolicy
+    purpose: RoundPurpose
+    max_roster: int
+    max_per_client: int
     invitations: int
     allow_list: tuple[bytes, ...]
     start: int | None = None
@@ -125,6 +137,9 @@ median_send = 300           # default 5 min: each sub-round's send window (delta
 median_delivery = 600       # default 10 min: ... then its delivery window (needs >= path_length + 1)
 data_send = 900             # default 15 min
 data_delivery = 1800        # default 30 min; every window must hold a relay or aggregator restart
+check = 4                   # optional: after each delivery window, seconds to publish and compare receipt-log heads
+# median_second_send, median_second_delivery, data_second_send, data_second_delivery: optional, each phase's
+# second chance (every peer sends one packet per survey, its resend or a cover); default: the first windows' lengths
 publish_gap = 2             # optional: seconds between publishing results and the next send window
 
 [network]
@@ -142,7 +157,11 @@ relays = [                  # each: a file `anonml relay info --json > relay-1.j
 
 [participation]
 min_participation = 100
-registration = "open"       # or "allow-list" (allow_list = ["<hex identity key>", ...]) or "invitation" (invitations = N)
+registration = "invitation" # (invitations = N) or "allow-list" (allow_list = ["<hex identity key>", ...]) or "open"
+invitations = 200
+purpose = "production"      # optional: "demo" or "test" rounds may use open registration (Sybils cost nothing there)
+max_roster = 100000         # optional: at most protocol.MAX_ROSTER, so every client can read the roster
+max_per_client = 1          # optional, open registration only: identities one client address may register
 """.replace("{ORACLES}", ", ".join(name for name in ORACLE_NAMES if name != "auto"))
 
 
@@ -236,6 +255,15 @@ def parse_round_spec(document: dict[str, Any], *, base_dir: Path | None = None) 
     median_delivery = seconds("median_delivery", 2)
     data_send = seconds("data_send", 1)
     data_delivery = seconds("data_delivery", 2)
+
+    def optional(key: str, low: int, default: int) -> int:
+        return seconds(key, low) if schedule.optional(key) else default
+
+    check_seconds = optional("check", 1, 4)
+    median_second_send = optional("median_second_send", 1, median_send)
+    median_second_delivery = optional("median_second_delivery", 2, median_delivery)
+    data_second_send = optional("data_second_send", 1, data_send)
+    data_second_delivery = optional("data_second_delivery", 2, data_delivery)
     # Thresholds of sub-round i (and the final medians) are published when the
     # previous delivery window closes; the gap lets every peer fetch them
     # before its send window opens.
@@ -259,7 +287,10 @@ def parse_round_spec(document: dict[str, Any], *, base_dir: Path | None = None) 
     path_length = network.integer("path_length", 1, 16)
     if path_length > len(relays):
         network.fail("path_length", f"{path_length} relays per path but {len(relays)} relays listed")
-    for phase_name, delivery in (("median_delivery", median_delivery), ("data_delivery", data_delivery)):
+    for phase_name, delivery in (
+        ("median_delivery", median_delivery), ("data_delivery", data_delivery),
+        ("median_second_delivery", median_second_delivery), ("data_second_delivery", data_second_delivery),
+    ):
         if delivery < path_length + 1:
             reader.fail_at(f"schedule.{phase_name}", f"{delivery} s cannot hold {path_length} relay windows and the slack slice")
     packet_size = (
@@ -281,18 +312,28 @@ def parse_round_spec(document: dict[str, Any], *, base_dir: Path | None = None) 
     network.done()
     participation = reader.child("participation")
     min_participation = participation.integer("min_participation", 1, 2**31)
-    registration = participation.choice("registration", ("open", "allow-list", "invitation"))
-    invitations = participation.integer("invitations", 0, 10**6) if participation.optional("invitations") else 0
+    registration = RegistrationPolicy(participation.choice("registration", REGISTRATION_POLICIES))
+    purpose = RoundPurpose(participation.choice("purpose", tuple(p.value for p in RoundPurpose))) if participation.optional("purpose") else RoundPurpose.PRODUCTION
+    max_roster = participation.integer("max_roster", 1, MAX_ROSTER) if participation.optional("max_roster") else MAX_ROSTER
+    max_per_client = participation.integer("max_per_client", 1, MAX_ROSTER) if participation.optional("max_per_client") else 1
+    invitations = participation.integer("invitations", 0, MAX_ROSTER) if participation.optional("invitations") else 0
     allow_list = tuple(
         participation.decode_hex(item, f"participation.allow_list[{i}]", size=32)
         for i, item in enumerate(participation.items("allow_list", max_items=10**6) if participation.optional("allow_list") else [])
     )
     participation.done()
     reader.done()
-    if registration == "invitation" and invitations == 0:
+    if registration is RegistrationPolicy.INVITATION and invitations == 0:
         reader.fail_at("participation.invitations", "the invitation policy needs invitations > 0")
-    if registration == "allow-list" and not allow_list:
+    if registration is RegistrationPolicy.ALLOW_LIST and not allow_list:
         reader.fail_at("participation.allow_list", "the allow-list policy needs a non-empty allow_list")
+    if registration is RegistrationPolicy.OPEN and purpose is RoundPurpose.PRODUCTION:
+        reader.fail_at(
+            "participation.registration",
+            "open registration admits Sybils for free: set purpose = \"demo\" or \"test\", or use \"invitation\" or \"allow-list\"",
+        )
+    if min_participation > max_roster:
+        reader.fail_at("participation.min_participation", f"{min_participation} exceeds max_roster = {max_roster}")
     try:
         derive_subsets(bytes(32), spec.names, plan, k_p, k_h, k_s)
     except PlanError as exc:
@@ -300,9 +341,10 @@ def parse_round_spec(document: dict[str, Any], *, base_dir: Path | None = None) 
     _check_buildable(reader, spec, plan, k_p, k_h, k_s, eps_total, oracle, median_share, median_rounds)
     return RoundSpec(
         name, spec, k_p, k_h, k_s, plan, learner, eps_total, oracle, median_share, register_seconds, issue_seconds,
-        median_rounds, median_send, median_delivery, data_send, data_delivery, publish_gap, relays, path_length,
-        packet_size, max_hops,
-        http_host, http_port, sink_host, sink_port, min_participation, registration, invitations, allow_list, start,
+        median_rounds, median_send, median_delivery, data_send, data_delivery, check_seconds, median_second_send,
+        median_second_delivery, data_second_send, data_second_delivery, publish_gap, relays, path_length,
+        packet_size, max_hops, http_host, http_port, sink_host, sink_port, min_participation, registration, purpose,
+        max_roster, max_per_client, invitations, allow_list, start,
     )
 
 

@@ -13,6 +13,7 @@ threads; a lock serialises access (SQLite connections are not thread-safe).
 
 from __future__ import annotations
 
+import enum
 import sqlite3
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -20,8 +21,8 @@ from pathlib import Path
 
 from nacl.signing import SigningKey
 
-from anonml.errors import AnonMLError, ConfigError
-from anonml.protocol import SurveyId
+from anonml.errors import ConfigError
+from anonml.protocol import Check, RegistrationPolicy, RosterEntry, SurveyId
 from anonml.storage import (
     Database,
     Schema,
@@ -33,37 +34,77 @@ from anonml.storage import (
 SCHEMA = Schema(
     name="round",
     application_id=0x414E4103,  # "ANA\x03"
-    version=1,
+    version=2,
     tables="""
 CREATE TABLE meta (key TEXT PRIMARY KEY, value BLOB NOT NULL);
 CREATE TABLE invitations (code TEXT PRIMARY KEY, used_by BLOB);
 CREATE TABLE allow_list (identity_key BLOB PRIMARY KEY);
 CREATE TABLE registrations (
-    identity_key BLOB PRIMARY KEY, invitation TEXT, registered_at INTEGER NOT NULL);
+    identity_key BLOB PRIMARY KEY, invitation TEXT, registered_at INTEGER NOT NULL,
+    nonce BLOB, signature BLOB);
+CREATE TABLE client_registrations (client TEXT PRIMARY KEY, count INTEGER NOT NULL);
 CREATE TABLE credentials (
     identity_key BLOB PRIMARY KEY, partition INTEGER NOT NULL, response BLOB NOT NULL,
     issued_at INTEGER NOT NULL);
 CREATE TABLE packets (
     survey BLOB NOT NULL, tag_digest BLOB NOT NULL, message_hash BLOB NOT NULL,
     report BLOB NOT NULL, receipt BLOB NOT NULL, accepted_at INTEGER NOT NULL,
+    position INTEGER,
     PRIMARY KEY (survey, tag_digest));
+CREATE UNIQUE INDEX packets_log ON packets (survey, position);
 CREATE TABLE rejections (reason TEXT PRIMARY KEY, count INTEGER NOT NULL);
+CREATE TABLE covers (reason TEXT PRIMARY KEY, count INTEGER NOT NULL);
+CREATE TABLE heads (
+    survey BLOB NOT NULL, check_index INTEGER NOT NULL, size INTEGER NOT NULL, document BLOB NOT NULL,
+    PRIMARY KEY (survey, check_index));
 CREATE TABLE replay_tags (tag BLOB PRIMARY KEY);
 CREATE TABLE results (key TEXT PRIMARY KEY, value BLOB NOT NULL);
 CREATE TABLE inbox (
     id INTEGER PRIMARY KEY AUTOINCREMENT, frame BLOB NOT NULL, arrived INTEGER NOT NULL);
 """,
-    # Rounds from before stores were versioned wrote these same tables.
+    migrations={
+        # Version 2 (issue 12): roster entries carry the peer's nonce and
+        # signature; accepted packets their place in their survey's receipt
+        # log; signed tree heads; covers; registrations per client.
+        1: """
+ALTER TABLE registrations ADD COLUMN nonce BLOB;
+ALTER TABLE registrations ADD COLUMN signature BLOB;
+CREATE TABLE client_registrations (client TEXT PRIMARY KEY, count INTEGER NOT NULL);
+ALTER TABLE packets ADD COLUMN position INTEGER;
+CREATE UNIQUE INDEX packets_log ON packets (survey, position);
+CREATE TABLE covers (reason TEXT PRIMARY KEY, count INTEGER NOT NULL);
+CREATE TABLE heads (
+    survey BLOB NOT NULL, check_index INTEGER NOT NULL, size INTEGER NOT NULL, document BLOB NOT NULL,
+    PRIMARY KEY (survey, check_index));
+""",
+    },
+    # Rounds from before stores were versioned wrote the version-1 tables.
     unversioned=1,
 )
 
 
-class RegistrationRefused(AnonMLError):
-    """Raised by :meth:`RoundStore.register` with ``reason`` (used as the 4xx error text)."""
+class Registered(enum.Enum):
+    """How :meth:`RoundStore.register_many` settled one registration."""
 
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
+    NEW = "new"
+    ALREADY = "already registered"
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A registration the round's policy or caps refuse; ``reason`` is the 403 error text."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class Registration:
+    """One registration to record: the signed roster entry, its invitation code, the client it came from, when."""
+
+    entry: RosterEntry
+    invitation: str | None
+    client: str
+    now: int
 
 
 @dataclass(frozen=True)
@@ -82,16 +123,15 @@ class RoundStore:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.registrations_version = 0
-        """Bumped on every new registration (lets readers cache the roster)."""
-        self.packets_version = 0
-        """Bumped whenever a packet is accepted (lets readers cache the receipt log)."""
         # Durable (a commit is on disk before the link acknowledges, DESIGN.md
         # §10) and private: the file holds the issuer's secret key and the seed.
         self._database = Database(path, SCHEMA, private=True)
         with self._database.read() as db:
             self.inbox_count = int(db.execute("SELECT COUNT(*) FROM inbox").fetchone()[0])
             """Frames waiting for verification (kept in memory: the sink checks it per batch)."""
+            rows = db.execute("SELECT survey, COUNT(*) FROM packets GROUP BY survey").fetchall()
+        self._log_sizes: dict[bytes, int] = {bytes(survey): int(count) for survey, count in rows}
+        """Leaves per survey's receipt log: the next accepted packet's position."""
 
     def close(self) -> None:
         self._database.close()
@@ -126,53 +166,71 @@ class RoundStore:
         with self._database.transaction() as db:
             db.executemany("INSERT OR IGNORE INTO allow_list VALUES (?)", [(k,) for k in keys])
 
-    def register(self, identity_key: bytes, invitation: str | None, policy: str, now: int) -> bool:
-        """Record a registration; True if new, False if this key was already registered.
+    def register_many(
+        self, items: Sequence[Registration], policy: RegistrationPolicy, *, max_roster: int, max_per_client: int
+    ) -> list[Registered | Refusal]:
+        """Record registrations in one commit (one fsync for all); per item how it was settled.
 
-        Raises RegistrationRefused for a missing, unknown or used invitation, or
-        a key not on the allow-list. Re-registering the same key is idempotent.
+        Refused: a missing, unknown or used invitation, a key not on the
+        allow-list, a full roster (``max_roster``: every client must be able
+        to read the roster), or, under the open policy, a client that has
+        registered ``max_per_client`` identities already (a Sybil cap).
+        Re-registering the same key is idempotent.
         """
-        (outcome,) = self.register_many([(identity_key, invitation, now)], policy)
-        if isinstance(outcome, str):
-            raise RegistrationRefused(outcome)
-        return outcome
-
-    def register_many(self, items: Sequence[tuple[bytes, str | None, int]], policy: str) -> list[bool | str]:
-        """Record ``(identity_key, invitation, now)`` registrations in one commit (one fsync for all).
-
-        Per item: True (registered now), False (already registered) or the
-        refusal reason (the policy's checks, as in :meth:`register`).
-        """
-        outcomes: list[bool | str] = []
+        outcomes: list[Registered | Refusal] = []
         with self._database.transaction() as db:
-            for identity_key, invitation, now in items:
-                if db.execute("SELECT 1 FROM registrations WHERE identity_key = ?", (identity_key,)).fetchone():
-                    outcomes.append(False)
+            (size,) = db.execute("SELECT COUNT(*) FROM registrations").fetchone()
+            for item in items:
+                key = item.entry.identity_key
+                if db.execute("SELECT 1 FROM registrations WHERE identity_key = ?", (key,)).fetchone():
+                    outcomes.append(Registered.ALREADY)
                     continue
-                refusal = self._policy_refusal(db, identity_key, invitation, policy)
+                refusal = self._policy_refusal(db, item, policy, max_per_client)
+                if refusal is None and size >= max_roster:
+                    refusal = f"the roster is full ({max_roster} identities)"
                 if refusal is not None:
-                    outcomes.append(refusal)
+                    outcomes.append(Refusal(refusal))
                     continue
-                if policy == "invitation":
-                    db.execute("UPDATE invitations SET used_by = ? WHERE code = ?", (identity_key, invitation))
-                db.execute("INSERT INTO registrations VALUES (?, ?, ?)", (identity_key, invitation, now))
-                outcomes.append(True)
-        self.registrations_version += sum(1 for outcome in outcomes if outcome is True)
+                if policy is RegistrationPolicy.INVITATION:
+                    db.execute("UPDATE invitations SET used_by = ? WHERE code = ?", (key, item.invitation))
+                elif policy is RegistrationPolicy.OPEN:
+                    db.execute(
+                        "INSERT INTO client_registrations VALUES (?, 1) ON CONFLICT(client) DO UPDATE SET count = count + 1",
+                        (item.client,),
+                    )
+                db.execute(
+                    "INSERT INTO registrations VALUES (?, ?, ?, ?, ?)",
+                    (key, item.invitation, item.now, item.entry.nonce, item.entry.signature),
+                )
+                size += 1
+                outcomes.append(Registered.NEW)
         return outcomes
 
-    def _policy_refusal(self, db: sqlite3.Connection, identity_key: bytes, invitation: str | None, policy: str) -> str | None:
-        if policy == "invitation":
-            if invitation is None:
+    def _policy_refusal(self, db: sqlite3.Connection, item: Registration, policy: RegistrationPolicy, max_per_client: int) -> str | None:
+        if policy is RegistrationPolicy.INVITATION:
+            if item.invitation is None:
                 return "an invitation code is required"
-            row = db.execute("SELECT used_by FROM invitations WHERE code = ?", (invitation,)).fetchone()
+            row = db.execute("SELECT used_by FROM invitations WHERE code = ?", (item.invitation,)).fetchone()
             if row is None:
                 return "unknown invitation code"
             if row[0] is not None:
                 return "invitation code already used"
-        elif policy == "allow-list":
-            if not db.execute("SELECT 1 FROM allow_list WHERE identity_key = ?", (identity_key,)).fetchone():
+        elif policy is RegistrationPolicy.ALLOW_LIST:
+            if not db.execute("SELECT 1 FROM allow_list WHERE identity_key = ?", (item.entry.identity_key,)).fetchone():
                 return "identity key is not on the allow-list"
+        else:
+            row = db.execute("SELECT count FROM client_registrations WHERE client = ?", (item.client,)).fetchone()
+            if row is not None and row[0] >= max_per_client:
+                return f"this client has registered {row[0]} identities, the most the round admits from one client"
         return None
+
+    def roster_entries(self) -> list[RosterEntry]:
+        """Every registration as a signed roster entry, in key order."""
+        with self._database.read() as db:
+            rows = db.execute(
+                "SELECT identity_key, nonce, signature FROM registrations WHERE nonce IS NOT NULL ORDER BY identity_key"
+            ).fetchall()
+        return [RosterEntry(bytes(k), bytes(n), bytes(s)) for k, n, s in rows]
 
     def roster(self) -> list[bytes]:
         with self._database.read() as db:
@@ -250,12 +308,16 @@ class RoundStore:
         survey, tag and message as a stored packet: counted once) or
         ``"double-submission"`` (same tag, another message: the first is kept,
         DESIGN.md §6). Duplicates and double submissions are counted as
-        rejections by that reason.
+        rejections by that reason; reasons naming a cover (``cover``,
+        ``cover/...``) are counted as covers. An accepted packet's receipt
+        becomes the next leaf of its survey's log as the commit makes it
+        durable (DESIGN.md §5: leaves in acceptance order).
         """
         outcomes: list[str] = []
         counted: dict[str, int] = {}
         for reason in rejections:
             counted[reason] = counted.get(reason, 0) + 1
+        sizes = dict(self._log_sizes)
         with self._database.transaction() as db:
             for packet in packets:
                 survey = packet.survey.to_bytes()
@@ -263,9 +325,11 @@ class RoundStore:
                     "SELECT message_hash FROM packets WHERE survey = ? AND tag_digest = ?", (survey, packet.tag_digest)
                 ).fetchone()
                 if row is None:
+                    position = sizes.get(survey, 0)
+                    sizes[survey] = position + 1
                     db.execute(
-                        "INSERT INTO packets VALUES (?, ?, ?, ?, ?, ?)",
-                        (survey, packet.tag_digest, packet.message_hash, packet.report, packet.receipt, now),
+                        "INSERT INTO packets VALUES (?, ?, ?, ?, ?, ?, ?)",
+                        (survey, packet.tag_digest, packet.message_hash, packet.report, packet.receipt, now, position),
                     )
                     outcomes.append("accepted")
                     continue
@@ -276,12 +340,13 @@ class RoundStore:
             deleted = db.executemany("DELETE FROM inbox WHERE id = ?", [(i,) for i in done_inbox_ids]).rowcount
             # Replay tags commit with the batch: one fsync per batch, not per packet.
             db.executemany("INSERT OR IGNORE INTO replay_tags VALUES (?)", [(t,) for t in replay_tags])
-            db.executemany(
-                "INSERT INTO rejections VALUES (?, ?) ON CONFLICT(reason) DO UPDATE SET count = count + excluded.count",
-                sorted(counted.items()),
-            )
+            for table, predicate in (("rejections", False), ("covers", True)):
+                db.executemany(
+                    f"INSERT INTO {table} VALUES (?, ?) ON CONFLICT(reason) DO UPDATE SET count = count + excluded.count",
+                    sorted(item for item in counted.items() if is_cover(item[0]) is predicate),
+                )
+        self._log_sizes = sizes
         self.inbox_count -= max(deleted, 0)
-        self.packets_version += outcomes.count("accepted")
         return outcomes
 
     def reports(self, survey: SurveyId) -> list[bytes]:
@@ -291,13 +356,38 @@ class RoundStore:
             ).fetchall()
         return [bytes(row[0]) for row in rows]
 
-    def receipts(self) -> dict[SurveyId, list[bytes]]:
+    def log_leaves(self, survey: SurveyId, size: int | None = None) -> list[bytes]:
+        """The first ``size`` (default: all) receipt digests of ``survey``'s log, in acceptance order."""
         with self._database.read() as db:
-            rows = db.execute("SELECT survey, receipt FROM packets ORDER BY survey, receipt").fetchall()
-        log: dict[SurveyId, list[bytes]] = {}
-        for survey, receipt in rows:
-            log.setdefault(SurveyId.from_bytes(bytes(survey)), []).append(bytes(receipt))
-        return log
+            rows = db.execute(
+                "SELECT receipt FROM packets WHERE survey = ? AND position < ? ORDER BY position",
+                (survey.to_bytes(), 2**62 if size is None else size),
+            ).fetchall()
+        return [bytes(row[0]) for row in rows]
+
+    def put_head(self, survey: SurveyId, check: Check, size: int, document: bytes) -> bytes:
+        """Record the signed head of ``survey`` at ``check`` unless one is recorded; the recorded one.
+
+        Exactly one head per survey per check (DESIGN.md §5): a restarted
+        aggregator serves the head it signed before, never a second one.
+        """
+        with self._database.transaction() as db:
+            db.execute("INSERT OR IGNORE INTO heads VALUES (?, ?, ?, ?)", (survey.to_bytes(), int(check), size, document))
+            (stored,) = db.execute(
+                "SELECT document FROM heads WHERE survey = ? AND check_index = ?", (survey.to_bytes(), int(check))
+            ).fetchone()
+        return bytes(stored)
+
+    def heads(self) -> list[tuple[SurveyId, Check, int, bytes]]:
+        """Every signed head recorded, as ``(survey, check, size, document)``."""
+        with self._database.read() as db:
+            rows = db.execute("SELECT survey, check_index, size, document FROM heads ORDER BY survey, check_index").fetchall()
+        return [(SurveyId.from_bytes(bytes(s)), Check(int(c)), int(n), bytes(d)) for s, c, n, d in rows]
+
+    def covers(self) -> dict[str, int]:
+        with self._database.read() as db:
+            rows = db.execute("SELECT reason, count FROM covers ORDER BY reason").fetchall()
+        return {str(reason): int(count) for reason, count in rows}
 
     def counts(self) -> dict[str, int]:
         with self._database.read() as db:
@@ -340,6 +430,11 @@ class RoundStore:
         with self._database.read() as db:
             rows = db.execute("SELECT identity_key, partition FROM credentials").fetchall()
         return {bytes(key): int(partition) for key, partition in rows}
+
+
+def is_cover(reason: str) -> bool:
+    """Whether an outcome reason counts a cover packet (``cover`` or ``cover/<why>``)."""
+    return reason == "cover" or reason.startswith("cover/")
 
 
 class AggregatorHome:

@@ -27,7 +27,7 @@ from anonml.crypto import (
     TokenJob,
     process_packet,
 )
-from anonml.protocol import InvalidMessage, SurveyMessage, receipt_digest
+from anonml.protocol import CoverMessage, InvalidMessage, SurveyMessage, parse_message, receipt_digest
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +42,8 @@ REJECTION_REASONS: tuple[str, ...] = (
     "double-submission",
     "duplicate",
 )
+COVER_REASONS: tuple[str, ...] = ("cover", "cover/unknown-survey", "cover/outside-window")
+"""Every reason a cover packet is counted under (``cover``: inside its survey's acceptance window)."""
 """Every reason a packet is counted as rejected under (``bad-token/`` names the token's reason: :func:`aggregator._workers.token_rejection`)."""
 
 
@@ -78,9 +80,16 @@ def _open(
         # The aggregator is always the last hop: anything routed onwards is misrouted.
         raise SurveyRefused("bad-packet")
     try:
-        message = SurveyMessage.from_bytes(result.message)
+        message = parse_message(result.message)
     except InvalidMessage:
         raise SurveyRefused("bad-message") from None
+    if isinstance(message, CoverMessage):
+        # A second-chance packet that repairs nothing (DESIGN.md §3.7): counted by reason, dropped.
+        try:
+            state.check_survey(message.survey, now)
+        except SurveyRefused as refused:
+            raise SurveyRefused(f"cover/{refused.reason}") from None
+        raise SurveyRefused("cover")
     partition = state.check_survey(message.survey, now)
     bound = message.bound_bytes()
     return _Opened(message, TokenJob(message.survey.to_bytes(), bound, message.token, partition))

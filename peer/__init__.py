@@ -27,6 +27,7 @@ from anonml.peer._framework import (
 )
 from anonml.peer._identity import IdentityError, PeerIdentity, init_identity, load_identity
 from anonml.peer._join import (
+    Equivocation,
     JoinRefused,
     JoinResult,
     Peer,
@@ -35,18 +36,19 @@ from anonml.peer._join import (
     check_manifest_unchanged,
     choose_path,
     join_round,
-    late_windows,
+    peer_generator,
     planned_releases,
-    receipt_check_time,
 )
 from anonml.peer._ledger import PeerLedger
-from anonml.peer._store import PeerStore, Registration, Spend, StoredPacket, StoreError
+from anonml.peer._store import EquivocationProof, PeerStore, Registration, Spend, StoredPacket, StoreError
 from anonml.peer._transport import PacketTransport, open_transport
 
 __all__ = [
     "AggregatorClient",
     "AggregatorError",
     "CsvImporter",
+    "Equivocation",
+    "EquivocationProof",
     "Dataset",
     "EntityIsPeerInstancer",
     "Event",
@@ -78,9 +80,8 @@ __all__ = [
     "describe_release",
     "init_identity",
     "join_round",
-    "late_windows",
+    "peer_generator",
     "load_identity",
     "open_transport",
     "planned_releases",
-    "receipt_check_time",
 ]

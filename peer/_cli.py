@@ -7,7 +7,6 @@ from collections import Counter
 from pathlib import Path
 
 import click
-import numpy as np
 import trio
 
 from anonml.errors import ConfigError
@@ -88,7 +87,7 @@ async def _join(identity: PeerIdentity, data_dir: Path, url: str, data_file: Pat
     from anonml.peer._disclosure import describe_release
     from anonml.peer._features import RoundPipeline
     from anonml.peer._framework import FeatureError, MalformedData
-    from anonml.peer._join import Peer, RoundSession, join_round
+    from anonml.peer._join import Peer, RoundSession, join_round, peer_generator
     from anonml.peer._store import PeerStore
     from anonml.peer._transport import open_transport
     from anonml.protocol._features import FeatureSpec, FeatureSpecError
@@ -134,7 +133,7 @@ async def _join(identity: PeerIdentity, data_dir: Path, url: str, data_file: Pat
 
             async with open_transport(packet_size=geometry.packet_size, geometry_hash=geometry.canonical_hash()) as transport:
                 session = RoundSession(client, transport)
-                peer = Peer(identity, store, vector, np.random.default_rng(), invitation)
+                peer = Peer(identity, store, vector, peer_generator(), invitation)
                 result = await join_round(peer, session, signed, pipeline, listener=heard)
         click.echo(
             f"done: partition {result.partition}, {result.packets} packet(s), {result.acknowledged} acknowledged, "

@@ -26,31 +26,35 @@ import httpx
 import trio
 
 from anonml.errors import InputError, TransportError
-from anonml.protocol._api import (
+from anonml.protocol import (
     MAX_RESPONSE_BYTES,
     PATH_CREDENTIAL,
+    PATH_HEADS,
     PATH_MANIFEST,
     PATH_MEDIAN,
     PATH_MEDIANS,
     PATH_RECEIPTS,
     PATH_REGISTER,
-    PATH_REPORT,
     PATH_ROSTER,
+    PATH_ROSTER_HEAD,
     PATH_STATUS,
+    Check,
     CredentialRequest,
     CredentialResponse,
     ErrorResponse,
+    HeadsResponse,
     InvalidApiMessage,
-    MedianResults,
-    MedianThresholds,
-    ReceiptLog,
+    InvalidDocument,
+    ReceiptSegment,
     RegisterRequest,
     RegisterResponse,
     RosterResponse,
     RoundStatus,
+    SignedDocument,
+    SignedManifest,
+    SurveyKind,
+    mirror_path,
 )
-from anonml.protocol._canonical import InvalidDocument, parse_json_object
-from anonml.protocol._manifest import SignedManifest
 
 T = TypeVar("T")
 
@@ -212,21 +216,50 @@ class AggregatorClient:
     async def credential(self, request: CredentialRequest) -> CredentialResponse:
         return await self._post(PATH_CREDENTIAL, request.to_json(), CredentialResponse.from_json)
 
-    async def median(self, sub_round: int) -> MedianThresholds | None:
-        return await self._get(PATH_MEDIAN.format(i=sub_round), MedianThresholds.from_json)
+    async def median(self, sub_round: int) -> SignedDocument | None:
+        """The signed thresholds of median sub-round ``sub_round`` (the caller verifies them)."""
+        return await self._get(PATH_MEDIAN.format(i=sub_round), _document)
 
-    async def medians(self) -> MedianResults | None:
-        return await self._get(PATH_MEDIANS, MedianResults.from_json)
+    async def medians(self) -> SignedDocument | None:
+        return await self._get(PATH_MEDIANS, _document)
 
-    async def receipts(self) -> ReceiptLog:
-        log = await self._get(PATH_RECEIPTS, ReceiptLog.from_json)
-        return ReceiptLog({}) if log is None else log
+    async def segment(self, kind: SurveyKind, partition: int, check: Check) -> ReceiptSegment | None:
+        """One partition's receipt-log segment of a phase at a check (the caller verifies it)."""
+        path = PATH_RECEIPTS.format(kind=kind.name.lower(), partition=partition, check=int(check))
+        return await self._get(path, ReceiptSegment.from_json)
 
     async def status(self) -> RoundStatus | None:
-        return await self._get(PATH_STATUS, RoundStatus.from_json)
+        """The round's status as signed by the aggregator (parsed; not checked against an identity)."""
+        document = await self._get(PATH_STATUS, _document)
+        return None if document is None else _parsed_document(document, RoundStatus.from_document)
 
-    async def report(self) -> dict[str, object] | None:
-        return await self._get(PATH_REPORT, lambda body: parse_json_object(body, max_bytes=MAX_RESPONSE_BYTES))
+    # -- a relay's mirror of the aggregator's documents (this client's base URL is the relay's mirror) ----
+
+    async def mirrored_manifest(self, identity: bytes) -> SignedManifest | None:
+        return await self._get(mirror_path(identity, "manifest"), SignedManifest.from_json)
+
+    async def mirrored_roster_head(self, identity: bytes) -> SignedDocument | None:
+        return await self._get(mirror_path(identity, "roster/head"), _document)
+
+    async def mirrored_heads(self, identity: bytes) -> HeadsResponse | None:
+        return await self._get(mirror_path(identity, "heads"), HeadsResponse.from_json)
+
+    async def roster_head(self) -> SignedDocument | None:
+        return await self._get(PATH_ROSTER_HEAD, _document)
+
+    async def heads(self) -> HeadsResponse | None:
+        return await self._get(PATH_HEADS, HeadsResponse.from_json)
+
+
+def _document(body: bytes) -> SignedDocument:
+    return SignedDocument.from_json(body, max_bytes=MAX_RESPONSE_BYTES)
+
+
+def _parsed_document(document: SignedDocument, parse: Callable[[SignedDocument], T]) -> T:
+    try:
+        return parse(document)
+    except InvalidDocument as exc:
+        raise AggregatorError(200, f"malformed {document.kind.value} document: {exc}") from None
 
 
 def _parsed(response: httpx.Response, parse: Callable[[bytes], T]) -> T:

@@ -1,99 +1,138 @@
 """One peer's part in one round (DESIGN.md §3), callable in process.
 
-:func:`join_round` walks a peer through the round: register, check the roster
-and the seed reveal, derive its partition and subsets, obtain its credential
-blindly, answer its median sub-round, bin with the published medians, send
-each subset as its own packet at a uniformly random time of the send window
-over an independently chosen path, then read the receipt log and resend the
-*same* message over another path when its receipt is missing.
+:func:`join_round` walks a peer through the round: register (after comparing
+the manifest with a relay's mirror), check the signed roster, the seed reveal
+and the roster head against a mirror, derive its partition and subsets,
+obtain its credential blindly (or reuse the one it stored before a crash),
+answer its median sub-round, bin with the published medians and send each
+subset as its own packet at a uniformly random time of the send window over
+an independently chosen path.
+
+Then, for each phase it took part in, it behaves exactly as every other peer
+of its partition does, whatever happened to its packets (DESIGN.md §2,
+§3.7): at the phase's first check it fetches its partition's receipt-log
+segment, verifies the signed heads, compares them with a relay mirror's
+copies, and in the second-chance window sends exactly one packet per survey:
+the same message over another path if its receipt is missing, a cover packet
+otherwise. At the final check it reads the log once more. Two different
+signed documents for one slot (manifest, roster head, log head) are a proof
+of equivocation: the peer stores both and stops.
 
 What every peer of a process fetches alike — the manifest, the roster, the
-thresholds, the receipt log — is public and the same for everyone, so a
-:class:`RoundSession` fetches each once per process and every peer checks it
-for itself (its own registered manifest hash, the seed commitment, its own
-place in the roster). Each peer keeps its own identity, credential, ledger
-and randomness.
+thresholds, the log segments, the mirrors' copies — is public and the same
+for everyone, so a :class:`RoundSession` fetches each once per process and
+every peer checks it for itself. Each peer keeps its own identity,
+credential, ledger and cryptographic randomness.
 """
 
 from __future__ import annotations
 
 import math
+import os
+import random
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from functools import lru_cache
 from typing import TypeVar
 
 import numpy as np
 import trio
+from randomgen import ChaCha
 
-from anonml.errors import AnonMLError
 from anonml.crypto import (
     Credential,
     CredentialSecret,
     IssuerPublicKey,
-    NodeAddress,
-    PathHop,
-    ReleaseWindow,
     SphinxGeometry,
     begin_issuance,
-    build_packet,
     finish_issuance,
-    make_token,
-    tag_digest,
 )
-from anonml.mechanisms import BudgetExceeded, FrequencyOracle, answer_is_greater, make_oracle
+from anonml.errors import AnonMLError
+from anonml.mechanisms import BudgetExceeded, answer_is_greater
 from anonml.peer._client import AggregatorClient, AggregatorError, retry_delay
 from anonml.peer._features import RoundPipeline
 from anonml.peer._framework import FeatureVector
 from anonml.peer._identity import PeerIdentity
 from anonml.peer._ledger import PeerLedger
-from anonml.peer._store import PeerStore, StoreError
+from anonml.peer._store import EquivocationProof, PeerStore
 from anonml.peer._transport import PacketTransport
-from anonml.protocol._api import (
+from anonml.protocol import (
+    AckStatus,
+    Attempt,
+    Check,
+    CoverMessage,
     CredentialRequest,
+    DocumentKind,
+    FeatureSpec,
+    HeadsResponse,
+    InvalidDocument,
     MedianResults,
     MedianThresholds,
-    ReceiptLog,
+    NumericFeature,
+    PartitionPlan,
+    PhaseTimes,
+    ReceiptSegment,
     RegisterRequest,
+    RelayEntry,
+    RosterHead,
     RosterResponse,
+    RoundManifest,
+    SealedReport,
+    SignedDocument,
+    SignedManifest,
+    SurveyId,
+    SurveyKind,
+    TreeHead,
+    check_seed,
+    encode_median_report,
+    seal_report,
+    worst_case_releases,
 )
-from anonml.protocol._features import FeatureSpec, NumericFeature
-from anonml.protocol._link import AckStatus
-from anonml.protocol._manifest import RelayEntry, RoundManifest, SignedManifest, check_seed
-from anonml.protocol._message import SurveyMessage, bound_bytes, encode_median_report
-from anonml.protocol._plan import assign_partitions, derive_subsets, worst_case_releases
-from anonml.protocol._schedule import PhaseTimes, hop_windows
-from anonml.protocol._survey import SurveyId, SurveyKind
 
 T = TypeVar("T")
 
 # Seconds kept free at the end of a window for the last link round trip.
 _MARGIN = 0.5
-# How long after t_r a peer waits for the aggregator to finish verifying a phase.
+# How long after t_r a peer waits for the aggregator to publish a phase's final heads.
 _SETTLE_SECONDS = 300.0
+
+
+def peer_generator(seed: int | None = None) -> np.random.Generator:
+    """The peer's generator for every random choice it makes: noise, send times, paths, mirrors.
+
+    ChaCha20 (randomgen's ``ChaCha`` with the standard 20 rounds) keyed with
+    256 bits from the operating system's CSPRNG: an observer of send times
+    and paths, or of many reports, cannot recover its state and predict the
+    rest, as it can for PCG64 (issue 12, attack 7). The mechanisms take any
+    numpy Generator, so it plugs in where PCG64 was. ``seed`` (tests and
+    benchmarks only) keys it deterministically.
+    """
+    key = int.from_bytes(os.urandom(32), "big") if seed is None else seed % 2**256
+    return np.random.Generator(ChaCha(key=key, rounds=20))
 
 
 class JoinRefused(AnonMLError):
     """Raised by :func:`join_round` when the peer declines to continue: the
     manifest changed under it, the seed does not open its commitment, it is
-    not on the roster, the aggregator disagrees about its partition, or a
-    release would exceed its budget. ``reason`` is a short machine-readable
-    name (counted by the demo)."""
+    not on the roster, the aggregator disagrees about its partition, a signed
+    document fails to verify, the aggregator equivocated (``"equivocation"``,
+    both documents stored), or a release would exceed its budget. ``reason``
+    is a short machine-readable name (counted by the demo)."""
 
     def __init__(self, reason: str, message: str) -> None:
         self.reason = reason
         super().__init__(message)
 
 
+class Equivocation(JoinRefused):
+    """Two documents signed by the round's aggregator that contradict each other; ``proof`` holds both."""
+
+    def __init__(self, proof: EquivocationProof) -> None:
+        self.proof = proof
+        super().__init__("equivocation", f"the aggregator signed two different {proof.kind} documents for one slot; both are stored")
+
+
 Clock = Callable[[], float]
-
-
-@lru_cache(maxsize=1024)
-def _oracle(name: str, epsilon: float, m: int, n: int) -> FrequencyOracle:
-    """The survey's frequency oracle, built once per process: ``"auto"``
-    chooses by the partition size ``n``, as the aggregator does (DESIGN.md §8)."""
-    return make_oracle(name, epsilon, m, n=n)
 
 
 async def sleep_until_wall(when: float, now: Clock = time.time) -> None:
@@ -104,16 +143,23 @@ async def sleep_until_wall(when: float, now: Clock = time.time) -> None:
 
 
 class _SingleFlight:
-    """Fetch each keyed document once per process; concurrent askers wait for the first."""
+    """Fetch each keyed document once per process; concurrent askers wait for the first.
+
+    A refusal (a failed check, an equivocation) is kept like a value: every
+    peer waiting on that document gets it, nobody fetches again.
+    """
 
     def __init__(self) -> None:
         self._values: dict[object, object] = {}
+        self._refusals: dict[object, JoinRefused] = {}
         self._pending: dict[object, trio.Event] = {}
 
     async def get(self, key: object, fetch: Callable[[], Awaitable[T]]) -> T:
         while True:
             if key in self._values:
                 return self._values[key]  # type: ignore[return-value]
+            if key in self._refusals:
+                raise self._refusals[key]
             pending = self._pending.get(key)
             if pending is None:
                 break
@@ -123,9 +169,26 @@ class _SingleFlight:
             value = await fetch()
             self._values[key] = value
             return value
+        except JoinRefused as refused:
+            self._refusals[key] = refused
+            raise
         finally:
             del self._pending[key]
             event.set()
+
+
+@dataclass(frozen=True)
+class LogView:
+    """One partition's receipt-log segment at one check, verified; ``compared`` says whether a mirror agreed."""
+
+    heads: dict[SurveyId, TreeHead]
+    documents: dict[SurveyId, SignedDocument]
+    leaves: dict[SurveyId, frozenset[bytes]]
+    ordered: dict[SurveyId, tuple[bytes, ...]]
+    compared: bool
+
+    def contains(self, survey: SurveyId, receipt: bytes) -> bool:
+        return receipt in self.leaves.get(survey, frozenset())
 
 
 @dataclass
@@ -133,8 +196,8 @@ class RoundSession:
     """The public side of one round, shared by every peer of a process.
 
     ``client`` talks to the aggregator; ``transport`` sends packets to
-    relays. Documents are fetched once per ``key`` (the manifest once per
-    phase, the receipt log once per check time).
+    relays; a mirror client per relay that mirrors (``RelayEntry.mirror_url``)
+    is opened on first use. Documents are fetched once per ``key``.
     """
 
     client: AggregatorClient
@@ -146,6 +209,7 @@ class RoundSession:
     slots: trio.CapacityLimiter = field(default_factory=lambda: trio.CapacityLimiter(32))
     _cache: _SingleFlight = field(default_factory=_SingleFlight)
     _keys: dict[bytes, tuple[SphinxGeometry, IssuerPublicKey]] = field(default_factory=dict)
+    _mirrors: dict[str, AggregatorClient] = field(default_factory=dict)
 
     def round_keys(self, signed: SignedManifest) -> tuple[SphinxGeometry, IssuerPublicKey]:
         """The round's packet geometry and token key, parsed once per process."""
@@ -154,8 +218,68 @@ class RoundSession:
             self._keys[signed.round_id] = (manifest.sphinx_geometry(), IssuerPublicKey.from_bytes(manifest.token_public_key))
         return self._keys[signed.round_id]
 
+    async def aclose(self) -> None:
+        for mirror in self._mirrors.values():
+            await mirror.aclose()
+
+    def _mirror_clients(self, manifest: RoundManifest) -> list[AggregatorClient]:
+        """Every relay mirror the manifest lists, in a random order (each process asks them in its own order)."""
+        urls = [relay.mirror_url for relay in manifest.relays if relay.mirror_url is not None]
+        random.SystemRandom().shuffle(urls)
+        for url in urls:
+            if url not in self._mirrors:
+                self._mirrors[url] = AggregatorClient(url, max_connections=4, retry_for=2.0)
+        return [self._mirrors[url] for url in urls]
+
+    async def _from_a_mirror(self, manifest: RoundManifest, fetch: Callable[[AggregatorClient], Awaitable[T | None]], until: float) -> T | None:
+        """The first answer any mirror gives (polling all of them until ``until``), or None."""
+        attempt = 0
+        while manifest.relays and any(relay.mirror_port is not None for relay in manifest.relays):
+            for mirror in self._mirror_clients(manifest):
+                try:
+                    value = await fetch(mirror)
+                except (AggregatorError, InvalidDocument):
+                    continue
+                if value is not None:
+                    return value
+            if self.now() > until:
+                return None
+            await trio.sleep(retry_delay(attempt))
+            attempt += 1
+        return None
+
     async def manifest(self, phase: str) -> SignedManifest:
         return await self._cache.get(("manifest", phase), self.client.manifest)
+
+    async def compare_manifest(self, signed: SignedManifest) -> bool:
+        """Whether a relay mirror holds this very manifest; raises Equivocation if it holds a rival one.
+
+        A rival is another manifest signed by the same identity for a round
+        of the same name whose schedule overlaps this one's (DESIGN.md §4:
+        every peer must see the same manifest). False when no mirror answered.
+        """
+        manifest = signed.manifest
+
+        async def compare() -> bool:
+            identity = manifest.identity_key
+
+            async def fetch(mirror: AggregatorClient) -> SignedManifest | None:
+                mirrored = await mirror.mirrored_manifest(identity)
+                if mirrored is not None:
+                    mirrored.verify(identity)
+                return mirrored
+
+            mirrored = await self._from_a_mirror(manifest, fetch, min(manifest.schedule.t_register_end, self.now() + 30.0))
+            if mirrored is None:
+                return False
+            if mirrored.round_id == signed.round_id:
+                return True
+            other = mirrored.manifest
+            if other.name == manifest.name and _overlap(other, manifest):
+                raise Equivocation(EquivocationProof(signed.round_id, "manifest", signed.to_json(), mirrored.to_json()))
+            return False
+
+        return await self._cache.get(("compare-manifest", signed.round_id), compare)
 
     async def _poll(self, key: object, fetch: Callable[[], Awaitable[T | None]], until: float, what: str) -> T:
         async def poll() -> T:
@@ -171,70 +295,128 @@ class RoundSession:
 
         return await self._cache.get(key, poll)
 
-    async def roster(self, manifest: RoundManifest, round_id: bytes) -> RosterResponse:
-        """The signed roster with the seed revealed; its signature is checked
-        once per process (one Ed25519 check over every key of the round)."""
+    async def roster(self, signed: SignedManifest) -> tuple[RosterResponse, RosterHead]:
+        """The signed roster once final: its head, every entry's own signature and the root checked once
+        per process, the seed checked against the commitment, and the head compared with a mirror's."""
+        manifest, round_id = signed.manifest, signed.round_id
 
-        async def revealed() -> RosterResponse | None:
-            roster = await self.client.roster()
-            if roster is None or roster.seed is None:
-                return None
-            roster.verify(manifest.identity_key, round_id)
-            return roster
+        async def final() -> RosterResponse | None:
+            return await self.client.roster()
 
         await sleep_until_wall(manifest.schedule.t_register_end, self.now)
-        return await self._poll("roster", revealed, manifest.schedule.t_issue_end, "the roster and seed")
+        roster = await self._poll("roster", final, manifest.schedule.t_issue_end, "the roster and seed")
+
+        async def check() -> tuple[RosterResponse, RosterHead]:
+            try:
+                head = roster.verify(manifest.identity_key, round_id)
+            except InvalidDocument as exc:
+                raise JoinRefused("bad-roster", f"the roster does not verify: {exc}") from None
+            if head.seed is None or not check_seed(head.seed, manifest.seed_commitment):
+                raise JoinRefused("seed-mismatch", "the revealed seed does not open the manifest's commitment; refusing the round")
+
+            async def fetch(mirror: AggregatorClient) -> SignedDocument | None:
+                return await mirror.mirrored_roster_head(manifest.identity_key)
+
+            mirrored = await self._from_a_mirror(manifest, fetch, manifest.schedule.t_issue_end - _MARGIN)
+            if mirrored is not None:
+                mirrored.verify(manifest.identity_key, kind=DocumentKind.ROSTER_HEAD, round_id=round_id)
+                if not mirrored.same_as(roster.head):
+                    raise Equivocation(EquivocationProof(round_id, "roster-head", roster.head.to_json(), mirrored.to_json()))
+            return roster, head
+
+        return await self._cache.get("roster-checked", check)
+
+    async def plan(self, signed: SignedManifest, spec: FeatureSpec) -> PartitionPlan:
+        """Partitions, subsets and oracles as everyone derives them (``protocol.PartitionPlan``)."""
+        roster, head = await self.roster(signed)
+        assert head.seed is not None
+
+        async def derive() -> PartitionPlan:
+            return PartitionPlan.derive(signed.manifest, spec, roster.keys, head.seed or b"", head.root)
+
+        return await self._cache.get("plan", derive)
+
+    async def _signed(self, key: object, manifest: RoundManifest, fetch: Callable[[], Awaitable[SignedDocument | None]],
+                      until: float, what: str, kind: DocumentKind) -> SignedDocument:
+        document = await self._poll(key, fetch, until, what)
+        try:
+            document.verify(manifest.identity_key, kind=kind, round_id=manifest.round_id)
+        except InvalidDocument as exc:
+            raise JoinRefused("bad-signature", f"{what}: {exc}") from None
+        return document
 
     async def thresholds(self, manifest: RoundManifest, sub_round: int) -> MedianThresholds:
         phase = manifest.schedule.median[sub_round]
-        return await self._poll(("median", sub_round), lambda: self.client.median(sub_round), phase.send_end, f"median sub-round {sub_round}")
+        document = await self._signed(("median", sub_round), manifest, lambda: self.client.median(sub_round), phase.send_end,
+                                      f"median sub-round {sub_round}", DocumentKind.THRESHOLDS)
+        return MedianThresholds.from_document(document)
 
     async def medians(self, manifest: RoundManifest) -> MedianResults:
         if manifest.schedule.median:
             await sleep_until_wall(manifest.schedule.median[-1].t_r, self.now)
-        return await self._poll("medians", self.client.medians, manifest.schedule.data.send_end, "the medians")
+        document = await self._signed("medians", manifest, self.client.medians, manifest.schedule.data.send_end,
+                                      "the medians", DocumentKind.MEDIANS)
+        return MedianResults.from_document(document)
 
-    async def receipts(self, at: float) -> ReceiptLog:
-        """The whole receipt log as of wall time ``at`` (fetched once for everyone waiting on ``at``)."""
-        await sleep_until_wall(at, self.now)
-        return await self._cache.get(("receipts", at), self.client.receipts)
+    async def log_view(self, manifest: RoundManifest, kind: SurveyKind, partition: int, check: Check) -> LogView | None:
+        """One partition's log segment at ``check``, verified and compared with a mirror; None if none came in time.
 
-    async def settled_receipts(self, manifest: RoundManifest, survey: SurveyId) -> ReceiptLog:
-        """The receipt log once the aggregator has verified every packet of ``survey``'s phase.
-
-        Packets that reached it before ``t_r`` may still wait in its inbox
-        (durable, not yet verified) at ``t_r``. The aggregator publishes the
-        next sub-round's thresholds, the medians, or the round report only
-        after the phase's packets are stored, so those mark the log final.
+        Every peer of the partition makes this same request at the same
+        scheduled time, whatever happened to its packets (DESIGN.md §5).
         """
-        phase = manifest.schedule.phase_of(survey)
-        await sleep_until_wall(phase.t_r, self.now)
-        if survey.kind == SurveyKind.MEDIAN and survey.partition + 1 < manifest.median_rounds:
-            key: object = ("median", survey.partition + 1)
-            await self._poll(key, lambda: self.client.median(survey.partition + 1), phase.t_r + _SETTLE_SECONDS, "the next thresholds")
-        elif survey.kind == SurveyKind.MEDIAN:
-            key = "medians"
-            await self._poll(key, self.client.medians, phase.t_r + _SETTLE_SECONDS, "the medians")
-        else:
-            key = "report"
-            await self._poll(key, self.client.report, phase.t_r + _SETTLE_SECONDS, "the round report")
-        return await self._cache.get(("settled", key), self.client.receipts)
+        phase = manifest.schedule.data if kind is SurveyKind.DATA else manifest.schedule.median[partition]
+        at = phase.check_time(check)
+        until = phase.t_2 - _MARGIN if check is Check.FIRST else phase.t_r + _SETTLE_SECONDS
 
-    async def assignment(self, manifest: RoundManifest, roster: RosterResponse) -> dict[bytes, tuple[int, int]]:
-        """Identity key -> (partition, partition size), as everyone derives it from the seed."""
+        async def view() -> LogView | None:
+            await sleep_until_wall(at, self.now)
+            try:
+                segment = await self._poll(("segment", kind, partition, check), lambda: self.client.segment(kind, partition, check),
+                                           until, "the receipt log")
+            except AggregatorError:
+                return None
+            try:
+                heads = segment.verify(manifest.identity_key, manifest.round_id, check)
+            except InvalidDocument as exc:
+                raise JoinRefused("bad-log", f"the receipt log does not verify: {exc}") from None
+            compared = await self._compare_heads(manifest, segment, heads, until)
+            documents = {TreeHead.from_document(d).survey: d for d in segment.heads}
+            return LogView(heads, documents, {s: frozenset(d) for s, d in segment.leaves.items()}, dict(segment.leaves), compared)
 
-        async def derive() -> dict[bytes, tuple[int, int]]:
-            assert roster.seed is not None
-            partitions = assign_partitions(roster.seed, list(roster.roster), manifest.k_p).partition
-            sizes = np.bincount(partitions, minlength=manifest.k_p)
-            return {key: (int(p), int(sizes[p])) for key, p in zip(roster.roster, partitions, strict=True)}
+        return await self._cache.get(("log", kind, partition, check), view)
 
-        return await self._cache.get(("assignment", roster.seed), derive)
+    async def _compare_heads(self, manifest: RoundManifest, segment: ReceiptSegment, heads: dict[SurveyId, TreeHead], until: float) -> bool:
+        """Whether a mirror holds the same signed head for every survey; raises Equivocation on a different one."""
+        wanted = {(head.survey, head.check) for head in heads.values()}
+
+        async def fetch(mirror: AggregatorClient) -> HeadsResponse | None:
+            mirrored = await mirror.mirrored_heads(manifest.identity_key)
+            if mirrored is None:
+                return None
+            mirrored.verify(manifest.identity_key, manifest.round_id)
+            have = {(h.survey, h.check) for h in map(TreeHead.from_document, mirrored.heads)}
+            return mirrored if wanted <= have else None
+
+        mirrored = await self._from_a_mirror(manifest, fetch, until)
+        if mirrored is None:
+            return False
+        theirs = {(head.survey, head.check): document for document in mirrored.heads for head in (TreeHead.from_document(document),)}
+        for document in segment.heads:
+            head = TreeHead.from_document(document)
+            other = theirs[(head.survey, head.check)]
+            if not other.same_as(document):
+                raise Equivocation(EquivocationProof(manifest.round_id, "tree-head", document.to_json(), other.to_json()))
+        return True
+
+
+def _overlap(a: RoundManifest, b: RoundManifest) -> bool:
+    """Whether two rounds' schedules overlap (from the end of registration to the end of the round)."""
+    return a.schedule.t_register_end <= b.schedule.end and b.schedule.t_register_end <= a.schedule.end
 
 
 @dataclass
 class Peer:
-    """One peer: its identity, its store, its feature vector and its randomness."""
+    """One peer: its identity, its store, its feature vector and its randomness (see :func:`peer_generator`)."""
 
     identity: PeerIdentity
     store: PeerStore
@@ -251,9 +433,11 @@ class JoinResult:
     packets: int = 0
     sends: int = 0
     resends: int = 0
+    covers: int = 0
     acknowledged: int = 0
     missing: int = 0
     unconfirmed: int = 0
+    resumed: bool = False
     epsilon_spent: float = 0.0
     events: list[str] = field(default_factory=list)
 
@@ -279,17 +463,23 @@ def planned_releases(manifest: RoundManifest, spec: FeatureSpec) -> tuple[dict[s
 
 
 def check_manifest_unchanged(peer: Peer, signed: SignedManifest, aggregator: str) -> None:
-    """Refuse a manifest whose hash differs from the one this peer registered under (DESIGN.md §4)."""
-    try:
-        peer.store.remember_manifest(peer.identity.public_key, aggregator, signed.manifest.name, signed.round_id)
-    except StoreError as exc:
-        raise JoinRefused("manifest-changed", str(exc)) from None
+    """Refuse a manifest whose hash differs from the one this peer registered under (DESIGN.md §4).
+
+    Both are signed by the aggregator for one round name: the peer keeps the
+    two as a proof of equivocation and stops.
+    """
+    first = peer.store.remember_manifest(peer.identity.public_key, aggregator, signed.manifest.name, signed.round_id, signed.to_json())
+    if first is not None:
+        proof = EquivocationProof(signed.round_id, "manifest", first, signed.to_json())
+        peer.store.record_equivocation(peer.identity.public_key, proof)
+        raise JoinRefused("manifest-changed", f"round {signed.manifest.name!r} at {aggregator} now has manifest hash "
+                          f"{signed.round_id.hex()!r}, not the one this peer registered under; both are stored")
 
 
 def choose_path(relays: Sequence[RelayEntry], length: int, rng: np.random.Generator, avoid: set[bytes] | None = None) -> list[RelayEntry]:
     """``length`` distinct relays in random order, chosen independently per packet.
 
-    Relays in ``avoid`` (those on paths whose packet went missing) are used
+    Relays in ``avoid`` (those on paths this message already took) are used
     only when there are not enough others.
     """
     avoid = avoid or set()
@@ -300,46 +490,17 @@ def choose_path(relays: Sequence[RelayEntry], length: int, rng: np.random.Genera
     return [chosen[i] for i in rng.permutation(len(chosen))]
 
 
-def late_windows(start: int, end: int, n_relays: int) -> list[ReleaseWindow]:
-    """Hop windows for a resend that leaves at ``start`` and must arrive by ``end``.
-
-    The same slicing as ``protocol.hop_windows`` (relay ``k`` in slice ``k``,
-    the last slice for link latency) over what is left of the delivery window.
-    """
-    slice_length = (end - start) // (n_relays + 1)
-    if slice_length < 1:
-        raise JoinRefused("window-closed", f"no time left to resend: {end - start!r} s for {n_relays!r} relays")
-    windows = [ReleaseWindow(start + k * slice_length, start + (k + 1) * slice_length) for k in range(n_relays)]
-    windows.append(ReleaseWindow(start, end))
-    return windows
-
-
-def receipt_check_time(manifest: RoundManifest, survey: SurveyId) -> float:
-    """When to read the receipt log for ``survey``'s packets.
-
-    Not before the last relay's window has closed (every packet released),
-    and as late as still leaves a resend enough time to cross every relay
-    (one second per hop window plus the slack slice): the later the check,
-    the more time the aggregator has had to verify what arrived, so fewer
-    packets look missing that are merely queued.
-    """
-    windows = hop_windows(manifest.schedule, survey, manifest.path_length)
-    t_r = manifest.schedule.phase_of(survey).t_r
-    slack = t_r - windows[-2].end
-    resend_time = max(manifest.path_length + 2, slack // 2)
-    return max(windows[-2].end + _MARGIN, t_r - resend_time)
-
-
 @dataclass
 class _Outgoing:
-    """One message this peer sends, and the paths it has tried."""
+    """One message this peer sends, and the relays its paths have used."""
 
-    survey: SurveyId
-    message: bytes
-    receipt: bytes
+    sealed: SealedReport
     phase: PhaseTimes
     tried: set[bytes] = field(default_factory=set)
-    sends: int = 0
+
+    @property
+    def survey(self) -> SurveyId:
+        return self.sealed.survey
 
 
 class PeerRound:
@@ -347,11 +508,11 @@ class PeerRound:
 
     The steps, in order (DESIGN.md §3): :meth:`register`, :meth:`partition`,
     :meth:`obtain_credential` (whose result the caller stores in
-    ``credential``), :meth:`answer_median`, :meth:`send_subsets` and
-    :meth:`confirm` for what each sending step returned. :func:`join_round`
-    runs them all after checking the round's worst case against the ledger;
-    tests drive them one at a time to stand in for a peer that stops early or
-    misbehaves after registering.
+    ``credential``), :meth:`answer_median`, :meth:`send_subsets`, and
+    :meth:`second_chance` for what each sending step returned.
+    :func:`join_round` runs them all after checking the round's worst case
+    against the ledger; tests drive them one at a time to stand in for a
+    peer that stops early or misbehaves after registering.
     """
 
     def __init__(self, peer: Peer, session: RoundSession, signed: SignedManifest, pipeline: RoundPipeline, listener: Listener) -> None:
@@ -373,35 +534,50 @@ class PeerRound:
         self.result.events.append(event)
         self.listener(event)
 
+    def stored(self, refused: JoinRefused) -> JoinRefused:
+        """Keep an equivocation's two signed documents in this peer's store before it stops."""
+        if isinstance(refused, Equivocation):
+            self.peer.store.record_equivocation(self.key, refused.proof)
+            self.emit("equivocation")
+        return refused
+
     async def recheck_manifest(self, phase: str) -> None:
         check_manifest_unchanged(self.peer, await self.session.manifest(phase), self.session.client.base_url)
 
     async def register(self) -> None:
+        """Compare the manifest with a mirror's, then register (a resumed peer is already registered)."""
         check_manifest_unchanged(self.peer, self.signed, self.session.client.base_url)
-        request = RegisterRequest.create(self.peer.identity.signing_key, self.round_id, self.peer.invitation)
         try:
-            await self.session.client.register(request)
-        except AggregatorError as exc:
-            # A peer resuming after a crash is already registered: that is not a failure.
-            if exc.status != 409:
-                raise
+            if not await self.session.compare_manifest(self.signed):
+                self.emit("manifest-unmirrored")
+        except JoinRefused as refused:
+            raise self.stored(refused) from None
+        registration = self.peer.store.registration(self.key, self.round_id)
+        if registration is not None and registration.credential is not None:
+            self.result.resumed = True
+            self.emit("resumed")
+            return
+        request = RegisterRequest.create(self.peer.identity.signing_key, self.round_id, self.peer.invitation)
+        await self.session.client.register(request)
         self.emit("registered")
 
     async def partition(self) -> tuple[int, int, tuple[tuple[str, ...], ...]]:
-        roster = await self.session.roster(self.manifest, self.round_id)
-        assert roster.seed is not None
-        if not check_seed(roster.seed, self.manifest.seed_commitment):
-            raise JoinRefused("seed-mismatch", "the revealed seed does not open the manifest's commitment; refusing the round")
-        assignment = await self.session.assignment(self.manifest, roster)
-        if self.key not in assignment:
+        try:
+            plan = await self.session.plan(self.signed, self.spec)
+        except JoinRefused as refused:
+            raise self.stored(refused) from None
+        if self.key not in plan.partition_of:
             raise JoinRefused("not-rostered", f"identity {self.key.hex()!r} is not on the round's roster")
-        partition, size = assignment[self.key]
-        subsets = derive_subsets(roster.seed, self.spec.names, self.manifest.plan, self.manifest.k_p, self.manifest.k_h, self.manifest.k_s)[partition]
+        partition = plan.partition_of[self.key]
         self.peer.store.set_partition(self.key, self.round_id, partition)
         self.result.partition = partition
-        return partition, size, subsets
+        return partition, plan.sizes[partition], plan.subsets[partition]
 
     async def obtain_credential(self, partition: int) -> Credential:
+        """The credential stored before a crash, or a new one obtained blindly (one per peer per round)."""
+        registration = self.peer.store.registration(self.key, self.round_id)
+        if registration is not None and registration.credential is not None:
+            return Credential.from_bytes(registration.credential)
         await self.recheck_manifest("issuance")
         async with self.session.slots:
             secret = CredentialSecret.generate()
@@ -416,97 +592,114 @@ class PeerRound:
         return credential
 
     def prepare(self, survey: SurveyId, report: bytes, phase: PhaseTimes) -> _Outgoing:
-        """Token, padded message and receipt for one report; stored before anything is sent."""
+        """Seal one report (``protocol.seal_report``); stored before anything is sent."""
         assert self.credential is not None
-        ctx = survey.to_bytes()
-        token = make_token(self.issuer_key, self.credential, ctx, bound_bytes(survey, report))
-        message = SurveyMessage(survey, token, report).to_bytes(self.geometry.message_size)
-        receipt = tag_digest(self.credential, ctx)
-        self.peer.store.record_packet(self.key, self.round_id, ctx, message, receipt)
+        sealed = seal_report(self.issuer_key, self.credential, survey, report, self.geometry.message_size)
+        self.peer.store.record_packet(self.key, self.round_id, survey.to_bytes(), sealed.message, sealed.receipt)
         self.result.packets += 1
-        return _Outgoing(survey, message, receipt, phase)
+        return _Outgoing(sealed, phase)
 
-    def _hops(self, relays: Sequence[RelayEntry], windows: Sequence[ReleaseWindow]) -> list[PathHop]:
-        hops = [PathHop(r.node_id, NodeAddress(r.host, r.port), r.public_key, w) for r, w in zip(relays, windows, strict=False)]
-        last = self.manifest.aggregator_hop
-        hops.append(PathHop(last.node_id, NodeAddress(last.host, last.port), last.public_key, windows[-1]))
-        return hops
+    def stored_outgoing(self, survey: SurveyId, phase: PhaseTimes) -> _Outgoing | None:
+        """What a resumed peer already sealed for ``survey`` (it sends the same message, never a new one)."""
+        stored = self.peer.store.packet(self.key, survey.to_bytes())
+        if stored is None:
+            return None
+        return _Outgoing(SealedReport(survey, stored.message, stored.receipt), phase)
 
-    async def send_once(self, out: _Outgoing, windows: Sequence[ReleaseWindow], deadline: float) -> bool:
-        """Send ``out`` over a fresh path; True once the first relay acknowledges it durably."""
+    async def send_once(self, survey: SurveyId, message: bytes, tried: set[bytes], attempt: Attempt, deadline: float) -> bool:
+        """Send ``message`` over a fresh path in ``attempt``'s hop windows; True once the first relay acknowledges it durably."""
         while self.session.now() < deadline:
-            relays = choose_path(self.manifest.relays, self.manifest.path_length, self.peer.rng, out.tried)
-            out.tried.update(r.node_id for r in relays)
-            packet = build_packet(self.geometry, self._hops(relays, windows), out.message)
+            relays = choose_path(self.manifest.relays, self.manifest.path_length, self.peer.rng, tried)
+            tried.update(r.node_id for r in relays)
+            packet = self.manifest.packet(relays, survey, message, attempt)
             # Half the time left per attempt: a first relay that is down must
             # leave time to try a path through another one.
             left = max(0.0, deadline - self.session.now())
             give_up_at = trio.current_time() + (left if left < 2.0 else max(2.0, left / 2))
             status = await self.session.transport.send(relays[0].host, relays[0].port, packet, give_up_at=give_up_at)
-            out.sends += 1
             self.result.sends += 1
-            self.peer.store.count_send(self.key, out.survey.to_bytes())
+            self.peer.store.count_send(self.key, survey.to_bytes())
             if status is AckStatus.ACCEPTED:
                 return True
             self.emit("first-hop-failed")
         return False
 
-    async def send_in_window(self, out: _Outgoing) -> None:
-        """Send at a uniformly random time in ``[t_s, t_s + δ]`` (thesis §5.1)."""
-        phase = out.phase
-        await sleep_until_wall(self.peer.rng.uniform(phase.t_s, phase.send_end), self.session.now)
-        windows = hop_windows(self.manifest.schedule, out.survey, self.manifest.path_length)
+    async def send_in_window(self, survey: SurveyId, message: bytes, phase: PhaseTimes, attempt: Attempt, tried: set[bytes]) -> None:
+        """Send at a uniformly random time of ``attempt``'s send window (thesis §5.1), whatever the message is."""
+        start, end = phase.send_window(attempt)
+        await sleep_until_wall(self.peer.rng.uniform(start, end), self.session.now)
         # A packet must reach the first relay before that relay's window closes.
-        await self.send_once(out, windows, windows[0].end - _MARGIN)
+        windows = self.manifest.hop_windows(survey, attempt)
+        await self.send_once(survey, message, tried, attempt, windows[0].end - _MARGIN)
+
+    async def send_first(self, out: _Outgoing) -> None:
+        await self.send_in_window(out.survey, out.sealed.message, out.phase, Attempt.FIRST, out.tried)
         self.emit("sent")
 
-    async def confirm(self, outgoing: Sequence[_Outgoing]) -> None:
-        """Read the receipt log once every relay has released; resend what is missing."""
+    async def second_chance(self, kind: SurveyKind, partition: int, outgoing: Sequence[_Outgoing]) -> None:
+        """The phase's first check, the uniform second-chance window, and the final check (DESIGN.md §3.7, §5).
+
+        Every peer of the partition makes the same requests at the same
+        times and sends exactly one packet per survey it answered. It resends
+        only when a log that a mirror confirms lacks its receipt; a log it
+        could not compare with any mirror, or none at all, gets covers (a
+        resend decided on a log shown to this peer alone would name it).
+        """
         if not outgoing:
             return
-        phase = outgoing[0].phase
-        log = await self.session.receipts(receipt_check_time(self.manifest, outgoing[0].survey))
-        for out in outgoing:
-            if log.contains(out.survey, out.receipt):
-                self.acknowledged(out)
-                continue
-            start = math.ceil(self.session.now())
-            try:
-                late = late_windows(start, phase.t_r, self.manifest.path_length)
-            except JoinRefused:
-                continue  # no time left to resend; the final check below decides
-            self.result.resends += 1
-            self.emit("resent")
-            await self.send_once(out, late, late[0].end - _MARGIN)
-        pending = [out for out in outgoing if not log.contains(out.survey, out.receipt)]
-        if pending:
-            # After t_r nothing more is accepted: once the aggregator has
-            # verified what arrived, the log says what counted.
-            try:
-                final = await self.session.settled_receipts(self.manifest, outgoing[0].survey)
-            except AggregatorError:
-                # The log could not be read (the aggregator stopped serving):
-                # the packets may well have counted, but the peer cannot tell.
-                self.result.unconfirmed += len(pending)
-                for _ in pending:
-                    self.emit("unconfirmed")
-                return
-            for out in pending:
-                if final.contains(out.survey, out.receipt):
-                    self.acknowledged(out)
+        try:
+            view = await self.session.log_view(self.manifest, kind, partition, Check.FIRST)
+        except JoinRefused as refused:
+            raise self.stored(refused) from None
+        if view is None or not view.compared:
+            self.emit("log-unverified")
+        async with trio.open_nursery() as nursery:
+            for out in outgoing:
+                missing = view is not None and view.compared and not view.contains(out.survey, out.sealed.receipt)
+                if missing:
+                    self.result.resends += 1
+                    self.emit("resent")
+                    message = out.sealed.message
                 else:
-                    self.result.missing += 1
-                    self.emit("missing")
+                    self.result.covers += 1
+                    message = CoverMessage(out.survey).to_bytes(self.geometry.message_size)
+                nursery.start_soon(self.send_in_window, out.survey, message, out.phase, Attempt.SECOND, out.tried)
+        try:
+            final = await self.session.log_view(self.manifest, kind, partition, Check.FINAL)
+        except JoinRefused as refused:
+            raise self.stored(refused) from None
+        if final is not None and view is not None:
+            self._check_grew(view, final)
+        for out in outgoing:
+            if final is None:
+                self.result.unconfirmed += 1
+                self.emit("unconfirmed")
+            elif final.contains(out.survey, out.sealed.receipt):
+                self.peer.store.acknowledge(self.key, out.survey.to_bytes())
+                self.result.acknowledged += 1
+                self.emit("acknowledged")
+            else:
+                self.result.missing += 1
+                self.emit("missing")
 
-    def acknowledged(self, out: _Outgoing) -> None:
-        self.peer.store.acknowledge(self.key, out.survey.to_bytes())
-        self.result.acknowledged += 1
-        self.emit("acknowledged")
+    def _check_grew(self, first: LogView, final: LogView) -> None:
+        """The final log must extend the first (append-only); two signed heads that disagree are a proof."""
+        for survey, head in first.heads.items():
+            later = final.ordered.get(survey, ())
+            if later[: head.size] != first.ordered[survey]:
+                # The two signed heads, whose leaves (served with them) show the rewritten history.
+                proof = EquivocationProof(self.round_id, "tree-head", first.documents[survey].to_json(), final.documents[survey].to_json())
+                raise self.stored(Equivocation(proof)) from None
 
     async def answer_median(self, partition: int) -> list[_Outgoing]:
         """Sub-round ``partition`` queries this peer (thesis Algorithm 1): one perturbed bit per feature."""
-        if partition >= self.manifest.median_rounds:
+        if partition >= self.manifest.median_rounds or not self.spec.numeric_names:
             return []
+        survey = SurveyId.median(self.round_id, partition)
+        phase = self.manifest.schedule.median[partition]
+        resumed = self.stored_outgoing(survey, phase)
+        if resumed is not None:
+            return [resumed]
         try:
             thresholds = await self.session.thresholds(self.manifest, partition)
         except AggregatorError:
@@ -514,9 +707,6 @@ class PeerRound:
             # the search; it still sends its data (nothing was spent).
             self.emit("median-missed")
             return []
-        survey = SurveyId.median(self.round_id, partition)
-        if thresholds.survey != survey:
-            raise JoinRefused("bad-thresholds", f"thresholds for sub-round {partition} name survey {thresholds.survey}")
         bits = [
             answer_is_greater(float(self.peer.vector.features[name]), threshold, self.manifest.eps_median, self.peer.rng)
             for name, threshold in zip(thresholds.features, thresholds.thresholds, strict=True)
@@ -524,11 +714,15 @@ class PeerRound:
         report = encode_median_report(bits)
         async with self.session.slots:
             self.ledger.spend_median(survey, thresholds.features, self.manifest.eps_median)
-            out = self.prepare(survey, report, self.manifest.schedule.median[partition])
-        await self.send_in_window(out)
-        return [out]
+            return [self.prepare(survey, report, phase)]
 
-    async def send_subsets(self, partition: int, size: int, subsets: Sequence[tuple[str, ...]]) -> list[_Outgoing]:
+    async def seal_subsets(self, partition: int, subsets: Sequence[tuple[str, ...]]) -> list[_Outgoing]:
+        """One sealed report per subset (or what a resumed peer sealed before)."""
+        phase = self.manifest.schedule.data
+        surveys = [SurveyId.data(self.round_id, partition, index) for index in range(len(subsets))]
+        resumed = [self.stored_outgoing(survey, phase) for survey in surveys]
+        if all(out is not None for out in resumed):
+            return [out for out in resumed if out is not None]
         medians = await self.session.medians(self.manifest) if self.spec.numeric_names else MedianResults({})
         cut_points: dict[str, list[float]] = {}
         for feature in self.spec.features:
@@ -537,19 +731,28 @@ class PeerRound:
                     raise JoinRefused("no-median", f"no published median for {feature.name!r}")
                 cut_points[feature.name] = [medians.medians[feature.name]]
         bins = self.pipeline.bins(self.peer.vector, cut_points)
+        plan = await self.session.plan(self.signed, self.spec)
         outgoing = []
-        for index, subset in enumerate(subsets):
+        for index, (subset, survey) in enumerate(zip(subsets, surveys, strict=True)):
+            if resumed[index] is not None:
+                outgoing.append(resumed[index])
+                continue
             value = self.pipeline.encode_subset(subset, bins, self.peer.vector.label)
-            oracle = _oracle(self.manifest.oracle, self.manifest.eps_data, self.spec.domain_size(subset), size)
+            oracle = plan.oracle(partition, index)
             report = oracle.encode_report(oracle.privatize(np.asarray([value]), self.peer.rng)[0])
-            survey = SurveyId.data(self.round_id, partition, index)
             async with self.session.slots:
                 self.ledger.spend_subset(survey, subset, self.manifest.eps_data)
-                outgoing.append(self.prepare(survey, report, self.manifest.schedule.data))
+                outgoing.append(self.prepare(survey, report, phase))
+        return [out for out in outgoing if out is not None]
+
+    async def phase(self, kind: SurveyKind, partition: int, outgoing: Sequence[_Outgoing]) -> None:
+        """Send each message in the first window, then the phase's second chance and final check."""
+        if not outgoing:
+            return
         async with trio.open_nursery() as nursery:
             for out in outgoing:
-                nursery.start_soon(self.send_in_window, out)
-        return outgoing
+                nursery.start_soon(self.send_first, out)
+        await self.second_chance(kind, partition, outgoing)
 
 
 async def join_round(
@@ -560,12 +763,14 @@ async def join_round(
     *,
     listener: Listener = _ignore,
 ) -> JoinResult:
-    """Take part in the round ``signed`` describes, from registration to receipts.
+    """Take part in the round ``signed`` describes, from registration to the final receipt check.
 
     The caller has fetched ``signed`` (``session.manifest("join")``), built
     ``pipeline`` from its feature spec, computed ``peer.vector`` with it and
-    obtained the peer's consent. Raises :class:`JoinRefused`,
-    :class:`AggregatorError` or :class:`mechanisms.BudgetExceeded`.
+    obtained the peer's consent. A peer whose store already holds its
+    registration and credential for this round (a crashed run) resumes with
+    them. Raises :class:`JoinRefused` (:class:`Equivocation` after storing
+    the proof), :class:`AggregatorError` or :class:`mechanisms.BudgetExceeded`.
     """
     async with session.slots:
         run = PeerRound(peer, session, signed, pipeline, listener)
@@ -573,15 +778,19 @@ async def join_round(
         try:
             run.ledger.check(medians=medians, subsets=subsets)
         except BudgetExceeded as exc:
-            raise JoinRefused("budget", str(exc)) from None
-        await run.register()
-    partition, size, my_subsets = await run.partition()
+            if not run.peer.store.spends(run.key, run.round_id):
+                raise JoinRefused("budget", str(exc)) from None
+    await run.register()
+    partition, _, my_subsets = await run.partition()
     run.credential = await run.obtain_credential(partition)
-    median_out = await run.answer_median(partition)
+
+    async def median_phase() -> None:
+        await run.phase(SurveyKind.MEDIAN, partition, await run.answer_median(partition))
+
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(run.confirm, median_out)
+        nursery.start_soon(median_phase)
         await run.recheck_manifest("data")
-        data_out = await run.send_subsets(partition, size, my_subsets)
-    await run.confirm(data_out)
+        data_out = await run.seal_subsets(partition, my_subsets)
+        await run.phase(SurveyKind.DATA, partition, data_out)
     run.result.epsilon_spent = run.ledger.spent()
     return run.result

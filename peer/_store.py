@@ -22,7 +22,7 @@ from anonml.storage import Database, Schema
 SCHEMA = Schema(
     name="peer",
     application_id=0x414E5002,  # "ANP\x02"
-    version=1,
+    version=2,
     tables="""
 CREATE TABLE registrations (
     peer TEXT NOT NULL,
@@ -32,6 +32,7 @@ CREATE TABLE registrations (
     registered_at REAL NOT NULL,
     partition INTEGER,
     credential BLOB,
+    manifest BLOB,
     PRIMARY KEY (peer, aggregator, round_name)
 );
 CREATE TABLE spends (
@@ -54,8 +55,32 @@ CREATE TABLE packets (
     acknowledged INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (peer, survey)
 );
+CREATE TABLE equivocations (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    peer TEXT NOT NULL,
+    round_id TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    first BLOB NOT NULL,
+    second BLOB NOT NULL,
+    detected_at REAL NOT NULL
+);
 """,
-    # Peers from before stores were versioned wrote these same tables.
+    migrations={
+        # Version 2 (issue 12): proofs of equivocation, two signed documents that contradict each other.
+        1: """
+ALTER TABLE registrations ADD COLUMN manifest BLOB;
+CREATE TABLE equivocations (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    peer TEXT NOT NULL,
+    round_id TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    first BLOB NOT NULL,
+    second BLOB NOT NULL,
+    detected_at REAL NOT NULL
+);
+""",
+    },
+    # Peers from before stores were versioned wrote the version-1 tables.
     unversioned=1,
 )
 
@@ -102,6 +127,16 @@ class StoredPacket:
     acknowledged: bool
 
 
+@dataclass(frozen=True)
+class EquivocationProof:
+    """Two documents signed by one aggregator identity that cannot both be true (DESIGN.md §5)."""
+
+    round_id: bytes
+    kind: str
+    first: bytes
+    second: bytes
+
+
 class PeerStore:
     """A peer's SQLite database in WAL mode.
 
@@ -133,30 +168,30 @@ class PeerStore:
             return None
         return Registration(round_id, row[0], row[1], row[2], row[3])
 
-    def remember_manifest(self, peer: bytes, aggregator: str, round_name: str, round_id: bytes) -> None:
+    def remember_manifest(self, peer: bytes, aggregator: str, round_name: str, round_id: bytes, manifest: bytes = b"") -> bytes | None:
         """Record the manifest (by its hash, the round id) a peer registers under.
 
         A round is what one aggregator calls ``round_name``; if it later serves
         a manifest with another hash under that name the peer refuses it
         (DESIGN.md §4: "a peer refuses a round whose manifest hash differs
-        from the one it registered under").
+        from the one it registered under"). Returns None, or the signed
+        manifest first remembered when ``round_id`` differs from it (the
+        caller keeps both as a proof of equivocation).
         """
         with self._database.transaction() as db:
             row = db.execute(
-                "SELECT round_id FROM registrations WHERE peer=? AND aggregator=? AND round_name=?",
+                "SELECT round_id, manifest FROM registrations WHERE peer=? AND aggregator=? AND round_name=?",
                 (peer.hex(), aggregator, round_name),
             ).fetchone()
             if row is None:
                 db.execute(
-                    "INSERT INTO registrations (peer, aggregator, round_name, round_id, registered_at)"
-                    " VALUES (?, ?, ?, ?, ?)",
-                    (peer.hex(), aggregator, round_name, round_id.hex(), time.time()),
+                    "INSERT INTO registrations (peer, aggregator, round_name, round_id, registered_at, manifest)"
+                    " VALUES (?, ?, ?, ?, ?, ?)",
+                    (peer.hex(), aggregator, round_name, round_id.hex(), time.time(), manifest),
                 )
             elif row[0] != round_id.hex():
-                raise StoreError(
-                    f"round {round_name!r} at {aggregator} now has manifest hash {round_id.hex()!r}, "
-                    f"but this peer registered under {row[0]!r}; refusing the round"
-                )
+                return bytes(row[1] or b"")
+        return None
 
     def set_partition(self, peer: bytes, round_id: bytes, partition: int) -> None:
         self._write(
@@ -237,6 +272,31 @@ class PeerStore:
 
     def count_send(self, peer: bytes, survey: bytes) -> None:
         self._write("UPDATE packets SET sends=sends+1 WHERE peer=? AND survey=?", (peer.hex(), survey.hex()))
+
+    def packets(self, peer: bytes, round_id: bytes) -> list[StoredPacket]:
+        """Every packet recorded for ``peer`` in ``round_id`` (a resumed peer sends these, never new ones)."""
+        with self._database.read() as db:
+            rows = db.execute(
+                "SELECT survey, message, receipt, sends, acknowledged FROM packets WHERE peer=? AND round_id=? ORDER BY survey",
+                (peer.hex(), round_id.hex()),
+            ).fetchall()
+        return [StoredPacket(bytes.fromhex(r[0]), r[1], bytes.fromhex(r[2]), r[3], bool(r[4])) for r in rows]
+
+    # -- equivocation ------------------------------------------------------
+
+    def record_equivocation(self, peer: bytes, proof: EquivocationProof) -> None:
+        """Keep both signed documents: anyone can check the signatures and see the contradiction."""
+        self._write(
+            "INSERT INTO equivocations (peer, round_id, kind, first, second, detected_at) VALUES (?, ?, ?, ?, ?, ?)",
+            (peer.hex(), proof.round_id.hex(), proof.kind, proof.first, proof.second, time.time()),
+        )
+
+    def equivocations(self, peer: bytes) -> list[EquivocationProof]:
+        with self._database.read() as db:
+            rows = db.execute(
+                "SELECT round_id, kind, first, second FROM equivocations WHERE peer=? ORDER BY id", (peer.hex(),)
+            ).fetchall()
+        return [EquivocationProof(bytes.fromhex(r[0]), r[1], r[2], r[3]) for r in rows]
 
     def acknowledge(self, peer: bytes, survey: bytes) -> None:
         self._write("UPDATE packets SET acknowledged=1 WHERE peer=? AND survey=?", (peer.hex(), survey.hex()))

@@ -4,30 +4,38 @@ Every body is parsed by a strict, size-bounded ``from_json`` that raises
 :class:`InvalidApiMessage` naming the offending field; the aggregator answers
 such input with a 4xx ``{"error": reason}``. Byte strings are lowercase hex.
 
-=====================  =======================================================
-``GET /v1/manifest``    :class:`SignedManifest` JSON (manifest, signature, round_id)
-``POST /v1/register``   :class:`RegisterRequest` → :class:`RegisterResponse`
-``GET /v1/roster``      :class:`RosterResponse` (seed is null until revealed)
-``POST /v1/credential`` :class:`CredentialRequest` → :class:`CredentialResponse`
-``GET /v1/median/{i}``  :class:`MedianThresholds` (404 until published)
-``GET /v1/medians``     :class:`MedianResults` (404 until the median phase ends)
-``GET /v1/receipts``    :class:`ReceiptLog` (the whole log, for every survey)
-``GET /v1/status``      :class:`RoundStatus`
-``GET /v1/report``      the round report JSON (404 until the round has ended)
-=====================  =======================================================
+==========================================  ==========================================================
+``GET /v1/manifest``                        :class:`SignedManifest` JSON (manifest, signature, round_id)
+``POST /v1/register``                       :class:`RegisterRequest` → :class:`RegisterResponse`
+``GET /v1/roster``                          :class:`RosterResponse`: the signed roster head and every entry
+``GET /v1/roster/head``                     the signed :class:`RosterHead` alone (what relays mirror)
+``POST /v1/credential``                     :class:`CredentialRequest` → :class:`CredentialResponse`
+``GET /v1/median/{i}``                      signed :class:`MedianThresholds` (404 until published)
+``GET /v1/medians``                         signed :class:`MedianResults` (404 until the median phase ends)
+``GET /v1/receipts/{kind}/{p}/{check}``     :class:`ReceiptSegment`: one partition's surveys of a phase at a check
+``GET /v1/heads``                           :class:`HeadsResponse`: every signed tree head so far (what relays mirror)
+``GET /v1/status``                          signed :class:`RoundStatus`
+``GET /v1/report``                          the signed round report (404 until the round has ended)
+==========================================  ==========================================================
+
+Signed documents travel in :class:`protocol.SignedDocument` envelopes; the
+``from_body`` of each typed document reads a verified envelope's body.
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import math
 import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from anonml.protocol._canonical import FieldReader, InvalidDocument, canonical_json, parse_json_object
+from anonml.protocol._merkle import HASH_BYTES, consistency_proof, root_of_hashes, leaf_hash, verify_consistency
+from anonml.protocol._schedule import PHASES, Check, RoundPhase, RoundSchedule
+from anonml.protocol._signed import DocumentKind, SignedDocument
 from anonml.protocol._survey import ROUND_ID_BYTES, SURVEY_ID_BYTES, InvalidSurveyId, SurveyId
 
 if TYPE_CHECKING:
@@ -36,25 +44,42 @@ if TYPE_CHECKING:
 PATH_MANIFEST = "/v1/manifest"
 PATH_REGISTER = "/v1/register"
 PATH_ROSTER = "/v1/roster"
+PATH_ROSTER_HEAD = "/v1/roster/head"
 PATH_CREDENTIAL = "/v1/credential"
 PATH_MEDIAN = "/v1/median/{i}"
 PATH_MEDIANS = "/v1/medians"
-PATH_RECEIPTS = "/v1/receipts"
+PATH_RECEIPTS = "/v1/receipts/{kind}/{partition}/{check}"
+PATH_HEADS = "/v1/heads"
 PATH_STATUS = "/v1/status"
 PATH_REPORT = "/v1/report"
+PATH_MIRROR = "/v1/mirror/{identity}"
+"""A relay's read-only mirror of one aggregator's documents (``relay._mirror``)."""
+
+
+def mirror_path(identity: bytes, what: str) -> str:
+    """The mirror's path for ``what`` (``manifest``, ``roster/head``, ``heads``, ``conflicts``) of one aggregator."""
+    return PATH_MIRROR.format(identity=identity.hex()) + "/" + what
 
 MAX_REQUEST_BYTES = 16 * 1024
 """Largest request body the aggregator reads (a credential request is well under 2 KiB)."""
 MAX_RESPONSE_BYTES = 64 * 1024 * 1024
 """Largest response a client should read (the receipt log of a 100k-peer round fits)."""
 MAX_INVITATION_CHARS = 128
-MAX_ROSTER = 1_000_000
+MAX_ROSTER = 100_000
+"""The most entries any roster may hold: a full roster's JSON (at most
+:data:`MAX_ROSTER_ENTRY_JSON` bytes per entry) stays well under
+:data:`MAX_RESPONSE_BYTES`, so every client can read it (issue 12: ~1M
+entries broke the peers' own size limits)."""
+MAX_ROSTER_ENTRY_JSON = 64 + 64 + 128 + 48
+"""Bytes of one roster entry in JSON: hex key, nonce and signature, and the field names."""
+MAX_LOG_LEAVES = 2 * MAX_ROSTER
+"""The most receipts one survey's log may list (one per rostered peer; twice for slack)."""
+NONCE_BYTES = 32
 MAX_CREDENTIAL_REQUEST_BYTES = 4096
 IDENTITY_KEY_BYTES = 32
 SIGNATURE_BYTES = 64
 
-_REGISTER_DOMAIN = b"anonml/register/v1"
-_ROSTER_DOMAIN = b"anonml/roster/v1"
+_ROSTER_ENTRY_DOMAIN = b"anonml/roster-entry/v1"
 _CREDENTIAL_DOMAIN = b"anonml/credential/v1"
 _RECEIPT_DOMAIN = b"anonml/receipt/v1"
 
@@ -91,51 +116,85 @@ def _reader(data: bytes | str | Mapping[str, Any], max_bytes: int = MAX_REQUEST_
     return FieldReader(dict(obj), "", InvalidApiMessage)
 
 
-def registration_bytes(round_id: bytes, identity_key: bytes, invitation: str | None) -> bytes:
-    """What a peer signs to register: ``domain ‖ round_id ‖ identity_key ‖ len ‖ invitation``."""
-    code = (invitation or "").encode("utf-8")
-    return b"".join((_REGISTER_DOMAIN, round_id, identity_key, struct.pack(">H", len(code)), code))
+def roster_entry_bytes(round_id: bytes, identity_key: bytes, nonce: bytes) -> bytes:
+    """What a peer signs to register, and what its roster entry proves: ``domain ‖ round_id ‖ key ‖ nonce``.
+
+    The nonce is fresh per registration: the roster's Merkle root, and with
+    it the partition seed ``H(seed ‖ root)``, depends on values nobody knew
+    when the aggregator committed to its seed (DESIGN.md §3 step 3).
+    """
+    return b"".join((_ROSTER_ENTRY_DOMAIN, round_id, identity_key, nonce))
+
+
+@dataclass(frozen=True)
+class RosterEntry:
+    """One registration as the public roster lists it: the peer's key, its nonce, its signature over both."""
+
+    identity_key: bytes
+    nonce: bytes
+    signature: bytes
+
+    def verify(self, round_id: bytes) -> None:
+        """Raise InvalidApiMessage unless ``identity_key`` signed ``(round_id, identity_key, nonce)``."""
+        _verify_ed25519(self.identity_key, roster_entry_bytes(round_id, self.identity_key, self.nonce), self.signature, "signature")
+
+    def leaf(self) -> bytes:
+        """The entry's bytes as a leaf of the roster's Merkle tree (RFC 9162 §2.1)."""
+        return self.identity_key + self.nonce + self.signature
+
+    def to_dict(self) -> dict[str, str]:
+        return {"key": self.identity_key.hex(), "nonce": self.nonce.hex(), "signature": self.signature.hex()}
+
+    @classmethod
+    def read(cls, reader: FieldReader) -> RosterEntry:
+        entry = cls(
+            reader.hex("key", size=IDENTITY_KEY_BYTES),
+            reader.hex("nonce", size=NONCE_BYTES),
+            reader.hex("signature", size=SIGNATURE_BYTES),
+        )
+        reader.done()
+        return entry
 
 
 @dataclass(frozen=True)
 class RegisterRequest:
-    """``POST /v1/register``: proves control of ``identity_key`` for round ``round_id``."""
+    """``POST /v1/register``: a signed roster entry for round ``round_id``, and an invitation code if the round needs one.
 
-    identity_key: bytes
+    The invitation is not signed: it is a bearer code and must not appear in
+    the public roster, whose entries everyone verifies.
+    """
+
+    entry: RosterEntry
     invitation: str | None
     round_id: bytes
-    signature: bytes
+
+    @property
+    def identity_key(self) -> bytes:
+        return self.entry.identity_key
 
     @classmethod
-    def create(cls, signing_key: SigningKey, round_id: bytes, invitation: str | None = None) -> RegisterRequest:
+    def create(cls, signing_key: SigningKey, round_id: bytes, invitation: str | None = None, *, nonce: bytes | None = None) -> RegisterRequest:
+        import os
+
         identity_key = bytes(signing_key.verify_key)
-        signature = signing_key.sign(registration_bytes(round_id, identity_key, invitation)).signature
-        return cls(identity_key, invitation, round_id, signature)
+        fresh = os.urandom(NONCE_BYTES) if nonce is None else nonce
+        signature = signing_key.sign(roster_entry_bytes(round_id, identity_key, fresh)).signature
+        return cls(RosterEntry(identity_key, fresh, signature), invitation, round_id)
 
     def verify(self) -> None:
         """Raise InvalidApiMessage (field ``signature``) unless signed by ``identity_key``."""
-        _verify_ed25519(
-            self.identity_key, registration_bytes(self.round_id, self.identity_key, self.invitation), self.signature, "signature"
-        )
+        self.entry.verify(self.round_id)
 
     def to_json(self) -> bytes:
-        return canonical_json(
-            {
-                "identity_key": self.identity_key.hex(),
-                "invitation": self.invitation,
-                "round_id": self.round_id.hex(),
-                "signature": self.signature.hex(),
-            }
-        )
+        return canonical_json({"entry": self.entry.to_dict(), "invitation": self.invitation, "round_id": self.round_id.hex()})
 
     @classmethod
     def from_json(cls, data: bytes | str | Mapping[str, Any]) -> RegisterRequest:
         reader = _reader(data)
         request = cls(
-            identity_key=reader.hex("identity_key", size=IDENTITY_KEY_BYTES),
+            entry=RosterEntry.read(reader.child("entry")),
             invitation=reader.string("invitation", max_len=MAX_INVITATION_CHARS, pattern=r"[\x21-\x7e]+", nullable=True),
             round_id=reader.hex("round_id", size=ROUND_ID_BYTES),
-            signature=reader.hex("signature", size=SIGNATURE_BYTES),
         )
         reader.done()
         return request
@@ -156,54 +215,95 @@ class RegisterResponse:
         return response
 
 
-def roster_bytes(round_id: bytes, roster: Sequence[bytes], seed: bytes | None) -> bytes:
-    """What the aggregator signs for ``GET /v1/roster``: the sorted keys and the seed once revealed."""
-    return b"".join((_ROSTER_DOMAIN, round_id, struct.pack(">I", len(roster)), *roster, seed or b""))
+def roster_root(entries: Sequence[RosterEntry]) -> bytes:
+    """The roster's Merkle root (RFC 9162 §2.1) over its entries in key order."""
+    return root_of_hashes([leaf_hash(entry.leaf()) for entry in entries])
+
+
+def partition_seed(seed: bytes, root: bytes) -> bytes:
+    """``H(seed ‖ roster root)``: what orders peers into partitions (DESIGN.md §3 step 3).
+
+    The aggregator committed to ``seed`` before registration opened and the
+    root depends on every peer's fresh nonce, so no registrant can predict the
+    partitions, and the aggregator cannot pick a seed after seeing the keys.
+    """
+    return hashlib.sha256(b"anonml/partition-seed/v1" + seed + root).digest()
+
+
+@dataclass(frozen=True)
+class RosterHead:
+    """The signed summary of a roster: its size, Merkle root and, once revealed, the aggregator's seed.
+
+    Relays mirror it; a peer compares the head it was served with a
+    mirror's before it derives its partition (DESIGN.md §5).
+    """
+
+    size: int
+    root: bytes
+    seed: bytes | None
+
+    def to_body(self) -> dict[str, Any]:
+        return {"size": self.size, "root": self.root.hex(), "seed": None if self.seed is None else self.seed.hex()}
+
+    def sign(self, signing_key: SigningKey, round_id: bytes) -> SignedDocument:
+        return SignedDocument.create(signing_key, DocumentKind.ROSTER_HEAD, round_id, self.to_body())
+
+    @classmethod
+    def from_document(cls, document: SignedDocument) -> RosterHead:
+        reader = document.fields(InvalidApiMessage)
+        head = cls(reader.integer("size", 0, MAX_ROSTER), reader.hex("root", size=HASH_BYTES), reader.hex_bytes("seed", size=32, nullable=True))
+        reader.done()
+        return head
 
 
 @dataclass(frozen=True)
 class RosterResponse:
-    """``GET /v1/roster``: the registered identity keys, sorted, and the partition seed once revealed.
+    """``GET /v1/roster``: the signed head and every entry, sorted by key.
 
-    Peers check ``seed`` against the manifest's ``seed_commitment``
-    (``protocol.check_seed``) before deriving partitions.
+    :meth:`verify` checks the head's signature, every entry's own signature
+    and that the entries hash to the signed root; the peer then checks the
+    seed against the manifest's commitment (``protocol.check_seed``).
     """
 
-    roster: tuple[bytes, ...]
-    seed: bytes | None
-    signature: bytes
+    head: SignedDocument
+    entries: tuple[RosterEntry, ...]
 
     @classmethod
-    def create(cls, signing_key: SigningKey, round_id: bytes, roster: Sequence[bytes], seed: bytes | None) -> RosterResponse:
-        ordered = tuple(sorted(roster))
-        return cls(ordered, seed, signing_key.sign(roster_bytes(round_id, ordered, seed)).signature)
+    def create(cls, signing_key: SigningKey, round_id: bytes, entries: Sequence[RosterEntry], seed: bytes | None) -> RosterResponse:
+        ordered = tuple(sorted(entries, key=lambda entry: entry.identity_key))
+        head = RosterHead(len(ordered), roster_root(ordered), seed)
+        return cls(head.sign(signing_key, round_id), ordered)
 
-    def verify(self, identity_key: bytes, round_id: bytes) -> None:
-        """Raise InvalidApiMessage unless the aggregator ``identity_key`` signed this roster for ``round_id``."""
-        _verify_ed25519(identity_key, roster_bytes(round_id, self.roster, self.seed), self.signature, "signature")
+    @property
+    def keys(self) -> tuple[bytes, ...]:
+        return tuple(entry.identity_key for entry in self.entries)
+
+    def verify(self, identity_key: bytes, round_id: bytes) -> RosterHead:
+        """The verified head; raises InvalidApiMessage (or InvalidSignedDocument) naming what failed."""
+        self.head.verify(identity_key, kind=DocumentKind.ROSTER_HEAD, round_id=round_id)
+        head = RosterHead.from_document(self.head)
+        if head.size != len(self.entries) or not hmac.compare_digest(head.root, roster_root(self.entries)):
+            raise InvalidApiMessage("entries", "the roster entries do not hash to the signed root")
+        for entry in self.entries:
+            entry.verify(round_id)
+        return head
 
     def to_json(self) -> bytes:
-        return canonical_json(
-            {
-                "roster": [key.hex() for key in self.roster],
-                "seed": None if self.seed is None else self.seed.hex(),
-                "signature": self.signature.hex(),
-            }
-        )
+        return canonical_json({"head": self.head.to_dict(), "entries": [entry.to_dict() for entry in self.entries]})
 
     @classmethod
     def from_json(cls, data: bytes | str | Mapping[str, Any]) -> RosterResponse:
         reader = _reader(data, MAX_RESPONSE_BYTES)
-        items = reader.items("roster", max_items=MAX_ROSTER)
-        roster = tuple(
-            reader.decode_hex(item, f"roster[{index}]", size=IDENTITY_KEY_BYTES) for index, item in enumerate(items)
+        head = SignedDocument.read(reader.child("head"))
+        entries = tuple(
+            RosterEntry.read(reader.nested(item, f"entries[{index}]"))
+            for index, item in enumerate(reader.items("entries", max_items=MAX_ROSTER))
         )
-        if list(roster) != sorted(set(roster)):
-            reader.fail("roster", "must be sorted and without duplicates")
-        seed = reader.hex_bytes("seed", size=32, nullable=True)
-        response = cls(roster, seed, reader.hex("signature", size=SIGNATURE_BYTES))
+        keys = [entry.identity_key for entry in entries]
+        if keys != sorted(set(keys)):
+            reader.fail("entries", "must be sorted by key and without duplicates")
         reader.done()
-        return response
+        return cls(head, entries)
 
 
 def credential_bytes(round_id: bytes, identity_key: bytes, request: bytes) -> bytes:
@@ -278,7 +378,7 @@ def _finite(reader: FieldReader, value: object, field: str) -> float:
 
 @dataclass(frozen=True)
 class MedianThresholds:
-    """``GET /v1/median/{i}``: the value each numeric feature is compared with in sub-round ``i``.
+    """``GET /v1/median/{i}`` (signed): the value each numeric feature is compared with in sub-round ``i``.
 
     A peer of partition ``i`` answers with one perturbed bit per feature,
     ``x > threshold``, in the order of ``features`` (``encode_median_report``).
@@ -289,19 +389,20 @@ class MedianThresholds:
     features: tuple[str, ...]
     thresholds: tuple[float, ...]
 
-    def to_json(self) -> bytes:
-        return canonical_json(
-            {
-                "sub_round": self.sub_round,
-                "survey": self.survey.to_bytes().hex(),
-                "features": list(self.features),
-                "thresholds": list(self.thresholds),
-            }
-        )
+    def to_body(self) -> dict[str, Any]:
+        return {
+            "sub_round": self.sub_round,
+            "survey": self.survey.to_bytes().hex(),
+            "features": list(self.features),
+            "thresholds": list(self.thresholds),
+        }
+
+    def sign(self, signing_key: SigningKey) -> SignedDocument:
+        return SignedDocument.create(signing_key, DocumentKind.THRESHOLDS, self.survey.round_id, self.to_body())
 
     @classmethod
-    def from_json(cls, data: bytes | str | Mapping[str, Any]) -> MedianThresholds:
-        reader = _reader(data, MAX_RESPONSE_BYTES)
+    def from_document(cls, document: SignedDocument) -> MedianThresholds:
+        reader = document.fields(InvalidApiMessage)
         sub_round = reader.integer("sub_round", 0, 2**16 - 1)
         survey = _survey(reader, reader.hex("survey", size=SURVEY_ID_BYTES), "survey")
         features = tuple(
@@ -314,6 +415,8 @@ class MedianThresholds:
         reader.done()
         if len(features) != len(thresholds):
             reader.fail("thresholds", f"{len(thresholds)} thresholds for {len(features)} features")
+        if survey != SurveyId.median(document.round_id, sub_round):
+            reader.fail("survey", f"names {survey}, not median sub-round {sub_round} of this round")
         return cls(sub_round, survey, features, thresholds)
 
 
@@ -326,16 +429,19 @@ def _survey(reader: FieldReader, raw: bytes, field: str) -> SurveyId:
 
 @dataclass(frozen=True)
 class MedianResults:
-    """``GET /v1/medians``: the final private median of each numeric feature (thesis Algorithm 1)."""
+    """``GET /v1/medians`` (signed): the final private median of each numeric feature (thesis Algorithm 1)."""
 
     medians: Mapping[str, float]
 
-    def to_json(self) -> bytes:
-        return canonical_json({"medians": dict(self.medians)})
+    def to_body(self) -> dict[str, Any]:
+        return {"medians": dict(self.medians)}
+
+    def sign(self, signing_key: SigningKey, round_id: bytes) -> SignedDocument:
+        return SignedDocument.create(signing_key, DocumentKind.MEDIANS, round_id, self.to_body())
 
     @classmethod
-    def from_json(cls, data: bytes | str | Mapping[str, Any]) -> MedianResults:
-        reader = _reader(data, MAX_RESPONSE_BYTES)
+    def from_document(cls, document: SignedDocument) -> MedianResults:
+        reader = document.fields(InvalidApiMessage)
         raw = reader.obj("medians")
         medians: dict[str, float] = {}
         for key, value in raw.items():
@@ -346,80 +452,197 @@ class MedianResults:
 
 
 @dataclass(frozen=True)
-class ReceiptLog:
-    """``GET /v1/receipts``: per survey (hex of ``SurveyId.to_bytes()``), the receipt digests of accepted tokens.
+class TreeHead:
+    """One signed head of one survey's receipt log at one scheduled check (DESIGN.md §5).
 
-    Every peer downloads the whole log, so fetching it reveals nothing; a peer
-    finds ``receipt_digest(its tag digest)`` under its survey (DESIGN.md §5).
+    ``root`` is the RFC 9162 Merkle tree hash of the first ``size`` receipt
+    digests in acceptance order. The aggregator signs exactly one head per
+    survey per check; two different signed heads for the same ``(survey,
+    check)``, or heads whose sizes and roots are not consistent, prove
+    equivocation.
     """
 
-    receipts: Mapping[SurveyId, tuple[bytes, ...]]
+    survey: SurveyId
+    check: Check
+    size: int
+    root: bytes
 
-    @cached_property
-    def _index(self) -> dict[SurveyId, frozenset[bytes]]:
-        # Built once: every peer of a process looks its own digests up in one log.
-        return {survey: frozenset(digests) for survey, digests in self.receipts.items()}
+    def to_body(self) -> dict[str, Any]:
+        return {"survey": self.survey.to_bytes().hex(), "check": int(self.check), "size": self.size, "root": self.root.hex()}
 
-    def contains(self, survey: SurveyId, tag_digest: bytes) -> bool:
-        return receipt_digest(tag_digest) in self._index.get(survey, frozenset())
+    def sign(self, signing_key: SigningKey) -> SignedDocument:
+        return SignedDocument.create(signing_key, DocumentKind.TREE_HEAD, self.survey.round_id, self.to_body())
+
+    @classmethod
+    def from_document(cls, document: SignedDocument) -> TreeHead:
+        reader = document.fields(InvalidApiMessage)
+        survey = _survey(reader, reader.hex("survey", size=SURVEY_ID_BYTES), "survey")
+        head = cls(survey, Check(reader.integer("check", 0, len(Check) - 1)), reader.integer("size", 0, MAX_LOG_LEAVES), reader.hex("root", size=HASH_BYTES))
+        reader.done()
+        if survey.round_id != document.round_id:
+            reader.fail("survey", "belongs to another round")
+        return head
+
+
+def receipt_leaves_root(digests: Sequence[bytes]) -> bytes:
+    """The Merkle root of a receipt log's leaves (the receipt digests, in acceptance order)."""
+    return root_of_hashes([leaf_hash(digest) for digest in digests])
+
+
+@dataclass(frozen=True)
+class ReceiptSegment:
+    """``GET /v1/receipts/{kind}/{p}/{check}``: the signed heads and every leaf of one partition's surveys of a phase.
+
+    Partition membership is public (the signed roster and the seed give it),
+    so every peer of partition ``p`` fetches the same segment at the same
+    scheduled time and looks for its own receipts locally: the request names
+    nothing the aggregator did not know (DESIGN.md §5).
+    """
+
+    heads: tuple[SignedDocument, ...]
+    leaves: Mapping[SurveyId, tuple[bytes, ...]]
+
+    def verify(self, identity_key: bytes, round_id: bytes, check: Check) -> dict[SurveyId, TreeHead]:
+        """Each survey's verified head; raises InvalidApiMessage unless every head is signed and its leaves hash to it."""
+        verified: dict[SurveyId, TreeHead] = {}
+        for document in self.heads:
+            document.verify(identity_key, kind=DocumentKind.TREE_HEAD, round_id=round_id)
+            head = TreeHead.from_document(document)
+            leaves = self.leaves.get(head.survey)
+            if head.check != check or leaves is None or head.survey in verified:
+                raise InvalidApiMessage("heads", f"unexpected head for {head.survey} at check {int(head.check)}")
+            if head.size != len(leaves) or not hmac.compare_digest(head.root, receipt_leaves_root(leaves)):
+                raise InvalidApiMessage("leaves", f"the leaves of {head.survey} do not hash to its signed head")
+            verified[head.survey] = head
+        if set(verified) != set(self.leaves):
+            raise InvalidApiMessage("leaves", "leaves without a signed head")
+        return verified
 
     def to_json(self) -> bytes:
         return canonical_json(
-            {"receipts": {survey.to_bytes().hex(): [digest.hex() for digest in digests] for survey, digests in self.receipts.items()}}
+            {
+                "heads": [head.to_dict() for head in self.heads],
+                "leaves": {survey.to_bytes().hex(): [d.hex() for d in digests] for survey, digests in self.leaves.items()},
+            }
         )
 
     @classmethod
-    def from_json(cls, data: bytes | str | Mapping[str, Any]) -> ReceiptLog:
+    def from_json(cls, data: bytes | str | Mapping[str, Any]) -> ReceiptSegment:
         reader = _reader(data, MAX_RESPONSE_BYTES)
-        raw = reader.obj("receipts")
-        receipts: dict[SurveyId, tuple[bytes, ...]] = {}
+        heads = tuple(
+            SignedDocument.read(reader.nested(item, f"heads[{i}]")) for i, item in enumerate(reader.items("heads", max_items=4096))
+        )
+        raw = reader.obj("leaves")
+        if len(raw) > 4096:
+            reader.fail("leaves", f"{len(raw)} surveys exceed the limit of 4096")
+        leaves: dict[SurveyId, tuple[bytes, ...]] = {}
         for key, digests in raw.items():
-            field = f"receipts.{str(key)[:16]}"
+            field = f"leaves.{str(key)[:16]}"
             survey = _survey(reader, reader.decode_hex(key, field, size=SURVEY_ID_BYTES), field)
-            items = reader.nested({"d": digests}, field).items("d", max_items=MAX_ROSTER)
-            receipts[survey] = tuple(reader.decode_hex(item, f"{field}[{i}]", size=32) for i, item in enumerate(items))
+            items = reader.nested({"d": digests}, field).items("d", max_items=MAX_LOG_LEAVES)
+            leaves[survey] = tuple(reader.decode_hex(item, f"{field}[{i}]", size=HASH_BYTES) for i, item in enumerate(items))
         reader.done()
-        return cls(receipts)
+        return cls(heads, leaves)
+
+
+@dataclass(frozen=True)
+class HeadsResponse:
+    """``GET /v1/heads``: every signed tree head published so far, and the proofs that each log only grew.
+
+    ``proofs[survey]`` is the RFC 9162 §2.1.4 consistency proof from the
+    survey's first-check head to its final head (present once both exist).
+    Relays mirror this document and serve it read-only; peers compare the
+    heads of their surveys with a mirror's (DESIGN.md §5).
+    """
+
+    heads: tuple[SignedDocument, ...]
+    proofs: Mapping[SurveyId, tuple[bytes, ...]]
+
+    def verify(self, identity_key: bytes, round_id: bytes) -> dict[tuple[SurveyId, Check], TreeHead]:
+        """Every head by ``(survey, check)``; raises InvalidApiMessage for a bad signature, two heads for one check,
+        or a final head that is not consistent with the first."""
+        verified: dict[tuple[SurveyId, Check], TreeHead] = {}
+        for document in self.heads:
+            document.verify(identity_key, kind=DocumentKind.TREE_HEAD, round_id=round_id)
+            head = TreeHead.from_document(document)
+            if (head.survey, head.check) in verified:
+                raise InvalidApiMessage("heads", f"two heads for {head.survey} at check {int(head.check)}")
+            verified[(head.survey, head.check)] = head
+        for (survey, check), final in verified.items():
+            first = verified.get((survey, Check.FIRST))
+            if check is Check.FINAL and first is not None:
+                proof = self.proofs.get(survey)
+                if proof is None or not verify_consistency(first.size, final.size, first.root, final.root, proof):
+                    raise InvalidApiMessage("proofs", f"the final head of {survey} is not consistent with its first")
+        return verified
+
+    def to_json(self) -> bytes:
+        return canonical_json(
+            {
+                "heads": [head.to_dict() for head in self.heads],
+                "proofs": {survey.to_bytes().hex(): [p.hex() for p in proof] for survey, proof in self.proofs.items()},
+            }
+        )
+
+    @classmethod
+    def from_json(cls, data: bytes | str | Mapping[str, Any]) -> HeadsResponse:
+        reader = _reader(data, MAX_RESPONSE_BYTES)
+        heads = tuple(
+            SignedDocument.read(reader.nested(item, f"heads[{i}]")) for i, item in enumerate(reader.items("heads", max_items=65536))
+        )
+        raw = reader.obj("proofs")
+        if len(raw) > 65536:
+            reader.fail("proofs", f"{len(raw)} proofs exceed the limit")
+        proofs: dict[SurveyId, tuple[bytes, ...]] = {}
+        for key, items in raw.items():
+            field = f"proofs.{str(key)[:16]}"
+            survey = _survey(reader, reader.decode_hex(key, field, size=SURVEY_ID_BYTES), field)
+            path = reader.nested({"p": items}, field).items("p", max_items=64)
+            proofs[survey] = tuple(reader.decode_hex(item, f"{field}[{i}]", size=HASH_BYTES) for i, item in enumerate(path))
+        reader.done()
+        return cls(heads, proofs)
+
+
+def log_consistency_proof(digests: Sequence[bytes], first: int) -> tuple[bytes, ...]:
+    """The consistency proof from the head of the first ``first`` receipts to the head of all of them."""
+    return tuple(consistency_proof(digests, first)) if first else ()
 
 
 @dataclass(frozen=True)
 class RoundStatus:
-    """``GET /v1/status``: where the round is and what it has counted so far.
+    """``GET /v1/status`` (signed): where the round is and what it has counted so far.
 
-    ``phase`` is one of :data:`protocol.PHASES`; ``sub_round`` is the median
+    ``phase`` is a :class:`protocol.RoundPhase`; ``sub_round`` is the median
     sub-round during the median phase, else None; ``counts`` holds
-    ``registered``, ``credentials``, ``accepted``; ``rejected`` maps each
-    rejection reason to its count.
+    ``registered``, ``credentials``, ``accepted`` and the covers by reason
+    (``cover/...``); ``rejected`` maps each rejection reason to its count.
     """
 
     round_id: bytes
-    phase: str
+    phase: RoundPhase
     sub_round: int | None
     now: int
     schedule: Mapping[str, Any]
     counts: Mapping[str, int]
     rejected: Mapping[str, int]
 
-    def to_json(self) -> bytes:
-        return canonical_json(
-            {
-                "round_id": self.round_id.hex(),
-                "phase": self.phase,
-                "sub_round": self.sub_round,
-                "now": self.now,
-                "schedule": dict(self.schedule),
-                "counts": dict(self.counts),
-                "rejected": dict(self.rejected),
-            }
-        )
+    def to_body(self) -> dict[str, Any]:
+        return {
+            "phase": self.phase.value,
+            "sub_round": self.sub_round,
+            "now": self.now,
+            "schedule": dict(self.schedule),
+            "counts": dict(self.counts),
+            "rejected": dict(self.rejected),
+        }
+
+    def sign(self, signing_key: SigningKey) -> SignedDocument:
+        return SignedDocument.create(signing_key, DocumentKind.STATUS, self.round_id, self.to_body())
 
     @classmethod
-    def from_json(cls, data: bytes | str | Mapping[str, Any]) -> RoundStatus:
-        from anonml.protocol._schedule import PHASES, RoundSchedule
-
-        reader = _reader(data, MAX_RESPONSE_BYTES)
-        round_id = reader.hex("round_id", size=ROUND_ID_BYTES)
-        phase = reader.choice("phase", PHASES)
+    def from_document(cls, document: SignedDocument) -> RoundStatus:
+        reader = document.fields(InvalidApiMessage)
+        phase = RoundPhase(reader.choice("phase", PHASES))
         sub_round_raw = reader.raw("sub_round")
         sub_round = None if sub_round_raw is None else reader.integer("sub_round", 0, 2**16 - 1)
         now = reader.integer("now", 0, 2**40)
@@ -427,7 +650,7 @@ class RoundStatus:
         counts = _counts(reader, "counts")
         rejected = _counts(reader, "rejected")
         reader.done()
-        return cls(round_id, phase, sub_round, now, schedule, counts, rejected)
+        return cls(document.round_id, phase, sub_round, now, schedule, counts, rejected)
 
 
 def _counts(reader: FieldReader, key: str) -> dict[str, int]:

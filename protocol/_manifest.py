@@ -11,16 +11,19 @@ a token made for one manifest can never verify under another.
 
 from __future__ import annotations
 
+import enum
 import hashlib
 import hmac
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
-from anonml.crypto import SphinxGeometry
+from anonml.crypto import NodeAddress, PathHop, ReleaseWindow, SphinxGeometry, build_packet
+from anonml.protocol._api import MAX_ROSTER
 from anonml.protocol._canonical import FieldReader, InvalidDocument, canonical_json, format_epsilon, parse_json_object
-from anonml.protocol._schedule import RoundSchedule
-from anonml.protocol._survey import ROUND_ID_BYTES
+from anonml.protocol._schedule import Attempt, RoundSchedule, acceptance_window, hop_windows
+from anonml.protocol._survey import ROUND_ID_BYTES, SurveyId
 
 if TYPE_CHECKING:
     from nacl.signing import SigningKey
@@ -30,8 +33,27 @@ PROTOCOL_VERSION = 1
 MAX_MANIFEST_BYTES = 512 * 1024
 MAX_RELAYS = 256
 SEED_BYTES = 32
-REGISTRATION_POLICIES = ("open", "allow-list", "invitation")
 PLANS = ("split", "one")
+
+
+class RegistrationPolicy(enum.StrEnum):
+    """Who may register (DESIGN.md §3 step 2)."""
+
+    OPEN = "open"
+    """Anyone: Sybils cost nothing, so only a demo or test round may use it."""
+    ALLOW_LIST = "allow-list"
+    INVITATION = "invitation"
+
+
+class RoundPurpose(enum.StrEnum):
+    """What a round is for; ``open`` registration is refused outside demos and tests."""
+
+    PRODUCTION = "production"
+    DEMO = "demo"
+    TEST = "test"
+
+
+REGISTRATION_POLICIES = tuple(policy.value for policy in RegistrationPolicy)
 
 _MANIFEST_DOMAIN = b"anonml/manifest/v1"
 _SEED_DOMAIN = b"anonml/seed/v1"
@@ -67,6 +89,8 @@ class RelayEntry:
     port: int
     public_key: bytes
     key_epoch: int
+    mirror_port: int | None = None
+    """Where the relay serves its read-only mirror of the aggregator's signed documents (``relay._mirror``), if it does."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -75,7 +99,15 @@ class RelayEntry:
             "port": self.port,
             "public_key": self.public_key.hex(),
             "key_epoch": self.key_epoch,
+            "mirror_port": self.mirror_port,
         }
+
+    @property
+    def mirror_url(self) -> str | None:
+        if self.mirror_port is None:
+            return None
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.mirror_port}"
 
     @classmethod
     def read(cls, reader: FieldReader) -> RelayEntry:
@@ -85,6 +117,7 @@ class RelayEntry:
             port=reader.integer("port", 1, _MAX_PORT),
             public_key=reader.hex("public_key", size=32),
             key_epoch=reader.integer("key_epoch", 0, 2**32),
+            mirror_port=reader.integer("mirror_port", 1, _MAX_PORT) if reader.raw("mirror_port", optional=True) is not None else None,
         )
         reader.done()
         return entry
@@ -148,12 +181,17 @@ class RoundManifest:
     token_kid: bytes
     seed_commitment: bytes
     min_participation: int
-    registration: str
+    registration: RegistrationPolicy
     identity_key: bytes
+    purpose: RoundPurpose = RoundPurpose.PRODUCTION
+    max_roster: int = MAX_ROSTER
+    """The most registrations the round admits (at most the protocol's :data:`MAX_ROSTER`)."""
     version: int = PROTOCOL_VERSION
     _canonical: bytes = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "registration", RegistrationPolicy(self.registration))
+        object.__setattr__(self, "purpose", RoundPurpose(self.purpose))
         # One validation path: the constructor's output must parse strictly.
         try:
             encoded = canonical_json(self._to_dict())
@@ -176,7 +214,32 @@ class RoundManifest:
 
     def sphinx_geometry(self) -> SphinxGeometry:
         """The packet geometry of this round (every packet has the same size, DESIGN.md §5)."""
+        return self._geometry
+
+    @cached_property
+    def _geometry(self) -> SphinxGeometry:
         return SphinxGeometry.from_dict(dict(self.geometry))
+
+    def hop_windows(self, survey: SurveyId, attempt: Attempt = Attempt.FIRST) -> list[ReleaseWindow]:
+        """Each hop's release window for a packet of ``survey`` sent in ``attempt`` (``protocol.hop_windows``)."""
+        return hop_windows(self.schedule, survey, self.path_length, attempt)
+
+    def path_hops(self, relays: Sequence[RelayEntry], windows: Sequence[ReleaseWindow]) -> list[PathHop]:
+        """The Sphinx path through ``relays`` and on to the aggregator, each hop told its window."""
+        if len(windows) != len(relays) + 1:
+            raise InvalidManifest("path_length", f"{len(windows)} windows for {len(relays)} relays and the aggregator")
+        hops = [PathHop(r.node_id, NodeAddress(r.host, r.port), r.public_key, w) for r, w in zip(relays, windows, strict=False)]
+        last = self.aggregator_hop
+        hops.append(PathHop(last.node_id, NodeAddress(last.host, last.port), last.public_key, windows[-1]))
+        return hops
+
+    def packet(self, relays: Sequence[RelayEntry], survey: SurveyId, message: bytes, attempt: Attempt = Attempt.FIRST) -> bytes:
+        """A Sphinx packet carrying ``message`` (an encoded end-to-end message) through ``relays`` to the aggregator."""
+        if relays:
+            windows = hop_windows(self.schedule, survey, len(relays), attempt)
+        else:  # straight to the aggregator (tests and benchmarks)
+            windows = [ReleaseWindow(*acceptance_window(self.schedule, survey))]
+        return build_packet(self._geometry, self.path_hops(relays, windows), message)
 
     def to_dict(self) -> dict[str, Any]:
         return self._to_dict()
@@ -204,8 +267,12 @@ class RoundManifest:
             "identity_key": self.identity_key.hex(),
             "token": {"public_key": self.token_public_key.hex(), "kid": self.token_kid.hex()},
             "seed_commitment": self.seed_commitment.hex(),
-            "min_participation": self.min_participation,
-            "registration": self.registration,
+            "participation": {
+                "min_participation": self.min_participation,
+                "registration": str(self.registration),
+                "purpose": str(self.purpose),
+                "max_roster": self.max_roster,
+            },
         }
 
     @classmethod
@@ -272,9 +339,17 @@ class RoundManifest:
         token_kid = token.hex("kid", max_size=64)
         token.done()
         commitment = reader.hex("seed_commitment", size=32)
-        min_participation = reader.integer("min_participation", 1, 2**31)
-        registration = reader.choice("registration", REGISTRATION_POLICIES)
+        participation = reader.child("participation")
+        min_participation = participation.integer("min_participation", 1, 2**31)
+        registration = RegistrationPolicy(participation.choice("registration", REGISTRATION_POLICIES))
+        purpose = RoundPurpose(participation.choice("purpose", tuple(p.value for p in RoundPurpose)))
+        max_roster = participation.integer("max_roster", 1, MAX_ROSTER)
+        participation.done()
         reader.done()
+        if registration is RegistrationPolicy.OPEN and purpose is RoundPurpose.PRODUCTION:
+            participation.fail("registration", "open registration admits Sybils for free: only a demo or test round may use it")
+        if min_participation > max_roster:
+            participation.fail("min_participation", f"{min_participation!r} exceeds max_roster={max_roster!r}")
         if len(schedule.median) > k_p:
             reader.fail_at(reader.name("schedule.median"), f"{len(schedule.median)} median sub-rounds but only k_p={k_p!r} partitions")
         manifest = object.__new__(cls)
@@ -284,7 +359,7 @@ class RoundManifest:
             relays=relays, aggregator_hop=aggregator_hop, aggregator_url=aggregator_url, path_length=path_length,
             geometry=geometry, token_public_key=token_public_key, token_kid=token_kid, seed_commitment=commitment,
             min_participation=min_participation, registration=registration, identity_key=identity_key,
-            version=version,
+            purpose=purpose, max_roster=max_roster, version=version,
         )
         for key, item in values.items():
             object.__setattr__(manifest, key, item)

@@ -9,6 +9,12 @@ survey context, token, report, padding)". Layout, big-endian::
     report_len   2 bytes, then the report
     padding      random bytes up to the round's geometry.message_size
 
+A cover packet (DESIGN.md §3.7: the second-chance packet of a peer whose
+receipt is in the log) carries ``COVER_VERSION`` and the survey it stands
+for, then random bytes. Only the aggregator, after the last Sphinx layer,
+can tell it from a message; relays see one more packet of the same size in
+the same windows. The aggregator counts covers by reason and drops them.
+
 Padding is random, not zeros, so a message's length never shows through any
 layer (DESIGN.md §5). The token is bound to :meth:`SurveyMessage.bound_bytes`:
 the survey and the report, so a relay or anyone else cannot move a token to
@@ -22,10 +28,13 @@ import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from anonml.crypto import Credential, IssuerPublicKey, make_token, tag_digest
 from anonml.errors import InputError
+from anonml.protocol._api import receipt_digest
 from anonml.protocol._survey import SURVEY_ID_BYTES, InvalidSurveyId, SurveyId
 
 MESSAGE_VERSION = 1
+COVER_VERSION = 2
 MAX_TOKEN_BYTES = 1024
 MAX_REPORT_BYTES = 8192
 MAX_MESSAGE_BYTES = 16384
@@ -112,6 +121,51 @@ class SurveyMessage:
         if not 0 < report_len <= MAX_REPORT_BYTES or offset + report_len > len(data):
             raise InvalidMessage(f"report length {report_len!r} does not fit")
         return cls(survey, token, data[offset : offset + report_len])
+
+
+@dataclass(frozen=True)
+class CoverMessage:
+    """A second-chance packet that repairs nothing: the survey it stands for, padded (DESIGN.md §3.7)."""
+
+    survey: SurveyId
+
+    def to_bytes(self, size: int, *, random_bytes: Callable[[int], bytes] = os.urandom) -> bytes:
+        head = bytes([COVER_VERSION]) + self.survey.to_bytes()
+        if not len(head) <= size <= MAX_MESSAGE_BYTES:
+            raise InvalidMessage(f"a cover does not fit the message size {size!r}")
+        return head + random_bytes(size - len(head))
+
+
+def parse_message(data: bytes) -> SurveyMessage | CoverMessage:
+    """A message or a cover, by its first byte; raises InvalidMessage for anything else."""
+    if isinstance(data, (bytes, bytearray, memoryview)) and len(data) >= _HEADER_BYTES and data[0] == COVER_VERSION:
+        try:
+            return CoverMessage(SurveyId.from_bytes(bytes(data[1:_HEADER_BYTES])))
+        except InvalidSurveyId as exc:
+            raise InvalidMessage(f"bad survey id: {exc}") from None
+    return SurveyMessage.from_bytes(data)
+
+
+@dataclass(frozen=True)
+class SealedReport:
+    """A report ready to send: the padded message and the receipt digest the log will list for it."""
+
+    survey: SurveyId
+    message: bytes
+    receipt: bytes
+
+
+def seal_report(
+    issuer: IssuerPublicKey, credential: Credential, survey: SurveyId, report: bytes, message_size: int
+) -> SealedReport:
+    """Token for ``report`` bound to ``survey`` (DESIGN.md §6), the padded message, and its receipt digest.
+
+    The one place a report becomes a message, for the peer, the test stand-ins and the benchmarks.
+    """
+    ctx = survey.to_bytes()
+    token = make_token(issuer, credential, ctx, bound_bytes(survey, report))
+    message = SurveyMessage(survey, token, report).to_bytes(message_size)
+    return SealedReport(survey, message, receipt_digest(tag_digest(credential, ctx)))
 
 
 def bound_bytes(survey: SurveyId, report: bytes) -> bytes:

@@ -13,6 +13,7 @@ talking to each other.
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,38 +31,90 @@ class InvalidSchedule(InvalidDocument):
     """Raised by :meth:`RoundSchedule.from_dict` and the constructors for an inconsistent schedule."""
 
 
+class Attempt(enum.IntEnum):
+    """Which of a phase's two sending windows a packet travels in (DESIGN.md §3.7)."""
+
+    FIRST = 0
+    SECOND = 1
+    """The second-chance window: every peer sends one packet per survey, its resend or a cover."""
+
+
+class Check(enum.IntEnum):
+    """A phase's scheduled receipt-log checks: one signed head per survey at each (DESIGN.md §5)."""
+
+    FIRST = 0
+    """At ``t_c``, when the first delivery window closes; decides resend or cover."""
+    FINAL = 1
+    """At ``t_r``, when the second delivery window closes; what counted."""
+
+
 @dataclass(frozen=True)
 class PhaseTimes:
-    """One query phase: send in ``[t_s, t_s + delta]``, delivery in ``(t_s + delta, t_r)``."""
+    """One query phase and its second chance (DESIGN.md §3.6-7).
+
+    Peers send in ``[t_s, t_s + delta]``; relays deliver in ``(t_s + delta,
+    t_c)``. At ``t_c`` the aggregator publishes one signed receipt-log head
+    per survey; in ``[t_c, t_2)`` every peer fetches its partition's log and
+    compares the head with a relay's mirror. In ``[t_2, t_2 + delta_2]``
+    every peer sends one packet per survey it answered (its resend or a
+    cover), delivered in ``(t_2 + delta_2, t_r)``; at ``t_r`` the final heads.
+    """
 
     t_s: int
     delta: int
+    t_c: int
+    t_2: int
+    delta_2: int
     t_r: int
 
     def __post_init__(self) -> None:
-        for name in ("t_s", "delta", "t_r"):
+        for name in ("t_s", "delta", "t_c", "t_2", "delta_2", "t_r"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_TIME:
                 raise InvalidSchedule(name, f"expected an integer in [0, {MAX_TIME}], got {value!r}")
-        if self.delta < 1 or self.t_r <= self.t_s + self.delta:
-            raise InvalidSchedule("t_r", f"need delta >= 1 and t_r > t_s + delta, got {self!r}")
+        if self.delta < 1 or self.delta_2 < 1:
+            raise InvalidSchedule("delta", f"send windows need delta >= 1, got {self!r}")
+        if self.t_c <= self.send_end:
+            raise InvalidSchedule("t_c", f"t_c={self.t_c!r} must be after the send window ends at {self.send_end!r}")
+        if self.t_2 <= self.t_c:
+            raise InvalidSchedule("t_2", f"t_2={self.t_2!r} must leave time to check the log after t_c={self.t_c!r}")
+        if self.t_r <= self.second_send_end:
+            raise InvalidSchedule("t_r", f"t_r={self.t_r!r} must be after the second send window ends at {self.second_send_end!r}")
 
     @property
     def send_end(self) -> int:
         return self.t_s + self.delta
 
+    @property
+    def second_send_end(self) -> int:
+        return self.t_2 + self.delta_2
+
+    def send_window(self, attempt: Attempt) -> tuple[int, int]:
+        """``[start, end]``: when a peer hands the packet of ``attempt`` to its first relay."""
+        return (self.t_s, self.send_end) if attempt is Attempt.FIRST else (self.t_2, self.second_send_end)
+
+    def delivery_window(self, attempt: Attempt) -> tuple[int, int]:
+        """``(start, end)``: when the relays deliver the packets of ``attempt``."""
+        return (self.send_end, self.t_c) if attempt is Attempt.FIRST else (self.second_send_end, self.t_r)
+
+    def check_time(self, check: Check) -> int:
+        """When the aggregator's signed heads for ``check`` are due (they cover what arrived before it)."""
+        return self.t_c if check is Check.FIRST else self.t_r
+
     def to_dict(self) -> dict[str, int]:
-        return {"t_s": self.t_s, "delta": self.delta, "t_r": self.t_r}
+        return {"t_s": self.t_s, "delta": self.delta, "t_c": self.t_c, "t_2": self.t_2, "delta_2": self.delta_2, "t_r": self.t_r}
 
     @classmethod
     def read(cls, reader: FieldReader) -> PhaseTimes:
-        t_s = reader.integer("t_s", 0, MAX_TIME)
-        delta = reader.integer("delta", 1, MAX_TIME)
-        t_r = reader.integer("t_r", 0, MAX_TIME)
+        values = [
+            reader.integer(name, 1 if name.startswith("delta") else 0, MAX_TIME)
+            for name in ("t_s", "delta", "t_c", "t_2", "delta_2", "t_r")
+        ]
         reader.done()
-        if t_r <= t_s + delta:
-            reader.fail("t_r", f"t_r={t_r!r} must be after the send window ends at {t_s + delta!r}")
-        return cls(t_s, delta, t_r)
+        try:
+            return cls(*values)
+        except InvalidSchedule as exc:
+            reader.fail(exc.field, str(exc).split(": ", 1)[1])
 
 
 @dataclass(frozen=True)
@@ -151,13 +204,28 @@ class RoundSchedule:
             reader.fail(exc.field.removeprefix("schedule."), str(exc).split(": ", 1)[1])
 
 
-PHASES = ("registration", "issuance", "median", "waiting", "data", "learning", "done", "failed")
-"""Round phases as ``GET /v1/status`` reports them. ``waiting`` is a gap
-between query phases; ``learning``, ``done`` and ``failed`` come after the
-data phase's delivery window (``failed``: minimum participation missed)."""
+class RoundPhase(enum.StrEnum):
+    """Where a round is, as ``GET /v1/status`` reports it.
+
+    ``waiting`` is a gap between query phases; ``learning``, ``done`` and
+    ``failed`` come after the data phase (``failed``: minimum participation
+    missed); ``done`` and ``failed`` are the round's outcomes.
+    """
+
+    REGISTRATION = "registration"
+    ISSUANCE = "issuance"
+    MEDIAN = "median"
+    WAITING = "waiting"
+    DATA = "data"
+    LEARNING = "learning"
+    DONE = "done"
+    FAILED = "failed"
 
 
-def phase_at(schedule: RoundSchedule, now: int) -> tuple[str, int | None]:
+PHASES = tuple(phase.value for phase in RoundPhase)
+
+
+def phase_at(schedule: RoundSchedule, now: int) -> tuple[RoundPhase, int | None]:
     """The scheduled phase at time ``now`` and, in the median phase, its sub-round.
 
     A query phase lasts from its ``t_s`` until its ``t_r``; after the data
@@ -165,54 +233,51 @@ def phase_at(schedule: RoundSchedule, now: int) -> tuple[str, int | None]:
     ``done``/``failed`` once it knows).
     """
     if now < schedule.t_register_end:
-        return "registration", None
+        return RoundPhase.REGISTRATION, None
     if now < schedule.t_issue_end:
-        return "issuance", None
+        return RoundPhase.ISSUANCE, None
     for index, phase in enumerate(schedule.median):
         if phase.t_s <= now < phase.t_r:
-            return "median", index
+            return RoundPhase.MEDIAN, index
     if schedule.data.t_s <= now < schedule.data.t_r:
-        return "data", None
+        return RoundPhase.DATA, None
     if now >= schedule.data.t_r:
-        return "learning", None
-    return "waiting", None
+        return RoundPhase.LEARNING, None
+    return RoundPhase.WAITING, None
 
 
 def acceptance_window(schedule: RoundSchedule, survey: SurveyId) -> tuple[int, int]:
     """``(start, end)``: the aggregator accepts a packet for ``survey`` when ``start <= now < end``.
 
-    The whole delivery window ``[t_s + δ, t_r)``: the last relay releases inside
-    it, and the final slice that no relay uses absorbs link latency. At ``t_r``
+    From the end of the first send window to ``t_r``: both delivery windows
+    and the check gap between them (a first packet that arrives after
+    ``t_c`` is late for the first check but still counts, once). At ``t_r``
     the phase's results are computed, so ``end`` itself is outside.
     """
     phase = schedule.phase_of(survey)
     return phase.send_end, phase.t_r
 
 
-def hop_windows(schedule: RoundSchedule, survey: SurveyId, n_relays: int) -> list[ReleaseWindow]:
+def hop_windows(schedule: RoundSchedule, survey: SurveyId, n_relays: int, attempt: Attempt = Attempt.FIRST) -> list[ReleaseWindow]:
     """The release window of each Sphinx hop for ``survey``: ``n_relays`` relays, then the aggregator.
 
-    The delivery window ``(t_s + δ, t_r)`` is cut into ``n_relays + 1`` equal
+    The delivery window of ``attempt`` is cut into ``n_relays + 1`` equal
     integer slices. Relay ``k`` releases inside slice ``k``: every relay (the
     first included) holds its packets until the send window has closed, and
     each hop's window opens only after the previous hop's has closed, so a
-    packet's arrival time is independent of its send time (DESIGN.md §7). The
-    last slice is slack for link latency; the aggregator's window is the whole
-    acceptance window (:func:`acceptance_window`).
+    packet's arrival time is independent of its send time (DESIGN.md §7).
+    The last slice is slack for link latency; the aggregator's window is the
+    whole acceptance window (:func:`acceptance_window`). Resends and covers
+    follow the same rule over the second delivery window.
     """
     if not 1 <= n_relays <= 16:
         raise InvalidSchedule("path_length", f"n_relays must be in [1, 16], got {n_relays!r}")
-    phase = schedule.phase_of(survey)
-    span = phase.t_r - phase.send_end
-    slice_length = span // (n_relays + 1)
+    start, end = schedule.phase_of(survey).delivery_window(attempt)
+    slice_length = (end - start) // (n_relays + 1)
     if slice_length < 1:
         raise InvalidSchedule(
-            "schedule", f"delivery window of {span!r} s is too short for {n_relays!r} relays (needs {n_relays + 1})"
+            "schedule", f"delivery window of {end - start!r} s is too short for {n_relays!r} relays (needs {n_relays + 1})"
         )
-    windows = [
-        ReleaseWindow(phase.send_end + k * slice_length, phase.send_end + (k + 1) * slice_length)
-        for k in range(n_relays)
-    ]
-    start, end = acceptance_window(schedule, survey)
-    windows.append(ReleaseWindow(start, end))
+    windows = [ReleaseWindow(start + k * slice_length, start + (k + 1) * slice_length) for k in range(n_relays)]
+    windows.append(ReleaseWindow(*acceptance_window(schedule, survey)))
     return windows

@@ -28,6 +28,7 @@ from anonml.relay._directory import (
 from anonml.relay._errors import RelayConfigError, RelayDataDirError
 from anonml.relay._keys import EpochKey, KeyRing, create_identity, load_identity
 from anonml.relay._metrics import RelayCounters, render_prometheus
+from anonml.relay._mirror import serve_mirror
 from anonml.relay._server import RelayStarted, serve_relay
 from anonml.relay._store import HeldPacket, RelayStore
 
@@ -59,5 +60,6 @@ __all__ = [
     "render_config",
     "render_directory_file",
     "render_prometheus",
+    "serve_mirror",
     "serve_relay",
 ]

@@ -75,13 +75,15 @@ def _address(value: str, what: str) -> tuple[str, int]:
 @click.option("--advertise", default=None, help="IP:PORT other nodes use (default: --listen).")
 @click.option("--metrics", default=None,
               help="Prometheus endpoint: PORT (on 127.0.0.1) or IP:PORT (default: off).")
+@click.option("--mirror", default=None,
+              help="Mirror of the pinned aggregators' signed documents for peers: IP:PORT (default: off).")
 @click.option("--max-hops", default=DEFAULT_MAX_HOPS, show_default=True, type=click.IntRange(1, 32), help="Geometry: routing slots.")
 @click.option("--packet-size", default=DEFAULT_PACKET_SIZE, show_default=True, type=click.IntRange(1), help="Geometry: bytes.")
 @_AGGREGATOR
 @click.option("--directory-file", default=None, metavar="PATH",
               help="Static next-hop directory JSON (relative to the data directory), instead of or beside "
                    "--aggregator.")
-def init(data_dir: Path, listen: str, advertise: str | None, metrics: str | None, max_hops: int,
+def init(data_dir: Path, listen: str, advertise: str | None, metrics: str | None, mirror: str | None, max_hops: int,
          packet_size: int, aggregators: tuple[PinnedAggregator, ...], directory_file: str | None) -> None:
     """Create the relay's identity key and a commented config (never overwrites)."""
     if (data_dir / IDENTITY_FILE).exists() or (data_dir / CONFIG_FILE).exists():
@@ -93,6 +95,7 @@ def init(data_dir: Path, listen: str, advertise: str | None, metrics: str | None
             advertise=_address(advertise, "--advertise") if advertise else None,
             metrics=_address(f"127.0.0.1:{metrics}" if metrics.isdigit() else metrics, "--metrics")
             if metrics else None,
+            mirror=_address(mirror, "--mirror") if mirror else None,
             max_hops=max_hops,
             packet_size=packet_size,
             directory_aggregators=aggregators,

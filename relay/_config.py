@@ -124,6 +124,9 @@ class RelayConfig:
     key_grace_seconds: int = 3_600
     synchronous: str = "FULL"
     metrics: tuple[str, int] | None = None
+    # Where the read-only mirror of each pinned aggregator's signed documents
+    # listens (relay._mirror); its port goes into the relay's descriptor.
+    mirror: tuple[str, int] | None = None
     log_level: str = "INFO"
     # Next-hop directory sources (relay._directory): aggregators (URL and
     # pinned identity key) whose signed manifests list the allowed next hops,
@@ -209,6 +212,7 @@ _KEYS: dict[tuple[str, str], str] = {
     ("keys", "grace_seconds"): "key_grace_seconds",
     ("storage", "synchronous"): "synchronous",
     ("metrics", "listen"): "metrics",
+    ("mirror", "listen"): "mirror",
     ("log", "level"): "log_level",
     ("directory", "aggregators"): "directory_aggregators",
     ("directory", "file"): "directory_file",
@@ -216,7 +220,7 @@ _KEYS: dict[tuple[str, str], str] = {
     ("directory", "min_refresh_seconds"): "directory_min_refresh_seconds",
     ("directory", "fetch_timeout"): "directory_fetch_timeout",
 }
-_ADDRESS_FIELDS = ("listen", "advertise", "metrics")
+_ADDRESS_FIELDS = ("listen", "advertise", "metrics", "mirror")
 
 
 def _pinned_aggregators(value: object) -> tuple[PinnedAggregator, ...]:
@@ -292,6 +296,9 @@ def render_config(config: RelayConfig) -> str:
     link = config.link
     metrics = _optional_line(
         "listen", format_host_port(*config.metrics) if config.metrics is not None else None, "127.0.0.1:9464"
+    )
+    mirror = _optional_line(
+        "listen", format_host_port(*config.mirror) if config.mirror is not None else None, "127.0.0.1:9465"
     )
     advertise = _optional_line(
         "advertise",
@@ -371,6 +378,12 @@ synchronous = "{config.synchronous}"
 # Prometheus text format over HTTP at /metrics; off unless listen is set.
 # Keep it on 127.0.0.1 unless a firewall protects the port.
 {metrics}
+
+[mirror]
+# A read-only HTTP mirror of each pinned aggregator's signed manifest, roster
+# head and receipt-log heads, which peers compare with what the aggregator
+# showed them (DESIGN.md §5); off unless listen is set.
+{mirror}
 
 [log]
 level = "{config.log_level}"

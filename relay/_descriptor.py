@@ -29,6 +29,7 @@ def relay_descriptor(config: RelayConfig, now: float) -> dict[str, Any]:
         "address": format_host_port(host, port),
         "host": host,
         "port": port,
+        "mirror_port": config.mirror[1] if config.mirror is not None else None,
         "identity_public_key": identity_public.hex(),
         "key_epoch": current_epoch,
         "public_key": current.public_key.hex() if current is not None else None,

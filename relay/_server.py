@@ -37,6 +37,7 @@ PCG64 state can be recovered from enough outputs.
 from __future__ import annotations
 
 import functools
+from functools import partial
 import heapq
 import logging
 import math
@@ -66,6 +67,7 @@ from anonml.relay._directory import (
 from anonml.relay._errors import RelayConfigError
 from anonml.relay._keys import EpochKey, KeyRing, load_identity
 from anonml.relay._metrics import RelayCounters, log_event, serve_metrics
+from anonml.relay._mirror import serve_mirror
 from anonml.relay._store import STORE_FILE, HeldPacket, RelayStore
 
 logger = logging.getLogger("anonml.relay")
@@ -592,6 +594,8 @@ async def serve_relay(
             nursery.start_soon(relay.run_delete_flush)
             if directory is not None:
                 nursery.start_soon(relay.run_directory_refresh)
+            if config.mirror is not None:
+                await nursery.start(partial(serve_mirror, config.mirror, config.directory_aggregators))
             nursery.start_soon(functools.partial(trio.serve_listeners, relay.handle_connection, listeners,
                                                  handler_nursery=nursery))
             published = tuple(keyring.published(relay.clock.now()))

@@ -36,7 +36,12 @@ from anonml.crypto import (
 from anonml.protocol import (
     CredentialRequest,
     LinkClient,
+    Check,
+    ReceiptSegment,
     RegisterRequest,
+    RosterEntry,
+    RosterResponse,
+    SignedDocument,
     SurveyId,
     SurveyMessage,
 )
@@ -63,7 +68,7 @@ def spec_document(**participation: Any) -> dict[str, Any]:
         "privacy": {"eps_total": 2.0, "oracle": "grr"},
         "schedule": {"register": 100, "issue": 100, "median_send": 10, "median_delivery": 20, "data_send": 50, "data_delivery": 60},
         "network": {"relays": relays, "path_length": 2, "http_host": "127.0.0.1", "http_port": 8080, "sink_host": "127.0.0.1", "sink_port": 8081},
-        "participation": {"min_participation": 2, "registration": "open", **participation},
+        "participation": {"min_participation": 2, "registration": "open", "purpose": "test", "max_per_client": 1000, **participation},
     }
 
 
@@ -94,6 +99,12 @@ async def served(tmp_path: Path, nursery: trio.Nursery) -> AsyncIterator[tuple[R
     nursery.cancel_scope.cancel()
 
 
+async def roster_frozen(state: RoundState) -> None:
+    """Wait for the driver's roster freeze, which runs in a thread (under MockClock only milliseconds pass)."""
+    while state.plan is None:
+        await trio.sleep(0.001)
+
+
 async def post(url: str, path: str, body: bytes) -> httpx.Response:
     async with httpx.AsyncClient(base_url=url) as client:
         return await client.post(path, content=body, headers={"content-type": "application/json"})
@@ -114,19 +125,23 @@ async def test_manifest_and_registration(served: Any) -> None:
     assert (await post(addresses.http_url, "/v1/register", good.to_json())).json() == {"registered": True}
     # Idempotent for the same key.
     assert (await post(addresses.http_url, "/v1/register", good.to_json())).status_code == 200
-    forged = RegisterRequest(bytes(SigningKey(b"\x02" * 32).verify_key), None, state.round_id, good.signature)
+    other = bytes(SigningKey(b"\x02" * 32).verify_key)
+    forged = RegisterRequest(RosterEntry(other, good.entry.nonce, good.entry.signature), None, state.round_id)
     response = await post(addresses.http_url, "/v1/register", forged.to_json())
     assert response.status_code == 403 and "signature" in response.json()["error"]
     late = RegisterRequest.create(SigningKey(b"\x03" * 32), state.round_id)
     clock.now = state.manifest.schedule.t_register_end
     response = await post(addresses.http_url, "/v1/register", late.to_json())
     assert response.status_code == 403 and "closed" in response.json()["error"]
-    roster = (await get(addresses.http_url, "/v1/roster")).json()
-    # The seed stays secret until the driver has stored every admitted registration.
-    assert roster["roster"] == [bytes(peer.verify_key).hex()] and roster["seed"] is None
+    # Neither the roster nor the seed is public until the driver has stored every admitted registration.
+    assert (await get(addresses.http_url, "/v1/roster")).status_code == 404
     state.prepare()  # what the driver does at t_register_end (its clock here is a SettableClock)
-    roster = (await get(addresses.http_url, "/v1/roster")).json()
-    assert roster["roster"] == [bytes(peer.verify_key).hex()] and roster["seed"] is not None
+    roster = RosterResponse.from_json((await get(addresses.http_url, "/v1/roster")).content)
+    head = roster.verify(bytes(state.secrets.signing_key.verify_key), state.round_id)
+    assert roster.keys == (bytes(peer.verify_key),) and head.seed is not None
+    assert roster.entries[0] == good.entry  # the first registration's own signed entry
+    mirrored = SignedDocument.from_json((await get(addresses.http_url, "/v1/roster/head")).content, max_bytes=4096)
+    assert mirrored.same_as(roster.head)
 
 
 async def test_bad_input_gets_a_4xx_with_a_reason(served: Any) -> None:
@@ -141,7 +156,7 @@ async def test_bad_input_gets_a_4xx_with_a_reason(served: Any) -> None:
     assert (await get(addresses.http_url, "/v1/median/abc")).status_code == 404
     assert (await get(addresses.http_url, "/v1/medians")).status_code == 404
     # The service still answers after all of that.
-    assert (await get(addresses.http_url, "/v1/status")).json()["phase"] == "registration"
+    assert (await get(addresses.http_url, "/v1/status")).json()["body"]["phase"] == "registration"
 
 
 def test_invitation_and_allow_list(tmp_path: Path) -> None:
@@ -272,8 +287,13 @@ async def test_packet_sink_accepts_and_rejects_by_reason(served: Any) -> None:
     assert set(rejected) <= set(REJECTION_REASONS), rejected
     # Every frame was durable before its acknowledgement; verdicts are not sent back (STYLE.md 8).
     assert [status.name for _, status in statuses] == ["ACCEPTED"] * len(statuses)
-    receipts = json.loads((await get(addresses.http_url, "/v1/receipts")).content)["receipts"]
-    assert list(receipts) == [own.to_bytes().hex()] and len(receipts[own.to_bytes().hex()]) == 1
+    # The first check's signed heads (what the driver does at t_c): one receipt in the partition's log.
+    state.publish_heads(data, Check.FIRST)
+    body = (await get(addresses.http_url, f"/v1/receipts/data/{own.partition}/0")).content
+    segment = ReceiptSegment.from_json(body)
+    heads = segment.verify(state.manifest.identity_key, state.round_id, Check.FIRST)
+    assert heads[own].size == 1 and len(segment.leaves[own]) == 1
+    assert (await get(addresses.http_url, f"/v1/receipts/data/{own.partition}/1")).status_code == 404
     # Outside the window: refused and counted.
     clock.now = data.t_r  # the window is [t_s + δ, t_r): t_r itself is late
     late = b.packet(own, report(0, 1))
@@ -291,7 +311,7 @@ async def test_minimum_participation_ends_the_round_clearly(tmp_path: Path, auto
     outcome = await drive_round(state)
     assert outcome == "failed"
     assert "minimum participation" in json.loads(state.store.get_result("outcome") or b"{}")["reason"]
-    assert state.status().phase == "failed"
+    assert state.status(state.now()).phase == "failed"
     assert trio.current_time() == pytest.approx(state.manifest.schedule.t_register_end - T0)
 
 
@@ -304,7 +324,8 @@ async def test_phases_advance_by_the_schedule(tmp_path: Path, autojump_clock: tr
 
     async def issue_when_open() -> None:
         await trio.sleep(state.manifest.schedule.t_register_end - T0 + 1)
-        seen.append(state.status().phase)
+        await roster_frozen(state)
+        seen.append(state.status(state.now()).phase)
         for peer in peers:
             peer.obtain_credential()
 
@@ -314,7 +335,7 @@ async def test_phases_advance_by_the_schedule(tmp_path: Path, autojump_clock: tr
         outcome = await drive_round(state, lambda s: learned.append(s.learning_started_at) or {"ok": True})
     assert outcome == "done" and learned == [state.manifest.schedule.data.t_r]
     assert seen == ["issuance"]
-    assert state.status().phase == "done"
+    assert state.status(state.now()).phase == "done"
     assert trio.current_time() == pytest.approx(state.manifest.schedule.data.t_r - T0)
 
 
@@ -335,6 +356,7 @@ async def test_full_round_in_process_learns_and_reports(tmp_path: Path, autojump
         for peer in peers:
             peer.register()
         await sleep_until(schedule.t_register_end + 1)
+        await roster_frozen(state)
         for peer in peers:
             peer.obtain_credential()
         median = schedule.median[0]
@@ -469,8 +491,12 @@ async def test_garbage_on_the_packet_sink_is_counted_and_harmless(served: Any) -
     with trio.fail_after(10):
         while not state.link_errors:
             await trio.sleep(0.05)
-    status = json.loads((await get(addresses.http_url, "/v1/status")).content)
-    assert any(key.startswith("link/") for key in status["counts"]), status
+    with trio.fail_after(10):  # the status snapshot is rebuilt every second
+        while True:
+            status = json.loads((await get(addresses.http_url, "/v1/status")).content)["body"]
+            if any(key.startswith("link/") for key in status["counts"]):
+                break
+            await trio.sleep(0.2)
     assert status["phase"] == "registration"
 
 
@@ -507,8 +533,8 @@ async def test_one_credential_per_peer_over_http(served: Any) -> None:
     from anonml.protocol import RosterResponse, check_seed
 
     roster = RosterResponse.from_json((await get(addresses.http_url, "/v1/roster")).content)
-    roster.verify(state.manifest.identity_key, state.round_id)
-    assert roster.seed is not None and check_seed(roster.seed, state.manifest.seed_commitment)
+    head = roster.verify(state.manifest.identity_key, state.round_id)
+    assert head.seed is not None and check_seed(head.seed, state.manifest.seed_commitment)
 
 
 def test_a_restarted_aggregator_resumes_the_round(tmp_path: Path) -> None:
@@ -567,6 +593,7 @@ async def test_frames_are_judged_at_arrival_and_results_wait_for_them(
 
     async def scenario(nursery: trio.Nursery) -> None:
         await trio.sleep(schedule.t_register_end + 1 - state.now())
+        await roster_frozen(state)
         for peer in peers:
             peer.obtain_credential()
         await trio.sleep(median.t_r - 1 - state.now())
@@ -642,7 +669,7 @@ async def test_the_roster_waits_for_registrations_admitted_before_the_deadline(
         await trio.sleep(deadline - 1 - state.now())
         async with trio.open_nursery() as nursery:
             for key in peers:
-                nursery.start_soon(batcher.register, RegisterRequest.create(key, state.round_id))
+                nursery.start_soon(batcher.register, RegisterRequest.create(key, state.round_id), "local")
             # The batcher only starts committing after the deadline has passed.
             await trio.sleep(5)
             nursery.start_soon(batcher.run)
@@ -654,7 +681,7 @@ async def test_the_roster_waits_for_registrations_admitted_before_the_deadline(
     # min_participation is 2: the three admitted in time count, and are on the final roster.
     assert outcome == "failed"  # nobody obtained a credential
     assert "credentials issued" in json.loads(state.store.get_result("outcome") or b"{}")["reason"]
-    assert state.roster().roster == tuple(sorted(bytes(k.verify_key) for k in peers))
+    assert state.roster().keys == tuple(sorted(bytes(k.verify_key) for k in peers))
 
 
 async def test_two_concurrent_credential_requests_get_one_credential(served: Any) -> None:

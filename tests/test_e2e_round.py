@@ -36,10 +36,7 @@ from anonml.crypto import (
     CredentialSecret,
     IssuerPublicKey,
     IssuerSecretKey,
-    NodeAddress,
-    PathHop,
     begin_issuance,
-    build_packet,
     finish_issuance,
     generate_keypair,
     issue_credential,
@@ -50,7 +47,7 @@ from anonml.peer._client import AggregatorClient
 from anonml.peer._features import RoundPipeline
 from anonml.peer._framework import Dataset, Event
 from anonml.peer._identity import PeerIdentity
-from anonml.peer._join import Peer, RoundSession, join_round, sleep_until_wall
+from anonml.peer._join import Peer, RoundSession, join_round, peer_generator, sleep_until_wall
 from anonml.peer._store import PeerStore
 from anonml.peer._transport import open_transport
 from anonml.protocol import (
@@ -60,7 +57,6 @@ from anonml.protocol import (
     SurveyMessage,
     bound_bytes,
     encode_median_report,
-    hop_windows,
 )
 from anonml.protocol._features import FeatureSpec
 from anonml.protocol._manifest import RelayEntry, RoundManifest
@@ -86,6 +82,7 @@ async def start_relays(tmp_path: Path, aggregator: str) -> tuple[list[dict[str, 
             relay_cli(
                 "init", "--data-dir", str(data_dir), "--listen", f"127.0.0.1:{free_port()}",
                 "--aggregator", aggregator,  # next hops come from the round's manifest, signed by that key
+                "--mirror", f"127.0.0.1:{free_port()}",  # peers compare the aggregator's signed documents with it
             ),
             capture_stdout=True,
         )
@@ -106,7 +103,7 @@ async def start_relays(tmp_path: Path, aggregator: str) -> tuple[list[dict[str, 
 
 
 def spec_document(relays: list[dict[str, Any]], http_port: int) -> dict[str, Any]:
-    fields = ("node_id", "host", "port", "public_key", "key_epoch")
+    fields = ("node_id", "host", "port", "public_key", "key_epoch", "mirror_port")
     return {
         "name": "e2e",
         "task": {
@@ -123,7 +120,7 @@ def spec_document(relays: list[dict[str, Any]], http_port: int) -> dict[str, Any
             "relays": [{k: r[k] for k in fields} for r in relays], "path_length": 2,
             "http_host": "127.0.0.1", "http_port": http_port, "sink_host": "127.0.0.1", "sink_port": free_port(),
         },
-        "participation": {"min_participation": 4, "registration": "open"},
+        "participation": {"min_participation": 4, "registration": "open", "purpose": "test", "max_per_client": 1000},
     }
 
 
@@ -146,11 +143,7 @@ class Adversary:
         return self.wrap(survey, message, relays)
 
     def wrap(self, survey: SurveyId, message: bytes, relays: list[RelayEntry]) -> bytes:
-        windows = hop_windows(self.manifest.schedule, survey, self.manifest.path_length)
-        last = self.manifest.aggregator_hop
-        hops = [PathHop(r.node_id, NodeAddress(r.host, r.port), r.public_key, w) for r, w in zip(relays, windows, strict=False)]
-        hops.append(PathHop(last.node_id, NodeAddress(last.host, last.port), last.public_key, windows[-1]))
-        return build_packet(self.geometry, hops, message)
+        return self.manifest.packet(relays, survey, message)
 
     async def send(self, relays: list[RelayEntry], packet: bytes) -> AckStatus | None:
         client = LinkClient(relays[0].host, relays[0].port, packet_size=self.geometry.packet_size, geometry_hash=self.geometry.canonical_hash())
@@ -214,7 +207,7 @@ async def run_round(tmp_path: Path, relay_processes: list[trio.Process]) -> None
             session = RoundSession(client, transport)
 
             async def honest(i: int) -> None:
-                peer = Peer(PeerIdentity.generate(), store, vector(pipeline, i), np.random.default_rng(i))
+                peer = Peer(PeerIdentity.generate(), store, vector(pipeline, i), peer_generator())
                 results.append(await join_round(peer, session, signed, pipeline))
 
             async def adversary() -> None:
@@ -285,6 +278,8 @@ async def run_round(tmp_path: Path, relay_processes: list[trio.Process]) -> None
     assert sum(r.unconfirmed for r in results) == 0
     assert sum(r.acknowledged for r in results) == honest_messages
     assert sum(r.resends for r in results) >= 1, "no packet went through the stopped relay; the test proved nothing"
+    # one second-chance packet per message, whatever happened to it: a resend or a cover
+    assert sum(r.resends + r.covers for r in results) == honest_messages
     rejected = report["rejected"]
     assert rejected.get("double-submission") == 1
     assert rejected.get("wrong-partition") == 1

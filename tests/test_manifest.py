@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from nacl.signing import SigningKey
 
 from anonml.protocol import (
+    Attempt,
     AggregatorHop,
     InvalidManifest,
     InvalidSchedule,
@@ -37,8 +38,8 @@ def fixed_schedule() -> RoundSchedule:
     return RoundSchedule(
         t_register_end=T0 + 60,
         t_issue_end=T0 + 120,
-        median=(PhaseTimes(T0 + 120, 10, T0 + 150), PhaseTimes(T0 + 150, 10, T0 + 180)),
-        data=PhaseTimes(T0 + 200, 20, T0 + 260),
+        median=(PhaseTimes(T0 + 120, 10, T0 + 135, T0 + 137, 10, T0 + 150), PhaseTimes(T0 + 150, 10, T0 + 165, T0 + 167, 10, T0 + 180)),
+        data=PhaseTimes(T0 + 200, 20, T0 + 230, T0 + 232, 20, T0 + 260),
     )
 
 
@@ -91,7 +92,7 @@ def test_canonical_encoding_is_pinned() -> None:
     assert manifest.round_id.hex() == PINNED_ROUND_ID
 
 
-PINNED_ROUND_ID = "b732ef82cc186a141a04e247546633f0e2625dc5f09b0a7b35acec35313a18a1"
+PINNED_ROUND_ID = "d0a367e5d83c83f54e9536bb82369fe1850b8263a7ab579fbd23690951d62ec7"
 
 
 def test_round_trip_and_hash_stable() -> None:
@@ -111,7 +112,9 @@ def test_every_field_changes_the_round_id() -> None:
         {"eps_total": 3.5},
         {"k_p": 5},
         {"min_participation": 9},
-        {"registration": "open"},
+        {"registration": "allow-list"},
+        {"purpose": "test"},
+        {"max_roster": 1000},
         {"token_kid": b"\x05" * 32},
     ):
         assert fixed_manifest(**change).round_id != base, change
@@ -159,7 +162,7 @@ def test_tampering_is_rejected(path: tuple[str, ...], value: object, field: str)
 
 def test_tampering_with_round_id_recomputed_fails_the_signature() -> None:
     document = SignedManifest.sign(fixed_manifest(), SIGNING_KEY).to_dict()
-    document["manifest"]["min_participation"] = 1
+    document["manifest"]["participation"]["min_participation"] = 1
     document["round_id"] = RoundManifest.from_dict(document["manifest"]).round_id.hex()
     with pytest.raises(InvalidManifest) as info:
         SignedManifest.from_dict(document)
@@ -183,7 +186,7 @@ def test_tampering_with_round_id_recomputed_fails_the_signature() -> None:
         (lambda d: d.__setitem__("seed_commitment", "AB" * 32), "seed_commitment"),
         (lambda d: d.__setitem__("registration", "maybe"), "registration"),
         (lambda d: d.__setitem__("extra", 1), "extra"),
-        (lambda d: d.pop("min_participation"), "min_participation"),
+        (lambda d: d["participation"].pop("min_participation"), "participation.min_participation"),
         (lambda d: d["token"].pop("kid"), "token.kid"),
         (lambda d: d.__setitem__("aggregator_url", "ftp://x"), "aggregator_url"),
     ],
@@ -225,11 +228,24 @@ def test_seed_commitment() -> None:
 
 def test_schedule_rejects_overlapping_phases() -> None:
     with pytest.raises(InvalidSchedule):
-        RoundSchedule(T0 + 60, T0 + 50, (), PhaseTimes(T0 + 100, 10, T0 + 130))
+        RoundSchedule(T0 + 60, T0 + 50, (), PhaseTimes(T0 + 100, 10, T0 + 115, T0 + 117, 5, T0 + 130))
     with pytest.raises(InvalidSchedule):
-        RoundSchedule(T0, T0 + 50, (), PhaseTimes(T0 + 40, 10, T0 + 130))
+        RoundSchedule(T0, T0 + 50, (), PhaseTimes(T0 + 40, 10, T0 + 115, T0 + 117, 5, T0 + 130))
     with pytest.raises(InvalidSchedule):
-        PhaseTimes(T0, 10, T0 + 10)
+        PhaseTimes(T0, 10, T0 + 10, T0 + 12, 5, T0 + 20)
+    with pytest.raises(InvalidSchedule):  # no time to check the log before the second chance
+        PhaseTimes(T0, 10, T0 + 15, T0 + 15, 5, T0 + 30)
+    with pytest.raises(InvalidSchedule):  # the second chance must be delivered before t_r
+        PhaseTimes(T0, 10, T0 + 15, T0 + 17, 5, T0 + 22)
+
+
+def test_open_registration_is_refused_outside_demos_and_tests() -> None:
+    with pytest.raises(InvalidManifest) as info:
+        fixed_manifest(registration="open")
+    assert info.value.field == "participation.registration"
+    assert fixed_manifest(registration="open", purpose="demo").registration == "open"
+    with pytest.raises(InvalidManifest):
+        fixed_manifest(max_roster=10**9)
 
 
 def test_phase_at() -> None:
@@ -260,6 +276,11 @@ def test_hop_windows_stagger_after_the_send_window() -> None:
     assert relays[-1].end < schedule.data.t_r
     assert aggregator == ReleaseWindow(*acceptance_window(schedule, survey))
     assert (aggregator.start, aggregator.end) == (send_end, schedule.data.t_r)
+    # The second chance: the same rule over the second delivery window.
+    second = hop_windows(schedule, survey, 3, Attempt.SECOND)
+    assert second[0].start >= schedule.data.second_send_end and second[-2].end < schedule.data.t_r
+    assert second[-1] == aggregator
+    assert windows[-2].end <= schedule.data.t_c
     # Median sub-round i uses its own phase.
     median = hop_windows(schedule, SurveyId.median(round_id, 1), 3)
     assert median[0].start >= schedule.median[1].t_s + schedule.median[1].delta

@@ -17,18 +17,28 @@ from anonml.protocol import (
     InvalidMessage,
     MedianThresholds,
     PhaseTimes,
-    ReceiptLog,
+    ReceiptSegment,
     RegisterRequest,
+    RosterEntry,
     RosterResponse,
+    RoundPhase,
     RoundSchedule,
     RoundStatus,
+    Check,
+    CoverMessage,
+    DocumentKind,
+    InvalidSignedDocument,
+    SignedDocument,
     SurveyId,
     SurveyMessage,
+    TreeHead,
     bound_bytes,
     decode_median_report,
     encode_median_report,
     message_overhead,
+    parse_message,
     receipt_digest,
+    receipt_leaves_root,
 )
 
 ROUND = bytes(range(32))
@@ -112,10 +122,14 @@ def test_register_request_signature() -> None:
     request = RegisterRequest.create(key, ROUND, "code-1")
     parsed = RegisterRequest.from_json(request.to_json())
     parsed.verify()
-    forged = RegisterRequest(parsed.identity_key, "code-2", ROUND, parsed.signature)
+    assert len(parsed.entry.nonce) == 32 and parsed.entry.nonce != RegisterRequest.create(key, ROUND).entry.nonce
+    forged = RegisterRequest(RosterEntry(parsed.identity_key, b"\x00" * 32, parsed.entry.signature), "code-1", ROUND)
     with pytest.raises(InvalidApiMessage) as info:
         forged.verify()
     assert info.value.field == "signature"
+
+
+ENTRY = '{"key": "' + "ab" * 32 + '", "nonce": "' + "00" * 32 + '", "signature": "' + "00" * 64 + '"}'
 
 
 @pytest.mark.parametrize(
@@ -123,11 +137,11 @@ def test_register_request_signature() -> None:
     [
         (b"not json", "$"),
         (b"[]", "$"),
-        (b'{"identity_key": "00", "invitation": null, "round_id": "00", "signature": "00"}', "identity_key"),
-        (b'{"identity_key": "' + b"ab" * 32 + b'", "round_id": "' + b"00" * 32 + b'", "signature": "' + b"00" * 64 + b'"}', "invitation"),
-        (b'{"identity_key": "' + b"ab" * 32 + b'", "invitation": 5, "round_id": "' + b"00" * 32 + b'", "signature": "' + b"00" * 64 + b'"}', "invitation"),
-        (b'{"identity_key": "' + b"AB" * 32 + b'", "invitation": null, "round_id": "' + b"00" * 32 + b'", "signature": "' + b"00" * 64 + b'"}', "identity_key"),
-        (b'{"identity_key": "' + b"ab" * 32 + b'", "invitation": null, "round_id": "' + b"00" * 32 + b'", "signature": "' + b"00" * 64 + b'", "x": 1}', "x"),
+        (b'{"entry": {"key": "00", "nonce": "00", "signature": "00"}, "invitation": null, "round_id": "00"}', "entry.key"),
+        (('{"entry": ' + ENTRY + ', "round_id": "' + "00" * 32 + '"}').encode(), "invitation"),
+        (('{"entry": ' + ENTRY + ', "invitation": 5, "round_id": "' + "00" * 32 + '"}').encode(), "invitation"),
+        (('{"entry": ' + ENTRY.replace("ab", "AB") + ', "invitation": null, "round_id": "' + "00" * 32 + '"}').encode(), "entry.key"),
+        (('{"entry": ' + ENTRY + ', "invitation": null, "round_id": "' + "00" * 32 + '", "x": 1}').encode(), "x"),
         (b"{" + b" " * 20_000 + b"}", "$"),
     ],
 )
@@ -137,16 +151,25 @@ def test_register_request_strict(body: bytes, field: str) -> None:
     assert info.value.field == field
 
 
-def test_roster_and_credential_signatures() -> None:
+def test_roster_entries_are_each_signed_by_their_peer_and_hash_to_the_signed_head() -> None:
     aggregator = SigningKey(b"\x01" * 32)
-    roster = RosterResponse.create(aggregator, ROUND, [b"\x02" * 32, b"\x01" * 32], b"\x05" * 32)
+    peers = [SigningKey(bytes([i]) * 32) for i in (2, 3)]
+    entries = [RegisterRequest.create(key, ROUND).entry for key in peers]
+    roster = RosterResponse.create(aggregator, ROUND, entries, b"\x05" * 32)
     parsed = RosterResponse.from_json(roster.to_json())
-    assert parsed.roster == (b"\x01" * 32, b"\x02" * 32)
-    parsed.verify(bytes(aggregator.verify_key), ROUND)
-    with pytest.raises(InvalidApiMessage):
+    assert parsed.keys == tuple(sorted(bytes(k.verify_key) for k in peers))
+    head = parsed.verify(bytes(aggregator.verify_key), ROUND)
+    assert head.seed == b"\x05" * 32 and head.size == 2
+    with pytest.raises(InvalidSignedDocument):
         parsed.verify(bytes(aggregator.verify_key), bytes(32))
-    unrevealed = RosterResponse.from_json(RosterResponse.create(aggregator, ROUND, [], None).to_json())
-    assert unrevealed.seed is None
+    # the aggregator cannot list an entry the peer did not sign: a changed nonce breaks its signature
+    tampered = [RosterEntry(entries[0].identity_key, b"\x09" * 32, entries[0].signature), entries[1]]
+    with pytest.raises(InvalidApiMessage):
+        RosterResponse.create(aggregator, ROUND, tampered, b"\x05" * 32).verify(bytes(aggregator.verify_key), ROUND)
+    # nor serve entries other than those its signed head commits to
+    swapped = RosterResponse(roster.head, (entries[0],))
+    with pytest.raises(InvalidApiMessage):
+        swapped.verify(bytes(aggregator.verify_key), ROUND)
     peer = SigningKey(b"\x03" * 32)
     credential = CredentialRequest.from_json(CredentialRequest.create(peer, ROUND, b"blind").to_json())
     credential.verify()
@@ -154,22 +177,55 @@ def test_roster_and_credential_signatures() -> None:
         CredentialRequest(credential.identity_key, ROUND, b"other", credential.signature).verify()
 
 
-def test_receipts_and_thresholds_round_trip() -> None:
-    survey = SurveyId.data(ROUND, 1, 0)
-    log = ReceiptLog({survey: (receipt_digest(b"\x01" * 32),)})
-    parsed = ReceiptLog.from_json(log.to_json())
-    assert parsed.contains(survey, b"\x01" * 32)
-    assert not parsed.contains(survey, b"\x02" * 32)
+def test_signed_documents_bind_kind_round_and_body() -> None:
+    aggregator = SigningKey(b"\x01" * 32)
+    identity = bytes(aggregator.verify_key)
     thresholds = MedianThresholds(1, SurveyId.median(ROUND, 1), ("age", "hours"), (45.5, 40.0))
-    assert MedianThresholds.from_json(thresholds.to_json()) == thresholds
-    bad = json.loads(thresholds.to_json())
-    bad["thresholds"] = [1.0]
-    with pytest.raises(InvalidApiMessage) as info:
-        MedianThresholds.from_json(json.dumps(bad))
-    assert info.value.field == "thresholds"
+    document = SignedDocument.from_json(thresholds.sign(aggregator).to_json(), max_bytes=4096)
+    document.verify(identity, kind=DocumentKind.THRESHOLDS, round_id=ROUND)
+    assert MedianThresholds.from_document(document) == thresholds
+    with pytest.raises(InvalidSignedDocument):
+        document.verify(identity, kind=DocumentKind.MEDIANS, round_id=ROUND)
+    with pytest.raises(InvalidSignedDocument):
+        document.verify(bytes(SigningKey(b"\x02" * 32).verify_key), kind=DocumentKind.THRESHOLDS, round_id=ROUND)
+    altered = json.loads(document.to_json())
+    altered["body"]["thresholds"] = [1.0, 40.0]
+    with pytest.raises(InvalidSignedDocument) as info:
+        SignedDocument.from_json(json.dumps(altered), max_bytes=4096).verify(identity, kind=DocumentKind.THRESHOLDS, round_id=ROUND)
+    assert info.value.field == "signature"
+    altered["body"]["thresholds"] = [1.0]
+    with pytest.raises(InvalidApiMessage) as bad:
+        MedianThresholds.from_document(SignedDocument.from_json(json.dumps(altered), max_bytes=4096))
+    assert bad.value.field == "body.thresholds"
+
+
+def test_a_receipt_segment_verifies_only_with_the_leaves_its_signed_head_commits_to() -> None:
+    aggregator = SigningKey(b"\x01" * 32)
+    survey = SurveyId.data(ROUND, 1, 0)
+    leaves = (receipt_digest(b"\x01" * 32), receipt_digest(b"\x02" * 32))
+    head = TreeHead(survey, Check.FIRST, 2, receipt_leaves_root(leaves)).sign(aggregator)
+    segment = ReceiptSegment.from_json(ReceiptSegment((head,), {survey: leaves}).to_json())
+    verified = segment.verify(bytes(aggregator.verify_key), ROUND, Check.FIRST)
+    assert verified[survey].size == 2
+    with pytest.raises(InvalidApiMessage):
+        segment.verify(bytes(aggregator.verify_key), ROUND, Check.FINAL)
+    # a segment tailored to one peer (its receipt left out) does not match the signed head
+    with pytest.raises(InvalidApiMessage):
+        ReceiptSegment((head,), {survey: leaves[:1]}).verify(bytes(aggregator.verify_key), ROUND, Check.FIRST)
+
+
+def test_a_cover_is_a_message_only_the_aggregator_tells_apart() -> None:
+    survey = SurveyId.data(ROUND, 1, 0)
+    cover = CoverMessage(survey).to_bytes(SIZE)
+    assert len(cover) == SIZE and parse_message(cover) == CoverMessage(survey)
+    real = SurveyMessage(survey, b"T" * 250, b"\x03").to_bytes(SIZE)
+    assert isinstance(parse_message(real), SurveyMessage)
 
 
 def test_status_round_trip() -> None:
-    schedule = RoundSchedule(100, 200, (PhaseTimes(200, 10, 230),), PhaseTimes(230, 10, 260))
-    status = RoundStatus(ROUND, "median", 1, 5, schedule.to_dict(), {"registered": 3}, {"bad-token/proof": 2})
-    assert RoundStatus.from_json(status.to_json()) == status
+    aggregator = SigningKey(b"\x01" * 32)
+    schedule = RoundSchedule(100, 200, (PhaseTimes(200, 10, 230, 233, 10, 260),), PhaseTimes(260, 10, 290, 293, 10, 320))
+    status = RoundStatus(ROUND, RoundPhase.MEDIAN, 1, 5, schedule.to_dict(), {"registered": 3}, {"bad-token/proof": 2})
+    document = SignedDocument.from_json(status.sign(aggregator).to_json(), max_bytes=4096)
+    document.verify(bytes(aggregator.verify_key), kind=DocumentKind.STATUS, round_id=ROUND)
+    assert RoundStatus.from_document(document) == status

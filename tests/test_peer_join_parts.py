@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import trio
 
-from anonml.peer._join import JoinRefused, choose_path, late_windows
+from anonml.peer._join import choose_path, peer_generator
 from anonml.peer._transport import open_transport
 from anonml.protocol._link import AckStatus, serve_link
 from anonml.protocol._manifest import RelayEntry
@@ -81,8 +81,13 @@ def test_paths_are_distinct_relays_and_avoid_failed_ones_when_possible() -> None
     assert len(path) == 3 and relays[4] in path
 
 
-def test_late_windows_fit_what_is_left_of_the_delivery_window() -> None:
-    windows = late_windows(100, 108, 3)
-    assert [(w.start, w.end) for w in windows] == [(100, 102), (102, 104), (104, 106), (100, 108)]
-    with pytest.raises(JoinRefused):
-        late_windows(100, 103, 3)
+def test_the_peer_generator_is_chacha20_keyed_from_the_os() -> None:
+    from randomgen import ChaCha
+
+    first, second = peer_generator(), peer_generator()
+    assert isinstance(first.bit_generator, ChaCha)
+    assert first.bit_generator.state["state"]["rounds"] == 20
+    # fresh 256-bit keys: two peers never share a stream
+    assert first.integers(0, 2**62, 4).tolist() != second.integers(0, 2**62, 4).tolist()
+    # a key given for a test reproduces its stream
+    assert peer_generator(7).uniform(0, 1, 3).tolist() == peer_generator(7).uniform(0, 1, 3).tolist()

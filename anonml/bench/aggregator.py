@@ -56,7 +56,7 @@ def _bench_spec() -> dict[str, Any]:
         "privacy": {"eps_total": 2.0, "oracle": "auto"},
         "schedule": {"register": 100, "issue": 100, "median_send": 10, "median_delivery": 20, "data_send": 50, "data_delivery": 60},
         "network": {"relays": relays, "path_length": 3, "http_host": "127.0.0.1", "http_port": 8080, "sink_host": "127.0.0.1", "sink_port": 8081},
-        "participation": {"min_participation": 1, "registration": "open"},
+        "participation": {"min_participation": 1, "registration": "open", "purpose": "test", "max_per_client": 100_000},
     }
 
 

@@ -94,6 +94,8 @@ async def start_relays(children: Children, work: Path, network: Network, identit
             f"relay-{i}-init", "relay", "init", "--data-dir", str(relay_dir),
             "--listen", f"{HOST}:{network.listen_port(i)}", "--advertise", f"{HOST}:{network.relay_ports[i]}",
             "--metrics", f"{HOST}:{network.metrics_ports[i]}",
+            # Peers compare the aggregator's signed documents with this mirror's copies (DESIGN.md §5).
+            "--mirror", f"{HOST}:{free_port()}",
             # The relay forwards only to next hops a manifest signed by that identity lists.
             "--aggregator", f"{identity}@{network.url}",
         )

@@ -52,11 +52,18 @@ class DemoParams:
     delivery_window: int
     data_send_window: int
     data_delivery_window: int
+    check_seconds: int
+    """After each delivery window: the aggregator signs the log heads, relays mirror them, peers compare."""
 
     def total_seconds(self) -> int:
-        """From ``round new`` until the data phase's delivery window closes (publish gaps aside)."""
-        median = self.median_rounds * (self.send_window + self.delivery_window)
-        return self.start_seconds + self.register_seconds + self.issue_seconds + median + self.data_send_window + self.data_delivery_window
+        """From ``round new`` until the data phase's second delivery window closes (publish gaps aside).
+
+        Each phase runs twice, the second time as the uniform second chance
+        (every peer sends one packet per survey), with the check between.
+        """
+        median = self.median_rounds * (2 * (self.send_window + self.delivery_window) + self.check_seconds)
+        data = 2 * (self.data_send_window + self.data_delivery_window) + self.check_seconds
+        return self.start_seconds + self.register_seconds + self.issue_seconds + median + data
 
 
 def recovery_seconds(costs: PhaseCosts) -> float:
@@ -114,12 +121,15 @@ def plan_round(data: DemoData, peers: int, epsilon: float, workers: int, seed: i
         delivery_window=delivery(median_messages),
         data_send_window=window(data_messages, costs.token + costs.http),
         data_delivery_window=delivery(data_messages),
+        # The verification backlog is inside the last delivery slice; the check itself is the heads'
+        # signing, one mirror refresh (1 s) and every peer's fetch of its partition's segment.
+        check_seconds=window(peers, costs.http, floor=3.0),
     )
 
 
 def round_spec(data: DemoData, params: DemoParams, relays: list[dict[str, Any]], http_port: int, sink_port: int) -> dict[str, Any]:
     """The round spec for ``anonml aggregator round new`` (durations count from that command)."""
-    relay_fields = ("node_id", "host", "port", "public_key", "key_epoch")
+    relay_fields = ("node_id", "host", "port", "public_key", "key_epoch", "mirror_port")
     spec = data.spec.to_dict()
     return {
         "name": f"demo-{data.name}",
@@ -134,6 +144,7 @@ def round_spec(data: DemoData, params: DemoParams, relays: list[dict[str, Any]],
             "median_delivery": params.delivery_window,
             "data_send": params.data_send_window,
             "data_delivery": params.data_delivery_window,
+            "check": params.check_seconds,
         },
         "network": {
             "relays": [{k: relay[k] for k in relay_fields} for relay in relays],
@@ -143,7 +154,11 @@ def round_spec(data: DemoData, params: DemoParams, relays: list[dict[str, Any]],
             "sink_host": HOST,
             "sink_port": sink_port,
         },
-        "participation": {"min_participation": max(1, params.peers // 2), "registration": "open"},
+        # A demo: open registration, and every peer comes from this machine's one address.
+        "participation": {
+            "min_participation": max(1, params.peers // 2), "registration": "open", "purpose": "demo",
+            "max_per_client": params.peers,
+        },
     }
 
 

@@ -20,7 +20,7 @@ def summarise(data: DemoData, params: DemoParams, progress: Progress, report: di
     epsilons = [e for s in progress.summaries.values() for e in s.get("epsilon", [])]
     total = Counter[str]()
     for s in progress.summaries.values():
-        for key in ("joined", "packets", "sends", "resends", "acknowledged", "missing", "unconfirmed"):
+        for key in ("joined", "packets", "sends", "resends", "covers", "acknowledged", "missing", "unconfirmed"):
             total[key] += int(s.get(key, 0))
     status = progress.status
     counts = dict(status.counts) if status is not None else {}
@@ -34,6 +34,7 @@ def summarise(data: DemoData, params: DemoParams, progress: Progress, report: di
         "packets": total["packets"],
         "sends": total["sends"],
         "resends": total["resends"],
+        "covers": total["covers"],
         "receipts": total["acknowledged"],
         "missing": total["missing"],
         "unconfirmed": total["unconfirmed"],
@@ -108,7 +109,10 @@ def print_summary(console: Any, summary: dict[str, Any], params: DemoParams) -> 
     accepted = summary["accepted"]
     table.add_row("outcome", summary["phase"])
     table.add_row("peers registered / answered", f"{summary['registered']} / {summary['joined']} of {summary['peers']}")
-    table.add_row("packets: messages / sends (incl. resends)", f"{summary['packets']} / {sent} ({summary['resends']} resent)")
+    table.add_row(
+        "packets: messages / sends (first and second chance)",
+        f"{summary['packets']} / {sent} ({summary['resends']} resent, {summary['covers']} covers)",
+    )
     table.add_row(
         "accepted by the aggregator",
         f"{accepted} ({100.0 * accepted_fraction(summary):.2f}% of messages; the demo fails below {100 * MIN_ACCEPTED_FRACTION:g}%)",

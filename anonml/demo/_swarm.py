@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import trio
 
 
@@ -69,6 +68,7 @@ async def run_swarm(config: SwarmConfig) -> dict[str, Any]:
         RoundSession,
         join_round,
         open_transport,
+        peer_generator,
     )
     from anonml.protocol import FeatureSpec
 
@@ -85,12 +85,12 @@ async def run_swarm(config: SwarmConfig) -> dict[str, Any]:
         pipeline = RoundPipeline.for_spec(spec)
         dataset = pipeline.importer.import_file(config.csv)
         vectors = [pipeline.vector_of(Dataset((event,))) for event in dataset.events]
-        seeds = np.random.SeedSequence([config.seed, config.worker]).spawn(len(vectors))
         geometry = session_manifest.manifest.sphinx_geometry()
         _emit({"worker": config.worker, "peers": len(vectors)})
 
-        async def one(vector: Any, seed: np.random.SeedSequence) -> None:
-            peer = Peer(PeerIdentity.generate(), store, vector, np.random.default_rng(seed))
+        async def one(vector: Any) -> None:
+            # Each peer its own ChaCha20 generator keyed from the OS (peer_generator).
+            peer = Peer(PeerIdentity.generate(), store, vector, peer_generator())
             try:
                 results.append(await join_round(peer, session, session_manifest, pipeline, listener=lambda event: events.update((event,))))
             except (JoinRefused, AggregatorError, BudgetExceeded) as exc:
@@ -107,8 +107,8 @@ async def run_swarm(config: SwarmConfig) -> dict[str, Any]:
             async with trio.open_nursery() as outer:
                 outer.start_soon(report_progress)
                 async with trio.open_nursery() as peers:
-                    for vector, seed in zip(vectors, seeds, strict=True):
-                        peers.start_soon(one, vector, seed)
+                    for vector in vectors:
+                        peers.start_soon(one, vector)
                 outer.cancel_scope.cancel()
     finally:
         store.close()
@@ -122,6 +122,7 @@ async def run_swarm(config: SwarmConfig) -> dict[str, Any]:
         "packets": sum(r.packets for r in results),
         "sends": sum(r.sends for r in results),
         "resends": sum(r.resends for r in results),
+        "covers": sum(r.covers for r in results),
         "acknowledged": sum(r.acknowledged for r in results),
         "missing": sum(r.missing for r in results),
         "unconfirmed": sum(r.unconfirmed for r in results),

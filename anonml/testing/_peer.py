@@ -9,19 +9,18 @@ from anonml.crypto import (
     Credential,
     CredentialSecret,
     IssuerPublicKey,
-    NodeAddress,
-    PathHop,
     begin_issuance,
-    build_packet,
     finish_issuance,
     make_token,
 )
 from anonml.protocol import (
+    CoverMessage,
     CredentialRequest,
     RegisterRequest,
     SurveyId,
     SurveyMessage,
-    hop_windows,
+    bound_bytes,
+    seal_report,
 )
 
 
@@ -43,8 +42,8 @@ class SimulatedPeer:
     def identity(self) -> bytes:
         return bytes(self.key.verify_key)
 
-    def register(self, invitation: str | None = None) -> bool:
-        return self.state.register(RegisterRequest.create(self.key, self.state.round_id, invitation))
+    def register(self, invitation: str | None = None, client: str = "local") -> bool:
+        return self.state.register(RegisterRequest.create(self.key, self.state.round_id, invitation), client)
 
     def obtain_credential(self) -> int:
         """Blind issuance through :meth:`RoundState.issue`; returns the partition."""
@@ -68,16 +67,19 @@ class SimulatedPeer:
         chosen = credential or self.credential
         if chosen is None:
             raise ValueError("no credential: call obtain_credential() or pass one")
-        bound = SurveyMessage(survey, b"\x00", report).bound_bytes()
-        token = make_token(public or self.public, chosen, survey.to_bytes(), bound)
-        if tamper:
-            token = token[:-1] + bytes([token[-1] ^ 1])
-        geometry = self.state.geometry
-        body = SurveyMessage(survey, token, report).to_bytes(geometry.message_size)
-        hop = self.state.manifest.aggregator_hop
-        window = hop_windows(self.state.manifest.schedule, survey, 1)[-1]
-        path = [PathHop(hop.node_id, NodeAddress(hop.host, hop.port), hop.public_key, window)]
-        return build_packet(geometry, path, body)
+        size = self.state.geometry.message_size
+        if not tamper and public is None:
+            message = seal_report(self.public, chosen, survey, report, size).message
+        else:
+            token = make_token(public or self.public, chosen, survey.to_bytes(), bound_bytes(survey, report))
+            if tamper:
+                token = token[:-1] + bytes([token[-1] ^ 1])
+            message = SurveyMessage(survey, token, report).to_bytes(size)
+        return self.state.manifest.packet([], survey, message)
+
+    def cover(self, survey: SurveyId) -> bytes:
+        """A one-hop cover packet for ``survey`` (what a peer sends in the second chance when its receipt is in the log)."""
+        return self.state.manifest.packet([], survey, CoverMessage(survey).to_bytes(self.state.geometry.message_size))
 
 
 class SettableClock:

@@ -1,0 +1,216 @@
+"""The relay's read-only mirror of the aggregator's signed documents (DESIGN.md §5).
+
+A peer must compare what the aggregator showed it with what everyone else
+was shown before it decides anything (register, resend or cover), or an
+aggregator could show one peer a document of its own: a manifest with a
+unique issuer key, a roster of Sybils, or a receipt log without that peer's
+receipt, whose resend would then name it (issue 12, attacks 1 and 3). Each
+relay therefore mirrors, for every aggregator it pins, the latest signed
+manifest, the signed roster head, and every signed receipt-log head:
+
+* it fetches them on a fixed schedule (``refresh_seconds``) from the
+  aggregator's public API, exactly as any peer would;
+* it keeps a document only if the *pinned* identity key signed it (the key
+  the relay's operator configured, never the one a manifest names);
+* it keeps the first head it saw for each ``(survey, check)`` and checks each
+  final head against the first with the RFC 9162 §2.1.4 consistency proof;
+  a second, different signed document for the same slot is kept beside the
+  first as a conflict (served, so anyone can see the proof);
+* it serves them read-only: ``GET /v1/mirror/{identity}/manifest``,
+  ``/roster/head`` and ``/heads`` (the same bodies as the aggregator's
+  ``/v1/manifest``, ``/v1/roster/head`` and ``/v1/heads``), and
+  ``/v1/mirror/{identity}/conflicts``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import partial
+
+import httpx
+import trio
+from hypercorn.config import Config as HypercornConfig
+from hypercorn.trio import serve as hypercorn_serve
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from anonml.protocol import (
+    MAX_RESPONSE_BYTES,
+    PATH_HEADS,
+    PATH_MANIFEST,
+    PATH_MIRROR,
+    PATH_ROSTER_HEAD,
+    Check,
+    DocumentKind,
+    HeadsResponse,
+    InvalidDocument,
+    SignedDocument,
+    SignedManifest,
+    SurveyId,
+    TreeHead,
+    canonical_json,
+)
+from anonml.relay._config import PinnedAggregator
+from anonml.relay._metrics import log_event
+
+logger = logging.getLogger("anonml.relay")
+
+@dataclass
+class MirroredAggregator:
+    """What the mirror holds for one pinned aggregator's current round."""
+
+    pinned: PinnedAggregator
+    manifest: SignedManifest | None = None
+    roster_head: SignedDocument | None = None
+    heads: dict[tuple[SurveyId, Check], SignedDocument] = field(default_factory=dict)
+    sizes: dict[tuple[SurveyId, Check], TreeHead] = field(default_factory=dict)
+    proofs: dict[SurveyId, tuple[bytes, ...]] = field(default_factory=dict)
+    conflicts: list[tuple[bytes, bytes]] = field(default_factory=list)
+    """Pairs of different signed documents for one slot: proofs of equivocation."""
+
+    def reset(self, manifest: SignedManifest) -> None:
+        """A new round: its documents replace the previous round's."""
+        self.manifest, self.roster_head = manifest, None
+        self.heads, self.sizes, self.proofs = {}, {}, {}
+
+    def keep_roster_head(self, document: SignedDocument) -> None:
+        if self.roster_head is None:
+            self.roster_head = document
+        elif not self.roster_head.same_as(document):
+            self._conflict(self.roster_head.to_json(), document.to_json())
+
+    def keep_heads(self, response: HeadsResponse) -> None:
+        """Merge verified heads: the first per slot stays; a different one is a conflict."""
+        assert self.manifest is not None
+        verified = response.verify(self.pinned.identity, self.manifest.round_id)
+        by_slot = {
+            (head.survey, head.check): document
+            for document in response.heads
+            for head in (TreeHead.from_document(document),)
+        }
+        for slot, document in by_slot.items():
+            kept = self.heads.get(slot)
+            if kept is None:
+                self.heads[slot], self.sizes[slot] = document, verified[slot]
+            elif not kept.same_as(document):
+                self._conflict(kept.to_json(), document.to_json())
+        self.proofs.update({survey: proof for survey, proof in response.proofs.items() if (survey, Check.FINAL) in self.heads})
+
+    def _conflict(self, first: bytes, second: bytes) -> None:
+        if (first, second) not in self.conflicts:
+            self.conflicts.append((first, second))
+            log_event(logger, logging.WARNING, "equivocation", aggregator=self.pinned.url, conflicts=len(self.conflicts))
+
+    def heads_json(self) -> bytes:
+        return HeadsResponse(tuple(self.heads.values()), dict(self.proofs)).to_json()
+
+
+async def _get(client: httpx.AsyncClient, url: str) -> bytes | None:
+    """The body of ``GET url``, None for 404; raises httpx.HTTPError otherwise."""
+    response = await client.get(url)
+    if response.status_code == 404:
+        return None
+    response.raise_for_status()
+    if len(response.content) > MAX_RESPONSE_BYTES:
+        raise httpx.HTTPError(f"response of {len(response.content)} bytes from {url}")
+    return response.content
+
+
+async def refresh_one(client: httpx.AsyncClient, mirrored: MirroredAggregator) -> None:
+    """Fetch and verify the aggregator's manifest, roster head and heads once (errors are logged, not raised)."""
+    base = mirrored.pinned.url.rstrip("/")
+    try:
+        body = await _get(client, base + PATH_MANIFEST)
+        if body is None:
+            return
+        signed = SignedManifest.from_json(body, expected_identity=mirrored.pinned.identity)
+        if mirrored.manifest is None or mirrored.manifest.round_id != signed.round_id:
+            mirrored.reset(signed)
+        round_id = signed.round_id
+        head = await _get(client, base + PATH_ROSTER_HEAD)
+        if head is not None:
+            document = SignedDocument.from_json(head, max_bytes=MAX_RESPONSE_BYTES)
+            document.verify(mirrored.pinned.identity, kind=DocumentKind.ROSTER_HEAD, round_id=round_id)
+            mirrored.keep_roster_head(document)
+        heads = await _get(client, base + PATH_HEADS)
+        if heads is not None:
+            mirrored.keep_heads(HeadsResponse.from_json(heads))
+    except (httpx.HTTPError, InvalidDocument) as exc:
+        log_event(logger, logging.DEBUG, "mirror-fetch-failed", aggregator=mirrored.pinned.url, error=str(exc)[:200])
+
+
+def build_mirror_app(mirrored: Sequence[MirroredAggregator]) -> Starlette:
+    """The read-only HTTP face of the mirror."""
+    by_identity = {m.pinned.identity.hex(): m for m in mirrored}
+
+    def found(body: bytes | None) -> Response:
+        if body is None:
+            return Response(canonical_json({"error": "not mirrored (yet)"}), status_code=404, media_type="application/json")
+        return Response(body, media_type="application/json")
+
+    def lookup(request: Request) -> MirroredAggregator | None:
+        return by_identity.get(str(request.path_params["identity"]))
+
+    async def manifest(request: Request) -> Response:
+        m = lookup(request)
+        return found(None if m is None or m.manifest is None else m.manifest.to_json())
+
+    async def roster_head(request: Request) -> Response:
+        m = lookup(request)
+        return found(None if m is None or m.roster_head is None else m.roster_head.to_json())
+
+    async def heads(request: Request) -> Response:
+        m = lookup(request)
+        return found(None if m is None or m.manifest is None else m.heads_json())
+
+    async def conflicts(request: Request) -> Response:
+        m = lookup(request)
+        if m is None:
+            return found(None)
+        pairs = [[first.decode(), second.decode()] for first, second in m.conflicts]
+        return found(canonical_json({"conflicts": pairs}))
+
+    prefix = PATH_MIRROR
+    return Starlette(
+        routes=[
+            Route(prefix + "/manifest", manifest, methods=["GET"]),
+            Route(prefix + "/roster/head", roster_head, methods=["GET"]),
+            Route(prefix + "/heads", heads, methods=["GET"]),
+            Route(prefix + "/conflicts", conflicts, methods=["GET"]),
+        ]
+    )
+
+
+async def serve_mirror(
+    listen: tuple[str, int],
+    aggregators: Sequence[PinnedAggregator],
+    *,
+    refresh_seconds: float = 1.0,
+    timeout: float = 10.0,
+    task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Mirror every pinned aggregator, refreshing every ``refresh_seconds``; report the mirror's base URL."""
+    mirrored = [MirroredAggregator(pinned) for pinned in aggregators]
+    config = HypercornConfig()
+    host = f"[{listen[0]}]" if ":" in listen[0] else listen[0]
+    config.bind = [f"{host}:{listen[1]}"]
+    config.accesslog = None
+    config.errorlog = logger
+    config.h11_max_incomplete_size = 8192
+    # The client outlives the nursery's tasks (they use it until cancelled).
+    async with httpx.AsyncClient(timeout=httpx.Timeout(timeout)) as client, trio.open_nursery() as nursery:
+        # Starlette is an ASGI app; hypercorn's typing of ASGI callables is narrower than starlette's.
+        binds = await nursery.start(partial(hypercorn_serve, build_mirror_app(mirrored), config, mode="asgi"))  # type: ignore[arg-type]
+
+        async def refresh_forever(m: MirroredAggregator) -> None:
+            while True:
+                await refresh_one(client, m)
+                await trio.sleep(refresh_seconds)
+
+        for m in mirrored:
+            nursery.start_soon(refresh_forever, m)
+        task_status.started(binds[0])
