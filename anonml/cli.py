@@ -42,6 +42,7 @@ BENCH_COMMANDS: dict[str, tuple[str, str]] = {
     "crypto": ("anonml.bench.crypto:bench_crypto", "Sphinx packets and tokens beside one X25519 / P-256 multiplication."),
     "mechanisms": ("anonml.bench.mechanisms:bench_mechanisms", "Oracle error against its formula, and throughput."),
     "relay": ("anonml.bench.relay:bench_relay", "Relay forwarding throughput."),
+    "anonymity": ("anonml.bench.anonymity:bench_anonymity", "Send-vs-arrival correlation and timing-linking accuracy through real relays, vs chance."),
     "startup": ("anonml.bench.startup:bench_startup", "`anonml --help` start-up time beside `python -c pass`."),
     "faults": ("anonml.bench.faults:bench_faults", "A demo round under killed relays and aggregator and lossy links; audits every message."),
     "demo": ("anonml.bench.demo:bench_demo", "The demo run N times beside CPU-bound processes: exit codes, accepted fractions."),

@@ -210,6 +210,8 @@ class RoundSession:
     _cache: _SingleFlight = field(default_factory=_SingleFlight)
     _keys: dict[bytes, tuple[SphinxGeometry, IssuerPublicKey]] = field(default_factory=dict)
     _mirrors: dict[str, AggregatorClient] = field(default_factory=dict)
+    mirror_client: Callable[[str], AggregatorClient] = field(default=lambda url: AggregatorClient(url, max_connections=4, retry_for=2.0))
+    """Opens the client for one relay mirror (tests record what each peer asks)."""
 
     def round_keys(self, signed: SignedManifest) -> tuple[SphinxGeometry, IssuerPublicKey]:
         """The round's packet geometry and token key, parsed once per process."""
@@ -228,7 +230,7 @@ class RoundSession:
         random.SystemRandom().shuffle(urls)
         for url in urls:
             if url not in self._mirrors:
-                self._mirrors[url] = AggregatorClient(url, max_connections=4, retry_for=2.0)
+                self._mirrors[url] = self.mirror_client(url)
         return [self._mirrors[url] for url in urls]
 
     async def _from_a_mirror(self, manifest: RoundManifest, fetch: Callable[[AggregatorClient], Awaitable[T | None]], until: float) -> T | None:
@@ -269,7 +271,7 @@ class RoundSession:
                     mirrored.verify(identity)
                 return mirrored
 
-            mirrored = await self._from_a_mirror(manifest, fetch, min(manifest.schedule.t_register_end, self.now() + 30.0))
+            mirrored = await self._from_a_mirror(manifest, fetch, manifest.schedule.t_issue_end - _MARGIN)
             if mirrored is None:
                 return False
             if mirrored.round_id == signed.round_id:
@@ -545,13 +547,9 @@ class PeerRound:
         check_manifest_unchanged(self.peer, await self.session.manifest(phase), self.session.client.base_url)
 
     async def register(self) -> None:
-        """Compare the manifest with a mirror's, then register (a resumed peer is already registered)."""
+        """Register (a resumed peer is already registered); the manifest is compared with a mirror's before
+        the credential, the first thing that depends on it (its token key)."""
         check_manifest_unchanged(self.peer, self.signed, self.session.client.base_url)
-        try:
-            if not await self.session.compare_manifest(self.signed):
-                self.emit("manifest-unmirrored")
-        except JoinRefused as refused:
-            raise self.stored(refused) from None
         registration = self.peer.store.registration(self.key, self.round_id)
         if registration is not None and registration.credential is not None:
             self.result.resumed = True
@@ -563,6 +561,8 @@ class PeerRound:
 
     async def partition(self) -> tuple[int, int, tuple[tuple[str, ...], ...]]:
         try:
+            if not await self.session.compare_manifest(self.signed):
+                self.emit("manifest-unmirrored")
             plan = await self.session.plan(self.signed, self.spec)
         except JoinRefused as refused:
             raise self.stored(refused) from None
@@ -787,10 +787,14 @@ async def join_round(
     async def median_phase() -> None:
         await run.phase(SurveyKind.MEDIAN, partition, await run.answer_median(partition))
 
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(median_phase)
-        await run.recheck_manifest("data")
-        data_out = await run.seal_subsets(partition, my_subsets)
-        await run.phase(SurveyKind.DATA, partition, data_out)
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(median_phase)
+            await run.recheck_manifest("data")
+            data_out = await run.seal_subsets(partition, my_subsets)
+            await run.phase(SurveyKind.DATA, partition, data_out)
+    except* JoinRefused as refused:
+        # Either phase may refuse (an equivocation found in its log): the peer stops, and says why.
+        raise refused.exceptions[0] from None
     run.result.epsilon_spent = run.ledger.spent()
     return run.result

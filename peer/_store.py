@@ -19,6 +19,19 @@ from pathlib import Path
 from anonml.errors import StorageError
 from anonml.storage import Database, Schema
 
+# Proofs of equivocation (issue 12): two signed documents that contradict each other.
+_EQUIVOCATIONS = """
+CREATE TABLE equivocations (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    peer TEXT NOT NULL,
+    round_id TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    first BLOB NOT NULL,
+    second BLOB NOT NULL,
+    detected_at REAL NOT NULL
+);
+"""
+
 SCHEMA = Schema(
     name="peer",
     application_id=0x414E5002,  # "ANP\x02"
@@ -55,30 +68,14 @@ CREATE TABLE packets (
     acknowledged INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (peer, survey)
 );
-CREATE TABLE equivocations (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    peer TEXT NOT NULL,
-    round_id TEXT NOT NULL,
-    kind TEXT NOT NULL,
-    first BLOB NOT NULL,
-    second BLOB NOT NULL,
-    detected_at REAL NOT NULL
-);
-""",
+"""
+    + _EQUIVOCATIONS,
     migrations={
         # Version 2 (issue 12): proofs of equivocation, two signed documents that contradict each other.
         1: """
 ALTER TABLE registrations ADD COLUMN manifest BLOB;
-CREATE TABLE equivocations (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    peer TEXT NOT NULL,
-    round_id TEXT NOT NULL,
-    kind TEXT NOT NULL,
-    first BLOB NOT NULL,
-    second BLOB NOT NULL,
-    detected_at REAL NOT NULL
-);
-""",
+"""
+        + _EQUIVOCATIONS,
     },
     # Peers from before stores were versioned wrote the version-1 tables.
     unversioned=1,

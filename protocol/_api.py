@@ -529,18 +529,8 @@ class ReceiptSegment:
     @classmethod
     def from_json(cls, data: bytes | str | Mapping[str, Any]) -> ReceiptSegment:
         reader = _reader(data, MAX_RESPONSE_BYTES)
-        heads = tuple(
-            SignedDocument.read(reader.nested(item, f"heads[{i}]")) for i, item in enumerate(reader.items("heads", max_items=4096))
-        )
-        raw = reader.obj("leaves")
-        if len(raw) > 4096:
-            reader.fail("leaves", f"{len(raw)} surveys exceed the limit of 4096")
-        leaves: dict[SurveyId, tuple[bytes, ...]] = {}
-        for key, digests in raw.items():
-            field = f"leaves.{str(key)[:16]}"
-            survey = _survey(reader, reader.decode_hex(key, field, size=SURVEY_ID_BYTES), field)
-            items = reader.nested({"d": digests}, field).items("d", max_items=MAX_LOG_LEAVES)
-            leaves[survey] = tuple(reader.decode_hex(item, f"{field}[{i}]", size=HASH_BYTES) for i, item in enumerate(items))
+        heads = _documents(reader, "heads", 4096)
+        leaves = _hashes_by_survey(reader, "leaves", 4096, MAX_LOG_LEAVES)
         reader.done()
         return cls(heads, leaves)
 
@@ -587,20 +577,29 @@ class HeadsResponse:
     @classmethod
     def from_json(cls, data: bytes | str | Mapping[str, Any]) -> HeadsResponse:
         reader = _reader(data, MAX_RESPONSE_BYTES)
-        heads = tuple(
-            SignedDocument.read(reader.nested(item, f"heads[{i}]")) for i, item in enumerate(reader.items("heads", max_items=65536))
-        )
-        raw = reader.obj("proofs")
-        if len(raw) > 65536:
-            reader.fail("proofs", f"{len(raw)} proofs exceed the limit")
-        proofs: dict[SurveyId, tuple[bytes, ...]] = {}
-        for key, items in raw.items():
-            field = f"proofs.{str(key)[:16]}"
-            survey = _survey(reader, reader.decode_hex(key, field, size=SURVEY_ID_BYTES), field)
-            path = reader.nested({"p": items}, field).items("p", max_items=64)
-            proofs[survey] = tuple(reader.decode_hex(item, f"{field}[{i}]", size=HASH_BYTES) for i, item in enumerate(path))
+        heads = _documents(reader, "heads", 65536)
+        proofs = _hashes_by_survey(reader, "proofs", 65536, 64)
         reader.done()
         return cls(heads, proofs)
+
+
+def _documents(reader: FieldReader, key: str, max_items: int) -> tuple[SignedDocument, ...]:
+    """A list of signed envelopes (each checked later by ``verify``)."""
+    return tuple(SignedDocument.read(reader.nested(item, f"{key}[{i}]")) for i, item in enumerate(reader.items(key, max_items=max_items)))
+
+
+def _hashes_by_survey(reader: FieldReader, key: str, max_surveys: int, max_hashes: int) -> dict[SurveyId, tuple[bytes, ...]]:
+    """``{survey hex: [hash hex, ...]}``: receipt leaves per survey, or consistency proofs per survey."""
+    raw = reader.obj(key)
+    if len(raw) > max_surveys:
+        reader.fail(key, f"{len(raw)} surveys exceed the limit of {max_surveys}")
+    found: dict[SurveyId, tuple[bytes, ...]] = {}
+    for name, items in raw.items():
+        field = f"{key}.{str(name)[:16]}"
+        survey = _survey(reader, reader.decode_hex(name, field, size=SURVEY_ID_BYTES), field)
+        hashes = reader.nested({"h": items}, field).items("h", max_items=max_hashes)
+        found[survey] = tuple(reader.decode_hex(item, f"{field}[{i}]", size=HASH_BYTES) for i, item in enumerate(hashes))
+    return found
 
 
 def log_consistency_proof(digests: Sequence[bytes], first: int) -> tuple[bytes, ...]:

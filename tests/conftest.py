@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import trio
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 ADULT_DIR = REPO_ROOT.parent / "shared" / "data" / "adult"
@@ -22,3 +24,13 @@ def adult_dir() -> Path:
     if not (ADULT_DIR / "adult.data").exists():
         pytest.fail(f"UCI Adult data not found at {ADULT_DIR}; tests expect ../shared beside the repo")
     return ADULT_DIR
+
+
+@pytest.fixture
+def relay_processes() -> Iterator[list[trio.Process]]:
+    """Relay processes a test starts; every one still running is killed when the test ends."""
+    processes: list[trio.Process] = []
+    yield processes
+    for process in processes:
+        if process.returncode is None:
+            process.kill()

@@ -46,6 +46,7 @@ sink_port = {sink}
 [participation]
 min_participation = 3
 registration = "open"
+purpose = "test"
 """
 
 

@@ -49,7 +49,7 @@ from anonml.crypto import (
     process_packet,
 )
 from anonml.protocol import AckStatus, LinkClient
-from anonml.relay._clock import PinnedClock
+from anonml.relay._clock import PinnedClock, WallClock
 from anonml.relay._config import CONFIG_FILE, RelayConfig, load_config, render_config
 from anonml.relay._directory import DirectoryEntry, render_directory_file
 from anonml.relay._keys import KeyRing, create_identity, load_identity
@@ -68,11 +68,13 @@ _METRICS = ("packets_received_total", "packets_forwarded_total", "intake_cpu_sec
 # -- one relay process ---------------------------------------------------
 
 
-async def _run_node(data_dir: Path, pinned: int) -> None:
+async def _run_node(data_dir: Path, pinned: int, wall: bool = False) -> None:
     config = load_config(data_dir)
+    # Pinned: every zero-length window is open (throughput); wall: real windows (``anonml bench anonymity``).
+    clock = WallClock.anchored() if wall else PinnedClock(pinned)
     async with trio.open_nursery() as nursery:
         started: RelayStarted = await nursery.start(
-            lambda task_status: serve_relay(config, clock=PinnedClock(pinned), task_status=task_status)
+            lambda task_status: serve_relay(config, clock=clock, task_status=task_status)
         )
         assert started.metrics is not None
         print(json.dumps({"link": started.link[1], "metrics": started.metrics[1]}), flush=True)
@@ -122,12 +124,14 @@ async def _scrape(port: int) -> dict[str, float]:
 
 
 def _start_relay(work: Path, index: int, pinned: int, synchronous: str, geometry: SphinxGeometry,
-                 next_hop: DirectoryEntry, processes: list[subprocess.Popen[str]]) -> tuple[bytes, bytes, int, int]:
-    """Start relay ``index`` as a process; returns (node_id, public key, link port, metrics port)."""
+                 next_hop: DirectoryEntry, processes: list[subprocess.Popen[str]], *, wall: bool = False) -> tuple[bytes, bytes, int, int]:
+    """Start relay ``index`` as a process; returns (node_id, public key, link port, metrics port).
+
+    ``wall``: the relay runs on the wall clock (keys for the epoch of ``pinned``, which is then now)."""
     data_dir = work / f"relay-{index}"
     node_id, public = _prepare_relay(data_dir, pinned, synchronous, geometry, next_hop)
     process = subprocess.Popen(
-        [sys.executable, "-m", "anonml.bench.relay", "node", str(data_dir), str(pinned)],
+        [sys.executable, "-m", "anonml.bench.relay", "node", str(data_dir), str(pinned), *(["wall"] if wall else [])],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
     )
     processes.append(process)
@@ -360,9 +364,9 @@ def bench_relay(as_json: bool, packets: int, synchronous: str, repeat: int) -> N
 
 def _node_main(argv: list[str]) -> None:
     """``python -m anonml.bench.relay node DATA_DIR PINNED``: one benchmark relay."""
-    if len(argv) != 3 or argv[0] != "node":
-        raise SystemExit("usage: python -m anonml.bench.relay node DATA_DIR PINNED_UNIX_SECONDS")
-    trio.run(_run_node, Path(argv[1]), int(argv[2]))
+    if len(argv) not in (3, 4) or argv[0] != "node" or argv[3:] not in ([], ["wall"]):
+        raise SystemExit("usage: python -m anonml.bench.relay node DATA_DIR PINNED_UNIX_SECONDS [wall]")
+    trio.run(_run_node, Path(argv[1]), int(argv[2]), argv[3:] == ["wall"])
 
 
 if __name__ == "__main__":
