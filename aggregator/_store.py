@@ -365,6 +365,15 @@ class RoundStore:
             ).fetchall()
         return [bytes(row[0]) for row in rows]
 
+    def receipts(self) -> dict[SurveyId, list[bytes]]:
+        """Every survey's receipt log, leaves in acceptance order (the audit of ``anonml bench faults``)."""
+        with self._database.read() as db:
+            rows = db.execute("SELECT survey, receipt FROM packets ORDER BY survey, position").fetchall()
+        log: dict[SurveyId, list[bytes]] = {}
+        for survey, receipt in rows:
+            log.setdefault(SurveyId.from_bytes(bytes(survey)), []).append(bytes(receipt))
+        return log
+
     def put_head(self, survey: SurveyId, check: Check, size: int, document: bytes) -> bytes:
         """Record the signed head of ``survey`` at ``check`` unless one is recorded; the recorded one.
 

@@ -270,15 +270,6 @@ class PeerStore:
     def count_send(self, peer: bytes, survey: bytes) -> None:
         self._write("UPDATE packets SET sends=sends+1 WHERE peer=? AND survey=?", (peer.hex(), survey.hex()))
 
-    def packets(self, peer: bytes, round_id: bytes) -> list[StoredPacket]:
-        """Every packet recorded for ``peer`` in ``round_id`` (a resumed peer sends these, never new ones)."""
-        with self._database.read() as db:
-            rows = db.execute(
-                "SELECT survey, message, receipt, sends, acknowledged FROM packets WHERE peer=? AND round_id=? ORDER BY survey",
-                (peer.hex(), round_id.hex()),
-            ).fetchall()
-        return [StoredPacket(bytes.fromhex(r[0]), r[1], bytes.fromhex(r[2]), r[3], bool(r[4])) for r in rows]
-
     # -- equivocation ------------------------------------------------------
 
     def record_equivocation(self, peer: bytes, proof: EquivocationProof) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 
 from anonml.aggregator import RoundStore
 from anonml.peer import PeerStore, StoredPacket
-from anonml.protocol import SurveyId, SurveyKind, receipt_digest
+from anonml.protocol import SurveyId, SurveyKind
 
 
 @dataclass
@@ -64,8 +64,8 @@ def audit(prepared: Iterable[StoredPacket], accepted: Mapping[SurveyId, list[byt
     matched: set[tuple[bytes, bytes]] = set()
     for packet in prepared:
         result.prepared += 1
-        # The peer keeps its token's tag digest; the log lists its hash (protocol.receipt_digest).
-        key = (packet.survey, receipt_digest(packet.receipt))
+        # The peer keeps the receipt digest its sealed report will be listed under (protocol.seal_report).
+        key = (packet.survey, packet.receipt)
         copies = accepted_count.get(key, 0)
         if copies == 0:
             result.lost += 1
