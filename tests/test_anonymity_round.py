@@ -32,7 +32,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from anonml._demo import free_port
+from anonml.demo import free_port
 from anonml.aggregator._service import AggregatorConfig, serve_aggregator
 from anonml.aggregator._setup import create_round
 from anonml.aggregator._spec import parse_round_spec
@@ -57,7 +57,7 @@ from anonml.protocol import (
     receipt_leaves_root,
 )
 from test_e2e_round import spec_document as e2e_document
-from test_e2e_round import start_relays, vector
+from test_e2e_round import served_manifest, start_relays, vector
 
 pytestmark = pytest.mark.slow
 
@@ -150,13 +150,7 @@ async def test_withheld_receipts_and_dropped_packets_leave_nothing_to_link(tmp_p
         proxy.bind = [f"127.0.0.1:{proxy_port}"]
         await nursery.start(partial(hypercorn_serve, tailoring_proxy(url, signing_key, withheld), proxy, mode="asgi"))  # type: ignore[arg-type]
         first = AggregatorClient(url, retry_for=10)
-        with trio.fail_after(20):
-            while True:
-                try:
-                    signed = await first.manifest()
-                    break
-                except Exception:  # noqa: BLE001 - the server is still starting
-                    await trio.sleep(0.1)
+        signed = await served_manifest(first)
         await first.aclose()
         pipeline = RoundPipeline.for_spec(FeatureSpec.from_dict(dict(signed.manifest.features)))
         geometry = signed.manifest.sphinx_geometry()

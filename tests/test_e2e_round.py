@@ -59,7 +59,7 @@ from anonml.protocol import (
     encode_median_report,
 )
 from anonml.protocol._features import FeatureSpec
-from anonml.protocol._manifest import RelayEntry, RoundManifest
+from anonml.protocol._manifest import RelayEntry, RoundManifest, SignedManifest
 
 pytestmark = pytest.mark.slow
 
@@ -129,6 +129,16 @@ def vector(pipeline: RoundPipeline, i: int) -> Any:
     return pipeline.vector_of(Dataset((Event(row, None, i + 2),)))
 
 
+async def served_manifest(client: AggregatorClient, within: float = 20.0) -> SignedManifest:
+    """The manifest, once the service that was just started answers."""
+    with trio.fail_after(within):
+        while True:
+            try:
+                return await client.manifest()
+            except Exception:  # noqa: BLE001 - the server is still starting
+                await trio.sleep(0.1)
+
+
 class Adversary:
     """A registered peer that misbehaves, plus an outsider with its own issuer."""
 
@@ -191,13 +201,7 @@ async def run_round(tmp_path: Path, relay_processes: list[trio.Process]) -> None
         nursery.start_soon(serve)
         url = state.manifest.aggregator_url
         client = AggregatorClient(url, retry_for=10)
-        with trio.fail_after(10):
-            while True:
-                try:
-                    signed = await client.manifest()
-                    break
-                except Exception:  # noqa: BLE001 - the server is still starting
-                    await trio.sleep(0.1)
+        signed = await served_manifest(client)
         manifest = signed.manifest
         pipeline = RoundPipeline.for_spec(FeatureSpec.from_dict(dict(manifest.features)))
         store = PeerStore(tmp_path / "peers.sqlite", durable=False)

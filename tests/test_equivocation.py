@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import trio
 
-from anonml._demo import free_port
+from anonml.demo import free_port
 from anonml.aggregator._round import RoundState
 from anonml.aggregator._service import AggregatorConfig, serve_aggregator
 from anonml.aggregator._setup import create_round

@@ -14,7 +14,7 @@ import pytest
 import trio
 from nacl.signing import SigningKey
 
-from anonml._demo import free_port
+from anonml.demo import free_port
 from anonml.aggregator._service import AggregatorConfig, serve_aggregator
 from anonml.aggregator._setup import create_round
 from anonml.aggregator._spec import parse_round_spec
