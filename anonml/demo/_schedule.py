@@ -71,9 +71,10 @@ class DemoParams:
 
 def recovery_seconds(costs: PhaseCosts) -> float:
     """Time for one restart inside a phase: the supervisor notices and waits
-    its restart delay (a second), the process starts again (as long as an
-    operator command took, measured) and the peers' next retry reaches it."""
-    return 1.0 + costs.process_start + PEER_RETRY_GAP
+    its restart delay (a second), the process starts again and the
+    aggregator then starts its issuer processes (each as long as an operator
+    command took, measured), and the peers' next retry reaches it."""
+    return 1.0 + 2 * costs.process_start + PEER_RETRY_GAP
 
 
 def learning_parameters(data: DemoData) -> tuple[int, int, int, str, int]:
@@ -116,7 +117,9 @@ def plan_round(data: DemoData, peers: int, epsilon: float, workers: int, seed: i
     return DemoParams(
         peers=peers, epsilon=epsilon, workers=workers, seed=seed, k_p=k_p, k_h=k_h, k_s=k_s, plan=plan,
         median_rounds=median_rounds,
-        start_seconds=math.ceil(costs.process_start * SLACK / 2) + 1,
+        # `aggregator run` starts, then starts its issuer processes, before it
+        # takes registrations: both after `round new`, measured, with slack.
+        start_seconds=math.ceil(2 * costs.process_start * SLACK) + 1,
         register_seconds=register,
         issue_seconds=issue,
         # A sender fetches the thresholds, makes its token and packet, and hands it to a relay.
