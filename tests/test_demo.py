@@ -31,6 +31,16 @@ def start_demo(work: Path, *args: str) -> subprocess.Popen[str]:
     )
 
 
+def stop(demo: subprocess.Popen[str]) -> None:
+    """End a demo a failed test leaves running the way a user would (SIGTERM stops its children), else kill it."""
+    if demo.poll() is None:
+        demo.terminate()
+        try:
+            demo.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            demo.kill()
+
+
 def wait_for_line(demo: subprocess.Popen[str], text: str) -> list[str]:
     """Read the demo's output until a line contains ``text`` (its readiness signal)."""
     assert demo.stdout is not None
@@ -86,8 +96,7 @@ def test_the_demo_completes_a_round_through_a_killed_relay_and_aggregator_and_le
         relay.kill()
         output, _ = demo.communicate(timeout=HANG_GUARD_SECONDS)
     finally:
-        if demo.poll() is None:
-            demo.kill()
+        stop(demo)
     assert demo.returncode == 0, output[-4000:]
     summary = json.loads(summary_path.read_text())
     assert summary["phase"] == "done"
@@ -138,8 +147,7 @@ def test_a_signal_to_the_demo_stops_every_process_it_started(tmp_path: Path, sig
         demo.send_signal(signum)
         output, _ = demo.communicate(timeout=120)
     finally:
-        if demo.poll() is None:
-            demo.kill()
+        stop(demo)
     assert demo.returncode == 128 + signum, output[-3000:]
     assert "every child process was stopped" in output
     assert_all_gone(started)
