@@ -21,5 +21,6 @@ from __future__ import annotations
 from anonml.demo._children import Child, ChildFailed, Children, open_children, resident_mb, until_signalled
 from anonml.demo._command import demo
 from anonml.demo._ports import free_port
+from anonml.demo._schedule import schedule_seconds
 
-__all__ = ["Child", "ChildFailed", "Children", "demo", "free_port", "open_children", "resident_mb", "until_signalled"]
+__all__ = ["Child", "ChildFailed", "Children", "demo", "free_port", "open_children", "resident_mb", "schedule_seconds", "until_signalled"]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any
 
 import tomli_w
@@ -59,14 +60,12 @@ class DemoParams:
     """After each delivery window: the aggregator signs the log heads, relays mirror them, peers compare."""
 
     def total_seconds(self) -> int:
-        """From ``round new`` until the data phase's second delivery window closes (publish gaps aside).
+        """From ``round new`` until the data phase's second delivery window closes (publish gaps included).
 
         Each phase runs twice, the second time as the uniform second chance
         (every peer sends one packet per survey), with the check between.
         """
-        median = self.median_rounds * (2 * (self.send_window + self.delivery_window) + self.check_seconds)
-        data = 2 * (self.data_send_window + self.data_delivery_window) + self.check_seconds
-        return self.start_seconds + self.register_seconds + self.issue_seconds + median + data
+        return self.start_seconds + schedule_seconds(round_spec_schedule(self))
 
 
 def recovery_seconds(costs: PhaseCosts) -> float:
@@ -133,6 +132,39 @@ def plan_round(data: DemoData, peers: int, epsilon: float, workers: int, seed: i
     )
 
 
+def round_spec_schedule(params: DemoParams) -> dict[str, int]:
+    """The ``[schedule]`` table of the round spec."""
+    return {
+        "register": params.register_seconds,
+        "issue": params.issue_seconds,
+        "median_rounds": params.median_rounds,
+        "median_send": params.send_window,
+        "median_delivery": params.delivery_window,
+        "data_send": params.data_send_window,
+        "data_delivery": params.data_delivery_window,
+        "check": params.check_seconds,
+    }
+
+
+def schedule_seconds(schedule: Mapping[str, int]) -> int:
+    """How long a spec's ``[schedule]`` runs, from registration opening to the
+    data phase's second delivery window closing, with the spec's defaults
+    (``aggregator.build_schedule``: each phase sends, delivers, checks, then
+    sends and delivers its second chance; a publish gap before every phase
+    that waits for published results)."""
+    gap = schedule.get("publish_gap", 2)
+    check = schedule.get("check", 4)
+
+    def phase(kind: str) -> int:
+        send, delivery = schedule[f"{kind}_send"], schedule[f"{kind}_delivery"]
+        second = schedule.get(f"{kind}_second_send", send) + schedule.get(f"{kind}_second_delivery", delivery)
+        return send + delivery + check + second
+
+    rounds = schedule.get("median_rounds", 0)
+    median = rounds * phase("median") + max(0, rounds - 1) * gap
+    return schedule["register"] + schedule["issue"] + median + (gap if rounds else 0) + phase("data")
+
+
 def round_spec(data: DemoData, params: DemoParams, relays: list[dict[str, Any]], http_port: int, sink_port: int) -> dict[str, Any]:
     """The round spec for ``anonml aggregator round new`` (durations count from that command)."""
     relay_fields = ("node_id", "host", "port", "public_key", "key_epoch", "mirror_port")
@@ -142,16 +174,7 @@ def round_spec(data: DemoData, params: DemoParams, relays: list[dict[str, Any]],
         "task": {"features": spec["features"], "label": spec["label"]},
         "learning": {"k_p": params.k_p, "k_h": params.k_h, "k_s": params.k_s, "plan": params.plan, "learner": "logreg"},
         "privacy": {"eps_total": params.epsilon, "oracle": "auto"},
-        "schedule": {
-            "register": params.register_seconds,
-            "issue": params.issue_seconds,
-            "median_rounds": params.median_rounds,
-            "median_send": params.send_window,
-            "median_delivery": params.delivery_window,
-            "data_send": params.data_send_window,
-            "data_delivery": params.data_delivery_window,
-            "check": params.check_seconds,
-        },
+        "schedule": round_spec_schedule(params),
         "network": {
             "relays": [{k: relay[k] for k in relay_fields} for relay in relays],
             "path_length": RELAYS,
