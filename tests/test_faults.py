@@ -84,7 +84,8 @@ def test_the_audit_finds_lost_twice_counted_and_unknown_messages() -> None:
     surveys = [SurveyId.data(round_id, 0, 0), SurveyId.median(round_id, 0)]
 
     def packet(survey: SurveyId, tag: int, sends: int, acknowledged: bool = False) -> StoredPacket:
-        return StoredPacket(survey.to_bytes(), b"", bytes([tag]) * 32, sends, acknowledged)
+        # the peer stores the receipt digest its report is listed under
+        return StoredPacket(survey.to_bytes(), b"", receipt_digest(bytes([tag]) * 32), sends, acknowledged)
 
     prepared = [
         packet(surveys[0], 1, 1),  # accepted once
