@@ -70,6 +70,7 @@ def _windows(manifest: object) -> list[str]:
 
 _EVENT_WORDS = {
     "registered": "registered: your key is on the roster",
+    "resumed": "resumed: registered with a credential before (stored here); continuing with them",
     "credential": "credential received (blind: the aggregator cannot link it to you)",
     "sent": "a packet left for its first relay",
     "acknowledged": "receipt found: a packet was counted",
@@ -124,9 +125,10 @@ async def _join(identity: PeerIdentity, data_dir: Path, url: str, data_file: Pat
             def heard(event: str) -> None:
                 events[event] += 1
                 board.note(_EVENT_WORDS.get(event, event))
+                # A resumed join was registered and given its credential by the run before it.
                 board.update([
-                    ("registered", "yes" if events["registered"] else "not yet"),
-                    ("credential", "yes" if events["credential"] else "not yet"),
+                    ("registered", "yes" if events["registered"] or events["resumed"] else "not yet"),
+                    ("credential", "yes" if events["credential"] or events["resumed"] else "not yet"),
                     ("packets sent", str(events["sent"] + events["resent"])),
                     ("receipts", f"{events['acknowledged']} found, {events['missing']} missing"),
                 ], key=event)
