@@ -92,16 +92,22 @@ async def start_relays(tmp_path: Path, aggregator: str) -> tuple[list[dict[str, 
         processes.append(await trio.lowlevel.open_process(relay_cli("run", "--data-dir", str(data_dir)), stdout=log, stderr=log))
     # Wait until every relay listens. A loaded machine starts a Python process in tens of seconds,
     # so the bound is only against a hang; a relay that exited fails at once with its log.
-    for i, (descriptor, process) in enumerate(zip(descriptors, processes)):
-        with trio.fail_after(300):
-            while True:
-                try:
-                    stream = await trio.open_tcp_stream(descriptor["host"], descriptor["port"])
-                    await stream.aclose()
-                    break
-                except OSError:
-                    assert process.poll() is None, (tmp_path / f"relay-{i}.log").read_text()
-                    await trio.sleep(0.1)
+    try:
+        for i, (descriptor, process) in enumerate(zip(descriptors, processes)):
+            with trio.fail_after(300):
+                while True:
+                    try:
+                        stream = await trio.open_tcp_stream(descriptor["host"], descriptor["port"])
+                        await stream.aclose()
+                        break
+                    except OSError:
+                        assert process.poll() is None, (tmp_path / f"relay-{i}.log").read_text()
+                        await trio.sleep(0.1)
+    except BaseException:
+        # The caller never receives these processes: stop them here, or they outlive the test.
+        for process in processes:
+            process.kill()
+        raise
     return descriptors, processes
 
 
