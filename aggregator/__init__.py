@@ -3,6 +3,7 @@ trains the learner (``anonml.learning``) on them."""
 
 from __future__ import annotations
 
+from anonml.aggregator._anonymity import LINKS_JSON, RequestLog, linking_report
 from anonml.aggregator._report import learn, write_report
 from anonml.aggregator._round import ApiRefused, RoundSecrets, RoundState
 from anonml.aggregator._service import (
@@ -20,6 +21,7 @@ from anonml.aggregator._verify import REJECTION_REASONS, process_batch
 from anonml.aggregator._workers import IssuerWorkers
 
 __all__ = [
+    "LINKS_JSON",
     "REJECTION_REASONS",
     "AggregatorConfig",
     "AggregatorHome",
@@ -31,11 +33,13 @@ __all__ = [
     "RoundSpec",
     "RoundSpecError",
     "RoundState",
+    "RequestLog",
     "RoundStore",
     "build_app",
     "create_round",
     "drive_round",
     "learn",
+    "linking_report",
     "open_round",
     "parse_round_spec",
     "process_batch",

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from anonml.aggregator._anonymity import linking_report
 from anonml.aggregator._dashboard import dashboard_data, render_page
 from anonml.aggregator._round import RoundState
 from anonml.mechanisms import postprocess, shuffle_amplified_epsilon
@@ -68,6 +69,10 @@ def learn(state: RoundState, directory: Path, *, test_file: Path | None = None) 
         "accepted_by_survey": per_survey,
         "medians": {name: values[0] for name, values in cut_points.items()},
         "privacy": _privacy(state),
+        "anonymity": linking_report(
+            state.store.arrivals(), state.store.partitions(), lambda survey: float(manifest.schedule.phase_of(survey).send_end),
+            state.requests, directory, state.round_id,
+        ),
         "model": None,
         "utility": None,
     }
@@ -194,6 +199,13 @@ def summarise(report: dict[str, Any]) -> list[str]:
         "rejected: " + (", ".join(f"{k} {v}" for k, v in sorted(report.get("rejected", {}).items())) or "none"),
         f"privacy: local eps_T {privacy.get('eps_total_local')} per peer; central (shuffled) {privacy.get('central_per_survey')}",
     ]
+    anonymity = report.get("anonymity") or {}
+    if anonymity.get("messages"):
+        lines.append(
+            f"anonymity: timing guesses for {anonymity['messages']} messages in {anonymity.get('links')}; chance "
+            f"{100 * anonymity['chance']:.3g}% (smallest anonymity set {anonymity['anonymity_set_min']}); whoever knows "
+            "the senders scores them"
+        )
     if report.get("utility"):
         lines.append(f"utility: AUC {report['utility']['auc']:.4f} on {report['utility']['rows']} held-out rows")
     if report.get("reason"):

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 from nacl.signing import SigningKey
 
+from anonml.aggregator._anonymity import RequestLog
 from anonml.aggregator._store import Refusal, Registered, Registration, RoundStore
 from anonml.crypto import (
     IssueJob,
@@ -150,6 +151,8 @@ class RoundState:
         """Set by the driver when the data phase's delivery window has closed."""
         self.link_errors: Counter[str] = Counter()
         """Packet-sink connections that ended in a link error, by reason (reported in the status counts)."""
+        self.requests = RequestLog()
+        """Every HTTP request served, as a logging adversary keeps it (the anonymity report, DESIGN.md §11)."""
 
     def now(self) -> int:
         return int(self.clock())
@@ -324,7 +327,7 @@ class RoundState:
 
     # -- surveys -------------------------------------------------------------------
 
-    def check_survey(self, survey: SurveyId, now: int) -> int:
+    def check_survey(self, survey: SurveyId, now: float) -> int:
         """The partition a token for ``survey`` must carry; raises SurveyRefused if it is not open at ``now``."""
         m = self.manifest
         if survey.round_id != self.round_id:

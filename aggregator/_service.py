@@ -21,7 +21,9 @@ from hypercorn.trio import serve as hypercorn_serve
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.middleware import Middleware
 from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from anonml.aggregator._dashboard import RelayWatch, dashboard_routes
 from anonml.aggregator._round import (
@@ -240,6 +242,27 @@ class CredentialBatcher(GroupCommit[tuple[bytes, bytes, int, int], "bytes | str 
         return CredentialResponse(outcome, partition)
 
 
+def _address(request: Request) -> str:
+    return request.client.host if request.client is not None else "unknown"
+
+
+class _RecordRequests:
+    """Logs every request's address and time (the aggregator's full view; ``aggregator._anonymity``).
+
+    Signed requests are logged again by their handlers, with the identity that signed them.
+    """
+
+    def __init__(self, app: ASGIApp, state: RoundState) -> None:
+        self.app = app
+        self.state = state
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            client = scope.get("client")
+            self.state.requests.record(self.state.clock(), str(client[0]) if client else "unknown")
+        await self.app(scope, receive, send)
+
+
 def build_app(
     state: RoundState, registrations: RegistrationBatcher, credentials: CredentialBatcher, relays: RelayWatch | None = None
 ) -> Starlette:
@@ -259,8 +282,11 @@ def build_app(
         return _json(state.manifest_json())
 
     async def register(request: Request) -> Response:
-        client = request.client.host if request.client is not None else "unknown"
-        await registrations.register(RegisterRequest.from_json(await _read_body(request)), client)
+        client = _address(request)
+        at, registration = state.clock(), RegisterRequest.from_json(await _read_body(request))
+        await registrations.register(registration, client)
+        # Logged once the signature is known good: an identity names only the requests it signed.
+        state.requests.record(at, client, registration.identity_key)
         return _json(RegisterResponse(True).to_json())
 
     async def roster(request: Request) -> Response:
@@ -270,7 +296,9 @@ def build_app(
         return snapshot(snapshots.roster_head, "the roster is published when registration closes")
 
     async def credential(request: Request) -> Response:
-        response = await credentials.issue(CredentialRequest.from_json(await _read_body(request)))
+        at, credential_request = state.clock(), CredentialRequest.from_json(await _read_body(request))
+        response = await credentials.issue(credential_request)
+        state.requests.record(at, _address(request), credential_request.identity_key)
         return _json(response.to_json())
 
     async def median(request: Request) -> Response:
@@ -318,7 +346,7 @@ def build_app(
         Route(PATH_REPORT, _guarded(report), methods=["GET"]),
         *dashboard_routes(state, relays if relays is not None else RelayWatch(state)),
     ]
-    app = Starlette(routes=routes)
+    app = Starlette(routes=routes, middleware=[Middleware(_RecordRequests, state=state)])
 
     async def http_error(request: Request, exc: Exception) -> Response:
         code = getattr(exc, "status_code", 404)

@@ -58,7 +58,9 @@ class PacketSink:
         if self.state.store.inbox_size() + len(frames) > self.max_inbox:
             self.link_errors["inbox-full"] += len(frames)
             return [AckStatus.BUSY] * len(frames)
-        await trio.to_thread.run_sync(self.state.store.enqueue, frames, self.state.now())
+        # The arrival to the sub-second: what an aggregator logging every arrival
+        # has (the anonymity report, DESIGN.md §11); windows compare it with whole seconds.
+        await trio.to_thread.run_sync(self.state.store.enqueue, frames, float(self.state.clock()))
         self._wakeup.set()
         return [AckStatus.ACCEPTED] * len(frames)
 

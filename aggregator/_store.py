@@ -34,7 +34,7 @@ from anonml.storage import (
 SCHEMA = Schema(
     name="round",
     application_id=0x414E4103,  # "ANA\x03"
-    version=2,
+    version=3,
     tables="""
 CREATE TABLE meta (key TEXT PRIMARY KEY, value BLOB NOT NULL);
 CREATE TABLE invitations (code TEXT PRIMARY KEY, used_by BLOB);
@@ -49,7 +49,7 @@ CREATE TABLE credentials (
 CREATE TABLE packets (
     survey BLOB NOT NULL, tag_digest BLOB NOT NULL, message_hash BLOB NOT NULL,
     report BLOB NOT NULL, receipt BLOB NOT NULL, accepted_at INTEGER NOT NULL,
-    position INTEGER,
+    position INTEGER, arrived REAL,
     PRIMARY KEY (survey, tag_digest));
 CREATE UNIQUE INDEX packets_log ON packets (survey, position);
 CREATE TABLE rejections (reason TEXT PRIMARY KEY, count INTEGER NOT NULL);
@@ -60,7 +60,7 @@ CREATE TABLE heads (
 CREATE TABLE replay_tags (tag BLOB PRIMARY KEY);
 CREATE TABLE results (key TEXT PRIMARY KEY, value BLOB NOT NULL);
 CREATE TABLE inbox (
-    id INTEGER PRIMARY KEY AUTOINCREMENT, frame BLOB NOT NULL, arrived INTEGER NOT NULL);
+    id INTEGER PRIMARY KEY AUTOINCREMENT, frame BLOB NOT NULL, arrived REAL NOT NULL);
 """,
     migrations={
         # Version 2 (issue 12): roster entries carry the peer's nonce and
@@ -77,6 +77,10 @@ CREATE TABLE heads (
     survey BLOB NOT NULL, check_index INTEGER NOT NULL, size INTEGER NOT NULL, document BLOB NOT NULL,
     PRIMARY KEY (survey, check_index));
 """,
+        # Version 3 (issue 12, the anonymity report): each accepted packet's
+        # arrival time to the sub-second, as an aggregator that logs every
+        # arrival would have it (the inbox's INTEGER column holds REAL values as they are).
+        2: "ALTER TABLE packets ADD COLUMN arrived REAL;",
     },
     # Rounds from before stores were versioned wrote the version-1 tables.
     unversioned=1,
@@ -116,6 +120,8 @@ class VerifiedPacket:
     message_hash: bytes
     report: bytes
     receipt: bytes
+    arrived: float = 0.0
+    """When its frame reached the sink (UTC seconds)."""
 
 
 class RoundStore:
@@ -272,19 +278,19 @@ class RoundStore:
 
     # -- the inbox: frames received and durable, not yet verified ---------------------
 
-    def enqueue(self, frames: Sequence[bytes], arrived: int) -> None:
+    def enqueue(self, frames: Sequence[bytes], arrived: float) -> None:
         """Make received frames durable with their arrival time (the link acknowledges after this)."""
         with self._database.transaction() as db:
             db.executemany("INSERT INTO inbox (frame, arrived) VALUES (?, ?)", [(f, arrived) for f in frames])
         self.inbox_count += len(frames)
 
-    def inbox_batch(self, limit: int, after: int = 0) -> list[tuple[int, bytes, int]]:
+    def inbox_batch(self, limit: int, after: int = 0) -> list[tuple[int, bytes, float]]:
         """The oldest ``limit`` unverified frames with ids above ``after``, as ``(id, frame, arrived)``."""
         with self._database.read() as db:
             rows = db.execute(
                 "SELECT id, frame, arrived FROM inbox WHERE id > ? ORDER BY id LIMIT ?", (after, limit)
             ).fetchall()
-        return [(int(i), bytes(f), int(a)) for i, f, a in rows]
+        return [(int(i), bytes(f), float(a)) for i, f, a in rows]
 
     def inbox_size(self) -> int:
         return self.inbox_count
@@ -328,8 +334,9 @@ class RoundStore:
                     position = sizes.get(survey, 0)
                     sizes[survey] = position + 1
                     db.execute(
-                        "INSERT INTO packets VALUES (?, ?, ?, ?, ?, ?, ?)",
-                        (survey, packet.tag_digest, packet.message_hash, packet.report, packet.receipt, now, position),
+                        "INSERT INTO packets VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                        (survey, packet.tag_digest, packet.message_hash, packet.report, packet.receipt, now, position,
+                         packet.arrived),
                     )
                     outcomes.append("accepted")
                     continue
@@ -434,6 +441,12 @@ class RoundStore:
         with self._database.read() as db:
             rows = db.execute("SELECT reason, count FROM rejections ORDER BY reason").fetchall()
         return {str(reason): int(count) for reason, count in rows}
+
+    def arrivals(self) -> list[tuple[SurveyId, bytes, float]]:
+        """Every accepted packet as ``(survey, receipt digest, arrival time)``, in log order."""
+        with self._database.read() as db:
+            rows = db.execute("SELECT survey, receipt, COALESCE(arrived, accepted_at) FROM packets ORDER BY survey, position").fetchall()
+        return [(SurveyId.from_bytes(bytes(s)), bytes(r), float(a)) for s, r, a in rows]
 
     def partitions(self) -> dict[bytes, int]:
         with self._database.read() as db:

@@ -55,7 +55,7 @@ class _Opened:
 
 
 def _open(
-    state: RoundState, frame: bytes, now: int, batch_tags: set[bytes], in_flight: AbstractSet[bytes] = frozenset()
+    state: RoundState, frame: bytes, now: float, batch_tags: set[bytes], in_flight: AbstractSet[bytes] = frozenset()
 ) -> _Opened:
     """Final Sphinx layer, message parsing, survey and window: raise SurveyRefused(reason) on failure.
 
@@ -99,7 +99,7 @@ def _open(
 class OpenedBatch:
     """A batch after its final Sphinx layers: what :func:`finish_batch` needs to verify and store it."""
 
-    arrivals: list[int]
+    arrivals: list[float]
     inbox_ids: Sequence[int]
     opened: list[tuple[int, _Opened]]
     outcomes: list[str]
@@ -111,7 +111,7 @@ class OpenedBatch:
 def open_batch(
     state: RoundState,
     frames: list[bytes],
-    now: int | Sequence[int],
+    now: float | Sequence[float],
     *,
     inbox_ids: Sequence[int] = (),
     in_flight: AbstractSet[bytes] = frozenset(),
@@ -121,7 +121,7 @@ def open_batch(
     ``in_flight`` are the replay tags of batches opened before this one and
     not stored yet (the sink opens one batch while it verifies the previous one).
     """
-    arrivals = [now] * len(frames) if isinstance(now, int) else list(now)
+    arrivals = [float(now)] * len(frames) if isinstance(now, (int, float)) else list(now)
     if len(arrivals) != len(frames):
         raise ValueError(f"{len(arrivals)} arrival times for {len(frames)} frames")
     batch = OpenedBatch(arrivals, inbox_ids, [], [""] * len(frames), [], set())
@@ -151,10 +151,11 @@ def finish_batch(state: RoundState, batch: OpenedBatch, workers: IssuerWorkers) 
             rejections.append("bad-message")
             continue
         verified.append(
-            (index, VerifiedPacket(item.message.survey, result, message_hash(item.job.message), item.message.report, receipt_digest(result)))
+            (index, VerifiedPacket(item.message.survey, result, message_hash(item.job.message), item.message.report,
+                                   receipt_digest(result), batch.arrivals[index]))
         )
     stored = state.store.store_batch(
-        [packet for _, packet in verified], rejections, max(batch.arrivals, default=0), sorted(batch.tags), batch.inbox_ids
+        [packet for _, packet in verified], rejections, int(max(batch.arrivals, default=0)), sorted(batch.tags), batch.inbox_ids
     )
     for (index, _), outcome in zip(verified, stored):
         outcomes[index] = outcome
@@ -166,7 +167,7 @@ def finish_batch(state: RoundState, batch: OpenedBatch, workers: IssuerWorkers) 
 def process_batch(
     state: RoundState,
     frames: list[bytes],
-    now: int | Sequence[int],
+    now: float | Sequence[float],
     verifier: IssuerWorkers | None = None,
     *,
     inbox_ids: Sequence[int] = (),

@@ -428,6 +428,15 @@ class Peer:
 
 
 @dataclass
+class SentMessage:
+    """A message this peer's first send delivered to a first relay: what only the peer knows (the anonymity report's truth)."""
+
+    survey: SurveyId
+    receipt: bytes
+    sent_at: float
+
+
+@dataclass
 class JoinResult:
     """What one peer did in the round."""
 
@@ -442,6 +451,7 @@ class JoinResult:
     resumed: bool = False
     epsilon_spent: float = 0.0
     events: list[str] = field(default_factory=list)
+    sent: list[SentMessage] = field(default_factory=list)
 
 
 Listener = Callable[[str], None]
@@ -624,16 +634,22 @@ class PeerRound:
             self.emit("first-hop-failed")
         return False
 
-    async def send_in_window(self, survey: SurveyId, message: bytes, phase: PhaseTimes, attempt: Attempt, tried: set[bytes]) -> None:
-        """Send at a uniformly random time of ``attempt``'s send window (thesis §5.1), whatever the message is."""
+    async def send_in_window(self, survey: SurveyId, message: bytes, phase: PhaseTimes, attempt: Attempt, tried: set[bytes]) -> float | None:
+        """Send at a uniformly random time of ``attempt``'s send window (thesis §5.1), whatever the message is.
+
+        Returns when the first relay acknowledged it (UTC seconds), or None if no first relay did.
+        """
         start, end = phase.send_window(attempt)
         await sleep_until_wall(self.peer.rng.uniform(start, end), self.session.now)
         # A packet must reach the first relay before that relay's window closes.
         windows = self.manifest.hop_windows(survey, attempt)
-        await self.send_once(survey, message, tried, attempt, windows[0].end - _MARGIN)
+        sent = await self.send_once(survey, message, tried, attempt, windows[0].end - _MARGIN)
+        return self.session.now() if sent else None
 
     async def send_first(self, out: _Outgoing) -> None:
-        await self.send_in_window(out.survey, out.sealed.message, out.phase, Attempt.FIRST, out.tried)
+        sent_at = await self.send_in_window(out.survey, out.sealed.message, out.phase, Attempt.FIRST, out.tried)
+        if sent_at is not None:
+            self.result.sent.append(SentMessage(out.survey, out.sealed.receipt, sent_at))
         self.emit("sent")
 
     async def second_chance(self, kind: SurveyKind, partition: int, outgoing: Sequence[_Outgoing]) -> None:

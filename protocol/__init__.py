@@ -7,6 +7,7 @@ here; ``relay``, ``peer`` and ``aggregator`` import them.
 
 from __future__ import annotations
 
+from anonml.protocol._anonymity import LinkScore, rank_link, score_links, timing_figures
 from anonml.protocol._link import (
     HELLO_BYTES,
     HELLO_REPLY_BYTES,
@@ -146,6 +147,10 @@ from anonml.protocol._survey import (
 )
 
 __all__ = [
+    "LinkScore",
+    "rank_link",
+    "score_links",
+    "timing_figures",
     "AckStatus",
     "AggregatorHop",
     "Assignment",

@@ -46,31 +46,15 @@ from typing import Any
 import click
 import numpy as np
 import trio
-from scipy.stats import spearmanr
 
 from anonml.bench.relay import _start_relay
 from anonml.crypto import DEFAULT_PACKET_SIZE, NodeAddress, PathHop, SphinxGeometry, build_packet, generate_keypair, node_id_of
 from anonml.peer import peer_generator
-from anonml.protocol import AckStatus, LinkClient, PhaseTimes, RoundSchedule, SurveyId, hop_windows
+from anonml.protocol import AckStatus, LinkClient, PhaseTimes, RoundSchedule, SurveyId, hop_windows, timing_figures
 from anonml.relay import DirectoryEntry
 from anonml.testing import FinalHopSink
 
 _RELAYS = 3
-
-
-def linking_figures(send: np.ndarray, arrival: np.ndarray) -> dict[str, float]:
-    """Spearman's rho and the two linking guesses' accuracies for paired send and arrival times."""
-    n = len(send)
-    rho = float(spearmanr(send, arrival).statistic)
-    by_send, by_arrival = np.argsort(send, kind="stable"), np.argsort(arrival, kind="stable")
-    guessed = np.empty(n, dtype=np.int64)
-    guessed[by_arrival] = by_send  # the k-th arrival is guessed to be the k-th sender
-    exact = float(np.mean(guessed == np.arange(n)))
-    early_sent = send < np.median(send)
-    early_arrived = arrival < np.median(arrival)
-    half = float(np.mean(early_sent == early_arrived))
-    return {"spearman_rho": rho, "exact_link_accuracy": exact, "exact_link_chance": 1.0 / n,
-            "half_link_accuracy": half, "half_link_chance": 0.5}
 
 
 async def _run(peers: int, send_window: int, delivery_window: int, work: Path, processes: list[subprocess.Popen[str]]) -> dict[str, Any]:
@@ -125,7 +109,7 @@ async def _run(peers: int, send_window: int, delivery_window: int, work: Path, p
     for record in sink.arrivals:
         arrival[int.from_bytes(record.message[:4], "big")] = record.arrived_at
     delivered = ~np.isnan(arrival)
-    figures = linking_figures(sent[delivered], arrival[delivered])
+    figures = timing_figures(sent[delivered], arrival[delivered], np.random.default_rng(0))
     return {
         "peers": peers,
         "delivered": int(delivered.sum()),
@@ -133,7 +117,7 @@ async def _run(peers: int, send_window: int, delivery_window: int, work: Path, p
         "delivery_window_s": delivery_window,
         "relays": _RELAYS,
         **figures,
-        "baseline_no_mixing": linking_figures(sent[delivered], sent[delivered]),
+        "baseline_no_mixing": timing_figures(sent[delivered], sent[delivered], np.random.default_rng(0)),
         "rho_two_standard_errors": 2.0 / float(np.sqrt(max(int(delivered.sum()) - 1, 1))),
         "half_link_two_standard_errors": 2.0 * 0.5 / float(np.sqrt(max(int(delivered.sum()), 1))),
         "load_average": os.getloadavg(),

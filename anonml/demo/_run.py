@@ -22,6 +22,7 @@ from typing import Any
 
 import trio
 
+from anonml.aggregator import LINKS_JSON
 from anonml.cli import anonml_command
 from anonml.demo._calibrate import PhaseCosts, measure_costs
 from anonml.demo._children import Child, ChildFailed, Children, open_children, resident_mb
@@ -29,7 +30,7 @@ from anonml.demo._data import DemoData, held_out_auc, write_peer_files, write_te
 from anonml.demo._ports import HOST, free_port
 from anonml.demo._progress import Progress, phase_rows, read_worker, scrape_relay
 from anonml.demo._schedule import AGGREGATOR_PROCESSES, RELAYS, DemoParams, plan_round, round_spec, to_toml
-from anonml.demo._summary import summarise
+from anonml.demo._summary import anonymity_figures, summarise
 from anonml.demo._swarm import SwarmConfig
 
 # `anonml aggregator run` exits 0 when the round is done and 3 when it failed
@@ -236,6 +237,7 @@ async def run_demo(data: DemoData, peers: int, epsilon: float, workers: int, see
     summary["costs"] = costs.to_dict()
     summary["auc"] = held_out_auc(data, round_dir / "model.pickle")
     summary["report_path"] = str(round_dir / "report.html")
+    summary["anonymity"] = anonymity_figures(progress, round_dir / LINKS_JSON)
     return summary, params
 
 

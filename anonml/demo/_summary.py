@@ -5,6 +5,7 @@ exit code that says whether the round delivered.
 
 from __future__ import annotations
 
+import json
 import resource
 from collections import Counter
 from pathlib import Path
@@ -15,6 +16,7 @@ import numpy as np
 from anonml.demo._data import DemoData, baseline_auc
 from anonml.demo._progress import Progress
 from anonml.demo._schedule import DemoParams
+from anonml.protocol import score_links, timing_figures
 
 def summarise(data: DemoData, params: DemoParams, progress: Progress, report: dict[str, Any], work: Path, seconds: float) -> dict[str, Any]:
     epsilons = [e for s in progress.summaries.values() for e in s.get("epsilon", [])]
@@ -56,6 +58,33 @@ def summarise(data: DemoData, params: DemoParams, progress: Progress, report: di
         "peak_rss_mb_total": progress.peak_rss_mb,
         "restarted": list(progress.exits),
     }
+
+
+def anonymity_figures(progress: Progress, links_path: Path) -> dict[str, Any]:
+    """The aggregator's timing guesses (``links.json``) scored against who really sent what, and send-vs-arrival rho.
+
+    The aggregator publishes its best guess from its full view but cannot
+    score it; the demo plays every peer, so it knows each message's sender
+    and send time (what the workers reported as ``sent``).
+    """
+    if not links_path.is_file():
+        return {"unavailable": f"{links_path.name} was not written (the round did not learn)"}
+    links = json.loads(links_path.read_text())
+    truth = {receipt: (identity, sent_at) for s in progress.summaries.values() for identity, receipt, sent_at in s.get("sent", [])}
+    known = [link for link in links if link["receipt"] in truth]
+    figures: dict[str, Any] = {"messages": len(links), "senders_known": len(known)}
+    if len(known) < 2:
+        return figures
+    score = score_links([link["guess"] for link in known], [truth[link["receipt"]][0] for link in known],
+                        [int(link["candidates"]) for link in known])
+    send = [truth[link["receipt"]][1] for link in known]
+    arrival = [float(link["arrived"]) for link in known]
+    timing = timing_figures(send, arrival, np.random.default_rng(0))
+    figures.update(aggregator_guess=score.to_dict(), spearman_rho=timing["spearman_rho"],
+                   rho_standard_error=timing["rho_standard_error"],
+                   send_order_guess={k: timing[k] for k in ("exact_link_accuracy", "exact_link_chance", "half_link_accuracy",
+                                                            "half_link_chance", "half_link_standard_error")})
+    return figures
 
 
 # The demo fails when the aggregator accepted fewer of the peers' messages than this.
@@ -132,6 +161,18 @@ def print_summary(console: Any, summary: dict[str, Any], params: DemoParams) -> 
             "epsilon, central (shuffle bound)",
             f"{central['epsilon']:.3g} per report (n={central['n']}, delta={central['delta']:.1e}); "
             f"{params.k_h * central['epsilon']:.3g} for a peer's {params.k_h} reports",
+        )
+    anonymity = summary.get("anonymity") or {}
+    if "aggregator_guess" in anonymity:
+        guess = anonymity["aggregator_guess"]
+        table.add_row(
+            "anonymity: aggregator's timing guess of each sender",
+            f"{100 * guess['accuracy']:.2f}% right over {guess['messages']} messages; chance {100 * guess['chance']:.2f}% "
+            f"(±{100 * guess['standard_error_at_chance']:.2f} pp, 1 s.e.)",
+        )
+        table.add_row(
+            "anonymity: rank correlation send vs arrival",
+            f"{anonymity['spearman_rho']:+.3f} (±{anonymity['rho_standard_error']:.3f}, 1 s.e. if independent)",
         )
     auc = summary.get("auc")
     table.add_row("AUC on held-out data", f"{auc:.4f}" if isinstance(auc, float) else "n/a")

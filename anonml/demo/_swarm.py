@@ -79,6 +79,8 @@ async def run_swarm(config: SwarmConfig) -> dict[str, Any]:
     client = AggregatorClient(config.aggregator, max_connections=config.max_connections, retry_for=300.0, wait_for_service=True)
     store = PeerStore(config.store, durable=False)
     results: list[JoinResult] = []
+    sent: list[tuple[str, str, float]] = []
+    """(identity, receipt, send time) of every message a first relay took: the truth the anonymity report is scored against."""
     try:
         session_manifest = await client.manifest()
         spec = FeatureSpec.from_dict(dict(session_manifest.manifest.features))
@@ -92,7 +94,10 @@ async def run_swarm(config: SwarmConfig) -> dict[str, Any]:
             # Each peer its own ChaCha20 generator keyed from the OS (peer_generator).
             peer = Peer(PeerIdentity.generate(), store, vector, peer_generator())
             try:
-                results.append(await join_round(peer, session, session_manifest, pipeline, listener=lambda event: events.update((event,))))
+                result = await join_round(peer, session, session_manifest, pipeline, listener=lambda event: events.update((event,)))
+                results.append(result)
+                identity = peer.identity.public_key.hex()
+                sent.extend((identity, message.receipt.hex(), message.sent_at) for message in result.sent)
             except (JoinRefused, AggregatorError, BudgetExceeded) as exc:
                 failures[getattr(exc, "reason", type(exc).__name__)] += 1
                 _emit({"worker": config.worker, "error": str(exc)[:300]})
@@ -127,6 +132,7 @@ async def run_swarm(config: SwarmConfig) -> dict[str, Any]:
         "missing": sum(r.missing for r in results),
         "unconfirmed": sum(r.unconfirmed for r in results),
         "epsilon": [r.epsilon_spent for r in results],
+        "sent": sent,
         "http_requests": client.requests,
         "http_retries": client.retries,
         "seconds": time.monotonic() - started,
