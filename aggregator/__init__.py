@@ -3,7 +3,7 @@ trains the learner (``anonml.learning``) on them."""
 
 from __future__ import annotations
 
-from anonml.aggregator._anonymity import LINKS_JSON, RequestLog, linking_report
+from anonml.aggregator._anonymity import LINKS_JSON, RequestLog, linking_report, timing_guesses
 from anonml.aggregator._report import learn, write_report
 from anonml.aggregator._round import ApiRefused, RoundSecrets, RoundState
 from anonml.aggregator._service import (
@@ -44,5 +44,6 @@ __all__ = [
     "parse_round_spec",
     "process_batch",
     "serve_aggregator",
+    "timing_guesses",
     "write_report",
 ]

@@ -90,19 +90,19 @@ class RequestLog:
         return last, attributed
 
 
-def linking_report(
+def timing_guesses(
     arrivals: list[tuple[SurveyId, bytes, float]],
     partitions: dict[bytes, int],
     send_end: Callable[[SurveyId], float],
     log: RequestLog,
-    directory: Path | None,
     round_id: bytes,
-) -> dict[str, Any]:
-    """The guess for every accepted message (written to ``links.json`` in ``directory``) and its chance level.
+) -> tuple[list[dict[str, Any]], int]:
+    """The guess for every accepted message, and how many logged requests named an identity.
 
     ``arrivals`` are ``(survey, receipt digest, arrival time)``; ``partitions``
     maps each credentialed identity to its partition (a survey's candidates);
-    ``send_end(survey)`` is when the survey's send window closes.
+    ``send_end(survey)`` is when the survey's send window closes. Each guess
+    is ``{"survey", "receipt", "arrived", "guess", "candidates"}`` (hex strings).
     """
     # Ties broken by a generator seeded from the round: the report is reproducible.
     rng = np.random.default_rng(int.from_bytes(hashlib.sha256(b"anonml-links" + round_id).digest()[:8], "big"))
@@ -130,8 +130,20 @@ def linking_report(
              "candidates": len(candidates)}
             for (receipt, arrived), guess in zip(received, guesses, strict=True)
         ]
-    if directory is not None:
-        (directory / LINKS_JSON).write_text(json.dumps(links))
+    return links, attributed
+
+
+def linking_report(
+    arrivals: list[tuple[SurveyId, bytes, float]],
+    partitions: dict[bytes, int],
+    send_end: Callable[[SurveyId], float],
+    log: RequestLog,
+    directory: Path,
+    round_id: bytes,
+) -> dict[str, Any]:
+    """:func:`timing_guesses` written to ``links.json`` in ``directory``, and the report's summary: chance, sets, the log."""
+    links, attributed = timing_guesses(arrivals, partitions, send_end, log, round_id)
+    (directory / LINKS_JSON).write_text(json.dumps(links))
     sizes = [link["candidates"] for link in links]
     return {
         "guess": "each survey's arrivals in order matched to its partition's peers ordered by their last "
@@ -144,5 +156,5 @@ def linking_report(
         "requests_not_kept": log.dropped,
         "requests_attributed": attributed,
         "logged_since": log.since,
-        "links": LINKS_JSON if directory is not None else None,
+        "links": LINKS_JSON,
     }

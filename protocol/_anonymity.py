@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 import numpy as np
+import numpy.typing as npt
 from scipy.stats import spearmanr
 
 K = TypeVar("K", bound=Hashable)
@@ -89,7 +90,7 @@ def score_links(guesses: Sequence[Hashable], truth: Sequence[Hashable], candidat
     return LinkScore(len(guesses), correct, chance)
 
 
-def timing_figures(send: Sequence[float], arrival: Sequence[float], rng: np.random.Generator) -> dict[str, float]:
+def timing_figures(send: npt.ArrayLike, arrival: npt.ArrayLike, rng: np.random.Generator) -> dict[str, float]:
     """Spearman's rho between paired send and arrival times, and two timing guesses scored against the pairing.
 
     * exact: the k-th arrival guessed to be the k-th sender (:func:`rank_link`), chance 1/n;

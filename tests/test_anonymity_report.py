@@ -134,3 +134,23 @@ def test_accepted_packets_keep_their_arrival_to_the_sub_second(tmp_path: Path) -
     packets = [VerifiedPacket(survey, bytes([i]) * 32, bytes(32), b"\x00", receipt_digest(bytes([i])), 1000.25 + i) for i in range(3)]
     state.store.store_batch(packets, [], 1002)
     assert [(s, a) for s, _, a in state.store.arrivals()] == [(survey, 1000.25), (survey, 1001.25), (survey, 1002.25)]
+
+
+def test_the_demo_scores_the_aggregators_guesses_against_who_sent_what(tmp_path: Path) -> None:
+    from anonml.demo._progress import Progress
+    from anonml.demo._summary import anonymity_figures
+
+    rng = np.random.default_rng(7)
+    n = 400
+    send = rng.uniform(0, 30, n)
+    # Worker summaries carry (identity, receipt, send time); the aggregator guessed every sender right
+    # for the first 100 messages and always "peer 0" for the rest, with arrivals in send order.
+    progress = Progress(summaries={0: {"sent": [[f"{i:064x}", f"{i:064x}", float(send[i])] for i in range(n)]}})
+    links = [{"survey": "00", "receipt": f"{i:064x}", "arrived": float(send[i]) + 40, "guess": f"{i if i < 100 else 0:064x}",
+              "candidates": n} for i in range(n)]
+    (tmp_path / LINKS_JSON).write_text(json.dumps(links))
+    figures = anonymity_figures(progress, tmp_path / LINKS_JSON)
+    assert figures["senders_known"] == n
+    assert figures["aggregator_guess"]["correct"] == 100 and figures["aggregator_guess"]["chance"] == pytest.approx(1 / n)
+    assert figures["spearman_rho"] == pytest.approx(1.0)
+    assert anonymity_figures(progress, tmp_path / "missing.json") == {"unavailable": "missing.json was not written (the round did not learn)"}

@@ -23,11 +23,7 @@ from typing import Any
 import click
 import numpy as np
 
-from anonml.aggregator._setup import create_round
-from anonml.aggregator._spec import parse_round_spec
-from anonml.aggregator._store import AggregatorHome
-from anonml.aggregator._verify import process_batch
-from anonml.aggregator._workers import IssuerWorkers
+from anonml.aggregator import AggregatorHome, IssuerWorkers, create_round, parse_round_spec, process_batch
 from anonml.crypto import (
     generate_keypair,
     make_token,
@@ -38,8 +34,14 @@ from anonml.protocol import SurveyId
 from anonml.testing import SettableClock, SimulatedPeer
 
 
-def _bench_spec() -> dict[str, Any]:
-    relays = [
+def bench_spec(relays: list[dict[str, Any]] | None = None, schedule: dict[str, int] | None = None, sink_port: int = 8081) -> dict[str, Any]:
+    """A test-purpose round of two categorical features (no median phase), open registration, k_p = 2.
+
+    ``relays`` default to three made-up entries (this bench sends straight to
+    the sink); ``anonml bench anonymity`` passes its real relays, its windows
+    and its sink's port.
+    """
+    relays = relays or [
         {"node_id": f"{i + 1:02x}" * 16, "host": "127.0.0.1", "port": 9000 + i, "public_key": generate_keypair()[1].hex(), "key_epoch": 1}
         for i in range(3)
     ]
@@ -54,8 +56,8 @@ def _bench_spec() -> dict[str, Any]:
         },
         "learning": {"k_p": 2, "k_h": 1, "k_s": 2, "plan": "split", "learner": "logreg"},
         "privacy": {"eps_total": 2.0, "oracle": "auto"},
-        "schedule": {"register": 100, "issue": 100, "median_send": 10, "median_delivery": 20, "data_send": 50, "data_delivery": 60},
-        "network": {"relays": relays, "path_length": 3, "http_host": "127.0.0.1", "http_port": 8080, "sink_host": "127.0.0.1", "sink_port": 8081},
+        "schedule": schedule or {"register": 100, "issue": 100, "median_send": 10, "median_delivery": 20, "data_send": 50, "data_delivery": 60},
+        "network": {"relays": relays, "path_length": 3, "http_host": "127.0.0.1", "http_port": 8080, "sink_host": "127.0.0.1", "sink_port": sink_port},
         "participation": {"min_participation": 1, "registration": "open", "purpose": "test", "max_per_client": 100_000},
     }
 
@@ -68,7 +70,7 @@ def run_bench(n_packets: int, batch: int, processes: int, seed: int) -> dict[str
         home = AggregatorHome(Path(tmp) / "agg")
         home.initialise(os.urandom(32), generate_keypair()[0])
         clock = SettableClock(start + 1)
-        state, _ = create_round(home, parse_round_spec(_bench_spec()), now=start)
+        state, _ = create_round(home, parse_round_spec(bench_spec()), now=start)
         state.clock = clock
         peers = [SimulatedPeer(state, rng.bytes(32)) for _ in range(n_packets)]
         for peer in peers:
