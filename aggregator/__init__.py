@@ -3,7 +3,7 @@ trains the learner (``anonml.learning``) on them."""
 
 from __future__ import annotations
 
-from anonml.aggregator._anonymity import LINKS_JSON, RequestLog, linking_report, timing_guesses
+from anonml.aggregator._anonymity import LINKS_JSON, FullView, RequestLog, linking_report, timing_guesses
 from anonml.aggregator._report import learn, write_report
 from anonml.aggregator._round import ApiRefused, RoundSecrets, RoundState
 from anonml.aggregator._service import (
@@ -27,6 +27,7 @@ __all__ = [
     "AggregatorHome",
     "ApiRefused",
     "BoundAddresses",
+    "FullView",
     "IssuerWorkers",
     "PacketSink",
     "RoundSecrets",

@@ -90,27 +90,34 @@ class RequestLog:
         return last, attributed
 
 
-def timing_guesses(
-    arrivals: list[tuple[SurveyId, bytes, float]],
-    partitions: dict[bytes, int],
-    send_end: Callable[[SurveyId], float],
-    log: RequestLog,
-    round_id: bytes,
-) -> tuple[list[dict[str, Any]], int]:
-    """The guess for every accepted message, and how many logged requests named an identity.
+@dataclass(frozen=True)
+class FullView:
+    """What the aggregator's guess is made from.
 
     ``arrivals`` are ``(survey, receipt digest, arrival time)``; ``partitions``
     maps each credentialed identity to its partition (a survey's candidates);
-    ``send_end(survey)`` is when the survey's send window closes. Each guess
-    is ``{"survey", "receipt", "arrived", "guess", "candidates"}`` (hex strings).
+    ``send_end(survey)`` is when the survey's send window closes.
+    """
+
+    arrivals: list[tuple[SurveyId, bytes, float]]
+    partitions: dict[bytes, int]
+    send_end: Callable[[SurveyId], float]
+    log: RequestLog
+    round_id: bytes
+
+
+def timing_guesses(view: FullView) -> tuple[list[dict[str, Any]], int]:
+    """The guess for every accepted message, and how many logged requests named an identity.
+
+    Each guess is ``{"survey", "receipt", "arrived", "guess", "candidates"}`` (hex strings).
     """
     # Ties broken by a generator seeded from the round: the report is reproducible.
-    rng = np.random.default_rng(int.from_bytes(hashlib.sha256(b"anonml-links" + round_id).digest()[:8], "big"))
+    rng = np.random.default_rng(int.from_bytes(hashlib.sha256(b"anonml-links" + view.round_id).digest()[:8], "big"))
     members: dict[int, list[bytes]] = defaultdict(list)
-    for identity, partition in sorted(partitions.items()):
+    for identity, partition in sorted(view.partitions.items()):
         members[partition].append(identity)
     by_survey: dict[SurveyId, list[tuple[bytes, float]]] = defaultdict(list)
-    for survey, receipt, arrived in arrivals:
+    for survey, receipt, arrived in view.arrivals:
         by_survey[survey].append((receipt, arrived))
     links: list[dict[str, Any]] = []
     seen: dict[float, tuple[dict[bytes, float], int]] = {}
@@ -119,9 +126,9 @@ def timing_guesses(
         candidates = members.get(survey.partition, [])
         if not candidates:
             continue
-        cutoff = send_end(survey)
+        cutoff = view.send_end(survey)
         if cutoff not in seen:
-            seen[cutoff] = log.last_seen(cutoff)
+            seen[cutoff] = view.log.last_seen(cutoff)
         last, attributed = seen[cutoff]
         observed = {identity: last.get(identity, math.inf) for identity in candidates}
         guesses = rank_link(observed, [arrived for _, arrived in received], rng)
@@ -133,16 +140,10 @@ def timing_guesses(
     return links, attributed
 
 
-def linking_report(
-    arrivals: list[tuple[SurveyId, bytes, float]],
-    partitions: dict[bytes, int],
-    send_end: Callable[[SurveyId], float],
-    log: RequestLog,
-    directory: Path,
-    round_id: bytes,
-) -> dict[str, Any]:
+def linking_report(view: FullView, directory: Path) -> dict[str, Any]:
     """:func:`timing_guesses` written to ``links.json`` in ``directory``, and the report's summary: chance, sets, the log."""
-    links, attributed = timing_guesses(arrivals, partitions, send_end, log, round_id)
+    links, attributed = timing_guesses(view)
+    log = view.log
     (directory / LINKS_JSON).write_text(json.dumps(links))
     sizes = [link["candidates"] for link in links]
     return {

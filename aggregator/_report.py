@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from anonml.aggregator._anonymity import linking_report
+from anonml.aggregator._anonymity import FullView, linking_report
 from anonml.aggregator._dashboard import dashboard_data, render_page
 from anonml.aggregator._round import RoundState
 from anonml.mechanisms import postprocess, shuffle_amplified_epsilon
@@ -69,10 +69,10 @@ def learn(state: RoundState, directory: Path, *, test_file: Path | None = None) 
         "accepted_by_survey": per_survey,
         "medians": {name: values[0] for name, values in cut_points.items()},
         "privacy": _privacy(state),
-        "anonymity": linking_report(
+        "anonymity": linking_report(FullView(
             state.store.arrivals(), state.store.partitions(), lambda survey: float(manifest.schedule.phase_of(survey).send_end),
-            state.requests, directory, state.round_id,
-        ),
+            state.requests, state.round_id,
+        ), directory),
         "model": None,
         "utility": None,
     }

@@ -19,7 +19,7 @@ import pytest
 import trio
 from nacl.signing import SigningKey
 
-from anonml.aggregator import LINKS_JSON, RequestLog, linking_report
+from anonml.aggregator import LINKS_JSON, FullView, RequestLog, linking_report
 from anonml.aggregator._service import AggregatorConfig, serve_aggregator
 from anonml.aggregator._store import VerifiedPacket
 from anonml.protocol import PATH_REGISTER, RegisterRequest, SurveyId, rank_link, receipt_digest, score_links, timing_figures
@@ -81,7 +81,7 @@ def _view(leaky: bool, seed: int, partitions: int = 2, per_partition: int = 500)
 
 def _score(leaky: bool, seed: int, tmp_path: Path) -> tuple[float, float, float, dict[str, object]]:
     log, arrivals, partition_of, truth = _view(leaky, seed)
-    report = linking_report(arrivals, partition_of, lambda survey: 120.0, log, tmp_path, ROUND)
+    report = linking_report(FullView(arrivals, partition_of, lambda survey: 120.0, log, ROUND), tmp_path)
     links = json.loads((tmp_path / LINKS_JSON).read_text())
     score = score_links([bytes.fromhex(link["guess"]) for link in links], [truth[bytes.fromhex(link["receipt"])] for link in links],
                         [link["candidates"] for link in links])

@@ -44,7 +44,7 @@ import click
 import numpy as np
 import trio
 
-from anonml.aggregator import AggregatorHome, IssuerWorkers, PacketSink, RoundState, create_round, parse_round_spec, timing_guesses
+from anonml.aggregator import AggregatorHome, FullView, IssuerWorkers, PacketSink, RoundState, create_round, parse_round_spec, timing_guesses
 from anonml.bench.aggregator import bench_spec
 from anonml.bench.relay import _start_relay
 from anonml.crypto import DEFAULT_MAX_HOPS, DEFAULT_PACKET_SIZE, SphinxGeometry, generate_keypair, node_id_of, public_key_of
@@ -169,7 +169,7 @@ async def _run(peers: int, send_window: int, delivery_window: int, processes: in
     partitions = state.store.partitions()
 
     def aggregator_guess(times: list[tuple[SurveyId, bytes, float]]) -> dict[str, Any]:
-        links, _ = timing_guesses(times, partitions, lambda survey: float(data.send_end), state.requests, state.round_id)
+        links, _ = timing_guesses(FullView(times, partitions, lambda survey: float(data.send_end), state.requests, state.round_id))
         truth = [sealed[who[bytes.fromhex(link["receipt"])]][0].identity.hex() for link in links]
         return score_links([link["guess"] for link in links], truth, [link["candidates"] for link in links]).to_dict()
 
