@@ -22,7 +22,10 @@ from anonml.display import duration, local_time
 from anonml.errors import ConfigError
 
 EXIT_MIN_PARTICIPATION = 3
-"""``run``'s exit code when the round missed its minimum participation."""
+"""``run``'s exit code when the round failed: minimum participation missed, or a short survey with ``on_shortfall = "fail"``."""
+
+EXIT_DEGRADED = 4
+"""``run``'s exit code when the round learnt and published a model although a survey fell short (status ``degraded``)."""
 
 SHORT_ID = 16
 """Hex digits of a round id that commands print (any unique prefix names the round)."""
@@ -281,6 +284,10 @@ def run(data_dir: Path, round_id: str | None, test_file: Path | None, linger: fl
     for line in summarise(report_json):
         click.echo(line)
     click.echo(f"report: {directory / 'report.html'}")
+    if outcome == "degraded":
+        detail = json.loads(state.store.get_result("outcome") or b"{}")
+        click.echo(f"round DEGRADED: {detail.get('reason', 'a survey fell short')}", err=True)
+        sys.exit(EXIT_DEGRADED)
 
 
 def _first_leaf(group: BaseExceptionGroup[BaseException]) -> BaseException:

@@ -61,7 +61,9 @@ def learn(state: RoundState, directory: Path, *, test_file: Path | None = None) 
     report: dict[str, Any] = {
         "round_id": state.round_id.hex(),
         "name": manifest.name,
-        "status": "done",
+        # "degraded" when a survey got fewer reports than the spec's minimum (RoundState.shortfall).
+        "status": str(state.ending()),
+        "shortfall": state.shortfall(manifest.schedule.phases),
         "partition_sizes": state.partition_sizes(),
         "schedule": manifest.schedule.to_dict(),
         "counts": state.store.counts(),
@@ -210,5 +212,8 @@ def summarise(report: dict[str, Any]) -> list[str]:
         lines.append(f"utility: AUC {report['utility']['auc']:.4f} on {report['utility']['rows']} held-out rows")
     if report.get("reason"):
         lines.append(f"reason: {report['reason']}")
+    if report.get("shortfall"):
+        short = ", ".join(f"{survey}: {count}" for survey, count in report["shortfall"].items())
+        lines.append(f"short surveys (fewer accepted reports than the round's min_reports_per_survey): {short}")
     return lines
 

@@ -14,7 +14,7 @@ import hashlib
 import json
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -165,7 +165,7 @@ class RoundState:
     # -- phases ---------------------------------------------------------------
 
     def outcome(self) -> RoundPhase | None:
-        """``DONE`` or ``FAILED`` once the round has ended, else None."""
+        """``DONE``, ``DEGRADED`` or ``FAILED`` once the round has ended, else None."""
         value = self.store.get_result("outcome")
         return None if value is None else RoundPhase(json.loads(value)["phase"])
 
@@ -178,6 +178,32 @@ class RoundState:
         if now >= schedule.t_issue_end and counts["credentials"] < needed:
             return f"minimum participation not reached: {counts['credentials']} credentials issued, {needed} needed"
         return None
+
+    def shortfall_rule(self) -> tuple[int, str]:
+        """``(min_reports_per_survey, on_shortfall)`` from the round spec (rounds made before the rule: 1, "degraded")."""
+        minimum = self.store.get_meta("min_reports_per_survey")
+        action = self.store.get_meta("on_shortfall")
+        return (1 if minimum is None else int(minimum)), ("degraded" if action is None else action.decode())
+
+    def shortfall(self, phases: Sequence[PhaseTimes]) -> dict[str, int]:
+        """Surveys of ``phases`` that accepted fewer reports than the spec's minimum: ``"data 3/1"`` → accepted.
+
+        Read from the store, so a restarted aggregator finds the same ones.
+        """
+        minimum, _ = self.shortfall_rule()
+        accepted = self.store.accepted_by_survey()
+        return {
+            (f"median {survey.partition}" if survey.kind == SurveyKind.MEDIAN else f"data {survey.partition}/{survey.subset}"):
+                accepted.get(survey, 0)
+            for phase in phases
+            for group in self.phase_surveys(phase).values()
+            for survey in group
+            if accepted.get(survey, 0) < minimum
+        }
+
+    def ending(self) -> RoundPhase:
+        """How a round that reached learning ends: ``DEGRADED`` if any survey fell short, else ``DONE``."""
+        return RoundPhase.DEGRADED if self.shortfall(self.manifest.schedule.phases) else RoundPhase.DONE
 
     def status(self, now: int | None = None) -> RoundStatus:
         """The public status at ``now`` (default: the clock; worker threads pass it, MockClock is loop-only)."""

@@ -383,10 +383,13 @@ async def drive_round(
     registrations: RegistrationBatcher | None = None,
     credentials: CredentialBatcher | None = None,
 ) -> RoundPhase:
-    """Take the round through its phases by the schedule; return ``DONE`` or ``FAILED``.
+    """Take the round through its phases by the schedule; return ``DONE``, ``DEGRADED`` or ``FAILED``.
 
     Minimum participation is checked when registration and issuance close; a
     round that misses it ends at once with a clear status (DESIGN.md §3).
+    After each phase, a survey with fewer accepted reports than the spec's
+    ``min_reports_per_survey`` fails the round then (``on_shortfall =
+    "fail"``) or makes it end ``DEGRADED`` after learning (the default).
     At each phase's two checks (``t_c`` and ``t_r``) the receipt-log heads
     are signed once every frame that arrived before is stored (DESIGN.md §5).
     ``on_learn(state)`` runs in a worker thread after the data phase.
@@ -413,19 +416,38 @@ async def drive_round(
             # Signing, hashing and encoding every entry: off the event loop.
             await trio.to_thread.run_sync(state.freeze_roster)
             state.rebuild_log_snapshots()
+    minimum, on_shortfall = state.shortfall_rule()
     for index, phase in enumerate(schedule.phases):
         if phase is schedule.data:
             state.publish_medians()
         for check in Check:
             await _settle(state, phase.check_time(check))
             await trio.to_thread.run_sync(state.publish_heads, phase, check)
+        short = state.shortfall([phase])
+        if short and on_shortfall == "fail":
+            # The spec says a short survey ends the round: now, before peers spend budget on later phases.
+            reason = f"too few reports: {_shortfall_words(short, minimum)}"
+            log.warning("round %s failed: %s", state.round_id.hex()[:12], reason)
+            state.finish(RoundPhase.FAILED, {"reason": reason, "shortfall": short, "counts": state.store.counts()})
+            return RoundPhase.FAILED
         # Publish the next sub-round's thresholds now (thesis Algorithm 1's next step).
         state.publish_thresholds(index + 1)
+    # Decided before learning, which writes it into the report (state.ending()).
+    ending = state.ending()
     # Learning takes seconds on a large round: off the event loop, so the API keeps answering.
     state.learning_started_at = state.now()
     detail = await trio.to_thread.run_sync(on_learn, state) if on_learn is not None else {}
-    state.finish(RoundPhase.DONE, detail)
-    return RoundPhase.DONE
+    if ending is RoundPhase.DEGRADED:
+        short = state.shortfall(schedule.phases)
+        detail = {**detail, "reason": f"too few reports: {_shortfall_words(short, minimum)}", "shortfall": short}
+        log.warning("round %s degraded: %s", state.round_id.hex()[:12], detail["reason"])
+    state.finish(ending, detail)
+    return ending
+
+
+def _shortfall_words(short: dict[str, int], minimum: int) -> str:
+    """``"data 3/1 accepted 2, median 0 accepted 0 (each needs at least 6)"``."""
+    return ", ".join(f"{survey} accepted {count}" for survey, count in short.items()) + f" (each needs at least {minimum})"
 
 
 async def keep_status(state: RoundState, every: float = 1.0) -> None:
@@ -439,7 +461,7 @@ async def keep_status(state: RoundState, every: float = 1.0) -> None:
 async def serve_aggregator(
     config: AggregatorConfig, *, task_status: trio.TaskStatus[BoundAddresses] = trio.TASK_STATUS_IGNORED
 ) -> RoundPhase:
-    """Serve one round until it ends (plus ``config.linger`` seconds); return its outcome (``DONE`` or ``FAILED``)."""
+    """Serve one round until it ends (plus ``config.linger`` seconds); return its outcome (``DONE``, ``DEGRADED`` or ``FAILED``)."""
     state = config.state
     workers = IssuerWorkers(state.secrets.issuer_key, config.worker_processes)
     sink = PacketSink(state, workers)

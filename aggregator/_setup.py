@@ -102,6 +102,10 @@ def create_round(
     store.add_invitations(codes)
     store.add_allowed(spec.allow_list)
     store.put_meta("max_per_client", str(spec.max_per_client).encode())
+    # The aggregator's own rule for a short survey (RoundState.shortfall): not
+    # in the manifest, since peers act the same whatever it says.
+    store.put_meta("min_reports_per_survey", str(spec.min_reports_per_survey).encode())
+    store.put_meta("on_shortfall", spec.on_shortfall.encode())
     secrets = RoundSecrets(signing_key, issuer_key, seed, final_private)
     return RoundState(store, signed, secrets), codes
 

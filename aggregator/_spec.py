@@ -39,6 +39,22 @@ from anonml.protocol._canonical import FieldReader, InvalidDocument
 LEARNERS = ("logreg", "tree")
 """The partition ensemble's base learners (``learning.PartitionEnsemble(base=...)``)."""
 
+SHORTFALL_OUTCOMES = ("degraded", "fail")
+"""What a round whose survey got fewer than ``min_reports_per_survey`` reports does (``[participation] on_shortfall``)."""
+
+
+def default_min_reports(min_participation: int, k_p: int) -> int:
+    """``min_reports_per_survey`` when the spec leaves it out: half a partition's share of ``min_participation``.
+
+    Every survey is answered by one partition (a data survey by each of its
+    peers, median sub-round ``i`` by partition ``i``), about
+    ``min_participation / k_p`` peers in a round that just met its minimum;
+    a survey left with under half of that lost more reports than a round
+    that barely started should (at least 1: a survey with no report at all
+    is always short).
+    """
+    return max(1, min_participation // (2 * k_p))
+
 
 class RoundSpecError(InvalidDocument):
     """Raised by :func:`parse_round_spec` for a malformed round spec; ``field`` names the bad field."""
@@ -91,6 +107,8 @@ class RoundSpec:
     max_per_client: int
     invitations: int
     allow_list: tuple[bytes, ...]
+    min_reports_per_survey: int
+    on_shortfall: str
     start: int | None = None
 
 
@@ -162,6 +180,10 @@ invitations = 200
 purpose = "production"      # optional: "demo" or "test" rounds may use open registration (Sybils cost nothing there)
 max_roster = 100000         # optional: at most protocol.MAX_ROSTER, so every client can read the roster
 max_per_client = 1          # optional, open registration only: identities one client address may register
+min_reports_per_survey = 6  # optional: a survey with fewer accepted reports is short; default
+                            # min_participation / k_p / 2 (at least 1), half a partition's share
+on_shortfall = "degraded"   # optional: a round with a short survey still learns and ends "degraded";
+                            # "fail": it ends "failed" when the short survey's phase closes, without a model
 """.replace("{ORACLES}", ", ".join(name for name in ORACLE_NAMES if name != "auto"))
 
 
@@ -321,6 +343,11 @@ def parse_round_spec(document: dict[str, Any], *, base_dir: Path | None = None) 
         participation.decode_hex(item, f"participation.allow_list[{i}]", size=32)
         for i, item in enumerate(participation.items("allow_list", max_items=10**6) if participation.optional("allow_list") else [])
     )
+    min_reports = (
+        participation.integer("min_reports_per_survey", 0, 2**31) if participation.optional("min_reports_per_survey")
+        else default_min_reports(min_participation, k_p)
+    )
+    on_shortfall = participation.choice("on_shortfall", SHORTFALL_OUTCOMES) if participation.optional("on_shortfall") else "degraded"
     participation.done()
     reader.done()
     if registration is RegistrationPolicy.INVITATION and invitations == 0:
@@ -344,7 +371,7 @@ def parse_round_spec(document: dict[str, Any], *, base_dir: Path | None = None) 
         median_rounds, median_send, median_delivery, data_send, data_delivery, check_seconds, median_second_send,
         median_second_delivery, data_second_send, data_second_delivery, publish_gap, relays, path_length,
         packet_size, max_hops, http_host, http_port, sink_host, sink_port, min_participation, registration, purpose,
-        max_roster, max_per_client, invitations, allow_list, start,
+        max_roster, max_per_client, invitations, allow_list, min_reports, on_shortfall, start,
     )
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from collections import Counter
+from collections.abc import Mapping
 from pathlib import Path
 
 import click
@@ -82,6 +83,11 @@ _EVENT_WORDS = {
 }
 
 
+def _reasons(reasons: Mapping[str, int]) -> str:
+    """`` (1 never-sent, 2 no-receipt-after-second-chance)``, or nothing when there are none."""
+    return f" ({', '.join(f'{count} {reason}' for reason, count in sorted(reasons.items()))})" if reasons else ""
+
+
 async def _join(identity: PeerIdentity, data_dir: Path, url: str, data_file: Path, invitation: str | None, dry_run: bool, yes: bool) -> int:
     from anonml.display import StatusBoard
     from anonml.peer._client import AggregatorClient
@@ -138,8 +144,9 @@ async def _join(identity: PeerIdentity, data_dir: Path, url: str, data_file: Pat
                 peer = Peer(identity, store, vector, peer_generator(), invitation)
                 result = await join_round(peer, session, signed, pipeline, listener=heard)
         click.echo(
-            f"done: partition {result.partition}, {result.packets} packet(s), {result.acknowledged} acknowledged, "
-            f"{result.resends} resent, {result.missing} missing; epsilon spent {result.epsilon_spent:.4g}"
+            f"done: partition {result.partition}, {result.packets} packet(s): {result.acknowledged} acknowledged, "
+            f"{result.missing} missing{_reasons(result.missing_reasons)}, {result.unconfirmed} unconfirmed "
+            f"(receipt log unreadable); {result.resends} resent; epsilon spent {result.epsilon_spent:.4g}"
         )
         return 0 if result.missing == 0 else 3
     finally:

@@ -31,6 +31,7 @@ import math
 import os
 import random
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -447,7 +448,11 @@ class JoinResult:
     covers: int = 0
     acknowledged: int = 0
     missing: int = 0
+    """Messages whose receipt the final log lacks; ``missing_reasons`` says why, one count each."""
+    missing_reasons: Counter[str] = field(default_factory=Counter)
+    """``never-sent`` (no first relay took it in either chance) or ``no-receipt-after-second-chance``."""
     unconfirmed: int = 0
+    """Messages whose final log could not be read: they may or may not have counted."""
     resumed: bool = False
     epsilon_spent: float = 0.0
     events: list[str] = field(default_factory=list)
@@ -509,6 +514,8 @@ class _Outgoing:
     sealed: SealedReport
     phase: PhaseTimes
     tried: set[bytes] = field(default_factory=set)
+    left: bool = False
+    """A first relay acknowledged this message (not a cover) durably, in either chance."""
 
     @property
     def survey(self) -> SurveyId:
@@ -614,7 +621,8 @@ class PeerRound:
         stored = self.peer.store.packet(self.key, survey.to_bytes())
         if stored is None:
             return None
-        return _Outgoing(SealedReport(survey, stored.message, stored.receipt), phase)
+        # Whether a first relay took it before the crash is not stored; a send was tried.
+        return _Outgoing(SealedReport(survey, stored.message, stored.receipt), phase, left=stored.sends > 0)
 
     async def send_once(self, survey: SurveyId, message: bytes, tried: set[bytes], attempt: Attempt, deadline: float) -> bool:
         """Send ``message`` over a fresh path in ``attempt``'s hop windows; True once the first relay acknowledges it durably."""
@@ -649,8 +657,14 @@ class PeerRound:
     async def send_first(self, out: _Outgoing) -> None:
         sent_at = await self.send_in_window(out.survey, out.sealed.message, out.phase, Attempt.FIRST, out.tried)
         if sent_at is not None:
+            out.left = True
             self.result.sent.append(SentMessage(out.survey, out.sealed.receipt, sent_at))
         self.emit("sent")
+
+    async def resend(self, out: _Outgoing) -> None:
+        """The same message again, in the second-chance window, over paths it has not taken."""
+        if await self.send_in_window(out.survey, out.sealed.message, out.phase, Attempt.SECOND, out.tried) is not None:
+            out.left = True
 
     async def second_chance(self, kind: SurveyKind, partition: int, outgoing: Sequence[_Outgoing]) -> None:
         """The phase's first check, the uniform second-chance window, and the final check (DESIGN.md §3.7, §5).
@@ -675,11 +689,11 @@ class PeerRound:
                 if missing:
                     self.result.resends += 1
                     self.emit("resent")
-                    message = out.sealed.message
+                    nursery.start_soon(self.resend, out)
                 else:
                     self.result.covers += 1
-                    message = CoverMessage(out.survey).to_bytes(self.geometry.message_size)
-                nursery.start_soon(self.send_in_window, out.survey, message, out.phase, Attempt.SECOND, out.tried)
+                    cover = CoverMessage(out.survey).to_bytes(self.geometry.message_size)
+                    nursery.start_soon(self.send_in_window, out.survey, cover, out.phase, Attempt.SECOND, out.tried)
         try:
             final = await self.session.log_view(self.manifest, kind, partition, Check.FINAL)
         except JoinRefused as refused:
@@ -696,6 +710,7 @@ class PeerRound:
                 self.emit("acknowledged")
             else:
                 self.result.missing += 1
+                self.result.missing_reasons["no-receipt-after-second-chance" if out.left else "never-sent"] += 1
                 self.emit("missing")
 
     def _check_grew(self, first: LogView, final: LogView) -> None:

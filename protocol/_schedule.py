@@ -207,9 +207,12 @@ class RoundSchedule:
 class RoundPhase(enum.StrEnum):
     """Where a round is, as ``GET /v1/status`` reports it.
 
-    ``waiting`` is a gap between query phases; ``learning``, ``done`` and
-    ``failed`` come after the data phase (``failed``: minimum participation
-    missed); ``done`` and ``failed`` are the round's outcomes.
+    ``waiting`` is a gap between query phases; ``learning``, ``done``,
+    ``degraded`` and ``failed`` come after the data phase (``failed``:
+    minimum participation missed, or too few reports for a survey when the
+    spec says so; ``degraded``: a model was learnt although some survey got
+    fewer reports than the spec's minimum); ``done``, ``degraded`` and
+    ``failed`` are the round's outcomes.
     """
 
     REGISTRATION = "registration"
@@ -219,6 +222,7 @@ class RoundPhase(enum.StrEnum):
     DATA = "data"
     LEARNING = "learning"
     DONE = "done"
+    DEGRADED = "degraded"
     FAILED = "failed"
 
 
@@ -230,7 +234,7 @@ def phase_at(schedule: RoundSchedule, now: int) -> tuple[RoundPhase, int | None]
 
     A query phase lasts from its ``t_s`` until its ``t_r``; after the data
     phase's ``t_r`` the schedule says ``learning`` (the service reports
-    ``done``/``failed`` once it knows).
+    ``done``/``degraded``/``failed`` once it knows).
     """
     if now < schedule.t_register_end:
         return RoundPhase.REGISTRATION, None

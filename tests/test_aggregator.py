@@ -316,7 +316,8 @@ async def test_minimum_participation_ends_the_round_clearly(tmp_path: Path, auto
 
 
 async def test_phases_advance_by_the_schedule(tmp_path: Path, autojump_clock: trio.testing.MockClock) -> None:
-    state, _ = make_round(tmp_path, lambda: T0 + trio.current_time())
+    # No peer sends a report here: the per-survey minimum is off (0) so only the phases are judged.
+    state, _ = make_round(tmp_path, lambda: T0 + trio.current_time(), min_reports_per_survey=0)
     peers = [Peer(state, i) for i in range(1, 5)]
     for peer in peers:
         peer.register()
@@ -583,7 +584,8 @@ async def test_frames_are_judged_at_arrival_and_results_wait_for_them(
     from anonml.aggregator._sink import PacketSink
     from anonml.protocol import encode_median_report
 
-    state, _ = make_round(tmp_path, lambda: T0 + trio.current_time(), with_median(spec_document()))
+    # Only the median phase is judged here: no data report is sent, so the per-survey minimum is off (0).
+    state, _ = make_round(tmp_path, lambda: T0 + trio.current_time(), with_median(spec_document(min_reports_per_survey=0)))
     schedule = state.manifest.schedule
     median = schedule.median[0]
     peers = [Peer(state, i) for i in range(1, 9)]
@@ -707,3 +709,76 @@ async def test_two_concurrent_credential_requests_get_one_credential(served: Any
                 nursery.start_soon(ask, body)
     assert sorted(codes) == [200, 409]
     assert state.store.counts()["credentials"] == 1
+
+
+async def short_data_round(tmp_path: Path, **participation: Any) -> tuple[RoundState, str, list[str]]:
+    """Eight peers; only partition 0 sends its data report (partition 1's survey gets none).
+
+    Returns the round, its outcome and the phases learning ran in (empty if it never ran).
+    """
+    from anonml.aggregator._verify import process_batch
+
+    state, _ = make_round(tmp_path, lambda: T0 + trio.current_time(), **participation)
+    schedule = state.manifest.schedule
+    peers = [Peer(state, i) for i in range(1, 9)]
+    rng = np.random.default_rng(5)
+    learnt: list[str] = []
+
+    async def peers_send() -> None:
+        for peer in peers:
+            peer.register()
+        await trio.sleep(schedule.t_register_end + 1 - state.now())
+        await roster_frozen(state)
+        for peer in peers:
+            peer.obtain_credential()
+        assert {peer.partition for peer in peers} == {0, 1}
+        await trio.sleep(schedule.data.t_s + schedule.data.delta + 1 - state.now())
+        frames = []
+        for peer in (p for p in peers if p.partition == 0):
+            oracle = state.data_oracle(0, 0)
+            frames.append(peer.packet(SurveyId.data(state.round_id, 0, 0), oracle.encode_report(oracle.privatize(np.array([0]), rng)[0])))
+        assert set(process_batch(state, frames, state.now())) == {"accepted"}
+
+    def learn(s: RoundState) -> dict[str, Any]:
+        learnt.append(str(s.status(s.learning_started_at).phase))
+        return {}
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(peers_send)
+        outcome = await drive_round(state, learn)
+    return state, outcome, learnt
+
+
+async def test_a_round_with_a_survey_below_the_minimum_ends_degraded(tmp_path: Path, autojump_clock: trio.testing.MockClock) -> None:
+    state, outcome, learnt = await short_data_round(tmp_path, min_reports_per_survey=1)
+    assert outcome == "degraded" and learnt == ["learning"]  # the model is still learnt, from what arrived
+    assert state.status(state.now()).phase == "degraded"
+    detail = json.loads(state.store.get_result("outcome") or b"{}")
+    assert detail["shortfall"] == {"data 1/0": 0}
+    assert "data 1/0 accepted 0" in detail["reason"] and "at least 1" in detail["reason"]
+
+
+async def test_a_fail_spec_round_below_the_minimum_fails_without_learning(tmp_path: Path, autojump_clock: trio.testing.MockClock) -> None:
+    state, outcome, learnt = await short_data_round(tmp_path, min_reports_per_survey=1, on_shortfall="fail")
+    assert outcome == "failed" and learnt == []
+    assert state.status(state.now()).phase == "failed"
+    detail = json.loads(state.store.get_result("outcome") or b"{}")
+    assert detail["shortfall"] == {"data 1/0": 0} and detail["reason"].startswith("too few reports")
+    # Decided when the data phase's final check closed, not later.
+    assert trio.current_time() == pytest.approx(state.manifest.schedule.data.t_r - T0)
+
+
+async def test_a_round_that_meets_the_minimum_is_done(tmp_path: Path, autojump_clock: trio.testing.MockClock) -> None:
+    # The same round with partition 1's survey allowed to be empty (minimum 0): nothing is short.
+    state, outcome, learnt = await short_data_round(tmp_path, min_reports_per_survey=0, on_shortfall="fail")
+    assert outcome == "done" and learnt == ["learning"]
+    assert state.shortfall(state.manifest.schedule.phases) == {}
+
+
+def test_min_reports_per_survey_defaults_to_half_a_partitions_share() -> None:
+    spec = parse_round_spec(spec_document(min_participation=40))  # k_p = 2: 40 / 2 / 2
+    assert (spec.min_reports_per_survey, spec.on_shortfall) == (10, "degraded")
+    assert parse_round_spec(spec_document(min_participation=2)).min_reports_per_survey == 1
+    with pytest.raises(RoundSpecError) as refused:
+        parse_round_spec(spec_document(on_shortfall="ignore"))
+    assert refused.value.field == "participation.on_shortfall"

@@ -73,3 +73,24 @@ def test_windows_grow_with_the_measured_costs_and_always_hold_a_restart() -> Non
     # More peers, more time for the per-peer phases.
     bigger = plan_round(data, 4000, 2.0, 2, 0, costs(1.0))  # type: ignore[arg-type]
     assert bigger.register_seconds > idle.register_seconds and bigger.data_send_window > idle.data_send_window
+
+
+def test_the_exit_code_says_failed_degraded_or_lost() -> None:
+    from anonml.demo._summary import EXIT_MESSAGES_LOST, EXIT_ROUND_DEGRADED, EXIT_ROUND_FAILED, exit_code
+
+    def summary(phase: str, prepared: int = 1000, accepted: int = 1000, twice: int = 0, acknowledged_lost: int = 0) -> dict[str, object]:
+        audit = {"prepared": prepared, "accepted": accepted, "lost": prepared - accepted, "counted_twice": twice,
+                 "peer_acknowledged_but_lost": acknowledged_lost}
+        return {"phase": phase, "audit": audit}
+
+    assert exit_code(summary("done")) == 0
+    assert exit_code(summary("done", accepted=990)) == 0  # 99% accepted: the demo's bar
+    assert exit_code(summary("done", accepted=989)) == EXIT_MESSAGES_LOST
+    assert exit_code(summary("done", twice=1)) == EXIT_MESSAGES_LOST
+    assert exit_code(summary("done", accepted=999, acknowledged_lost=1)) == EXIT_MESSAGES_LOST
+    assert exit_code(summary("done", prepared=0, accepted=0)) == 0
+    assert exit_code(summary("degraded")) == EXIT_ROUND_DEGRADED
+    assert exit_code(summary("degraded", accepted=10)) == EXIT_ROUND_DEGRADED  # the round's own verdict comes first
+    assert exit_code(summary("failed")) == EXIT_ROUND_FAILED
+    assert exit_code(summary("unknown")) == EXIT_ROUND_FAILED
+    assert len({0, EXIT_MESSAGES_LOST, EXIT_ROUND_DEGRADED, EXIT_ROUND_FAILED}) == 4

@@ -7,7 +7,7 @@ import random
 
 import trio
 
-from anonml.bench._audit import audit
+from anonml.demo import audit
 from anonml.bench._proxy import LinkFaults, LossyProxy, serve_lossy_proxy
 from anonml.bench.faults import plan_kills
 from anonml.peer import StoredPacket
@@ -104,4 +104,4 @@ def test_the_audit_finds_lost_twice_counted_and_unknown_messages() -> None:
     assert found.unknown_accepted == 2
     assert found.peer_acknowledged_but_lost == 1
     assert found.lost_by_kind == {"data": 1, "median": 1}
-    assert found.lost_by_sends == {"never sent": 1, "sent once": 1}
+    assert found.lost_by_reason == {"not-sent": 1, "acknowledged": 1}

@@ -34,9 +34,11 @@
       cell(row, done ? "done" : (step === next ? "in " + duration(step.at - now) : ""));
       body.appendChild(row);
     });
-    var ended = data.phase === "done" || data.phase === "failed";
+    var ended = data.phase === "done" || data.phase === "degraded" || data.phase === "failed";
     if (ended) {
-      figure("next-what", data.phase === "done" ? "The round is over: the model and this report are published." : "The round failed: " + ((data.report || {}).reason || "see the report"));
+      figure("next-what", data.phase === "done" ? "The round is over: the model and this report are published." :
+        data.phase === "degraded" ? "The round is over, degraded: " + shortSurveys() + " got fewer reports than the round's minimum; the model and this report are published." :
+        "The round failed: " + ((data.report || {}).reason || "see the report"));
       figure("countdown", "");
     } else if (next !== null) {
       figure("next-what", next.what[0].toUpperCase() + next.what.slice(1) + " at " + localTime(next.at));
@@ -107,6 +109,12 @@
     clear(list); clear(warn);
     data.privacy.sentences.forEach(function (s) { var li = document.createElement("li"); li.textContent = s; list.appendChild(li); });
     data.privacy.warnings.forEach(function (s) { var li = document.createElement("li"); li.textContent = "Note: " + s; warn.appendChild(li); });
+  }
+
+  function shortSurveys() {
+    var short = (data.report || {}).shortfall || {};
+    var names = Object.keys(short).map(function (survey) { return survey + " (" + short[survey] + " accepted)"; });
+    return names.length ? names.join(", ") : "some surveys";
   }
 
   function renderModel() {

@@ -37,12 +37,14 @@ async def one_run(index: int, work: Path, peers: int | None, seed: int) -> dict[
     record: dict[str, Any] = {"run": index, "exit_code": result.returncode, "wall_seconds": round(time.monotonic() - started, 1)}
     if summary_path.is_file():
         summary = json.loads(summary_path.read_text())
-        prepared, accepted = int(summary["packets"]), int(summary["accepted"])
+        audit = summary["audit"]
+        prepared, accepted = int(audit["prepared"]), int(audit["accepted"])
         record.update(
-            phase=summary["phase"], prepared=prepared, accepted=accepted, lost=prepared - accepted,
+            phase=summary["phase"], prepared=prepared, accepted=accepted, lost=audit["lost"],
+            lost_by_reason=audit["lost_by_reason"], counted_twice=audit["counted_twice"],
             accepted_fraction=round(accepted / prepared, 5) if prepared else None,
             registered=summary["registered"], peers=summary["peers"], restarted=summary["restarted"],
-            missing=summary["missing"], unconfirmed=summary["unconfirmed"],
+            missing=summary["missing"], missing_reasons=summary["missing_reasons"], unconfirmed=summary["unconfirmed"],
         )
     return record
 

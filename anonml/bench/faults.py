@@ -10,8 +10,8 @@ windows measured and planned on this machine), with two kinds of fault:
   delays and resets the connections peers and other relays open to it.
 
 Afterwards every message each peer's store recorded is matched against the
-aggregator's accepted set (:mod:`._audit`) and the command prints what was
-lost (by kind and by how often its peer sent it), what was counted twice,
+aggregator's accepted set (:func:`anonml.demo.audit_round`) and the command prints what was
+lost (by kind and by reason), what was counted twice,
 and what the round itself reported (its outcome, counts, rejections, the
 peers' own receipts, missing and unconfirmed counts, the relays' drops).
 Figures are counts of this run; the baseline is the same round's prepared
@@ -32,15 +32,15 @@ from typing import Any
 import click
 import trio
 
-from anonml.bench._audit import audit_round
 from anonml.bench._proxy import LinkFaults, LossyProxy, serve_lossy_proxy
-from anonml.demo import Child, Children, open_children, until_signalled
+from anonml.demo import Child, Children, audit_round, open_children, until_signalled
 from anonml.demo._calibrate import measure_costs
 from anonml.demo._data import breast_cancer_data
 from anonml.demo._ports import HOST, free_port
 from anonml.demo._progress import Progress
 from anonml.demo._run import Network, collect_report, follow_round, init_aggregator, open_round, start_relays, start_workers
 from anonml.demo._schedule import RELAYS, plan_round
+from anonml.demo._summary import peer_totals
 
 
 @dataclass
@@ -120,8 +120,6 @@ async def run_faults(peers: int, plan: FaultPlan, work: Path, console: Any) -> d
         round_dir = agg_dir / "rounds" / round_id
         report = await collect_report(aggregator, round_dir, children, console, network.url)
     found = audit_round(sorted((work / "peers").glob("worker-*.sqlite")), round_dir / "round.sqlite", bytes.fromhex(round_id))
-    peers_said = {key: sum(int(s.get(key, 0)) for s in progress.summaries.values())
-                  for key in ("joined", "packets", "sends", "resends", "acknowledged", "missing", "unconfirmed")}
     return {
         "peers": len(rows),
         "seed": plan.seed,
@@ -139,7 +137,7 @@ async def run_faults(peers: int, plan: FaultPlan, work: Path, console: Any) -> d
             "counts": report.get("counts", dict(progress.status.counts) if progress.status else {}),
             "rejected": report.get("rejected", dict(progress.status.rejected) if progress.status else {}),
         },
-        "peers_reported": peers_said,
+        "peers_reported": peer_totals(progress),
         "peer_errors": progress.errors,
         "relay_drops": dict(progress.relay_drops()),
         "wall_seconds": round(time.monotonic() - started, 1),
@@ -180,7 +178,7 @@ def bench_faults(peers: int, events: int, downtime: float, drop: float, reset: f
     click.echo(f"prepared {found['prepared']}, accepted {found['accepted']}, lost {found['lost']} "
                f"({100 * result['lost_fraction']:.2f}%), counted twice {found['counted_twice']}, "
                f"accepted but prepared by no peer {found['unknown_accepted']}")
-    click.echo(f"lost by kind {found['lost_by_kind']}, by sends {found['lost_by_sends']}")
+    click.echo(f"lost by kind {found['lost_by_kind']}, by reason {found['lost_by_reason']}")
     click.echo(f"round reported: {result['round']}; peers reported: {result['peers_reported']}")
     click.echo(f"relay drops {result['relay_drops']}; proxies {result['proxies']}")
     click.echo(f"work directory: {result['work_dir']}")

@@ -13,14 +13,16 @@ code that says whether the round delivered.
 One job per module: ``_data`` (the datasets), ``_ports``, ``_children`` (start,
 restart, stop), ``_calibrate`` (measured costs), ``_schedule`` (the round's
 windows and spec), ``_progress`` (what is shown while it runs), ``_summary``,
-``_run`` (the steps), ``_command`` (the click command).
+``_run`` (the steps), ``_audit`` (every prepared message against the accepted
+set), ``_command`` (the click command).
 """
 
 from __future__ import annotations
 
+from anonml.demo._audit import Audit, audit, audit_round
 from anonml.demo._children import Child, ChildFailed, Children, open_children, resident_mb, until_signalled
 from anonml.demo._command import demo
 from anonml.demo._ports import free_port
 from anonml.demo._schedule import schedule_seconds
 
-__all__ = ["Child", "ChildFailed", "Children", "demo", "free_port", "open_children", "resident_mb", "schedule_seconds", "until_signalled"]
+__all__ = ["Audit", "Child", "ChildFailed", "Children", "audit", "audit_round", "demo", "free_port", "open_children", "resident_mb", "schedule_seconds", "until_signalled"]

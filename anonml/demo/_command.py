@@ -34,8 +34,10 @@ def demo(peers: int | None, dataset: str, data_dir: Path | None, epsilon: float,
     """Run one complete round on loopback: 3 relays, the aggregator, N peers.
 
     Exits 0 when the round is done and the aggregator accepted at least 99%
-    of the messages the peers prepared, 3 when the round failed, 4 when more
-    was lost, and 128 + N when signal N stopped it.
+    of the messages the peers prepared (each counted once), 3 when the round
+    failed, 4 when more was lost (or a message counted twice), 5 when the
+    round ended degraded (a survey got fewer reports than the round's
+    minimum), and 128 + N when signal N stopped it.
     """
     from rich.console import Console
 

@@ -24,6 +24,7 @@ import trio
 
 from anonml.aggregator import LINKS_JSON
 from anonml.cli import anonml_command
+from anonml.demo._audit import audit_round
 from anonml.demo._calibrate import PhaseCosts, measure_costs
 from anonml.demo._children import Child, ChildFailed, Children, open_children, resident_mb
 from anonml.demo._data import DemoData, held_out_auc, write_peer_files, write_test_file
@@ -33,9 +34,9 @@ from anonml.demo._schedule import AGGREGATOR_PROCESSES, RELAYS, DemoParams, plan
 from anonml.demo._summary import anonymity_figures, summarise
 from anonml.demo._swarm import SwarmConfig
 
-# `anonml aggregator run` exits 0 when the round is done and 3 when it failed
-# for lack of participants: both are its normal end, not a crash to restart.
-AGGREGATOR_ENDS = (0, 3)
+# `anonml aggregator run` exits 0 when the round is done, 3 when it failed and
+# 4 when it ended degraded: each is its normal end, not a crash to restart.
+AGGREGATOR_ENDS = (0, 3, 4)
 # How long the aggregator keeps serving after the round at least (peers read the final receipt log).
 LINGER_SECONDS = 30.0
 # How long the demo waits for the peers after the round has ended.
@@ -162,7 +163,7 @@ async def follow_round(children: Children, network: Network, workers: list[Child
                             progress.relays[i] = await scrape_relay(port) or progress.relays.get(i, {})
                     board.update(phase_rows(progress, progress.peers), key=progress.status.phase if progress.status else "starting")
                     progress.peak_rss_mb = max(progress.peak_rss_mb, resident_mb([*children.pids(), os.getpid()]))
-                    ended = progress.status is not None and progress.status.phase in ("done", "failed")
+                    ended = progress.status is not None and progress.status.phase in ("done", "degraded", "failed")
                     if ended or aggregator.finished:
                         # Peers finish before t_r; after the round nothing is left for them to do.
                         ended_at = trio.current_time() if ended_at is None else ended_at
@@ -232,8 +233,9 @@ async def run_demo(data: DemoData, peers: int, epsilon: float, workers: int, see
             out = await children.run("aggregator-report", "aggregator", "report", "--data-dir", str(agg_dir), round_id)
             for line in out.splitlines():
                 console.print(f"    {line}")
-    step(6, "evaluating the published model on the held-out rows")
-    summary = summarise(data, params, progress, report, work, time.monotonic() - started)
+    step(6, "auditing every prepared message against the accepted set; evaluating the published model on the held-out rows")
+    found = audit_round(sorted((work / "peers").glob("worker-*.sqlite")), round_dir / "round.sqlite", bytes.fromhex(round_id))
+    summary = summarise(data, params, progress, report, found, work, time.monotonic() - started)
     summary["costs"] = costs.to_dict()
     summary["auc"] = held_out_auc(data, round_dir / "model.pickle")
     summary["report_path"] = str(round_dir / "report.html")

@@ -13,17 +13,30 @@ from typing import Any
 
 import numpy as np
 
+from anonml.demo._audit import Audit
 from anonml.demo._data import DemoData, baseline_auc
 from anonml.demo._progress import Progress
 from anonml.demo._schedule import DemoParams
 from anonml.protocol import score_links, timing_figures
 
-def summarise(data: DemoData, params: DemoParams, progress: Progress, report: dict[str, Any], work: Path, seconds: float) -> dict[str, Any]:
-    epsilons = [e for s in progress.summaries.values() for e in s.get("epsilon", [])]
+PEER_COUNTS = ("joined", "packets", "sends", "resends", "covers", "acknowledged", "missing", "unconfirmed")
+
+
+def peer_totals(progress: Progress) -> dict[str, Any]:
+    """What the peers said of their messages, summed over the workers: :data:`PEER_COUNTS` and ``missing_reasons``."""
     total = Counter[str]()
+    reasons = Counter[str]()
     for s in progress.summaries.values():
-        for key in ("joined", "packets", "sends", "resends", "covers", "acknowledged", "missing", "unconfirmed"):
+        for key in PEER_COUNTS:
             total[key] += int(s.get(key, 0))
+        reasons.update(s.get("missing_reasons", {}))
+    return {**{key: total[key] for key in PEER_COUNTS}, "missing_reasons": dict(reasons)}
+
+
+def summarise(data: DemoData, params: DemoParams, progress: Progress, report: dict[str, Any], audit: Audit, work: Path,
+              seconds: float) -> dict[str, Any]:
+    epsilons = [e for s in progress.summaries.values() for e in s.get("epsilon", [])]
+    total = peer_totals(progress)
     status = progress.status
     counts = dict(status.counts) if status is not None else {}
     rejected = dict(status.rejected) if status is not None else {}
@@ -39,8 +52,11 @@ def summarise(data: DemoData, params: DemoParams, progress: Progress, report: di
         "covers": total["covers"],
         "receipts": total["acknowledged"],
         "missing": total["missing"],
+        "missing_reasons": total["missing_reasons"],
         "unconfirmed": total["unconfirmed"],
         "accepted": counts.get("accepted", 0),
+        # Every prepared message matched against the accepted set: accepted, lost by reason, counted twice.
+        "audit": audit.to_dict(),
         "rejected": rejected,
         "peer_errors": progress.errors,
         "relay_drops": dict(progress.relay_drops()),
@@ -90,19 +106,27 @@ def anonymity_figures(progress: Progress, links_path: Path) -> dict[str, Any]:
 # The demo fails when the aggregator accepted fewer of the peers' messages than this.
 MIN_ACCEPTED_FRACTION = 0.99
 EXIT_ROUND_FAILED = 3
+"""The round failed (minimum participation missed, or a short survey in a round whose spec says fail)."""
 EXIT_MESSAGES_LOST = 4
+"""Under 99% of the prepared messages accepted, or a message counted twice, or one the peer saw acknowledged lost."""
+EXIT_ROUND_DEGRADED = 5
+"""The round ended ``degraded``: a survey got fewer reports than its spec's minimum (a model was still published)."""
 
 
 def accepted_fraction(summary: dict[str, Any]) -> float:
-    """Accepted messages over the messages the peers prepared (1.0 when none were prepared)."""
-    return float(summary["accepted"]) / summary["packets"] if summary["packets"] else 1.0
+    """Prepared messages the aggregator accepted (the audit), over those prepared (1.0 when none were)."""
+    audit = summary["audit"]
+    return float(audit["accepted"]) / audit["prepared"] if audit["prepared"] else 1.0
 
 
 def exit_code(summary: dict[str, Any]) -> int:
-    """0 when the round is done and lost at most 1% of the prepared messages."""
+    """0 when the round is done, lost at most 1% of the prepared messages and counted none twice."""
+    if summary["phase"] == "degraded":
+        return EXIT_ROUND_DEGRADED
     if summary["phase"] != "done":
         return EXIT_ROUND_FAILED
-    if accepted_fraction(summary) < MIN_ACCEPTED_FRACTION:
+    audit = summary["audit"]
+    if accepted_fraction(summary) < MIN_ACCEPTED_FRACTION or audit["counted_twice"] or audit["peer_acknowledged_but_lost"]:
         return EXIT_MESSAGES_LOST
     return 0
 
@@ -142,13 +166,24 @@ def print_summary(console: Any, summary: dict[str, Any], params: DemoParams) -> 
         "packets: messages / sends (first and second chance)",
         f"{summary['packets']} / {sent} ({summary['resends']} resent, {summary['covers']} covers)",
     )
+    audit = summary["audit"]
     table.add_row(
         "accepted by the aggregator",
-        f"{accepted} ({100.0 * accepted_fraction(summary):.2f}% of messages; the demo fails below {100 * MIN_ACCEPTED_FRACTION:g}%)",
+        f"{audit['accepted']} of {audit['prepared']} messages ({100.0 * accepted_fraction(summary):.2f}%; the demo fails "
+        f"below {100 * MIN_ACCEPTED_FRACTION:g}%); {accepted} packets counted in all",
     )
+    table.add_row(
+        "lost by reason (each message's peer store)",
+        ", ".join(f"{k}: {v}" for k, v in sorted(audit["lost_by_reason"].items())) or "none",
+    )
+    table.add_row("counted twice / accepted but prepared by no peer", f"{audit['counted_twice']} / {audit['unknown_accepted']}")
     if summary["restarted"]:
         table.add_row("processes restarted after dying", ", ".join(summary["restarted"]))
-    table.add_row("receipts found / missing / unconfirmed", f"{summary['receipts']} / {summary['missing']} / {summary['unconfirmed']}")
+    reasons = ", ".join(f"{v} {k}" for k, v in sorted(summary["missing_reasons"].items()))
+    table.add_row(
+        "peers: receipts found / missing / unconfirmed",
+        f"{summary['receipts']} / {summary['missing']}{f' ({reasons})' if reasons else ''} / {summary['unconfirmed']}",
+    )
     table.add_row("rejected by reason", ", ".join(f"{k}: {v}" for k, v in sorted(summary["rejected"].items())) or "none")
     table.add_row("dropped by relays", ", ".join(f"{k}: {v}" for k, v in sorted(summary["relay_drops"].items())) or "none")
     promised = (summary["report"].get("privacy") or {}).get("eps_total_local", params.epsilon)

@@ -130,6 +130,7 @@ async def run_swarm(config: SwarmConfig) -> dict[str, Any]:
         "covers": sum(r.covers for r in results),
         "acknowledged": sum(r.acknowledged for r in results),
         "missing": sum(r.missing for r in results),
+        "missing_reasons": dict(sum((r.missing_reasons for r in results), Counter[str]())),
         "unconfirmed": sum(r.unconfirmed for r in results),
         "epsilon": [r.epsilon_spent for r in results],
         "sent": sent,

@@ -34,8 +34,8 @@ class Audit:
     peer_acknowledged_but_lost: int = 0
     """The peer saw its receipt, yet the aggregator has no such message (must be 0)."""
     lost_by_kind: Counter[str] = field(default_factory=Counter)
-    lost_by_sends: Counter[str] = field(default_factory=Counter)
-    """Lost messages by how often their peer sent them: 0 (never left), 1, 2+."""
+    lost_by_reason: Counter[str] = field(default_factory=Counter)
+    """Lost messages by what their peer's store says happened to them (:func:`loss_reason`)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -46,12 +46,22 @@ class Audit:
             "unknown_accepted": self.unknown_accepted,
             "peer_acknowledged_but_lost": self.peer_acknowledged_but_lost,
             "lost_by_kind": dict(self.lost_by_kind),
-            "lost_by_sends": dict(self.lost_by_sends),
+            "lost_by_reason": dict(self.lost_by_reason),
         }
 
 
-def _sends_bucket(sends: int) -> str:
-    return "never sent" if sends == 0 else "sent once" if sends == 1 else "sent 2+ times"
+def loss_reason(packet: StoredPacket) -> str:
+    """Why a message the aggregator does not hold was lost, as far as its peer's store tells.
+
+    ``not-sent``: its peer tried no send (its window passed first, or the
+    peer stopped); ``sent-once`` / ``sent-twice-or-more``: sent (the second
+    time in the second chance) and never accepted; ``acknowledged``: its peer
+    saw its receipt in the final log, so the aggregator lost what it had
+    logged (must never happen).
+    """
+    if packet.acknowledged:
+        return "acknowledged"
+    return "not-sent" if packet.sends == 0 else "sent-once" if packet.sends == 1 else "sent-twice-or-more"
 
 
 def audit(prepared: Iterable[StoredPacket], accepted: Mapping[SurveyId, list[bytes]]) -> Audit:
@@ -71,7 +81,7 @@ def audit(prepared: Iterable[StoredPacket], accepted: Mapping[SurveyId, list[byt
             result.lost += 1
             kind = SurveyId.from_bytes(packet.survey).kind
             result.lost_by_kind["median" if kind == SurveyKind.MEDIAN else "data"] += 1
-            result.lost_by_sends[_sends_bucket(packet.sends)] += 1
+            result.lost_by_reason[loss_reason(packet)] += 1
             result.peer_acknowledged_but_lost += int(packet.acknowledged)
             continue
         result.accepted += 1
