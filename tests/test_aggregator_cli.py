@@ -79,8 +79,9 @@ def test_malformed_spec_names_the_field(tmp_path: Path) -> None:
 def test_round_missing_participation_exits_with_a_clear_status(tmp_path: Path) -> None:
     runner = CliRunner()
     runner.invoke(main, ["aggregator", "init", "--data-dir", str(tmp_path / "agg")])
-    # Registration stays open long enough for `aggregator run` to start serving on a loaded machine.
-    spec = write_spec(tmp_path / "round.toml", register=6)
+    # Registration stays open long enough for `aggregator run` to start serving on a loaded machine
+    # (6 s closed before it served at load 13-20: its start took 8 s).
+    spec = write_spec(tmp_path / "round.toml", register=20)
     created = runner.invoke(main, ["aggregator", "round", "new", "--data-dir", str(tmp_path / "agg"), "--spec", str(spec)])
     assert created.exit_code == 0, created.output
     round_id = created.stdout.strip().splitlines()[-1]
@@ -88,7 +89,7 @@ def test_round_missing_participation_exits_with_a_clear_status(tmp_path: Path) -
     # A real process: serves, nobody registers, the round fails when registration closes.
     result = subprocess.run(
         [sys.executable, "-c", "from anonml.cli import main; main()", "aggregator", "run", "--data-dir", str(tmp_path / "agg"), "--round", round_id],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True, text=True, timeout=180,
     )
     assert result.returncode == 3, result.stderr
     assert "minimum participation" in result.stderr
