@@ -27,6 +27,7 @@ from anonml.aggregator._store import Refusal, Registered, Registration, RoundSto
 from anonml.crypto import (
     IssueJob,
     IssuerSecretKey,
+    JobRefused,
     SphinxGeometry,
     issue_credentials,
 )
@@ -345,8 +346,8 @@ class RoundState:
         """Admit, issue and record one credential now (the HTTP path batches issuance and commits instead)."""
         partition, now = self.admit_credential(request)
         [response] = issue_credentials(self.secrets.issuer_key, [IssueJob(request.request, partition)])
-        if isinstance(response, str):
-            raise issuance_refused(response)
+        if isinstance(response, JobRefused):
+            raise issuance_refused(response.reason)
         if not self.store.record_credential(request.identity_key, partition, response, now):
             raise ApiRefused(409, ALREADY_ISSUED)
         return CredentialResponse(response, partition)

@@ -37,7 +37,7 @@ from anonml.aggregator._round import (
 from anonml.aggregator._store import Refusal, Registered, Registration
 from anonml.aggregator._sink import PacketSink
 from anonml.aggregator._workers import IssuerWorkers
-from anonml.crypto import IssueJob
+from anonml.crypto import IssueJob, JobRefused
 from anonml.protocol import (
     MAX_REQUEST_BYTES,
     PATH_CREDENTIAL,
@@ -204,7 +204,7 @@ class RegistrationBatcher(GroupCommit[Registration, Registered | Refusal]):
         return registration_outcome(await self.submit(Registration(request.entry, request.invitation, client, now)))
 
 
-class CredentialBatcher(GroupCommit[tuple[bytes, bytes, int, int], "bytes | str | None"]):
+class CredentialBatcher(GroupCommit[tuple[bytes, bytes, int, int], "bytes | JobRefused | None"]):
     """Blind issuance and its record, a batch at a time; one credential per peer per round (the first commit wins).
 
     A batch's P-256 proofs run together (in the worker processes when there
@@ -217,7 +217,7 @@ class CredentialBatcher(GroupCommit[tuple[bytes, bytes, int, int], "bytes | str 
         self.state = state
         self.workers = workers
 
-    def _issue_and_record(self, items: list[tuple[bytes, bytes, int, int]]) -> list[bytes | str | None]:
+    def _issue_and_record(self, items: list[tuple[bytes, bytes, int, int]]) -> list[bytes | JobRefused | None]:
         responses = self.workers.issue([IssueJob(request, partition) for _, request, partition, _ in items])
         issued = [(item, response) for item, response in zip(items, responses) if isinstance(response, bytes)]
         recorded = iter(
@@ -225,7 +225,7 @@ class CredentialBatcher(GroupCommit[tuple[bytes, bytes, int, int], "bytes | str 
                 [(identity, partition, response, now) for (identity, _, partition, now), response in issued]
             )
         )
-        # Per request: the response, None if that peer already had a credential, or the refusal reason.
+        # Per request: the response, None if that peer already had a credential, or the refusal.
         return [
             (response if next(recorded) else None) if isinstance(response, bytes) else response
             for response in responses
@@ -237,8 +237,8 @@ class CredentialBatcher(GroupCommit[tuple[bytes, bytes, int, int], "bytes | str 
         outcome = await self.submit((request.identity_key, request.request, partition, now))
         if outcome is None:
             raise ApiRefused(409, ALREADY_ISSUED)
-        if isinstance(outcome, str):
-            raise issuance_refused(outcome)
+        if isinstance(outcome, JobRefused):
+            raise issuance_refused(outcome.reason)
         return CredentialResponse(outcome, partition)
 
 

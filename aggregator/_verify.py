@@ -23,6 +23,7 @@ from anonml.crypto import REJECTION_REASONS as TOKEN_REJECTION_REASONS
 from anonml.crypto import (
     FinalMessage,
     InvalidPacket,
+    JobRefused,
     ReplayedPacket,
     TokenJob,
     process_packet,
@@ -140,9 +141,9 @@ def finish_batch(state: RoundState, batch: OpenedBatch, workers: IssuerWorkers) 
     results = workers.verify([item.job for _, item in batch.opened])
     verified: list[tuple[int, VerifiedPacket]] = []
     for (index, item), result in zip(batch.opened, results):
-        if isinstance(result, str):
-            outcomes[index] = result
-            rejections.append(result)
+        if isinstance(result, JobRefused):
+            outcomes[index] = result.reason
+            rejections.append(result.reason)
             continue
         try:
             state.check_report(item.message.survey, item.message.report)

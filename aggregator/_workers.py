@@ -13,6 +13,7 @@ from typing import TypeVar
 
 from anonml.crypto import (
     IssueJob,
+    JobRefused,
     IssuerSecretKey,
     TokenJob,
     init_worker,
@@ -58,22 +59,22 @@ class IssuerWorkers:
         if self.pool is not None:
             list(self.pool.map(verify_in_worker, [[] for _ in range(self.processes)]))
 
-    def _spread(self, work: Callable[[list[Job]], list[bytes | str]], jobs: list[Job]) -> list[bytes | str]:
+    def _spread(self, work: Callable[[list[Job]], list[bytes | JobRefused]], jobs: list[Job]) -> list[bytes | JobRefused]:
         assert self.pool is not None
         chunk = -(-len(jobs) // self.processes)
         parts = [jobs[i : i + chunk] for i in range(0, len(jobs), chunk)]
         return [result for part in self.pool.map(work, parts) for result in part]
 
-    def verify(self, jobs: list[TokenJob]) -> list[bytes | str]:
-        """Per job the tag digest or the rejection reason (see :func:`token_rejection`)."""
+    def verify(self, jobs: list[TokenJob]) -> list[bytes | JobRefused]:
+        """Per job the tag digest or the refusal, its reason the rejection counter's name (see :func:`token_rejection`)."""
         if self.pool is None or len(jobs) < 2:
             results = verify_tokens(self.issuer_key, jobs)
         else:
             results = self._spread(verify_in_worker, jobs)
-        return [token_rejection(result) if isinstance(result, str) else result for result in results]
+        return [JobRefused(token_rejection(result.reason)) if isinstance(result, JobRefused) else result for result in results]
 
-    def issue(self, jobs: list[IssueJob]) -> list[bytes | str]:
-        """Per job the blind response or the refusal reason (``InvalidIssuance.reason``)."""
+    def issue(self, jobs: list[IssueJob]) -> list[bytes | JobRefused]:
+        """Per job the blind response or the refusal (its reason ``InvalidIssuance.reason``)."""
         if self.pool is None or len(jobs) < 2:
             return issue_credentials(self.issuer_key, jobs)
         return self._spread(issue_in_worker, jobs)

@@ -35,25 +35,33 @@ class IssueJob:
     partition: int
 
 
-def verify_tokens(issuer_key: IssuerSecretKey, jobs: list[TokenJob]) -> list[bytes | str]:
-    """Per job the 32-byte tag digest, or the ``InvalidToken.reason`` it was refused for."""
-    results: list[bytes | str] = []
+@dataclass(frozen=True)
+class JobRefused:
+    """A batch job the issuer refused, as a value (a worker process cannot raise one job's error without losing the batch)."""
+
+    reason: str
+    """``InvalidToken.reason`` or ``InvalidIssuance.reason``."""
+
+
+def verify_tokens(issuer_key: IssuerSecretKey, jobs: list[TokenJob]) -> list[bytes | JobRefused]:
+    """Per job the 32-byte tag digest, or why the token was refused."""
+    results: list[bytes | JobRefused] = []
     for job in jobs:
         try:
             results.append(verify_token(issuer_key, job.ctx, job.message, job.token, expected_partition=job.partition))
         except InvalidToken as exc:
-            results.append(exc.reason)
+            results.append(JobRefused(exc.reason))
     return results
 
 
-def issue_credentials(issuer_key: IssuerSecretKey, jobs: list[IssueJob]) -> list[bytes | str]:
-    """Per job the issuer's blind response, or the ``InvalidIssuance.reason`` the request was refused for."""
-    results: list[bytes | str] = []
+def issue_credentials(issuer_key: IssuerSecretKey, jobs: list[IssueJob]) -> list[bytes | JobRefused]:
+    """Per job the issuer's blind response, or why the request was refused."""
+    results: list[bytes | JobRefused] = []
     for job in jobs:
         try:
             results.append(issue_credential(issuer_key, job.request, job.partition).to_bytes())
         except InvalidIssuance as exc:
-            results.append(exc.reason)
+            results.append(JobRefused(exc.reason))
     return results
 
 
@@ -65,9 +73,9 @@ def init_worker(issuer_key_bytes: bytes) -> None:
     _WORKER_KEY[:] = [IssuerSecretKey.from_bytes(issuer_key_bytes)]
 
 
-def verify_in_worker(jobs: list[TokenJob]) -> list[bytes | str]:
+def verify_in_worker(jobs: list[TokenJob]) -> list[bytes | JobRefused]:
     return verify_tokens(_WORKER_KEY[0], jobs)
 
 
-def issue_in_worker(jobs: list[IssueJob]) -> list[bytes | str]:
+def issue_in_worker(jobs: list[IssueJob]) -> list[bytes | JobRefused]:
     return issue_credentials(_WORKER_KEY[0], jobs)

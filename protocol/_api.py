@@ -226,6 +226,27 @@ def partition_seed(seed: bytes, root: bytes) -> bytes:
     The aggregator committed to ``seed`` before registration opened and the
     root depends on every peer's fresh nonce, so no registrant can predict the
     partitions, and the aggregator cannot pick a seed after seeing the keys.
+
+    Known gap (issue 12): the aggregator can still grind the root. After
+    registration closes it knows ``seed`` and every honest entry, and may add
+    entries of Sybil identities it controls, signed over nonces of its
+    choosing, before it signs the roster head; every nonce gives another
+    root, so another assignment. A try costs one root and one assignment
+    (measured 0.24 s at 10,000 entries with this module's functions at load
+    average 21; an incremental grinder needs O(log n) hashes for the root and
+    n for the order), and the head is due by ``t_issue_end``. Grinding picks
+    the best of T assignments: it shifts the number of its S Sybils in a
+    target's partition by about sqrt(2 ln T) standard deviations of that
+    count (sqrt(S / k_p) roughly), so it cannot isolate a target unless its
+    Sybils already fill the partition (registration policies and caps bound
+    S); each Sybil is on the signed roster for everyone to count. Closing it
+    needs a contribution the aggregator learns only after signing the head:
+    each relay commits to a random value in its signed descriptor before
+    registration and reveals it once it mirrors the signed roster head, the
+    seed becoming ``H(seed ‖ root ‖ r_1 ‖ … ‖ r_m)`` (one honest relay
+    suffices; a colluding relay that withholds its reveal aborts the round,
+    leaving at most m + 1 tries), or a public beacon round fixed in the
+    manifest for a time after ``t_register_end``.
     """
     return hashlib.sha256(b"anonml/partition-seed/v1" + seed + root).digest()
 

@@ -29,6 +29,7 @@ from anonml.aggregator._workers import IssuerWorkers
 from anonml.crypto import (
     CredentialSecret,
     IssuerPublicKey,
+    JobRefused,
     begin_issuance,
     finish_issuance,
     generate_keypair,
@@ -437,12 +438,12 @@ def test_worker_processes_verify_and_issue_as_the_thread_does(tmp_path: Path) ->
         for (_, issuance), response in zip(started[:2], issued[:2]):
             assert isinstance(response, bytes)
             finish_issuance(issuance, response)
-        assert issued[2] == "bad-proof"
+        assert issued[2] == JobRefused("bad-proof")
     finally:
         pool.close()
     # Partition-0 survey: peers of partition 1 are refused as wrong-partition, the others accepted.
     assert [isinstance(r, bytes) for r in in_thread] == [p.partition == 0 for p in peers]
-    assert {r for r in in_thread if isinstance(r, str)} == {"wrong-partition"}
+    assert {r for r in in_thread if isinstance(r, JobRefused)} == {JobRefused("wrong-partition")}
 
 
 def test_a_replay_in_a_batch_opened_before_the_first_is_stored_is_a_replay(tmp_path: Path) -> None:
