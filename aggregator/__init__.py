@@ -15,14 +15,16 @@ from anonml.aggregator._service import (
 )
 from anonml.aggregator._setup import create_round, open_round
 from anonml.aggregator._sink import PacketSink
-from anonml.aggregator._spec import RoundSpec, RoundSpecError, parse_round_spec
+from anonml.aggregator._spec import RoundSpec, RoundSpecError, parse_round_spec, read_round_spec
 from anonml.aggregator._store import AggregatorHome, RoundStore
-from anonml.aggregator._verify import REJECTION_REASONS, process_batch
+from anonml.aggregator._rejections import REJECTION_REASONS, RejectionReason
+from anonml.aggregator._verify import process_batch
 from anonml.aggregator._workers import IssuerWorkers
 
 __all__ = [
     "LINKS_JSON",
     "REJECTION_REASONS",
+    "RejectionReason",
     "AggregatorConfig",
     "AggregatorHome",
     "ApiRefused",
@@ -43,6 +45,7 @@ __all__ = [
     "linking_report",
     "open_round",
     "parse_round_spec",
+    "read_round_spec",
     "process_batch",
     "serve_aggregator",
     "timing_guesses",

@@ -8,9 +8,9 @@ them with their status.
 from __future__ import annotations
 
 import json
+import signal
 import sys
 import time
-import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,7 @@ from anonml.aggregator._spec import ROUND_SPEC_EXAMPLE
 from anonml.aggregator._store import AggregatorHome
 from anonml.display import duration, local_time
 from anonml.errors import ConfigError
+from anonml.storage import lock_data_dir, write_secret_file
 
 EXIT_MIN_PARTICIPATION = 3
 """``run``'s exit code when the round failed: minimum participation missed, or a short survey with ``on_shortfall = "fail"``."""
@@ -117,13 +118,12 @@ def _parse_start(value: str | None, now: int) -> int | None:
 def round_new(data_dir: Path, spec_path: Path, start: str | None) -> None:
     """Validate SPEC, create the round (issuer key, seed commitment, signed manifest) and print its id."""
     from anonml.aggregator._setup import create_round
-    from anonml.aggregator._spec import parse_round_spec
+    from anonml.aggregator._spec import RoundSpecError, read_round_spec
 
     try:
-        document = tomllib.loads(spec_path.read_text())
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise click.ClickException(f"{spec_path}: not valid TOML: {exc}") from None
-    spec = parse_round_spec(document, base_dir=spec_path.parent)
+        spec = read_round_spec(spec_path.read_bytes(), base_dir=spec_path.parent)
+    except RoundSpecError as exc:
+        raise click.ClickException(f"{spec_path}: {exc}") from None
     home = _existing_home(data_dir)
     now = int(time.time())
     begins = _parse_start(start, now) or spec.start or now
@@ -136,7 +136,8 @@ def round_new(data_dir: Path, spec_path: Path, start: str | None) -> None:
     state, codes = create_round(home, spec, now=begins)
     directory = home.round_dir(state.round_id)
     if codes:
-        (directory / "invitations.txt").write_text("".join(f"{code}\n" for code in codes))
+        # Each code admits one registration: a secret, owner-only like the keys.
+        write_secret_file(directory / "invitations.txt", "".join(f"{code}\n" for code in codes).encode())
         click.echo(f"{len(codes)} invitation codes in {directory / 'invitations.txt'}", err=True)
     schedule = state.manifest.schedule
     round_id = state.round_id.hex()
@@ -230,6 +231,8 @@ def run(data_dir: Path, round_id: str | None, test_file: Path | None, linger: fl
 
     home = _existing_home(data_dir)
     chosen = resolve_round(home, round_id)
+    lock = lock_data_dir(data_dir, command="anonml aggregator run")
+    lock.__enter__()  # held until this process exits (the kernel releases it however it ends)
     state = open_round(home, chosen)
     directory = home.round_dir(state.round_id)
     manifest = state.manifest
@@ -248,18 +251,29 @@ def run(data_dir: Path, round_id: str | None, test_file: Path | None, linger: fl
         on_learn=on_learn,
     )
 
+    stopped_by: list[str] = []
+
     async def main() -> str:
-        async with trio.open_nursery() as nursery:
+        # SIGTERM and SIGINT cancel the service, so its worker processes are shut down with it
+        # (issue 14: killed by the default SIGTERM action, the workers and the resource tracker lived on).
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async with trio.open_nursery() as nursery:
 
-            async def serve_then_stop(task_status: trio.TaskStatus[Any]) -> None:
-                await serve_aggregator(config, task_status=task_status)
-                nursery.cancel_scope.cancel()  # the round is over: stop watching it
+                async def stop_on_signal() -> None:
+                    async for signum in signals:
+                        stopped_by.append(signal.Signals(signum).name)
+                        nursery.cancel_scope.cancel()
 
-            addresses = await nursery.start(serve_then_stop)
-            click.echo(f"round {manifest.name!r} ({state.round_id.hex()[:SHORT_ID]}) serving {addresses.http_url}, "
-                       f"packet sink {addresses.sink[0]}:{addresses.sink[1]}", err=True)
-            click.echo(f"  live dashboard: {addresses.http_url}/dashboard", err=True)
-            nursery.start_soon(watch_round, state)
+                async def serve_then_stop(task_status: trio.TaskStatus[Any]) -> None:
+                    await serve_aggregator(config, task_status=task_status)
+                    nursery.cancel_scope.cancel()  # the round is over: stop watching it
+
+                nursery.start_soon(stop_on_signal)
+                addresses = await nursery.start(serve_then_stop)
+                click.echo(f"round {manifest.name!r} ({state.round_id.hex()[:SHORT_ID]}) serving {addresses.http_url}, "
+                           f"packet sink {addresses.sink[0]}:{addresses.sink[1]}", err=True)
+                click.echo(f"  live dashboard: {addresses.http_url}/dashboard", err=True)
+                nursery.start_soon(watch_round, state)
         return state.outcome() or "failed"
 
     try:
@@ -273,6 +287,10 @@ def run(data_dir: Path, round_id: str | None, test_file: Path | None, linger: fl
         if address_errors is None:
             raise
         raise click.ClickException(_address_problem(_first_leaf(address_errors), manifest.aggregator_url)) from None
+    if stopped_by:
+        click.echo(f"stopped ({stopped_by[0]}); `anonml aggregator run --data-dir {data_dir} --round "
+                   f"{chosen[:SHORT_ID]}` resumes the round", err=True)
+        sys.exit(130 if stopped_by[0] == "SIGINT" else 143)
     if outcome == "failed":
         detail = json.loads(state.store.get_result("outcome") or b"{}")
         report = {"round_id": state.round_id.hex(), "name": manifest.name, "status": "failed", **detail,

@@ -14,7 +14,7 @@ import hashlib
 import json
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -98,7 +98,8 @@ class RoundSecrets:
     """What only the aggregator holds for one round."""
 
     signing_key: SigningKey
-    issuer_key: IssuerSecretKey
+    issuer_key: IssuerSecretKey | None
+    """None once the round has ended: the key is erased then (:meth:`RoundState.finish`)."""
     seed: bytes
     final_hop_private_key: bytes
 
@@ -206,24 +207,35 @@ class RoundState:
         """How a round that reached learning ends: ``DEGRADED`` if any survey fell short, else ``DONE``."""
         return RoundPhase.DEGRADED if self.shortfall(self.manifest.schedule.phases) else RoundPhase.DONE
 
-    def status(self, now: int | None = None) -> RoundStatus:
-        """The public status at ``now`` (default: the clock; worker threads pass it, MockClock is loop-only)."""
+    def status(self, now: int | None = None, counts: Mapping[str, int] | None = None,
+               rejected: Mapping[str, int] | None = None) -> RoundStatus:
+        """The public status at ``now`` (default: the clock; worker threads pass it, MockClock is loop-only).
+
+        ``counts`` and ``rejected`` add what the round's store does not hold:
+        the service's health and the refusals not yet committed (issue 13:
+        reported, not only logged).
+        """
         now = self.now() if now is None else now
         phase, sub_round = phase_at(self.manifest.schedule, now)
         outcome = self.outcome()
         if outcome is not None:
             phase, sub_round = outcome, None
-        counts = self.store.counts()
-        counts["awaiting-verification"] = self.store.inbox_size()
-        counts.update({f"link/{reason}": count for reason, count in sorted(self.link_errors.items())})
-        counts.update({reason if reason.startswith("cover/") else "cover/counted": count for reason, count in self.store.covers().items()})
+        all_counts = self.store.counts()
+        all_counts["awaiting-verification"] = self.store.inbox_size()
+        all_counts.update({f"link/{reason}": count for reason, count in sorted(self.link_errors.items())})
+        all_counts.update({reason if reason.startswith("cover/") else "cover/counted": count
+                           for reason, count in self.store.covers().items()})
+        all_counts.update(counts or {})
+        all_rejected = Counter(self.store.rejections())
+        all_rejected.update(rejected or {})
         return RoundStatus(
-            self.round_id, phase, sub_round, now, self.manifest.schedule.to_dict(), counts, self.store.rejections()
+            self.round_id, phase, sub_round, now, self.manifest.schedule.to_dict(), all_counts, dict(all_rejected)
         )
 
-    def refresh_status(self, now: int) -> None:
+    def refresh_status(self, now: int, counts: Mapping[str, int] | None = None,
+                       rejected: Mapping[str, int] | None = None) -> None:
         """Sign and encode the status snapshot (``GET /v1/status`` serves the latest one)."""
-        self.snapshots.status = self.status(now).sign(self.secrets.signing_key).to_json()
+        self.snapshots.status = self.status(now, counts, rejected).sign(self.secrets.signing_key).to_json()
 
     # -- announce, register, roster ------------------------------------------------
 
@@ -345,6 +357,8 @@ class RoundState:
     def issue(self, request: CredentialRequest) -> CredentialResponse:
         """Admit, issue and record one credential now (the HTTP path batches issuance and commits instead)."""
         partition, now = self.admit_credential(request)
+        if self.secrets.issuer_key is None:
+            raise ApiRefused(403, "credential issuance has closed")
         [response] = issue_credentials(self.secrets.issuer_key, [IssueJob(request.request, partition)])
         if isinstance(response, JobRefused):
             raise issuance_refused(response.reason)
@@ -500,7 +514,10 @@ class RoundState:
         self.snapshots.heads = HeadsResponse(documents_all, proofs).to_json()
 
     def finish(self, phase: RoundPhase, detail: dict[str, Any]) -> None:
+        """Record the outcome, then erase the issuer key: no token is issued or verified after the
+        round (its report is written before), and a seized database must not let anyone mint them."""
         self.store.put_result("outcome", json.dumps({"phase": str(phase), **detail}, sort_keys=True).encode())
+        self.store.erase_meta("issuer_key")
 
 
 def message_hash(bound: bytes) -> bytes:

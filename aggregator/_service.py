@@ -1,9 +1,11 @@
 """The aggregator service: HTTP/JSON API, packet sink, and the round's phase driver.
 
 One ``serve_aggregator(config, *, task_status)`` (STYLE.md 1) opens the HTTP
-API (starlette on hypercorn's trio worker) and the packet sink, reports their
-bound addresses, then drives the round through its phases by the schedule
-(DESIGN.md §3) and returns the round's outcome.
+API (starlette on hypercorn's HTTP/1.1 protocol, behind connection caps and
+deadlines: :mod:`aggregator._http`) and the packet sink, reports their bound
+addresses, then drives the round through its phases by the schedule
+(DESIGN.md §3) and returns the round's outcome. A failing store never stops
+it (:mod:`aggregator._health`).
 """
 
 from __future__ import annotations
@@ -11,15 +13,14 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Generic, TypeVar
 
+import tenacity
 import trio
-from hypercorn.config import Config as HypercornConfig
-from hypercorn.trio import serve as hypercorn_serve
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.middleware import Middleware
 from starlette.routing import Route
@@ -34,10 +35,12 @@ from anonml.aggregator._round import (
     issuance_refused,
     registration_outcome,
 )
+from anonml.aggregator._health import Health, Part, render_metrics
+from anonml.aggregator._sink import PacketSink, SinkLimits
 from anonml.aggregator._store import Refusal, Registered, Registration
-from anonml.aggregator._sink import PacketSink
 from anonml.aggregator._workers import IssuerWorkers
 from anonml.crypto import IssueJob, JobRefused
+from anonml.errors import StorageError
 from anonml.protocol import (
     MAX_REQUEST_BYTES,
     PATH_CREDENTIAL,
@@ -56,12 +59,14 @@ from anonml.protocol import (
     CredentialResponse,
     DocumentKind,
     ErrorResponse,
+    HttpLimits,
     InvalidApiMessage,
     RegisterRequest,
     RegisterResponse,
     RoundPhase,
     SignedDocument,
     SurveyKind,
+    serve_http,
 )
 
 log = logging.getLogger(__name__)
@@ -79,6 +84,10 @@ class AggregatorConfig:
     """Processes for blind issuance and token verification (0: in a thread of the service)."""
     linger: float = 0.0
     on_learn: Callable[[RoundState], dict[str, Any]] | None = None
+    http_limits: HttpLimits = field(default_factory=HttpLimits)
+    sink_limits: SinkLimits = field(default_factory=SinkLimits)
+    commit_retry_seconds: float = 20.0
+    """How long a registration or credential commit is retried on a failing store before its requests get 503."""
 
 
 @dataclass(frozen=True)
@@ -95,26 +104,30 @@ def _error(status: int, reason: str) -> Response:
     return _json(ErrorResponse(reason).to_json(), status)
 
 
-async def _read_body(request: Request) -> bytes:
-    """The request body, refusing more than MAX_REQUEST_BYTES (413) without reading it all."""
+async def _read_body(request: Request, timeout: float) -> bytes:
+    """The request body, refusing more than MAX_REQUEST_BYTES (413) without reading it all, or
+    one that takes longer than ``timeout`` seconds in all (408: issue 13's byte-every-5-s clients)."""
     declared = request.headers.get("content-length")
     if declared is not None and (not declared.isdigit() or int(declared) > MAX_REQUEST_BYTES):
         raise ApiRefused(413, f"request body exceeds {MAX_REQUEST_BYTES} bytes")
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > MAX_REQUEST_BYTES:
-            raise ApiRefused(413, f"request body exceeds {MAX_REQUEST_BYTES} bytes")
-        chunks.append(chunk)
-    return b"".join(chunks)
+    with trio.move_on_after(timeout):
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > MAX_REQUEST_BYTES:
+                raise ApiRefused(413, f"request body exceeds {MAX_REQUEST_BYTES} bytes")
+            chunks.append(chunk)
+        return b"".join(chunks)
+    raise ApiRefused(408, f"request body not received within {timeout} s")
 
 
 Handler = Callable[[Request], Awaitable[Response]]
 
 
 def _guarded(handler: Handler) -> Handler:
-    """No handler crashes the service or answers 500 for what a client sent (STYLE.md 2)."""
+    """No handler crashes the service or answers 500 for what a client sent (STYLE.md 2);
+    a client that hangs up mid-request goes to the app's handler, which counts it."""
 
     async def guarded(request: Request) -> Response:
         try:
@@ -123,6 +136,8 @@ def _guarded(handler: Handler) -> Handler:
             return _error(exc.status, exc.reason)
         except InvalidApiMessage as exc:
             return _error(400, str(exc))
+        except ClientDisconnect:
+            raise
         except Exception:
             log.exception("handler %s failed", request.url.path)
             return _error(500, "internal error")
@@ -139,11 +154,20 @@ class GroupCommit(Generic[Item, Outcome]):
 
     Each request is answered only after its item is durable; committing each
     on its own costs an fsync per request (measured ~4 ms under load, capping
-    registration at ~100-250 per second for the whole round).
+    registration at ~100-250 per second for the whole round). A commit that
+    fails with StorageError (a full disk) is retried with backoff for up to
+    ``give_up_after`` seconds while ``part`` is marked unhealthy; then its
+    requests are answered 503 (nothing was stored) and the batcher goes on.
     """
 
-    def __init__(self, commit_many: Callable[[list[Item]], list[Outcome]]) -> None:
+    def __init__(self, commit_many: Callable[[list[Item]], list[Outcome]], health: Health, part: Part,
+                 *, give_up_after: float = 20.0,
+                 wait: tenacity.wait.wait_base = tenacity.wait_exponential(multiplier=0.05, max=2.0)) -> None:
         self._commit_many = commit_many
+        self._health = health
+        self._part = part
+        self._give_up_after = give_up_after
+        self._wait = wait
         self._pending: list[tuple[Item, list[Outcome], trio.Event]] = []
         self._wakeup = trio.Event()
         self._busy = False
@@ -159,6 +183,24 @@ class GroupCommit(Generic[Item, Outcome]):
             raise ApiRefused(503, "could not be stored; retry")
         return result[0]
 
+    async def _commit(self, items: list[Item]) -> list[Outcome]:
+        give_up_at = trio.current_time() + self._give_up_after
+
+        def failed(state: tenacity.RetryCallState) -> None:
+            error = state.outcome.exception() if state.outcome is not None else None
+            self._health.fail(self._part, error if error is not None else StorageError("commit failed"))
+
+        retrying = tenacity.AsyncRetrying(
+            retry=tenacity.retry_if_exception_type(StorageError), wait=self._wait, sleep=trio.sleep, reraise=True,
+            stop=lambda state: trio.current_time() + (state.upcoming_sleep or 0.0) >= give_up_at,
+            before_sleep=failed,
+        )
+        async for attempt in retrying:
+            with attempt:
+                outcomes = await trio.to_thread.run_sync(self._commit_many, items)
+        self._health.recover(self._part)
+        return outcomes
+
     async def run(self) -> None:
         """Commit waiting items in batches until cancelled."""
         while True:
@@ -169,9 +211,11 @@ class GroupCommit(Generic[Item, Outcome]):
             batch, self._pending = self._pending, []
             self._busy = True
             try:
-                outcomes = await trio.to_thread.run_sync(self._commit_many, [item for item, _, _ in batch])
+                outcomes = await self._commit([item for item, _, _ in batch])
                 for (_, result, _), outcome in zip(batch, outcomes):
                     result.append(outcome)
+            except StorageError as exc:
+                self._health.fail(self._part, exc)
             except Exception:
                 log.exception("committing %d items failed", len(batch))
             finally:
@@ -188,8 +232,9 @@ class GroupCommit(Generic[Item, Outcome]):
 class RegistrationBatcher(GroupCommit[Registration, Registered | Refusal]):
     """Registrations, group-committed; the roster waits for :meth:`drain` (DESIGN.md §3 step 2-3)."""
 
-    def __init__(self, state: RoundState) -> None:
-        super().__init__(lambda items: state.store.register_many(items, **state.registration_rules()))
+    def __init__(self, state: RoundState, health: Health, *, give_up_after: float = 20.0) -> None:
+        super().__init__(lambda items: state.store.register_many(items, **state.registration_rules()), health,
+                         Part.REGISTRATIONS, give_up_after=give_up_after)
         self.state = state
 
     async def register(self, request: RegisterRequest, client: str) -> bool:
@@ -212,8 +257,8 @@ class CredentialBatcher(GroupCommit[tuple[bytes, bytes, int, int], "bytes | JobR
     thread hop and one fsync per batch instead of per request.
     """
 
-    def __init__(self, state: RoundState, workers: IssuerWorkers) -> None:
-        super().__init__(self._issue_and_record)
+    def __init__(self, state: RoundState, workers: IssuerWorkers, health: Health, *, give_up_after: float = 20.0) -> None:
+        super().__init__(self._issue_and_record, health, Part.CREDENTIALS, give_up_after=give_up_after)
         self.state = state
         self.workers = workers
 
@@ -264,12 +309,21 @@ class _RecordRequests:
 
 
 def build_app(
-    state: RoundState, registrations: RegistrationBatcher, credentials: CredentialBatcher, relays: RelayWatch | None = None
+    state: RoundState, registrations: RegistrationBatcher, credentials: CredentialBatcher, sink: PacketSink,
+    limits: HttpLimits = HttpLimits(), relays: RelayWatch | None = None,
 ) -> Starlette:
     """The HTTP API of protocol/_api.py over one round, and its read-only dashboard (``/dashboard``).
 
     Writes go through the group-committing batchers.
     """
+    health = sink.health
+
+    async def read_body(request: Request) -> bytes:
+        try:
+            return await _read_body(request, limits.body_timeout)
+        except ApiRefused as exc:
+            health.http[f"body-refused/{exc.status}"] += 1
+            raise
 
     snapshots = state.snapshots
 
@@ -283,7 +337,7 @@ def build_app(
 
     async def register(request: Request) -> Response:
         client = _address(request)
-        at, registration = state.clock(), RegisterRequest.from_json(await _read_body(request))
+        at, registration = state.clock(), RegisterRequest.from_json(await read_body(request))
         await registrations.register(registration, client)
         # Logged once the signature is known good: an identity names only the requests it signed.
         state.requests.record(at, client, registration.identity_key)
@@ -296,7 +350,7 @@ def build_app(
         return snapshot(snapshots.roster_head, "the roster is published when registration closes")
 
     async def credential(request: Request) -> Response:
-        at, credential_request = state.clock(), CredentialRequest.from_json(await _read_body(request))
+        at, credential_request = state.clock(), CredentialRequest.from_json(await read_body(request))
         response = await credentials.issue(credential_request)
         state.requests.record(at, _address(request), credential_request.identity_key)
         return _json(response.to_json())
@@ -323,6 +377,10 @@ def build_app(
     async def status(request: Request) -> Response:
         return snapshot(snapshots.status, "the status is not ready yet")
 
+    async def metrics(request: Request) -> Response:
+        body = render_metrics(health, state.link_errors, state.store.inbox_size())
+        return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")
+
     async def report(request: Request) -> Response:
         if snapshots.report is None:
             body = state.store.get_result("report")
@@ -345,6 +403,7 @@ def build_app(
         Route(PATH_STATUS, _guarded(status), methods=["GET"]),
         Route(PATH_REPORT, _guarded(report), methods=["GET"]),
         *dashboard_routes(state, relays if relays is not None else RelayWatch(state)),
+        Route("/metrics", _guarded(metrics), methods=["GET"]),
     ]
     app = Starlette(routes=routes, middleware=[Middleware(_RecordRequests, state=state)])
 
@@ -352,8 +411,14 @@ def build_app(
         code = getattr(exc, "status_code", 404)
         return _error(int(code), f"{getattr(exc, 'detail', 'not found')}: {request.method} {request.url.path[:64]}")
 
+    async def disconnected(request: Request, exc: Exception) -> Response:
+        # Issue 13: each disconnect used to log a full traceback as an internal error.
+        health.http["client-disconnected"] += 1
+        return _error(400, "client disconnected")
+
     app.add_exception_handler(404, http_error)
     app.add_exception_handler(405, http_error)
+    app.add_exception_handler(ClientDisconnect, disconnected)
     return app
 
 
@@ -450,11 +515,12 @@ def _shortfall_words(short: dict[str, int], minimum: int) -> str:
     return ", ".join(f"{survey} accepted {count}" for survey, count in short.items()) + f" (each needs at least {minimum})"
 
 
-async def keep_status(state: RoundState, every: float = 1.0) -> None:
-    """Rebuild the signed status snapshot every ``every`` seconds, in a thread (issue 13: never per request)."""
+async def keep_status(state: RoundState, sink: PacketSink, every: float = 1.0) -> None:
+    """Rebuild the signed status snapshot every ``every`` seconds, in a thread (issue 13: never per request),
+    with the service's health and the sink's refusals not yet committed."""
     while True:
         now = state.now()  # on the loop: trio's MockClock is only readable here
-        await trio.to_thread.run_sync(state.refresh_status, now)
+        await trio.to_thread.run_sync(state.refresh_status, now, sink.health.status_counts(), sink.pending_refusals())
         await trio.sleep(every)
 
 
@@ -463,20 +529,18 @@ async def serve_aggregator(
 ) -> RoundPhase:
     """Serve one round until it ends (plus ``config.linger`` seconds); return its outcome (``DONE``, ``DEGRADED`` or ``FAILED``)."""
     state = config.state
+    health = Health()
     workers = IssuerWorkers(state.secrets.issuer_key, config.worker_processes)
-    sink = PacketSink(state, workers)
-    hyper = HypercornConfig()
-    hyper.bind = [f"{config.http_host}:{config.http_port}"]
-    hyper.accesslog = None
-    hyper.errorlog = log
-    hyper.h11_max_incomplete_size = MAX_REQUEST_BYTES
-    registrations, credentials = RegistrationBatcher(state), CredentialBatcher(state, workers)
-    relays = RelayWatch(state)
-    app = build_app(state, registrations, credentials, relays)
     try:
+        sink = PacketSink(state, workers, connections=config.sink_limits, health=health)
+        registrations = RegistrationBatcher(state, health, give_up_after=config.commit_retry_seconds)
+        credentials = CredentialBatcher(state, workers, health, give_up_after=config.commit_retry_seconds)
+        relays = RelayWatch(state)
+        app = build_app(state, registrations, credentials, sink, config.http_limits, relays)
+        await sink.admit_legacy_frames()
         async with trio.open_nursery() as nursery:
-            # Starlette is an ASGI app; hypercorn's typing of ASGI callables is narrower than starlette's.
-            binds = await nursery.start(partial(hypercorn_serve, app, hyper, mode="asgi"))  # type: ignore[arg-type]
+            http_url = await nursery.start(serve_http, app, config.http_host, config.http_port, config.http_limits,
+                                           health.http)
             listeners = await nursery.start(partial(trio.serve_tcp, sink.handle, config.sink_port, host=config.sink_host))
             sink_port = listeners[0].socket.getsockname()[1]
             await trio.to_thread.run_sync(workers.warm)
@@ -485,8 +549,8 @@ async def serve_aggregator(
             nursery.start_soon(credentials.run)
             nursery.start_soon(relays.probe_forever)
             await trio.to_thread.run_sync(state.refresh_status, state.now())
-            nursery.start_soon(keep_status, state)
-            task_status.started(BoundAddresses(binds[0], (config.sink_host, sink_port)))
+            nursery.start_soon(keep_status, state, sink)
+            task_status.started(BoundAddresses(http_url, (config.sink_host, sink_port)))
             outcome = await drive_round(state, config.on_learn, registrations, credentials)
             await trio.sleep(config.linger)
             nursery.cancel_scope.cancel()

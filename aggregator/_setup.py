@@ -118,8 +118,10 @@ def open_round(home: AggregatorHome, round_id_hex: str, *, clock: Clock = time.t
     store = RoundStore(directory / "round.sqlite")
     signing_key = home.signing_key()
     manifest_json, issuer, seed = (store.get_meta(k) for k in ("manifest", "issuer_key", "seed"))
-    if manifest_json is None or issuer is None or seed is None:
+    # The issuer key is erased when the round ends (RoundState.finish); before that it must be there.
+    if manifest_json is None or seed is None or (issuer is None and store.get_result("outcome") is None):
         raise FileNotFoundError(f"round {round_id_hex!r} is incomplete")
     signed = SignedManifest.from_json(manifest_json, expected_identity=bytes(signing_key.verify_key))
-    secrets = RoundSecrets(signing_key, IssuerSecretKey.from_bytes(issuer), seed, home.read_key(home.final_hop_path))
+    issuer_key = IssuerSecretKey.from_bytes(issuer) if issuer is not None else None
+    secrets = RoundSecrets(signing_key, issuer_key, seed, home.read_key(home.final_hop_path))
     return RoundState(store, signed, secrets, clock=clock)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -223,6 +224,23 @@ def _check_relay_geometry(reader: FieldReader, field: str, descriptor: dict[str,
             f"the relay accepts {theirs.get('max_hops')} hops of {theirs.get('packet_size')} bytes, the round uses "
             f"{geometry.max_hops} of {geometry.packet_size}: set network.max_hops and network.packet_size to match",
         )
+
+
+MAX_SPEC_BYTES = 1 << 20
+"""A round spec is a few kilobytes; more is refused before the TOML parser sees it."""
+
+
+def read_round_spec(data: bytes, *, base_dir: Path | None = None) -> RoundSpec:
+    """Parse ``round.toml``'s bytes (UTF-8 TOML) into a validated spec, or raise :class:`RoundSpecError`."""
+    if len(data) > MAX_SPEC_BYTES:
+        raise RoundSpecError("$", f"{len(data)} bytes, more than {MAX_SPEC_BYTES}")
+    try:
+        document = tomllib.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise RoundSpecError("$", f"not UTF-8 text (byte {exc.start})") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise RoundSpecError("$", f"not valid TOML: {exc}") from None
+    return parse_round_spec(document, base_dir=base_dir)
 
 
 def parse_round_spec(document: dict[str, Any], *, base_dir: Path | None = None) -> RoundSpec:

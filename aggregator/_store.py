@@ -1,11 +1,13 @@
 """The aggregator's durable state for one round: SQLite in WAL mode (DESIGN.md §10).
 
 Registrations, invitations, the allow-list, credentials issued, the inbox of
-received frames, accepted packets (unique per survey and tag digest,
+received messages, accepted packets (unique per survey and tag digest,
 DESIGN.md §6), rejections counted by reason, the receipt log, final-hop replay
 tags, and published results. A frame is acknowledged on the link only after
-:meth:`RoundStore.enqueue` has committed it; verification then moves it from
-the inbox to the packets or the rejection counts in one transaction.
+its final Sphinx layer has verified (nothing unauthenticated is stored,
+DESIGN.md §5) and :meth:`RoundStore.enqueue` has committed the message it
+carries, under its replay tag; verification then moves it from the inbox to
+the packets or the rejection counts in one transaction.
 
 One connection per store, used from the event loop and from verification
 threads; a lock serialises access (SQLite connections are not thread-safe).
@@ -15,7 +17,8 @@ from __future__ import annotations
 
 import enum
 import sqlite3
-from collections.abc import Iterable, Sequence
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,7 +37,7 @@ from anonml.storage import (
 SCHEMA = Schema(
     name="round",
     application_id=0x414E4103,  # "ANA\x03"
-    version=3,
+    version=4,
     tables="""
 CREATE TABLE meta (key TEXT PRIMARY KEY, value BLOB NOT NULL);
 CREATE TABLE invitations (code TEXT PRIMARY KEY, used_by BLOB);
@@ -60,7 +63,8 @@ CREATE TABLE heads (
 CREATE TABLE replay_tags (tag BLOB PRIMARY KEY);
 CREATE TABLE results (key TEXT PRIMARY KEY, value BLOB NOT NULL);
 CREATE TABLE inbox (
-    id INTEGER PRIMARY KEY AUTOINCREMENT, frame BLOB NOT NULL, arrived REAL NOT NULL);
+    id INTEGER PRIMARY KEY AUTOINCREMENT, tag BLOB NOT NULL UNIQUE, message BLOB NOT NULL,
+    arrived REAL NOT NULL);
 """,
     migrations={
         # Version 2 (issue 12): roster entries carry the peer's nonce and
@@ -81,6 +85,15 @@ CREATE TABLE heads (
         # arrival time to the sub-second, as an aggregator that logs every
         # arrival would have it (the inbox's INTEGER column holds REAL values as they are).
         2: "ALTER TABLE packets ADD COLUMN arrived REAL;",
+        # Version 4 (issue 13): version 3 stored raw frames before any check.
+        # Frames waiting then are kept aside and opened (or refused) when the
+        # round's sink starts (PacketSink.admit_legacy_frames), in arrival order.
+        3: """
+ALTER TABLE inbox RENAME TO inbox_frames_v1;
+CREATE TABLE inbox (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, tag BLOB NOT NULL UNIQUE, message BLOB NOT NULL,
+    arrived REAL NOT NULL)
+""",
     },
     # Rounds from before stores were versioned wrote the version-1 tables.
     unversioned=1,
@@ -133,6 +146,9 @@ class RoundStore:
         # §10) and private: the file holds the issuer's secret key and the seed.
         self._database = Database(path, SCHEMA, private=True)
         with self._database.read() as db:
+            # Deleted content is overwritten, not left in free pages: the issuer key is erased
+            # when the round ends (:meth:`erase_meta`).
+            db.execute("PRAGMA secure_delete = ON")
             self.inbox_count = int(db.execute("SELECT COUNT(*) FROM inbox").fetchone()[0])
             """Frames waiting for verification (kept in memory: the sink checks it per batch)."""
             rows = db.execute("SELECT survey, COUNT(*) FROM packets GROUP BY survey").fetchall()
@@ -152,6 +168,14 @@ class RoundStore:
         with self._database.read() as db:
             row = db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
         return None if row is None else bytes(row[0])
+
+    def erase_meta(self, key: str) -> None:
+        """Delete ``key`` so that its bytes are gone from the file: overwritten in the database
+        (``secure_delete``) and the WAL, which held the page's old image, checkpointed and truncated."""
+        with self._database.transaction() as db:
+            db.execute("DELETE FROM meta WHERE key = ?", (key,))
+        with self._database.read() as db:
+            db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
 
     def put_result(self, key: str, value: bytes) -> None:
         with self._database.transaction() as db:
@@ -276,21 +300,61 @@ class RoundStore:
         with self._database.read() as db:
             return db.execute("SELECT 1 FROM replay_tags WHERE tag = ?", (tag,)).fetchone() is not None
 
-    # -- the inbox: frames received and durable, not yet verified ---------------------
+    # -- the inbox: authentic messages received and durable, not yet verified ----------
 
-    def enqueue(self, frames: Sequence[bytes], arrived: float) -> None:
-        """Make received frames durable with their arrival time (the link acknowledges after this)."""
+    def enqueue(self, messages: Sequence[tuple[bytes, bytes]], arrived: float,
+                refusals: Mapping[str, int] | None = None) -> list[int | None]:
+        """Make received ``(replay tag, message)`` pairs durable with their arrival time (the
+        link acknowledges after this): per pair its inbox row id, or None if its tag was
+        seen before (a replay: nothing stored). ``refusals`` (frames refused at the link,
+        by reason) are counted in the same commit."""
+        row_ids: list[int | None] = []
         with self._database.transaction() as db:
-            db.executemany("INSERT INTO inbox (frame, arrived) VALUES (?, ?)", [(f, arrived) for f in frames])
-        self.inbox_count += len(frames)
+            for tag, message in messages:
+                if db.execute("SELECT 1 FROM replay_tags WHERE tag = ?", (tag,)).fetchone() is not None:
+                    row_ids.append(None)
+                    continue
+                cursor = db.execute("INSERT OR IGNORE INTO inbox (tag, message, arrived) VALUES (?, ?, ?)",
+                                    (tag, message, arrived))
+                row_ids.append(cursor.lastrowid if cursor.rowcount == 1 else None)
+            self._count_rejections(db, refusals or {})
+        self.inbox_count += sum(row_id is not None for row_id in row_ids)
+        return row_ids
 
-    def inbox_batch(self, limit: int, after: int = 0) -> list[tuple[int, bytes, float]]:
-        """The oldest ``limit`` unverified frames with ids above ``after``, as ``(id, frame, arrived)``."""
+    def count_rejections(self, counts: Mapping[str, int]) -> None:
+        """Add ``counts`` to the rejection counters (one commit)."""
+        with self._database.transaction() as db:
+            self._count_rejections(db, counts)
+
+    @staticmethod
+    def _count_rejections(db: sqlite3.Connection, counts: Mapping[str, int]) -> None:
+        """Add ``counts`` to the rejection counters, or to the cover counters for reasons naming a cover."""
+        for table, covers in (("rejections", False), ("covers", True)):
+            db.executemany(
+                f"INSERT INTO {table} VALUES (?, ?) ON CONFLICT(reason) DO UPDATE SET count = count + excluded.count",
+                sorted((str(reason), count) for reason, count in counts.items() if count and is_cover(reason) is covers),
+            )
+
+    def inbox_batch(self, limit: int, after: int = 0) -> list[tuple[int, bytes, bytes, float]]:
+        """The oldest ``limit`` unverified messages with ids above ``after``, as ``(id, tag, message, arrived)``."""
         with self._database.read() as db:
             rows = db.execute(
-                "SELECT id, frame, arrived FROM inbox WHERE id > ? ORDER BY id LIMIT ?", (after, limit)
+                "SELECT id, tag, message, arrived FROM inbox WHERE id > ? ORDER BY id LIMIT ?", (after, limit)
             ).fetchall()
+        return [(int(i), bytes(t), bytes(m), float(a)) for i, t, m, a in rows]
+
+    def legacy_frames(self) -> list[tuple[int, bytes, float]]:
+        """Frames a store before version 4 received but had not verified, as ``(id, frame, arrived)``."""
+        with self._database.read() as db:
+            if db.execute("SELECT 1 FROM sqlite_master WHERE name = 'inbox_frames_v1'").fetchone() is None:
+                return []
+            rows = db.execute("SELECT id, frame, arrived FROM inbox_frames_v1 ORDER BY id").fetchall()
         return [(int(i), bytes(f), float(a)) for i, f, a in rows]
+
+    def drop_legacy_frames(self) -> None:
+        """Forget the frames of a store before version 4 once they are admitted (or refused)."""
+        with self._database.transaction() as db:
+            db.execute("DROP TABLE IF EXISTS inbox_frames_v1")
 
     def inbox_size(self) -> int:
         return self.inbox_count
@@ -320,9 +384,7 @@ class RoundStore:
         durable (DESIGN.md §5: leaves in acceptance order).
         """
         outcomes: list[str] = []
-        counted: dict[str, int] = {}
-        for reason in rejections:
-            counted[reason] = counted.get(reason, 0) + 1
+        counted: Counter[str] = Counter(rejections)
         sizes = dict(self._log_sizes)
         with self._database.transaction() as db:
             for packet in packets:
@@ -342,16 +404,12 @@ class RoundStore:
                     continue
                 outcome = "duplicate" if bytes(row[0]) == packet.message_hash else "double-submission"
                 outcomes.append(outcome)
-                counted[outcome] = counted.get(outcome, 0) + 1
+                counted[outcome] += 1
             # The inbox rows go in the same transaction: each frame is decided exactly once.
             deleted = db.executemany("DELETE FROM inbox WHERE id = ?", [(i,) for i in done_inbox_ids]).rowcount
             # Replay tags commit with the batch: one fsync per batch, not per packet.
             db.executemany("INSERT OR IGNORE INTO replay_tags VALUES (?)", [(t,) for t in replay_tags])
-            for table, predicate in (("rejections", False), ("covers", True)):
-                db.executemany(
-                    f"INSERT INTO {table} VALUES (?, ?) ON CONFLICT(reason) DO UPDATE SET count = count + excluded.count",
-                    sorted(item for item in counted.items() if is_cover(item[0]) is predicate),
-                )
+            self._count_rejections(db, counted)
         self._log_sizes = sizes
         self.inbox_count -= max(deleted, 0)
         return outcomes

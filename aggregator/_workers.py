@@ -11,6 +11,7 @@ from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from typing import TypeVar
 
+from anonml.aggregator._rejections import RejectionReason
 from anonml.crypto import (
     IssueJob,
     JobRefused,
@@ -24,9 +25,11 @@ from anonml.crypto import (
 )
 
 
-def token_rejection(reason: str) -> str:
+def token_rejection(reason: str) -> RejectionReason:
     """The rejection counter's name for a token refused with ``InvalidToken.reason``."""
-    return "wrong-partition" if reason == "wrong-partition" else f"bad-token/{reason}"
+    if reason == "wrong-partition":
+        return RejectionReason.WRONG_PARTITION
+    return RejectionReason(f"bad-token/{reason}")
 
 
 Job = TypeVar("Job")
@@ -44,11 +47,13 @@ class IssuerWorkers:
     arrive (DESIGN.md §3).
     """
 
-    def __init__(self, issuer_key: IssuerSecretKey, processes: int = 0) -> None:
+    def __init__(self, issuer_key: IssuerSecretKey | None, processes: int = 0) -> None:
+        """``issuer_key`` None: the round has ended and its key is erased; there is no work then
+        (every survey is closed, issuance too), and any would be a bug."""
         self.issuer_key = issuer_key
         self.processes = processes
         self.pool: ProcessPoolExecutor | None = None
-        if processes > 0:
+        if processes > 0 and issuer_key is not None:
             self.pool = ProcessPoolExecutor(
                 processes, mp_context=multiprocessing.get_context("spawn"),
                 initializer=init_worker, initargs=(issuer_key.to_bytes(),),
@@ -65,18 +70,27 @@ class IssuerWorkers:
         parts = [jobs[i : i + chunk] for i in range(0, len(jobs), chunk)]
         return [result for part in self.pool.map(work, parts) for result in part]
 
+    def _key(self) -> IssuerSecretKey:
+        if self.issuer_key is None:
+            raise RuntimeError("the round has ended: its issuer key is erased")
+        return self.issuer_key
+
     def verify(self, jobs: list[TokenJob]) -> list[bytes | JobRefused]:
         """Per job the tag digest or the refusal, its reason the rejection counter's name (see :func:`token_rejection`)."""
+        if not jobs:
+            return []
         if self.pool is None or len(jobs) < 2:
-            results = verify_tokens(self.issuer_key, jobs)
+            results = verify_tokens(self._key(), jobs)
         else:
             results = self._spread(verify_in_worker, jobs)
         return [JobRefused(token_rejection(result.reason)) if isinstance(result, JobRefused) else result for result in results]
 
     def issue(self, jobs: list[IssueJob]) -> list[bytes | JobRefused]:
         """Per job the blind response or the refusal (its reason ``InvalidIssuance.reason``)."""
+        if not jobs:
+            return []
         if self.pool is None or len(jobs) < 2:
-            return issue_credentials(self.issuer_key, jobs)
+            return issue_credentials(self._key(), jobs)
         return self._spread(issue_in_worker, jobs)
 
     def close(self) -> None:

@@ -30,6 +30,7 @@ DEBUG_ENV = "ANONML_DEBUG"
 ROLE_COMMANDS: dict[str, tuple[str, str]] = {
     "aggregator": ("anonml.aggregator._cli:aggregator", "Run rounds: announce, register peers, issue credentials, collect, learn."),
     "demo": ("anonml.demo:demo", "Run one complete round on loopback: 3 relays, the aggregator, N peers."),
+    "fuzz": ("anonml.fuzz:fuzz", "Coverage-guided fuzzing of every parser: each input parses or is refused with a typed error."),
     "experiment": ("anonml.learning._experiment:experiment", "The thesis's chapter-8 experiments, in process (no network)."),
     "peer": ("anonml.peer._cli:peer", "Take part in a round from your own data."),
     "relay": ("anonml.relay._cli:relay", "Run a mix relay: hold Sphinx packets and release them inside their windows."),
@@ -38,6 +39,7 @@ ROLE_COMMANDS: dict[str, tuple[str, str]] = {
 # ``anonml bench NAME``: one benchmark per component, each printing ratios
 # against a baseline measured in the same run.
 BENCH_COMMANDS: dict[str, tuple[str, str]] = {
+    "abuse": ("anonml.bench.abuse:bench_abuse", "Honest delivery and latency under each abuse of issue 13."),
     "aggregator": ("anonml.bench.aggregator:bench_aggregator", "Token verification and packet processing at the aggregator."),
     "crypto": ("anonml.bench.crypto:bench_crypto", "Sphinx packets and tokens beside one X25519 / P-256 multiplication."),
     "mechanisms": ("anonml.bench.mechanisms:bench_mechanisms", "Oracle error against its formula, and throughput."),

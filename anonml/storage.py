@@ -25,6 +25,7 @@ only if they are regular files of this user that nobody else can read.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import sqlite3
 import stat
@@ -36,7 +37,9 @@ from pathlib import Path
 
 from anonml.errors import ConfigError, StorageError
 
-__all__ = ["Database", "Schema", "make_private_dir", "read_secret_file", "write_secret_file"]
+__all__ = ["Database", "Schema", "lock_data_dir", "make_private_dir", "read_secret_file", "write_secret_file"]
+
+LOCK_FILE = ".lock"
 
 
 @dataclass(frozen=True)
@@ -187,12 +190,53 @@ def _statements(script: str) -> list[str]:
 
 
 def _create_private(path: Path) -> None:
-    """Create ``path`` empty with mode 0600 if it does not exist (SQLite then keeps that mode)."""
+    """Create ``path`` empty with mode 0600 if it does not exist (SQLite then gives its ``-wal`` and
+    ``-shm`` files that mode); an existing one, and its ``-wal`` and ``-shm``, are made 0600 (a store
+    written before stores were private was 0644, issue 13)."""
     try:
         descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except FileExistsError:
+        for companion in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
+            if companion.exists() and stat.S_IMODE(companion.stat().st_mode) & 0o077:
+                os.chmod(companion, 0o600)
         return
     os.close(descriptor)
+
+
+@contextmanager
+def lock_data_dir(path: Path, *, command: str) -> Iterator[None]:
+    """Hold an exclusive lock on data directory ``path`` while ``command`` runs in it.
+
+    One ``relay run``, ``peer join`` or ``aggregator run`` per directory:
+    two would share one SQLite store and one set of keys (two relays would
+    forward the same held packets; two aggregators would both answer for
+    one round). The lock is ``flock`` on ``path/.lock``: the kernel drops it
+    when the process dies, however it dies, so a crash never leaves the
+    directory locked. Raises :class:`ConfigError` naming the process that
+    holds it when another one does.
+    """
+    lock_path = path / LOCK_FILE
+    try:
+        descriptor = os.open(lock_path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    except OSError as exc:
+        raise ConfigError(f"cannot lock the data directory {str(path)!r}: {exc.strerror}") from None
+    try:
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(descriptor, 64, 0).decode(errors="replace").strip() or "another process"
+            raise ConfigError(
+                f"{str(path)!r} is in use by {holder}: only one `{command}` may use a data directory; "
+                f"stop that one first (or use another --data-dir)"
+            ) from None
+        try:
+            os.ftruncate(descriptor, 0)
+            os.pwrite(descriptor, f"pid {os.getpid()} (`{command}`)\n".encode(), 0)
+        except OSError:
+            pass  # a full disk: the lock holds without the note; the store will say what is wrong
+        yield
+    finally:
+        os.close(descriptor)
 
 
 def make_private_dir(path: Path) -> None:

@@ -11,6 +11,14 @@ __all__: list[str] = []
 # Sphinx packets (DESIGN.md §5).
 from anonml.crypto._geometry import DEFAULT_MAX_HOPS, DEFAULT_PACKET_SIZE, InvalidGeometry, SphinxGeometry
 from anonml.crypto._primitives import ct_equal
+from anonml.crypto._link_auth import (
+    CLIENT_ROLE,
+    LINK_PROOF_BYTES,
+    SERVER_ROLE,
+    link_proof,
+    link_proof_valid,
+    link_session_key,
+)
 from anonml.crypto._sphinx import (
     BadGroupElement,
     BadMac,
@@ -38,6 +46,12 @@ from anonml.crypto._sphinx import (
 from anonml.crypto._surb import InvalidSurb, Surb, SurbKeys, create_surb, open_reply, package_reply
 
 __all__ += [
+    "CLIENT_ROLE",
+    "LINK_PROOF_BYTES",
+    "SERVER_ROLE",
+    "link_proof",
+    "link_proof_valid",
+    "link_session_key",
     "DEFAULT_MAX_HOPS",
     "DEFAULT_PACKET_SIZE",
     "BadGroupElement",

@@ -12,6 +12,7 @@ Results are plain bytes (a tag digest or a blind response) or the error's
 
 from __future__ import annotations
 
+import signal
 from dataclasses import dataclass
 
 from anonml.crypto._credential import InvalidIssuance, InvalidToken, IssuerSecretKey, issue_credential, verify_token
@@ -69,7 +70,12 @@ _WORKER_KEY: list[IssuerSecretKey] = []
 
 
 def init_worker(issuer_key_bytes: bytes) -> None:
-    """A worker process's initialiser: load the issuer key once."""
+    """A worker process's initialiser: load the issuer key once.
+
+    SIGINT is left to the parent (a Ctrl-C reaches the whole process group),
+    which shuts the pool down; a worker that took it would print a traceback
+    and die mid-batch."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     _WORKER_KEY[:] = [IssuerSecretKey.from_bytes(issuer_key_bytes)]
 
 

@@ -5,12 +5,34 @@ every read") and §10 ("a packet is acknowledged only after it is durable").
 Relays use both sides; the aggregator's packet sink reuses the receiving side
 to take packets from last-hop relays.
 
-Wire format, version 1 (all integers big-endian)::
+Wire format, version 2 (all integers big-endian)::
 
-    client -> server   HELLO  = b"AMLK" | version u8 | packet_size u32 | geometry_hash[32]
-    server -> client   REPLY  = b"AMLK" | version u8 | HelloStatus u8
-    client -> server   FRAME* = packet_size bytes each, back to back, no header
-    server -> client   ACK*   = one AckStatus byte per frame, in frame order
+    client -> server   HELLO   = b"AMLK" | version u8 | packet_size u32 | geometry_hash[32]
+                                 | client_key[32] | client_nonce[32]
+    server -> client   REPLY   = b"AMLK" | version u8 | HelloStatus u8 | server_key[32] | server_nonce[32]
+    (only when both keys are non-zero: the authenticated handshake)
+    client -> server   PROOF   = HMAC(K, "client" | HELLO | REPLY)                      [32]
+    server -> client   CONFIRM = AuthVerdict u8 | HMAC(K, "server" | HELLO | REPLY)     [33]
+    client -> server   FRAME*  = packet_size bytes each, back to back, no header
+    server -> client   ACK*    = one AckStatus byte per frame, in frame order
+
+Authentication (crypto._link_auth). A key is a node's static X25519 public
+key, whose hash is the node id every relay directory and round manifest lists
+(a relay's identity key; the aggregator's final-hop key); 32 zero bytes mean
+"anonymous" (a peer sending to its first relay, or a server without an
+identity). K comes from the static-static X25519 agreement salted with the
+transcript, whose two fresh nonces make every session's proofs new. So after
+the handshake the server knows which directory node (if any) is connecting:
+a relay reserves capacity for its directory neighbours, and the aggregator's
+sink takes packets only from the relays its signed manifest lists. The client
+may insist on the server's node id (a relay forwarding to the next hop a
+packet names), so a host that took over the address cannot swallow packets.
+Why not TLS or Noise: frames are Sphinx packets, already encrypted and MACed
+per hop, so the link needs only to know who connected, for admission; the
+node ids are already X25519 key hashes, so no certificates or signature keys
+are needed, and the cost is one X25519 per side per connection. The frames
+after the handshake are not MACed: an on-path attacker who can inject into a
+TCP stream can only inject Sphinx frames, which are checked hop by hop.
 
 A frame carries no length or type: every packet of a round has the same size
 (DESIGN.md §5), so the hello fixes the size once and a frame is just the next
@@ -33,21 +55,40 @@ from __future__ import annotations
 
 import enum
 import math
+import os
 import struct
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+import tenacity
 import trio
 
+from anonml.crypto import (
+    CLIENT_ROLE,
+    LINK_PROOF_BYTES,
+    SERVER_ROLE,
+    InvalidKey,
+    link_proof,
+    link_proof_valid,
+    link_session_key,
+    node_id_of,
+    public_key_of,
+)
 from anonml.errors import TransportError
 
 LINK_MAGIC = b"AMLK"
-LINK_VERSION = 1
+LINK_VERSION = 2
 GEOMETRY_HASH_BYTES = 32
-_HELLO = struct.Struct(">4sBI32s")
-_REPLY = struct.Struct(">4sBB")
+LINK_KEY_BYTES = 32
+_NONCE_BYTES = 32
+ANONYMOUS = bytes(LINK_KEY_BYTES)
+_PREFIX = struct.Struct(">4sB")
+_HELLO = struct.Struct(">4sBI32s32s32s")
+_REPLY = struct.Struct(">4sBB32s32s")
+_CONFIRM = struct.Struct(">B32s")
 HELLO_BYTES = _HELLO.size
 HELLO_REPLY_BYTES = _REPLY.size
+CONFIRM_BYTES = _CONFIRM.size
 # Bytes asked of the socket per read: large enough that a batch of frames
 # costs few system calls, small enough to bound per-connection memory.
 _READ_CHUNK = 131072
@@ -59,6 +100,14 @@ class HelloStatus(enum.IntEnum):
     OK = 1
     UNSUPPORTED_VERSION = 2
     GEOMETRY_MISMATCH = 3
+    AUTH_REQUIRED = 4  # this server takes packets only from authenticated directory nodes
+
+
+class AuthVerdict(enum.IntEnum):
+    """The server's answer to a client's proof."""
+
+    ACCEPTED = 1
+    REFUSED = 2  # the proof failed, or the node is not one this server takes packets from
 
 
 class AckStatus(enum.IntEnum):
@@ -66,55 +115,73 @@ class AckStatus(enum.IntEnum):
 
     ACCEPTED = 1  # durable at the receiver; the sender may forget the packet
     REJECTED = 2  # invalid, late or a replay; resending cannot help
-    BUSY = 3  # the receiver is at capacity; the sender may resend later
+    BUSY = 3  # the receiver is at capacity (or not ready); the sender may resend later
+
+
+class LinkErrorReason(enum.StrEnum):
+    """Why a link session ended: the one spelling of each counter label."""
+
+    BAD_MAGIC = "bad-magic"
+    BAD_VERSION = "bad-version"
+    GEOMETRY_MISMATCH = "geometry-mismatch"
+    TRUNCATED = "truncated"
+    HELLO_TIMEOUT = "hello-timeout"
+    FIRST_FRAME_TIMEOUT = "first-frame-timeout"
+    IDLE_TIMEOUT = "idle-timeout"
+    FRAME_TIMEOUT = "frame-timeout"
+    ACK_TIMEOUT = "ack-timeout"
+    BAD_ACK = "bad-ack"
+    AUTH_REQUIRED = "auth-required"
+    AUTH_FAILED = "auth-failed"
+    WRONG_PEER = "wrong-peer"
+    REFUSED = "refused"
+    CONNECT_FAILED = "connect-failed"
+    BROKEN = "broken"
 
 
 class LinkError(TransportError):
     """A link session failed.
 
-    Raised by :func:`serve_link`, :func:`read_hello` and :class:`LinkClient` for
-    anything a peer on the other end can cause: malformed or mismatched hellos,
-    truncated frames, invalid ack bytes, timeouts and broken connections.
-    ``reason`` is a short stable label for counters and logs (one of
-    :data:`LINK_ERROR_REASONS`).
+    Raised by :func:`serve_link` and :class:`LinkClient` for anything a peer
+    on the other end can cause: malformed or mismatched hellos, failed or
+    refused authentication, truncated frames, invalid ack bytes, timeouts and
+    broken connections. ``reason`` is its :class:`LinkErrorReason`.
     """
 
-    def __init__(self, reason: str, message: str) -> None:
+    def __init__(self, reason: LinkErrorReason, message: str) -> None:
         super().__init__(message)
         self.reason = reason
 
 
-LINK_ERROR_REASONS = (
-    "bad-magic",
-    "bad-version",
-    "geometry-mismatch",
-    "truncated",
-    "hello-timeout",
-    "idle-timeout",
-    "frame-timeout",
-    "ack-timeout",
-    "bad-ack",
-    "connect-failed",
-    "broken",
-)
+def check_positive_seconds(limits: object, names: Sequence[str]) -> None:
+    """ValueError naming the first of ``limits``' attributes ``names`` that is not a positive finite number."""
+    for name in names:
+        value = getattr(limits, name)
+        if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+            raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
 
 
 @dataclass(frozen=True)
 class LinkLimits:
     """Per-connection limits of the receiving side (seconds and frame counts).
 
-    ``hello_timeout``: the whole hello must arrive within it.
-    ``idle_timeout``: the longest wait for the first byte of the next frame;
+    ``hello_timeout``: the whole handshake (hello, and proof when
+    authenticating) must arrive within it.
+    ``first_frame_timeout``: after the handshake, the first frame must start
+    within it: a sender connects when it has packets, so a connection that
+    stays silent is an idle-slot attack (issue 13), closed early.
+    ``idle_timeout``: the longest wait for the first byte of each later frame;
     an idle sender is disconnected (a :class:`LinkClient` reconnects).
     ``frame_timeout``: once a frame has started, all of it must arrive within
     this, so a slow sender holds a connection slot for a bounded time.
-    ``send_timeout``: writing acks (or the hello reply) must finish within it.
+    ``send_timeout``: writing acks (or handshake replies) must finish within it.
     ``max_pending_frames``: frames read but not yet handed to ``on_packets``
     (rounded down to whole batches, at least one).
     ``max_batch``: most frames handed to one ``on_packets`` call.
     """
 
     hello_timeout: float = 5.0
+    first_frame_timeout: float = 5.0
     idle_timeout: float = 60.0
     frame_timeout: float = 10.0
     send_timeout: float = 10.0
@@ -122,14 +189,26 @@ class LinkLimits:
     max_batch: int = 128
 
     def __post_init__(self) -> None:
-        for name in ("hello_timeout", "idle_timeout", "frame_timeout", "send_timeout"):
-            value = getattr(self, name)
-            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
-                raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
+        check_positive_seconds(self, ("hello_timeout", "first_frame_timeout", "idle_timeout", "frame_timeout",
+                                      "send_timeout"))
         for name in ("max_pending_frames", "max_batch"):
             value = getattr(self, name)
             if not (isinstance(value, int) and value >= 1):
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+@dataclass(frozen=True)
+class LinkIdentity:
+    """A node's static X25519 key for link authentication (its node id is the public key's hash)."""
+
+    private_key: bytes
+    public_key: bytes = field(init=False)
+    node_id: bytes = field(init=False)
+
+    def __post_init__(self) -> None:
+        public = public_key_of(self.private_key)
+        object.__setattr__(self, "public_key", public)
+        object.__setattr__(self, "node_id", node_id_of(public))
 
 
 def _check_link_parameters(packet_size: int, geometry_hash: bytes) -> None:
@@ -139,31 +218,38 @@ def _check_link_parameters(packet_size: int, geometry_hash: bytes) -> None:
         raise ValueError(f"geometry_hash must be {GEOMETRY_HASH_BYTES} bytes, got {geometry_hash!r}")
 
 
-def encode_hello(packet_size: int, geometry_hash: bytes) -> bytes:
-    """The client's hello for a link carrying ``packet_size``-byte frames."""
+def _nonce() -> bytes:
+    return os.urandom(_NONCE_BYTES)
+
+
+def encode_hello(packet_size: int, geometry_hash: bytes, *, key: bytes = ANONYMOUS, nonce: bytes | None = None) -> bytes:
+    """The client's hello for a link carrying ``packet_size``-byte frames (``key``: its static public key)."""
     _check_link_parameters(packet_size, geometry_hash)
-    return _HELLO.pack(LINK_MAGIC, LINK_VERSION, packet_size, geometry_hash)
+    return _HELLO.pack(LINK_MAGIC, LINK_VERSION, packet_size, geometry_hash, key, nonce if nonce is not None else _nonce())
 
 
-def encode_hello_reply(status: HelloStatus) -> bytes:
-    return _REPLY.pack(LINK_MAGIC, LINK_VERSION, int(status))
+def encode_hello_reply(status: HelloStatus, *, key: bytes = ANONYMOUS, nonce: bytes | None = None) -> bytes:
+    return _REPLY.pack(LINK_MAGIC, LINK_VERSION, int(status), key, nonce if nonce is not None else _nonce())
 
 
 def check_hello(data: bytes, packet_size: int, geometry_hash: bytes) -> HelloStatus:
     """Parse a received hello; the status to reply with, or :class:`LinkError`.
 
-    Raises ``LinkError("bad-magic")`` when the bytes are not an AnonML link
+    Raises ``LinkError(BAD_MAGIC)`` when the bytes are not an AnonML link
     hello at all (the server then closes without a reply). A well-formed hello
     for another version or geometry returns the status to send back before
     closing, so an honest but misconfigured sender learns why.
     """
-    if len(data) != HELLO_BYTES:
-        raise LinkError("truncated", f"hello must be {HELLO_BYTES} bytes, got {len(data)}")
-    magic, version, size, digest = _HELLO.unpack(data)
+    if len(data) < _PREFIX.size:
+        raise LinkError(LinkErrorReason.TRUNCATED, f"hello must be {HELLO_BYTES} bytes, got {len(data)}")
+    magic, version = _PREFIX.unpack(data[: _PREFIX.size])
     if magic != LINK_MAGIC:
-        raise LinkError("bad-magic", f"not a link hello: magic {magic!r}")
+        raise LinkError(LinkErrorReason.BAD_MAGIC, f"not a link hello: magic {magic!r}")
     if version != LINK_VERSION:
         return HelloStatus.UNSUPPORTED_VERSION
+    if len(data) != HELLO_BYTES:
+        raise LinkError(LinkErrorReason.TRUNCATED, f"hello must be {HELLO_BYTES} bytes, got {len(data)}")
+    _, _, size, digest, _, _ = _HELLO.unpack(data)
     # The geometry hash is public; a plain comparison leaks nothing secret.
     if size != packet_size or digest != geometry_hash:
         return HelloStatus.GEOMETRY_MISMATCH
@@ -171,26 +257,26 @@ def check_hello(data: bytes, packet_size: int, geometry_hash: bytes) -> HelloSta
 
 
 def parse_hello_reply(data: bytes) -> HelloStatus:
-    """Parse the server's hello reply, or raise :class:`LinkError`."""
+    """Parse the server's hello reply's status, or raise :class:`LinkError`."""
     if len(data) != HELLO_REPLY_BYTES:
-        raise LinkError("truncated", f"hello reply must be {HELLO_REPLY_BYTES} bytes, got {len(data)}")
-    magic, version, status = _REPLY.unpack(data)
+        raise LinkError(LinkErrorReason.TRUNCATED, f"hello reply must be {HELLO_REPLY_BYTES} bytes, got {len(data)}")
+    magic, version, status, _, _ = _REPLY.unpack(data)
     if magic != LINK_MAGIC:
-        raise LinkError("bad-magic", f"not a link hello reply: magic {magic!r}")
+        raise LinkError(LinkErrorReason.BAD_MAGIC, f"not a link hello reply: magic {magic!r}")
     if version != LINK_VERSION:
-        raise LinkError("bad-version", f"server speaks link version {version!r}")
+        raise LinkError(LinkErrorReason.BAD_VERSION, f"server speaks link version {version!r}")
     try:
         return HelloStatus(status)
     except ValueError:
-        raise LinkError("bad-magic", f"unknown hello status {status!r}") from None
+        raise LinkError(LinkErrorReason.BAD_MAGIC, f"unknown hello status {status!r}") from None
 
 
 def parse_acks(data: bytes) -> list[AckStatus]:
-    """Parse ack bytes, or raise ``LinkError("bad-ack")``."""
+    """Parse ack bytes, or raise ``LinkError(BAD_ACK)``."""
     try:
         return [AckStatus(byte) for byte in data]
     except ValueError:
-        raise LinkError("bad-ack", f"invalid ack bytes {data!r}") from None
+        raise LinkError(LinkErrorReason.BAD_ACK, f"invalid ack bytes {data!r}") from None
 
 
 class _ExactReader:
@@ -204,16 +290,12 @@ class _ExactReader:
         self._stream = stream
         self._buffer = bytearray()
 
-    @property
-    def buffered(self) -> int:
-        return len(self._buffer)
-
     async def _fill(self) -> bool:
         """One socket read into the buffer; False at end of stream."""
         try:
             chunk = await self._stream.receive_some(_READ_CHUNK)
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-            raise LinkError("broken", f"connection broken: {exc!r}") from None
+            raise LinkError(LinkErrorReason.BROKEN, f"connection broken: {exc!r}") from None
         self._buffer += chunk
         return bool(chunk)
 
@@ -223,8 +305,8 @@ class _ExactReader:
         *,
         first_byte_deadline: float,
         complete_timeout: float,
-        idle_reason: str,
-        slow_reason: str,
+        idle_reason: LinkErrorReason,
+        slow_reason: LinkErrorReason,
     ) -> bytes | None:
         """The next ``size`` bytes; None on a clean end of stream before any byte.
 
@@ -241,11 +323,22 @@ class _ExactReader:
         with trio.move_on_after(complete_timeout):
             while len(self._buffer) < size:
                 if not await self._fill():
-                    raise LinkError("truncated", f"stream ended after {len(self._buffer)} of {size} bytes")
+                    raise LinkError(LinkErrorReason.TRUNCATED,
+                                    f"stream ended after {len(self._buffer)} of {size} bytes")
             record = bytes(self._buffer[:size])
             del self._buffer[:size]
             return record
         raise LinkError(slow_reason, f"only {len(self._buffer)} of {size} bytes within {complete_timeout}s")
+
+    async def read_handshake(self, size: int, deadline: float) -> bytes:
+        """The next ``size`` handshake bytes by ``deadline``; ``LinkError`` otherwise."""
+        record = await self.read_exactly(
+            size, first_byte_deadline=deadline, complete_timeout=max(0.0, deadline - trio.current_time()),
+            idle_reason=LinkErrorReason.HELLO_TIMEOUT, slow_reason=LinkErrorReason.HELLO_TIMEOUT,
+        )
+        if record is None:
+            raise LinkError(LinkErrorReason.TRUNCATED, "connection closed during the handshake")
+        return record
 
     def take_complete(self, size: int, max_count: int) -> list[bytes]:
         """Up to ``max_count`` complete ``size``-byte records already buffered (no waiting)."""
@@ -256,7 +349,7 @@ class _ExactReader:
         del self._buffer[: count * size]
         return [block[i * size : (i + 1) * size] for i in range(count)]
 
-    async def read_available(self, max_size: int, *, deadline: float, reason: str) -> bytes | None:
+    async def read_available(self, max_size: int, *, deadline: float, reason: LinkErrorReason) -> bytes | None:
         """Between 1 and ``max_size`` bytes by ``deadline``; None at end of stream."""
         if not self._buffer:
             with trio.move_on_at(deadline):
@@ -274,12 +367,19 @@ async def _send_with_timeout(stream: trio.abc.SendStream, data: bytes, timeout: 
         with trio.fail_after(timeout):
             await stream.send_all(data)
     except trio.TooSlowError:
-        raise LinkError("broken", f"peer did not read {len(data)} bytes within {timeout}s") from None
+        raise LinkError(LinkErrorReason.BROKEN, f"peer did not read {len(data)} bytes within {timeout}s") from None
     except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-        raise LinkError("broken", f"connection broken: {exc!r}") from None
+        raise LinkError(LinkErrorReason.BROKEN, f"connection broken: {exc!r}") from None
 
 
 OnPackets = Callable[[list[bytes]], Awaitable[Sequence[AckStatus]]]
+Admit = Callable[[bytes | None], bool]
+"""``admit(node_id)``: whether the server serves this client, given its
+authenticated node id (None: anonymous). Called once, after the handshake."""
+
+
+def _admit_everyone(node_id: bytes | None) -> bool:
+    return True
 
 
 @dataclass
@@ -288,6 +388,61 @@ class LinkSessionStats:
 
     frames: int = 0
     batches: int = 0
+    peer: bytes | None = None
+    """The client's authenticated node id (None: anonymous)."""
+
+
+async def _server_handshake(
+    stream: trio.abc.Stream,
+    reader: _ExactReader,
+    *,
+    packet_size: int,
+    geometry_hash: bytes,
+    identity: LinkIdentity | None,
+    admit: Admit,
+    limits: LinkLimits,
+) -> bytes | None:
+    """Run the server's side of the handshake; the client's node id (None: anonymous) once admitted."""
+    deadline = trio.current_time() + limits.hello_timeout
+    prefix = await reader.read_handshake(_PREFIX.size, deadline)
+    magic, version = _PREFIX.unpack(prefix)
+    if magic != LINK_MAGIC:
+        raise LinkError(LinkErrorReason.BAD_MAGIC, f"not a link hello: magic {magic!r}")
+    if version != LINK_VERSION:
+        await _send_with_timeout(stream, encode_hello_reply(HelloStatus.UNSUPPORTED_VERSION), limits.send_timeout)
+        raise LinkError(LinkErrorReason.BAD_VERSION, f"hello for an unsupported link version: {prefix[4]!r}")
+    hello = prefix + await reader.read_handshake(HELLO_BYTES - _PREFIX.size, deadline)
+    status = check_hello(hello, packet_size, geometry_hash)
+    if status is HelloStatus.GEOMETRY_MISMATCH:
+        await _send_with_timeout(stream, encode_hello_reply(status), limits.send_timeout)
+        raise LinkError(LinkErrorReason.GEOMETRY_MISMATCH, f"hello for another geometry: {hello[5:41]!r}")
+    client_key = _HELLO.unpack(hello)[4]
+    authenticating = identity is not None and client_key != ANONYMOUS
+    if not authenticating and not admit(None):
+        await _send_with_timeout(stream, encode_hello_reply(HelloStatus.AUTH_REQUIRED), limits.send_timeout)
+        raise LinkError(LinkErrorReason.AUTH_REQUIRED, "an anonymous client was not admitted")
+    reply = encode_hello_reply(HelloStatus.OK, key=identity.public_key if identity is not None else ANONYMOUS)
+    await _send_with_timeout(stream, reply, limits.send_timeout)
+    if not authenticating:
+        return None
+    assert identity is not None
+    transcript = hello + reply
+    proof = await reader.read_handshake(LINK_PROOF_BYTES, deadline)
+    try:
+        key = link_session_key(identity.private_key, client_key, transcript)
+    except InvalidKey:
+        key = None
+    node_id = node_id_of(client_key)
+    if key is None or not link_proof_valid(key, CLIENT_ROLE, transcript, proof):
+        await _send_with_timeout(stream, _CONFIRM.pack(AuthVerdict.REFUSED, bytes(LINK_PROOF_BYTES)), limits.send_timeout)
+        raise LinkError(LinkErrorReason.AUTH_FAILED, f"node {node_id.hex()} did not prove it holds its key")
+    admitted = admit(node_id)
+    verdict = AuthVerdict.ACCEPTED if admitted else AuthVerdict.REFUSED
+    confirm = _CONFIRM.pack(verdict, link_proof(key, SERVER_ROLE, transcript + proof))
+    await _send_with_timeout(stream, confirm, limits.send_timeout)
+    if not admitted:
+        raise LinkError(LinkErrorReason.REFUSED, f"node {node_id.hex()} is not admitted")
+    return node_id
 
 
 async def serve_link(
@@ -298,36 +453,29 @@ async def serve_link(
     geometry_hash: bytes,
     limits: LinkLimits = LinkLimits(),
     stats: LinkSessionStats | None = None,
+    identity: LinkIdentity | None = None,
+    admit: Admit = _admit_everyone,
 ) -> None:
     """Serve one link session on ``stream`` until the sender closes it.
 
-    Reads the hello, then frames; calls ``await on_packets(frames)`` with every
-    frame already read (one to ``limits.max_batch``), which must return one
+    Runs the handshake (authenticating a client that presents a key, when
+    ``identity`` is given) and asks ``admit`` whether to serve it; then reads
+    frames and calls ``await on_packets(frames)`` with every frame already
+    read (one to ``limits.max_batch``), which must return one
     :class:`AckStatus` per frame once the accepted ones are durable; then
-    writes those statuses. Frames completely received before an error are still
-    handed over and acknowledged. Returns on a clean end of stream at a frame
-    boundary; raises :class:`LinkError` for everything the sender can cause.
-    Exceptions from ``on_packets`` propagate unchanged (they are the caller's
-    bugs, not the sender's). Does not close ``stream``.
+    writes those statuses. Frames completely received before an error are
+    still handed over and acknowledged. Returns on a clean end of stream at a
+    frame boundary; raises :class:`LinkError` for everything the sender can
+    cause. Exceptions from ``on_packets`` propagate unchanged (they are the
+    caller's bugs, not the sender's). Does not close ``stream``.
     """
     _check_link_parameters(packet_size, geometry_hash)
     stats = stats if stats is not None else LinkSessionStats()
     reader = _ExactReader(stream)
-    hello = await reader.read_exactly(
-        HELLO_BYTES,
-        first_byte_deadline=trio.current_time() + limits.hello_timeout,
-        complete_timeout=limits.hello_timeout,
-        idle_reason="hello-timeout",
-        slow_reason="hello-timeout",
+    stats.peer = await _server_handshake(
+        stream, reader, packet_size=packet_size, geometry_hash=geometry_hash, identity=identity, admit=admit,
+        limits=limits,
     )
-    if hello is None:
-        raise LinkError("truncated", "connection closed before the hello")
-    status = check_hello(hello, packet_size, geometry_hash)
-    await _send_with_timeout(stream, encode_hello_reply(status), limits.send_timeout)
-    if status is HelloStatus.UNSUPPORTED_VERSION:
-        raise LinkError("bad-version", f"hello for an unsupported link version: {hello[4]!r}")
-    if status is HelloStatus.GEOMETRY_MISMATCH:
-        raise LinkError("geometry-mismatch", f"hello for another geometry: {hello[5:]!r}")
 
     reader_error: list[LinkError] = []
     # Items are lists of frames: every complete frame already buffered when
@@ -337,17 +485,19 @@ async def serve_link(
 
     async def read_frames() -> None:
         async with send_batches:
+            wait, reason = limits.first_frame_timeout, LinkErrorReason.FIRST_FRAME_TIMEOUT
             try:
                 while True:
                     frame = await reader.read_exactly(
                         packet_size,
-                        first_byte_deadline=trio.current_time() + limits.idle_timeout,
+                        first_byte_deadline=trio.current_time() + wait,
                         complete_timeout=limits.frame_timeout,
-                        idle_reason="idle-timeout",
-                        slow_reason="frame-timeout",
+                        idle_reason=reason,
+                        slow_reason=LinkErrorReason.FRAME_TIMEOUT,
                     )
                     if frame is None:
                         return
+                    wait, reason = limits.idle_timeout, LinkErrorReason.IDLE_TIMEOUT
                     await send_batches.send([frame, *reader.take_complete(packet_size, limits.max_batch - 1)])
             except LinkError as exc:
                 reader_error.append(exc)
@@ -405,15 +555,28 @@ class _Connection:
         self.broken = False
 
 
+def _stop_before(give_up_at: float) -> Callable[[tenacity.RetryCallState], bool]:
+    """Stop when the next attempt would start at or after ``give_up_at`` (trio time, so MockClock works)."""
+
+    def stop(state: tenacity.RetryCallState) -> bool:
+        return trio.current_time() + (state.upcoming_sleep or 0.0) >= give_up_at
+
+    return stop
+
+
 class LinkClient:
     """The sending side of a link: one reused connection to one neighbour.
 
     :meth:`send_batch` writes frames and waits for their acks; on a broken
-    connection or timeout it reconnects (with exponential backoff) and resends
-    only the frames not yet acknowledged, until ``give_up_at``. A frame may
-    thus reach the receiver twice (its ack was lost); the receiver's replay
-    cache rejects the copy, which is harmless because the first copy was
-    durably accepted.
+    connection or timeout it reconnects (with exponential backoff, tenacity)
+    and resends only the frames not yet acknowledged, until ``give_up_at``. A
+    frame may thus reach the receiver twice (its ack was lost); the
+    receiver's replay cache rejects the copy, which is harmless because the
+    first copy was durably accepted.
+
+    ``identity`` authenticates this client to the server (a relay to its
+    next hop); ``expect_node_id`` makes the client refuse a server that does
+    not prove it is that node; ``local_address`` binds the source address.
 
     Several tasks may call :meth:`send_batch` at once: their batches are
     pipelined on the one connection (the next batch is written while earlier
@@ -428,6 +591,9 @@ class LinkClient:
         *,
         packet_size: int,
         geometry_hash: bytes,
+        identity: LinkIdentity | None = None,
+        expect_node_id: bytes | None = None,
+        local_address: str | None = None,
         connect_timeout: float = 5.0,
         ack_timeout: float = 30.0,
         initial_backoff: float = 0.05,
@@ -437,40 +603,60 @@ class LinkClient:
         self.host = host
         self.port = port
         self.packet_size = packet_size
-        self._hello = encode_hello(packet_size, geometry_hash)
+        self.geometry_hash = geometry_hash
+        self.identity = identity
+        self.expect_node_id = expect_node_id
+        self._local_address = local_address
         self._connect_timeout = connect_timeout
         self._ack_timeout = ack_timeout
-        self._initial_backoff = initial_backoff
-        self._max_backoff = max_backoff
+        self._wait = tenacity.wait_exponential(multiplier=initial_backoff, max=max_backoff)
         self._connection: _Connection | None = None
         self._write_lock = trio.Lock()
         self.connects = 0
         self.failures = 0
 
+    async def _handshake(self, stream: trio.SocketStream, reader: _ExactReader) -> None:
+        where = f"{self.host}:{self.port}"
+        deadline = trio.current_time() + self._connect_timeout
+        own_key = self.identity.public_key if self.identity is not None else ANONYMOUS
+        hello = encode_hello(self.packet_size, self.geometry_hash, key=own_key)
+        await _send_with_timeout(stream, hello, self._connect_timeout)
+        reply = await reader.read_handshake(HELLO_REPLY_BYTES, deadline)
+        status = parse_hello_reply(reply)
+        if status is HelloStatus.AUTH_REQUIRED:
+            raise LinkError(LinkErrorReason.AUTH_REQUIRED, f"{where} takes packets only from directory nodes")
+        if status is not HelloStatus.OK:
+            raise LinkError(LinkErrorReason.GEOMETRY_MISMATCH, f"{where} refused the hello: {status.name}")
+        server_key = _REPLY.unpack(reply)[3]
+        if self.expect_node_id is not None and (server_key == ANONYMOUS or node_id_of(server_key) != self.expect_node_id):
+            raise LinkError(LinkErrorReason.WRONG_PEER, f"{where} is not node {self.expect_node_id.hex()}")
+        if self.identity is None or server_key == ANONYMOUS:
+            return
+        transcript = hello + reply
+        try:
+            key = link_session_key(self.identity.private_key, server_key, transcript)
+        except InvalidKey:
+            raise LinkError(LinkErrorReason.AUTH_FAILED, f"{where} sent an unusable key") from None
+        proof = link_proof(key, CLIENT_ROLE, transcript)
+        await _send_with_timeout(stream, proof, self._connect_timeout)
+        verdict, server_proof = _CONFIRM.unpack(await reader.read_handshake(CONFIRM_BYTES, deadline))
+        if verdict != AuthVerdict.ACCEPTED:
+            raise LinkError(LinkErrorReason.REFUSED, f"{where} refused this node ({self.identity.node_id.hex()})")
+        if not link_proof_valid(key, SERVER_ROLE, transcript + proof, server_proof):
+            raise LinkError(LinkErrorReason.AUTH_FAILED, f"{where} did not prove it holds its key")
+
     async def _connect(self) -> _Connection:
-        """The open connection, or a new one (hello exchanged); call under the write lock."""
+        """The open connection, or a new one (handshake done); call under the write lock."""
         if self._connection is not None:
             return self._connection
         try:
             with trio.fail_after(self._connect_timeout):
-                stream = await trio.open_tcp_stream(self.host, self.port)
+                stream = await trio.open_tcp_stream(self.host, self.port, local_address=self._local_address)
         except (OSError, trio.TooSlowError) as exc:
-            raise LinkError("connect-failed", f"cannot connect to {self.host}:{self.port}: {exc!r}") from None
+            raise LinkError(LinkErrorReason.CONNECT_FAILED, f"cannot connect to {self.host}:{self.port}: {exc!r}") from None
         reader = _ExactReader(stream)
         try:
-            await _send_with_timeout(stream, self._hello, self._connect_timeout)
-            reply = await reader.read_exactly(
-                HELLO_REPLY_BYTES,
-                first_byte_deadline=trio.current_time() + self._connect_timeout,
-                complete_timeout=self._connect_timeout,
-                idle_reason="hello-timeout",
-                slow_reason="hello-timeout",
-            )
-            if reply is None:
-                raise LinkError("truncated", f"{self.host}:{self.port} closed before its hello reply")
-            status = parse_hello_reply(reply)
-            if status is not HelloStatus.OK:
-                raise LinkError("geometry-mismatch", f"{self.host}:{self.port} refused the hello: {status.name}")
+            await self._handshake(stream, reader)
         except BaseException:
             await trio.aclose_forcefully(stream)
             raise
@@ -502,15 +688,15 @@ class LinkClient:
             while connection.served != ticket and not connection.broken:
                 await connection.turn.wait()
             if connection.broken:
-                raise LinkError("broken", f"connection to {self.host}:{self.port} failed before these acks")
+                raise LinkError(LinkErrorReason.BROKEN, f"connection to {self.host}:{self.port} failed before these acks")
             outstanding = len(frames)
             while outstanding:
                 record = await connection.reader.read_available(
-                    outstanding, deadline=trio.current_time() + self._ack_timeout, reason="ack-timeout"
+                    outstanding, deadline=trio.current_time() + self._ack_timeout, reason=LinkErrorReason.ACK_TIMEOUT
                 )
                 if record is None:
                     raise LinkError(
-                        "truncated", f"{self.host}:{self.port} closed with {outstanding} frames unacknowledged"
+                        LinkErrorReason.TRUNCATED, f"{self.host}:{self.port} closed with {outstanding} frames unacknowledged"
                     )
                 statuses.extend(parse_acks(record))
                 outstanding -= len(record)
@@ -522,35 +708,41 @@ class LinkClient:
         connection.turn.set()
         connection.turn = trio.Event()
 
+    async def _attempt_until_progress(self, packets: Sequence[bytes], statuses: list[AckStatus]) -> None:
+        """One attempt at what is not yet acknowledged; raises only if it acknowledged nothing."""
+        acked_before = len(statuses)
+        try:
+            await self._attempt(packets[acked_before:], statuses)
+        except LinkError:
+            self.failures += 1
+            if len(statuses) == acked_before:
+                raise
+
     async def send_batch(self, packets: Sequence[bytes], *, give_up_at: float) -> list[AckStatus | None]:
         """Send ``packets``; one status per packet, None where none was acknowledged.
 
         Retries (reconnecting, with backoff) start only before ``give_up_at``
         (trio time, ``trio.current_time()``); the first attempt always runs,
-        bounded by the connect and ack timeouts. Raises
-        ``ValueError`` for a packet of the wrong size (a caller bug).
+        bounded by the connect and ack timeouts, so a packet released at the
+        very end of its window still gets sent. An attempt that got some acks
+        before failing starts a fresh backoff. Raises ``ValueError`` for a
+        packet of the wrong size (a caller bug).
         """
         for packet in packets:
             if len(packet) != self.packet_size:
                 raise ValueError(f"packet must be {self.packet_size} bytes, got {len(packet)}")
         statuses: list[AckStatus] = []
-        backoff = self._initial_backoff
-        # The first attempt always starts, even at or after give_up_at: a
-        # packet released at the very end of its window still gets sent.
-        # Each attempt is bounded by the connect and ack timeouts.
         while len(statuses) < len(packets):
-            acked_before = len(statuses)
+            retrying = tenacity.AsyncRetrying(
+                retry=tenacity.retry_if_exception_type(LinkError), wait=self._wait, stop=_stop_before(give_up_at),
+                sleep=trio.sleep, reraise=True,
+            )
             try:
-                await self._attempt(packets[acked_before:], statuses)
+                async for attempt in retrying:
+                    with attempt:
+                        await self._attempt_until_progress(packets, statuses)
             except LinkError:
-                self.failures += 1
-                if len(statuses) > acked_before:
-                    backoff = self._initial_backoff
-                retry_at = trio.current_time() + backoff
-                if retry_at >= give_up_at:
-                    break  # a retry would start at or after give_up_at
-                await trio.sleep_until(retry_at)
-                backoff = min(backoff * 2, self._max_backoff)
+                break
         return [*statuses, *([None] * (len(packets) - len(statuses)))]
 
     async def aclose(self) -> None:

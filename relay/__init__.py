@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from anonml.relay._clock import PinnedClock, RelayClock, WallClock
 from anonml.relay._config import (
+    CONFIG_FILE,
     PinnedAggregator,
     RelayConfig,
     load_config,
@@ -20,21 +21,25 @@ from anonml.relay._directory import (
     DirectoryEntry,
     DirectoryError,
     NextHopDirectory,
-    fetch_manifest_hops,
+    entries_from_manifest,
+    fetch_manifest,
     load_directory_file,
     parse_directory_file,
     render_directory_file,
 )
 from anonml.relay._errors import RelayConfigError, RelayDataDirError
-from anonml.relay._keys import EpochKey, KeyRing, create_identity, load_identity
-from anonml.relay._metrics import RelayCounters, render_prometheus
+from anonml.relay._keys import EpochKey, KeyRing, create_identity, load_identity, load_identity_key
+from anonml.relay._metrics import DropReason, RelayCounters, parse_metrics, render_prometheus
 from anonml.relay._mirror import serve_mirror
 from anonml.relay._server import RelayStarted, serve_relay
-from anonml.relay._store import HeldPacket, RelayStore
+from anonml.relay._store import STORE_FILE, HeldPacket, RelayStore
 
 __all__ = [
+    "CONFIG_FILE",
+    "STORE_FILE",
     "DirectoryEntry",
     "DirectoryError",
+    "DropReason",
     "EpochKey",
     "HeldPacket",
     "KeyRing",
@@ -50,11 +55,14 @@ __all__ = [
     "RelayStore",
     "WallClock",
     "create_identity",
-    "fetch_manifest_hops",
+    "entries_from_manifest",
+    "fetch_manifest",
     "load_config",
     "load_directory_file",
     "load_identity",
+    "load_identity_key",
     "parse_directory_file",
+    "parse_metrics",
     "parse_host_port",
     "relay_descriptor",
     "render_config",

@@ -15,7 +15,7 @@ import trio
 
 from anonml.crypto import DEFAULT_MAX_HOPS, DEFAULT_PACKET_SIZE
 from anonml.errors import ConfigError, StorageError
-from anonml.storage import write_secret_file
+from anonml.storage import lock_data_dir, write_secret_file
 from anonml.relay._config import (
     CONFIG_FILE,
     PinnedAggregator,
@@ -104,6 +104,14 @@ def init(data_dir: Path, listen: str, advertise: str | None, metrics: str | None
         create_identity(data_dir)
     except (ConfigError, StorageError) as exc:
         raise click.ClickException(str(exc)) from None
+    if not config.has_directory:
+        # `run` would refuse to start: say so now, with the fix (issue 15).
+        click.echo(
+            "warning: no next-hop directory: `anonml relay run` refuses to start until this relay knows the "
+            "aggregator it serves; pass `--aggregator IDENTITY@URL` to `relay run` (or to `relay init`), or set "
+            f"[directory] in {data_dir / CONFIG_FILE}",
+            err=True,
+        )
     write_secret_file(data_dir / CONFIG_FILE, render_config(config).encode())
     KeyRing(data_dir, epoch_seconds=config.key_epoch_seconds, grace_seconds=config.key_grace_seconds).rotate(
         time.time()
@@ -158,6 +166,19 @@ async def _run_until_signalled(config: RelayConfig) -> None:
                 break
 
 
+def _one_line(error: BaseException) -> str | None:
+    """The message of an operator-facing failure inside ``error`` (an exception group from trio), or None."""
+    if isinstance(error, BaseExceptionGroup):
+        for inner in error.exceptions:
+            message = _one_line(inner)
+            if message is not None:
+                return message
+        return None
+    if isinstance(error, (ConfigError, StorageError)):
+        return str(error)
+    return None
+
+
 @relay.command()
 @_DATA_DIR
 @_AGGREGATOR
@@ -173,6 +194,10 @@ def run(data_dir: Path, aggregators: tuple[PinnedAggregator, ...]) -> None:
         level=config.log_level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s %(message)s"
     )
     try:
-        trio.run(_run_until_signalled, config)
-    except (ConfigError, StorageError) as exc:
-        raise click.ClickException(str(exc)) from None
+        with lock_data_dir(data_dir, command="anonml relay run"):
+            trio.run(_run_until_signalled, config)
+    except (ConfigError, StorageError, BaseExceptionGroup) as exc:
+        message = _one_line(exc)
+        if message is None:
+            raise
+        raise click.ClickException(message) from None

@@ -1,21 +1,23 @@
 """The relay's configuration: a commented TOML file in its data directory.
 
-``anonml relay init`` writes it (:func:`render_config`); ``anonml relay run``
-reads it (:func:`load_config`, with ``tomllib``). Every key is optional except
-``relay.listen``; unknown keys are errors, so a typo cannot silently fall back
-to a default.
+``anonml relay init`` writes it (:func:`render_config`: each value through
+tomli-w, each preceded by its documentation from :data:`_KEYS`);
+``anonml relay run`` reads it (:func:`load_config`, with ``tomllib``). Every
+key is optional except ``relay.listen``; unknown keys are errors, so a typo
+cannot silently fall back to a default.
 """
 
 from __future__ import annotations
 
 import ipaddress
-import json
 import math
 import re
 import tomllib
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
+
+import tomli_w
 
 from anonml.crypto import DEFAULT_MAX_HOPS, DEFAULT_PACKET_SIZE
 from anonml.protocol import LinkLimits
@@ -110,9 +112,19 @@ class RelayConfig:
     max_hops: int = DEFAULT_MAX_HOPS
     packet_size: int = DEFAULT_PACKET_SIZE
     max_connections: int = 256
+    max_connections_per_source: int = 32
+    neighbour_connections: int = 32
     max_held_packets: int = 100_000
-    max_replay_tags_per_epoch: int = 5_000_000
+    # A day: a packet is held until its window, and a round's windows come
+    # minutes to hours after its packets are sent (DESIGN.md §3). Issue 13:
+    # without a bound, far-future packets filled the hold queue.
+    max_hold_seconds: int = 86_400
+    max_replay_tags: int = 5_000_000
     max_neighbours: int = 64
+    # Refused frames per second (and burst) a source that is not a neighbour may send before its
+    # batches wait (relay._budget): ~0.3 ms of Sphinx each, so 50/s bounds a flood to ~2% of a core.
+    refusals_per_second: float = 50.0
+    refusal_burst: int = 200
     link: LinkLimits = field(default_factory=LinkLimits)
     connect_timeout: float = 5.0
     ack_timeout: float = 30.0
@@ -138,16 +150,23 @@ class RelayConfig:
     directory_fetch_timeout: float = 10.0
 
     def __post_init__(self) -> None:
-        for name in ("max_hops", "packet_size", "max_connections", "max_held_packets",
-                     "max_replay_tags_per_epoch", "max_neighbours", "forward_batch", "key_epoch_seconds"):
+        for name in ("max_hops", "packet_size", "max_connections", "max_connections_per_source", "max_held_packets",
+                     "max_hold_seconds", "max_replay_tags", "max_neighbours", "forward_batch", "key_epoch_seconds"):
             value = getattr(self, name)
             if type(value) is not int or value < 1:
                 raise RelayConfigError(f"{name} must be a positive integer, got {value!r}")
+        if type(self.neighbour_connections) is not int or not 0 <= self.neighbour_connections < self.max_connections:
+            raise RelayConfigError(
+                f"neighbour_connections must be an integer in [0, max_connections), got {self.neighbour_connections!r}"
+            )
         if type(self.key_grace_seconds) is not int or not 0 <= self.key_grace_seconds < self.key_epoch_seconds:
             raise RelayConfigError(
                 f"key_grace_seconds must be an integer in [0, key_epoch_seconds), got {self.key_grace_seconds!r}"
             )
-        for name in ("connect_timeout", "ack_timeout", "directory_min_refresh_seconds", "directory_fetch_timeout"):
+        if type(self.refusal_burst) is not int or self.refusal_burst < 1:
+            raise RelayConfigError(f"refusal_burst must be a positive integer, got {self.refusal_burst!r}")
+        for name in ("connect_timeout", "ack_timeout", "directory_min_refresh_seconds", "directory_fetch_timeout",
+                     "refusals_per_second"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
                 raise RelayConfigError(f"{name} must be a positive number of seconds, got {value!r}")
@@ -189,36 +208,125 @@ class RelayConfig:
         return replace(self, listen=(host, port))
 
 
-# (section, key) -> RelayConfig field (or "link.<LinkLimits field>").
-_KEYS: dict[tuple[str, str], str] = {
-    ("relay", "listen"): "listen",
-    ("relay", "advertise"): "advertise",
-    ("geometry", "max_hops"): "max_hops",
-    ("geometry", "packet_size"): "packet_size",
-    ("limits", "max_connections"): "max_connections",
-    ("limits", "max_held_packets"): "max_held_packets",
-    ("limits", "max_replay_tags_per_epoch"): "max_replay_tags_per_epoch",
-    ("limits", "max_neighbours"): "max_neighbours",
-    ("link", "hello_timeout"): "link.hello_timeout",
-    ("link", "idle_timeout"): "link.idle_timeout",
-    ("link", "frame_timeout"): "link.frame_timeout",
-    ("link", "send_timeout"): "link.send_timeout",
-    ("link", "max_pending_frames"): "link.max_pending_frames",
-    ("link", "max_batch"): "link.max_batch",
-    ("forward", "connect_timeout"): "connect_timeout",
-    ("forward", "ack_timeout"): "ack_timeout",
-    ("forward", "max_batch"): "forward_batch",
-    ("keys", "epoch_seconds"): "key_epoch_seconds",
-    ("keys", "grace_seconds"): "key_grace_seconds",
-    ("storage", "synchronous"): "synchronous",
-    ("metrics", "listen"): "metrics",
-    ("mirror", "listen"): "mirror",
-    ("log", "level"): "log_level",
-    ("directory", "aggregators"): "directory_aggregators",
-    ("directory", "file"): "directory_file",
-    ("directory", "require"): "require_directory",
-    ("directory", "min_refresh_seconds"): "directory_min_refresh_seconds",
-    ("directory", "fetch_timeout"): "directory_fetch_timeout",
+@dataclass(frozen=True)
+class _Key:
+    """One config key: where it lives, the RelayConfig field it sets
+    (``link.<LinkLimits field>`` for the link), and its documentation."""
+
+    section: str
+    key: str
+    target: str
+    doc: str
+    example: object = None  # shown commented out when the value is unset
+
+
+_SECTION_DOCS: dict[str, str] = {
+    "relay": "",
+    "geometry": "Must equal the round manifest's path length and packet size: the link\n"
+                "hello carries the geometry hash and other geometries are refused.",
+    "limits": "",
+    "link": "Per connection: the whole handshake must arrive within hello_timeout, the\n"
+            "first frame within first_frame_timeout after it (a silent connection is\n"
+            "closed early), each later frame's first byte within idle_timeout, a\n"
+            "started frame within frame_timeout; acks must be read within send_timeout.",
+    "forward": "",
+    "keys": "Sphinx keys rotate every epoch_seconds (epochs are counted from the Unix\n"
+            "epoch, so all relays rotate together). A packet built for the previous\n"
+            "epoch's key is still accepted for grace_seconds after the boundary; then\n"
+            "that key is erased. A round must end before the key its manifest names is\n"
+            "erased (`anonml relay info` lists the next key too).",
+    "storage": "SQLite synchronous mode for held packets and replay tags (WAL journal).\n"
+               "FULL: a packet acknowledged to the sender survives power loss.\n"
+               "NORMAL: it survives a crash of the relay process, not of the machine.",
+    "metrics": "Prometheus text format over HTTP at /metrics; off unless listen is set.\n"
+               "Keep it on 127.0.0.1 unless a firewall protects the port.",
+    "mirror": "A read-only HTTP mirror of each pinned aggregator's signed manifest, roster\n"
+              "head and receipt-log heads, which peers compare with what the aggregator\n"
+              "showed them (DESIGN.md §5); off unless listen is set.",
+    "log": "",
+    "directory": "The only next hops this relay forwards to. A packet naming any other node\n"
+                 "id, or a known node id at another address, is refused BUSY and counted\n"
+                 "(\"unknown-next-hop\", \"next-hop-address-mismatch\") while the directory is\n"
+                 "fetched again: the sender chooses the next hop, so without this a relay\n"
+                 "forwards frames to any host and port.",
+}
+
+_KEYS: tuple[_Key, ...] = (
+    _Key("relay", "listen", "listen", "Where the link server listens for Sphinx packets (IP:PORT)."),
+    _Key("relay", "advertise", "advertise", "The address other nodes use, printed by `anonml relay info`\n"
+         "(defaults to listen; set it when listening on 0.0.0.0 or behind NAT).", "203.0.113.7:9000"),
+    _Key("geometry", "max_hops", "max_hops", "Routing slots of a packet."),
+    _Key("geometry", "packet_size", "packet_size", "Bytes of every packet."),
+    _Key("limits", "max_connections", "max_connections", "Open link connections; more are closed at once and counted."),
+    _Key("limits", "max_connections_per_source", "max_connections_per_source",
+         "Open connections from one IP address that is not an authenticated directory\n"
+         "neighbour (peers, strangers): one client cannot take every slot."),
+    _Key("limits", "neighbour_connections", "neighbour_connections",
+         "Of max_connections, slots kept for relays and aggregators of the directory\n"
+         "(they authenticate with the key their node id names): a flood of strangers\n"
+         "leaves these to the relays upstream."),
+    _Key("limits", "max_held_packets", "max_held_packets",
+         "Packets held (durably) waiting for release; beyond this, packets are\n"
+         "refused with BUSY and counted (\"capacity\")."),
+    _Key("limits", "max_hold_seconds", "max_hold_seconds",
+         "A packet is accepted only if its window ends within this many seconds\n"
+         "(and, once a round manifest is known, lies inside one of its phases)."),
+    _Key("limits", "max_replay_tags", "max_replay_tags",
+         "Replay tags remembered (about 100 bytes each on disk), each until its\n"
+         "packet's window ends. A full cache refuses new packets BUSY: forgetting\n"
+         "tags would let replays through."),
+    _Key("limits", "max_neighbours", "max_neighbours", "Distinct next hops this relay will forward to."),
+    _Key("limits", "refusals_per_second", "refusals_per_second",
+         "Frames per second a source (not a directory neighbour) may send that the relay\n"
+         "refuses (late, too far ahead, bad MAC, replays...); beyond that and a burst of\n"
+         "refusal_burst, its next batch waits: a flood of useless packets costs a bounded\n"
+         "share of the CPU, and nothing is refused for it."),
+    _Key("limits", "refusal_burst", "refusal_burst", ""),
+    _Key("link", "hello_timeout", "link.hello_timeout", ""),
+    _Key("link", "first_frame_timeout", "link.first_frame_timeout", ""),
+    _Key("link", "idle_timeout", "link.idle_timeout", ""),
+    _Key("link", "frame_timeout", "link.frame_timeout", ""),
+    _Key("link", "send_timeout", "link.send_timeout", ""),
+    _Key("link", "max_pending_frames", "link.max_pending_frames",
+         "Frames read but not yet stored, per connection (memory: frames x packet size)."),
+    _Key("link", "max_batch", "link.max_batch",
+         "Frames stored in one SQLite transaction before their acks go out (group commit)."),
+    _Key("forward", "connect_timeout", "connect_timeout",
+         "Per attempt; retries continue until the packet's release window ends."),
+    _Key("forward", "ack_timeout", "ack_timeout", ""),
+    _Key("forward", "max_batch", "forward_batch", "Frames sent to one neighbour before waiting for their acks."),
+    _Key("keys", "epoch_seconds", "key_epoch_seconds", ""),
+    _Key("keys", "grace_seconds", "key_grace_seconds", ""),
+    _Key("storage", "synchronous", "synchronous", ""),
+    _Key("metrics", "listen", "metrics", "", "127.0.0.1:9464"),
+    _Key("mirror", "listen", "mirror", "", "127.0.0.1:9465"),
+    _Key("log", "level", "log_level", "One of DEBUG, INFO, WARNING, ERROR."),
+    _Key("directory", "file", "directory_file",
+         "A static JSON file {\"hops\": [{\"node_id\": HEX, \"host\": IP, \"port\": N}]}\n"
+         "(relative to the data directory), re-read with the aggregators. It names no\n"
+         "rounds, so with only a file the window check is max_hold_seconds alone.", "directory.json"),
+    _Key("directory", "require", "require_directory",
+         "With neither source: true refuses to start; false starts with a warning and\n"
+         "forwards anywhere (legacy, insecure)."),
+    _Key("directory", "min_refresh_seconds", "directory_min_refresh_seconds", ""),
+    _Key("directory", "fetch_timeout", "directory_fetch_timeout", "Per manifest fetch (connect, read, whole body)."),
+    # Last in the file: tomli-w writes a long list of tables as [[directory.aggregators]] blocks.
+    _Key("directory", "aggregators", "directory_aggregators",
+         "The aggregators this relay serves, each its base URL and its Ed25519\n"
+         "identity key (64 hex digits, printed by `anonml aggregator init`):\n"
+         "  aggregators = [{ url = \"http://127.0.0.1:8080\", identity = \"<64 hex>\" }]\n"
+         "Their round manifests (GET URL/v1/manifest) give every listed relay and the\n"
+         "aggregator's final hop, and the round's phases, and count only if signed by\n"
+         "that pinned key: whoever answers the URL cannot add next hops. Verified\n"
+         "manifests are kept in the data directory, so a restarted relay forwards at\n"
+         "once; they are fetched at start and again when a packet names a next hop or\n"
+         "a window the directory does not know, at most once per min_refresh_seconds."),
+)
+# Keys of older releases, still read: their meaning is unchanged or wider.
+_RENAMED: dict[tuple[str, str], str] = {("limits", "max_replay_tags_per_epoch"): "max_replay_tags"}
+_TARGETS: dict[tuple[str, str], str] = {
+    **{(k.section, k.key): k.target for k in _KEYS},
+    **_RENAMED,
 }
 _ADDRESS_FIELDS = ("listen", "advertise", "metrics", "mirror")
 
@@ -250,7 +358,7 @@ def config_from_mapping(data: dict[str, Any], data_dir: Path) -> RelayConfig:
         if not isinstance(table, dict):
             raise RelayConfigError(f"top-level key {section!r} must be a [section]")
         for key, value in table.items():
-            target = _KEYS.get((section, key))
+            target = _TARGETS.get((section, key))
             if target is None:
                 raise RelayConfigError(f"unknown config key {section}.{key} = {value!r}")
             if target in _ADDRESS_FIELDS:
@@ -286,131 +394,47 @@ def load_config(data_dir: Path) -> RelayConfig:
     return config_from_mapping(data, Path(data_dir))
 
 
-def _optional_line(key: str, value: str | None, example: str) -> str:
-    """``key = "value"``, or the example commented out when the value is unset."""
-    return f"{key} = {json.dumps(value)}" if value is not None else f"# {key} = {json.dumps(example)}"
+def _toml_value(config: RelayConfig, target: str) -> object:
+    """The TOML value of ``target`` in ``config`` (None: unset)."""
+    if target.startswith("link."):
+        return getattr(config.link, target.removeprefix("link."))
+    value = getattr(config, target)
+    if target in _ADDRESS_FIELDS:
+        return None if value is None else format_host_port(*value)
+    if target == "directory_aggregators":
+        return [{"url": a.url, "identity": a.identity.hex()} for a in value]
+    return value
+
+
+def _comment(text: str) -> str:
+    return "".join(f"# {line}\n".replace("# \n", "#\n") for line in text.splitlines())
 
 
 def render_config(config: RelayConfig) -> str:
-    """The commented TOML that ``init`` writes (reads back to ``config``)."""
-    link = config.link
-    metrics = _optional_line(
-        "listen", format_host_port(*config.metrics) if config.metrics is not None else None, "127.0.0.1:9464"
-    )
-    mirror = _optional_line(
-        "listen", format_host_port(*config.mirror) if config.mirror is not None else None, "127.0.0.1:9465"
-    )
-    advertise = _optional_line(
-        "advertise",
-        format_host_port(*config.advertise) if config.advertise is not None else None,
-        format_host_port(*config.listen),
-    )
-    aggregators = "".join(
-        f"\n  {{ url = {json.dumps(a.url)}, identity = {json.dumps(a.identity.hex())} }}," for a in config.directory_aggregators
-    ) + ("\n" if config.directory_aggregators else "")
-    directory_file = _optional_line("file", config.directory_file, "directory.json")
-    return f"""\
-# AnonML relay configuration, written by `anonml relay init`.
-# Times are seconds. Unknown keys are errors. See DESIGN.md §7.
+    """The commented TOML that ``init`` writes (reads back to ``config``).
 
-[relay]
-# Where the link server listens for Sphinx packets (IP:PORT).
-listen = "{format_host_port(*config.listen)}"
-# The address other nodes should use, printed by `anonml relay info`
-# (defaults to listen; set it when listening on 0.0.0.0 or behind NAT).
-{advertise}
+    Each value is written by tomli-w (quoting and escaping are its job);
+    each key is preceded by its documentation, and an unset optional key is
+    shown commented out with an example.
+    """
+    parts = ["# AnonML relay configuration, written by `anonml relay init`.\n"
+             "# Times are seconds. Unknown keys are errors. See DESIGN.md §7.\n"]
+    for section, doc in _SECTION_DOCS.items():
+        parts.append(f"\n[{section}]\n" + _comment(doc))
+        for key in (k for k in _KEYS if k.section == section):
+            value = _toml_value(config, key.target)
+            parts.append(_comment(key.doc))
+            line = _in_section(section, key.key, key.example if value is None else value)
+            parts.append(_comment(line.rstrip("\n")) if value is None else line)
+    return "".join(parts)
 
-[geometry]
-# Must equal the round manifest's path length and packet size: the link
-# hello carries the geometry hash and other geometries are refused.
-max_hops = {config.max_hops}
-packet_size = {config.packet_size}
 
-[limits]
-# Open link connections; more are closed at once and counted.
-max_connections = {config.max_connections}
-# Packets held (durably) waiting for release; beyond this, packets are
-# refused with BUSY and counted ("capacity").
-max_held_packets = {config.max_held_packets}
-# Replay tags remembered per key epoch (about 100 bytes each on disk). A full
-# cache refuses new packets under that key until it rotates: forgetting tags
-# would let replays through.
-max_replay_tags_per_epoch = {config.max_replay_tags_per_epoch}
-# Distinct next hops this relay will forward to.
-max_neighbours = {config.max_neighbours}
-
-[link]
-# The whole hello must arrive within hello_timeout; a connection idle longer
-# than idle_timeout between frames is closed; a started frame must complete
-# within frame_timeout; acks must be read by the sender within send_timeout.
-hello_timeout = {link.hello_timeout}
-idle_timeout = {link.idle_timeout}
-frame_timeout = {link.frame_timeout}
-send_timeout = {link.send_timeout}
-# Frames read but not yet stored, per connection (memory: frames x packet size).
-max_pending_frames = {link.max_pending_frames}
-# Frames stored in one SQLite transaction before their acks go out (group commit).
-max_batch = {link.max_batch}
-
-[forward]
-# Per attempt; retries continue until the packet's release window ends.
-connect_timeout = {config.connect_timeout}
-ack_timeout = {config.ack_timeout}
-# Frames sent to one neighbour before waiting for their acks.
-max_batch = {config.forward_batch}
-
-[keys]
-# Sphinx keys rotate every epoch_seconds (epochs are counted from the Unix
-# epoch, so all relays rotate together). A packet built for the previous
-# epoch's key is still accepted for grace_seconds after the boundary; then
-# that key and its replay tags are erased. A round must end before the key
-# its manifest names is erased (`anonml relay info` lists the next key too).
-epoch_seconds = {config.key_epoch_seconds}
-grace_seconds = {config.key_grace_seconds}
-
-[storage]
-# SQLite synchronous mode for held packets and replay tags (WAL journal).
-# FULL: a packet acknowledged to the sender survives power loss.
-# NORMAL: it survives a crash of the relay process, not of the machine.
-synchronous = "{config.synchronous}"
-
-[metrics]
-# Prometheus text format over HTTP at /metrics; off unless listen is set.
-# Keep it on 127.0.0.1 unless a firewall protects the port.
-{metrics}
-
-[mirror]
-# A read-only HTTP mirror of each pinned aggregator's signed manifest, roster
-# head and receipt-log heads, which peers compare with what the aggregator
-# showed them (DESIGN.md §5); off unless listen is set.
-{mirror}
-
-[log]
-level = "{config.log_level}"
-
-[directory]
-# The only next hops this relay forwards to. A packet naming any other node
-# id, or a known node id at another address, is dropped and counted
-# ("unknown-next-hop", "next-hop-address-mismatch"): the sender chooses the
-# next hop, so without this a relay forwards frames to any host and port.
-# aggregators: the aggregators this relay serves, each its base URL and its
-# Ed25519 identity key (64 hex digits, printed by `anonml aggregator init`):
-#   aggregators = [{{ url = "http://127.0.0.1:8080", identity = "<64 hex>" }}]
-# Their round manifests (GET URL/v1/manifest) give every listed relay and the
-# aggregator's final hop, and count only if signed by that pinned key (round
-# id verified too): whoever answers the URL cannot add next hops. Fetched at
-# start (an unreachable aggregator is retried every min_refresh_seconds) and
-# again when a packet names a next hop the directory refuses, at most once
-# per min_refresh_seconds (the packet itself is dropped).
-aggregators = [{aggregators}]
-# A static JSON file {{"hops": [{{"node_id": HEX, "host": IP, "port": N}}]}}
-# (relative to the data directory), re-read with the aggregators.
-{directory_file}
-# With neither source: true refuses to start; false starts with a warning and
-# forwards anywhere (legacy, insecure).
-require = {"true" if config.require_directory else "false"}
-min_refresh_seconds = {config.directory_min_refresh_seconds}
-# Per manifest fetch (connect, read, whole body).
-fetch_timeout = {config.directory_fetch_timeout}
-"""
-
+def _in_section(section: str, key: str, value: object) -> str:
+    """``key = value`` as tomli-w writes it inside ``[section]`` (so a list of tables stays inline)."""
+    header = f"[{section}]\n"
+    text = tomli_w.dumps({section: {key: value}})
+    if text.startswith(header):
+        return text.removeprefix(header)
+    if text.startswith(f"[[{section}.{key}]]\n") and (section, key) == (_KEYS[-1].section, _KEYS[-1].key):
+        return text  # blocks of an array of tables: valid only at the end of the file, where this key is
+    raise ValueError(f"unexpected TOML for {section}.{key}: {text!r}")

@@ -23,7 +23,12 @@ The directory is the union of its sources:
   (:func:`render_directory_file` writes one).
 
 Each source replaces only its own entries when it is re-read, so a relay
-that left a round's directory stops being a next hop.
+that left a round's directory stops being a next hop. A manifest's source
+also tells the relay the round's phases: a packet's release window must lie
+inside one of them (DESIGN.md §5; issue 13: far-future windows filled the
+hold queue). The directory also answers the link's questions: which node
+sits at an address (so a forwarder insists on it), and which addresses and
+node ids are neighbours (for the connection slots reserved for them).
 """
 
 from __future__ import annotations
@@ -40,8 +45,8 @@ import trio
 
 from anonml.errors import TransportError
 from anonml.crypto import NodeAddress
-from anonml.protocol import PATH_MANIFEST, InvalidManifest, SignedManifest
-from anonml.protocol._manifest import MAX_MANIFEST_BYTES
+from anonml.relay._metrics import DropReason
+from anonml.protocol import MAX_MANIFEST_BYTES, PATH_MANIFEST, InvalidManifest, SignedManifest
 
 logger = logging.getLogger("anonml.relay")
 
@@ -52,13 +57,13 @@ _MAX_DIRECTORY_FILE_BYTES = 1024 * 1024
 _MAX_DIRECTORY_ENTRIES = 4096
 _MAX_NODE_ID_BYTES = 64
 
-UNKNOWN_NEXT_HOP = "unknown-next-hop"
-ADDRESS_MISMATCH = "next-hop-address-mismatch"
+Span = tuple[int, int]
+"""A phase of a known round, ``(t_s, t_r)``: every hop window of its packets lies inside."""
 
 
 class DirectoryError(TransportError):
     """Raised by :func:`parse_directory_file`, :func:`load_directory_file` and
-    :func:`fetch_manifest_hops` for a directory source that cannot be read:
+    :func:`fetch_manifest` for a directory source that cannot be read:
     malformed or oversized JSON, an unreachable aggregator, an HTTP error, or
     a manifest whose signature or round id does not verify or that is signed
     by a key other than the aggregator's pinned identity."""
@@ -88,36 +93,72 @@ def _normalised_host(host: str) -> str:
 
 
 class NextHopDirectory:
-    """node id -> allowed addresses, merged over named sources."""
+    """node id -> allowed addresses, and the phases of known rounds, merged over named sources."""
 
     def __init__(self) -> None:
-        self._sources: dict[str, tuple[DirectoryEntry, ...]] = {}
+        self._sources: dict[str, tuple[tuple[DirectoryEntry, ...], tuple[Span, ...] | None]] = {}
         self._allowed: dict[bytes, frozenset[tuple[str, int]]] = {}
+        self._at: dict[tuple[str, int], bytes] = {}
+        self._spans: tuple[Span, ...] | None = None
 
-    def replace_source(self, source: str, entries: Iterable[DirectoryEntry]) -> None:
-        """Set the entries that ``source`` (a URL or a file path) provides."""
-        self._sources[source] = tuple(entries)
+    def replace_source(self, source: str, entries: Iterable[DirectoryEntry], spans: Iterable[Span] | None = None) -> None:
+        """Set the entries (and, for a round manifest, the phase spans) that ``source`` provides."""
+        self._sources[source] = (tuple(entries), None if spans is None else tuple(spans))
+        self._merge()
+
+    def remove_source(self, source: str) -> None:
+        self._sources.pop(source, None)
+        self._merge()
+
+    def _merge(self) -> None:
         allowed: dict[bytes, set[tuple[str, int]]] = {}
-        for source_entries in self._sources.values():
-            for entry in source_entries:
+        spans: list[Span] | None = None
+        for entries, source_spans in self._sources.values():
+            for entry in entries:
                 allowed.setdefault(entry.node_id, set()).add((_normalised_host(entry.host), entry.port))
+            if source_spans is not None:
+                spans = [*(spans or []), *source_spans]
         self._allowed = {node_id: frozenset(addresses) for node_id, addresses in allowed.items()}
+        self._at = {address: node_id for node_id, addresses in allowed.items() for address in addresses}
+        self._spans = None if spans is None else tuple(sorted(spans))
 
     def __len__(self) -> int:
         return len(self._allowed)
 
     def sources(self) -> Mapping[str, int]:
         """Entries per source (for logs)."""
-        return {source: len(entries) for source, entries in self._sources.items()}
+        return {source: len(entries) for source, (entries, _) in self._sources.items()}
 
-    def check(self, node_id: bytes, address: NodeAddress) -> str | None:
+    def check(self, node_id: bytes, address: NodeAddress) -> DropReason | None:
         """None if ``node_id`` is a next hop at ``address``, else the drop reason."""
         addresses = self._allowed.get(node_id)
         if addresses is None:
-            return UNKNOWN_NEXT_HOP
+            return DropReason.UNKNOWN_NEXT_HOP
         if (address.host, address.port) not in addresses:
-            return ADDRESS_MISMATCH
+            return DropReason.NEXT_HOP_ADDRESS_MISMATCH
         return None
+
+    @property
+    def knows_rounds(self) -> bool:
+        """Whether any source is a round manifest (a static file names no rounds)."""
+        return self._spans is not None
+
+    def window_known(self, start: int, end: int) -> bool:
+        """Whether ``[start, end]`` lies inside a phase of a known round (always, when none is known)."""
+        if self._spans is None:
+            return True
+        return any(t_s <= start and end <= t_r for t_s, t_r in self._spans)
+
+    def node_at(self, host: str, port: int) -> bytes | None:
+        """The node id listed at ``host:port``, if exactly one source names one."""
+        return self._at.get((_normalised_host(host), port))
+
+    def is_neighbour(self, node_id: bytes) -> bool:
+        return node_id in self._allowed
+
+    def neighbour_hosts(self) -> frozenset[str]:
+        """The IP addresses of every listed node (their connections get reserved slots)."""
+        return frozenset(host for host, _ in self._at)
 
 
 def entries_from_manifest(signed: SignedManifest) -> tuple[DirectoryEntry, ...]:
@@ -127,6 +168,11 @@ def entries_from_manifest(signed: SignedManifest) -> tuple[DirectoryEntry, ...]:
     hop = network.aggregator_hop
     entries.append(DirectoryEntry(hop.node_id, hop.host, hop.port))
     return tuple(entries)
+
+
+def spans_from_manifest(signed: SignedManifest) -> tuple[Span, ...]:
+    """Each query phase ``(t_s, t_r)`` of a verified manifest's schedule: every hop window lies in one."""
+    return tuple((phase.t_s, phase.t_r) for phase in signed.manifest.schedule.phases)
 
 
 def parse_directory_file(data: bytes) -> tuple[DirectoryEntry, ...]:
@@ -174,9 +220,9 @@ def load_directory_file(path: Path) -> tuple[DirectoryEntry, ...]:
     return parse_directory_file(data)
 
 
-async def fetch_manifest_hops(url: str, *, identity: bytes, timeout: float) -> tuple[DirectoryEntry, ...]:
-    """``GET {url}/v1/manifest``, verify it was signed by ``identity`` (the
-    aggregator's pinned Ed25519 key), and return its next hops.
+async def fetch_manifest(url: str, *, identity: bytes, timeout: float) -> SignedManifest:
+    """``GET {url}/v1/manifest`` and verify it was signed by ``identity`` (the
+    aggregator's pinned Ed25519 key).
 
     The whole exchange is bounded by ``timeout`` seconds and the body by the
     manifest size limit, so a slow or hostile server costs bounded time and
@@ -199,10 +245,14 @@ async def fetch_manifest_hops(url: str, *, identity: bytes, timeout: float) -> t
         raise DirectoryError(f"{url!r} did not serve its manifest within {timeout!r} s") from None
     except (httpx.HTTPError, httpx.InvalidURL, OSError) as exc:
         raise DirectoryError(f"cannot fetch the manifest from {url!r}: {exc!r}") from None
+    return verify_manifest(bytes(body), identity=identity, source=url)
+
+
+def verify_manifest(data: bytes, *, identity: bytes, source: str) -> SignedManifest:
+    """A signed manifest from ``source``, verified against the pinned ``identity``, or DirectoryError."""
     try:
         # The pinned key, never the one the manifest carries: anyone can sign a
         # manifest naming their own key (the issue-5 open-forwarder hole).
-        signed = SignedManifest.from_json(bytes(body), expected_identity=identity)
+        return SignedManifest.from_json(data, expected_identity=identity)
     except InvalidManifest as exc:
-        raise DirectoryError(f"the manifest from {url!r} does not verify: {exc}") from None
-    return entries_from_manifest(signed)
+        raise DirectoryError(f"the manifest from {source!r} does not verify: {exc}") from None

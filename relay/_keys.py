@@ -82,6 +82,12 @@ def load_identity(data_dir: Path) -> tuple[bytes, bytes]:
     return node_id_of(public), public
 
 
+def load_identity_key(data_dir: Path) -> bytes:
+    """The identity's X25519 private key: it authenticates the relay's links (protocol.LinkIdentity)."""
+    load_identity(data_dir)  # the same checks: initialised, private
+    return _read_secret(data_dir / IDENTITY_FILE)
+
+
 class KeyRing:
     """The epoch keys on disk and which of them accept packets at a given time."""
 

@@ -1,22 +1,74 @@
-"""Relay counters, structured log lines, and the Prometheus endpoint.
+"""Relay counters, drop reasons, structured log lines, and the Prometheus endpoint.
 
-Counters are plain integers on the trio thread (no locks needed). The optional
-endpoint serves them in the Prometheus text exposition format (version 0.0.4)
-at ``GET /metrics``; it reads at most one bounded request per connection with
-a timeout, so it is as hostile-input-safe as the link.
+Counters are plain integers on the trio thread (no locks needed); at each
+scrape a prometheus_client collector turns them into metric families and
+``generate_latest`` writes the text exposition format. The endpoint reads at
+most one bounded request per connection with a timeout, so it is as
+hostile-input-safe as the link.
 """
 
 from __future__ import annotations
 
+import enum
 import logging
 import time
 from collections import Counter
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 import trio
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from anonml.crypto import InvalidPacket
+from anonml.protocol import GateRefusal
 
 _REQUEST_LIMIT = 8192
 _REQUEST_TIMEOUT = 5.0
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+PREFIX = "anonml_relay_"
+
+
+class DropReason(enum.StrEnum):
+    """Every reason a relay drops (or refuses) a packet: the one spelling of each
+    ``anonml_relay_packets_dropped_total{reason=...}`` label."""
+
+    # The Sphinx layer (crypto's InvalidPacket subclasses, see from_packet_error).
+    WRONG_LENGTH = "wrong-length"
+    BAD_MAC = "bad-mac"
+    BAD_GROUP_ELEMENT = "bad-group-element"
+    BAD_ROUTING_INFO = "bad-routing-info"
+    BAD_PAYLOAD = "bad-payload"
+    INVALID_PACKET = "invalid-packet"
+    REPLAY = "replay"
+    NOT_FOR_RELAY = "not-for-relay"
+    # Its window: closed, too far ahead, or in no known round's phases.
+    LATE = "late"
+    WINDOW_TOO_FAR = "window-too-far"
+    UNKNOWN_WINDOW = "unknown-window"
+    # Its next hop.
+    UNKNOWN_NEXT_HOP = "unknown-next-hop"
+    NEXT_HOP_ADDRESS_MISMATCH = "next-hop-address-mismatch"
+    TOO_MANY_NEIGHBOURS = "too-many-neighbours"
+    # The relay's own limits and failures.
+    CAPACITY = "capacity"
+    REPLAY_CACHE_FULL = "replay-cache-full"
+    STORE_ERROR = "store-error"
+    EXPIRED_WHILE_DOWN = "expired-while-down"
+    # Forwarding.
+    NEXT_HOP_REJECTED = "next-hop-rejected"
+    NEXT_HOP_BUSY = "next-hop-busy"
+    NEXT_HOP_UNREACHABLE = "next-hop-unreachable"
+
+    @classmethod
+    def from_packet_error(cls, error: InvalidPacket) -> DropReason:
+        """The label of a Sphinx refusal (crypto spells its reasons with underscores)."""
+        try:
+            return cls(error.reason.replace("_", "-"))
+        except ValueError:
+            return cls.INVALID_PACKET
 
 
 def log_event(logger: logging.Logger, level: int, event: str, **context: object) -> None:
@@ -36,53 +88,98 @@ class RelayCounters:
     received: int = 0
     accepted: int = 0
     forwarded: int = 0
-    dropped: Counter[str] = field(default_factory=Counter)
+    dropped: Counter[DropReason] = field(default_factory=Counter)
     link_errors: Counter[str] = field(default_factory=Counter)
+    mirror_http: Counter[str] = field(default_factory=Counter)
+    """The mirror's HTTP server: connections refused by its caps, clients gone, failures."""
     connections_accepted: int = 0
-    connections_refused: int = 0
+    connections_refused: Counter[GateRefusal] = field(default_factory=Counter)
     connections_open: int = 0
+    neighbour_connections_open: int = 0
     forward_retries: int = 0
+    throttled_batches: int = 0
     held: int = 0
+    replay_tags: int = 0
+    store_failing: bool = False
+    store_failures: int = 0
     # Where the time goes (``anonml bench relay``): CPU seconds of intake
     # (Sphinx processing, replay tags and stores, commits), and wall seconds
     # inside SQLite (fsync waits included).
     intake_cpu_seconds: float = 0.0
     store_seconds: float = 0.0
 
-    def drop(self, reason: str, count: int = 1) -> None:
+    def drop(self, reason: DropReason, count: int = 1) -> None:
         self.dropped[reason] += count
 
 
-def render_prometheus(counters: RelayCounters) -> str:
-    """The counters in the Prometheus text format."""
-    lines: list[str] = []
+class _CountersCollector(Collector):
+    """The counters as Prometheus metric families, read at each scrape."""
 
-    def metric(name: str, kind: str, help_text: str, samples: list[tuple[str, int | float]]) -> None:
-        lines.append(f"# HELP anonml_relay_{name} {help_text}")
-        lines.append(f"# TYPE anonml_relay_{name} {kind}")
-        lines.extend(f"anonml_relay_{name}{labels} {value}" for labels, value in samples)
+    def __init__(self, counters: RelayCounters) -> None:
+        self._counters = counters
 
-    def by_reason(counter: Counter[str]) -> list[tuple[str, int | float]]:
-        return [(f'{{reason="{reason}"}}', value) for reason, value in sorted(counter.items())]
+    def collect(self) -> Iterator[Metric]:
+        c = self._counters
 
-    metric("packets_received_total", "counter", "Frames received on link connections.", [("", counters.received)])
-    metric("packets_accepted_total", "counter", "Packets stored for release.", [("", counters.accepted)])
-    metric("packets_forwarded_total", "counter", "Packets acknowledged by the next hop.", [("", counters.forwarded)])
-    metric("packets_dropped_total", "counter", "Packets not forwarded, by reason.", by_reason(counters.dropped))
-    metric("link_errors_total", "counter", "Link sessions ended by an error, by reason.", by_reason(counters.link_errors))
-    metric("connections_accepted_total", "counter", "Link connections served.", [("", counters.connections_accepted)])
-    metric("connections_refused_total", "counter", "Link connections closed at once (limit).",
-           [("", counters.connections_refused)])
-    metric("forward_retries_total", "counter", "Forwarding batches retried later.", [("", counters.forward_retries)])
-    metric("intake_cpu_seconds_total", "counter", "CPU seconds of intake: Sphinx processing and SQLite writes.",
-           [("", counters.intake_cpu_seconds)])
-    metric("store_seconds_total", "counter", "Seconds spent in SQLite writes and commits.",
-           [("", counters.store_seconds)])
-    metric("process_cpu_seconds_total", "counter", "CPU seconds used by the relay process.",
-           [("", time.process_time())])
-    metric("connections_open", "gauge", "Link connections open now.", [("", counters.connections_open)])
-    metric("packets_held", "gauge", "Packets held now.", [("", counters.held)])
-    return "\n".join(lines) + "\n"
+        def counter(name: str, help_text: str, value: float) -> CounterMetricFamily:
+            return CounterMetricFamily(PREFIX + name, help_text, value=value)
+
+        def gauge(name: str, help_text: str, value: float) -> GaugeMetricFamily:
+            return GaugeMetricFamily(PREFIX + name, help_text, value=value)
+
+        def by_reason(name: str, help_text: str, values: Iterable[tuple[str, int]]) -> CounterMetricFamily:
+            family = CounterMetricFamily(PREFIX + name, help_text, labels=["reason"])
+            for reason, value in sorted(values):
+                family.add_metric([str(reason)], value)
+            return family
+
+        yield counter("packets_received", "Frames received on link connections.", c.received)
+        yield counter("packets_accepted", "Packets stored for release.", c.accepted)
+        yield counter("packets_forwarded", "Packets acknowledged by the next hop.", c.forwarded)
+        yield by_reason("packets_dropped", "Packets not forwarded, by reason.", c.dropped.items())
+        yield by_reason("link_errors", "Link sessions ended by an error, by reason.", c.link_errors.items())
+        yield by_reason("mirror_http", "Mirror HTTP connections refused, clients gone and failures.",
+                        c.mirror_http.items())
+        yield counter("connections_accepted", "Link connections served.", c.connections_accepted)
+        yield by_reason("connections_refused", "Link connections closed at once, by limit.", c.connections_refused.items())
+        yield counter("forward_retries", "Forwarding batches retried later.", c.forward_retries)
+        yield counter("throttled_batches", "Batches delayed: their source had spent its budget of refused frames.",
+                      c.throttled_batches)
+        yield counter("store_failures", "SQLite commits that failed (disk full, read-only, I/O).", c.store_failures)
+        yield counter("intake_cpu_seconds", "CPU seconds of intake: Sphinx processing and SQLite writes.",
+                      c.intake_cpu_seconds)
+        yield counter("store_seconds", "Seconds spent in SQLite writes and commits.", c.store_seconds)
+        yield counter("process_cpu_seconds", "CPU seconds used by the relay process.", time.process_time())
+        yield gauge("connections_open", "Link connections open now.", c.connections_open)
+        yield gauge("neighbour_connections_open", "Link connections from authenticated directory neighbours.",
+                    c.neighbour_connections_open)
+        yield gauge("packets_held", "Packets held now.", c.held)
+        yield gauge("replay_tags", "Replay tags kept now (each until its packet's window ends).", c.replay_tags)
+        yield gauge("healthy", "1 while the store commits; 0 while commits fail (packets are refused BUSY).",
+                    0 if c.store_failing else 1)
+
+
+def render_prometheus(counters: RelayCounters) -> bytes:
+    """The counters in the Prometheus text exposition format."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_CountersCollector(counters))
+    return generate_latest(registry)
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """A scrape of a relay's endpoint as ``{name: value}`` (prometheus_client's parser): names
+    without the ``anonml_relay_`` prefix and ``_total`` suffix, ``name/reason`` for labelled samples."""
+    values: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        if not family.name.startswith(PREFIX):
+            continue
+        name = family.name.removeprefix(PREFIX)
+        for sample in family.samples:
+            if sample.name.endswith("_created"):
+                continue
+            reason = sample.labels.get("reason")
+            values[f"{name}/{reason}" if reason else name] = float(sample.value)
+    return values
 
 
 async def _handle_metrics(stream: trio.SocketStream, counters: RelayCounters) -> None:
@@ -95,8 +192,8 @@ async def _handle_metrics(stream: trio.SocketStream, counters: RelayCounters) ->
                     break
                 request += chunk
         if request.startswith(b"GET /metrics ") or request.startswith(b"GET / "):
-            body = render_prometheus(counters).encode()
-            head = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\n"
+            body = render_prometheus(counters)
+            head = f"HTTP/1.1 200 OK\r\nContent-Type: {CONTENT_TYPE}\r\n".encode()
         else:
             body = b"not found\n"
             head = b"HTTP/1.1 404 Not Found\r\nContent-Type: text/plain\r\n"
@@ -110,14 +207,12 @@ async def _handle_metrics(stream: trio.SocketStream, counters: RelayCounters) ->
 
 
 async def serve_metrics(
-    host: str,
-    port: int,
+    listeners: list[trio.SocketListener],
     counters: RelayCounters,
     *,
     task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve ``/metrics`` on ``host:port``; reports the bound address when listening."""
-    listeners = await trio.open_tcp_listeners(port, host=host)
+    """Serve ``/metrics`` on ``listeners``; reports the bound address."""
     bound = listeners[0].socket.getsockname()
     task_status.started((str(bound[0]), int(bound[1])))
 

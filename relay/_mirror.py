@@ -25,14 +25,12 @@ manifest, the signed roster head, and every signed receipt-log head:
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from functools import partial
 
 import httpx
 import trio
-from hypercorn.config import Config as HypercornConfig
-from hypercorn.trio import serve as hypercorn_serve
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
@@ -47,17 +45,22 @@ from anonml.protocol import (
     Check,
     DocumentKind,
     HeadsResponse,
+    HttpLimits,
     InvalidDocument,
     SignedDocument,
     SignedManifest,
     SurveyId,
     TreeHead,
     canonical_json,
+    serve_http,
 )
 from anonml.relay._config import PinnedAggregator
 from anonml.relay._metrics import log_event
 
 logger = logging.getLogger("anonml.relay")
+
+MIRROR_LIMITS = HttpLimits(max_connections=128, max_connections_per_source=16)
+"""Well below the relay's link capacity: every peer polls the mirror a few times per round."""
 
 @dataclass
 class MirroredAggregator:
@@ -191,20 +194,22 @@ async def serve_mirror(
     *,
     refresh_seconds: float = 1.0,
     timeout: float = 10.0,
+    limits: HttpLimits = MIRROR_LIMITS,
+    counts: Counter[str] | None = None,
     task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Mirror every pinned aggregator, refreshing every ``refresh_seconds``; report the mirror's base URL."""
+    """Mirror every pinned aggregator, refreshing every ``refresh_seconds``; report the mirror's base URL.
+
+    Served behind ``protocol.serve_http``'s connection caps and deadlines
+    (issue 13): the mirror is public and shares the relay's process, so slow
+    or piled-up clients must not take the file descriptors its link needs.
+    ``counts`` gets the HTTP server's refusals and departed clients.
+    """
     mirrored = [MirroredAggregator(pinned) for pinned in aggregators]
-    config = HypercornConfig()
-    host = f"[{listen[0]}]" if ":" in listen[0] else listen[0]
-    config.bind = [f"{host}:{listen[1]}"]
-    config.accesslog = None
-    config.errorlog = logger
-    config.h11_max_incomplete_size = 8192
+    counts = counts if counts is not None else Counter()
     # The client outlives the nursery's tasks (they use it until cancelled).
     async with httpx.AsyncClient(timeout=httpx.Timeout(timeout)) as client, trio.open_nursery() as nursery:
-        # Starlette is an ASGI app; hypercorn's typing of ASGI callables is narrower than starlette's.
-        binds = await nursery.start(partial(hypercorn_serve, build_mirror_app(mirrored), config, mode="asgi"))  # type: ignore[arg-type]
+        url = await nursery.start(serve_http, build_mirror_app(mirrored), listen[0], listen[1], limits, counts)
 
         async def refresh_forever(m: MirroredAggregator) -> None:
             while True:
@@ -213,4 +218,4 @@ async def serve_mirror(
 
         for m in mirrored:
             nursery.start_soon(refresh_forever, m)
-        task_status.started(binds[0])
+        task_status.started(url)

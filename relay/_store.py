@@ -1,4 +1,5 @@
-"""The relay's durable state: held packets and replay tags, in SQLite (WAL).
+"""The relay's durable state: held packets, replay tags and the last verified
+round manifests, in SQLite (WAL).
 
 DESIGN.md §10: a packet is acknowledged only after it is durable. The relay
 stores each accepted packet (already re-encrypted for the next hop, so it
@@ -6,6 +7,17 @@ reveals nothing the wire did not) together with its release time in one
 transaction per link batch (group commit), and only then sends the acks. The
 replay tag is written in the same transaction, so a crash can never keep a
 tag without its packet or the reverse.
+
+Replay tags are kept until their packet's window ends (DESIGN.md §5: "kept
+until its window ends"), not until the key epoch rotates: a packet can only
+be accepted inside its window, so an expired tag protects nothing, and
+expiring tags with their window bounds the cache by the traffic of
+``max_hold_seconds`` instead of a week's (issue 13: late packets used to fill
+the cache until rotation).
+
+The manifests are the relay's directory as last verified (issue 13: a
+restarted relay forwards at once instead of refusing until its first fetch);
+they are re-verified against the pinned identity when loaded.
 
 Calls are synchronous and run on the trio thread: one indexed insert costs a
 few microseconds, far below the Sphinx work per packet, and one commit per
@@ -16,7 +28,7 @@ from __future__ import annotations
 
 import sqlite3
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +41,7 @@ STORE_FILE = "relay.sqlite3"
 SCHEMA = Schema(
     name="relay",
     application_id=0x414E5201,  # "ANR\x01"
-    version=1,
+    version=2,
     tables="""
 CREATE TABLE held (
     id INTEGER PRIMARY KEY,
@@ -39,15 +51,45 @@ CREATE TABLE held (
     next_port INTEGER NOT NULL,
     packet BLOB NOT NULL
 );
-CREATE TABLE replay_tags (
-    epoch INTEGER NOT NULL,
-    tag BLOB NOT NULL,
-    PRIMARY KEY (epoch, tag)
-) WITHOUT ROWID;
+CREATE TABLE replay_tags (tag BLOB PRIMARY KEY, expires_at REAL NOT NULL) WITHOUT ROWID;
+CREATE INDEX replay_tags_expiry ON replay_tags (expires_at);
+CREATE TABLE manifests (
+    round_id BLOB PRIMARY KEY,
+    source TEXT NOT NULL,
+    signed BLOB NOT NULL,
+    ends_at REAL NOT NULL
+);
 """,
-    # Relays from before stores were versioned wrote these same tables.
+    migrations={
+        # Version 1 kept tags per key epoch until the key was erased (at most
+        # an epoch plus its grace: 8 days by default): keep each that long.
+        1: """
+CREATE TABLE replay_tags_v2 (tag BLOB PRIMARY KEY, expires_at REAL NOT NULL) WITHOUT ROWID;
+INSERT OR IGNORE INTO replay_tags_v2 SELECT tag, CAST(strftime('%s', 'now') AS REAL) + 691200 FROM replay_tags;
+DROP TABLE replay_tags;
+ALTER TABLE replay_tags_v2 RENAME TO replay_tags;
+CREATE INDEX replay_tags_expiry ON replay_tags (expires_at);
+CREATE TABLE manifests (
+    round_id BLOB PRIMARY KEY,
+    source TEXT NOT NULL,
+    signed BLOB NOT NULL,
+    ends_at REAL NOT NULL
+)
+""",
+    },
+    # Relays from before stores were versioned wrote version 1's tables.
     unversioned=1,
 )
+
+
+@dataclass(frozen=True)
+class StoredManifest:
+    """A round manifest as the relay last verified it: ``source`` is the aggregator URL."""
+
+    round_id: bytes
+    source: str
+    signed: bytes
+    ends_at: float
 
 
 @dataclass(frozen=True)
@@ -115,17 +157,35 @@ class RelayStore:
             # Whole transactions (the commit's fsync included) count as store time.
             self.busy_seconds += time.perf_counter() - started
 
-    def record_tag(self, epoch: int, tag: bytes) -> bool:
-        """Record ``tag`` for ``epoch``; False if it was already there (a replay)."""
-        return self._write("INSERT OR IGNORE INTO replay_tags (epoch, tag) VALUES (?, ?)", [(epoch, tag)]) == 1
+    def tag_seen(self, tag: bytes) -> bool:
+        """Whether ``tag`` is in the replay cache (an unexpired packet carried it)."""
+        return bool(self._query("SELECT 1 FROM replay_tags WHERE tag = ?", (tag,)))
 
-    def tag_counts(self) -> dict[int, int]:
-        return {int(e): int(n) for e, n in self._query("SELECT epoch, COUNT(*) FROM replay_tags GROUP BY epoch")}
+    def record_tags(self, rows: Sequence[tuple[bytes, float]]) -> None:
+        """Record ``(tag, expires_at)`` rows in the open transaction."""
+        self._write("INSERT OR IGNORE INTO replay_tags (tag, expires_at) VALUES (?, ?)", rows)
 
-    def erase_epochs(self, epochs: Iterable[int]) -> None:
-        """Erase the replay tags of ``epochs`` (their keys are gone)."""
+    def tag_count(self) -> int:
+        return int(self._query("SELECT COUNT(*) FROM replay_tags")[0][0])
+
+    def expire_tags(self, now: float) -> int:
+        """Forget tags whose window has ended (one transaction); how many."""
         with self.transaction():
-            self._write("DELETE FROM replay_tags WHERE epoch = ?", [(e,) for e in epochs])
+            return self._write("DELETE FROM replay_tags WHERE expires_at < ?", [(now,)])
+
+    def save_manifest(self, manifest: StoredManifest) -> None:
+        with self.transaction():
+            self._write("INSERT OR REPLACE INTO manifests (round_id, source, signed, ends_at) VALUES (?, ?, ?, ?)",
+                        [(manifest.round_id, manifest.source, manifest.signed, manifest.ends_at)])
+
+    def manifests(self) -> list[StoredManifest]:
+        rows = self._query("SELECT round_id, source, signed, ends_at FROM manifests ORDER BY ends_at")
+        return [StoredManifest(bytes(r), str(s), bytes(b), float(e)) for r, s, b, e in rows]
+
+    def forget_manifests(self, round_ids: Sequence[bytes]) -> None:
+        if round_ids:
+            with self.transaction():
+                self._write("DELETE FROM manifests WHERE round_id = ?", [(r,) for r in round_ids])
 
     def insert_held(self, rows: Sequence[tuple[float, float, str, int, bytes]]) -> list[int]:
         """Store ``(release_at, window_end, next_host, next_port, packet)`` rows; their ids in order."""

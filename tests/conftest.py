@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -34,3 +35,43 @@ def relay_processes() -> Iterator[list[trio.Process]]:
     for process in processes:
         if process.returncode is None:
             process.kill()
+
+
+class Tmpfs:
+    """A small tmpfs standing in for a disk (issue 13's full and read-only disks): :meth:`fill`
+    writes a filler file to the last byte, :meth:`free` deletes it (space returns)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.filler = path / "filler"
+
+    def fill(self) -> None:
+        with self.filler.open("ab", buffering=0) as handle:
+            for size in (65536, 4096, 512, 64, 8, 1):
+                try:
+                    while True:
+                        handle.write(b"\0" * size)
+                except OSError:
+                    continue
+
+    def free(self) -> None:
+        self.filler.unlink()
+
+    def remount_read_only(self) -> None:
+        subprocess.run(["mount", "-o", "remount,ro", str(self.path)], check=True)
+
+
+@pytest.fixture
+def tmpfs(tmp_path: Path) -> Iterator[Tmpfs]:
+    """A 4 MiB tmpfs at ``tmp_path / "disk"``; mounting needs root (CI and the developers' machines
+    run as root), elsewhere the test is skipped, saying so."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m,mode=700", "tmpfs", str(mount)],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"a full disk needs a tmpfs mount (root): {done.stderr.strip()}")
+    try:
+        yield Tmpfs(mount)
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)

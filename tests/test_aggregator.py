@@ -38,6 +38,7 @@ from anonml.protocol import (
     CredentialRequest,
     LinkClient,
     Check,
+    LinkIdentity,
     ReceiptSegment,
     RegisterRequest,
     RosterEntry,
@@ -51,11 +52,15 @@ from anonml.testing import SettableClock, SimulatedPeer
 T0 = 1_800_000_000
 
 
+# The relays' identity keys: their node ids are in the manifest, and the sink takes packets only from them.
+RELAY_IDENTITIES = [LinkIdentity(bytes([0x70 + i]) * 32) for i in range(2)]
+
+
 def spec_document(**participation: Any) -> dict[str, Any]:
     relays = []
-    for i in range(2):
+    for i, identity in enumerate(RELAY_IDENTITIES):
         _, public = generate_keypair()
-        relays.append({"node_id": (bytes([i + 1]) * 16).hex(), "host": "127.0.0.1", "port": 9000 + i, "public_key": public.hex(), "key_epoch": 1})
+        relays.append({"node_id": identity.node_id.hex(), "host": "127.0.0.1", "port": 9000 + i, "public_key": public.hex(), "key_epoch": 1})
     return {
         "name": "test-round",
         "task": {
@@ -216,11 +221,27 @@ def credentialed_peers(state: RoundState, clock: SettableClock) -> list[Simulate
     return peers
 
 
-async def verified(state: RoundState) -> None:
-    """Wait until the sink's background verifier has decided every received frame."""
+async def verified(state: RoundState, rejected: int = 0) -> None:
+    """Wait until the sink's background verifier has decided every received message (and at
+    least ``rejected`` rejections, some counted at intake, are stored)."""
     with trio.fail_after(30):
-        while state.store.inbox_size():
+        while state.store.inbox_size() or sum(state.store.rejections().values()) < rejected:
             await trio.sleep(0.02)
+
+
+def relay_client(sink: tuple[str, int], state: RoundState, relay: int = 0) -> LinkClient:
+    """A last-hop relay's link to the sink (authenticated with a relay key the manifest lists)."""
+    geometry = state.geometry
+    return LinkClient(*sink, packet_size=geometry.packet_size, geometry_hash=geometry.canonical_hash(),
+                      identity=RELAY_IDENTITIES[relay], expect_node_id=state.manifest.aggregator_hop.node_id)
+
+
+def deliver(state: RoundState, frames: list[bytes]) -> None:
+    """What the sink does with frames it receives now: final layer checked, messages stored."""
+    from anonml.aggregator._verify import Delivered, open_frames
+
+    opened = [item for item in open_frames(state, frames) if isinstance(item, Delivered)]
+    state.store.enqueue([(d.tag, d.message) for d in opened], state.now())
 
 
 async def test_packet_sink_accepts_and_rejects_by_reason(served: Any) -> None:
@@ -263,13 +284,12 @@ async def test_packet_sink_accepts_and_rejects_by_reason(served: Any) -> None:
         "bad-packet": bytes(len(good)),
         "unknown-survey": b.packet(SurveyId.data(bytes(32), 0, 0), report(0, 1)),
     }
-    geometry = state.manifest.sphinx_geometry()
-    client = LinkClient(*addresses.sink, packet_size=geometry.packet_size, geometry_hash=geometry.canonical_hash())
+    client = relay_client(addresses.sink, state)
     statuses = []
     for name, frame in frames.items():
         statuses.append((name, (await client.send_batch([frame], give_up_at=trio.current_time() + 20))[0]))
     await client.aclose()
-    await verified(state)
+    await verified(state, rejected=8)
     rejected = state.store.rejections()
     counts = state.store.counts()
     # Accepted once; the duplicate delivery (same report, fresh token and packet) counted once.
@@ -286,8 +306,13 @@ async def test_packet_sink_accepts_and_rejects_by_reason(served: Any) -> None:
     from anonml.aggregator import REJECTION_REASONS
 
     assert set(rejected) <= set(REJECTION_REASONS), rejected
-    # Every frame was durable before its acknowledgement; verdicts are not sent back (STYLE.md 8).
-    assert [status.name for _, status in statuses] == ["ACCEPTED"] * len(statuses)
+    # Every frame was durable before its acknowledgement. A frame whose final layer fails, or a
+    # replay of one stored, is refused at the link and never stored (DESIGN.md §5); which check
+    # failed is not sent back (STYLE.md 8), and later verdicts are not sent at all.
+    refused_at_link = {"replay", "bad-packet"}
+    assert [status.name for _, status in statuses] == [
+        "REJECTED" if name in refused_at_link else "ACCEPTED" for name in frames
+    ]
     # The first check's signed heads (what the driver does at t_c): one receipt in the partition's log.
     state.publish_heads(data, Check.FIRST)
     body = (await get(addresses.http_url, f"/v1/receipts/data/{own.partition}/0")).content
@@ -298,7 +323,7 @@ async def test_packet_sink_accepts_and_rejects_by_reason(served: Any) -> None:
     # Outside the window: refused and counted.
     clock.now = data.t_r  # the window is [t_s + δ, t_r): t_r itself is late
     late = b.packet(own, report(0, 1))
-    client = LinkClient(*addresses.sink, packet_size=geometry.packet_size, geometry_hash=geometry.canonical_hash())
+    client = relay_client(addresses.sink, state)
     await client.send_batch([late], give_up_at=trio.current_time() + 20)
     await client.aclose()
     await verified(state)
@@ -446,9 +471,9 @@ def test_worker_processes_verify_and_issue_as_the_thread_does(tmp_path: Path) ->
     assert {r for r in in_thread if isinstance(r, JobRefused)} == {JobRefused("wrong-partition")}
 
 
-def test_a_replay_in_a_batch_opened_before_the_first_is_stored_is_a_replay(tmp_path: Path) -> None:
-    """The sink opens one batch while it stores the previous one: tags in flight count as seen."""
-    from anonml.aggregator._verify import finish_batch, open_batch
+def test_a_replay_is_refused_whether_its_first_copy_waits_in_the_inbox_or_is_verified(tmp_path: Path) -> None:
+    """The inbox's unique tag catches a copy of a message awaiting verification, the replay cache one verified."""
+    from anonml.aggregator._verify import Delivered, judge_batch, open_batch, open_frames, store_judged
 
     clock = SettableClock(T0 + 1)
     state, _ = make_round(tmp_path, clock)
@@ -459,15 +484,15 @@ def test_a_replay_in_a_batch_opened_before_the_first_is_stored_is_a_replay(tmp_p
     oracle = state.data_oracle(0, 0)
     report = oracle.encode_report(oracle.privatize(np.array([1]), np.random.default_rng(0))[0])
     frame = sender.packet(SurveyId.data(state.round_id, 0, 0), report)
-    workers = IssuerWorkers(state.secrets.issuer_key)
-    first = open_batch(state, [frame], state.now())
-    second = open_batch(state, [frame], state.now(), in_flight=first.tags)
-    assert first.outcomes == [""] and second.outcomes == ["replay"]
-    assert finish_batch(state, first, workers) == ["accepted"]
-    assert finish_batch(state, second, workers) == ["replay"]
-    # Once stored, the store's replay cache catches it without the in-flight set.
-    assert open_batch(state, [frame], state.now()).outcomes == ["replay"]
-    assert state.store.counts()["accepted"] == 1 and state.store.rejections() == {"replay": 1}
+    [opened] = open_frames(state, [frame])
+    assert isinstance(opened, Delivered)
+    first = state.store.enqueue([(opened.tag, opened.message)], state.now())
+    assert first[0] is not None and state.store.enqueue([(opened.tag, opened.message)], state.now()) == [None]
+    rows = state.store.inbox_batch(10)
+    judged = judge_batch(state, open_batch(state, rows), IssuerWorkers(state.secrets.issuer_key))
+    assert store_judged(state, judged) == ["accepted"]
+    assert state.store.enqueue([(opened.tag, opened.message)], state.now()) == [None]
+    assert state.store.counts()["accepted"] == 1 and state.store.inbox_size() == 0
 
 
 def test_schedule_leaves_a_publish_gap_before_phases_that_need_results() -> None:
@@ -603,9 +628,9 @@ async def test_frames_are_judged_at_arrival_and_results_wait_for_them(
         answering = [p for p in peers if p.partition == 0]
         survey = SurveyId.median(state.round_id, 0)
         # Received (durable, acknowledged) inside the window, verified only later.
-        state.store.enqueue([p.packet(survey, encode_median_report([1])) for p in answering[:-1]], state.now())
+        deliver(state, [p.packet(survey, encode_median_report([1])) for p in answering[:-1]])
         await trio.sleep(2)
-        state.store.enqueue([answering[-1].packet(survey, encode_median_report([1]))], state.now())
+        deliver(state, [answering[-1].packet(survey, encode_median_report([1]))])
         await trio.sleep(5)
         assert state.medians() is None  # the driver waits for the verifier
         nursery.start_soon(sink.verify_forever)
@@ -622,23 +647,30 @@ async def test_frames_are_judged_at_arrival_and_results_wait_for_them(
     assert medians is not None and medians.medians["size"] > 5.0
 
 
-async def test_a_full_inbox_answers_busy_and_stores_nothing(tmp_path: Path) -> None:
+async def test_a_full_inbox_answers_busy_and_unauthenticated_frames_are_never_stored(tmp_path: Path) -> None:
+    """Issue 13 "sink flood": random frames were stored durably before any MAC check (5,603 per
+    second from one connection) until the inbox cap made honest relays' packets BUSY."""
     from anonml.aggregator._sink import PacketSink
     from anonml.protocol import AckStatus
 
-    state, _ = make_round(tmp_path, SettableClock(T0 + 1))
+    clock = SettableClock(T0 + 1)
+    state, _ = make_round(tmp_path, clock)
+    peers = credentialed_peers(state, clock)
+    data = state.manifest.schedule.data
+    clock.now = data.t_s + data.delta + 1
     sink = PacketSink(state, IssuerWorkers(state.secrets.issuer_key), max_inbox=3)
-    frame = bytes(state.geometry.packet_size)
-    assert await sink.on_packets([frame, frame]) == [AckStatus.ACCEPTED] * 2
-    assert await sink.on_packets([frame, frame]) == [AckStatus.BUSY] * 2
+    rng = np.random.default_rng(3)
+    garbage = [rng.bytes(state.geometry.packet_size) for _ in range(500)]
+    assert await sink.on_packets(garbage) == [AckStatus.REJECTED] * 500
+    assert state.store.inbox_size() == 0 and sink.pending_refusals() == {"bad-packet": 500}
+    oracle = state.data_oracle(0, 0)
+    report = oracle.encode_report(oracle.privatize(np.array([1]), rng)[0])
+    honest = [p.packet(SurveyId.data(state.round_id, p.partition, 0), report) for p in peers]
+    assert await sink.on_packets(honest[:2]) == [AckStatus.ACCEPTED] * 2
+    assert await sink.on_packets(honest[2:]) == [AckStatus.BUSY] * 2  # the inbox holds 3
     assert state.store.inbox_size() == 2 and state.link_errors["inbox-full"] == 2
-    # Verification drains the inbox (both frames are garbage: counted as bad packets).
-    from anonml.aggregator._verify import process_batch
-
-    rows = state.store.inbox_batch(10)
-    process_batch(state, [r[1] for r in rows], [r[2] for r in rows], inbox_ids=[r[0] for r in rows])
-    assert state.store.inbox_size() == 0 and state.store.rejections() == {"bad-packet": 2}
-    assert await sink.on_packets([frame]) == [AckStatus.ACCEPTED]
+    # The refusals rode on the commit of the authentic ones.
+    assert state.store.rejections() == {"bad-packet": 500} and sink.pending_refusals() == {}
 
 
 async def test_concurrent_registrations_are_group_committed(served: Any) -> None:
@@ -661,10 +693,11 @@ async def test_concurrent_registrations_are_group_committed(served: Any) -> None
 async def test_the_roster_waits_for_registrations_admitted_before_the_deadline(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
+    from anonml.aggregator._health import Health
     from anonml.aggregator._service import RegistrationBatcher
 
     state, _ = make_round(tmp_path, lambda: T0 + trio.current_time())
-    batcher = RegistrationBatcher(state)
+    batcher = RegistrationBatcher(state, Health())
     deadline = state.manifest.schedule.t_register_end
     peers = [SigningKey(bytes([i]) * 32) for i in range(1, 4)]
 

@@ -146,3 +146,42 @@ def test_run_on_a_taken_port_fails_with_a_clear_message(tmp_path: Path) -> None:
         result = runner.invoke(main, ["aggregator", "run", "--data-dir", str(tmp_path / "agg"), "--round", round_id])
     assert result.exit_code == 1
     assert "cannot serve the round" in result.output
+
+
+def test_sigterm_stops_run_and_its_worker_processes_and_a_second_run_is_refused(tmp_path: Path) -> None:
+    """Issue 14: after a SIGTERM the two pool workers and the multiprocessing resource tracker
+    outlived ``aggregator run --processes 2``; and a second run on the same directory started anyway."""
+    import signal
+    import time
+
+    import psutil
+
+    runner = CliRunner()
+    data_dir = tmp_path / "agg"
+    assert runner.invoke(main, ["aggregator", "init", "--data-dir", str(data_dir)]).exit_code == 0
+    spec = write_spec(tmp_path / "round.toml").read_text().replace("register = 1", "register = 600")
+    (tmp_path / "round.toml").write_text(spec)
+    created = runner.invoke(main, ["aggregator", "round", "new", "--data-dir", str(data_dir),
+                                   "--spec", str(tmp_path / "round.toml")])
+    assert created.exit_code == 0, created.output
+    command = [sys.executable, "-c", "import sys; from anonml.cli import main; sys.exit(main())",
+               "aggregator", "run", "--data-dir", str(data_dir), "--processes", "2"]
+    run = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
+    try:
+        assert run.stderr is not None
+        deadline = time.monotonic() + 120
+        while "serving" not in run.stderr.readline():
+            assert time.monotonic() < deadline and run.poll() is None
+        family = psutil.Process(run.pid).children(recursive=True)
+        assert len(family) >= 2  # the two workers (and the resource tracker)
+        second = subprocess.run(command, capture_output=True, text=True, timeout=120)
+        assert second.returncode == 1 and "Traceback" not in second.stderr
+        assert f"in use by pid {run.pid}" in second.stderr
+        run.send_signal(signal.SIGTERM)
+        assert run.wait(timeout=60) == 143
+        _, alive = psutil.wait_procs(family, timeout=30)
+        assert alive == [], alive
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()

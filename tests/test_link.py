@@ -15,7 +15,10 @@ from hypothesis import strategies as st
 from anonml.protocol import (
     HELLO_REPLY_BYTES,
     AckStatus,
+    AuthVerdict,
+    ConnectionGate,
     HelloStatus,
+    LinkIdentity,
     LinkClient,
     LinkError,
     LinkLimits,
@@ -23,11 +26,11 @@ from anonml.protocol import (
     encode_hello,
     serve_link,
 )
-from anonml.protocol._link import check_hello, parse_acks, parse_hello_reply
+from anonml.protocol._link import CONFIRM_BYTES, check_hello, parse_acks, parse_hello_reply
 
 SIZE = 64
 GEOMETRY = bytes(range(32))
-LIMITS = LinkLimits(hello_timeout=2.0, idle_timeout=5.0, frame_timeout=3.0, send_timeout=2.0)
+LIMITS = LinkLimits(hello_timeout=2.0, first_frame_timeout=1.0, idle_timeout=5.0, frame_timeout=3.0, send_timeout=2.0)
 
 
 class Recorder:
@@ -163,7 +166,10 @@ async def test_truncated_frame_acks_complete_frames_first(autojump_clock: trio.t
     [
         ("nothing", "hello-timeout", LIMITS.hello_timeout),
         ("half-hello", "hello-timeout", LIMITS.hello_timeout),
-        ("idle", "idle-timeout", LIMITS.idle_timeout),
+        # Silent after the hello: the idle-slot attack of issue 13 (closed after
+        # first_frame_timeout, not after the 60 s idle timeout as before).
+        ("idle", "first-frame-timeout", LIMITS.first_frame_timeout),
+        ("idle-after-a-frame", "idle-timeout", LIMITS.idle_timeout),
         ("half-frame", "frame-timeout", LIMITS.frame_timeout),
     ],
 )
@@ -178,9 +184,12 @@ async def test_every_read_has_a_timeout(
         nursery.start_soon(lambda: _collect(result, run_server(server, recorder)))
         if prefix_kind == "half-hello":
             await client.send_all(hello[:7])
-        elif prefix_kind in ("idle", "half-frame"):
+        elif prefix_kind in ("idle", "idle-after-a-frame", "half-frame"):
             await client.send_all(hello)
             await receive_exactly(client, HELLO_REPLY_BYTES)
+        if prefix_kind == "idle-after-a-frame":
+            await client.send_all(frame(0))
+            await receive_exactly(client, 1)
         started = trio.current_time()
         if prefix_kind == "half-frame":
             await client.send_all(frame(0)[:SIZE // 2])
@@ -343,3 +352,115 @@ async def test_concurrent_batches_are_pipelined_on_one_connection_and_survive_a_
         ]
     # All six shared one connection until the break, then one more.
     assert client.connects == 2 and client.failures >= 1
+
+
+# -- authentication (static-static X25519 proof bound to the hello) ------------
+
+
+SERVER = LinkIdentity(bytes(range(1, 33)))
+NEIGHBOUR = LinkIdentity(bytes(range(2, 34)))
+STRANGER = LinkIdentity(bytes(range(3, 35)))
+
+
+def admit_only(*node_ids: bytes) -> Callable[[bytes | None], bool]:
+    return lambda node_id: node_id in node_ids
+
+
+async def serve_authenticating(
+    admit: Callable[[bytes | None], bool], stats: list[LinkSessionStats], recorder: Recorder,
+    *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    async def handler(stream: trio.SocketStream) -> None:
+        session = LinkSessionStats()
+        stats.append(session)
+        try:
+            await serve_link(stream, recorder, packet_size=SIZE, geometry_hash=GEOMETRY, limits=LIMITS,
+                             stats=session, identity=SERVER, admit=admit)
+        except LinkError:
+            pass
+        finally:
+            await stream.aclose()
+
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    task_status.started(listeners[0].socket.getsockname()[1])
+    await trio.serve_listeners(handler, listeners)
+
+
+async def test_an_authenticated_neighbour_is_known_by_its_node_id_and_strangers_are_refused() -> None:
+    recorder, stats = Recorder(), []
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(serve_authenticating, admit_only(NEIGHBOUR.node_id), stats, recorder)
+        neighbour = LinkClient("127.0.0.1", port, packet_size=SIZE, geometry_hash=GEOMETRY, identity=NEIGHBOUR,
+                               expect_node_id=SERVER.node_id)
+        assert await neighbour.send_batch([frame(1)], give_up_at=trio.current_time() + 5) == [AckStatus.ACCEPTED]
+        assert stats[0].peer == NEIGHBOUR.node_id
+        for client in (
+            # A key the server does not admit, and no key at all.
+            LinkClient("127.0.0.1", port, packet_size=SIZE, geometry_hash=GEOMETRY, identity=STRANGER),
+            LinkClient("127.0.0.1", port, packet_size=SIZE, geometry_hash=GEOMETRY),
+        ):
+            assert await client.send_batch([frame(2)], give_up_at=trio.current_time() + 0.2) == [None]
+            assert client.connects == 0 and client.failures >= 1
+        await neighbour.aclose()
+        nursery.cancel_scope.cancel()
+    assert [f[1:5] for f in recorder.frames] == [(1).to_bytes(4, "big")]
+
+
+async def test_a_proof_made_for_another_session_or_key_is_refused(autojump_clock: trio.testing.MockClock) -> None:
+    """Replaying a neighbour's proof (or claiming its key without the private half) fails."""
+    from anonml.crypto import CLIENT_ROLE, link_proof, link_session_key
+
+    client, server = trio.testing.memory_stream_pair()
+    result: list[LinkError | None] = []
+    async with trio.open_nursery() as nursery:
+        async def run() -> None:
+            try:
+                await serve_link(server, Recorder(), packet_size=SIZE, geometry_hash=GEOMETRY, limits=LIMITS,
+                                 identity=SERVER, admit=admit_only(NEIGHBOUR.node_id))
+            except LinkError as exc:
+                result.append(exc)
+        nursery.start_soon(run)
+        hello = encode_hello(SIZE, GEOMETRY, key=NEIGHBOUR.public_key)
+        await client.send_all(hello)
+        reply = await receive_exactly(client, HELLO_REPLY_BYTES)
+        # A proof for a different transcript (an earlier session's), under the right key.
+        stale = hello[:-1] + bytes([hello[-1] ^ 1]) + reply
+        key = link_session_key(NEIGHBOUR.private_key, SERVER.public_key, stale)
+        await client.send_all(link_proof(key, CLIENT_ROLE, stale))
+        confirm = await receive_exactly(client, CONFIRM_BYTES)
+    assert confirm[0] == AuthVerdict.REFUSED
+    assert result[0].reason == "auth-failed"
+
+
+async def test_a_client_that_expects_a_node_refuses_an_impostor_at_its_address() -> None:
+    recorder, stats = Recorder(), []
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(serve_authenticating, admit_only(NEIGHBOUR.node_id), stats, recorder)
+        client = LinkClient("127.0.0.1", port, packet_size=SIZE, geometry_hash=GEOMETRY, identity=NEIGHBOUR,
+                            expect_node_id=STRANGER.node_id)
+        assert await client.send_batch([frame(1)], give_up_at=trio.current_time() + 0.2) == [None]
+        nursery.cancel_scope.cancel()
+    assert recorder.frames == []
+
+
+def test_the_gate_caps_each_source_and_keeps_reserved_slots_for_neighbours() -> None:
+    gate = ConnectionGate(max_total=14, max_per_source=3, reserved=4)  # ten public slots
+    burst = [gate.open("10.0.0.1") for _ in range(8)]
+    # While the public slots are less than half taken a source may take more than its share ...
+    assert sum(slot is not None for slot in burst) == 5 and gate.refused["per-source"] == 3
+    crowd = [gate.open(f"10.0.1.{i}") for i in range(10)]
+    # ... then only sources under their share get in, up to the ten public slots.
+    assert sum(slot is not None for slot in crowd) == 5 and gate.refused["total"] == 5
+    assert gate.open("10.0.0.1") is None
+    neighbours = [gate.open("10.0.9.9", privileged=True) for _ in range(5)]
+    assert sum(slot is not None for slot in neighbours) == 4
+    # A privileged address that turns out not to be a neighbour needs a public slot: none is free.
+    assert neighbours[0] is not None and not neighbours[0].demote()
+    for slot in crowd:
+        if slot is not None:
+            slot.close()
+    assert neighbours[0].demote() and gate.public == 6 and gate.privileged == 3
+    for slot in [*burst, *neighbours]:
+        if slot is not None:
+            slot.close()
+    assert gate.open_connections == 0

@@ -72,8 +72,10 @@ def test_an_operators_walk_from_init_to_a_peers_dry_run(tmp_path: Path) -> None:
             time.sleep(0.5)  # `aggregator run` is still starting
         assert shown.returncode == 0, shown.stdout + shown.stderr
         assert "nothing was sent" in shown.stdout and "times (e^" in shown.stdout and "your data packet(s) leave" in shown.stdout
-        # The same port again: the message names the port problem and its fix.
-        refused(anonml("aggregator", "run", "--data-dir", str(agg), "--round", short), "cannot serve the round", "in use", "http_port")
+        # The same data directory again (so the same ports): the lock names the process and the fix
+        # (issue 14: a second run used to start until it met the port).
+        refused(anonml("aggregator", "run", "--data-dir", str(agg), "--round", short), "is in use by pid",
+                "only one `anonml aggregator run`", "stop that one first")
         time.sleep(1.5)
     finally:
         served.send_signal(signal.SIGINT)

@@ -11,6 +11,8 @@ import pytest
 import trio
 from click.testing import CliRunner
 
+from conftest import Tmpfs
+
 from anonml.cli import main
 from anonml.crypto import node_id_of
 from anonml.relay import (
@@ -161,3 +163,80 @@ def test_help_everywhere() -> None:
     for args in (["--help"], ["init", "--help"], ["info", "--help"], ["run", "--help"]):
         code, output = invoke(*args)
         assert code == 0 and "Usage" in output
+
+
+def test_init_without_an_aggregator_warns_and_run_names_the_fix_in_one_line(tmp_path: Path) -> None:
+    """Issue 15: `relay init` succeeded silently and `relay run` then printed a traceback."""
+    data_dir = tmp_path / "relay"
+    result = CliRunner().invoke(main, ["relay", "init", "--data-dir", str(data_dir), "--listen", "127.0.0.1:0"])
+    assert result.exit_code == 0 and "--aggregator" in result.output
+    code, output = invoke("run", "--data-dir", str(data_dir))
+    assert code == 1 and "Traceback" not in output
+    assert output.startswith("Error: no next-hop directory") and "--aggregator IDENTITY@URL" in output
+    assert len(output.strip().splitlines()) == 1
+
+
+def test_run_with_its_port_in_use_says_so_in_one_line(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        data_dir = tmp_path / "relay"
+        key = "ab" * 32
+        assert invoke("init", "--data-dir", str(data_dir), "--listen", f"127.0.0.1:{port}",
+                      "--aggregator", f"{key}@http://127.0.0.1:1")[0] == 0
+        code, output = invoke("run", "--data-dir", str(data_dir))
+    assert code == 1 and "Traceback" not in output and len(output.strip().splitlines()) == 1
+    assert f"cannot listen for links on 127.0.0.1:{port}" in output and "relay.toml" in output
+
+
+def test_a_second_run_on_a_directory_in_use_says_so_and_sigterm_stops_the_first(tmp_path: Path) -> None:
+    """Issue 14: a second `relay run` on a data directory in use started anyway."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    data_dir = tmp_path / "relay"
+    assert invoke("init", "--data-dir", str(data_dir), "--listen", "127.0.0.1:0",
+                  "--aggregator", f"{'ab' * 32}@http://127.0.0.1:1")[0] == 0
+    command = [sys.executable, "-m", "anonml.relay", "run", "--data-dir", str(data_dir)]
+    first = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
+    try:
+        assert first.stderr is not None
+        deadline = time.monotonic() + 60
+        while "event=listening" not in first.stderr.readline():
+            assert time.monotonic() < deadline and first.poll() is None
+        second = subprocess.run(command, capture_output=True, text=True, timeout=60)
+        assert second.returncode == 1 and "Traceback" not in second.stderr
+        assert f"in use by pid {first.pid}" in second.stderr and "relay run" in second.stderr
+        family = [first.pid, *(child.pid for child in psutil.Process(first.pid).children(recursive=True))]
+        first.send_signal(signal.SIGTERM)
+        assert first.wait(timeout=30) == 0
+        time.sleep(0.2)
+        assert not [pid for pid in family if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"]
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+
+
+def test_run_on_a_full_or_read_only_disk_says_so_in_one_line(tmpfs: Tmpfs) -> None:
+    """Issue 13: `relay run` on a full or read-only disk printed a raw sqlite traceback. A small tmpfs
+    stands in for the disk."""
+    data_dir = tmpfs.path / "relay"
+    assert invoke("init", "--data-dir", str(data_dir), "--listen", "127.0.0.1:0",
+                  "--aggregator", f"{'ab' * 32}@http://127.0.0.1:1")[0] == 0
+    tmpfs.fill()
+    code, output = invoke("run", "--data-dir", str(data_dir))
+    assert code == 1 and "Traceback" not in output and len(output.strip().splitlines()) == 1
+    assert "relay store" in output and "full" in output
+    tmpfs.free()
+    tmpfs.remount_read_only()
+    code, output = invoke("run", "--data-dir", str(data_dir))
+    assert code == 1 and "Traceback" not in output and len(output.strip().splitlines()) == 1
+    assert str(data_dir) in output and "read-only" in output.lower()

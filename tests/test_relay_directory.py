@@ -31,7 +31,7 @@ from anonml.crypto import (
     generate_keypair,
     node_id_of,
 )
-from anonml.protocol import AckStatus, AggregatorHop, RelayEntry, SignedManifest
+from anonml.protocol import AckStatus, AggregatorHop, PhaseTimes, RelayEntry, RoundSchedule, SignedManifest
 from anonml.relay import (
     DirectoryEntry,
     DirectoryError,
@@ -41,7 +41,8 @@ from anonml.relay import (
     RelayConfigError,
     RelayStarted,
     create_identity,
-    fetch_manifest_hops,
+    entries_from_manifest,
+    fetch_manifest,
     load_config,
     parse_directory_file,
     render_directory_file,
@@ -54,6 +55,16 @@ AGGREGATOR_IDENTITY = bytes(SIGNING_KEY.verify_key)
 # A key other than the pinned one: whoever answers an aggregator's URL can
 # sign a well-formed manifest with it.
 ROGUE_KEY = SigningKey(bytes(range(100, 132)))
+
+
+async def fetch_manifest_hops(url: str, *, identity: bytes, timeout: float) -> tuple[DirectoryEntry, ...]:
+    return entries_from_manifest(await fetch_manifest(url, identity=identity, timeout=timeout))
+
+
+def schedule_around_now() -> RoundSchedule:
+    """A round whose data phase is on now and for the next hour (relays accept windows inside its phases)."""
+    now = int(time.time())
+    return RoundSchedule(now - 300, now - 200, (), PhaseTimes(now - 100, 10, now + 1800, now + 1810, 10, now + 3600))
 
 
 async def open_recorder(nursery: trio.Nursery, connections: list[object]) -> tuple[str, int]:
@@ -99,7 +110,8 @@ async def test_packets_to_unknown_or_readdressed_next_hops_are_dropped_counted_a
         client = client_for(started)
         statuses = await client.send_batch(packets, give_up_at=trio.current_time() + 5)
         await client.aclose()
-        assert statuses == [AckStatus.REJECTED, AckStatus.REJECTED, AckStatus.ACCEPTED]
+        # Refused BUSY: the sender may retry once the directory knows them (it never will).
+        assert statuses == [AckStatus.BUSY, AckStatus.BUSY, AckStatus.ACCEPTED]
         with trio.fail_after(5):
             await sink.wait_for(1)
         await trio.sleep(0.3)  # time for a (wrong) forward to the rogue address to show up
@@ -148,6 +160,7 @@ def signed_manifest_json(relay_node: bytes, relay_link: tuple[str, int], relay_p
                                      SINK_PUBLIC),
         path_length=1,
         identity_key=bytes(signing_key.verify_key),
+        schedule=schedule_around_now(),
     )
     return SignedManifest.sign(manifest, signing_key).to_json()
 
@@ -182,17 +195,18 @@ async def test_the_directory_comes_from_verified_manifests_of_an_aggregator_that
                                           signing_key=ROGUE_KEY)
         client = client_for(started)
         first = build_packet(GEOMETRY, [hop(started, open_window()), sink_hop(sink_address)], b"before")
-        assert await client.send_batch([first], give_up_at=trio.current_time() + 5) == [AckStatus.REJECTED]
+        assert await client.send_batch([first], give_up_at=trio.current_time() + 5) == [AckStatus.BUSY]
         documents["/good/v1/manifest"] = good
         documents["/forged/v1/manifest"] = forged_json
         documents["/rogue/v1/manifest"] = rogue_json
         # No packet asks for it: the failed start-up fetch is simply retried.
         assert started.directory is not None
         with trio.fail_after(10):
-            while not started.directory.sources().get(base + "/good"):
+            while not started.directory.sources():
                 await trio.sleep(0.05)
         # The relay and the final hop; nothing from the broken or the rogue-signed manifest.
-        assert started.directory.sources() == {base + "/good": 2}
+        round_id = SignedManifest.from_json(good).round_id.hex()[:16]
+        assert started.directory.sources() == {f"round {round_id} from {base}/good": 2}
         packet = build_packet(GEOMETRY, [hop(started, open_window()), sink_hop(sink_address)], b"after")
         assert await client.send_batch([packet], give_up_at=trio.current_time() + 5) == [AckStatus.ACCEPTED]
         with trio.fail_after(10):
@@ -200,7 +214,7 @@ async def test_the_directory_comes_from_verified_manifests_of_an_aggregator_that
         window = open_window()
         rogue = PathHop(node_id_of(SINK_PUBLIC), NodeAddress(*rogue_address), SINK_PUBLIC, window)
         readdressed = build_packet(GEOMETRY, [hop(started, window), rogue], b"rogue")
-        assert await client.send_batch([readdressed], give_up_at=trio.current_time() + 5) == [AckStatus.REJECTED]
+        assert await client.send_batch([readdressed], give_up_at=trio.current_time() + 5) == [AckStatus.BUSY]
         await client.aclose()
         nursery.cancel_scope.cancel()
     assert [a.message for a in sink.arrivals] == [b"after"]
@@ -326,3 +340,41 @@ async def test_only_a_manifest_signed_by_the_pinned_identity_adds_next_hops() ->
         assert DirectoryEntry(node_id_of(SINK_PUBLIC), *rogue_sink) in await fetch_manifest_hops(
             base + "/rogue", identity=bytes(ROGUE_KEY.verify_key), timeout=5)
         nursery.cancel_scope.cancel()
+
+
+async def test_a_restarted_relay_forwards_at_once_with_the_directory_it_last_verified(tmp_path: Path) -> None:
+    """Issue 13/14: a restarted relay refused every packet (``unknown-next-hop``)
+    until its first fetch of the manifest succeeded; with the aggregator down
+    that was for as long as it stayed down."""
+    sink = FinalHopSink(GEOMETRY, SINK_PRIVATE)
+    documents: dict[str, bytes] = {}
+    data_dir = tmp_path / "r"
+    create_identity(data_dir)
+    async with trio.open_nursery() as nursery:
+        sink_address = await nursery.start(sink.serve)
+        async with trio.open_nursery() as aggregator:
+            base = f"http://127.0.0.1:{await aggregator.start(serve_manifests, documents)}"
+            config = RelayConfig(data_dir=data_dir, listen=("127.0.0.1", 0), max_hops=GEOMETRY.max_hops,
+                                 packet_size=GEOMETRY.packet_size, synchronous="NORMAL",
+                                 directory_aggregators=(PinnedAggregator(base, AGGREGATOR_IDENTITY),),
+                                 directory_min_refresh_seconds=0.2, directory_fetch_timeout=2.0)
+            async with trio.open_nursery() as first_run:
+                started: RelayStarted = await first_run.start(serve_relay, config)
+                config = config.with_listen(*started.link)  # the restart listens where the manifest says
+                documents["/v1/manifest"] = signed_manifest_json(started.node_id, started.link,
+                                                                 started.keys[0].public_key, sink_address)
+                assert started.directory is not None
+                with trio.fail_after(10):
+                    while not started.directory.sources():
+                        await trio.sleep(0.05)
+                first_run.cancel_scope.cancel()  # the relay stops...
+            aggregator.cancel_scope.cancel()  # ... and the aggregator is gone when it comes back
+        restarted: RelayStarted = await nursery.start(serve_relay, config)
+        client = client_for(restarted)
+        packet = build_packet(GEOMETRY, [hop(restarted, open_window()), sink_hop(sink_address)], b"at once")
+        assert await client.send_batch([packet], give_up_at=trio.current_time() + 5) == [AckStatus.ACCEPTED]
+        with trio.fail_after(10):
+            await sink.wait_for(1)
+        await client.aclose()
+        nursery.cancel_scope.cancel()
+    assert [a.message for a in sink.arrivals] == [b"at once"]

@@ -27,7 +27,9 @@ from anonml.crypto import (
 )
 from anonml.protocol import AckStatus
 from anonml.relay import (
+    DirectoryEntry,
     KeyRing,
+    NextHopDirectory,
     RelayConfig,
     RelayCounters,
     RelayStore,
@@ -83,7 +85,8 @@ def message_index(forwarded: bytes) -> int:
 
 class Harness:
     def __init__(self, tmp_path: Path, clock: WallClock, *, seed: int = 1, failures: int = 0,
-                 seen: set[bytes] | None = None, **overrides: int) -> None:
+                 seen: set[bytes] | None = None, directory: NextHopDirectory | None = None,
+                 **overrides: int) -> None:
         self.data_dir = tmp_path / "relay"
         if not self.data_dir.exists():
             create_identity(self.data_dir)
@@ -105,6 +108,7 @@ class Harness:
             uniform=_uniform_from(np.random.default_rng(seed)),
             counters=RelayCounters(),
             open_sender=self._open,
+            directory=directory,
         )
         self.relay.rotate_keys()
         self.relay.recover()
@@ -113,7 +117,7 @@ class Harness:
         """Run the relay's background tasks as serve_relay does."""
         self.relay.attach(nursery)
         nursery.start_soon(self.relay.run_scheduler)
-        nursery.start_soon(self.relay.run_delete_flush)
+        nursery.start_soon(self.relay.run_housekeeping)
 
     def _open(self, neighbour: tuple[str, int]) -> PacketSender:
         sender = RecordingSender(self.clock, self.sent, self.seen, self.failures)
@@ -202,7 +206,7 @@ async def test_replays_are_dropped_within_and_across_batches(
     assert await harness.relay.on_packets([second]) == [AckStatus.REJECTED]
     assert await harness.relay.on_packets([bytes(GEOMETRY.packet_size)]) == [AckStatus.REJECTED]
     dropped = harness.relay.counters.dropped
-    assert dropped["replay"] == 2 and dropped["bad_group_element"] + dropped["bad_mac"] == 1
+    assert dropped["replay"] == 2 and dropped["bad-group-element"] + dropped["bad-mac"] == 1
     assert harness.relay.counters.held == 2
 
 
@@ -284,16 +288,14 @@ async def test_key_rotation_accepts_the_previous_key_for_the_grace_period_then_e
         assert await harness.relay.on_packets([harness.packet(2, window, old_key)]) == [AckStatus.ACCEPTED]
         await trio.sleep_until(clock.to_trio(start + 50 + grace - 1))  # after the boundary, inside the grace
         assert await harness.relay.on_packets([harness.packet(3, window, old_key)]) == [AckStatus.ACCEPTED]
-        assert harness.store.tag_counts()[old_epoch] == 2
         await trio.sleep_until(clock.to_trio(start + 50 + grace + 1))  # grace over: the old key is erased
         assert await harness.relay.on_packets([harness.packet(4, window, old_key)]) == [AckStatus.REJECTED]
-        assert old_epoch not in harness.store.tag_counts()
         assert not (harness.data_dir / "keys" / f"epoch-{old_epoch}.key").exists()
         # The new epoch's key works and the one after it has been created.
         assert await harness.relay.on_packets([harness.packet(5, window, next_key)]) == [AckStatus.ACCEPTED]
         assert (harness.data_dir / "keys" / f"epoch-{old_epoch + 2}.key").exists()
         nursery.cancel_scope.cancel()
-    assert harness.relay.counters.dropped["bad_mac"] == 1
+    assert harness.relay.counters.dropped["bad-mac"] == 1
 
 
 async def test_forwarding_retries_inside_the_window_then_gives_up(
@@ -366,15 +368,147 @@ async def test_random_and_tampered_frames_are_rejected_and_counted_never_raised(
     assert payload_flips > 1
     assert statuses.count(AckStatus.ACCEPTED) == 1
     assert counters.dropped["replay"] == payload_flips - 1
-    assert counters.dropped["bad_mac"] + counters.dropped["bad_group_element"] == 200 - payload_flips
+    assert counters.dropped["bad-mac"] + counters.dropped["bad-group-element"] == 200 - payload_flips
     assert counters.received == 200 and counters.held == 1
 
 
 async def test_a_full_replay_cache_refuses_busy_instead_of_forgetting(
     autojump_clock: trio.testing.MockClock, tmp_path: Path
 ) -> None:
-    harness = Harness(tmp_path, WallClock.starting_at(T0), max_replay_tags_per_epoch=2)
+    harness = Harness(tmp_path, WallClock.starting_at(T0), max_replay_tags=2)
     window = ReleaseWindow(T0 + 10, T0 + 20)
     statuses = await harness.relay.on_packets([harness.packet(i, window) for i in range(3)])
     assert statuses == [AckStatus.ACCEPTED, AckStatus.ACCEPTED, AckStatus.BUSY]
     assert harness.relay.counters.dropped["replay-cache-full"] == 1
+
+
+# -- issue 13: abuse that used to take an honest packet's place -----------------
+
+
+async def test_far_future_packets_are_refused_and_leave_the_hold_queue_to_honest_ones(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    """Hold-fill: 20 packets for a window a year ahead filled a 20-slot queue, and the next honest packet got BUSY."""
+    harness = Harness(tmp_path, WallClock.starting_at(T0), max_held_packets=20, max_hold_seconds=3600)
+    far = ReleaseWindow(T0 + 365 * 86400, T0 + 365 * 86400 + 60)
+    assert await harness.relay.on_packets([harness.packet(i, far) for i in range(20)]) == [AckStatus.REJECTED] * 20
+    honest = harness.packet(99, ReleaseWindow(T0 + 10, T0 + 20))
+    assert await harness.relay.on_packets([honest]) == [AckStatus.ACCEPTED]
+    assert harness.relay.counters.dropped["window-too-far"] == 20
+    assert harness.relay.replay_tags == 1 and harness.store.tag_count() == 1  # no tag kept for a refused packet
+
+
+async def test_late_packets_leave_no_replay_tag_so_they_cannot_fill_the_cache(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    """Replay-cache fill: with the cap at 50, 50 late packets made the next honest packet BUSY."""
+    harness = Harness(tmp_path, WallClock.starting_at(T0), max_replay_tags=50)
+    late = [harness.packet(i, ReleaseWindow(T0 - 60, T0 - 1)) for i in range(50)]
+    assert await harness.relay.on_packets(late) == [AckStatus.REJECTED] * 50
+    assert await harness.relay.on_packets([harness.packet(99, ReleaseWindow(T0 + 10, T0 + 20))]) == [AckStatus.ACCEPTED]
+    assert harness.relay.counters.dropped["late"] == 50 and harness.relay.counters.dropped["replay-cache-full"] == 0
+
+
+async def test_replay_tags_are_kept_until_their_window_ends_then_forgotten(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    clock = WallClock.starting_at(T0)
+    harness = Harness(tmp_path, clock)
+    packet = harness.packet(1, ReleaseWindow(T0 + 10, T0 + 20))
+    async with trio.open_nursery() as nursery:
+        harness.start(nursery)
+        assert await harness.relay.on_packets([packet]) == [AckStatus.ACCEPTED]
+        await trio.sleep_until(clock.to_trio(T0 + 19))
+        assert await harness.relay.on_packets([packet]) == [AckStatus.REJECTED]  # still a replay in its window
+        await trio.sleep_until(clock.to_trio(T0 + 40))  # the window is over: the tag protects nothing
+        nursery.cancel_scope.cancel()
+    assert harness.store.tag_count() == 0 and harness.relay.replay_tags == 0
+    # The copy is refused anyway, as late; nothing is held for it.
+    assert await harness.relay.on_packets([packet]) == [AckStatus.REJECTED]
+    assert harness.relay.counters.dropped["late"] == 1 and harness.store.tag_count() == 0
+
+
+def round_directory(spans: list[tuple[int, int]], hops: list[tuple[bytes, NodeAddress]]) -> NextHopDirectory:
+    """A directory as a verified manifest makes it: next hops and the round's phases."""
+    directory = NextHopDirectory()
+    directory.replace_source("round", [DirectoryEntry(n, a.host, a.port) for n, a in hops], spans)
+    return directory
+
+
+async def test_windows_outside_every_known_round_are_refused_busy_and_take_nothing(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    directory = round_directory([(T0, T0 + 500)], [(node_id_of(NEXT_PUBLIC), NEXT_HOP)])
+    harness = Harness(tmp_path, WallClock.starting_at(T0), directory=directory)
+    inside = harness.packet(1, ReleaseWindow(T0 + 100, T0 + 200))
+    outside = harness.packet(2, ReleaseWindow(T0 + 1000, T0 + 1100))  # within max_hold, in no round
+    assert await harness.relay.on_packets([inside, outside]) == [AckStatus.ACCEPTED, AckStatus.BUSY]
+    assert harness.relay.counters.dropped["unknown-window"] == 1
+    assert harness.relay.holdings.held == 1 and harness.store.tag_count() == 1
+
+
+async def test_an_unknown_next_hop_is_answered_busy_so_the_sender_retries(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    """Issue 13: REJECTED made upstream relays drop packets for good while a restarted relay's directory was empty."""
+    directory = round_directory([(T0, T0 + 500)], [])
+    harness = Harness(tmp_path, WallClock.starting_at(T0), directory=directory)
+    packet = harness.packet(1, ReleaseWindow(T0 + 100, T0 + 200))
+    assert await harness.relay.on_packets([packet]) == [AckStatus.BUSY]
+    assert harness.relay.counters.dropped["unknown-next-hop"] == 1 and harness.store.tag_count() == 0
+    # Once the directory knows the next hop, the same packet (resent) is taken.
+    directory.replace_source("round", [DirectoryEntry(node_id_of(NEXT_PUBLIC), NEXT_HOP.host, NEXT_HOP.port)],
+                             [(T0, T0 + 500)])
+    assert await harness.relay.on_packets([packet]) == [AckStatus.ACCEPTED]
+
+
+async def test_batches_of_two_connections_take_turns_and_a_packet_on_both_is_taken_once(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    """A flood's batch yields between slices (issue 13 fairness), so two connections' batches are checked
+    at once: a packet in both is still accepted once, before either commits."""
+    harness = Harness(tmp_path, WallClock.starting_at(T0))
+    window = ReleaseWindow(T0 + 10, T0 + 20)
+    twin = harness.packet(99, window)
+    flood = [twin] + [harness.packet(i, window) for i in range(160)]
+    results: dict[str, list[AckStatus]] = {}
+    checked_when_done: dict[str, int] = {}
+
+    async def send(name: str, frames: list[bytes]) -> None:
+        results[name] = await harness.relay.on_packets(frames)
+        checked_when_done[name] = harness.relay.counters.received
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(send, "flood", flood)
+        while harness.relay.counters.received == 0:  # the flood's first slice (the twin in it) is checked
+            await trio.lowlevel.checkpoint()
+        nursery.start_soon(send, "honest", [twin, harness.packet(100, window)])
+    # The short batch did not wait for the whole flood (ten slices of 16); the twin, accepted by the flood's
+    # batch but not yet committed, is a replay in the other.
+    assert checked_when_done["honest"] < len(flood) + 2 - 16
+    assert results["flood"] == [AckStatus.ACCEPTED] * 161 and results["honest"] == [AckStatus.REJECTED, AckStatus.ACCEPTED]
+    assert harness.relay.holdings.held == 162 and harness.relay.counters.dropped["replay"] == 1
+
+
+def test_every_sphinx_refusal_has_its_own_drop_reason_spelled_one_way() -> None:
+    """Issue 10: crypto's reasons (bad_mac) and the relay's (unknown-next-hop) shared one label set in two spellings."""
+    import anonml.crypto as crypto
+    from anonml.relay import DropReason
+
+    kinds = [getattr(crypto, name) for name in ("WrongLength", "BadMac", "BadGroupElement", "BadRoutingInfo",
+                                                "BadPayload", "ReplayedPacket")]
+    reasons = {DropReason.from_packet_error(kind("x")) for kind in kinds}
+    assert len(reasons) == len(kinds) and DropReason.INVALID_PACKET not in reasons
+    assert all("_" not in reason for reason in DropReason)
+
+
+def test_a_source_that_overspends_its_refusals_waits_and_others_do_not() -> None:
+    from anonml.relay._budget import RefusalBudget
+
+    budget = RefusalBudget(rate=50.0, burst=200)
+    assert budget.delay("flood", 0.0) == 0.0
+    budget.spend("flood", 300, 0.0)  # 100 beyond the burst: two seconds at 50 per second
+    assert budget.delay("flood", 0.0) == 2.0 and budget.delay("flood", 1.0) == 1.0
+    assert budget.delay("flood", 2.0) == 0.0 and budget.delay("honest", 0.0) == 0.0
+    budget.spend("flood", 100, 2.0)  # refills only to zero, then spends again
+    assert budget.delay("flood", 2.0) == 2.0

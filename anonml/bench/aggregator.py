@@ -31,7 +31,7 @@ from anonml.crypto import (
     verify_token,
 )
 from anonml.protocol import SurveyId
-from anonml.testing import SettableClock, SimulatedPeer
+from anonml.testing import SettableClock, enrol
 
 
 def bench_spec(relays: list[dict[str, Any]] | None = None, schedule: dict[str, int] | None = None, sink_port: int = 8081) -> dict[str, Any]:
@@ -72,13 +72,7 @@ def run_bench(n_packets: int, batch: int, processes: int, seed: int) -> dict[str
         clock = SettableClock(start + 1)
         state, _ = create_round(home, parse_round_spec(bench_spec()), now=start)
         state.clock = clock
-        peers = [SimulatedPeer(state, rng.bytes(32)) for _ in range(n_packets)]
-        for peer in peers:
-            peer.register()
-        clock.now = state.manifest.schedule.t_register_end
-        state.prepare()
-        for peer in peers:
-            peer.obtain_credential()
+        peers = enrol(state, clock, [rng.bytes(32) for _ in range(n_packets)])
         data = state.manifest.schedule.data
         clock.now = data.t_s + data.delta + 1
         frames = []
@@ -96,9 +90,11 @@ def run_bench(n_packets: int, batch: int, processes: int, seed: int) -> dict[str
         credential = peers[0].credential
         assert credential is not None
         token = make_token(peers[0].public, credential, survey.to_bytes(), b"m")
+        issuer_key = state.secrets.issuer_key
+        assert issuer_key is not None  # the round is open
         began = time.perf_counter()
         for _ in range(20):
-            verify_token(state.secrets.issuer_key, survey.to_bytes(), b"m", token, expected_partition=survey.partition)
+            verify_token(issuer_key, survey.to_bytes(), b"m", token, expected_partition=survey.partition)
         token_alone = (time.perf_counter() - began) / 20
 
         figures: dict[str, Any] = {"packets": n_packets, "batch": batch, "x25519_seconds": x25519, "verify_token_seconds": token_alone}

@@ -8,7 +8,6 @@ exposes Prometheus counters; the aggregator answers ``GET /v1/status``.
 from __future__ import annotations
 
 import json
-import re
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -96,18 +95,16 @@ def phase_rows(progress: Progress, peers: int) -> list[tuple[str, str]]:
 
 
 async def scrape_relay(port: int) -> dict[str, float]:
-    """A relay's counters from its Prometheus endpoint: ``forwarded``, ``received``, ``dropped/<reason>``."""
+    """A relay's counters from its Prometheus endpoint (parsed by ``relay.parse_metrics``, i.e.
+    prometheus_client): ``forwarded``, ``received``, ``dropped/<reason>``."""
     import httpx
+
+    from anonml.relay import parse_metrics
 
     try:
         async with httpx.AsyncClient(timeout=2.0) as client:
             text = (await client.get(f"http://{HOST}:{port}/metrics")).text
     except httpx.HTTPError:
         return {}
-    metrics: dict[str, float] = {}
-    for line in text.splitlines():
-        found = re.fullmatch(r'anonml_relay_packets_(received|forwarded|dropped)_total(?:\{reason="([^"]+)"\})? ([0-9.e+]+)', line)
-        if found:
-            kind, reason, value = found.groups()
-            metrics[f"dropped/{reason}" if kind == "dropped" else kind] = float(value)
-    return metrics
+    return {name.removeprefix("packets_"): value for name, value in parse_metrics(text).items()
+            if name in ("packets_forwarded", "packets_received") or name.startswith("packets_dropped/")}

@@ -9,7 +9,7 @@ relay tests and benchmark.
 
 from __future__ import annotations
 
-from anonml.testing._peer import SettableClock, SimulatedPeer
+from anonml.testing._peer import SettableClock, SimulatedPeer, enrol
 from anonml.testing._sink import Arrival, FinalHopSink
 
-__all__ = ["Arrival", "FinalHopSink", "SettableClock", "SimulatedPeer"]
+__all__ = ["Arrival", "FinalHopSink", "SettableClock", "SimulatedPeer", "enrol"]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from nacl.signing import SigningKey
 
 from anonml.aggregator import RoundState
@@ -9,7 +11,11 @@ from anonml.crypto import (
     Credential,
     CredentialSecret,
     IssuerPublicKey,
+    NodeAddress,
+    PathHop,
+    ReleaseWindow,
     begin_issuance,
+    build_packet,
     finish_issuance,
     make_token,
 )
@@ -19,6 +25,7 @@ from anonml.protocol import (
     RegisterRequest,
     SurveyId,
     SurveyMessage,
+    acceptance_window,
     bound_bytes,
     seal_report,
 )
@@ -54,7 +61,7 @@ class SimulatedPeer:
         self.partition = response.partition
         return response.partition
 
-    def packet(
+    def message(
         self,
         survey: SurveyId,
         report: bytes,
@@ -63,23 +70,54 @@ class SimulatedPeer:
         public: IssuerPublicKey | None = None,
         tamper: bool = False,
     ) -> bytes:
-        """A one-hop Sphinx packet (straight to the aggregator) carrying a token for ``report``."""
+        """The end-to-end message carrying a token for ``report`` (what the final Sphinx layer holds)."""
         chosen = credential or self.credential
         if chosen is None:
             raise ValueError("no credential: call obtain_credential() or pass one")
         size = self.state.geometry.message_size
         if not tamper and public is None:
-            message = seal_report(self.public, chosen, survey, report, size).message
-        else:
-            token = make_token(public or self.public, chosen, survey.to_bytes(), bound_bytes(survey, report))
-            if tamper:
-                token = token[:-1] + bytes([token[-1] ^ 1])
-            message = SurveyMessage(survey, token, report).to_bytes(size)
-        return self.state.manifest.packet([], survey, message)
+            return seal_report(self.public, chosen, survey, report, size).message
+        token = make_token(public or self.public, chosen, survey.to_bytes(), bound_bytes(survey, report))
+        if tamper:
+            token = token[:-1] + bytes([token[-1] ^ 1])
+        return SurveyMessage(survey, token, report).to_bytes(size)
+
+    def packet(
+        self,
+        survey: SurveyId,
+        report: bytes,
+        *,
+        credential: Credential | None = None,
+        public: IssuerPublicKey | None = None,
+        tamper: bool = False,
+        via: Sequence[PathHop] = (),
+    ) -> bytes:
+        """A Sphinx packet carrying :meth:`message`, through the relay hops ``via`` (none: straight
+        to the aggregator)."""
+        message = self.message(survey, report, credential=credential, public=public, tamper=tamper)
+        if not via:
+            return self.state.manifest.packet([], survey, message)
+        hop = self.state.manifest.aggregator_hop
+        window = ReleaseWindow(*acceptance_window(self.state.manifest.schedule, survey))
+        path = [*via, PathHop(hop.node_id, NodeAddress(hop.host, hop.port), hop.public_key, window)]
+        return build_packet(self.state.geometry, path, message)
 
     def cover(self, survey: SurveyId) -> bytes:
         """A one-hop cover packet for ``survey`` (what a peer sends in the second chance when its receipt is in the log)."""
         return self.state.manifest.packet([], survey, CoverMessage(survey).to_bytes(self.state.geometry.message_size))
+
+
+def enrol(state: RoundState, clock: SettableClock, identity_seeds: Sequence[bytes]) -> list[SimulatedPeer]:
+    """Peers registered while registration is open on ``clock``, then (the clock moved to its end and
+    the round prepared, as the driver does) each holding its credential."""
+    peers = [SimulatedPeer(state, seed) for seed in identity_seeds]
+    for peer in peers:
+        peer.register()
+    clock.now = state.manifest.schedule.t_register_end
+    state.prepare()
+    for peer in peers:
+        peer.obtain_credential()
+    return peers
 
 
 class SettableClock:

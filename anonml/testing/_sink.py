@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import trio
 
 from anonml.crypto import FinalMessage, InvalidPacket, SphinxGeometry, process_packet
-from anonml.protocol import AckStatus, LinkError, serve_link
+from anonml.protocol import AckStatus, LinkError, LinkIdentity, serve_link
 
 
 @dataclass
@@ -80,9 +80,10 @@ class FinalHopSink:
 
     async def handle(self, stream: trio.SocketStream) -> None:
         try:
+            # It proves it is the final hop (relays insist on the node id they forward to); it takes anyone's packets.
             await serve_link(
                 stream, self.on_packets, packet_size=self.geometry.packet_size,
-                geometry_hash=self.geometry.canonical_hash(),
+                geometry_hash=self.geometry.canonical_hash(), identity=LinkIdentity(self.private_key),
             )
         except LinkError as exc:
             self.link_errors[exc.reason] += 1

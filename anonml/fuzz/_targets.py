@@ -1,0 +1,272 @@
+"""Every parser that reads bytes someone else chose, as a fuzz target (issue 13).
+
+A target is its valid inputs (the fuzzer's seeds, made the way the services
+make them) and a function that runs one input through the parser as the
+service does: the input either parses or is refused with an
+:class:`anonml.errors.AnonMLError`; anything else is a bug the fuzz command
+counts. Where a MAC or a signature stands in front of a parser, a second
+target feeds the parser behind it directly (``manifest-body``, the signed
+documents' bodies), so the fuzzer reaches it at all.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import tomli_w
+import trio
+import trio.testing
+from nacl.signing import SigningKey
+
+from anonml.aggregator import read_round_spec
+from anonml.crypto import ForwardPacket, begin_issuance, issue_credential, never_replayed, process_packet, verify_token
+from anonml.fuzz._world import World, build_world, relay_hop, spec_document
+from anonml.peer import RoundPipeline
+from anonml.protocol import (
+    HELLO_REPLY_BYTES,
+    AckStatus,
+    Check,
+    CredentialRequest,
+    CredentialResponse,
+    DocumentKind,
+    ErrorResponse,
+    FeatureSpec,
+    HeadsResponse,
+    HelloStatus,
+    LinkIdentity,
+    LinkLimits,
+    MedianResults,
+    MedianThresholds,
+    ReceiptSegment,
+    RegisterRequest,
+    RegisterResponse,
+    RosterHead,
+    RosterResponse,
+    RoundManifest,
+    RoundStatus,
+    SignedDocument,
+    SignedManifest,
+    SurveyId,
+    SurveyMessage,
+    TreeHead,
+    canonical_json,
+    encode_hello,
+    encode_hello_reply,
+    parse_acks,
+    parse_hello_reply,
+    parse_message,
+    serve_link,
+)
+from anonml.relay import DirectoryEntry, parse_directory_file, render_directory_file
+
+MAX_DOCUMENT_BYTES = 1 << 20
+
+
+@dataclass(frozen=True)
+class Target:
+    """One parser: valid inputs to start from, and how one input is run through it."""
+
+    name: str
+    seeds: Sequence[bytes]
+    run: Callable[[bytes], object]
+
+
+# -- the link ---------------------------------------------------------------------------------
+
+_LINK_PACKET_SIZE = 64
+_LINK_GEOMETRY = hashlib.sha256(b"fuzz geometry").digest()
+_LINK_LIMITS = LinkLimits(max_batch=4, max_pending_frames=8)
+
+
+class _LinkLoop:
+    """One trio loop (MockClock, in a thread) that serves a link session per input.
+
+    ``trio.run`` per input costs milliseconds; a call into a running loop
+    costs tens of microseconds. Under MockClock a stream that stops short
+    waits out its deadline in no real time.
+    """
+
+    def __init__(self, identity: LinkIdentity) -> None:
+        self.identity = identity
+        self.token: trio.lowlevel.TrioToken | None = None
+        ready = threading.Event()
+
+        async def main() -> None:
+            self.token = trio.lowlevel.current_trio_token()
+            ready.set()
+            await trio.sleep_forever()
+
+        thread = threading.Thread(
+            target=trio.run, args=(main,), kwargs={"clock": trio.testing.MockClock(autojump_threshold=0)}, daemon=True
+        )
+        thread.start()
+        ready.wait()
+
+    async def _session(self, data: bytes) -> None:
+        client, server = trio.testing.memory_stream_pair()
+        await client.send_all(data)
+        await client.send_eof()
+        await serve_link(server, _accept, packet_size=_LINK_PACKET_SIZE, geometry_hash=_LINK_GEOMETRY,
+                         limits=_LINK_LIMITS, identity=self.identity)
+
+    def run(self, data: bytes) -> None:
+        """The server side of one link session (handshake, then frames) reading ``data`` as the client's bytes."""
+        trio.from_thread.run(self._session, data, trio_token=self.token)
+
+
+async def _accept(frames: list[bytes]) -> list[AckStatus]:
+    return [AckStatus.ACCEPTED] * len(frames)
+
+
+def _link_client(data: bytes) -> None:
+    """What a link client parses: the server's hello reply, then acks."""
+    parse_hello_reply(data[:HELLO_REPLY_BYTES])
+    parse_acks(data[HELLO_REPLY_BYTES:])
+
+
+# -- documents ------------------------------------------------------------------------------------
+
+
+def _body_target(name: str, kind: DocumentKind, world: World, seed: SignedDocument,
+                 parse: Callable[[SignedDocument], object]) -> Target:
+    """A signed document's body parser, fed bodies directly (behind a signature the fuzzer cannot forge)."""
+    round_id = world.state.round_id
+
+    def run(data: bytes) -> None:
+        document = SignedDocument.from_json(
+            b'{"body":' + data + b',"kind":"' + kind.value.encode() + b'","round_id":"' + round_id.hex().encode()
+            + b'","signature":"' + bytes(64).hex().encode() + b'"}', max_bytes=MAX_DOCUMENT_BYTES)
+        parse(document)
+
+    return Target(name, [seed.body], run)
+
+
+def _signed_document(world: World) -> Callable[[bytes], object]:
+    identity, round_id = world.identity, world.state.round_id
+
+    def run(data: bytes) -> None:
+        document = SignedDocument.from_json(data, max_bytes=MAX_DOCUMENT_BYTES)
+        document.verify(identity, kind=document.kind, round_id=round_id)
+
+    return run
+
+
+def _spec_seed(world: World) -> bytes:
+    """The round's own spec as ``round.toml`` (relays written out, not as files)."""
+    return tomli_w.dumps(spec_document(world.relay_public, world.state.geometry)).encode()
+
+
+def build_targets(work: Path) -> dict[str, Target]:
+    """Every target, over one round built in ``work``."""
+    world = build_world(work)
+    state, peer = world.state, world.peers[0]
+    manifest = state.manifest
+    now = int(world.clock())
+    link_identity = LinkIdentity(world.relay_private)
+    hello = encode_hello(_LINK_PACKET_SIZE, _LINK_GEOMETRY, nonce=bytes(32))
+    frames = bytes(range(_LINK_PACKET_SIZE))
+
+    packet = peer.packet(world.survey, world.report, via=[relay_hop(world)])
+    final_key = state.secrets.final_hop_private_key
+
+    def sphinx(data: bytes) -> None:
+        forwarded = process_packet(state.geometry, world.relay_private, data, is_replay=never_replayed)
+        if isinstance(forwarded, ForwardPacket):
+            process_packet(state.geometry, final_key, forwarded.packet, is_replay=never_replayed)
+
+    message = peer.message(world.survey, world.report)
+    issuer = state.secrets.issuer_key
+    assert issuer is not None
+    parsed = SurveyMessage.from_bytes(message)
+    token_seed, bound = parsed.token, parsed.bound_bytes()
+
+    def token(data: bytes) -> None:
+        verify_token(issuer, world.survey.to_bytes(), bound, data, expected_partition=peer.partition)
+
+    def survey_message(data: bytes) -> None:
+        opened = parse_message(data)
+        state.check_survey(opened.survey, now)
+        if isinstance(opened, SurveyMessage):  # a cover carries no report
+            state.check_report(opened.survey, opened.report)
+
+    state.refresh_status(now)
+    status = state.snapshots.status
+    roster = state.snapshots.roster
+    assert status is not None and roster is not None
+    roster_response = RosterResponse.from_json(roster)
+    state.publish_heads(manifest.schedule.data, Check.FIRST)
+    segment = next(iter(state.snapshots.segments.values()))
+    heads = state.snapshots.heads
+    assert heads is not None
+    median_survey = SurveyId.median(state.round_id, 0)
+    thresholds = MedianThresholds(0, median_survey, ("age",), (42.5,)).sign(world.signing_key)
+    medians = MedianResults({"age": 42.5}).sign(world.signing_key, state.round_id)
+    tree = HeadsResponse.from_json(heads).heads[0]
+    newcomer = SigningKey(b"\x77" * 32)
+    register = RegisterRequest.create(newcomer, state.round_id).to_json()
+    request, _ = begin_issuance(peer.public, peer.secret, peer.partition)
+    credential = CredentialRequest.create(peer.key, state.round_id, request.to_bytes()).to_json()
+    issued = CredentialResponse(issue_credential(issuer, request.to_bytes(), peer.partition).to_bytes(),
+                                peer.partition).to_json()
+
+    pipeline = RoundPipeline.for_spec(FeatureSpec.from_dict(dict(manifest.features)))
+    cut_points = {"age": [42.5]}
+
+    def peer_csv(data: bytes) -> None:
+        vector = pipeline.vector_of(pipeline.importer.import_bytes(data))
+        pipeline.bins(vector, cut_points)
+
+    spec_seed = _spec_seed(world)
+    directory = render_directory_file(
+        [DirectoryEntry(relay.node_id, relay.host, relay.port) for relay in manifest.relays]).encode()
+
+    schedule = manifest.schedule
+
+    def at(when: int, run: Callable[[bytes], object]) -> Callable[[bytes], object]:
+        """``run`` with the round's clock at ``when`` (registration and issuance are open only in their phases)."""
+
+        def timed(data: bytes) -> object:
+            world.clock.now = when
+            return run(data)
+
+        return timed
+
+    targets = [
+        Target("link-session", [hello, hello + frames, hello + frames * 3],
+               _LinkLoop(link_identity).run),
+        Target("link-client", [encode_hello_reply(HelloStatus.OK, nonce=bytes(32)) + bytes([AckStatus.ACCEPTED, AckStatus.BUSY])], _link_client),
+        Target("sphinx", [packet], sphinx),
+        Target("token", [token_seed], token),
+        Target("message", [message], survey_message),
+        Target("manifest", [state.manifest_json()],
+               lambda data: SignedManifest.from_json(data, expected_identity=world.identity)),
+        Target("manifest-body", [canonical_json(manifest.to_dict())], RoundManifest.from_json),
+        Target("signed-document", [status, thresholds.to_json(), medians.to_json(), tree.to_json(),
+                                   roster_response.head.to_json()], _signed_document(world)),
+        _body_target("roster-head", DocumentKind.ROSTER_HEAD, world, roster_response.head, RosterHead.from_document),
+        _body_target("thresholds", DocumentKind.THRESHOLDS, world, thresholds, MedianThresholds.from_document),
+        _body_target("medians", DocumentKind.MEDIANS, world, medians, MedianResults.from_document),
+        _body_target("tree-head", DocumentKind.TREE_HEAD, world, tree, TreeHead.from_document),
+        _body_target("status", DocumentKind.STATUS, world, SignedDocument.from_json(status, max_bytes=len(status)),
+                     RoundStatus.from_document),
+        Target("http-register", [register], at(schedule.t_register_end - 1,
+                                               lambda data: state.register(RegisterRequest.from_json(data), "fuzz"))),
+        Target("http-credential", [credential], at(schedule.t_issue_end - 1,
+                                                   lambda data: state.issue(CredentialRequest.from_json(data)))),
+        Target("register-response", [RegisterResponse(True).to_json()], RegisterResponse.from_json),
+        Target("credential-response", [issued], CredentialResponse.from_json),
+        Target("roster-response", [roster], lambda data: RosterResponse.from_json(data).verify(world.identity,
+                                                                                                state.round_id)),
+        Target("receipt-segment", [segment], lambda data: ReceiptSegment.from_json(data).verify(
+            world.identity, state.round_id, Check.FIRST)),
+        Target("heads-response", [heads], lambda data: HeadsResponse.from_json(data).verify(world.identity, state.round_id)),
+        Target("error-response", [ErrorResponse("registration has closed").to_json()], ErrorResponse.from_json),
+        Target("peer-csv", [b"colour,age,y\nred,31,1\n", b"y,age,colour\n0,55.5,blue\n"], peer_csv),
+        Target("round-spec", [spec_seed], lambda data: read_round_spec(data, base_dir=work)),
+        Target("relay-directory", [directory], parse_directory_file),
+    ]
+    return {target.name: target for target in targets}

@@ -1,0 +1,133 @@
+"""Connection admission for every listener (relay link, packet sink, HTTP API).
+
+Issue 13 measured two cheap ways to take a server down: hundreds of idle or
+slow connections from one client exhaust a connection limit (or the process's
+file descriptors), and a flood from anyone crowds out the relays a server
+must hear from. :class:`ConnectionGate` bounds both, per listener:
+
+- ``max_total`` open connections in all; beyond it a new connection is closed
+  at once and counted;
+- ``max_per_source`` of the *public* ones from one IP address once the
+  public slots are half taken, so one client cannot take every slot (while
+  the server is half idle a burst from one address, such as many peers
+  behind one NAT or a loopback demo, is not refused);
+- ``reserved`` of the slots only for *privileged* sources: addresses of the
+  server's directory neighbours. A connection from such an address takes a
+  privileged slot at accept time; once its link handshake shows who it is, a
+  client that is not an authenticated neighbour is demoted to a public slot
+  (or closed when none is free). So strangers, however many, leave
+  ``reserved`` slots to the neighbours.
+
+Counts live on the trio thread (no locks).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import Counter
+from dataclasses import dataclass, field
+
+
+class GateRefusal(enum.StrEnum):
+    """Why a connection was closed at accept (or at demotion): one counter label each."""
+
+    TOTAL = "total"
+    PER_SOURCE = "per-source"
+
+
+@dataclass
+class ConnectionGate:
+    """Open-connection counts of one listener and its limits (module docstring)."""
+
+    max_total: int
+    max_per_source: int
+    reserved: int = 0
+    public_by_source: Counter[str] = field(default_factory=Counter)
+    privileged: int = 0
+    refused: Counter[GateRefusal] = field(default_factory=Counter)
+    last_refusal: GateRefusal | None = None
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.max_total, int) and self.max_total >= 1):
+            raise ValueError(f"max_total must be a positive integer, got {self.max_total!r}")
+        if not (isinstance(self.max_per_source, int) and self.max_per_source >= 1):
+            raise ValueError(f"max_per_source must be a positive integer, got {self.max_per_source!r}")
+        if not (isinstance(self.reserved, int) and 0 <= self.reserved < self.max_total):
+            raise ValueError(f"reserved must be an integer in [0, max_total), got {self.reserved!r}")
+
+    @property
+    def public(self) -> int:
+        return sum(self.public_by_source.values())
+
+    @property
+    def open_connections(self) -> int:
+        return self.public + self.privileged
+
+    def _public_refusal(self, source: str) -> GateRefusal | None:
+        public_slots = self.max_total - self.reserved
+        if self.public >= public_slots or self.open_connections >= self.max_total:
+            return GateRefusal.TOTAL
+        if self.public_by_source[source] >= self.max_per_source and 2 * self.public >= public_slots:
+            return GateRefusal.PER_SOURCE
+        return None
+
+    def open(self, source: str, *, privileged: bool = False) -> GateSlot | None:
+        """A slot for a new connection from ``source`` (an IP address), or None (counted) to close it."""
+        self.last_refusal = None
+        if privileged:
+            if self.open_connections >= self.max_total:
+                self.refused[GateRefusal.TOTAL] += 1
+                self.last_refusal = GateRefusal.TOTAL
+                return None
+            self.privileged += 1
+            return GateSlot(self, source, privileged=True)
+        refusal = self._public_refusal(source)
+        if refusal is not None:
+            self.refused[refusal] += 1
+            self.last_refusal = refusal
+            return None
+        self.public_by_source[source] += 1
+        return GateSlot(self, source, privileged=False)
+
+
+class GateSlot:
+    """One admitted connection; :meth:`close` it when the connection ends."""
+
+    def __init__(self, gate: ConnectionGate, source: str, *, privileged: bool) -> None:
+        self._gate = gate
+        self.source = source
+        self.privileged = privileged
+        self._open = True
+
+    def demote(self) -> bool:
+        """Move a privileged slot to a public one; False (counted) if no public slot is free."""
+        gate = self._gate
+        if not self.privileged:
+            return True
+        # Demotion keeps the total; only the public pool and the source's share grow.
+        public_slots = gate.max_total - gate.reserved
+        if gate.public >= public_slots:
+            refusal: GateRefusal | None = GateRefusal.TOTAL
+        elif gate.public_by_source[self.source] >= gate.max_per_source and 2 * gate.public >= public_slots:
+            refusal = GateRefusal.PER_SOURCE
+        else:
+            refusal = None
+        if refusal is not None:
+            gate.refused[refusal] += 1
+            return False
+        gate.privileged -= 1
+        gate.public_by_source[self.source] += 1
+        self.privileged = False
+        return True
+
+    def close(self) -> None:
+        if not self._open:
+            return
+        self._open = False
+        gate = self._gate
+        if self.privileged:
+            gate.privileged -= 1
+        else:
+            gate.public_by_source[self.source] -= 1
+            if gate.public_by_source[self.source] <= 0:
+                del gate.public_by_source[self.source]

@@ -1,0 +1,151 @@
+"""Public HTTP servers (the aggregator's API, a relay's mirror): hypercorn's HTTP/1.1
+protocol behind our own listener.
+
+Issue 13 measured clients sending a body a byte every 5 s: hypercorn's read
+timeout was unset and nothing capped connections, so 300 of them took down
+the API and the packet sink (fd limit 256); a relay's mirror shares its
+process, and its fds, with the relay's link. So each accepted connection takes
+a slot of a :class:`protocol.ConnectionGate` (a total cap below the fd limit,
+and a per-source cap) before hypercorn sees it; hypercorn gets a read timeout
+(per read) and a keep-alive timeout; the handlers bound each request body as
+a whole (the aggregator's ``_service._read_body``). hypercorn's ``serve`` owns its accept loop,
+so this module runs hypercorn's connection handler (``TCPServer``, the unit
+its own trio worker runs per connection) from ours.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+import h11
+import trio
+from hypercorn.app_wrappers import ASGIWrapper
+from hypercorn.config import Config as HypercornConfig
+from hypercorn.trio.tcp_server import TCPServer
+from hypercorn.trio.worker_context import WorkerContext
+
+from anonml.errors import TransportError
+from anonml.protocol._admission import ConnectionGate
+from anonml.protocol._api import MAX_REQUEST_BYTES
+from anonml.protocol._link import check_positive_seconds
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class HttpLimits:
+    """Connection caps and deadlines of an HTTP server (seconds).
+
+    ``read_timeout``: the longest wait for the next bytes of a request.
+    ``keep_alive_timeout``: how long an idle kept-alive connection stays open.
+    ``body_timeout``: a whole request body must arrive within it (408 otherwise).
+    """
+
+    # Below the usual 1024 file descriptors with the sink's and the store's; issue 13 measured
+    # the API and the sink taken down by 300 slow clients at an fd limit of 256.
+    max_connections: int = 512
+    max_connections_per_source: int = 32
+    read_timeout: float = 10.0
+    keep_alive_timeout: float = 5.0
+    body_timeout: float = 10.0
+
+    def __post_init__(self) -> None:
+        check_positive_seconds(self, ("read_timeout", "keep_alive_timeout", "body_timeout"))
+
+
+def hypercorn_config(limits: HttpLimits) -> HypercornConfig:
+    config = HypercornConfig()
+    config.accesslog = None
+    config.errorlog = log
+    config.h11_max_incomplete_size = MAX_REQUEST_BYTES
+    # hypercorn types read_timeout as int; it is used as a trio deadline.
+    config.read_timeout = limits.read_timeout  # type: ignore[assignment]
+    config.keep_alive_timeout = limits.keep_alive_timeout
+    return config
+
+
+class ClientGone(TransportError):
+    """Raised inside the app when sending to a client that has hung up; caught and counted by
+    :func:`counting_disconnects`, never logged (issue 13: each disconnect logged a traceback)."""
+
+
+def counting_disconnects(app: Any, counts: Counter[str]) -> Any:
+    """``app`` with every failure to send to a departed client counted instead of raised to hypercorn
+    (which logs it as "Error in ASGI Framework"; hypercorn also races its own close against a response
+    still being sent, and that surfaces here as BusyResourceError)."""
+
+    async def wrapped(scope: Any, receive: Any, send: Any) -> None:
+        async def send_or_gone(message: Any) -> None:
+            try:
+                await send(message)
+            except (trio.BrokenResourceError, trio.BusyResourceError, trio.ClosedResourceError, OSError) as exc:
+                raise ClientGone(f"client left before the response: {exc!r}") from None
+
+        try:
+            await app(scope, receive, send_or_gone)
+        except ClientGone:
+            counts["client-disconnected"] += 1
+
+    return wrapped
+
+
+def _client_left(error: BaseException) -> bool:
+    """Whether ``error`` (from hypercorn's connection handler) only says the client went away.
+
+    A client that hangs up inside a request body makes hypercorn answer 400
+    while it is still sending, and trio refuses the second sender: the
+    handler raises RemoteProtocolError and BusyResourceError together.
+    """
+    if isinstance(error, BaseExceptionGroup):
+        return all(_client_left(inner) for inner in error.exceptions)
+    return isinstance(error, (trio.BrokenResourceError, trio.BusyResourceError, trio.ClosedResourceError,
+                              h11.RemoteProtocolError, OSError))
+
+
+async def serve_http(
+    app: Any,
+    host: str,
+    port: int,
+    limits: HttpLimits,
+    counts: Counter[str],
+    *,
+    task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve the ASGI ``app`` on ``host:port`` until cancelled; reports its base URL once listening.
+
+    ``counts`` gets connections refused by the gate (``refused/<why>``), clients that left
+    (``client-disconnected``) and connections that failed otherwise (``connection-failed``).
+    """
+    listeners = await trio.open_tcp_listeners(port, host=host)
+    config = hypercorn_config(limits)
+    gate = ConnectionGate(limits.max_connections, limits.max_connections_per_source)
+    context = WorkerContext(None)
+    wrapped = ASGIWrapper(counting_disconnects(app, counts))
+
+    async def handle(stream: trio.SocketStream) -> None:
+        try:
+            source = str(stream.socket.getpeername()[0])
+        except OSError:
+            source = "?"
+        slot = gate.open(source)
+        if slot is None:
+            counts[f"refused/{gate.last_refusal}"] += 1
+            await trio.aclose_forcefully(stream)
+            return
+        try:
+            await TCPServer(wrapped, config, context, {}, stream)  # type: ignore[arg-type]
+        except Exception as exc:  # hypercorn's own failures end one connection, never the server
+            if _client_left(exc):
+                counts["client-disconnected"] += 1
+            else:
+                counts["connection-failed"] += 1
+                log.exception("HTTP connection from %s failed", source)
+        finally:
+            slot.close()
+
+    bound = listeners[0].socket.getsockname()
+    task_status.started(f"http://{bound[0]}:{bound[1]}")
+    await trio.serve_listeners(handle, listeners)
