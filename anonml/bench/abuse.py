@@ -161,7 +161,7 @@ class _System:
 def _honest_packets(state: RoundState, clock: SettableClock, via: list[PathHop]) -> tuple[list[bytes], list[bytes]]:
     """Registered and credentialed peers' packets; two per (peer, survey) would be a double
     submission, so half the surveys go through the relay and half straight to the sink."""
-    peers = enrol(state, clock, [bytes([i + 1]) * 32 for i in range(_PEERS)])
+    peers = enrol(state, clock, [(i + 1).to_bytes(2, "big") * 16 for i in range(_PEERS)])
     rng = np.random.default_rng(13)
     via_relay, direct = [], []
     for subset in range(_SUBSETS):
