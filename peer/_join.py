@@ -522,6 +522,20 @@ class _Outgoing:
         return self.sealed.survey
 
 
+MISSING_REASONS = ("never-sent", "no-receipt-after-second-chance")
+"""Why a message's receipt is not in the final log: no first relay took it in either chance, or one did and it was lost after."""
+
+
+def message_outcome(out: _Outgoing, final: LogView | None) -> str:
+    """What the final check says of one message: ``acknowledged``, ``unconfirmed`` (no final log to read) or one of
+    :data:`MISSING_REASONS`."""
+    if final is None:
+        return "unconfirmed"
+    if final.contains(out.survey, out.sealed.receipt):
+        return "acknowledged"
+    return "no-receipt-after-second-chance" if out.left else "never-sent"
+
+
 class PeerRound:
     """One peer's run through one round, and its state between steps.
 
@@ -701,17 +715,16 @@ class PeerRound:
         if final is not None and view is not None:
             self._check_grew(view, final)
         for out in outgoing:
-            if final is None:
+            outcome = message_outcome(out, final)
+            if outcome == "unconfirmed":
                 self.result.unconfirmed += 1
-                self.emit("unconfirmed")
-            elif final.contains(out.survey, out.sealed.receipt):
+            elif outcome == "acknowledged":
                 self.peer.store.acknowledge(self.key, out.survey.to_bytes())
                 self.result.acknowledged += 1
-                self.emit("acknowledged")
             else:
                 self.result.missing += 1
-                self.result.missing_reasons["no-receipt-after-second-chance" if out.left else "never-sent"] += 1
-                self.emit("missing")
+                self.result.missing_reasons[outcome] += 1
+            self.emit("missing" if outcome in MISSING_REASONS else outcome)
 
     def _check_grew(self, first: LogView, final: LogView) -> None:
         """The final log must extend the first (append-only); two signed heads that disagree are a proof."""

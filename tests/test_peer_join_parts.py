@@ -91,3 +91,23 @@ def test_the_peer_generator_is_chacha20_keyed_from_the_os() -> None:
     assert first.integers(0, 2**62, 4).tolist() != second.integers(0, 2**62, 4).tolist()
     # a key given for a test reproduces its stream
     assert peer_generator(7).uniform(0, 1, 3).tolist() == peer_generator(7).uniform(0, 1, 3).tolist()
+
+
+def test_every_message_ends_acknowledged_unconfirmed_or_missing_with_its_reason() -> None:
+    from anonml.peer._join import LogView, _Outgoing, message_outcome
+    from anonml.protocol import PhaseTimes, SealedReport, SurveyId
+
+    survey = SurveyId.data(bytes(32), 0, 0)
+    phase = PhaseTimes(100, 10, 130, 134, 10, 164)
+
+    def out(receipt: bytes, left: bool) -> _Outgoing:
+        return _Outgoing(SealedReport(survey, b"", receipt), phase, left=left)
+
+    final = LogView({}, {}, {survey: frozenset({b"counted"})}, {survey: (b"counted",)}, compared=True)
+    assert message_outcome(out(b"counted", left=True), final) == "acknowledged"
+    # No first relay took it in either chance: it never left this machine.
+    assert message_outcome(out(b"lost", left=False), final) == "never-sent"
+    # A first relay took it (first send or resend) and the final log still lacks it.
+    assert message_outcome(out(b"lost", left=True), final) == "no-receipt-after-second-chance"
+    # No final log to read: neither counted nor missing.
+    assert message_outcome(out(b"counted", left=True), None) == "unconfirmed"
