@@ -43,6 +43,8 @@ def test_help_and_the_startup_benchmark() -> None:
     assert figures["anonml_help_median_s"] > 0 and figures["python_pass_median_s"] > 0
 
 
+# Slow: about twenty CLI processes in a row (72 s at load 8-19; the slowest non-slow test).
+@pytest.mark.slow
 def test_an_operators_walk_from_init_to_a_peers_dry_run(tmp_path: Path) -> None:
     agg, relay, me = tmp_path / "agg", tmp_path / "relay", tmp_path / "me"
     identity = re.search(r"identity ([0-9a-f]{64})", anonml("aggregator", "init", "--data-dir", str(agg)).stdout).group(1)  # type: ignore[union-attr]
@@ -88,6 +90,8 @@ def test_an_operators_walk_from_init_to_a_peers_dry_run(tmp_path: Path) -> None:
     assert "resumes the round" in err
 
 
+# Slow: a dozen CLI processes in a row (42 s at load 8-19).
+@pytest.mark.slow
 def test_bad_inputs_fail_fast_and_name_their_fix(tmp_path: Path) -> None:
     anonml("peer", "init", "--data-dir", str(tmp_path / "me"))
     data = tmp_path / "me.csv"
