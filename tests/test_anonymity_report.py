@@ -153,4 +153,14 @@ def test_the_demo_scores_the_aggregators_guesses_against_who_sent_what(tmp_path:
     assert figures["senders_known"] == n
     assert figures["aggregator_guess"]["correct"] == 100 and figures["aggregator_guess"]["chance"] == pytest.approx(1 / n)
     assert figures["spearman_rho"] == pytest.approx(1.0)
+    # Two surveys in two phases, arrivals independent of sends inside each: the correlation is measured
+    # within surveys, not between phases (pooled times would give rho near 1 from the phases alone).
+    later = rng.uniform(100, 130, n)
+    for i, link in enumerate(links):
+        link["survey"] = "01" if i % 2 else "00"
+        link["arrived"] = float(rng.uniform(40, 70) if i % 2 == 0 else rng.uniform(140, 170))
+    progress.summaries[0]["sent"] = [[f"{i:064x}", f"{i:064x}", float(send[i] if i % 2 == 0 else later[i])] for i in range(n)]
+    (tmp_path / LINKS_JSON).write_text(json.dumps(links))
+    phased = anonymity_figures(progress, tmp_path / LINKS_JSON)
+    assert abs(phased["spearman_rho"]) < 3 * phased["rho_standard_error"]
     assert anonymity_figures(progress, tmp_path / "missing.json") == {"unavailable": "missing.json was not written (the round did not learn)"}
