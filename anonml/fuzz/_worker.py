@@ -86,7 +86,7 @@ def main(argv: list[str]) -> None:
     longest = max(len(seed) for seed in target.seeds)
     atheris.Setup(
         [sys.argv[0], f"-runs={runs + 1000}", f"-seed={seed_text}", f"-max_len={max(4096, 2 * longest)}",
-         "-timeout=60", "-rss_limit_mb=3072", "-print_final_stats=0", str(corpus)],
+         "-timeout=60", "-rss_limit_mb=3072", "-print_final_stats=0", "-keep_seed=1", str(corpus)],
         one_input,
     )
     atheris.Fuzz()
