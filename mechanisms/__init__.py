@@ -3,11 +3,33 @@ quantiles, numeric mechanisms and the privacy-budget ledger."""
 
 from __future__ import annotations
 
-from anonml.mechanisms._accounting import PrivacyLedger, shuffle_amplified_epsilon, total_epsilon
-from anonml.mechanisms._errors import BudgetExceeded, InvalidReport
-from anonml.mechanisms._numeric import OneBitMean, gaussian_mechanism, gaussian_sigma, laplace_mechanism
+from anonml.mechanisms._accounting import (
+    CentralPrivacy,
+    PrivacyLedger,
+    Release,
+    ReleaseKind,
+    per_attribute_epsilon,
+    record_level_epsilon,
+    releases_from,
+    shuffle_central_privacy,
+    total_epsilon,
+)
+from anonml.mechanisms._errors import BudgetExceeded, EpsilonOutOfRange, InvalidReport
+from anonml.mechanisms._numeric import (
+    DISCRETE_EPSILON_RANGE,
+    OneBitMean,
+    discrete_gaussian_delta,
+    discrete_gaussian_mechanism,
+    discrete_gaussian_sigma,
+    discrete_laplace_epsilon,
+    discrete_laplace_mechanism,
+    discrete_laplace_pmf,
+)
 from anonml.mechanisms._oracles import (
+    DEFAULT_MAX_ESTIMATE_WORK,
+    DEFAULT_MAX_REPORT_BYTES,
     ORACLE_NAMES,
+    OracleName,
     FrequencyOracle,
     GeneralizedRandomResponse,
     HadamardResponse,
@@ -20,9 +42,11 @@ from anonml.mechanisms._oracles import (
     make_oracle,
     optimal_pq_p,
 )
-from anonml.mechanisms._postprocess import POSTPROCESS_METHODS, postprocess
+from anonml.mechanisms._sampling import MIN_PROBABILITY
+from anonml.mechanisms._postprocess import POSTPROCESS_METHODS, PostprocessMethod, postprocess
 from anonml.mechanisms._quantiles import (
     QuantileSearch,
+    comparison_epsilon_range,
     answer_is_greater,
     answers_are_greater,
     assign_quantiles,
@@ -30,9 +54,19 @@ from anonml.mechanisms._quantiles import (
 )
 
 __all__ = [
+    "DEFAULT_MAX_ESTIMATE_WORK",
+    "DEFAULT_MAX_REPORT_BYTES",
+    "DISCRETE_EPSILON_RANGE",
+    "MIN_PROBABILITY",
     "ORACLE_NAMES",
+    "EpsilonOutOfRange",
+    "OracleName",
     "POSTPROCESS_METHODS",
+    "PostprocessMethod",
     "BudgetExceeded",
+    "CentralPrivacy",
+    "Release",
+    "ReleaseKind",
     "FrequencyOracle",
     "GeneralizedRandomResponse",
     "HadamardResponse",
@@ -49,13 +83,20 @@ __all__ = [
     "answer_is_greater",
     "answers_are_greater",
     "assign_quantiles",
+    "comparison_epsilon_range",
     "estimate_quantiles",
-    "gaussian_mechanism",
-    "gaussian_sigma",
-    "laplace_mechanism",
+    "discrete_gaussian_delta",
+    "discrete_gaussian_mechanism",
+    "discrete_gaussian_sigma",
+    "discrete_laplace_epsilon",
+    "discrete_laplace_mechanism",
+    "discrete_laplace_pmf",
     "make_oracle",
     "optimal_pq_p",
     "postprocess",
-    "shuffle_amplified_epsilon",
+    "per_attribute_epsilon",
+    "record_level_epsilon",
+    "releases_from",
+    "shuffle_central_privacy",
     "total_epsilon",
 ]

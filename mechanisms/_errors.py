@@ -27,3 +27,14 @@ class BudgetExceeded(AnonMLError):
     Raised by ``PrivacyLedger.record_median`` and ``PrivacyLedger.record_subset``;
     when it is raised the ledger has recorded nothing.
     """
+
+
+class EpsilonOutOfRange(InputError):
+    """An epsilon outside the range in which a mechanism's probabilities stay
+    randomised in floating point (see ``mechanisms._sampling``), or one that
+    is degenerate (too small for its probabilities to differ).
+
+    Raised by every mechanism's constructor and by ``make_oracle``; the
+    message quotes the epsilon and the mechanism's range. It is a
+    ``ValueError`` (through :class:`~anonml.errors.InputError`).
+    """

@@ -23,17 +23,44 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from enum import StrEnum
+from functools import lru_cache
 from typing import ClassVar
 
 import numpy as np
 
-from anonml.mechanisms._errors import InvalidReport
+from anonml.mechanisms._errors import EpsilonOutOfRange, InvalidReport
+from anonml.mechanisms._sampling import bernoulli, ceil_dyadic, epsilon_range, floor_dyadic, in_range, refuse
 from anonml.mechanisms._validate import check_counts, check_epsilon, check_positive_int, check_values
-from anonml.mechanisms._wire import bytes_for, join_blobs, pack_bits, pack_fields, unpack_bits, unpack_fields
+from anonml.mechanisms._wire import bytes_for, check_blobs, join_blobs, pack_bits, pack_fields, unpack_bits, unpack_fields
 
-# Reports are processed in blocks of this many rows where an (n, m) temporary
-# would otherwise be needed, to bound memory at a million reports.
-_BLOCK_ROWS = 1 << 16
+# Reports are privatised and estimated in blocks whose temporaries hold at
+# most this many elements (8 bytes each: 32 MiB), so memory stays bounded
+# whatever n and m are (before: OLH's (n, m) hash table needed 488 GiB at
+# n >= 65,536 with m = 1e6).
+BLOCK_ELEMENTS = 1 << 22
+_MAX_BLOCK_ROWS = 1 << 16
+
+# ``auto``'s defaults. A report travels inside one Sphinx packet (DESIGN.md
+# §5, 2 KiB by default) beside the token (~300 bytes) and the survey id;
+# 1 KiB leaves that room. Estimation work is counted in element operations
+# (``FrequencyOracle.estimate_work``); 2^32 is about a minute of numpy on
+# one core here (OLH at n = 1e5 and m = 1e6 would be 1e11).
+DEFAULT_MAX_REPORT_BYTES = 1024
+DEFAULT_MAX_ESTIMATE_WORK = 1 << 32
+
+
+class OracleName(StrEnum):
+    """The frequency oracles by their wire name; ``AUTO`` lets :func:`make_oracle` choose."""
+
+    GRR = "grr"
+    SUE = "sue"
+    PQ = "pq"
+    OUE = "oue"
+    OLH = "olh"
+    SS = "ss"
+    HR = "hr"
+    AUTO = "auto"
 
 
 def _check_rng(rng: np.random.Generator) -> np.random.Generator:
@@ -61,7 +88,7 @@ class FrequencyOracle(ABC):
     ``log_likelihood``, ``_encode_rows`` and ``_decode_rows``.
     """
 
-    name: ClassVar[str]
+    name: ClassVar[OracleName]
     report_width: int
     _report_dtype: ClassVar[type[np.integer]] = np.int64
     p: float
@@ -70,11 +97,47 @@ class FrequencyOracle(ABC):
     def __init__(self, epsilon: float, m: int) -> None:
         self.epsilon = check_epsilon(epsilon)
         self.m = check_positive_int(m, "m", minimum=2)
+        try:
+            self._configure()
+            holds = in_range(self._drawn_probabilities(), self.p, self.q)
+        except (OverflowError, ZeroDivisionError):
+            holds = False
+        if not holds:
+            raise refuse(self.name.value, self.epsilon, self.epsilon_range(self.m), f"m={self.m}")
+
+    @classmethod
+    def epsilon_range(cls, m: int) -> tuple[float, float]:
+        """The epsilon interval in which this oracle over ``m`` values stays
+        randomised in floating point (``mechanisms._sampling``); the
+        constructor refuses any epsilon outside it."""
+        return _oracle_range(cls, check_positive_int(m, "m", minimum=2))
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(epsilon={self.epsilon!r}, m={self.m!r}, p={self.p:.6g}, q={self.q:.6g})"
 
     # ----------------------------------------------------------------- hooks
+    @abstractmethod
+    def _configure(self) -> None:
+        """Set ``p`` and ``q`` (and any other parameter) for ``self.epsilon``
+        and ``self.m``, every drawn probability rounded to the 2^-53 grid in
+        the direction that cannot raise the privacy loss."""
+
+    @abstractmethod
+    def _drawn_probabilities(self) -> list[float]:
+        """Every probability a Bernoulli draw of ``_privatize`` uses, and its complement."""
+
+    @abstractmethod
+    def estimate_work(self, n: int) -> int:
+        """Element operations ``estimate`` performs for ``n`` reports (what
+        ``auto`` bounds)."""
+
+    def _row_elements(self) -> int:
+        """Elements of temporary memory one report row needs in estimation."""
+        return 1
+
+    def _block_rows(self) -> int:
+        return max(1, min(_MAX_BLOCK_ROWS, BLOCK_ELEMENTS // self._row_elements()))
+
     @abstractmethod
     def _privatize(self, values: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         """Perturb validated int64 ``values``; return (n, report_width) reports."""
@@ -142,6 +205,21 @@ class FrequencyOracle(ABC):
         checked = self.check_reports(reports)
         return self.estimate_from_support(self._support_counts(checked).astype(np.float64), checked.shape[0])
 
+    def support_counts_from_blobs(self, blobs: Sequence[bytes]) -> np.ndarray:
+        """``support_counts`` of encoded reports, decoded and counted in
+        blocks so memory stays bounded (``BLOCK_ELEMENTS``); ``InvalidReport``
+        names the first bad report by its index in ``blobs``."""
+        check_blobs(blobs)
+        counts = np.zeros(self.m, dtype=np.int64)
+        rows = self._block_rows()
+        for start in range(0, len(blobs), rows):
+            counts += self._support_counts(self._decode(blobs[start : start + rows], start))
+        return counts.astype(np.float64)
+
+    def estimate_blobs(self, blobs: Sequence[bytes]) -> np.ndarray:
+        """``estimate`` of encoded reports, blockwise (see ``support_counts_from_blobs``)."""
+        return self.estimate_from_support(self.support_counts_from_blobs(blobs), len(blobs))
+
     def estimate_from_support(self, support: np.ndarray, n: int) -> np.ndarray:
         """The unbiased estimator applied to already aggregated support counts."""
         return (np.asarray(support, dtype=np.float64) - self.q * n) / (self.p - self.q)
@@ -193,14 +271,17 @@ class FrequencyOracle(ABC):
         strings, each the canonical encoding of a possible report, raises
         ``InvalidReport`` naming the first bad one.
         """
-        raw = join_blobs(blobs, self.report_bytes)
+        return self._decode(blobs, 0)
+
+    def _decode(self, blobs: Sequence[bytes], offset: int) -> np.ndarray:
+        raw = join_blobs(blobs, self.report_bytes, offset)
         if raw.shape[0] == 0:
             return np.zeros((0, self.report_width), dtype=self._report_dtype)
         reports, non_canonical = self._decode_rows(raw)
         bad = non_canonical | self._invalid_rows(reports)
         if bad.any():
             first = int(np.flatnonzero(bad)[0])
-            raise InvalidReport(f"report {first} = {bytes(raw[first])!r} is not a canonical {self.name} report")
+            raise InvalidReport(f"report {offset + first} = {bytes(raw[first])!r} is not a canonical {self.name} report")
         return reports.astype(self._report_dtype, copy=False)
 
 
@@ -211,21 +292,27 @@ class GeneralizedRandomResponse(FrequencyOracle):
     otherwise one of the other m-1 values uniformly. One value per report.
     """
 
-    name = "grr"
+    name = OracleName.GRR
     report_width = 1
 
-    def __init__(self, epsilon: float, m: int) -> None:
-        super().__init__(epsilon, m)
-        denominator = math.exp(self.epsilon) + self.m - 1
-        self.p = math.exp(self.epsilon) / denominator
-        self.q = 1.0 / denominator
+    def _configure(self) -> None:
+        lam = math.exp(self.epsilon)
+        # Keep the truth with p rounded down: p/q = p (m-1)/(1-p) <= e^eps.
+        self.p = floor_dyadic(lam / (lam + self.m - 1))
+        self.q = (1.0 - self.p) / (self.m - 1)
+
+    def _drawn_probabilities(self) -> list[float]:
+        return [self.p, 1.0 - self.p]
+
+    def estimate_work(self, n: int) -> int:
+        return n + self.m
 
     @property
     def report_bytes(self) -> int:
         return bytes_for(self.m - 1)
 
     def _privatize(self, values: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-        keep = rng.random(values.shape[0]) < self.p
+        keep = bernoulli(rng, self.p, values.shape[0])
         # A uniform draw from the m-1 other values: draw from {0..m-2} and skip
         # over the true value.
         other = rng.integers(0, self.m - 1, size=values.shape[0])
@@ -261,16 +348,25 @@ class UnaryEncoding(FrequencyOracle):
     report_width: int
     _report_dtype = np.uint8
 
-    def __init__(self, epsilon: float, m: int) -> None:
-        super().__init__(epsilon, m)
+    def _configure(self) -> None:
         self.report_width = self.m
-        self.p, self.q = self._probabilities()
-        if not (0.0 < self.q < self.p < 1.0):
-            raise ValueError(f"epsilon={epsilon!r} gives degenerate probabilities p={self.p!r}, q={self.q!r}")
+        p, q = self._probabilities()
+        # Theorem 1's loss ln(p(1-q) / ((1-p)q)) grows with p and falls with
+        # q: round p down and q up.
+        self.p, self.q = floor_dyadic(p), ceil_dyadic(q)
+
+    def _drawn_probabilities(self) -> list[float]:
+        return [self.p, 1.0 - self.p, self.q, 1.0 - self.q]
+
+    def estimate_work(self, n: int) -> int:
+        return n * self.m
+
+    def _row_elements(self) -> int:
+        return self.m
 
     @abstractmethod
     def _probabilities(self) -> tuple[float, float]:
-        """(p, q) for ``self.epsilon`` and ``self.m``."""
+        """The ideal (p, q) for ``self.epsilon`` and ``self.m``."""
 
     @property
     def report_bytes(self) -> int:
@@ -279,14 +375,13 @@ class UnaryEncoding(FrequencyOracle):
     def _privatize(self, values: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         n = values.shape[0]
         bits = np.empty((n, self.m), dtype=np.uint8)
-        for start in range(0, n, _BLOCK_ROWS):
-            block = values[start : start + _BLOCK_ROWS]
-            uniform = rng.random((block.shape[0], self.m))
+        rows_per_block = self._block_rows()
+        for start in range(0, n, rows_per_block):
+            block = values[start : start + rows_per_block]
             # Each 0 bit becomes 1 with probability q, the true bit stays 1
             # with probability p (thesis §7.3.3).
-            np.less(uniform, self.q, out=bits[start : start + block.shape[0]])
-            rows = np.arange(block.shape[0])
-            bits[start + rows, block] = uniform[rows, block] < self.p
+            bits[start : start + block.shape[0]] = bernoulli(rng, self.q, (block.shape[0], self.m))
+            bits[start + np.arange(block.shape[0]), block] = bernoulli(rng, self.p, block.shape[0])
         return bits
 
     def _support_counts(self, reports: np.ndarray) -> np.ndarray:
@@ -318,7 +413,7 @@ class SymmetricUnaryEncoding(UnaryEncoding):
     """Basic one-time RAPPOR (thesis §7.3.2): q = 1 - p and
     ``eps = ln(p^2 / (1-p)^2)``, i.e. each bit is a binary random response with eps/2."""
 
-    name = "sue"
+    name = OracleName.SUE
 
     def _probabilities(self) -> tuple[float, float]:
         half = math.exp(self.epsilon / 2)
@@ -344,7 +439,7 @@ class OptimizedPQEncoding(UnaryEncoding):
     """The thesis's (p, q) perturbation with p from eq. 7.3, which minimises the
     exact error of eq. 7.2 over all (p, q) with ``ln(p(1-q)/((1-p)q)) = eps``."""
 
-    name = "pq"
+    name = OracleName.PQ
 
     def _probabilities(self) -> tuple[float, float]:
         p = optimal_pq_p(self.epsilon, self.m)
@@ -355,7 +450,7 @@ class OptimizedUnaryEncoding(UnaryEncoding):
     """OUE (Wang et al. 2017, §4.2): p = 1/2, q = 1/(e^eps + 1); minimises the
     approximate variance that ignores the p(1-p) term."""
 
-    name = "oue"
+    name = OracleName.OUE
 
     def _probabilities(self) -> tuple[float, float]:
         return 0.5, 1.0 / (math.exp(self.epsilon) + 1.0)
@@ -370,11 +465,18 @@ _SEED_COUNT = (_HASH_PRIME - 1) * _HASH_PRIME
 _MAX_OLH_RANGE = 1 << 16
 
 
-def _olh_probabilities(epsilon: float, g: int) -> tuple[float, float]:
+def _olh_keep(epsilon: float, g: int) -> float:
+    """The probability of reporting the true bucket, ``e^eps / (e^eps + g - 1)``
+    rounded down (the loss is ``ln(p' (g-1) / (1-p'))``)."""
+    lam = math.exp(epsilon)
+    return floor_dyadic(lam / (lam + g - 1))
+
+
+def _olh_probabilities(keep: float, g: int) -> tuple[float, float]:
     """(p, q) of OLH with hash range g under the hash family used here.
 
     A report (seed, y) supports value x when H_seed(x) = y. For the true value
-    this happens with p' = e^eps / (e^eps + g - 1). For another value x it
+    this happens with p' = ``keep`` (e^eps / (e^eps + g - 1)). For another value x it
     happens when x collides with the true value (probability c) and y is the
     true hash, or x does not collide and y is x's hash:
     ``q = c p' + (1 - c) (1 - p') / (g - 1)``. Wang et al. take c = 1/g; for
@@ -385,10 +487,8 @@ def _olh_probabilities(epsilon: float, g: int) -> tuple[float, float]:
     quotient, remainder = divmod(_HASH_PRIME, g)
     colliding_pairs = remainder * (quotient + 1) * quotient + (g - remainder) * quotient * (quotient - 1)
     collision = colliding_pairs / (_HASH_PRIME * (_HASH_PRIME - 1))
-    lam = math.exp(epsilon)
-    p = lam / (lam + g - 1)
-    q = collision * p + (1 - collision) * (1 - p) / (g - 1)
-    return p, q
+    q = collision * keep + (1 - collision) * (1 - keep) / (g - 1)
+    return keep, q
 
 
 def _pure_variance_per_report(p: float, q: float, m: int) -> float:
@@ -405,21 +505,32 @@ class OptimizedLocalHashing(FrequencyOracle):
     exact variance.
     """
 
-    name = "olh"
+    name = OracleName.OLH
     report_width = 2
 
     def __init__(self, epsilon: float, m: int) -> None:
-        super().__init__(epsilon, m)
-        if self.m >= _HASH_PRIME:
+        if isinstance(m, (int, np.integer)) and not isinstance(m, bool) and m >= _HASH_PRIME:
             raise ValueError(f"m must be < {_HASH_PRIME} for OLH, got {m!r}")
+        super().__init__(epsilon, m)
+
+    def _configure(self) -> None:
         ideal = math.exp(self.epsilon) + 1 if self.epsilon < math.log(_MAX_OLH_RANGE) else float(_MAX_OLH_RANGE)
         candidates = {max(2, min(_MAX_OLH_RANGE, int(g))) for g in (math.floor(ideal), math.ceil(ideal))}
         self.g = min(
             sorted(candidates),
-            key=lambda g: _pure_variance_per_report(*_olh_probabilities(self.epsilon, g), self.m),
+            key=lambda g: _pure_variance_per_report(*_olh_probabilities(_olh_keep(self.epsilon, g), g), self.m),
         )
-        self.p, self.q = _olh_probabilities(self.epsilon, self.g)
-        self.p_bucket = math.exp(self.epsilon) / (math.exp(self.epsilon) + self.g - 1)
+        self.p_bucket = _olh_keep(self.epsilon, self.g)
+        self.p, self.q = _olh_probabilities(self.p_bucket, self.g)
+
+    def _drawn_probabilities(self) -> list[float]:
+        return [self.p_bucket, 1.0 - self.p_bucket]
+
+    def estimate_work(self, n: int) -> int:
+        return n * self.m
+
+    def _row_elements(self) -> int:
+        return self.m
 
     @property
     def report_bytes(self) -> int:
@@ -435,7 +546,7 @@ class OptimizedLocalHashing(FrequencyOracle):
         n = values.shape[0]
         seeds = np.asarray(rng.integers(0, _SEED_COUNT, size=n, dtype=np.int64))
         hashed = self._hash(seeds, values)
-        keep = rng.random(n) < self.p_bucket
+        keep = bernoulli(rng, self.p_bucket, n)
         # Another bucket uniformly: shift by a uniform non-zero offset mod g.
         other = (hashed + rng.integers(1, self.g, size=n)) % self.g
         return np.stack([seeds, np.where(keep, hashed, other)], axis=1)
@@ -443,8 +554,9 @@ class OptimizedLocalHashing(FrequencyOracle):
     def _support_counts(self, reports: np.ndarray) -> np.ndarray:
         domain = np.arange(self.m, dtype=np.int64)[None, :]
         counts = np.zeros(self.m, dtype=np.int64)
-        for start in range(0, reports.shape[0], _BLOCK_ROWS):
-            block = reports[start : start + _BLOCK_ROWS]
+        rows = self._block_rows()
+        for start in range(0, reports.shape[0], rows):
+            block = reports[start : start + rows]
             hashed = self._hash(block[:, :1], domain)
             counts += (hashed == block[:, 1:2]).sum(axis=0)
         return counts
@@ -473,13 +585,20 @@ def _subset_probabilities(epsilon: float, m: int, k: int) -> tuple[float, float]
     local private discrete distribution estimation", 2016; Ye and Barg 2018).
 
     The true value is in the reported k-subset with probability
-    ``p = k e^eps / (k e^eps + m - k)``; another value is in it with
+    ``p = k e^eps / (k e^eps + m - k)`` (rounded down: the loss is
+    ``ln(p (m-k) / ((1-p) k))``); another value is in it with
     ``q = p (k-1)/(m-1) + (1-p) k/(m-1)``.
     """
     lam = math.exp(epsilon)
-    p = k * lam / (k * lam + m - k)
+    p = floor_dyadic(k * lam / (k * lam + m - k))
     q = p * (k - 1) / (m - 1) + (1 - p) * k / (m - 1)
     return p, q
+
+
+# k candidates either side of Ye and Barg's m / (e^eps + 1): the exact
+# variance is unimodal in k, so the best integer is next to the continuous
+# optimum (tests compare with the search over every k for small m).
+_SUBSET_K_WINDOW = 3
 
 
 class SubsetSelection(FrequencyOracle):
@@ -492,18 +611,28 @@ class SubsetSelection(FrequencyOracle):
     variance (near ``m / (e^eps + 1)``); k = 1 is GRR.
     """
 
-    name = "ss"
+    name = OracleName.SS
     report_width: int
     _report_dtype = np.uint8
 
-    def __init__(self, epsilon: float, m: int) -> None:
-        super().__init__(epsilon, m)
+    def _configure(self) -> None:
         self.report_width = self.m
+        centre = int(self.m / (math.exp(self.epsilon) + 1))
+        window = range(max(1, centre - _SUBSET_K_WINDOW), min(self.m - 1, centre + _SUBSET_K_WINDOW + 1) + 1)
         self.k = min(
-            range(1, self.m),
+            window,
             key=lambda k: _pure_variance_per_report(*_subset_probabilities(self.epsilon, self.m, k), self.m),
         )
         self.p, self.q = _subset_probabilities(self.epsilon, self.m, self.k)
+
+    def _drawn_probabilities(self) -> list[float]:
+        return [self.p, 1.0 - self.p]
+
+    def estimate_work(self, n: int) -> int:
+        return n * self.m
+
+    def _row_elements(self) -> int:
+        return self.m
 
     @property
     def report_bytes(self) -> int:
@@ -512,18 +641,22 @@ class SubsetSelection(FrequencyOracle):
     def _privatize(self, values: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         n = values.shape[0]
         mask = np.zeros((n, self.m), dtype=np.uint8)
-        for start in range(0, n, _BLOCK_ROWS):
-            block = values[start : start + _BLOCK_ROWS]
+        rows_per_block = self._block_rows()
+        for start in range(0, n, rows_per_block):
+            block = values[start : start + rows_per_block]
             rows = np.arange(block.shape[0])
-            # The k smallest of m uniform keys form a uniform k-subset. Forcing
-            # the true value's key below every other key puts it in the subset
-            # with the others uniform; forcing it above leaves a uniform
-            # k-subset of the other m-1 values (k <= m-1).
-            keys = rng.random((block.shape[0], self.m))
-            include = rng.random(block.shape[0]) < self.p
-            keys[rows, block] = np.where(include, -1.0, 2.0)
-            chosen = np.argpartition(keys, self.k - 1, axis=1)[:, : self.k]
-            mask[start + rows[:, None], chosen] = 1
+            # A uniformly random order of the m-1 other values (Fisher-Yates
+            # on exact integer draws, per row); the subset is the true value
+            # and the first k-1 of them with probability p, else the first k.
+            others = np.tile(np.arange(self.m - 1, dtype=np.int64), (block.shape[0], 1))
+            rng.permuted(others, axis=1, out=others)
+            others += others >= block[:, None]
+            include = bernoulli(rng, self.p, block.shape[0])
+            first = others[:, : self.k]
+            mask[start + rows[:, None], first] = 1
+            # With the true value included, drop the k-th other value instead.
+            mask[start + rows[include], first[include, self.k - 1]] = 0
+            mask[start + rows[include], block[include]] = 1
         return mask
 
     def _support_counts(self, reports: np.ndarray) -> np.ndarray:
@@ -549,6 +682,21 @@ class SubsetSelection(FrequencyOracle):
         return unpack_bits(raw, self.m)
 
 
+def _walsh_hadamard(vector: np.ndarray) -> np.ndarray:
+    """``H v`` for the Sylvester Hadamard matrix of the vector's (power of two)
+    length, in integers, by the in-place butterfly."""
+    out = np.array(vector, dtype=np.int64)
+    size = out.shape[0]
+    half = 1
+    while half < size:
+        pairs = out.reshape(-1, 2, half)
+        top = pairs[:, 0, :].copy()
+        pairs[:, 0, :] += pairs[:, 1, :]
+        pairs[:, 1, :] = top - pairs[:, 1, :]
+        half *= 2
+    return out
+
+
 class HadamardResponse(FrequencyOracle):
     """Harmony's categorical oracle (Nguyen et al. 2016, §3.2): Bassily and
     Smith's random projection with the random matrix replaced by a K x K
@@ -562,14 +710,20 @@ class HadamardResponse(FrequencyOracle):
     exactly. Same error as OLH with g = 2, in one or two bytes.
     """
 
-    name = "hr"
+    name = OracleName.HR
     report_width = 2
 
-    def __init__(self, epsilon: float, m: int) -> None:
-        super().__init__(epsilon, m)
+    def _configure(self) -> None:
         self.rows = 1 << (self.m - 1).bit_length()
-        self.p = math.exp(self.epsilon) / (math.exp(self.epsilon) + 1)
+        lam = math.exp(self.epsilon)
+        self.p = floor_dyadic(lam / (lam + 1))
         self.q = 0.5
+
+    def _drawn_probabilities(self) -> list[float]:
+        return [self.p, 1.0 - self.p]
+
+    def estimate_work(self, n: int) -> int:
+        return n + self.rows * max(1, self.rows.bit_length())
 
     @property
     def report_bytes(self) -> int:
@@ -585,14 +739,17 @@ class HadamardResponse(FrequencyOracle):
         n = values.shape[0]
         rows = np.asarray(rng.integers(0, self.rows, size=n))
         truth = self._positive(rows, values)
-        keep = rng.random(n) < self.p
+        keep = bernoulli(rng, self.p, n)
         return np.stack([rows, np.where(keep, truth, ~truth).astype(np.int64)], axis=1)
 
     def _support_counts(self, reports: np.ndarray) -> np.ndarray:
-        # Aggregate to a (row, bit) histogram first: O(n + K m), not O(n m).
+        # Aggregate to a (row, bit) histogram, then one fast Walsh-Hadamard
+        # transform: a report (s, b) supports x when H[s, x] = 2b - 1, so
+        # counts[x] = (n + sum_s H[s, x] (ones[s] - zeros[s])) / 2.
+        # O(n + K log K) time and O(K) memory (before: a K x m table, 7.6 TiB at m = 1e6).
         histogram = np.bincount(2 * reports[:, 0] + reports[:, 1], minlength=2 * self.rows).reshape(self.rows, 2)
-        positive = self._positive(np.arange(self.rows)[:, None], np.arange(self.m)[None, :])
-        counts: np.ndarray = np.where(positive, histogram[:, 1:2], histogram[:, 0:1]).sum(axis=0)
+        transformed = _walsh_hadamard(histogram[:, 1] - histogram[:, 0])
+        counts: np.ndarray = (reports.shape[0] + transformed[: self.m]) // 2
         return counts
 
     def _invalid_rows(self, reports: np.ndarray) -> np.ndarray:
@@ -629,30 +786,71 @@ _ORACLE_CLASSES: dict[str, type[FrequencyOracle]] = {
     )
 }
 
-ORACLE_NAMES: tuple[str, ...] = (*_ORACLE_CLASSES, "auto")
+ORACLE_NAMES: tuple[str, ...] = tuple(OracleName)
 
 
-def make_oracle(name: str, epsilon: float, m: int, *, n: int | None = None) -> FrequencyOracle:
-    """Build the oracle called ``name`` (one of ``ORACLE_NAMES``) for (epsilon, m).
+@lru_cache(maxsize=1024)
+def _oracle_range(cls: type[FrequencyOracle], m: int) -> tuple[float, float]:
+    def holds(epsilon: float) -> bool:
+        probe = cls.__new__(cls)
+        probe.epsilon, probe.m = epsilon, m
+        try:
+            probe._configure()
+            return in_range(probe._drawn_probabilities(), probe.p, probe.q)
+        except (OverflowError, ZeroDivisionError):
+            return False
 
-    ``"auto"`` needs ``n`` and returns the concrete oracle with the lowest
-    exact expected error ``variance(n)`` among all the others (the thesis's
-    §7.3.4 rule compares GRR, SUE and (p, q); this compares every oracle here).
-    Ties go to the earlier name in ``ORACLE_NAMES``.
+    return epsilon_range(holds)
+
+
+def make_oracle(
+    name: str,
+    epsilon: float,
+    m: int,
+    *,
+    n: int | None = None,
+    max_report_bytes: int = DEFAULT_MAX_REPORT_BYTES,
+    max_estimate_work: int = DEFAULT_MAX_ESTIMATE_WORK,
+) -> FrequencyOracle:
+    """Build the oracle called ``name`` (an :class:`OracleName`) for (epsilon, m).
+
+    ``"auto"`` needs ``n`` and returns, among the concrete oracles whose
+    epsilon range holds ``epsilon``, whose report fits ``max_report_bytes``
+    (what fits the packet: the caller passes its budget) and whose
+    estimation for ``n`` reports costs at most ``max_estimate_work`` element
+    operations (memory is bounded for all of them: estimation is blockwise),
+    the one with the lowest exact expected error ``variance(n)``. Ties go to
+    the earlier name in :class:`OracleName`. A concrete name ignores the two
+    limits. Raises :class:`EpsilonOutOfRange` when nothing qualifies.
     """
-    if name == "auto":
-        if n is None:
-            raise ValueError("n is required for the 'auto' oracle, got None")
-        n = check_positive_int(n, "n", minimum=1)
-        best: FrequencyOracle | None = None
-        for cls in _ORACLE_CLASSES.values():
+    try:
+        chosen = OracleName(name)
+    except ValueError:
+        raise ValueError(f"name must be one of {ORACLE_NAMES!r}, got {name!r}") from None
+    if chosen != OracleName.AUTO:
+        return _ORACLE_CLASSES[chosen](epsilon, m)
+    if n is None:
+        raise ValueError("n is required for the 'auto' oracle, got None")
+    n = check_positive_int(n, "n", minimum=1)
+    best: FrequencyOracle | None = None
+    for cls in _ORACLE_CLASSES.values():
+        try:
             candidate = cls(epsilon, m)
-            # Relative slack so that mathematically equal variances (SS with
-            # k = 1 is GRR) tie on rounding and go to the earlier name.
-            if best is None or candidate.variance(n) < best.variance(n) * (1 - 1e-12):
-                best = candidate
-        assert best is not None
-        return best
-    if name not in _ORACLE_CLASSES:
-        raise ValueError(f"name must be one of {ORACLE_NAMES!r}, got {name!r}")
-    return _ORACLE_CLASSES[name](epsilon, m)
+        except EpsilonOutOfRange:
+            continue
+        except ValueError:
+            if cls is OptimizedLocalHashing:  # m too large for its hash family
+                continue
+            raise
+        if candidate.report_bytes > max_report_bytes or candidate.estimate_work(n) > max_estimate_work:
+            continue
+        # Relative slack so that mathematically equal variances (SS with
+        # k = 1 is GRR) tie on rounding and go to the earlier name.
+        if best is None or candidate.variance(n) < best.variance(n) * (1 - 1e-12):
+            best = candidate
+    if best is None:
+        raise EpsilonOutOfRange(
+            f"no frequency oracle holds epsilon={epsilon!r} for m={m!r} with reports of at most "
+            f"{max_report_bytes!r} bytes and estimation work of at most {max_estimate_work!r} for n={n!r}"
+        )
+    return best

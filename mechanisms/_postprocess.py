@@ -16,12 +16,23 @@ Estimation with Consistency", NDSS 2020, compare them):
 
 from __future__ import annotations
 
+from enum import StrEnum
+
 import numpy as np
 
 from anonml.mechanisms._oracles import FrequencyOracle
 from anonml.mechanisms._validate import check_positive_int
 
-POSTPROCESS_METHODS: tuple[str, ...] = ("clip", "norm-sub", "project", "ibu")
+class PostprocessMethod(StrEnum):
+    """The post-processing methods of the module docstring."""
+
+    CLIP = "clip"
+    NORM_SUB = "norm-sub"
+    PROJECT = "project"
+    IBU = "ibu"
+
+
+POSTPROCESS_METHODS: tuple[str, ...] = tuple(PostprocessMethod)
 
 # IBU stops when no frequency moves by more than this between iterations, or
 # after _IBU_MAX_ITERATIONS (EM creeps towards zero-frequency boundaries at a
@@ -129,7 +140,7 @@ def _ibu_from_estimate(oracle: FrequencyOracle, estimate: np.ndarray, n: int) ->
 def postprocess(
     estimate: np.ndarray,
     n: int,
-    method: str = "norm-sub",
+    method: str = PostprocessMethod.NORM_SUB,
     *,
     oracle: FrequencyOracle | None = None,
     reports: np.ndarray | None = None,

@@ -28,25 +28,44 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from anonml.mechanisms._sampling import MIN_PROBABILITY, bernoulli, epsilon_range, floor_dyadic, refuse
 from anonml.mechanisms._validate import check_epsilon
 
 
+def _binary_rr_holds(epsilon: float) -> bool:
+    try:
+        keep = floor_dyadic(math.exp(epsilon) / (1.0 + math.exp(epsilon)))
+    except OverflowError:
+        return False
+    return 1.0 - keep >= MIN_PROBABILITY and 2 * keep - 1.0 >= MIN_PROBABILITY
+
+
+def comparison_epsilon_range() -> tuple[float, float]:
+    """The epsilon interval in which the "is greater" answer stays randomised
+    in floating point (``mechanisms._sampling``); outside it, ``EpsilonOutOfRange``."""
+    return epsilon_range(_binary_rr_holds)
+
+
 def _binary_rr_keep_probability(epsilon: float) -> float:
-    # Binary random response: the truth with probability e^eps / (1 + e^eps).
-    return math.exp(epsilon) / (1.0 + math.exp(epsilon))
+    # Binary random response: the truth with probability e^eps / (1 + e^eps),
+    # rounded down (the loss is ln(p / (1-p)) <= eps).
+    epsilon = check_epsilon(epsilon)
+    if not _binary_rr_holds(epsilon):
+        raise refuse("the 'is greater' answer", epsilon, comparison_epsilon_range(), "binary random response")
+    return floor_dyadic(math.exp(epsilon) / (1.0 + math.exp(epsilon)))
 
 
 def answers_are_greater(
     values: np.ndarray, thresholds: np.ndarray, epsilon: float, rng: np.random.Generator
 ) -> np.ndarray:
     """Vectorised ``answer_is_greater``: one perturbed bit per (value, threshold) pair."""
-    epsilon = check_epsilon(epsilon)
+    keep_probability = _binary_rr_keep_probability(epsilon)
     value_array = np.asarray(values, dtype=np.float64)
     threshold_array = np.broadcast_to(np.asarray(thresholds, dtype=np.float64), value_array.shape)
     if not (np.all(np.isfinite(value_array)) and np.all(np.isfinite(threshold_array))):
         raise ValueError(f"values and thresholds must be finite, got {values!r}, {thresholds!r}")
     truth = value_array > threshold_array
-    keep = rng.random(value_array.shape) < _binary_rr_keep_probability(epsilon)
+    keep = bernoulli(rng, keep_probability, value_array.shape)
     return np.where(keep, truth, ~truth).astype(np.int64)
 
 
@@ -95,6 +114,7 @@ class QuantileSearch:
         if not (math.isfinite(margin) and margin >= 0):
             raise ValueError(f"margin must be a finite number >= 0, got {margin!r}")
         self.low, self.high = low_f, high_f
+        _binary_rr_keep_probability(epsilon)
         self.epsilon = check_epsilon(epsilon)
         self.quantiles = levels
         self.margin = float(margin)

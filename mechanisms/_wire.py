@@ -69,13 +69,19 @@ def unpack_bits(raw: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray]:
     return all_bits[:, :m], bad_padding
 
 
-def join_blobs(blobs: Sequence[bytes], report_bytes: int) -> np.ndarray:
-    """Check that ``blobs`` is a sequence of byte strings of exactly
-    ``report_bytes`` bytes each and return them as an (n, report_bytes) uint8
-    array. Raises ``InvalidReport`` for anything else."""
+def check_blobs(blobs: Sequence[bytes]) -> None:
+    """Raise ``InvalidReport`` unless ``blobs`` is a sequence (not a byte string itself)."""
     if isinstance(blobs, (bytes, bytearray, memoryview, str)) or not isinstance(blobs, Sequence):
         raise InvalidReport(f"reports must be a sequence of byte strings, got {type(blobs).__name__!r}")
-    for index, blob in enumerate(blobs):
+
+
+def join_blobs(blobs: Sequence[bytes], report_bytes: int, offset: int = 0) -> np.ndarray:
+    """Check that ``blobs`` is a sequence of byte strings of exactly
+    ``report_bytes`` bytes each and return them as an (n, report_bytes) uint8
+    array. Raises ``InvalidReport`` for anything else, naming a report by its
+    index plus ``offset`` (its place in the whole batch when this is a block)."""
+    check_blobs(blobs)
+    for index, blob in enumerate(blobs, start=offset):
         if not isinstance(blob, (bytes, bytearray)):
             raise InvalidReport(f"report {index} is not bytes: {type(blob).__name__!r}")
         if len(blob) != report_bytes:

@@ -1,4 +1,4 @@
-"""Privacy accounting: thesis eq. 7.4 and the FMT21 shuffle bound."""
+"""Privacy accounting: record-level sums, eq. 7.4 as a secondary figure, the FMT21 shuffle bound."""
 
 from __future__ import annotations
 
@@ -10,24 +10,40 @@ from anonml.errors import AnonMLError
 from anonml.mechanisms import (
     BudgetExceeded,
     PrivacyLedger,
-    shuffle_amplified_epsilon,
+    Release,
+    per_attribute_epsilon,
+    releases_from,
+    shuffle_central_privacy,
     total_epsilon,
 )
 
 
-def test_eq_7_4_worked_example() -> None:
+def test_record_level_epsilon_is_the_sum_of_every_release() -> None:
     # Four features in two subsets (each with the label), medians for two.
-    # eps_f: age 0.2+0.5, sex 0.5, hours 0.3+0.5, race 0.5; eps_l = 0.5+0.5.
     medians = {"age": 0.2, "hours": 0.3}
     subsets = [(("age", "sex"), 0.5), (("hours", "race"), 0.5)]
-    assert total_epsilon(medians, subsets) == pytest.approx(1.0)  # the label dominates
-    # A costlier median makes a feature dominate: 0.9 + 0.5 = 1.4.
-    assert total_epsilon({"age": 0.9, "hours": 0.3}, subsets) == pytest.approx(1.4)
-    # Three subsets: the label budget adds up (k_h * eps_h, thesis §7.4).
+    # Record level: 0.2 + 0.3 + 0.5 + 0.5, every release counted.
+    assert total_epsilon(medians, subsets) == pytest.approx(1.5)
+    # Eq. 7.4 (the thesis's per-attribute maximum) said 1.0 for the same
+    # releases: it survives only as a secondary figure.
+    assert per_attribute_epsilon(releases_from(medians, subsets)) == pytest.approx(1.0)
+    assert per_attribute_epsilon(releases_from({"age": 0.9, "hours": 0.3}, subsets)) == pytest.approx(1.4)
+    assert total_epsilon({"age": 0.9, "hours": 0.3}, subsets) == pytest.approx(2.2)
     assert total_epsilon({}, [(("a",), 0.4), (("b",), 0.4), (("c",), 0.4)]) == pytest.approx(1.2)
-    # A feature released in two subsets pays both.
-    assert total_epsilon({"a": 1.0}, [(("a",), 0.4), (("a", "b"), 0.4)]) == pytest.approx(1.8)
     assert total_epsilon({}, []) == 0.0
+
+
+def test_a_plan_promised_under_eq_7_4_releases_several_times_its_epsilon() -> None:
+    # One comparison bit per numeric feature (six, as Adult's planner asked)
+    # and one subset report, each at 1: eq. 7.4 called it 2, the record
+    # spends 7. The ledger promised 2 refuses the third release.
+    releases = [Release.comparison(f"x{i}", 1.0) for i in range(6)] + [Release.subset(("x0", "y"), 1.0)]
+    assert per_attribute_epsilon(releases) == pytest.approx(2.0)
+    ledger = PrivacyLedger(2.0)
+    ledger.record(*releases[:2])
+    with pytest.raises(BudgetExceeded):
+        ledger.record(releases[2])
+    assert ledger.spent() == pytest.approx(2.0) and ledger.releases == releases[:2]
 
 
 def test_ledger_records_and_refuses_an_over_budget_release_recording_nothing() -> None:
@@ -35,18 +51,21 @@ def test_ledger_records_and_refuses_an_over_budget_release_recording_nothing() -
     ledger.record_median("age", 0.2)
     ledger.record_median("hours", 0.3)
     ledger.record_subset(["age", "sex"], 0.5)
-    assert ledger.spent() == pytest.approx(0.7)
+    assert ledger.spent() == pytest.approx(1.0)
+    assert ledger.per_attribute() == pytest.approx(0.7)
+    assert ledger.would_exceed(subsets=[(["hours", "race"], 0.5)])
+    ledger = PrivacyLedger(1.5, releases=ledger.releases)
     assert not ledger.would_exceed(subsets=[(["hours", "race"], 0.5)])
     assert ledger.would_exceed(subsets=[(["hours", "race"], 0.6)])
-    assert ledger.would_exceed(medians={"age": 0.31})
+    assert ledger.would_exceed(medians={"age": 0.51})
     before = (ledger.medians, ledger.subsets)
-    with pytest.raises(BudgetExceeded, match="1.1"):
+    with pytest.raises(BudgetExceeded, match="1.6"):
         ledger.record_subset(["hours", "race"], 0.6)
     with pytest.raises(BudgetExceeded):
-        ledger.record_median("age", 0.5)
+        ledger.record_median("age", 0.51)
     assert (ledger.medians, ledger.subsets) == before
     ledger.record_subset(["hours", "race"], 0.5)
-    assert ledger.spent() == pytest.approx(1.0)
+    assert ledger.spent() == pytest.approx(1.5)
     assert ledger.remaining() == pytest.approx(0.0)
     assert ledger.spent() == total_epsilon(ledger.medians, ledger.subsets)
     assert isinstance(BudgetExceeded("x"), AnonMLError) and not isinstance(BudgetExceeded("x"), ValueError)
@@ -66,8 +85,9 @@ def test_ledger_rebuilds_from_its_records_and_refuses_over_budget_records() -> N
     ledger.record_subset(("age", "sex"), 1.0)
     rebuilt = PrivacyLedger(2.0, medians=ledger.medians, subsets=ledger.subsets)
     assert rebuilt.spent() == ledger.spent()
+    assert PrivacyLedger(2.0, releases=ledger.releases).releases == ledger.releases
     with pytest.raises(BudgetExceeded):
-        PrivacyLedger(1.0, medians=ledger.medians, subsets=ledger.subsets)
+        PrivacyLedger(1.4, releases=ledger.releases)
 
 
 def test_bad_ledger_input_is_rejected() -> None:
@@ -89,23 +109,30 @@ def test_shuffle_bound_matches_fmt21_theorem_3_1() -> None:
     epsilon0, n, delta = 1.0, 10_000, 1e-6
     lam = math.e
     expected = math.log(1 + (lam - 1) / (lam + 1) * (8 * math.sqrt(lam * math.log(4 / delta)) / math.sqrt(n) + 8 * lam / n))
-    assert shuffle_amplified_epsilon(epsilon0, n, delta) == pytest.approx(expected)
+    central = shuffle_central_privacy(epsilon0, n, delta)
+    assert central.epsilon == pytest.approx(expected) and central.delta == delta
     assert expected < epsilon0
+    assert f"({expected:.3g}, 1e-06)" in central.describe() 
     # More reports, more amplification.
-    assert shuffle_amplified_epsilon(epsilon0, 100 * n, delta) < expected
+    bigger = shuffle_central_privacy(epsilon0, 10 * n, delta).epsilon
+    assert bigger is not None and bigger < expected
 
 
-def test_shuffle_bound_returns_epsilon0_outside_its_validity() -> None:
+def test_shuffle_bound_is_stated_only_where_valid_and_tiny_n_is_flagged() -> None:
     delta = 1e-6
     n = 1000
     limit = math.log(n / (16 * math.log(2 / delta)))  # about 1.46
-    assert shuffle_amplified_epsilon(limit + 0.01, n, delta) == limit + 0.01
-    assert shuffle_amplified_epsilon(0.5, 10, delta) == 0.5  # n too small: limit < 0
-    # Inside the bound's validity it amplifies: strictly below the local epsilon.
-    assert shuffle_amplified_epsilon(limit - 0.01, n, delta) < limit - 0.01
+    assert shuffle_central_privacy(limit + 0.01, n, delta).epsilon is None
+    inside = shuffle_central_privacy(limit - 0.01, n, delta).epsilon
+    assert inside is not None and inside < limit - 0.01
+    # Before, n = 2 gave a figure at delta = 0.25 with no flag.
+    tiny = shuffle_central_privacy(1.0, 2)
+    assert tiny.epsilon is None and "no central guarantee" in tiny.describe() and "has 2" in tiny.describe()
+    # A delta of 1/n or more means nothing: no figure.
+    assert shuffle_central_privacy(0.1, 10**6, 1e-6).epsilon is None
     with pytest.raises(ValueError, match="delta"):
-        shuffle_amplified_epsilon(1.0, n, 0.0)
+        shuffle_central_privacy(1.0, n, 0.0)
     with pytest.raises(ValueError, match="n must"):
-        shuffle_amplified_epsilon(1.0, 0, delta)
+        shuffle_central_privacy(1.0, 0, delta)
     with pytest.raises(ValueError, match="epsilon0"):
-        shuffle_amplified_epsilon(0.0, n, delta)
+        shuffle_central_privacy(0.0, n, delta)

@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 
 from anonml.mechanisms import (
+    EpsilonOutOfRange,
     QuantileSearch,
+    comparison_epsilon_range,
     answer_is_greater,
     answers_are_greater,
     assign_quantiles,
@@ -33,15 +35,27 @@ def test_binary_random_response_keeps_the_truth_with_the_stated_probability() ->
     assert abs((1 - below.mean()) - keep) <= 4.5 * sd
     # The likelihood ratio of an answer between any two inputs is e^eps.
     assert keep / (1 - keep) == pytest.approx(math.exp(epsilon))
-    assert answer_is_greater(3.0, 2.0, 50.0, rng) == 1
-    assert answer_is_greater(2.0, 2.0, 50.0, rng) == 0
+
+def test_an_epsilon_at_which_the_truth_is_certain_is_refused() -> None:
+    # Before: at eps = 50 the keep probability rounded to exactly 1.0, so the
+    # answer was the truth every time while eps = 50 was stated.
+    rng = np.random.default_rng(1)
+    low, high = comparison_epsilon_range()
+    assert 20 < high < 23 and low < 1e-8
+    for epsilon in (50.0, high * 1.01, 800.0, low / 2, 1e-17):
+        with pytest.raises(EpsilonOutOfRange):
+            answer_is_greater(3.0, 2.0, epsilon, rng)
+        with pytest.raises(EpsilonOutOfRange):
+            QuantileSearch(0.0, 1.0, epsilon)
+    assert answer_is_greater(3.0, 2.0, high, rng) in (0, 1)
 
 
 def test_without_noise_the_search_is_an_exact_bisection() -> None:
-    # At eps = 40 the flip probability rounds to 0 and the margin to 0: each
-    # sub-round halves the distance bound, ending within the last step.
+    # At eps = 22 (the top of the range) a flip has probability 2.8e-10 and
+    # the margin is below 1e-6: each sub-round halves the distance bound,
+    # ending within the last step.
     rounds = 14
-    estimate = estimate_quantiles(_partitions(rounds, 4001, np.random.default_rng(0)), 0.0, 100.0, 40.0, (0.5,), np.random.default_rng(1))
+    estimate = estimate_quantiles(_partitions(rounds, 4001, np.random.default_rng(0)), 0.0, 100.0, 22.0, (0.5,), np.random.default_rng(1))
     assert abs(estimate[0] - 50.0) <= 100.0 / 2 ** (rounds + 1)
 
 
