@@ -31,7 +31,7 @@ ROLE_COMMANDS: dict[str, tuple[str, str]] = {
     "aggregator": ("anonml.aggregator._cli:aggregator", "Run rounds: announce, register peers, issue credentials, collect, learn."),
     "demo": ("anonml.demo:demo", "Run one complete round on loopback: 3 relays, the aggregator, N peers."),
     "fuzz": ("anonml.fuzz:fuzz", "Coverage-guided fuzzing of every parser: each input parses or is refused with a typed error."),
-    "experiment": ("anonml.learning._experiment:experiment", "The thesis's chapter-8 experiments, in process (no network)."),
+    "experiment": ("anonml.learning:experiment", "The thesis's chapter-8 experiments, in process (no network)."),
     "peer": ("anonml.peer._cli:peer", "Take part in a round from your own data."),
     "relay": ("anonml.relay._cli:relay", "Run a mix relay: hold Sphinx packets and release them inside their windows."),
 }

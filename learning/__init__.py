@@ -1,6 +1,8 @@
 """Learning from noisy histograms: the partition-ensemble learner (thesis
-chapter 6), the planner that chooses a release plan, binning, histogram
-estimation, tables and the in-process experiments (thesis chapter 8).
+chapter 6), the planner that chooses a release plan, its bins and its
+combiner by simulation, binning, the one histogram estimator, tables and
+feature specs, the published model's format, and the in-process experiments
+(thesis chapter 8).
 
 The aggregator's round service imports it to learn once a round's reports
 are in; ``anonml experiment`` runs it alone, with no network.
@@ -8,30 +10,68 @@ are in; ``anonml experiment`` runs it alone, with no network.
 
 from __future__ import annotations
 
-from anonml.learning._adult import adult_spec
-from anonml.learning._binning import bin_table, exact_cut_points, private_cut_points
-from anonml.learning._data import DataError, Table, load_adult, read_adult_file
-from anonml.learning._ensemble import PartitionEnsemble, SubsetHistogram, exact_histogram
-from anonml.learning._planner import PlanScore, choose_plan, plan_objective
-from anonml.learning._trial import TrialResult, estimate_histograms, exact_histograms, run_trial
+from anonml.learning._binning import (
+    QuantileBinner,
+    SpecBinner,
+    balanced_cuts,
+    bin_table,
+    exact_cut_points,
+    private_cut_points,
+    table_matrix,
+)
+from anonml.learning._data import (
+    DataError,
+    Table,
+    clip_table,
+    finite_number,
+    load_adult,
+    read_adult_file,
+    read_csv_table,
+    split_table,
+)
+from anonml.learning._ensemble import PartitionEnsemble, SubsetHistogram, estimate_histogram, exact_histogram
+from anonml.learning._experiment import experiment
+from anonml.learning._model import MODEL_FORMAT, model_from_json, model_to_json, published_model
+from anonml.learning._planner import PlanChoice, candidate_choices, choose_plan, synthetic_table
+from anonml.learning._tables import TableName, adult_spec, builtin_spec, load_builtin
+from anonml.learning._trial import TrialResult, estimate_histograms, exact_histograms, fit_combiners, run_trial
 
 __all__ = [
+    "MODEL_FORMAT",
     "DataError",
     "PartitionEnsemble",
-    "PlanScore",
+    "PlanChoice",
+    "QuantileBinner",
+    "SpecBinner",
     "SubsetHistogram",
     "Table",
+    "TableName",
     "TrialResult",
     "adult_spec",
+    "balanced_cuts",
     "bin_table",
+    "builtin_spec",
+    "candidate_choices",
     "choose_plan",
+    "clip_table",
+    "estimate_histogram",
     "estimate_histograms",
     "exact_cut_points",
     "exact_histogram",
     "exact_histograms",
+    "experiment",
+    "finite_number",
+    "fit_combiners",
     "load_adult",
-    "plan_objective",
+    "load_builtin",
+    "model_from_json",
+    "model_to_json",
     "private_cut_points",
+    "published_model",
     "read_adult_file",
+    "read_csv_table",
     "run_trial",
+    "split_table",
+    "synthetic_table",
+    "table_matrix",
 ]

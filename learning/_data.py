@@ -1,6 +1,7 @@
-"""UCI Adult ("Census Income") loader.
+"""Tables: a CSV with a header (any table a feature spec describes) and the
+UCI Adult ("Census Income") files.
 
-Reads ``adult.data`` (training) and ``adult.test`` from any directory. The
+Adult: ``adult.data`` (training) and ``adult.test`` from any directory. The
 files are comma-separated with a space after each comma; ``adult.test`` starts
 with a ``|1x3 Cross validator`` comment line and its labels end with a period;
 missing values are ``?`` (kept as a category so the feature specification
@@ -9,15 +10,18 @@ decides where they go); blank lines are skipped.
 
 from __future__ import annotations
 
+import csv
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from anonml.errors import InputError
+from anonml.protocol import FeatureSpec
 
 ADULT_COLUMNS = (
     "age", "workclass", "fnlwgt", "education", "education-num", "marital-status", "occupation",
@@ -28,6 +32,8 @@ ADULT_LABEL = "income"
 ADULT_FILES = ("adult.data", "adult.test")
 # A line longer than this is malformed, not data (bounded parser).
 MAX_LINE_CHARS = 4096
+# A CSV with more rows than this is refused (bounded parser).
+MAX_CSV_ROWS = 10_000_000
 
 
 class DataError(InputError):
@@ -122,3 +128,54 @@ def check_columns(table: Table, names: Sequence[str]) -> None:
     """Raise :class:`DataError` naming the first of ``names`` the table lacks."""
     for name in names:
         table.column(name)
+
+
+def read_csv_table(path: Path, spec: FeatureSpec) -> Table:
+    """A table as CSV with a header naming every feature of ``spec`` and its
+    label (other columns are ignored; numeric features must parse as finite
+    numbers). Raises :class:`DataError` naming the line of the first
+    malformed row."""
+    needed = [*spec.names, spec.label.name]
+    numeric = set(spec.numeric_names)
+    values: dict[str, list[Any]] = {name: [] for name in needed}
+    if not path.is_file():
+        raise DataError(f"missing data file {str(path)!r}")
+    try:
+        with path.open("r", encoding="utf-8", newline="") as handle:
+            reader = csv.DictReader(handle)
+            missing = [name for name in needed if name not in (reader.fieldnames or [])]
+            if missing:
+                raise DataError(f"{path.name}:1: header lacks columns {missing!r}")
+            for row in reader:
+                line = reader.line_num
+                if line > MAX_CSV_ROWS:
+                    raise DataError(f"{path.name}:{line}: more than {MAX_CSV_ROWS} rows")
+                for name in needed:
+                    field = (row.get(name) or "").strip()
+                    if not field:
+                        raise DataError(f"{path.name}:{line}: empty field {name!r}")
+                    values[name].append(finite_number(f"{path.name}:{line}", name, field) if name in numeric else field)
+    except (UnicodeDecodeError, csv.Error) as exc:
+        raise DataError(f"{path.name}: not a readable CSV file ({exc})") from None
+    if not values[spec.label.name]:
+        raise DataError(f"{path.name}: no data rows")
+    columns = {name: np.asarray(values[name], dtype=np.float64 if name in numeric else str) for name in spec.names}
+    return Table(columns, np.asarray(values[spec.label.name], dtype=str))
+
+
+def clip_table(spec: FeatureSpec, table: Table) -> tuple[Table, dict[str, int]]:
+    """The table with every numeric feature clipped into its public bounds,
+    and how many values of each were outside (``FeatureSpec.clip_columns``)."""
+    columns, clipped = spec.clip_columns(table.columns)
+    return Table({name: np.asarray(col) for name, col in columns.items()}, table.labels), clipped
+
+
+def split_table(table: Table, test_fraction: float, rng: np.random.Generator) -> tuple[Table, Table]:
+    """A seeded split into ``(train, test)``, stratified by label value."""
+    test_rows = []
+    for value in np.unique(table.labels):
+        rows = np.flatnonzero(table.labels == value)
+        test_rows.append(rng.choice(rows, size=int(round(test_fraction * rows.size)), replace=False))
+    test_mask = np.zeros(table.n_rows, dtype=bool)
+    test_mask[np.concatenate(test_rows)] = True
+    return table.rows(np.flatnonzero(~test_mask)), table.rows(np.flatnonzero(test_mask))

@@ -1,13 +1,17 @@
-"""``anonml experiment``: the thesis's chapter-8 experiments, in process.
+"""``anonml experiment``: the thesis's chapter-8 experiments, in process, on
+any table a feature spec describes.
 
-``anonml experiment adult --data-dir DIR --epsilon 0.5 1 2 4 --trials 20``
-runs, for every trial and ε_T, the whole private pipeline (private medians,
-binning, plan, perturbation of every peer's subsets, estimation, ensemble)
-for each requested plan and prints AUC on ``adult.test`` (mean, std, min,
+``anonml experiment adult --data-dir DIR --json out.json`` runs, for every
+trial and record-level ε_T, the whole private pipeline (private quantiles,
+binning, plan, perturbation of every peer's releases, estimation, ensemble)
+for each requested plan and prints AUC on the test split (mean, std, min,
 max) beside baselines measured in the same run: logistic regression and
 gradient boosting on the raw features, logistic regression on the binned
 features, and the ensemble on exact histograms (thesis Figure 8-2's dashed
-lines). ``--kp``/``--ks`` sweeps reproduce Figures 8-3 to 8-5.
+lines). Built-in tables: ``adult`` (``--data-dir``), ``breast-cancer`` and
+``affairs`` (offline, split here); ``csv`` takes ``--spec FILE.toml --train
+FILE.csv [--test FILE.csv]``. ``--kp``/``--ks`` sweeps reproduce Figures 8-3
+to 8-5.
 """
 
 from __future__ import annotations
@@ -16,117 +20,104 @@ import json
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import click
 import numpy as np
 
-from anonml.learning._adult import adult_spec
-from anonml.learning._data import ADULT_COLUMNS, ADULT_NUMERIC, DataError, Table, load_adult
-from anonml.learning._planner import choose_plan
+from anonml.learning._binning import bin_table, exact_cut_points
+from anonml.learning._data import DataError, Table, read_csv_table, split_table
+from anonml.learning._planner import THESIS_SPLIT, PlanChoice, choose_plan
+from anonml.learning._tables import TableName, load_builtin
 from anonml.learning._trial import run_trial
-from anonml.protocol import DEFAULT_MEDIAN_STEPS, EPSILON_TOTAL_RANGE, MAX_MEDIAN_STEPS, FeatureSpec, FeatureSpecError, PlanError, ReleasePlan
+from anonml.mechanisms import OracleName, PostprocessMethod
+from anonml.protocol import (
+    DEFAULT_COMPARISON_POOL,
+    DEFAULT_MEDIAN_STEPS,
+    EPSILON_TOTAL_RANGE,
+    MAX_MEDIAN_STEPS,
+    Combiner,
+    FeatureSpec,
+    FeatureSpecError,
+    Learner,
+    MedianPeers,
+    PlanError,
+    PlanKind,
+)
 
-# The thesis's Figure 8-2a plan: two subsets of three features on each of
-# five partitions, with ε_e = ε_h (§8.2.1).
-THESIS_SPLIT = {"k_p": 5, "k_h": 2, "k_s": 3}
+PLANNER = "planner"
+CSV = "csv"
 
 
-class _ListOptionsCommand(click.Command):
-    """Lets ``--epsilon 0.5 1 2`` stand for ``--epsilon 0.5 --epsilon 1 --epsilon 2``
-    for the options in ``LIST_OPTIONS`` (all take positive values, so a
-    following argument that starts with ``-`` is the next option)."""
+class ListOf(click.ParamType):
+    """A comma- or space-separated list of values of ``item`` in one
+    argument (``--epsilon 0.5,1,2`` or ``--epsilon "0.5 1 2"``); with
+    ``multiple=True`` the flag may also repeat."""
 
-    LIST_OPTIONS = ("--epsilon", "--kp", "--ks", "--kh", "--vote", "--plan")
+    def __init__(self, item: click.ParamType) -> None:
+        self.item = item
+        self.name = f"list of {item.name}"
 
-    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        expanded: list[str] = []
-        current: str | None = None
-        awaiting_first = False
-        for arg in args:
-            if arg.startswith("-"):
-                current = arg if arg in self.LIST_OPTIONS else None
-                awaiting_first = current is not None
-                expanded.append(arg)
-            elif current is not None and not awaiting_first:
-                expanded.extend([current, arg])
-            else:
-                awaiting_first = False
-                expanded.append(arg)
-        return super().parse_args(ctx, expanded)
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, tuple):
+            return value
+        parts = [part for part in str(value).replace(",", " ").split() if part]
+        if not parts:
+            self.fail(f"expected at least one value, got {value!r}", param, ctx)
+        return tuple(self.item.convert(part, param, ctx) for part in parts)
+
+
+def _flatten(values: Sequence[tuple[Any, ...]]) -> list[Any]:
+    return list(dict.fromkeys(v for group in values for v in group))
 
 
 @dataclass(frozen=True)
 class PlanRequest:
-    """One line of the results: a plan kind with fixed or planner-chosen sizes."""
+    """One line of the results: the planner's choice, or a fixed plan."""
 
     label: str
-    kind: str | None  # None: the planner chooses the kind
-    k_p: int | None = None
-    k_h: int | None = None
-    k_s: int | None = None
-    median_peers: str | None = None
-    median_steps: int = DEFAULT_MEDIAN_STEPS
+    choice: PlanChoice | None  # None: the planner chooses at each ε_T
 
-    def build(self, spec: FeatureSpec, n: int, epsilon_total: float, seed: bytes, oracle: str) -> ReleasePlan:
-        if self.kind is not None and self.k_p is not None and self.k_s is not None and self.median_peers is not None:
-            kind, features, k_p, k_h, k_s, median_peers = (
-                self.kind, spec.names, self.k_p, self.k_h or 1, self.k_s, self.median_peers or "all"
-            )
-        else:
-            choice = choose_plan(
-                spec, n, epsilon_total, seed,
-                kinds=(self.kind,) if self.kind else ("split", "one"),
-                k_s_values=(self.k_s,) if self.k_s else None,
-                k_p_values=(self.k_p,) if self.k_p else None,
-                median_peers=(self.median_peers,) if self.median_peers else ("all", "disjoint"),
-                median_steps=self.median_steps,
-            ).plan
-            if oracle == "auto":
-                return choice
-            kind, features, k_p, k_h, k_s, median_peers = (
-                choice.kind, choice.features, choice.k_p, choice.k_h, choice.k_s, choice.median_peers
-            )
-        return ReleasePlan.build(
-            kind=kind, features=features, numeric_features=spec.numeric_names, k_p=k_p, k_h=k_h, k_s=k_s,
-            epsilon_total=epsilon_total, seed=seed, oracle=oracle, median_peers=median_peers,
-            median_steps=self.median_steps,
-        )
+    def resolve(self, spec: FeatureSpec, n: int, epsilon_total: float, cache: dict[tuple[str, float], PlanChoice]) -> PlanChoice:
+        if self.choice is not None:
+            return self.choice
+        key = (self.label, epsilon_total)
+        if key not in cache:
+            cache[key] = choose_plan(spec, n, epsilon_total)
+        return cache[key]
 
 
 def plan_requests(
-    plans: Sequence[str], kp: Sequence[int], ks: Sequence[int], kh: Sequence[int], median_peers: str | None,
-    median_steps: int = DEFAULT_MEDIAN_STEPS,
+    spec: FeatureSpec, plans: Sequence[str], kp: Sequence[int], ks: Sequence[int], kh: Sequence[int], *,
+    quantiles: int | None, median_peers: str | None, median_steps: int, pool: float, oracle: str,
 ) -> list[PlanRequest]:
     """Expand ``--plan`` and the ``--kp/--ks/--kh`` sweeps into result lines."""
-    kinds: list[str] = []
-    for plan in plans:
-        kinds.extend(["split", "one", "best"] if plan == "all" else [plan])
+    k_f = len(spec.names)
     requests: list[PlanRequest] = []
-    for kind in dict.fromkeys(kinds):
-        if kind == "split":
-            for k_p in kp or [THESIS_SPLIT["k_p"]]:
-                for k_s in ks or [THESIS_SPLIT["k_s"]]:
-                    for k_h in kh or [THESIS_SPLIT["k_h"]]:
-                        requests.append(PlanRequest(f"split kp={k_p} kh={k_h} ks={k_s}", "split", k_p, k_h, k_s, median_peers or "all", median_steps))
-        elif kind == "one":
-            k_s_sweep: list[int | None] = list(ks) or [None]
-            k_p_sweep: list[int | None] = list(kp) or [None]
-            for fixed_k_s in k_s_sweep:
-                for fixed_k_p in k_p_sweep:
-                    label = "one" + (f" kp={fixed_k_p}" if fixed_k_p else "") + (f" ks={fixed_k_s}" if fixed_k_s else "")
-                    requests.append(PlanRequest(label, "one", fixed_k_p, 1, fixed_k_s, median_peers, median_steps))
-        else:
-            requests.append(PlanRequest("best (planner)", None, median_peers=median_peers, median_steps=median_steps))
+    for kind in dict.fromkeys(plans):
+        if kind == PLANNER:
+            requests.append(PlanRequest("planner", None))
+            continue
+        thesis = kind == PlanKind.SPLIT
+        mode = median_peers or (MedianPeers.ALL if thesis else MedianPeers.RESERVED)
+        for k_s in ks or [THESIS_SPLIT["k_s"] if thesis else 1]:
+            for k_p in kp or [THESIS_SPLIT["k_p"] if thesis else math.ceil(k_f / k_s)]:
+                for k_h in (kh or [THESIS_SPLIT["k_h"]]) if thesis else [1]:
+                    q = quantiles if quantiles is not None else (1 if thesis else 3)
+                    choice = PlanChoice(
+                        kind, k_p, k_h, k_s, q, mode, pool if mode == MedianPeers.RESERVED else 0.0, median_steps,
+                        Combiner.WEIGHTED, oracle,
+                    )
+                    requests.append(PlanRequest(choice.label(), choice))
     return requests
 
 
-def raw_baselines(spec: FeatureSpec, train: Table, test: Table, random_state: int) -> dict[str, float]:
+def raw_baselines(spec: FeatureSpec, train: Table, test: Table, random_state: int, quantiles: int) -> dict[str, float]:
     """Non-private baselines on the same split: logistic regression and
-    gradient boosting on all raw columns, logistic regression on the binned
-    features (exact medians)."""
+    gradient boosting on the raw features, logistic regression on the binned
+    features (exact cuts, ``quantiles`` per numeric feature)."""
     from sklearn.compose import ColumnTransformer
     from sklearn.ensemble import HistGradientBoostingClassifier
     from sklearn.linear_model import LogisticRegression
@@ -134,35 +125,34 @@ def raw_baselines(spec: FeatureSpec, train: Table, test: Table, random_state: in
     from sklearn.pipeline import make_pipeline
     from sklearn.preprocessing import OneHotEncoder, OrdinalEncoder, StandardScaler
 
-    from anonml.learning._binning import bin_table, exact_cut_points
-
     def matrix(table: Table) -> np.ndarray:
-        return np.column_stack([table.columns[c].astype(object) for c in ADULT_COLUMNS])
+        return np.column_stack([table.column(name).astype(object) for name in spec.names])
 
-    numeric = [i for i, c in enumerate(ADULT_COLUMNS) if c in ADULT_NUMERIC]
-    categorical = [i for i, c in enumerate(ADULT_COLUMNS) if c not in ADULT_NUMERIC]
+    numeric = [i for i, name in enumerate(spec.names) if name in spec.numeric_names]
+    categorical = [i for i, name in enumerate(spec.names) if name not in spec.numeric_names]
     y_train, y_test = spec.label.encode(train.labels), spec.label.encode(test.labels)
     X_train, X_test = matrix(train), matrix(test)
     linear = make_pipeline(
         ColumnTransformer([("num", StandardScaler(), numeric), ("cat", OneHotEncoder(handle_unknown="ignore"), categorical)]),
-        LogisticRegression(max_iter=2000),
+        LogisticRegression(max_iter=5000),
     ).fit(X_train, y_train)
     boosting = make_pipeline(
         ColumnTransformer([
             ("num", "passthrough", numeric),
             ("cat", OrdinalEncoder(handle_unknown="use_encoded_value", unknown_value=np.nan), categorical),
         ]),
-        HistGradientBoostingClassifier(categorical_features=list(range(len(numeric), len(ADULT_COLUMNS))), random_state=random_state),
+        HistGradientBoostingClassifier(categorical_features=list(range(len(numeric), len(spec.names))), random_state=random_state),
     ).fit(X_train, y_train)
-    cuts = exact_cut_points(spec, train)
-    B_train, _ = bin_table(spec, train, cuts)
-    B_test, _ = bin_table(spec, test, cuts)
+    binned_spec = spec.with_quantiles(quantiles)
+    cuts = exact_cut_points(binned_spec, train)
+    B_train, _ = bin_table(binned_spec, train, cuts)
+    B_test, _ = bin_table(binned_spec, test, cuts)
     one_hot = OneHotEncoder(drop="if_binary", handle_unknown="ignore").fit(B_train)
-    binned = LogisticRegression(max_iter=2000).fit(one_hot.transform(B_train), y_train)
+    binned = LogisticRegression(max_iter=5000).fit(one_hot.transform(B_train), y_train)
     return {
         "logreg raw": float(roc_auc_score(y_test, linear.decision_function(X_test))),
         "gradient boosting raw": float(roc_auc_score(y_test, boosting.predict_proba(X_test)[:, 1])),
-        "logreg binned": float(roc_auc_score(y_test, binned.decision_function(one_hot.transform(B_test)))),
+        f"logreg binned (q={quantiles})": float(roc_auc_score(y_test, binned.decision_function(one_hot.transform(B_test)))),
     }
 
 
@@ -179,78 +169,96 @@ def restrict_spec(spec: FeatureSpec, names: str | None) -> FeatureSpec:
     return FeatureSpec(tuple(spec.feature(n) for n in chosen), spec.label)
 
 
+def load_tables(dataset: str, *, data_dir: Path | None, spec_path: Path | None, train_path: Path | None, test_path: Path | None, test_fraction: float, rng: np.random.Generator) -> tuple[FeatureSpec, Table, Table]:
+    """``(spec, train, test)`` for a built-in table or a CSV with its spec file."""
+    if dataset != CSV:
+        return load_builtin(dataset, data_dir=data_dir, test_fraction=test_fraction, rng=rng)
+    if spec_path is None or train_path is None:
+        raise DataError("csv needs --spec (a feature-spec TOML file) and --train (a CSV with a header)")
+    try:
+        spec = FeatureSpec.from_toml(spec_path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise DataError(f"cannot read the feature spec {str(spec_path)!r}: {exc.strerror}") from None
+    train = read_csv_table(train_path, spec)
+    if test_path is not None:
+        return spec, train, read_csv_table(test_path, spec)
+    train, test = split_table(train, test_fraction, rng)
+    return spec, train, test
+
+
 def run_experiment(
     *,
-    data_dir: Path,
+    spec: FeatureSpec,
+    train: Table,
+    test: Table,
+    dataset: str,
     epsilons: Sequence[float],
     trials: int,
     requests: Sequence[PlanRequest],
-    votes: Sequence[str],
+    combiners: Sequence[str],
     base: str,
     scoring: str,
-    oracle: str,
     postprocess: str,
-    quantiles: int,
-    features: str | None,
-    max_train_rows: int | None,
     seed: int,
     baselines: bool,
     progress: Any = None,
 ) -> dict[str, Any]:
     """Run everything and return the JSON-ready results (see module docstring)."""
-    spec = restrict_spec(adult_spec(quantiles), features)
-    train, test = load_adult(data_dir)
     rng = np.random.default_rng(seed)
-    if max_train_rows is not None and max_train_rows < train.n_rows:
-        train = train.rows(np.sort(rng.choice(train.n_rows, size=max_train_rows, replace=False)))
-    ensembles = [{"vote": v, "base": base, "scoring": scoring} for v in votes]
     lines: dict[tuple[str, str, float], dict[str, Any]] = {}
     noise_free: dict[tuple[str, str], list[float]] = {}
-    for trial in range(trials):
+    chosen: dict[tuple[str, float], PlanChoice] = {}
+    for _ in range(trials):
         plan_seed = rng.bytes(16)
         for request in requests:
             for eps in epsilons:
-                plan = request.build(spec, train.n_rows, eps, plan_seed, oracle)
-                result = run_trial(spec, train, test, plan, rng, ensembles=ensembles, method=postprocess, epsilon_budget=eps)
-                for vote, auc in zip(votes, result.aucs):
-                    line = lines.setdefault((request.label, vote, eps), {
-                        "plan": request.label, "vote": vote, "epsilon_total_requested": eps, "aucs": [], "seconds": [],
-                        "epsilon_total": result.epsilon_total, "epsilon_total_plan": plan.epsilon_total, "release_epsilon": plan.release_epsilon,
-                        "median_epsilon": plan.median_epsilon, "kind": plan.kind, "k_p": plan.k_p, "k_h": plan.k_h,
-                        "k_s": plan.k_s, "median_peers": plan.median_peers, "median_steps": plan.median_steps, "oracles": {},
+                choice = request.resolve(spec, train.n_rows, eps, chosen)
+                trial_spec = choice.spec_for(spec)
+                plan = choice.build(trial_spec, eps, plan_seed)
+                result = run_trial(trial_spec, train, test, plan, rng, combiners=combiners, base=base, scoring=scoring, method=postprocess, epsilon_budget=eps)
+                for combiner, auc in result.aucs.items():
+                    line = lines.setdefault((request.label, combiner, eps), {
+                        "plan": request.label, "combiner": combiner, "epsilon_total_requested": eps, "aucs": [], "seconds": [],
+                        "epsilon_total": 0.0, "per_attribute_epsilon": 0.0, "epsilon_total_plan": plan.epsilon_total,
+                        "release_epsilon": plan.release_epsilon, "median_epsilon": plan.median_epsilon, "choice": choice.to_dict(),
+                        "kind": plan.kind, "k_p": plan.k_p, "k_h": plan.k_h, "k_s": plan.k_s, "quantiles": choice.quantiles,
+                        "median_peers": plan.median_peers, "median_steps": plan.median_steps, "oracles": {},
                     })
-                    # The worst trial's eq. 7.4 total recorded in the peers' ledgers.
+                    # The costliest peer's record-level sum, worst trial, from the ledgers.
                     line["epsilon_total"] = max(line["epsilon_total"], result.epsilon_total)
+                    line["per_attribute_epsilon"] = max(line["per_attribute_epsilon"], result.per_attribute)
                     line["aucs"].append(auc)
                     line["seconds"].append(result.seconds)
                     for name, count in result.oracles.items():
                         line["oracles"][name] = line["oracles"].get(name, 0) + count
                 if progress is not None:
                     progress()
-            # The noise-free ensemble of this plan (eps-independent structure;
-            # built with the largest eps so the planner's choice is the one
-            # used where noise matters least).
-            plan = request.build(spec, train.n_rows, max(epsilons), plan_seed, oracle)
-            exact = run_trial(spec, train, test, plan, rng, ensembles=ensembles, noise_free=True)
-            for vote, auc in zip(votes, exact.aucs):
-                noise_free.setdefault((request.label, vote), []).append(auc)
+            # The noise-free ensemble of this plan (its structure at the largest ε_T).
+            choice = request.resolve(spec, train.n_rows, max(epsilons), chosen)
+            trial_spec = choice.spec_for(spec)
+            plan = choice.build(trial_spec, max(epsilons), plan_seed)
+            exact = run_trial(trial_spec, train, test, plan, rng, combiners=combiners, base=base, scoring=scoring, noise_free=True)
+            for combiner, auc in exact.aucs.items():
+                noise_free.setdefault((request.label, combiner), []).append(auc)
     results = []
     for line in lines.values():
         line["auc"] = _summary(line.pop("aucs"))
         line["seconds_per_trial"] = float(np.mean(line.pop("seconds")))
         results.append(line)
+    quantiles = max((line["quantiles"] for line in results), default=1)
     return {
-        "dataset": "adult",
+        "dataset": dataset,
         "n_train": train.n_rows,
         "n_test": test.n_rows,
         "trials": trials,
         "seed": seed,
         "feature_spec": spec.to_dict(),
-        "ensemble": {"base": base, "scoring": scoring, "votes": list(votes)},
+        "ensemble": {"base": base, "scoring": scoring, "combiners": list(combiners)},
         "postprocess": postprocess,
+        "planner_choices": [{"epsilon_total": eps, **choice.to_dict()} for (_, eps), choice in chosen.items()],
         "results": results,
-        "noise_free_ensemble": [{"plan": plan, "vote": vote, "auc": _summary(v)} for (plan, vote), v in noise_free.items()],
-        "baselines": raw_baselines(spec, train, test, seed) if baselines else {},
+        "noise_free_ensemble": [{"plan": plan, "combiner": combiner, "auc": _summary(v)} for (plan, combiner), v in noise_free.items()],
+        "baselines": raw_baselines(spec, train, test, seed, quantiles) if baselines else {},
     }
 
 
@@ -259,49 +267,52 @@ def print_results(report: dict[str, Any]) -> None:
     from rich.table import Table as RichTable
 
     # Wide enough for the table even when stdout is not a terminal.
-    console = Console(width=max(Console().width, 150))
-    table = RichTable(title=f"AUC on adult.test, {report['trials']} trial(s), n_train={report['n_train']}")
-    for column in ("plan", "vote", "kp·kh·ks", "median", "ε_T (eq. 7.4)", "ε_h", "ε_e", "oracle", "AUC mean", "std", "min", "max", "s/trial"):
-        table.add_column(column, justify="left" if column in ("plan", "vote", "oracle", "median") else "right", no_wrap=True)
-    for line in sorted(report["results"], key=lambda r: (r["plan"], r["vote"], r["epsilon_total"])):
+    console = Console(width=max(Console().width, 170))
+    table = RichTable(title=f"AUC on the {report['dataset']} test split ({report['n_test']} rows), {report['trials']} trial(s), n_train={report['n_train']}")
+    for column in ("plan", "combiner", "kp·kh·ks", "q", "ε_T record-level", "eq. 7.4 (secondary)", "ε_h", "ε_e", "oracle", "AUC mean", "std", "min", "max", "s/trial"):
+        table.add_column(column, justify="left" if column in ("plan", "combiner", "oracle") else "right", no_wrap=True)
+    for line in sorted(report["results"], key=lambda r: (r["plan"], r["combiner"], r["epsilon_total_requested"])):
         auc = line["auc"]
         table.add_row(
-            line["plan"], line["vote"], f"{line['k_p']}·{line['k_h']}·{line['k_s']}", line["median_peers"],
-            f"{line['epsilon_total']:.3g}", f"{line['release_epsilon']:.3g}", f"{line['median_epsilon']:.3g}",
+            line["plan"], line["combiner"], f"{line['k_p']}·{line['k_h']}·{line['k_s']}", str(line["quantiles"]),
+            f"{line['epsilon_total']:.3g}", f"{line['per_attribute_epsilon']:.3g}", f"{line['release_epsilon']:.3g}", f"{line['median_epsilon']:.3g}",
             ",".join(sorted(line["oracles"])), f"{auc['mean']:.4f}", f"{auc['std']:.4f}", f"{auc['min']:.4f}", f"{auc['max']:.4f}",
             f"{line['seconds_per_trial']:.2f}",
         )
     console.print(table)
-    base = RichTable(title="Baselines (same run, no privacy)")
+    for entry in report["planner_choices"]:
+        console.print(f"planner at ε_T={entry['epsilon_total']:g}: {entry['kind']} kp={entry['k_p']} ks={entry['k_s']} q={entry['quantiles']} "
+                      f"{entry['median_peers']} pool={entry['comparison_pool']:g}, {entry['combiner']} (simulated AUC {entry['simulated_auc']:.4f})")
+    base = RichTable(title="Baselines (same run and split, no privacy)")
     base.add_column("model")
     base.add_column("AUC", justify="right")
     for name, auc in report["baselines"].items():
         base.add_row(name, f"{auc:.4f}")
     for entry in report["noise_free_ensemble"]:
-        base.add_row(f"ensemble, exact histograms: {entry['plan']}, {entry['vote']}", f"{entry['auc']['mean']:.4f} ± {entry['auc']['std']:.4f}")
+        base.add_row(f"ensemble, exact histograms: {entry['plan']}, {entry['combiner']}", f"{entry['auc']['mean']:.4f} ± {entry['auc']['std']:.4f}")
     console.print(base)
 
 
 def plot_results(report: dict[str, Any], path: Path, x_axis: str = "eps") -> None:
-    """AUC against ε_T (Figure 8-2: one line per plan and vote, baselines and
-    exact-histogram ensembles dashed), or against ``k_p`` / ``k_s`` (Figures
-    8-3b to 8-5b: one line per ε_T and vote)."""
+    """AUC against ε_T (Figure 8-2: one line per plan and combiner, baselines
+    and exact-histogram ensembles dashed), or against ``k_p`` / ``k_s``
+    (Figures 8-3b to 8-5b: one line per ε_T and combiner)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     figure, axes = plt.subplots(figsize=(7, 4.5))
-    x_key = {"eps": "epsilon_total", "kp": "k_p", "ks": "k_s"}[x_axis]
+    x_key = {"eps": "epsilon_total_requested", "kp": "k_p", "ks": "k_s"}[x_axis]
     groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
     for line in report["results"]:
         if x_axis == "eps":
-            key: tuple[Any, ...] = (line["plan"], line["vote"])
+            key: tuple[Any, ...] = (line["plan"], line["combiner"])
         else:
             fixed = f"ks={line['k_s']}" if x_axis == "kp" else f"kp={line['k_p']}"
-            key = (f"{line['kind']} {fixed if line['kind'] == 'split' else ''}".strip(), line["vote"], f"ε_T={line['epsilon_total_requested']:g}")
+            key = (f"{line['kind']} {fixed if line['kind'] == 'split' else ''}".strip(), line["combiner"], f"ε_T={line['epsilon_total_requested']:g}")
         groups.setdefault(key, []).append(line)
-    noise_free = {(e["plan"], e["vote"]): e["auc"]["mean"] for e in report["noise_free_ensemble"]}
+    noise_free = {(e["plan"], e["combiner"]): e["auc"]["mean"] for e in report["noise_free_ensemble"]}
     for key, lines in sorted(groups.items()):
         lines.sort(key=lambda r: r[x_key])
         x = [r[x_key] for r in lines]
@@ -310,70 +321,86 @@ def plot_results(report: dict[str, Any], path: Path, x_axis: str = "eps") -> Non
             axes.axhline(noise_free[key], linestyle="--", color=drawn[0].get_color(), linewidth=1)
     for (name, auc), style in zip(report["baselines"].items(), (":", "-.", (0, (5, 5)))):
         axes.axhline(auc, linestyle=style, color="grey", linewidth=1, label=name)
-    axes.set_xlabel({"eps": "ε_T (eq. 7.4, median estimation included)", "kp": "partitions k_p", "ks": "features per subset k_s"}[x_axis])
-    axes.set_ylabel("ROC AUC on adult.test")
-    axes.set_title(f"UCI Adult, mean ± std of {report['trials']} trials" + (" (dashed: exact histograms)" if x_axis == "eps" else ""))
+    axes.set_xlabel({"eps": "record-level ε_T (every release counted, quantile search included)", "kp": "partitions k_p", "ks": "features per subset k_s"}[x_axis])
+    axes.set_ylabel(f"ROC AUC on the {report.get('dataset', '')} test split")
+    axes.set_title(f"{report.get('dataset', '')}, mean ± std of {report['trials']} trials" + (" (dashed: exact histograms)" if x_axis == "eps" else ""))
     axes.legend(fontsize=7)
     figure.tight_layout()
     figure.savefig(path, dpi=120)
     plt.close(figure)
 
 
-@click.group()
-def experiment() -> None:
-    """The thesis's chapter-8 experiments, in process (no network)."""
+_DATASETS = [*(str(t) for t in TableName), CSV]
 
 
-@experiment.command("adult", cls=_ListOptionsCommand)
-@click.option("--data-dir", type=click.Path(path_type=Path), required=True, help="Directory with adult.data and adult.test.")
-@click.option("--epsilon", "epsilons", type=click.FloatRange(*EPSILON_TOTAL_RANGE), multiple=True, default=(0.5, 1.0, 2.0, 4.0), show_default=True, help="ε_T values (eq. 7.4, median cost included); several may follow one flag.")
+@click.command("experiment")
+@click.argument("dataset", type=click.Choice(_DATASETS))
+@click.option("--data-dir", type=click.Path(path_type=Path), default=None, help="adult: the directory with adult.data and adult.test.")
+@click.option("--spec", "spec_path", type=click.Path(dir_okay=False, path_type=Path), default=None, help="csv: the feature-spec TOML file.")
+@click.option("--train", "train_path", type=click.Path(dir_okay=False, path_type=Path), default=None, help="csv: the training CSV (header: every feature and the label).")
+@click.option("--test", "test_path", type=click.Path(dir_okay=False, path_type=Path), default=None, help="csv: a test CSV (default: split the training CSV).")
+@click.option("--test-fraction", type=click.FloatRange(0.05, 0.95), default=0.3, show_default=True, help="Held-out share for tables without a test split (seeded, stratified).")
+@click.option("--epsilon", "epsilons", type=ListOf(click.FloatRange(*EPSILON_TOTAL_RANGE)), multiple=True, default=("1,2,4",), show_default=True, help="Record-level ε_T values, e.g. 0.5,1,2 (every release counted, the quantile search included).")
 @click.option("--trials", type=click.IntRange(min=1), default=20, show_default=True)
-@click.option("--plan", "plans", type=click.Choice(["split", "one", "best", "all"]), multiple=True, default=("all",), show_default=True, help="split: the thesis's plan; one: one subset per peer; best: the planner's choice.")
-@click.option("--kp", type=click.IntRange(min=1), multiple=True, help="Partitions (sweep: several values).")
-@click.option("--ks", type=click.IntRange(min=1), multiple=True, help="Features per subset (sweep: several values).")
-@click.option("--kh", type=click.IntRange(min=1), multiple=True, help="Subsets per partition for the split plan.")
-@click.option("--median-peers", type=click.Choice(["all", "disjoint"]), default=None, help="Who answers the median search (default: split=all as the thesis, one/best=planner).")
-@click.option("--median-steps", type=click.IntRange(1, MAX_MEDIAN_STEPS), default=DEFAULT_MEDIAN_STEPS, show_default=True, help="Steps of the median search (thesis Algorithm 1); each answering peer answers one.")
-@click.option("--vote", "votes", type=click.Choice(["weighted", "soft"]), multiple=True, default=("weighted", "soft"), show_default=True)
-@click.option("--base", type=click.Choice(["logreg", "tree"]), default="logreg", show_default=True)
+@click.option("--plan", "plans", type=ListOf(click.Choice([PLANNER, *(str(k) for k in PlanKind)])), multiple=True, default=(PLANNER,), show_default=True, help="planner: the planner's choice by simulation; one: one release per peer; split: the thesis's plan.")
+@click.option("--kp", type=ListOf(click.IntRange(min=1)), multiple=True, help="Partitions (a sweep: several values).")
+@click.option("--ks", type=ListOf(click.IntRange(min=1)), multiple=True, help="Features per subset (a sweep: several values).")
+@click.option("--kh", type=ListOf(click.IntRange(min=1)), multiple=True, help="Subsets per partition for the split plan.")
+@click.option("--quantiles", type=click.IntRange(min=1, max=8), default=None, help="Cut points per numeric feature for fixed plans (default: one 3, split 1).")
+@click.option("--median-peers", type=click.Choice([str(m) for m in MedianPeers]), default=None, help="Who answers the quantile search (default: one=reserved, split=all as the thesis).")
+@click.option("--pool", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=DEFAULT_COMPARISON_POOL, show_default=True, help="Share of peers in a reserved comparison pool.")
+@click.option("--median-steps", type=click.IntRange(1, MAX_MEDIAN_STEPS), default=DEFAULT_MEDIAN_STEPS, show_default=True, help="Steps of the quantile search (thesis Algorithm 1); each answering peer answers one.")
+@click.option("--combiner", "--vote", "combiners", type=ListOf(click.Choice([str(c) for c in Combiner])), multiple=True, default=(",".join(Combiner),), show_default=True)
+@click.option("--base", type=click.Choice([str(v) for v in Learner]), default=Learner.LOGREG.value, show_default=True)
 @click.option("--scoring", type=click.Choice(["f1", "roc_auc", "accuracy"]), default="f1", show_default=True)
-@click.option("--oracle", type=click.Choice(["auto", "grr", "sue", "pq", "oue", "olh", "ss"]), default="auto", show_default=True)
-@click.option("--postprocess", type=click.Choice(["clip", "norm-sub", "project", "ibu"]), default="norm-sub", show_default=True)
-@click.option("--quantiles", type=click.IntRange(min=1, max=8), default=1, show_default=True, help="Cut points per numeric feature (1 = median).")
-@click.option("--features", default=None, help="Comma-separated subset of the Adult features to use.")
+@click.option("--oracle", type=click.Choice([str(o) for o in OracleName]), default=OracleName.AUTO.value, show_default=True)
+@click.option("--postprocess", type=click.Choice([str(m) for m in PostprocessMethod]), default=PostprocessMethod.NORM_SUB.value, show_default=True)
+@click.option("--features", default=None, help="Comma-separated subset of the features to use.")
 @click.option("--max-train-rows", type=click.IntRange(min=50), default=None, help="Subsample the training peers (for smoke tests).")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--baselines/--no-baselines", default=True, show_default=True)
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Write all results as JSON.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Draw AUC vs ε_T (PNG).")
 @click.option("--plot-x", type=click.Choice(["eps", "kp", "ks"]), default="eps", show_default=True, help="x axis of the plot: ε_T (Figure 8-2) or a swept k_p / k_s (Figures 8-3 to 8-5).")
-def adult(
-    data_dir: Path, epsilons: tuple[float, ...], trials: int, plans: tuple[str, ...], kp: tuple[int, ...], ks: tuple[int, ...],
-    kh: tuple[int, ...], median_peers: str | None, median_steps: int, votes: tuple[str, ...], base: str, scoring: str,
-    oracle: str, postprocess: str, quantiles: int, features: str | None, max_train_rows: int | None, seed: int,
-    baselines: bool, json_path: Path | None, plot_path: Path | None, plot_x: str,
+def experiment(
+    dataset: str, data_dir: Path | None, spec_path: Path | None, train_path: Path | None, test_path: Path | None, test_fraction: float,
+    epsilons: tuple[tuple[float, ...], ...], trials: int, plans: tuple[tuple[str, ...], ...], kp: tuple[tuple[int, ...], ...],
+    ks: tuple[tuple[int, ...], ...], kh: tuple[tuple[int, ...], ...], quantiles: int | None, median_peers: str | None, pool: float,
+    median_steps: int, combiners: tuple[tuple[str, ...], ...], base: str, scoring: str, oracle: str, postprocess: str, features: str | None,
+    max_train_rows: int | None, seed: int, baselines: bool, json_path: Path | None, plot_path: Path | None, plot_x: str,
 ) -> None:
-    """UCI Adult: AUC against ε_T for the release plans, with baselines."""
-    requests = plan_requests(plans, kp, ks, kh, median_peers, median_steps)
+    """The thesis's chapter-8 experiments on DATASET, in process (no
+    network): AUC against record-level ε_T for the release plans, with
+    non-private baselines on the same split."""
     started = time.perf_counter()
-    steps = trials * len(requests) * len(epsilons)
-    done = [0]
-
-    def progress() -> None:
-        done[0] += 1
-        if done[0] % max(1, steps // 10) == 0 or done[0] == steps:
-            click.echo(f"  {done[0]}/{steps} trial runs, {time.perf_counter() - started:.1f} s", err=True)
-
     try:
+        rng = np.random.default_rng(seed)
+        spec, train, test = load_tables(dataset, data_dir=data_dir, spec_path=spec_path, train_path=train_path, test_path=test_path, test_fraction=test_fraction, rng=rng)
+        spec = restrict_spec(spec, features)
+        if max_train_rows is not None and max_train_rows < train.n_rows:
+            train = train.rows(np.sort(rng.choice(train.n_rows, size=max_train_rows, replace=False)))
+        requests = plan_requests(
+            spec, _flatten(plans), _flatten(kp), _flatten(ks), _flatten(kh), quantiles=quantiles, median_peers=median_peers,
+            median_steps=median_steps, pool=pool, oracle=oracle,
+        )
+        eps_values = sorted(_flatten(epsilons))
+        steps = trials * len(requests) * len(eps_values)
+        done = [0]
+
+        def progress() -> None:
+            done[0] += 1
+            if done[0] % max(1, steps // 10) == 0 or done[0] == steps:
+                click.echo(f"  {done[0]}/{steps} trial runs, {time.perf_counter() - started:.1f} s", err=True)
+
         report = run_experiment(
-            data_dir=data_dir, epsilons=sorted(set(epsilons)), trials=trials, requests=requests, votes=list(dict.fromkeys(votes)),
-            base=base, scoring=scoring, oracle=oracle, postprocess=postprocess, quantiles=quantiles, features=features,
-            max_train_rows=max_train_rows, seed=seed, baselines=baselines, progress=progress,
+            spec=spec, train=train, test=test, dataset=dataset, epsilons=eps_values, trials=trials, requests=requests,
+            combiners=_flatten(combiners), base=base, scoring=scoring, postprocess=postprocess, seed=seed, baselines=baselines,
+            progress=progress,
         )
     except DataError as exc:
-        raise click.BadParameter(str(exc), param_hint="'--data-dir'") from None
+        raise click.UsageError(str(exc)) from None
     except FeatureSpecError as exc:
-        raise click.BadParameter(str(exc), param_hint="'--features'") from None
+        raise click.UsageError(f"feature spec: {exc}") from None
     except PlanError as exc:
         raise click.UsageError(f"unsatisfiable plan parameters: {exc}") from None
     report["wall_seconds"] = time.perf_counter() - started

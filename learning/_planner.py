@@ -1,158 +1,174 @@
-"""Choosing a release plan, ``k_p``, ``k_h``, ``k_s`` and the oracle for given
-``n``, features and ``ε_T`` (DESIGN.md §9).
+"""Choosing the plan, the bins and the combiner for a record-level ``ε_T``
+and ``n`` peers, by simulation (DESIGN.md §9).
 
-Objective. The ensemble's members are (near-)additive in their features, so
-what the ensemble learns about feature ``f`` is, to first order, its joint
-distribution with the label. Each histogram holding ``f`` gives an unbiased
-estimate of that (feature, label) marginal, by summing cells; with
-independent cell errors the summed cells' total squared error equals the
-histogram's (thesis eq. 7.2, squared). Averaging the ``r_f`` histograms that
-hold ``f`` divides it by ``r_f`` (their peers are disjoint). The planner
-minimises the mean over features of
+Candidates (``candidate_choices``): the default, one release per peer
+(``kind="one"``, a reserved pool answering the quantile search, every peer
+one comparison or one subset report at the full ε_T) with ``k_s`` of 1 or 2,
+1 to 3 cut points per numeric feature and two pool sizes; and the thesis's
+split plan (``k_p = 5``, ``k_h = 2``, ``k_s = 3``, every peer also answering
+the quantile search) at the same cut points. Every candidate spends exactly
+ε_T per peer, the quantile search included.
 
-    J_f = (1 / r_f²) · Σ_{h ∋ f} Var_h / n_h²,
-
-where ``Var_h`` is the oracle's exact expected total squared error over the
-``m_h`` counts from ``n_h`` peers (``FrequencyOracle.variance``), for the
-oracle the mechanisms policy picks (``"auto"``: lowest variance). A feature no
-histogram holds makes the plan infeasible. Among plans within a relative
-``NEAR_TIE`` (0.1%: partition sizes differ by rounding) of the best, the
-one with the fewest histograms wins, then the smaller ``k_s``. The objective
-is flat in ``k_p`` (each histogram's error grows as ``1/n_h`` while the pool
-grows as ``k_p``), but it leaves out the bias of post-processing (clipping
-negative counts), which is larger relative to smaller partitions: on Adult,
-20 trials at ε_T = 1 gave AUC 0.8654 ± 0.0047 with 12 partitions and
-0.8623 ± 0.0046 with 36 for the same ``k_s = 1`` plan.
-
-What the objective does not see: the value of joint feature information
-(larger ``k_s``). It therefore prefers ``k_s = 1``, which the thesis found
-usually best (§8.4). On Adult (10 trials, ε_T = 1, 2, 4) ``k_s = 1`` is best
-under eq. 6.2's vote by 0.015–0.03 AUC, while under the soft vote
-``k_s = 2–3`` is ahead by at most 0.003; ``anonml experiment --ks`` measures it.
+Simulation. The aggregator has no data before the round, so each candidate
+runs the whole private pipeline (:func:`run_trial`) on a synthetic table of
+``n`` peers drawn from the spec (:func:`synthetic_table`): numeric values
+skewed towards the low end of their public bounds, categories uniform, and a
+label that is logistic in every feature with seeded effects. The plan and
+cut points with the best mean AUC over ``trials`` simulations win, and with
+them the combiner that did best on that plan; within ``NEAR_TIE`` the
+simpler candidate (fewer cut points, smaller ``k_s``) wins. The choice is a
+:class:`PlanChoice`: the structure a round (or an experiment) builds its
+:class:`~anonml.protocol.ReleasePlan` from, for any seed.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
-from functools import lru_cache
+from dataclasses import asdict, dataclass
+from typing import Any
 
-from anonml.mechanisms import make_oracle
-from anonml.protocol import DEFAULT_MEDIAN_STEPS, FeatureSpec, PlanError, ReleasePlan
+import numpy as np
+
+from anonml.learning._data import Table
+from anonml.learning._trial import run_trial
+from anonml.protocol import (
+    DEFAULT_MEDIAN_STEPS,
+    CategoricalFeature,
+    Combiner,
+    FeatureSpec,
+    MedianPeers,
+    NumericFeature,
+    PlanError,
+    PlanKind,
+    ReleasePlan,
+)
 
 MIN_PEERS_PER_PARTITION = 20
-SPLIT_PARTITIONS = (1, 2, 4, 5, 8, 10, 16, 20)
 NEAR_TIE = 1e-3
+QUANTILE_CHOICES = (1, 2, 3)
+POOL_CHOICES = (0.1, 0.2)
+THESIS_SPLIT = {"k_p": 5, "k_h": 2, "k_s": 3}
+# The synthetic label's strength: the noise-free AUC of a logistic model on
+# the synthetic features is about 0.85 (Adult's binned logistic regression: 0.885).
+_SIGNAL = 2.5
 
 
 @dataclass(frozen=True)
-class PlanScore:
-    """One candidate and its objective value (lower is better)."""
+class PlanChoice:
+    """A plan's structure, its bins and its combiner, without a seed."""
 
-    plan: ReleasePlan
-    objective: float
-    n_histograms: int
+    kind: str
+    k_p: int
+    k_h: int
+    k_s: int
+    quantiles: int
+    median_peers: str
+    comparison_pool: float
+    median_steps: int
+    combiner: str
+    oracle: str = "auto"
+    simulated_auc: float = math.nan
+
+    def spec_for(self, spec: FeatureSpec) -> FeatureSpec:
+        """``spec`` with this choice's cut points per numeric feature."""
+        return spec.with_quantiles(self.quantiles)
+
+    def build(self, spec: FeatureSpec, epsilon_total: float, seed: bytes) -> ReleasePlan:
+        """The release plan for this seed (``spec`` as :meth:`spec_for` returns it)."""
+        return ReleasePlan.build(
+            kind=self.kind, features=spec.names, numeric_features=spec.numeric_names, k_p=self.k_p, k_h=self.k_h,
+            k_s=self.k_s, epsilon_total=epsilon_total, seed=seed, oracle=self.oracle, median_peers=self.median_peers,
+            median_steps=self.median_steps, **({"comparison_pool": self.comparison_pool} if self.comparison_pool else {}),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def label(self) -> str:
+        pool = f" pool={self.comparison_pool:g}" if self.comparison_pool else ""
+        return f"{self.kind} kp={self.k_p} kh={self.k_h} ks={self.k_s} q={self.quantiles} {self.median_peers}{pool}"
 
 
-@lru_cache(maxsize=4096)
-def _type_error(epsilon: float, m: int, n: int) -> tuple[str, float]:
-    """(oracle name, expected squared L2 error of the type estimate)."""
-    oracle = make_oracle("auto", epsilon, m, n=n)
-    return oracle.name, float(oracle.variance(n)) / (n * n)
-
-
-def plan_objective(spec: FeatureSpec, plan: ReleasePlan, n: int) -> float:
-    """The module docstring's objective for ``plan`` on ``n`` peers."""
-    sizes = [n // plan.k_p + (1 if p < n % plan.k_p else 0) for p in range(plan.k_p)]
-    if min(sizes) < 1:
-        return math.inf
-    error_sum = {name: 0.0 for name in spec.names}
-    holders = {name: 0 for name in spec.names}
-    for p, subsets in enumerate(plan.subsets):
-        for subset in subsets:
-            _, error = _type_error(plan.release_epsilon, spec.domain_size(subset), sizes[p])
-            for name in subset:
-                error_sum[name] += error
-                holders[name] += 1
-    if min(holders.values()) == 0:
-        return math.inf
-    return sum(error_sum[f] / holders[f] ** 2 for f in spec.names) / len(spec.names)
-
-
-def candidate_plans(
-    spec: FeatureSpec,
-    n: int,
-    epsilon_total: float,
-    seed: bytes,
-    *,
-    kinds: Sequence[str] = ("split", "one"),
-    k_s_values: Sequence[int] | None = None,
-    k_p_values: Sequence[int] | None = None,
-    median_peers: Sequence[str] = ("all", "disjoint"),
-) -> list[ReleasePlan]:
-    """Every satisfiable plan in the search grid (``k_s`` up to 4, ``k_p``
-    from a grid, every ``k_h`` for the split plan), with at least
-    ``MIN_PEERS_PER_PARTITION`` peers per partition."""
+def candidate_choices(spec: FeatureSpec, n: int, *, kinds: Sequence[str] = tuple(PlanKind), k_s_values: Sequence[int] = (1, 2), quantiles: Sequence[int] = QUANTILE_CHOICES, median_steps: int = DEFAULT_MEDIAN_STEPS) -> list[PlanChoice]:
+    """The module docstring's grid, without candidates that leave fewer than
+    ``MIN_PEERS_PER_PARTITION`` peers in a partition or a quantile step."""
     k_f = len(spec.names)
-    k_s_grid = list(k_s_values) if k_s_values else list(range(1, min(4, k_f) + 1))
-    plans = []
-    for kind in kinds:
-        for k_s in k_s_grid:
-            if kind == "one":
-                cover = math.ceil(k_f / k_s)
-                k_p_grid = list(k_p_values) if k_p_values else sorted({cover, 2 * cover, 3 * cover})
-                k_h_grid = [1]
-            else:
-                k_p_grid = list(k_p_values) if k_p_values else list(SPLIT_PARTITIONS)
-                k_h_grid = list(range(1, k_f // k_s + 1))
-            for k_p in k_p_grid:
-                if n // k_p < MIN_PEERS_PER_PARTITION:
+    n_numeric = len(spec.numeric_names)
+    out = []
+    for q in quantiles if n_numeric else (1,):
+        if PlanKind.ONE in kinds:
+            for k_s in k_s_values:
+                if k_s > k_f:
                     continue
-                for k_h in k_h_grid:
-                    for mode in median_peers:
-                        try:
-                            plans.append(ReleasePlan.build(
-                                kind=kind, features=spec.names, numeric_features=spec.numeric_names, k_p=k_p, k_h=k_h,
-                                k_s=k_s, epsilon_total=epsilon_total, seed=seed, median_peers=mode,
-                            ))
-                        except PlanError:
-                            continue
-    return plans
+                k_p = math.ceil(k_f / k_s)
+                for pool in POOL_CHOICES if n_numeric else (0.0,):
+                    data_peers = n - int(round(pool * n))
+                    if data_peers // k_p < MIN_PEERS_PER_PARTITION:
+                        continue
+                    if n_numeric and int(round(pool * n)) // (n_numeric * median_steps * q) < 1:
+                        continue
+                    out.append(PlanChoice(PlanKind.ONE, k_p, 1, k_s, q, MedianPeers.RESERVED, pool, median_steps, Combiner.NAIVE_BAYES))
+        if PlanKind.SPLIT in kinds and k_f >= THESIS_SPLIT["k_h"] * THESIS_SPLIT["k_s"] and n // THESIS_SPLIT["k_p"] >= MIN_PEERS_PER_PARTITION:
+            out.append(PlanChoice(PlanKind.SPLIT, THESIS_SPLIT["k_p"], THESIS_SPLIT["k_h"], THESIS_SPLIT["k_s"], q, MedianPeers.ALL, 0.0, median_steps, Combiner.NAIVE_BAYES))
+    return out
+
+
+def synthetic_table(spec: FeatureSpec, n: int, rng: np.random.Generator) -> Table:
+    """``n`` synthetic rows for the spec (module docstring): numeric values
+    ``low + (high - low)·Beta(1.5, 3)``, categories uniform, and a label with
+    ``logit = Σ_f effect_f(x_f) - 1`` (about a quarter positive)."""
+    columns: dict[str, np.ndarray] = {}
+    logit = np.full(n, -1.0)
+    scale = _SIGNAL / math.sqrt(len(spec.features))
+    for feature in spec.features:
+        if isinstance(feature, NumericFeature):
+            position = rng.beta(1.5, 3.0, size=n)
+            columns[feature.name] = feature.low + (feature.high - feature.low) * position
+            logit += scale * rng.normal() * 3.0 * (position - 0.33)
+        else:
+            assert isinstance(feature, CategoricalFeature)
+            codes = rng.integers(0, len(feature.categories), size=n)
+            columns[feature.name] = np.asarray(feature.categories)[codes]
+            effects = rng.normal(size=len(feature.categories))
+            logit += scale * effects[codes]
+    positive = rng.random(n) < 1 / (1 + np.exp(-logit))
+    negative_value = spec.label.negative[0] if spec.label.negative else f"not {spec.label.positive[0]}"
+    return Table(columns, np.where(positive, spec.label.positive[0], negative_value))
 
 
 def choose_plan(
     spec: FeatureSpec,
     n: int,
     epsilon_total: float,
-    seed: bytes,
     *,
-    kinds: Sequence[str] = ("split", "one"),
-    k_s_values: Sequence[int] | None = None,
-    k_p_values: Sequence[int] | None = None,
-    median_peers: Sequence[str] = ("all", "disjoint"),
-    median_steps: int = DEFAULT_MEDIAN_STEPS,
-) -> PlanScore:
-    """The plan with the lowest objective; its ``oracle`` names the concrete
-    mechanism chosen for its histograms (the most frequent one when sizes
-    differ), and it searches medians in ``median_steps`` steps (they do not
-    change the objective). Raises :class:`PlanError` if nothing in the grid is
-    satisfiable."""
-    scored = []
-    for plan in candidate_plans(spec, n, epsilon_total, seed, kinds=kinds, k_s_values=k_s_values, k_p_values=k_p_values, median_peers=median_peers):
-        objective = plan_objective(spec, plan, n)
-        if math.isfinite(objective):
-            scored.append(PlanScore(plan, objective, plan.k_p * len(plan.subsets[0])))
-    if not scored:
-        raise PlanError(f"no satisfiable plan for n={n!r}, {len(spec.names)} features, kinds={list(kinds)!r}, k_s={k_s_values!r}, k_p={k_p_values!r}")
-    best_value = min(s.objective for s in scored)
-    near = [s for s in scored if s.objective <= best_value * (1 + NEAR_TIE)]
-    best = min(near, key=lambda s: (s.n_histograms, s.plan.k_s, s.plan.kind, s.plan.median_peers))
-    plan = best.plan
-    oracle, _ = _type_error(plan.release_epsilon, spec.domain_size(plan.subsets[0][0]), n // plan.k_p)
-    chosen = ReleasePlan.build(
-        kind=plan.kind, features=plan.features, numeric_features=plan.numeric_features, k_p=plan.k_p, k_h=plan.k_h,
-        k_s=plan.k_s, epsilon_total=epsilon_total, seed=seed, median_peers=plan.median_peers, oracle=oracle,
-        median_steps=median_steps,
-    )
-    return PlanScore(chosen, best.objective, best.n_histograms)
+    candidates: Sequence[PlanChoice] | None = None,
+    trials: int = 2,
+    seed: int = 0,
+    combiners: Sequence[str] = tuple(Combiner),
+) -> PlanChoice:
+    """The candidate (``candidate_choices`` by default) with the best mean
+    simulated AUC, and its best combiner (module docstring). Raises
+    :class:`PlanError` when nothing in the grid is satisfiable."""
+    grid = list(candidates) if candidates is not None else candidate_choices(spec, n)
+    if not grid:
+        raise PlanError(f"no satisfiable plan for n={n!r} and {len(spec.names)} features")
+    rng = np.random.default_rng(seed)
+    data_seed = int(rng.integers(2**31))
+    scored: list[tuple[float, int, PlanChoice]] = []
+    for index, choice in enumerate(grid):
+        choice_spec = choice.spec_for(spec)
+        totals = {str(c): 0.0 for c in combiners}
+        for trial in range(trials):
+            # The same synthetic peers for every candidate: differences are the plans'.
+            rows = synthetic_table(spec, n + min(n, 5000), np.random.default_rng([data_seed, trial]))
+            train, test = rows.rows(np.arange(n)), rows.rows(np.arange(n, rows.n_rows))
+            plan = choice.build(choice_spec, epsilon_total, rng.bytes(16))
+            result = run_trial(choice_spec, train, test, plan, rng, combiners=combiners, epsilon_budget=epsilon_total)
+            for combiner, auc in result.aucs.items():
+                totals[combiner] += auc / trials
+        best_combiner = max(totals, key=lambda c: totals[c])
+        scored.append((totals[best_combiner], index, PlanChoice(**{**choice.to_dict(), "combiner": best_combiner, "simulated_auc": totals[best_combiner]})))
+    top = max(score for score, _, _ in scored)
+    near = [entry for entry in scored if entry[0] >= top - NEAR_TIE]
+    return min(near, key=lambda e: (e[2].quantiles, e[2].k_s, e[1]))[2]

@@ -1,13 +1,14 @@
-"""One in-process trial of the whole private pipeline (thesis §8.2.1):
-private medians → binning → release plan → every peer perturbs its subsets →
-histogram estimation and post-processing → partition ensemble → AUC."""
+"""One private trial, in process: private quantiles → binning → release plan
+→ every peer perturbs its subsets → histogram estimation and post-processing
+→ partition ensemble → AUC, with every release recorded in the ledgers of
+the peers that made it (record-level: the sum of every release)."""
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -15,19 +16,20 @@ from sklearn.metrics import roc_auc_score
 
 from anonml.learning._binning import bin_table, exact_cut_points, private_cut_points
 from anonml.learning._data import Table
-from anonml.learning._ensemble import PartitionEnsemble, SubsetHistogram, exact_histogram
-from anonml.mechanisms import PrivacyLedger, make_oracle, postprocess
-from anonml.protocol import Assignment, FeatureSpec, ReleasePlan, assign_partitions, row_keys
+from anonml.learning._ensemble import PartitionEnsemble, SubsetHistogram, estimate_histogram, exact_histogram
+from anonml.mechanisms import PostprocessMethod, PrivacyLedger, make_oracle
+from anonml.protocol import Assignment, Combiner, FeatureSpec, Learner, ReleasePlan, row_keys
 
 IntArray = npt.NDArray[np.int64]
 
 
 @dataclass
 class TrialResult:
-    """What one trial measured: one AUC per ensemble configuration."""
+    """What one trial measured: one AUC per combiner."""
 
-    aucs: list[float]
-    epsilon_total: float  # eq. 7.4 as recorded in the peers' ledgers (0 when noise-free)
+    aucs: dict[str, float]
+    epsilon_total: float  # record-level: the costliest peer's ledger sum (0 when noise-free)
+    per_attribute: float  # eq. 7.4 of the same ledger, a secondary figure
     seconds: float
     oracles: dict[str, int] = field(default_factory=dict)
     cut_points: dict[str, list[float]] = field(default_factory=dict)
@@ -41,7 +43,7 @@ def estimate_histograms(
     y: IntArray,
     rng: np.random.Generator,
     *,
-    method: str = "norm-sub",
+    method: str = PostprocessMethod.NORM_SUB,
     oracles_used: dict[str, int] | None = None,
     ledgers: Mapping[int, PrivacyLedger] | None = None,
 ) -> list[SubsetHistogram]:
@@ -52,19 +54,18 @@ def estimate_histograms(
     histograms = []
     for p in range(plan.k_p):
         rows = assignment.members(p)
+        if rows.size == 0:
+            continue
         for subset in plan.subsets[p]:
             columns = np.asarray([spec.index(n) for n in subset], dtype=np.int64)
             codes = spec.encode(subset, X[np.ix_(rows, columns)], y[rows])
-            m = spec.domain_size(subset)
-            oracle = make_oracle(plan.oracle, plan.release_epsilon, m, n=max(1, rows.size))
+            oracle = make_oracle(plan.oracle, plan.release_epsilon, spec.domain_size(subset), n=rows.size)
             if oracles_used is not None:
                 oracles_used[oracle.name] = oracles_used.get(oracle.name, 0) + 1
             if ledgers is not None:
                 ledgers[p].record_subset(subset, plan.release_epsilon)
             reports = oracle.privatize(codes, rng)
-            estimate = oracle.estimate(reports)
-            counts = postprocess(estimate, int(rows.size), method, oracle=oracle, reports=reports)
-            histograms.append(SubsetHistogram.from_spec(spec, subset, counts, p))
+            histograms.append(estimate_histogram(spec, subset, oracle, reports, partition=p, method=method))
     return histograms
 
 
@@ -79,6 +80,36 @@ def exact_histograms(spec: FeatureSpec, plan: ReleasePlan, assignment: Assignmen
     return out
 
 
+def fit_combiners(
+    histograms: Sequence[SubsetHistogram], n_bins: Sequence[int], combiners: Sequence[str], *, base: str, scoring: str, random_state: int
+) -> dict[str, PartitionEnsemble]:
+    """One fitted ensemble per combiner on the same histograms; the two votes
+    share one set of members (they differ only in how they combine them)."""
+    out: dict[str, PartitionEnsemble] = {}
+    voting: PartitionEnsemble | None = None
+    for combiner in combiners:
+        if combiner == Combiner.NAIVE_BAYES:
+            out[combiner] = PartitionEnsemble(combiner=combiner, random_state=random_state).fit_histograms(histograms, n_bins=n_bins)
+            continue
+        if voting is None:
+            voting = PartitionEnsemble(base=base, scoring=scoring, combiner=combiner, random_state=random_state).fit_histograms(histograms, n_bins=n_bins)
+            out[combiner] = voting
+        else:
+            out[combiner] = copy.copy(voting).set_params(combiner=combiner)
+    return out
+
+
+def _record_comparisons(spec: FeatureSpec, plan: ReleasePlan, assignment: Assignment, ledgers: dict[object, PrivacyLedger], budget: float) -> None:
+    """Each peer's comparison answers, recorded before they happen: a data
+    partition's peers answer once for each feature they are asked about; a
+    pool peer answers once, about the feature it is dealt to."""
+    for name in spec.numeric_names:
+        answering = np.concatenate(plan.median_groups(name, assignment))
+        for p in np.unique(assignment.partition[answering]).tolist():
+            key: object = ("pool", name) if p == Assignment.COMPARISON_POOL else p
+            ledgers.setdefault(key, PrivacyLedger(budget)).record_median(name, plan.median_epsilon)
+
+
 def run_trial(
     spec: FeatureSpec,
     train: Table,
@@ -86,47 +117,43 @@ def run_trial(
     plan: ReleasePlan,
     rng: np.random.Generator,
     *,
-    ensembles: Sequence[Mapping[str, Any]] = ({},),
-    method: str = "norm-sub",
+    combiners: Sequence[str] = (Combiner.WEIGHTED,),
+    base: str = Learner.LOGREG,
+    scoring: str = "f1",
+    method: str = PostprocessMethod.NORM_SUB,
     noise_free: bool = False,
     epsilon_budget: float | None = None,
 ) -> TrialResult:
-    """One trial; each of ``ensembles`` (PartitionEnsemble parameters) is fit
-    on the same histograms. ``noise_free`` uses exact cut points and exact
-    histograms (same plan, same partitions) instead of the private pipeline.
-    ``epsilon_budget`` is the ε_T promised to every peer (default: the
-    plan's own total); a release beyond it raises ``BudgetExceeded``."""
+    """One trial; every combiner is fit on the same histograms. ``noise_free``
+    uses exact cut points and exact histograms (same plan, same partitions)
+    instead of the private pipeline. ``epsilon_budget`` is the record-level
+    ε_T promised to every peer (default: the plan's own); a release beyond it
+    raises ``BudgetExceeded``."""
     started = time.perf_counter()
-    assignment = assign_partitions(plan.seed, row_keys(train.n_rows), plan.k_p)
+    assignment = plan.assign(row_keys(train.n_rows))
     oracles: dict[str, int] = {}
+    spent = per_attribute = 0.0
     if noise_free:
         cuts = exact_cut_points(spec, train)
         X, y = bin_table(spec, train, cuts)
         histograms = exact_histograms(spec, plan, assignment, X, y)
-        spent = 0.0
     else:
-        # One ledger per partition (all its peers release the same things):
-        # the cost is recorded from the queries actually made, and a release
-        # past the promised ε_T is refused (BudgetExceeded).
         budget = plan.epsilon_total if epsilon_budget is None else epsilon_budget
-        ledgers = {p: PrivacyLedger(budget) for p in range(plan.k_p)}
-        for name in spec.numeric_names:
-            asked = np.unique(assignment.partition[np.concatenate(plan.median_groups(name, assignment))])
-            for p in asked.tolist():
-                ledgers[p].record_median(name, plan.median_epsilon)
+        ledgers: dict[object, PrivacyLedger] = {p: PrivacyLedger(budget) for p in range(plan.k_p)}
+        _record_comparisons(spec, plan, assignment, ledgers, budget)
         cuts = private_cut_points(spec, train, plan, assignment, rng)
         X, y = bin_table(spec, train, cuts)
-        histograms = estimate_histograms(spec, plan, assignment, X, y, rng, method=method, oracles_used=oracles, ledgers=ledgers)
+        data_ledgers = {p: ledgers[p] for p in range(plan.k_p)}
+        histograms = estimate_histograms(spec, plan, assignment, X, y, rng, method=method, oracles_used=oracles, ledgers=data_ledgers)
         spent = max(ledger.spent() for ledger in ledgers.values())
+        per_attribute = max(ledger.per_attribute() for ledger in ledgers.values())
     X_test, y_test = bin_table(spec, test, cuts)
-    aucs = []
-    for params in ensembles:
-        model = PartitionEnsemble(**{"random_state": int(rng.integers(2**31)), **params})
-        model.fit_histograms(histograms, n_bins=spec.n_bins)
-        aucs.append(float(roc_auc_score(y_test, model.decision_function(X_test))))
+    models = fit_combiners(histograms, spec.n_bins, combiners, base=base, scoring=scoring, random_state=int(rng.integers(2**31)))
+    aucs = {combiner: float(roc_auc_score(y_test, model.decision_function(X_test))) for combiner, model in models.items()}
     return TrialResult(
         aucs=aucs,
         epsilon_total=spent,
+        per_attribute=per_attribute,
         seconds=time.perf_counter() - started,
         oracles=oracles,
         cut_points={k: [float(c) for c in v] for k, v in cuts.items()},

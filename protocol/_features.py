@@ -13,8 +13,9 @@ one value of a domain of size ``m = (prod of the subset's bins) * 2``
 
 from __future__ import annotations
 
+import tomllib
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Union
 
 import numpy as np
@@ -29,6 +30,8 @@ MAX_CATEGORIES = 1024
 MAX_QUANTILES = 64
 MAX_NAME_CHARS = 128
 MAX_DOMAIN = 1 << 20
+# A feature-spec file larger than this is not a feature spec (bounded parser).
+MAX_SPEC_BYTES = 1 << 20
 
 IntArray = npt.NDArray[np.int64]
 
@@ -123,6 +126,13 @@ class NumericFeature:
     def quantile_levels(self) -> tuple[float, ...]:
         """The probability levels of the cut points: (1/2,) for the median."""
         return tuple((i + 1) / (self.quantiles + 1) for i in range(self.quantiles))
+
+    def clip(self, values: npt.ArrayLike) -> tuple[npt.NDArray[np.float64], int]:
+        """``values`` clipped into the public bounds ``[low, high]`` (what the
+        quantile search assumes), and how many were outside them."""
+        column = np.asarray(values, dtype=np.float64)
+        outside = int(np.count_nonzero((column < self.low) | (column > self.high)))
+        return np.clip(column, self.low, self.high), outside
 
     def bin(self, values: npt.ArrayLike, cut_points: Sequence[float]) -> IntArray:
         cuts = np.asarray(cut_points, dtype=np.float64)
@@ -222,15 +232,18 @@ Feature = Union[NumericFeature, CategoricalFeature]
 
 @dataclass(frozen=True)
 class LabelSpec:
-    """The binary label: which raw values mean 1 and which mean 0."""
+    """The binary label: which raw values mean 1, and which mean 0 (``None``:
+    every other value)."""
 
     name: str
     positive: tuple[str, ...]
-    negative: tuple[str, ...]
+    negative: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         _check_name("label.name", self.name)
         object.__setattr__(self, "positive", _check_str_list("label.positive", self.positive, MAX_CATEGORIES))
+        if self.negative is None:
+            return
         object.__setattr__(self, "negative", _check_str_list("label.negative", self.negative, MAX_CATEGORIES))
         both = set(self.positive) & set(self.negative)
         if both:
@@ -239,13 +252,17 @@ class LabelSpec:
     def encode(self, values: npt.ArrayLike) -> IntArray:
         column = np.asarray(values).astype(str)
         positive = np.isin(column, self.positive)
-        known = positive | np.isin(column, self.negative)
-        if not np.all(known):
-            raise FeatureSpecError(f"label {self.name!r}: unknown value {str(column[~known][0])!r}")
+        if self.negative is not None:
+            known = positive | np.isin(column, self.negative)
+            if not np.all(known):
+                raise FeatureSpecError(f"label {self.name!r}: unknown value {str(column[~known][0])!r}")
         return positive.astype(np.int64)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "positive": list(self.positive), "negative": list(self.negative)}
+        out: dict[str, Any] = {"name": self.name, "positive": list(self.positive)}
+        if self.negative is not None:
+            out["negative"] = list(self.negative)
+        return out
 
 
 @dataclass(frozen=True)
@@ -356,8 +373,44 @@ class FeatureSpec:
             raise FeatureSpecError(f"codes: expected a 1-d array of values in [0, {m})")
         return decode_cells([self.features[self.index(n)].n_bins for n in names], code)
 
+    def with_quantiles(self, quantiles: int | Mapping[str, int]) -> FeatureSpec:
+        """The same spec with ``quantiles`` cut points for every numeric
+        feature (an int) or for the features named (a mapping)."""
+        def chosen(feature: NumericFeature) -> int:
+            return quantiles if isinstance(quantiles, int) else quantiles.get(feature.name, feature.quantiles)
+
+        features = tuple(replace(f, quantiles=chosen(f)) if isinstance(f, NumericFeature) else f for f in self.features)
+        return FeatureSpec(features, self.label)
+
+    def clip_columns(self, columns: Mapping[str, npt.ArrayLike]) -> tuple[dict[str, npt.ArrayLike], dict[str, int]]:
+        """Numeric columns clipped into their public bounds (what a peer is
+        told before it consents), and per numeric feature how many values
+        were outside; other columns pass through."""
+        out: dict[str, npt.ArrayLike] = dict(columns)
+        clipped: dict[str, int] = {}
+        for f in self.features:
+            if isinstance(f, NumericFeature) and f.name in columns:
+                out[f.name], clipped[f.name] = f.clip(columns[f.name])
+        return out, clipped
+
     def to_dict(self) -> dict[str, Any]:
         return {"features": [f.to_dict() for f in self.features], "label": self.label.to_dict()}
+
+    @classmethod
+    def from_toml(cls, text: str) -> FeatureSpec:
+        """Parse a feature-spec file: TOML with the layout of :meth:`to_dict`
+        (``[label]`` with ``name``, ``positive`` and optionally ``negative``;
+        one ``[[features]]`` table per feature with ``name``, ``type``
+        ("numeric": ``low``, ``high``, optional ``quantiles``;
+        "categorical": ``categories``, optional ``buckets`` as
+        ``[[bucket name, [categories...]], ...]``))."""
+        if len(text.encode("utf-8", errors="replace")) > MAX_SPEC_BYTES:
+            raise FeatureSpecError(f"feature spec: larger than {MAX_SPEC_BYTES} bytes")
+        try:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise FeatureSpecError(f"feature spec: not valid TOML ({exc})") from None
+        return cls.from_dict(data)
 
     @classmethod
     def from_dict(cls, data: object) -> FeatureSpec:
@@ -379,5 +432,5 @@ class FeatureSpec:
                 features.append(CategoricalFeature(entry["name"], entry["categories"], None if buckets is None else tuple(tuple(b) if isinstance(b, list) else b for b in buckets)))
             else:
                 raise FeatureSpecError(f"features[{i}].type: expected 'numeric' or 'categorical', got {kind!r}")
-        label = _check_keys("label", top["label"], {"name", "positive", "negative"})
-        return cls(tuple(features), LabelSpec(label["name"], label["positive"], label["negative"]))
+        label = _check_keys("label", top["label"], {"name", "positive"}, {"negative"})
+        return cls(tuple(features), LabelSpec(label["name"], label["positive"], label.get("negative")))

@@ -8,21 +8,30 @@ from feature orders hashed the same way. Anyone holding the roster and the
 revealed seed recomputes the same plan, so the aggregator cannot pick
 partitions.
 
-Two plans (DESIGN.md §9):
+Privacy is record-level (DESIGN.md §8): a peer's ε is the SUM of the ε of
+every release it makes, each comparison bit of the quantile search and each
+subset report. A plan divides the promised ``ε_T`` so that the costliest
+peer's sum is exactly ``ε_T``.
+
+Two kinds (DESIGN.md §9):
 
 * ``"split"`` — the thesis's plan (§6.1): each partition is asked for ``k_h``
-  disjoint subsets of ``k_s`` features; every peer sends all ``k_h``, so the
-  label's budget is divided, ``ε_h = ε_l / k_h`` (thesis §7.4).
-* ``"one"`` — each peer sends one subset with the whole budget: partition
-  ``p`` releases exactly one subset (``k_h = 1``) and the ``k_p`` subsets are
-  dealt so that every feature is covered as evenly as possible.
+  disjoint subsets of ``k_s`` features; every peer sends all ``k_h``.
+* ``"one"`` — each partition releases exactly one subset (``k_h = 1``) and
+  the ``k_p`` subsets are dealt so that every feature is covered as evenly
+  as possible.
 
-Median search (thesis Algorithm 1, §7.2.1) costs ``ε_e`` per numeric feature
-per answering peer. ``median_peers="all"`` is the thesis's choice: every peer
-answers for every numeric feature, so a released feature costs
-``ε_h + ε_e``. ``median_peers="disjoint"`` asks about feature ``i`` only the
-peers whose partition does not release ``i``; eq. 7.4 is a per-peer bound, so
-each peer's cost for ``i`` is then ``ε_h`` or ``ε_e``, never their sum.
+Who answers the quantile search (thesis Algorithm 1, §7.2.1, generalised to
+several cut points) is ``median_peers``:
+
+* ``"reserved"`` — a pool of ``comparison_pool`` of the peers (the first in
+  the seeded order) answers it and sends nothing else; every other peer sends
+  its subsets. With ``kind="one"`` every peer makes exactly ONE release at
+  the full ``ε_T`` (one comparison or one subset report): the default.
+* ``"all"`` — the thesis's choice: every peer answers once for every numeric
+  feature, so ``ε_T = n_numeric·ε_e + k_h·ε_h``.
+* ``"disjoint"`` — peers answer only for the numeric features their
+  partition does not release.
 """
 
 from __future__ import annotations
@@ -31,6 +40,7 @@ import hashlib
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
 import numpy as np
@@ -39,13 +49,48 @@ import numpy.typing as npt
 from anonml.errors import InputError
 from anonml.protocol._features import MAX_FEATURES, FeatureSpec
 
-PLAN_KINDS = ("split", "one")
-EPSILON_TOTAL_RANGE = (1e-6, 100.0)
-"""The ε_T a round or an experiment may promise. At ε = 1e-300 a randomised
-response's two probabilities are the same float, and the median search's margin
-of error divides by their difference (zero); 1e-6 keeps them apart. Above 100,
-e^ε exceeds 10^43: such a promise protects nothing."""
-MEDIAN_PEERS = ("all", "disjoint")
+class PlanKind(StrEnum):
+    """How subsets are dealt to partitions (module docstring)."""
+
+    SPLIT = "split"
+    ONE = "one"
+
+
+class MedianPeers(StrEnum):
+    """Who answers the quantile search (module docstring)."""
+
+    RESERVED = "reserved"
+    ALL = "all"
+    DISJOINT = "disjoint"
+
+
+class Learner(StrEnum):
+    """The partition classifier of the ensemble (thesis §8.3)."""
+
+    LOGREG = "logreg"
+    TREE = "tree"
+
+
+class Combiner(StrEnum):
+    """How the ensemble combines its histograms: eq. 6.2's weighted hard vote,
+    the weighted soft vote, or naive Bayes over the same noisy histograms."""
+
+    WEIGHTED = "weighted"
+    SOFT = "soft"
+    NAIVE_BAYES = "naive-bayes"
+
+
+PLAN_KINDS = tuple(PlanKind)
+EPSILON_TOTAL_RANGE = (1e-6, 20.0)
+"""The record-level ε_T a round or an experiment may promise. At ε = 1e-300 a
+randomised response's two probabilities are the same float; 1e-6 keeps them
+apart. The top is where the mechanisms stay randomised in floating point: a
+plan may put all of ε_T on one comparison bit, whose range ends at 22.18
+(``mechanisms.comparison_epsilon_range``); 20 is inside every oracle's range
+for the domains a round allows."""
+MEDIAN_PEERS = tuple(MedianPeers)
+# The default share of peers answering the quantile search in a reserved pool.
+DEFAULT_COMPARISON_POOL = 0.1
 MAX_PARTITIONS = 4096
 MAX_MEDIAN_STEPS = 64
 DEFAULT_MEDIAN_STEPS = 10  # steps of Algorithm 1 in the experiments: 1/2**11 of the public range
@@ -74,22 +119,28 @@ def row_keys(n: int) -> list[bytes]:
 @dataclass(frozen=True)
 class Assignment:
     """Where each peer sits: ``rank[i]`` is peer ``i``'s position in the
-    seeded order and ``partition[i] = rank[i] mod k_p`` (round-robin deal)."""
+    seeded order and ``partition[i]`` its data partition, dealt round-robin
+    (``COMPARISON_POOL`` for a peer of a reserved comparison pool)."""
 
     rank: IntArray
     partition: IntArray
+
+    COMPARISON_POOL = -1
 
     def members(self, partition: int) -> IntArray:
         return np.flatnonzero(self.partition == partition)
 
 
-def assign_partitions(seed: bytes, keys: Sequence[bytes], k_p: int) -> Assignment:
-    """Order peers by SHA-256(seed ‖ key) and deal them into ``k_p`` partitions."""
+def assign_partitions(seed: bytes, keys: Sequence[bytes], k_p: int, *, pool: int = 0) -> Assignment:
+    """Order peers by SHA-256(seed ‖ key); the first ``pool`` form the
+    comparison pool and the rest are dealt into ``k_p`` partitions."""
     _check_int("k_p", k_p, 1, MAX_PARTITIONS)
+    _check_int("pool", pool, 0, len(keys))
     order = _hash_order(seed, b"anonml/partition/v1", keys)
     rank = np.empty(len(keys), dtype=np.int64)
     rank[np.asarray(order, dtype=np.int64)] = np.arange(len(keys), dtype=np.int64)
-    return Assignment(rank=rank, partition=rank % k_p)
+    partition = np.where(rank < pool, Assignment.COMPARISON_POOL, (rank - pool) % k_p)
+    return Assignment(rank=rank, partition=partition)
 
 
 def _check_int(field: str, value: object, low: int, high: int) -> int:
@@ -121,7 +172,7 @@ def derive_subsets(seed: bytes, features: Sequence[str], kind: str, k_p: int, k_
     names = list(features)
     k_f = len(names)
     if kind not in PLAN_KINDS:
-        raise PlanError(f"kind: expected one of {PLAN_KINDS!r}, got {kind!r}")
+        raise PlanError(f"kind: expected one of {[str(k) for k in PLAN_KINDS]!r}, got {kind!r}")
     if len(set(names)) != k_f or not 1 <= k_f <= MAX_FEATURES:
         raise PlanError(f"features: expected 1 to {MAX_FEATURES} distinct names, got {names!r}")
     _check_int("k_p", k_p, 1, MAX_PARTITIONS)
@@ -198,7 +249,9 @@ class ReleasePlan:
     """A complete release plan; build one with :meth:`build`.
 
     ``release_epsilon`` (ε_h) is the budget of one subset report,
-    ``median_epsilon`` (ε_e) that of one median answer per numeric feature.
+    ``median_epsilon`` (ε_e) that of one comparison answer (one bit) of the
+    quantile search; ``comparison_pool`` the share of peers in a reserved
+    comparison pool (0 unless ``median_peers == "reserved"``).
     """
 
     kind: str
@@ -214,6 +267,7 @@ class ReleasePlan:
     median_peers: str
     median_steps: int
     oracle: str
+    comparison_pool: float = 0.0
 
     @classmethod
     def build(
@@ -228,39 +282,52 @@ class ReleasePlan:
         epsilon_total: float,
         seed: bytes,
         oracle: str = "auto",
-        median_peers: str = "all",
+        median_peers: str = MedianPeers.RESERVED,
         median_share: float = 0.5,
         median_steps: int = DEFAULT_MEDIAN_STEPS,
+        comparison_pool: float = DEFAULT_COMPARISON_POOL,
     ) -> ReleasePlan:
-        """Derive subsets from ``seed`` and split ``epsilon_total`` (ε_T of
-        eq. 7.4) between median answers and subset reports.
+        """Derive subsets from ``seed`` and divide the record-level
+        ``epsilon_total`` (ε_T) between comparison answers and subset reports
+        so that the costliest peer's sum is ε_T.
 
-        With ``median_peers="all"`` a released numeric feature costs
-        ``ε_h + ε_e`` and the label ``k_h·ε_h``: ``ε_e = median_share·ε_T`` and
-        ``ε_h = min(ε_T/k_h, ε_T − ε_e)`` (the thesis's ``ε_e = ε_h`` at
-        ``k_h = 2`` is ``median_share = 0.5``). With ``"disjoint"`` a peer pays
-        either ε_h or ε_e for a feature, so ``ε_e = ε_T`` and ``ε_h = ε_T/k_h``.
+        ``"reserved"``: a pool peer answers one comparison at ``ε_e = ε_T``;
+        every other peer sends ``k_h`` reports at ``ε_h = ε_T/k_h``
+        (``comparison_pool`` is the pool's share of the peers). ``"all"`` and
+        ``"disjoint"``: ``median_share`` of ε_T goes to the comparisons, split
+        evenly over the most any peer answers (every numeric feature for
+        "all"), the rest to the ``k_h`` reports.
         """
         eps_t = _check_epsilon("epsilon_total", epsilon_total)
         if eps_t <= 0:
             raise PlanError(f"epsilon_total: must be positive, got {epsilon_total!r}")
         if median_peers not in MEDIAN_PEERS:
-            raise PlanError(f"median_peers: expected one of {MEDIAN_PEERS!r}, got {median_peers!r}")
+            raise PlanError(f"median_peers: expected one of {[str(m) for m in MEDIAN_PEERS]!r}, got {median_peers!r}")
         share = _check_epsilon("median_share", median_share)
-        if numeric_features and not 0 < share < 1:
+        pool = _check_epsilon("comparison_pool", comparison_pool) if numeric_features and median_peers == MedianPeers.RESERVED else 0.0
+        if numeric_features and median_peers != MedianPeers.RESERVED and not 0 < share < 1:
             raise PlanError(f"median_share: expected a number in (0, 1), got {median_share!r}")
+        if numeric_features and median_peers == MedianPeers.RESERVED and not 0 < pool < 1:
+            raise PlanError(f"comparison_pool: expected a number in (0, 1), got {comparison_pool!r}")
+        _check_int("k_h", k_h, 1, MAX_FEATURES)
         subsets = derive_subsets(seed, features, kind, k_p, k_h, k_s)
         if not numeric_features:
             eps_e, eps_h = 0.0, eps_t / k_h
-        elif median_peers == "all":
-            eps_e = share * eps_t
-            eps_h = min(eps_t / k_h, eps_t - eps_e)
-        else:
+        elif median_peers == MedianPeers.RESERVED:
             eps_e, eps_h = eps_t, eps_t / k_h
+        else:
+            released = [{n for s in part for n in s} for part in subsets]
+            most = max(
+                len(numeric_features) if median_peers == MedianPeers.ALL else sum(1 for f in numeric_features if f not in r)
+                for r in released
+            )
+            eps_e = share * eps_t / max(most, 1)
+            eps_h = (1 - share) * eps_t / k_h if most else eps_t / k_h
         plan = cls(
             kind=kind, k_p=k_p, k_h=k_h, k_s=k_s, seed=seed, features=tuple(features),
             numeric_features=tuple(numeric_features), subsets=subsets, release_epsilon=eps_h,
-            median_epsilon=eps_e, median_peers=median_peers, median_steps=median_steps, oracle=oracle,
+            median_epsilon=eps_e, median_peers=str(median_peers), median_steps=median_steps, oracle=str(oracle),
+            comparison_pool=pool,
         )
         plan.validate()
         return plan
@@ -278,20 +345,26 @@ class ReleasePlan:
         _check_epsilon("release_epsilon", self.release_epsilon)
         _check_epsilon("median_epsilon", self.median_epsilon)
         if self.median_peers not in MEDIAN_PEERS:
-            raise PlanError(f"median_peers: expected one of {MEDIAN_PEERS!r}, got {self.median_peers!r}")
+            raise PlanError(f"median_peers: expected one of {[str(m) for m in MEDIAN_PEERS]!r}, got {self.median_peers!r}")
         _check_int("median_steps", self.median_steps, 1, MAX_MEDIAN_STEPS)
+        pool = _check_epsilon("comparison_pool", self.comparison_pool)
+        if pool >= 1 or (pool > 0) != (self.median_peers == MedianPeers.RESERVED and bool(self.numeric_features)):
+            raise PlanError(f"comparison_pool: expected a share in (0, 1) exactly for a reserved pool, got {self.comparison_pool!r}")
         if not isinstance(self.oracle, str) or not self.oracle:
             raise PlanError(f"oracle: expected a mechanism name, got {self.oracle!r}")
         for name in self.numeric_features:
-            if not self.median_partitions(name):
+            if self.median_peers != MedianPeers.RESERVED and not self.median_partitions(name):
                 raise PlanError(f"median_peers: every partition releases {name!r}, so no peer can answer its median search without paying twice; use median_peers='all'")
 
     def released_features(self, partition: int) -> set[str]:
         return {name for subset in self.subsets[partition] for name in subset}
 
     def median_partitions(self, feature: str) -> tuple[int, ...]:
-        """The partitions whose peers answer the median search of ``feature``."""
-        if self.median_peers == "all":
+        """The data partitions whose peers answer the quantile search of
+        ``feature`` (none with a reserved pool)."""
+        if self.median_peers == MedianPeers.RESERVED:
+            return ()
+        if self.median_peers == MedianPeers.ALL:
             return tuple(range(self.k_p))
         return tuple(p for p in range(self.k_p) if feature not in self.released_features(p))
 
@@ -299,25 +372,49 @@ class ReleasePlan:
         """ε_e^i for a peer of ``partition``, for the features it is asked about."""
         return {f: self.median_epsilon for f in self.numeric_features if partition in self.median_partitions(f)}
 
+    def releases_of_partition(self, partition: int) -> tuple[dict[str, float], list[tuple[tuple[str, ...], float]]]:
+        """What one peer of ``partition`` releases, as ``(medians, subsets)``
+        (``Assignment.COMPARISON_POOL``: one comparison, named by the first
+        numeric feature; every pool peer answers about one feature)."""
+        if partition == Assignment.COMPARISON_POOL:
+            return {self.numeric_features[0]: self.median_epsilon}, []
+        return self.median_epsilon_by_feature(partition), [(subset, self.release_epsilon) for subset in self.subsets[partition]]
+
     def epsilon_of_partition(self, partition: int) -> float:
-        """Eq. 7.4 for one peer of ``partition``, computed by the mechanisms ledger."""
+        """The record-level ε of one peer of ``partition`` (the sum of its releases)."""
         from anonml.mechanisms import total_epsilon
 
-        releases = [(subset, self.release_epsilon) for subset in self.subsets[partition]]
-        return float(total_epsilon(self.median_epsilon_by_feature(partition), releases))
+        return float(total_epsilon(*self.releases_of_partition(partition)))
+
+    def peer_groups(self) -> list[int]:
+        """Every kind of peer: the data partitions and, with a reserved pool, ``COMPARISON_POOL``."""
+        return [*range(self.k_p), *([Assignment.COMPARISON_POOL] if self.comparison_pool > 0 else [])]
 
     @property
     def epsilon_total(self) -> float:
-        """ε_T of eq. 7.4, median cost included: the worst peer's total."""
-        return max(self.epsilon_of_partition(p) for p in range(self.k_p))
+        """The record-level ε_T, comparison cost included: the costliest peer's sum."""
+        return max(self.epsilon_of_partition(p) for p in self.peer_groups())
+
+    def pool_size(self, n: int) -> int:
+        """Peers in the comparison pool out of ``n`` (0 without one)."""
+        return int(round(self.comparison_pool * n)) if self.comparison_pool > 0 else 0
+
+    def assign(self, keys: Sequence[bytes]) -> Assignment:
+        """Where every peer sits under this plan (:func:`assign_partitions` with the pool)."""
+        return assign_partitions(self.seed, keys, self.k_p, pool=self.pool_size(len(keys)))
 
     def median_groups(self, feature: str, assignment: Assignment) -> list[IntArray]:
         """Peers (row indices) answering each step of Algorithm 1 for
-        ``feature``: the eligible peers in seeded order, dealt round-robin into
-        ``median_steps`` groups, so each answers once."""
-        eligible = np.isin(assignment.partition, self.median_partitions(feature))
-        peers = np.flatnonzero(eligible)
-        peers = peers[np.argsort(assignment.rank[peers], kind="stable")]
+        ``feature``, each answering once: the eligible peers in seeded order
+        dealt round-robin into ``median_steps`` groups. With a reserved pool
+        the pool is first dealt round-robin over the numeric features."""
+        if self.median_peers == MedianPeers.RESERVED:
+            pool = assignment.members(Assignment.COMPARISON_POOL)
+            pool = pool[np.argsort(assignment.rank[pool], kind="stable")]
+            peers = pool[self.numeric_features.index(feature)::len(self.numeric_features)]
+        else:
+            peers = np.flatnonzero(np.isin(assignment.partition, self.median_partitions(feature)))
+            peers = peers[np.argsort(assignment.rank[peers], kind="stable")]
         return [peers[step::self.median_steps] for step in range(self.median_steps)]
 
     def to_dict(self) -> dict[str, Any]:
@@ -327,12 +424,13 @@ class ReleasePlan:
             "subsets": [[list(s) for s in part] for part in self.subsets],
             "release_epsilon": self.release_epsilon, "median_epsilon": self.median_epsilon,
             "median_peers": self.median_peers, "median_steps": self.median_steps, "oracle": self.oracle,
+            "comparison_pool": self.comparison_pool,
         }
 
     @classmethod
     def from_dict(cls, data: object) -> ReleasePlan:
         """Parse and validate (the subsets must be the ones the seed derives)."""
-        fields = {"kind", "k_p", "k_h", "k_s", "seed", "features", "numeric_features", "subsets", "release_epsilon", "median_epsilon", "median_peers", "median_steps", "oracle"}
+        fields = {"kind", "k_p", "k_h", "k_s", "seed", "features", "numeric_features", "subsets", "release_epsilon", "median_epsilon", "median_peers", "median_steps", "oracle", "comparison_pool"}
         if not isinstance(data, Mapping):
             raise PlanError(f"plan: expected a mapping, got {data!r}")
         if set(data) != fields:
@@ -359,6 +457,7 @@ class ReleasePlan:
             release_epsilon=_check_epsilon("release_epsilon", data["release_epsilon"]),
             median_epsilon=_check_epsilon("median_epsilon", data["median_epsilon"]),
             median_peers=data["median_peers"], median_steps=data["median_steps"], oracle=data["oracle"],
+            comparison_pool=_check_epsilon("comparison_pool", data["comparison_pool"]),
         )
         plan.validate()
         return plan
