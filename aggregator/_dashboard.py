@@ -176,7 +176,7 @@ def schedule_steps(manifest: RoundManifest) -> list[dict[str, Any]]:
 def privacy_statement(manifest: RoundManifest, partition_sizes: list[int] | None) -> dict[str, Any]:
     """The privacy promise in plain words, with the figures it rests on and a warning where one is weak."""
     sentences = [
-        f"Each peer is promised epsilon {manifest.eps_total:.3g} in total for this round (thesis eq. 7.4: every "
+        f"Each peer is promised epsilon {manifest.eps_total:.3g} in total for this round (record level: every "
         "median answer and data report it sends, added up); its own ledger refuses to send anything beyond that.",
         epsilon_in_words(manifest.eps_total),
         f"Each data report is perturbed on the peer's machine with the {manifest.oracle!r} frequency oracle at epsilon "
@@ -192,20 +192,21 @@ def privacy_statement(manifest: RoundManifest, partition_sizes: list[int] | None
     warnings: list[str] = []
     sizes = [size for size in (partition_sizes or []) if size > 0]
     if sizes:
-        from anonml.mechanisms import shuffle_amplified_epsilon
+        from anonml.mechanisms import shuffle_central_privacy
 
         n = min(sizes)
-        delta = 1.0 / (n * n) if n > 1 else 1.0
+        # The bound is stated only where it holds (mechanisms.shuffle_central_privacy).
+        central = shuffle_central_privacy(manifest.eps_data, n)
+        delta = central.delta
         figures.update({"n": n, "delta": delta})
-        try:
-            central = shuffle_amplified_epsilon(manifest.eps_data, n, delta)
-            figures["central_epsilon"] = central
+        if central.epsilon is not None:
+            figures["central_epsilon"] = central.epsilon
             sentences.append(
                 f"Shuffled among the n = {n} peers of its partition (the smallest), each data report is also "
-                f"(epsilon {central:.3g}, delta {delta:.2g})-private towards the aggregator (Feldman, McMillan and Talwar's bound)."
+                f"(epsilon {central.epsilon:.3g}, delta {delta:.2g})-private towards the aggregator (Feldman, McMillan and Talwar's bound)."
             )
-        except ValueError as exc:
-            warnings.append(f"No shuffle bound applies to partitions of {n} peers ({exc}); only the local epsilon above holds.")
+        else:
+            warnings.append(f"No shuffle bound applies to partitions of {n} peers: {central.describe()}; only the local epsilon above holds.")
         if delta > DELTA_TOO_LARGE:
             warnings.append(
                 f"delta = {delta:.2g} (partitions of only {n} peers) is large: the shuffled figure is a weak "

@@ -9,27 +9,23 @@ utility on an operator-supplied labelled test file, and timings.
 
 from __future__ import annotations
 
-import csv
 import json
-import pickle
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from anonml.aggregator._anonymity import FullView, linking_report
 from anonml.aggregator._dashboard import dashboard_data, render_page
 from anonml.aggregator._round import RoundState
-from anonml.mechanisms import postprocess, shuffle_amplified_epsilon
-from anonml.protocol import FeatureSpec, SurveyId
-
-if TYPE_CHECKING:
-    from anonml.learning._data import Table
+from anonml.mechanisms import PostprocessMethod, per_attribute_epsilon, releases_from, shuffle_central_privacy
+from anonml.protocol import SurveyId, worst_case_releases
 
 REPORT_JSON = "report.json"
 REPORT_HTML = "report.html"
-MODEL_FILE = "model.pickle"
+# The published model: plain JSON (learning.model_to_json), never a pickle.
+MODEL_FILE = "model.json"
 
 
 def learn(state: RoundState, directory: Path, *, test_file: Path | None = None) -> dict[str, Any]:
@@ -39,7 +35,7 @@ def learn(state: RoundState, directory: Path, *, test_file: Path | None = None) 
     so it never reads the clock itself (trio's MockClock is only readable on the loop).
     """
     now = state.learning_started_at if state.learning_started_at is not None else state.now()
-    from anonml.learning._ensemble import PartitionEnsemble, SubsetHistogram
+    from anonml.learning import PartitionEnsemble, estimate_histogram, model_to_json, published_model
 
     started = time.perf_counter()
     manifest, spec = state.manifest, state.spec
@@ -53,9 +49,7 @@ def learn(state: RoundState, directory: Path, *, test_file: Path | None = None) 
             if not blobs:
                 continue
             oracle = state.data_oracle(partition, index)
-            reports = oracle.decode_reports(blobs)
-            counts = postprocess(oracle.estimate(reports), len(blobs), "norm-sub")
-            histograms.append(SubsetHistogram.from_spec(spec, subset, counts, partition))
+            histograms.append(estimate_histogram(spec, subset, oracle, blobs, partition=partition, method=PostprocessMethod.NORM_SUB))
     medians = state.medians()
     cut_points = {name: [value] for name, value in (medians.medians.items() if medians else ())}
     report: dict[str, Any] = {
@@ -79,11 +73,12 @@ def learn(state: RoundState, directory: Path, *, test_file: Path | None = None) 
         "utility": None,
     }
     if histograms:
-        model = PartitionEnsemble(base=manifest.learner, random_state=0).fit_histograms(histograms, n_bins=spec.n_bins)
-        (directory / MODEL_FILE).write_bytes(pickle.dumps({"model": model, "cut_points": cut_points, "spec": spec.to_dict()}))
+        ensemble = PartitionEnsemble(base=manifest.learner, random_state=0).fit_histograms(histograms, n_bins=spec.n_bins)
+        model = published_model(spec, cut_points, ensemble)
+        (directory / MODEL_FILE).write_text(model_to_json(model))
         report["model"] = MODEL_FILE
         if test_file is not None:
-            report["utility"] = _utility(state, model, cut_points, test_file)
+            report["utility"] = _utility(state, model, test_file)
     schedule = manifest.schedule
     report["timings"] = {
         "learn_seconds": round(time.perf_counter() - started, 3),
@@ -96,73 +91,42 @@ def learn(state: RoundState, directory: Path, *, test_file: Path | None = None) 
 
 
 def _privacy(state: RoundState) -> dict[str, Any]:
+    """The privacy figures: the record-level ε_T each peer was promised (the
+    sum of every release, what the ledgers enforce), eq. 7.4's per-attribute
+    figure only as a labelled secondary number, and the central (shuffle)
+    figure per data survey only where its bound holds, in words."""
     manifest = state.manifest
+    medians, subsets = worst_case_releases(
+        state.spec, k_h=manifest.k_h, k_s=manifest.k_s, eps_median=manifest.eps_median,
+        eps_data=manifest.eps_data, median_rounds=manifest.median_rounds,
+    )
     sizes = [size for size in state.partition_sizes() if size > 0]
     central: dict[str, Any] | None = None
     if sizes:
-        n = min(sizes)
-        delta = 1.0 / (n * n) if n > 1 else 1.0
-        try:
-            # Feldman–McMillan–Talwar: each data survey's reports are shuffled among its partition.
-            central = {"epsilon": shuffle_amplified_epsilon(manifest.eps_data, n, delta), "delta": delta, "n": n}
-        except ValueError as exc:
-            central = {"unavailable": str(exc)}
+        # Feldman-McMillan-Talwar: each data survey's reports are shuffled among its partition.
+        figure = shuffle_central_privacy(manifest.eps_data, min(sizes))
+        central = {"n": figure.n, "delta": figure.delta, "statement": figure.describe()}
+        if figure.epsilon is not None:
+            central["epsilon"] = figure.epsilon
     return {
         "eps_total_local": manifest.eps_total,
+        "eps_total_meaning": "record-level: the sum of the epsilon of every release a peer makes",
+        "eps_per_attribute_secondary": per_attribute_epsilon(releases_from(medians, subsets)),
         "eps_median": manifest.eps_median,
         "eps_data": manifest.eps_data,
         "central_per_survey": central,
     }
 
 
-MAX_TEST_ROWS = 10_000_000
-
-
-def read_labelled_csv(path: Path, spec: FeatureSpec) -> Table:
-    """A held-out table as CSV with a header naming every feature and the label.
-
-    Raises DataError naming the line of the first malformed row.
-    """
-    from anonml.learning._data import DataError, Table, finite_number
-
-    needed = [*spec.names, spec.label.name]
-    numeric = set(spec.numeric_names)
-    values: dict[str, list[Any]] = {name: [] for name in needed}
-    try:
-        with path.open("r", encoding="utf-8", newline="") as handle:
-            reader = csv.DictReader(handle)
-            missing = [name for name in needed if name not in (reader.fieldnames or [])]
-            if missing:
-                raise DataError(f"{path.name}:1: header lacks columns {missing!r}")
-            for row in reader:
-                line = reader.line_num
-                if line > MAX_TEST_ROWS:
-                    raise DataError(f"{path.name}:{line}: more than {MAX_TEST_ROWS} rows")
-                for name in needed:
-                    field = (row.get(name) or "").strip()
-                    if not field:
-                        raise DataError(f"{path.name}:{line}: empty field {name!r}")
-                    values[name].append(finite_number(f"{path.name}:{line}", name, field) if name in numeric else field)
-    except (UnicodeDecodeError, csv.Error) as exc:
-        raise DataError(f"{path.name}: not a readable CSV file ({exc})") from None
-    if not values[spec.label.name]:
-        raise DataError(f"{path.name}: no data rows")
-    columns = {
-        name: np.asarray(values[name], dtype=np.float64 if name in numeric else str) for name in spec.names
-    }
-    return Table(columns, np.asarray(values[spec.label.name], dtype=str))
-
-
-def _utility(state: RoundState, model: Any, cut_points: dict[str, list[float]], test_file: Path) -> dict[str, Any]:
+def _utility(state: RoundState, model: Any, test_file: Path) -> dict[str, Any]:
     """AUC of the published model on a labelled held-out file: CSV with a header, or UCI Adult's format."""
     from sklearn.metrics import roc_auc_score
 
-    from anonml.learning._data import read_adult_file
+    from anonml.learning import read_adult_file, read_csv_table, table_matrix
 
-    table = read_labelled_csv(test_file, state.spec) if test_file.suffix == ".csv" else read_adult_file(test_file)
-    bins = state.spec.bin_columns(table.columns, cut_points)
+    table = read_csv_table(test_file, state.spec) if test_file.suffix == ".csv" else read_adult_file(test_file)
     labels = state.spec.label.encode(table.labels)
-    scores = model.decision_function(bins)
+    scores = model.decision_function(table_matrix(state.spec, table))
     return {
         "test_file": str(test_file), "rows": int(labels.shape[0]), "auc": float(roc_auc_score(labels, scores)),
         "roc": roc_points(labels, scores),
@@ -199,7 +163,9 @@ def summarise(report: dict[str, Any]) -> list[str]:
         f"round {report.get('name')} ({report.get('round_id', '')[:16]}…): {report.get('status', 'done')}",
         f"registered {counts.get('registered', 0)}, credentials {counts.get('credentials', 0)}, accepted packets {counts.get('accepted', 0)}",
         "rejected: " + (", ".join(f"{k} {v}" for k, v in sorted(report.get("rejected", {}).items())) or "none"),
-        f"privacy: local eps_T {privacy.get('eps_total_local')} per peer; central (shuffled) {privacy.get('central_per_survey')}",
+        f"privacy: local record-level eps_T {privacy.get('eps_total_local')} per peer (every release counted); "
+        f"per-attribute figure (eq. 7.4, secondary) {privacy.get('eps_per_attribute_secondary')}",
+        f"central (shuffle): {(privacy.get('central_per_survey') or {}).get('statement', 'n/a')}",
     ]
     anonymity = report.get("anonymity") or {}
     if anonymity.get("messages"):

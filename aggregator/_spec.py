@@ -253,7 +253,7 @@ def parse_round_spec(document: dict[str, Any], *, base_dir: Path | None = None) 
     task = reader.child("task")
     if task.optional("builtin"):
         builtin = task.choice("builtin", ("adult",))
-        from anonml.learning._adult import adult_spec
+        from anonml.learning import adult_spec
 
         spec = adult_spec() if builtin == "adult" else None
         assert spec is not None

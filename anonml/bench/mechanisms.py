@@ -1,11 +1,16 @@
 """``anonml bench mechanisms``: histogram error of every oracle against its
-formula, what ``auto`` picks, and privatise+estimate throughput.
+formula, what ``auto`` picks, and time and peak memory up to m = 1e6.
 
 Error: for m in {4, 8, 16, 32, 64} and epsilon in {0.5, 1, 2, 4}, n reports of
 a fixed Zipf-like population, ``reps`` repetitions; the empirical mean of
-``sum_i (n̂_i - n_i)^2`` beside the exact ``variance(n)``. Throughput:
-privatise and estimate one million reports at m = 16, beside a same-run
-baseline (a non-private ``np.bincount`` over the same values array).
+``sum_i (n̂_i - n_i)^2`` beside the exact ``variance(n)``. Scale: for m in
+{16, 1024, 65536, 1e6}, ``--scale-n`` peers (default 1e5) each privatise,
+encode and the aggregator estimates blockwise from the encoded reports
+(``estimate_blobs``), for every oracle whose report fits ``auto``'s byte
+budget and whose estimation work is within its bound (others are listed as
+excluded, with the reason); seconds and peak traced memory (tracemalloc,
+which counts numpy's buffers) beside a same-run baseline: a non-private
+``np.bincount`` over the same values array.
 """
 
 from __future__ import annotations
@@ -13,6 +18,8 @@ from __future__ import annotations
 import json
 import math
 import time
+import tracemalloc
+from collections.abc import Callable
 from typing import Any
 
 import click
@@ -20,13 +27,12 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from anonml.mechanisms._oracles import ORACLE_NAMES, make_oracle
+from anonml.mechanisms import DEFAULT_MAX_ESTIMATE_WORK, DEFAULT_MAX_REPORT_BYTES, ORACLE_NAMES, OracleName, make_oracle
 
 DOMAIN_SIZES = (4, 8, 16, 32, 64)
 EPSILONS = (0.5, 1.0, 2.0, 4.0)
-THROUGHPUT_REPORTS = 1_000_000
-THROUGHPUT_M = 16
-THROUGHPUT_EPSILON = 1.0
+SCALE_DOMAINS = (16, 1024, 65_536, 1_000_000)
+SCALE_EPSILON = 1.0
 
 
 def _population(m: int, n: int) -> np.ndarray:
@@ -61,36 +67,56 @@ def error_table(n: int, reps: int, seed: int) -> list[dict[str, Any]]:
     return rows
 
 
-def throughput(seed: int) -> dict[str, Any]:
-    """Reports per second of privatise+estimate at m = 16, and the baseline."""
+def _measure(action: Callable[[], object]) -> tuple[float, int]:
+    """Seconds and peak traced bytes of ``action``."""
+    tracemalloc.start()
+    try:
+        started = time.perf_counter()
+        action()
+        return time.perf_counter() - started, tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def scale(n: int, seed: int) -> list[dict[str, Any]]:
+    """One row per (m, oracle): seconds and peak memory of privatise, encode
+    and blockwise estimation of ``n`` reports, or why the oracle is excluded;
+    each m starts with its baseline row and what ``auto`` picks."""
     rng = np.random.default_rng(seed)
-    values = rng.integers(0, THROUGHPUT_M, size=THROUGHPUT_REPORTS)
-    start = time.perf_counter()
-    np.bincount(values, minlength=THROUGHPUT_M)
-    baseline = time.perf_counter() - start
-    result: dict[str, Any] = {
-        "reports": THROUGHPUT_REPORTS,
-        "m": THROUGHPUT_M,
-        "epsilon": THROUGHPUT_EPSILON,
-        "baseline_seconds": baseline,
-        "oracles": {},
-    }
-    for name in ORACLE_NAMES[:-1]:
-        oracle = make_oracle(name, THROUGHPUT_EPSILON, THROUGHPUT_M)
-        start = time.perf_counter()
-        reports = oracle.privatize(values, rng)
-        privatized = time.perf_counter()
-        oracle.estimate(reports)
-        done = time.perf_counter()
-        result["oracles"][name] = {
-            "privatize_seconds": privatized - start,
-            "estimate_seconds": done - privatized,
-            "total_seconds": done - start,
-            "reports_per_second": THROUGHPUT_REPORTS / (done - start),
-            "ratio_to_baseline": (done - start) / baseline,
-            "report_bytes": oracle.report_bytes,
-        }
-    return result
+    rows: list[dict[str, Any]] = []
+    for m in SCALE_DOMAINS:
+        values = rng.integers(0, m, size=n)
+        seconds, peak = _measure(lambda: np.bincount(values, minlength=m))
+        baseline = {"m": m, "oracle": "baseline: np.bincount", "seconds": seconds, "peak_bytes": peak}
+        rows.append(baseline)
+        auto = make_oracle(OracleName.AUTO, SCALE_EPSILON, m, n=n).name
+        for name in ORACLE_NAMES:
+            if name == OracleName.AUTO:
+                continue
+            row: dict[str, Any] = {"m": m, "oracle": name, "auto_picks": auto == name}
+            try:
+                oracle = make_oracle(name, SCALE_EPSILON, m)
+            except ValueError as exc:
+                rows.append({**row, "excluded": str(exc)})
+                continue
+            row["report_bytes"] = oracle.report_bytes
+            if oracle.report_bytes > DEFAULT_MAX_REPORT_BYTES:
+                rows.append({**row, "excluded": f"report of {oracle.report_bytes} bytes > {DEFAULT_MAX_REPORT_BYTES}"})
+                continue
+            if oracle.estimate_work(n) > DEFAULT_MAX_ESTIMATE_WORK:
+                rows.append({**row, "excluded": f"estimation work {oracle.estimate_work(n):.2g} > {DEFAULT_MAX_ESTIMATE_WORK:.2g}"})
+                continue
+
+            def run() -> None:
+                blobs = oracle.encode_reports(oracle.privatize(values, rng))
+                oracle.estimate_blobs(blobs)
+
+            seconds, peak = _measure(run)
+            rows.append({
+                **row, "seconds": seconds, "peak_bytes": peak, "time_ratio": seconds / baseline["seconds"],
+                "memory_ratio": peak / baseline["peak_bytes"],
+            })
+    return rows
 
 
 def _auto_vs_pq(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -111,7 +137,7 @@ def _auto_vs_pq(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return summary
 
 
-def _render(console: Console, n: int, reps: int, rows: list[dict[str, Any]], speed: dict[str, Any]) -> None:
+def _render(console: Console, n: int, reps: int, rows: list[dict[str, Any]], speed: list[dict[str, Any]], n_scale: int) -> None:
     by_key = {(row["m"], row["epsilon"], row["oracle"]): row for row in rows}
     exact = Table(title=f"Exact total squared error sum_i E[(n̂_i - n_i)^2] / n (n={n})")
     ratios = Table(title=f"Empirical / exact total squared error ({reps} reps, n={n}; red: outside 4 sd)")
@@ -140,26 +166,21 @@ def _render(console: Console, n: int, reps: int, rows: list[dict[str, Any]], spe
             ratios.add_row(str(m), f"{epsilon:g}", *ratio_cells)
     console.print(exact)
     console.print(ratios)
-    speed_table = Table(
-        title=f"Throughput: privatise + estimate {speed['reports']:,} reports, m={speed['m']}, eps={speed['epsilon']:g}"
-    )
-    for column in ("oracle", "privatise s", "estimate s", "total s", "reports/s", "x baseline", "bytes/report"):
-        speed_table.add_column(column, justify="right")
-    speed_table.add_row(
-        "baseline: np.bincount", "", "", f"{speed['baseline_seconds']:.4f}",
-        f"{speed['reports'] / speed['baseline_seconds']:,.0f}", "1", "",
-    )
-    for name, figures in speed["oracles"].items():
-        speed_table.add_row(
-            name,
-            f"{figures['privatize_seconds']:.3f}",
-            f"{figures['estimate_seconds']:.3f}",
-            f"{figures['total_seconds']:.3f}",
-            f"{figures['reports_per_second']:,.0f}",
-            f"{figures['ratio_to_baseline']:.0f}",
-            str(figures["report_bytes"]),
+
+    scale_table = Table(title=f"Scale: privatise, encode and estimate blockwise, n={n_scale:,} reports, eps={SCALE_EPSILON:g} (peak: tracemalloc)")
+    for column in ("m", "oracle", "auto", "bytes/report", "seconds", "x baseline", "peak MiB", "x baseline mem", "excluded because"):
+        scale_table.add_column(column, justify="left" if column in ("oracle", "excluded because") else "right")
+    for row in speed:
+        if "excluded" in row:
+            scale_table.add_row(f"{row['m']:,}", row["oracle"], "", str(row.get("report_bytes", "")), "", "", "", "", row["excluded"])
+            continue
+        baseline = "oracle" in row and row["oracle"].startswith("baseline")
+        scale_table.add_row(
+            f"{row['m']:,}", row["oracle"], "" if baseline else ("yes" if row["auto_picks"] else ""),
+            "" if baseline else str(row["report_bytes"]), f"{row['seconds']:.3f}", "1" if baseline else f"{row['time_ratio']:.0f}",
+            f"{row['peak_bytes'] / 2**20:.1f}", "1" if baseline else f"{row['memory_ratio']:.1f}", "",
         )
-    console.print(speed_table)
+    console.print(scale_table)
 
 
 @click.command("mechanisms")
@@ -167,17 +188,18 @@ def _render(console: Console, n: int, reps: int, rows: list[dict[str, Any]], spe
 @click.option("--n", "n", default=10_000, show_default=True, help="Reports per histogram in the error table.")
 @click.option("--reps", default=20, show_default=True, help="Repetitions per (m, epsilon, oracle).")
 @click.option("--seed", default=20240601, show_default=True, help="Seed of the numpy generator.")
-def bench_mechanisms(as_json: bool, n: int, reps: int, seed: int) -> None:
+@click.option("--scale-n", default=100_000, show_default=True, help="Reports per domain size in the scale table (m up to 1e6).")
+def bench_mechanisms(as_json: bool, n: int, reps: int, seed: int, scale_n: int) -> None:
     """Histogram error of every frequency oracle (empirical vs exact), what
-    `auto` picks, and privatise+estimate throughput at one million reports."""
-    if n < 1 or reps < 1:
-        raise click.BadParameter(f"n and reps must be >= 1, got {n!r}, {reps!r}")
+    `auto` picks, and time and peak memory of every oracle up to m = 1e6."""
+    if n < 1 or reps < 1 or scale_n < 1:
+        raise click.BadParameter(f"n, reps and scale-n must be >= 1, got {n!r}, {reps!r}, {scale_n!r}")
     rows = error_table(n, reps, seed)
-    speed = throughput(seed + 1)
+    speed = scale(scale_n, seed + 1)
     if as_json:
         click.echo(
             json.dumps(
-                {"n": n, "reps": reps, "seed": seed, "errors": rows, "auto_vs_pq": _auto_vs_pq(rows), "throughput": speed},
+                {"n": n, "reps": reps, "seed": seed, "errors": rows, "auto_vs_pq": _auto_vs_pq(rows), "scale_n": scale_n, "scale": speed},
                 indent=2,
             )
         )
@@ -185,5 +207,5 @@ def bench_mechanisms(as_json: bool, n: int, reps: int, seed: int) -> None:
     console = Console()
     if not console.is_terminal:
         # Piped output would otherwise be wrapped at 80 columns.
-        console = Console(width=120)
-    _render(console, n, reps, rows, speed)
+        console = Console(width=160)
+    _render(console, n, reps, rows, speed, scale_n)

@@ -127,7 +127,8 @@ def write_test_file(data: DemoData, work: Path) -> Path:
         writer.writerow(data.header)
         for i, y in enumerate(data.test_labels):
             cells = [_cell(data.test_columns[name][i]) for name in data.spec.names]
-            writer.writerow([*cells, label.positive[0] if y else label.negative[0]])
+            # A spec without negative values counts any other value as negative.
+            writer.writerow([*cells, label.positive[0] if y else (label.negative or ("",))[0]])
     return path
 
 
@@ -154,14 +155,13 @@ def baseline_auc(data: DemoData) -> float:
 
 
 def held_out_auc(data: DemoData, model_path: Path) -> float | None:
-    """AUC of the round's published model on the held-out rows, binned with the round's medians."""
-    import pickle
-
+    """AUC of the round's published model (JSON: its binner, then the ensemble) on the held-out rows."""
     from sklearn.metrics import roc_auc_score
+
+    from anonml.learning import model_from_json
 
     if not model_path.is_file():
         return None
-    # The demo's own aggregator wrote this file in the demo's work directory.
-    published = pickle.loads(model_path.read_bytes())
-    bins = data.spec.bin_columns(data.test_columns, published["cut_points"])
-    return float(roc_auc_score(data.test_labels, published["model"].decision_function(bins)))
+    model = model_from_json(model_path.read_text())
+    rows = np.column_stack([np.asarray(data.test_columns[name]).astype(object) for name in data.spec.names])
+    return float(roc_auc_score(data.test_labels, model.decision_function(rows)))

@@ -237,7 +237,7 @@ async def run_demo(data: DemoData, peers: int, epsilon: float, workers: int, see
     found = audit_round(sorted((work / "peers").glob("worker-*.sqlite")), round_dir / "round.sqlite", bytes.fromhex(round_id))
     summary = summarise(data, params, progress, report, found, work, time.monotonic() - started)
     summary["costs"] = costs.to_dict()
-    summary["auc"] = held_out_auc(data, round_dir / "model.pickle")
+    summary["auc"] = held_out_auc(data, round_dir / "model.json")
     summary["report_path"] = str(round_dir / "report.html")
     summary["anonymity"] = anonymity_figures(progress, round_dir / LINKS_JSON)
     return summary, params
