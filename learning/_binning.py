@@ -115,6 +115,12 @@ class QuantileBinner(TransformerMixin, BaseEstimator):
     def __init__(self, *, n_cuts: int = 1) -> None:
         self.n_cuts = n_cuts
 
+    def __sklearn_tags__(self) -> Any:
+        tags = super().__sklearn_tags__()
+        # The output is bin indices (int64), whatever the input's float dtype.
+        tags.transformer_tags.preserves_dtype = []
+        return tags
+
     def fit(self, X: npt.ArrayLike, y: npt.ArrayLike | None = None) -> QuantileBinner:
         if isinstance(self.n_cuts, bool) or not isinstance(self.n_cuts, (int, np.integer)) or self.n_cuts < 1:
             raise ValueError(f"n_cuts must be an integer >= 1, got {self.n_cuts!r}")

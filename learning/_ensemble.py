@@ -394,7 +394,7 @@ class PartitionEnsemble(ClassifierMixin, BaseEstimator):
     def decision_function(self, X: npt.ArrayLike) -> FloatArray:
         """Eq. 6.2's score normalised to [−1, 1] ("weighted"), the soft
         vote's average probability minus 1/2 ("soft"), or naive Bayes's log
-        odds; ≥ 0 predicts class 1."""
+        odds; > 0 predicts class 1."""
         if self.combiner == Combiner.NAIVE_BAYES:
             binned = self._binned(X)
             score = np.full(binned.shape[0], self.log_prior_)
@@ -422,7 +422,8 @@ class PartitionEnsemble(ClassifierMixin, BaseEstimator):
         return np.column_stack([1.0 - p1, p1])
 
     def predict(self, X: npt.ArrayLike) -> npt.NDArray[Any]:
-        positive = self.decision_function(X) >= 0
+        # A positive score predicts class 1 (scikit-learn's convention; a tie at 0 is class 0).
+        positive = self.decision_function(X) > 0
         return np.asarray(self.classes_[positive.astype(int)])
 
 

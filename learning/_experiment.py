@@ -29,7 +29,7 @@ import numpy as np
 
 from anonml.learning._binning import bin_table, exact_cut_points
 from anonml.learning._data import DataError, Table, read_csv_table, split_table
-from anonml.learning._planner import THESIS_SPLIT, PlanChoice, choose_plan
+from anonml.learning._planner import THESIS_SPLIT, PlanChoice, candidate_choices, choose_plan
 from anonml.learning._tables import TableName, load_builtin
 from anonml.learning._trial import run_trial
 from anonml.mechanisms import OracleName, PostprocessMethod
@@ -79,33 +79,35 @@ class PlanRequest:
 
     label: str
     choice: PlanChoice | None  # None: the planner chooses at each ε_T
+    median_steps: int = DEFAULT_MEDIAN_STEPS
+    planner_trials: int = 2
 
     def resolve(self, spec: FeatureSpec, n: int, epsilon_total: float, cache: dict[tuple[str, float], PlanChoice]) -> PlanChoice:
         if self.choice is not None:
             return self.choice
         key = (self.label, epsilon_total)
         if key not in cache:
-            cache[key] = choose_plan(spec, n, epsilon_total)
+            cache[key] = choose_plan(spec, n, epsilon_total, candidates=candidate_choices(spec, n, median_steps=self.median_steps), trials=self.planner_trials)
         return cache[key]
 
 
 def plan_requests(
     spec: FeatureSpec, plans: Sequence[str], kp: Sequence[int], ks: Sequence[int], kh: Sequence[int], *,
-    quantiles: int | None, median_peers: str | None, median_steps: int, pool: float, oracle: str,
+    quantiles: int | None, median_peers: str | None, median_steps: int, pool: float, oracle: str, planner_trials: int = 2,
 ) -> list[PlanRequest]:
     """Expand ``--plan`` and the ``--kp/--ks/--kh`` sweeps into result lines."""
     k_f = len(spec.names)
     requests: list[PlanRequest] = []
     for kind in dict.fromkeys(plans):
         if kind == PLANNER:
-            requests.append(PlanRequest("planner", None))
+            requests.append(PlanRequest("planner", None, median_steps, planner_trials))
             continue
         thesis = kind == PlanKind.SPLIT
         mode = median_peers or (MedianPeers.ALL if thesis else MedianPeers.RESERVED)
         for k_s in ks or [THESIS_SPLIT["k_s"] if thesis else 1]:
             for k_p in kp or [THESIS_SPLIT["k_p"] if thesis else math.ceil(k_f / k_s)]:
                 for k_h in (kh or [THESIS_SPLIT["k_h"]]) if thesis else [1]:
-                    q = quantiles if quantiles is not None else (1 if thesis else 3)
+                    q = quantiles if quantiles is not None else (3 if mode == MedianPeers.RESERVED else 1)
                     choice = PlanChoice(
                         kind, k_p, k_h, k_s, q, mode, pool if mode == MedianPeers.RESERVED else 0.0, median_steps,
                         Combiner.WEIGHTED, oracle,
@@ -342,11 +344,12 @@ _DATASETS = [*(str(t) for t in TableName), CSV]
 @click.option("--test-fraction", type=click.FloatRange(0.05, 0.95), default=0.3, show_default=True, help="Held-out share for tables without a test split (seeded, stratified).")
 @click.option("--epsilon", "epsilons", type=ListOf(click.FloatRange(*EPSILON_TOTAL_RANGE)), multiple=True, default=("1,2,4",), show_default=True, help="Record-level ε_T values, e.g. 0.5,1,2 (every release counted, the quantile search included).")
 @click.option("--trials", type=click.IntRange(min=1), default=20, show_default=True)
-@click.option("--plan", "plans", type=ListOf(click.Choice([PLANNER, *(str(k) for k in PlanKind)])), multiple=True, default=(PLANNER,), show_default=True, help="planner: the planner's choice by simulation; one: one release per peer; split: the thesis's plan.")
+@click.option("--plan", "plans", type=ListOf(click.Choice([PLANNER, *(str(k) for k in PlanKind)])), multiple=True, default=(f"{PlanKind.ONE},{PLANNER}",), show_default=True, help="one: the default plan, one release per peer at the full ε_T (3 cut points per numeric feature, a reserved comparison pool); planner: the planner's choice by simulation; split: the thesis's plan.")
+@click.option("--planner-trials", type=click.IntRange(min=1), default=2, show_default=True, help="Simulations per candidate plan in the planner.")
 @click.option("--kp", type=ListOf(click.IntRange(min=1)), multiple=True, help="Partitions (a sweep: several values).")
 @click.option("--ks", type=ListOf(click.IntRange(min=1)), multiple=True, help="Features per subset (a sweep: several values).")
 @click.option("--kh", type=ListOf(click.IntRange(min=1)), multiple=True, help="Subsets per partition for the split plan.")
-@click.option("--quantiles", type=click.IntRange(min=1, max=8), default=None, help="Cut points per numeric feature for fixed plans (default: one 3, split 1).")
+@click.option("--quantiles", type=click.IntRange(min=1, max=8), default=None, help="Cut points per numeric feature for fixed plans (default: 3 with a reserved comparison pool, else the median).")
 @click.option("--median-peers", type=click.Choice([str(m) for m in MedianPeers]), default=None, help="Who answers the quantile search (default: one=reserved, split=all as the thesis).")
 @click.option("--pool", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=DEFAULT_COMPARISON_POOL, show_default=True, help="Share of peers in a reserved comparison pool.")
 @click.option("--median-steps", type=click.IntRange(1, MAX_MEDIAN_STEPS), default=DEFAULT_MEDIAN_STEPS, show_default=True, help="Steps of the quantile search (thesis Algorithm 1); each answering peer answers one.")
@@ -366,7 +369,7 @@ def experiment(
     dataset: str, data_dir: Path | None, spec_path: Path | None, train_path: Path | None, test_path: Path | None, test_fraction: float,
     epsilons: tuple[tuple[float, ...], ...], trials: int, plans: tuple[tuple[str, ...], ...], kp: tuple[tuple[int, ...], ...],
     ks: tuple[tuple[int, ...], ...], kh: tuple[tuple[int, ...], ...], quantiles: int | None, median_peers: str | None, pool: float,
-    median_steps: int, combiners: tuple[tuple[str, ...], ...], base: str, scoring: str, oracle: str, postprocess: str, features: str | None,
+    planner_trials: int, median_steps: int, combiners: tuple[tuple[str, ...], ...], base: str, scoring: str, oracle: str, postprocess: str, features: str | None,
     max_train_rows: int | None, seed: int, baselines: bool, json_path: Path | None, plot_path: Path | None, plot_x: str,
 ) -> None:
     """The thesis's chapter-8 experiments on DATASET, in process (no
@@ -381,7 +384,7 @@ def experiment(
             train = train.rows(np.sort(rng.choice(train.n_rows, size=max_train_rows, replace=False)))
         requests = plan_requests(
             spec, _flatten(plans), _flatten(kp), _flatten(ks), _flatten(kh), quantiles=quantiles, median_peers=median_peers,
-            median_steps=median_steps, pool=pool, oracle=oracle,
+            median_steps=median_steps, pool=pool, oracle=oracle, planner_trials=planner_trials,
         )
         eps_values = sorted(_flatten(epsilons))
         steps = trials * len(requests) * len(eps_values)

@@ -98,17 +98,19 @@ def test_smoke_on_a_subsample(tmp_path: Path, adult_dir: Path) -> None:
         shutil.copy(adult_dir / name, data / name)  # a user directory works like the shared one
     report_path, plot_path = tmp_path / "r.json", tmp_path / "r.png"
     code, output = run_cli(
-        "--data-dir", str(data), "--epsilon", "1", "4", "--trials", "2", "--plan", "split", "best",
+        "--data-dir", str(data), "--epsilon", "1,4", "--trials", "2", "--plan", "split,planner", "--planner-trials", "1",
         "--max-train-rows", "3000", "--json", str(report_path), "--plot", str(plot_path),
     )
     assert code == 0, output
     assert "logreg raw" in output and "exact histograms" in output
     report = json.loads(report_path.read_text())
     assert report["n_train"] == 3000 and report["n_test"] == 16281
-    assert {(r["plan"].split()[0], r["vote"], r["epsilon_total_requested"]) for r in report["results"]} == {
-        (p, v, e) for p in ("split", "best") for v in ("weighted", "soft") for e in (1.0, 4.0)
+    assert {(r["plan"].split()[0], r["combiner"], r["epsilon_total_requested"]) for r in report["results"]} == {
+        (p, c, e) for p in ("split", "planner") for c in ("weighted", "soft", "naive-bayes") for e in (1.0, 4.0)
     }
+    assert {entry["epsilon_total"] for entry in report["planner_choices"]} == {1.0, 4.0}
     for line in report["results"]:
+        # Record-level: every peer's ledger sums to at most the requested ε_T, and the costliest to it.
         assert line["epsilon_total"] == pytest.approx(line["epsilon_total_requested"])
         assert line["auc"]["n"] == 2 and 0.5 < line["auc"]["mean"] <= 1.0
     assert 0.85 < report["baselines"]["logreg raw"] < 0.95
@@ -119,7 +121,7 @@ def test_sweep_plots_put_the_swept_parameter_on_the_x_axis(tmp_path: Path) -> No
     from anonml.learning._experiment import plot_results
 
     lines = [
-        {"plan": f"split kp={k_p} kh=2 ks=3", "kind": "split", "vote": "soft", "k_p": k_p, "k_s": 3, "epsilon_total": 1.0,
+        {"plan": f"split kp={k_p} kh=2 ks=3", "kind": "split", "combiner": "soft", "k_p": k_p, "k_s": 3, "epsilon_total": 1.0,
          "epsilon_total_requested": 1.0, "auc": {"mean": 0.8 + k_p / 100, "std": 0.01}}
         for k_p in (2, 5, 8)
     ]
@@ -134,12 +136,13 @@ def test_median_steps_reach_every_plan() -> None:
     from anonml.learning._experiment import plan_requests
 
     spec = adult_spec()
-    for request in plan_requests(["one", "best"], [12], [1], [], "all", median_steps=4):
-        for oracle in ("auto", "grr"):
-            plan = request.build(spec, 32561, 2.0, bytes(16), oracle)
-            assert plan.median_steps == 4 and plan.median_peers == "all", (request, oracle)
-    default = plan_requests(["one"], [12], [1], [], "all")[0].build(spec, 32561, 2.0, bytes(16), "auto")
-    assert default.median_steps == 10
+    for request in plan_requests(spec, ["one", "planner"], [12], [1], [], quantiles=None, median_peers="all", median_steps=4, pool=0.1, oracle="auto"):
+        if request.choice is not None:
+            assert request.choice.median_steps == 4 and request.choice.median_peers == "all" and request.choice.quantiles == 1
+        else:
+            assert request.median_steps == 4
+    (default,) = plan_requests(spec, ["one"], [], [], [], quantiles=None, median_peers=None, median_steps=10, pool=0.1, oracle="auto")
+    assert default.choice is not None and (default.choice.median_peers, default.choice.quantiles, default.choice.k_p) == ("reserved", 3, 12)
 
 
 def test_the_adult_demo_names_an_experiment_at_its_own_parameters(tmp_path: Path, adult_dir: Path) -> None:
@@ -158,6 +161,43 @@ def test_the_adult_demo_names_an_experiment_at_its_own_parameters(tmp_path: Path
     code, output = run_cli(*command[3:], "--trials", "1", "--no-baselines", "--json", str(report_path))
     assert code == 0, output
     (line,) = json.loads(report_path.read_text())["results"]
-    assert (line["k_p"], line["k_s"], line["vote"]) == (params.k_p, params.k_s, "weighted")
+    assert (line["k_p"], line["k_s"], line["combiner"]) == (params.k_p, params.k_s, "weighted")
     assert (line["median_peers"], line["median_steps"]) == ("all", params.median_rounds)
     assert line["epsilon_total"] == pytest.approx(params.epsilon)
+
+
+@pytest.mark.parametrize("dataset", ["breast-cancer", "affairs"])
+def test_the_offline_tables_run_beside_logistic_regression(tmp_path: Path, dataset: str) -> None:
+    report_path = tmp_path / "r.json"
+    result = CliRunner().invoke(main, ["experiment", dataset, "--trials", "1", "--epsilon", "4", "--plan", "one", "--combiner", "naive-bayes", "--json", str(report_path)])
+    assert result.exit_code == 0, result.output
+    report = json.loads(report_path.read_text())
+    (line,) = report["results"]
+    assert line["epsilon_total"] == pytest.approx(4.0) and 0.5 < line["auc"]["mean"] <= 1.0
+    assert report["n_train"] + report["n_test"] == {"breast-cancer": 569, "affairs": 6366}[dataset]
+    assert 0.6 < report["baselines"]["logreg raw"] <= 1.0
+
+
+def test_any_csv_with_its_feature_spec(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    n = 3000
+    hours = rng.uniform(0, 80, n)
+    team = rng.choice(["red", "blue", "green"], n)
+    late = (rng.random(n) < np.where(hours > 45, 0.6, 0.15) * np.where(team == "red", 1.3, 0.8)).astype(int)
+    rows = ["hours,team,ignored,late"] + [f"{h:.1f},{t},x,{'yes' if y else 'no'}" for h, t, y in zip(hours, team, late)]
+    (tmp_path / "people.csv").write_text("\n".join(rows) + "\n")
+    (tmp_path / "spec.toml").write_text(
+        '[label]\nname = "late"\npositive = ["yes"]\n\n'
+        '[[features]]\nname = "hours"\ntype = "numeric"\nlow = 0\nhigh = 100\n\n'
+        '[[features]]\nname = "team"\ntype = "categorical"\ncategories = ["red", "blue", "green"]\n'
+    )
+    report_path = tmp_path / "r.json"
+    args = ["experiment", "csv", "--spec", str(tmp_path / "spec.toml"), "--train", str(tmp_path / "people.csv"), "--trials", "1", "--epsilon", "2", "--plan", "one", "--json", str(report_path)]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    report = json.loads(report_path.read_text())
+    assert report["n_train"] == 2100 and report["n_test"] == 900
+    assert all(line["auc"]["mean"] > 0.6 for line in report["results"])
+    (tmp_path / "bad.toml").write_text('[label]\nname = "late"\n')
+    result = CliRunner().invoke(main, [*args[:2], "--spec", str(tmp_path / "bad.toml"), *args[4:]])
+    assert result.exit_code != 0 and "feature spec" in result.output and "Traceback" not in result.output

@@ -8,7 +8,7 @@ import itertools
 import numpy as np
 import pytest
 
-from anonml.learning._adult import adult_spec
+from anonml.learning import adult_spec
 from anonml.protocol import (
     CategoricalFeature,
     FeatureSpec,

@@ -1,27 +1,41 @@
-"""The partition ensemble, the planner, and one private trial's bookkeeping."""
+"""The partition ensemble and its binners, naive Bayes, the published model,
+the planner, and one private trial's record-level bookkeeping."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 
 import numpy as np
 import pytest
 from sklearn.exceptions import NotFittedError
 from sklearn.linear_model import LogisticRegression
+from sklearn.metrics import roc_auc_score
+from sklearn.naive_bayes import CategoricalNB
+from sklearn.pipeline import make_pipeline
 from sklearn.utils.estimator_checks import parametrize_with_checks
 
 from anonml.learning import (
+    DataError,
     PartitionEnsemble,
+    PlanChoice,
+    QuantileBinner,
     SubsetHistogram,
+    Table,
     adult_spec,
+    candidate_choices,
     choose_plan,
+    clip_table,
+    estimate_histogram,
     exact_histogram,
-    plan_objective,
+    model_from_json,
+    model_to_json,
+    published_model,
     run_trial,
+    table_matrix,
 )
-from anonml.learning._data import Table
-from anonml.mechanisms import BudgetExceeded, QuantileSearch
+from anonml.mechanisms import BudgetExceeded, QuantileSearch, make_oracle
 from anonml.protocol import (
     CategoricalFeature,
     FeatureSpec,
@@ -29,13 +43,28 @@ from anonml.protocol import (
     NumericFeature,
     PlanError,
     ReleasePlan,
-    assign_partitions,
     row_keys,
 )
 
 
-@parametrize_with_checks([PartitionEnsemble(), PartitionEnsemble(base="tree", vote="soft", scoring="roc_auc")])
-def test_sklearn_estimator_checks(estimator: PartitionEnsemble, check: object) -> None:
+def _pipeline_fits_its_steps_in_place(estimator: object) -> dict[str, str]:
+    # scikit-learn's Pipeline fits the step objects it holds, which these
+    # checks read as mutating its ``steps`` parameter; not the ensemble's doing.
+    if not hasattr(estimator, "steps"):
+        return {}
+    return {name: "a Pipeline fits its steps in place" for name in ("check_estimators_overwrite_params", "check_dont_overwrite_parameters")}
+
+
+@parametrize_with_checks(
+    [
+        QuantileBinner(n_cuts=2),
+        make_pipeline(QuantileBinner(), PartitionEnsemble(random_state=0)),
+        make_pipeline(QuantileBinner(n_cuts=2), PartitionEnsemble(base="tree", combiner="soft", scoring="roc_auc", random_state=0)),
+        make_pipeline(QuantileBinner(n_cuts=3), PartitionEnsemble(combiner="naive-bayes")),
+    ],
+    expected_failed_checks=_pipeline_fits_its_steps_in_place,
+)
+def test_sklearn_estimator_checks(estimator: object, check: object) -> None:
     check(estimator)  # type: ignore[operator]
 
 
@@ -76,21 +105,49 @@ def test_exact_histograms_give_the_noise_free_ensemble() -> None:
     assert model.decision_function(cells) == pytest.approx(expected)
     assert np.array_equal(model.predict(cells), (expected >= 0).astype(int))
     assert model.predict_proba(cells)[:, 1] == pytest.approx((expected + 1) / 2)
-    soft = PartitionEnsemble(balance=False, vote="soft", random_state=0).fit_histograms(exact_members(X, y), n_bins=(2, 2, 2, 2))
+    soft = PartitionEnsemble(balance=False, combiner="soft", random_state=0).fit_histograms(exact_members(X, y), n_bins=(2, 2, 2, 2))
     assert soft.decision_function(cells) == pytest.approx(members @ soft.scores_ / soft.scores_.sum() - 0.5)
+
+
+def test_naive_bayes_on_exact_histograms_is_categorical_naive_bayes() -> None:
+    X, y = synthetic(6000, seed=9)
+    X[:, 1] += X[:, 3]  # a three-bin feature
+    n_bins = (2, 3, 2, 2)
+    histograms = [exact_histogram((j,), (n_bins[j],), X, y) for j in range(4)]
+    ours = PartitionEnsemble(combiner="naive-bayes", alpha=1e-9).fit_histograms(histograms, n_bins=n_bins)
+    reference = CategoricalNB(alpha=1e-9).fit(X, y)
+    log_proba = reference.predict_log_proba(X[:200])
+    assert ours.decision_function(X[:200]) == pytest.approx(log_proba[:, 1] - log_proba[:, 0], abs=1e-6)
+    assert ours.predict_proba(X[:5])[:, 1] == pytest.approx(reference.predict_proba(X[:5])[:, 1], abs=1e-6)
+
+
+def test_a_binary_column_is_split_between_its_two_values() -> None:
+    # Before: fit binned every column as x > median; a 0/1 column with 60%
+    # ones has median 1, so the column became constant (AUC 0.566 against
+    # 0.730 for that feature alone on the measured table).
+    rng = np.random.default_rng(3)
+    binary = (rng.random(20_000) < 0.6).astype(float)
+    y = (rng.random(20_000) < np.where(binary == 1, 0.45, 0.1)).astype(int)
+    noise = rng.normal(size=20_000)
+    raw = np.column_stack([binary, noise])
+    model = make_pipeline(QuantileBinner(), PartitionEnsemble(random_state=0)).fit(raw, y)
+    assert model.named_steps["quantilebinner"].cut_points_[0, 0] == 0.5
+    auc = roc_auc_score(y, model.decision_function(raw))
+    alone = roc_auc_score(y, binary)
+    assert auc == pytest.approx(alone, abs=0.01) and alone > 0.65
 
 
 def test_fit_on_rows_equals_fit_on_their_exact_histograms() -> None:
     rng = np.random.default_rng(2)
     raw = rng.normal(size=(3000, 4))
     y = (raw @ np.array([1.0, 0.5, -0.5, 0.0]) + rng.normal(size=3000) > 0).astype(np.int64)
-    by_rows = PartitionEnsemble(random_state=3).fit(raw, y)
-    assert by_rows.cut_points_ == pytest.approx(np.median(raw, axis=0))
-    binned = (raw > np.median(raw, axis=0)).astype(np.int64)
+    pipeline = make_pipeline(QuantileBinner(), PartitionEnsemble(random_state=3)).fit(raw, y)
+    binned = pipeline.named_steps["quantilebinner"].transform(raw)
+    assert np.all((binned == 0).mean(axis=0) == pytest.approx(0.5, abs=0.001))
     histograms = [exact_histogram((j,), (2,), binned, y) for j in range(4)]
     by_histograms = PartitionEnsemble(random_state=3).fit_histograms(histograms, n_bins=(2, 2, 2, 2))
-    assert np.array_equal(by_rows.scores_, by_histograms.scores_)
-    assert by_rows.decision_function(raw) == pytest.approx(by_histograms.decision_function(binned))
+    assert np.array_equal(pipeline.named_steps["partitionensemble"].scores_, by_histograms.scores_)
+    assert pipeline.decision_function(raw) == pytest.approx(by_histograms.decision_function(binned))
 
 
 def test_cross_validated_weights_rank_informative_members_first() -> None:
@@ -105,9 +162,9 @@ def test_cross_validated_weights_rank_informative_members_first() -> None:
 def test_sampled_training_is_reproducible_and_close_to_weighted() -> None:
     X, y = synthetic(20000, seed=5)
     histograms = exact_members(X, y)
-    first = PartitionEnsemble(training="sampled", vote="soft", random_state=7).fit_histograms(histograms, n_bins=(2,) * 4)
-    second = PartitionEnsemble(training="sampled", vote="soft", random_state=7).fit_histograms(histograms, n_bins=(2,) * 4)
-    weighted = PartitionEnsemble(vote="soft", random_state=7).fit_histograms(histograms, n_bins=(2,) * 4)
+    first = PartitionEnsemble(training="sampled", combiner="soft", random_state=7).fit_histograms(histograms, n_bins=(2,) * 4)
+    second = PartitionEnsemble(training="sampled", combiner="soft", random_state=7).fit_histograms(histograms, n_bins=(2,) * 4)
+    weighted = PartitionEnsemble(combiner="soft", random_state=7).fit_histograms(histograms, n_bins=(2,) * 4)
     assert np.array_equal(first.decision_function(X[:50]), second.decision_function(X[:50]))
     assert first.member_probabilities(X[:50]) == pytest.approx(weighted.member_probabilities(X[:50]), abs=0.05)
 
@@ -119,49 +176,18 @@ def test_predict_checks_fitted_and_bins() -> None:
     model = PartitionEnsemble().fit_histograms(exact_members(X, y), n_bins=(2,) * 4)
     with pytest.raises(ValueError, match=r"X\[0, 2\] = 5"):
         model.predict(np.array([[0, 0, 5, 0]]))
+    with pytest.raises(ValueError, match="bin indices"):
+        model.predict(np.array([[0, 0.5, 1, 0]]))
     with pytest.raises(ValueError, match="features"):
         model.predict(np.zeros((1, 3), dtype=int))
     with pytest.raises(ValueError, match="n_bins"):
         PartitionEnsemble().fit_histograms(exact_members(X, y), n_bins=(2, 3, 2, 2))
-    with pytest.raises(ValueError, match="vote"):
-        PartitionEnsemble(vote="majority").fit_histograms(exact_members(X, y), n_bins=(2,) * 4)
+    with pytest.raises(ValueError, match="combiner"):
+        PartitionEnsemble(combiner="majority").fit_histograms(exact_members(X, y), n_bins=(2,) * 4)
 
 
-def binary_spec(k_f: int) -> FeatureSpec:
-    return FeatureSpec(tuple(CategoricalFeature(f"f{i}", ("a", "b")) for i in range(k_f)), LabelSpec("y", ("1",), ("0",)))
-
-
-def test_planner_prefers_one_subset_per_peer_and_small_domains() -> None:
-    """The marginal-error objective: splitting the budget over k_h subsets
-    costs more than it pools, and larger subsets cost more than they pool."""
-    spec = binary_spec(6)
-    for eps in (0.5, 1.0, 4.0):
-        choice = choose_plan(spec, 20_000, eps, b"seed")
-        assert (choice.plan.kind, choice.plan.k_s, choice.plan.k_h) == ("one", 1, 1)
-        assert choice.plan.k_p == 6  # the objective is flat in k_p; ties go to the fewest histograms
-        assert choice.plan.epsilon_total == pytest.approx(eps)
-
-
-def test_planner_uses_disjoint_median_peers_when_there_are_numeric_features() -> None:
-    spec = FeatureSpec((NumericFeature("x", 0, 1), *binary_spec(5).features), LabelSpec("y", ("1",), ("0",)))
-    choice = choose_plan(spec, 20_000, 1.0, b"seed")
-    assert choice.plan.median_peers == "disjoint" and choice.plan.release_epsilon == pytest.approx(1.0)
-    thesis = choose_plan(spec, 20_000, 1.0, b"seed", kinds=("split",), median_peers=("all",))
-    assert plan_objective(spec, thesis.plan, 20_000) > choice.objective
-
-
-def test_planner_oracle_follows_the_domain_size() -> None:
-    """GRR wins for small domains at large ε; unary/subset encodings for large domains at small ε (thesis §7.3.4)."""
-    spec = binary_spec(8)
-    small = choose_plan(spec, 50_000, 4.0, b"s", k_s_values=(1,)).plan
-    large = choose_plan(spec, 50_000, 0.5, b"s", kinds=("one",), k_s_values=(7,)).plan
-    assert small.oracle == "grr"
-    assert large.oracle != "grr"
-
-
-def test_planner_reports_unsatisfiable_requests() -> None:
-    with pytest.raises(PlanError, match="no satisfiable plan"):
-        choose_plan(binary_spec(3), 10, 1.0, b"s")
+def tiny_spec() -> FeatureSpec:
+    return FeatureSpec((NumericFeature("age", 17, 90), CategoricalFeature("sex", ("M", "F"))), LabelSpec("rich", ("yes",), ("no",)))
 
 
 def tiny_table(n: int, seed: int) -> Table:
@@ -172,36 +198,95 @@ def tiny_table(n: int, seed: int) -> Table:
     return Table({"age": age, "sex": sex}, np.where(rich == 1, "yes", "no"))
 
 
-def test_a_private_trial_records_the_plans_cost_and_beats_chance() -> None:
-    spec = FeatureSpec((NumericFeature("age", 17, 90), CategoricalFeature("sex", ("M", "F"))), LabelSpec("rich", ("yes",), ("no",)))
+def test_the_published_model_is_json_and_predicts_the_same() -> None:
+    spec = tiny_spec()
+    train = tiny_table(3000, 1)
+    X = spec.bin_columns(train.columns, {"age": [40.0]})
+    y = spec.label.encode(train.labels)
+    histograms = [exact_histogram((j,), (2,), X, y) for j in range(2)]
+    for combiner in ("weighted", "soft", "naive-bayes"):
+        ensemble = PartitionEnsemble(combiner=combiner, random_state=0).fit_histograms(histograms, n_bins=spec.n_bins)
+        model = published_model(spec, {"age": [40.0]}, ensemble)
+        rows = table_matrix(spec, train)
+        text = model_to_json(model)
+        assert json.loads(text)["format"] == "anonml-model/1"
+        again = model_from_json(text)
+        assert again.decision_function(rows) == pytest.approx(model.decision_function(rows))
+        assert again.decision_function(rows) == pytest.approx(ensemble.decision_function(X))
+    bad = json.loads(text)
+    bad["n_bins"] = [2, 5]
+    for document in (json.dumps(bad), "{}", "not json", json.dumps({**json.loads(text), "format": "pickle"})):
+        with pytest.raises(DataError, match="model"):
+            model_from_json(document)
+
+
+def test_one_histogram_estimator_from_reports_or_encoded_reports() -> None:
+    spec = tiny_spec()
+    oracle = make_oracle("oue", 1.0, spec.domain_size(("age", "sex")))
+    rng = np.random.default_rng(0)
+    reports = oracle.privatize(rng.integers(0, oracle.m, 500), rng)
+    from_array = estimate_histogram(spec, ("age", "sex"), oracle, reports, partition=2)
+    from_blobs = estimate_histogram(spec, ("age", "sex"), oracle, oracle.encode_reports(reports), partition=2)
+    assert from_array.counts == pytest.approx(from_blobs.counts) and from_array.counts.sum() == pytest.approx(500)
+    assert from_array.partition == 2 and from_array.noise_sd == pytest.approx(math.sqrt(oracle.variance(500) / oracle.m))
+
+
+def test_values_outside_the_public_bounds_are_clipped_and_counted() -> None:
+    table = Table({"age": np.array([10.0, 30.0, 95.0, 90.0]), "sex": np.array(["M", "F", "M", "F"])}, np.array(["yes", "no", "no", "no"]))
+    clipped, counts = clip_table(tiny_spec(), table)
+    assert clipped.columns["age"].tolist() == [17.0, 30.0, 90.0, 90.0] and counts == {"age": 2}
+
+
+def test_a_private_trial_records_every_release_and_beats_chance() -> None:
+    spec = tiny_spec()
     train, test = tiny_table(20_000, 1), tiny_table(5_000, 2)
-    plan = ReleasePlan.build(kind="one", features=spec.names, numeric_features=spec.numeric_names, k_p=4, k_h=1, k_s=1, epsilon_total=2.0, seed=b"trial", median_peers="disjoint")
-    result = run_trial(spec, train, test, plan, np.random.default_rng(0), ensembles=[{"vote": "weighted"}, {"vote": "soft"}])
-    # Recorded from the queries actually made, in one ledger per partition.
+    plan = ReleasePlan.build(kind="one", features=spec.names, numeric_features=spec.numeric_names, k_p=4, k_h=1, k_s=1, epsilon_total=2.0, seed=b"trial", median_peers="reserved", comparison_pool=0.2)
+    result = run_trial(spec, train, test, plan, np.random.default_rng(0), combiners=("weighted", "soft", "naive-bayes"))
+    # One release per peer at the full budget, recorded from the queries made.
     assert result.epsilon_total == pytest.approx(plan.epsilon_total) == pytest.approx(2.0)
-    thesis = ReleasePlan.build(kind="split", features=spec.names, numeric_features=spec.numeric_names, k_p=3, k_h=2, k_s=1, epsilon_total=1.0, seed=b"t")
+    assert result.per_attribute == pytest.approx(2.0)
+    thesis = ReleasePlan.build(kind="split", features=spec.names, numeric_features=spec.numeric_names, k_p=3, k_h=2, k_s=1, epsilon_total=1.0, seed=b"t", median_peers="all")
     assert run_trial(spec, train, test, thesis, np.random.default_rng(1), epsilon_budget=1.0).epsilon_total == pytest.approx(1.0)
-    overspending = dataclasses.replace(thesis, release_epsilon=0.6)  # label: 2 x 0.6 > 1
+    # Eq. 7.4 would have accepted this plan at 1.0 (max(0.5 + 0.5, 2 x 0.5)); the record-level ledger refuses it.
+    overspending = dataclasses.replace(thesis, release_epsilon=0.5, median_epsilon=0.5)
     with pytest.raises(BudgetExceeded):
         run_trial(spec, train, test, overspending, np.random.default_rng(1), epsilon_budget=1.0)
     assert sum(result.oracles.values()) == 4
-    # Algorithm 1's error bound, as in test_mechanisms_quantiles: while the
-    # estimate's "greater" fraction is further than the margin + 4.5 sd from
-    # 1/2 the search moves towards it; ages are uniform on [17, 90], so a
-    # fraction error is 73 times that in years.
-    groups = plan.median_groups("age", assign_partitions(plan.seed, row_keys(train.n_rows), plan.k_p))
+    # Algorithm 1's error bound (as in test_mechanisms_quantiles): ages are
+    # uniform on [17, 90], so a fraction error is 73 times that in years.
+    groups = plan.median_groups("age", plan.assign(row_keys(train.n_rows)))
     search = QuantileSearch(17.0, 90.0, plan.median_epsilon)
     keep = math.exp(plan.median_epsilon) / (1 + math.exp(plan.median_epsilon))
     smallest = min(len(g) for g in groups)
     sd = math.sqrt(keep * (1 - keep)) / ((2 * keep - 1) * math.sqrt(smallest))
     bound = 73.0 * (search.margin_of_error(smallest) + 4.5 * sd) + 73.0 / 2 ** (len(groups) + 1)
-    assert abs(result.cut_points["age"][0] - float(np.median(train.columns["age"]))) <= bound < 10.0
-    assert all(auc > 0.6 for auc in result.aucs)
+    assert abs(result.cut_points["age"][0] - float(np.median(train.columns["age"]))) <= bound < 15.0
+    assert all(auc > 0.6 for auc in result.aucs.values())
     exact = run_trial(spec, train, test, plan, np.random.default_rng(0), noise_free=True)
-    assert exact.epsilon_total == 0.0 and exact.cut_points["age"] == [float(np.median(train.columns["age"]))]
+    assert exact.epsilon_total == 0.0 and abs(exact.cut_points["age"][0] - float(np.median(train.columns["age"]))) <= 0.5
 
 
-def test_adult_spec_is_all_binary_and_drops_redundant_columns() -> None:
+def binary_spec(k_f: int) -> FeatureSpec:
+    return FeatureSpec(tuple(CategoricalFeature(f"f{i}", ("a", "b")) for i in range(k_f)), LabelSpec("y", ("1",), ("0",)))
+
+
+def test_the_planner_returns_a_choice_a_round_can_build_at_the_budget() -> None:
+    spec = FeatureSpec((NumericFeature("x", 0, 10), *binary_spec(5).features), LabelSpec("y", ("1",), ("0",)))
+    grid = candidate_choices(spec, 6000, quantiles=(1, 2))
+    assert {c.kind for c in grid} == {"one", "split"} and {c.quantiles for c in grid} == {1, 2}
+    choice = choose_plan(spec, 6000, 2.0, candidates=grid, trials=1)
+    assert dataclasses.replace(choice, combiner="naive-bayes", simulated_auc=math.nan).to_dict().keys() == PlanChoice(**choice.to_dict()).to_dict().keys()
+    assert any(dataclasses.replace(c, combiner=choice.combiner, simulated_auc=choice.simulated_auc) == choice for c in grid)
+    assert 0.5 < choice.simulated_auc <= 1.0
+    plan = choice.build(choice.spec_for(spec), 2.0, b"round seed")
+    assert plan.epsilon_total == pytest.approx(2.0)
+    assert choose_plan(spec, 6000, 2.0, candidates=grid, trials=1) == choice  # deterministic
+    with pytest.raises(PlanError, match="no satisfiable plan"):
+        choose_plan(binary_spec(3), 10, 1.0)
+
+
+def test_adult_spec_comes_from_its_feature_spec_file() -> None:
     spec = adult_spec()
     assert set(spec.n_bins) == {2} and len(spec.names) == 12
     assert "education" not in spec.names and "fnlwgt" not in spec.names
+    assert set(adult_spec(3).with_quantiles(3).n_bins) == {2, 4}
