@@ -74,7 +74,7 @@ def table_matrix(spec: FeatureSpec, table: Table) -> npt.NDArray[np.object_]:
     return np.column_stack([np.asarray(table.column(name)).astype(object) for name in spec.names])
 
 
-def bin_table(spec: FeatureSpec, table: Table, cut_points: Mapping[str, Sequence[float]]) -> tuple[IntArray, IntArray]:
+def bin_table(spec: FeatureSpec, table: Table, cut_points: Mapping[str, Sequence[float] | FloatArray]) -> tuple[IntArray, IntArray]:
     """``(X, y)``: bin indices ``(n, k_f)`` in feature order and 0/1 labels."""
     columns = {name: table.column(name) for name in spec.names}
     return spec.bin_columns(columns, {k: list(v) for k, v in cut_points.items()}), spec.label.encode(table.labels)
@@ -132,4 +132,5 @@ class QuantileBinner(TransformerMixin, BaseEstimator):
     def transform(self, X: npt.ArrayLike) -> IntArray:
         check_is_fitted(self)
         data = validate_data(self, X, dtype=np.float64, reset=False)
-        return np.sum(data[:, None, :] > self.cut_points_[None, :, :], axis=1).astype(np.int64)
+        bins: IntArray = np.sum(data[:, None, :] > self.cut_points_[None, :, :], axis=1).astype(np.int64)
+        return bins

@@ -51,12 +51,12 @@ PLANNER = "planner"
 CSV = "csv"
 
 
-class ListOf(click.ParamType):
+class ListOf(click.ParamType):  # type: ignore[type-arg]
     """A comma- or space-separated list of values of ``item`` in one
     argument (``--epsilon 0.5,1,2`` or ``--epsilon "0.5 1 2"``); with
     ``multiple=True`` the flag may also repeat."""
 
-    def __init__(self, item: click.ParamType) -> None:
+    def __init__(self, item: click.ParamType) -> None:  # type: ignore[type-arg]
         self.item = item
         self.name = f"list of {item.name}"
 
@@ -284,7 +284,7 @@ def print_results(report: dict[str, Any]) -> None:
     console.print(table)
     for entry in report["planner_choices"]:
         console.print(f"planner at ε_T={entry['epsilon_total']:g}: {entry['kind']} kp={entry['k_p']} ks={entry['k_s']} q={entry['quantiles']} "
-                      f"{entry['median_peers']} pool={entry['comparison_pool']:g}, {entry['combiner']} (simulated AUC {entry['simulated_auc']:.4f})")
+                      f"{entry['median_peers']} pool={entry['comparison_pool']:g}, {entry['combiner']} (simulated AUC {entry['simulated_auc'] or 0:.4f})")
     base = RichTable(title="Baselines (same run and split, no privacy)")
     base.add_column("model")
     base.add_column("AUC", justify="right")

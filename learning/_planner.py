@@ -68,7 +68,7 @@ class PlanChoice:
     median_steps: int
     combiner: str
     oracle: str = "auto"
-    simulated_auc: float = math.nan
+    simulated_auc: float | None = None  # set by choose_plan
 
     def spec_for(self, spec: FeatureSpec) -> FeatureSpec:
         """``spec`` with this choice's cut points per numeric feature."""

@@ -13,6 +13,7 @@ from importlib import resources
 from pathlib import Path
 
 import numpy as np
+import numpy.typing as npt
 
 from anonml.learning._data import DataError, Table, load_adult, split_table
 from anonml.protocol import FeatureSpec
@@ -42,7 +43,7 @@ def _breast_cancer() -> Table:
     from sklearn.datasets import load_breast_cancer
 
     data = load_breast_cancer()
-    columns = {str(name): np.asarray(data.data[:, j], dtype=np.float64) for j, name in enumerate(data.feature_names)}
+    columns: dict[str, npt.NDArray[np.generic]] = {str(name): np.asarray(data.data[:, j], dtype=np.float64) for j, name in enumerate(data.feature_names)}
     # scikit-learn's target 0 is malignant, 1 benign.
     labels = np.where(data.target == 0, "malignant", "benign")
     return Table(columns, labels)
@@ -52,7 +53,7 @@ def _affairs() -> Table:
     from statsmodels.datasets import fair
 
     frame = fair.load_pandas().data
-    columns = {
+    columns: dict[str, npt.NDArray[np.generic]] = {
         name: np.asarray(frame[name], dtype=np.float64)
         for name in ("rate_marriage", "age", "yrs_married", "children", "religious", "educ")
     }

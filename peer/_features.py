@@ -71,7 +71,8 @@ def _label_function(spec: FeatureSpec) -> Callable[[Dataset], int]:
         value = dataset.latest(label.name).fields[label.name]
         if value in label.positive:
             return 1
-        if value in label.negative:
+        # A spec without negative values counts every other value as negative.
+        if label.negative is None or value in label.negative:
             return 0
         raise FeatureError(
             f"label {label.name!r}{_where(dataset, label.name)}: {value!r} is neither positive "

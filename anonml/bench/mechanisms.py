@@ -86,9 +86,8 @@ def scale(n: int, seed: int) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     for m in SCALE_DOMAINS:
         values = rng.integers(0, m, size=n)
-        seconds, peak = _measure(lambda: np.bincount(values, minlength=m))
-        baseline = {"m": m, "oracle": "baseline: np.bincount", "seconds": seconds, "peak_bytes": peak}
-        rows.append(baseline)
+        base_seconds, base_peak = _measure(lambda: np.bincount(values, minlength=m))
+        rows.append({"m": m, "oracle": "baseline: np.bincount", "seconds": base_seconds, "peak_bytes": base_peak})
         auto = make_oracle(OracleName.AUTO, SCALE_EPSILON, m, n=n).name
         for name in ORACLE_NAMES:
             if name == OracleName.AUTO:
@@ -113,8 +112,8 @@ def scale(n: int, seed: int) -> list[dict[str, Any]]:
 
             seconds, peak = _measure(run)
             rows.append({
-                **row, "seconds": seconds, "peak_bytes": peak, "time_ratio": seconds / baseline["seconds"],
-                "memory_ratio": peak / baseline["peak_bytes"],
+                **row, "seconds": seconds, "peak_bytes": peak, "time_ratio": seconds / base_seconds,
+                "memory_ratio": peak / base_peak,
             })
     return rows
 
