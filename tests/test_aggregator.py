@@ -418,23 +418,28 @@ async def test_full_round_in_process_learns_and_reports(tmp_path: Path, autojump
     assert report["medians"]["size"] > 5.0
     assert sum(report["accepted_by_survey"].values()) == 12
     assert report["privacy"]["eps_total_local"] == state.manifest.eps_total
-    assert (directory / "model.pickle").is_file() and (directory / "report.html").is_file()
+    assert (directory / "model.json").is_file() and (directory / "report.html").is_file()
     assert report["utility"]["rows"] == 12 and 0.0 <= report["utility"]["auc"] <= 1.0
+    # The published model is plain JSON that rebuilds the same scores (no pickle).
+    from anonml.learning import model_from_json, read_csv_table, table_matrix
+
+    model = model_from_json((directory / "model.json").read_text())
+    held_out = read_csv_table(test_file, state.spec)
+    assert model.decision_function(table_matrix(state.spec, held_out)).shape == (12,)
 
 
 def test_malformed_test_file_names_its_line(tmp_path: Path) -> None:
-    from anonml.aggregator._report import read_labelled_csv
-    from anonml.learning._data import DataError
+    from anonml.learning import DataError, read_csv_table
     from anonml.protocol import FeatureSpec
 
     spec = FeatureSpec.from_dict({"features": spec_document()["task"]["features"], "label": spec_document()["task"]["label"]})
     path = tmp_path / "bad.csv"
     path.write_text("colour,shape,y\nred,round,1\ngreen,,0\n")
     with pytest.raises(DataError, match=r"bad.csv:3: empty field 'shape'"):
-        read_labelled_csv(path, spec)
+        read_csv_table(path, spec)
     path.write_text("colour,y\nred,1\n")
     with pytest.raises(DataError, match="header lacks"):
-        read_labelled_csv(path, spec)
+        read_csv_table(path, spec)
 
 
 def test_worker_processes_verify_and_issue_as_the_thread_does(tmp_path: Path) -> None:
