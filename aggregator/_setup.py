@@ -49,7 +49,7 @@ def build_schedule(spec: RoundSpec, start: int) -> RoundSchedule:
 
 
 def worst_case_epsilon(spec: FeatureSpec, k_h: int, k_s: int, eps_median: float, eps_data: float, median_rounds: int) -> float:
-    """ε_T to promise in the manifest: eq. 7.4 of :func:`protocol.worst_case_releases`.
+    """ε_T to promise in the manifest: the record-level sum of :func:`protocol.worst_case_releases`.
 
     Peers check the same releases against their ledger before consenting, so
     the promise and the consent follow one rule.

@@ -142,7 +142,7 @@ plan = "split"              # or "one"
 learner = "logreg"          # or "tree"
 
 [privacy]
-eps_total = 4.0             # promised to each peer (thesis eq. 7.4), median answers included
+eps_total = 4.0             # promised to each peer, record level: the sum over every release, median bits included
 oracle = "auto"             # or one of: {ORACLES}
 median_share = 0.5          # optional: share of eps_total for the median search
 

@@ -2,7 +2,10 @@
 
 Issue 6: the peer is shown which features, binned how, perturbed with which
 mechanism, in how many packets, and what epsilon the round costs against its
-ledger (thesis eq. 7.4), before anything is spent.
+ledger, before anything is spent. The epsilon is record level (issue 11,
+DESIGN.md §8): the sum over every release, each comparison bit and each
+subset report; the thesis's eq. 7.4 appears only as a labelled per-attribute
+figure beside it.
 """
 
 from __future__ import annotations
@@ -10,8 +13,9 @@ from __future__ import annotations
 import math
 
 from anonml.display import epsilon_in_words, local_time
+from anonml.mechanisms import per_attribute_epsilon, releases_from
 from anonml.peer._framework import FeatureVector
-from anonml.peer._join import planned_releases
+from anonml.peer._join import releases_still_to_make
 from anonml.peer._ledger import PeerLedger
 from anonml.peer._store import PeerStore
 from anonml.protocol._features import CategoricalFeature, FeatureSpec, NumericFeature
@@ -36,14 +40,24 @@ def _binning(spec: FeatureSpec, name: str) -> str:
 
 
 def describe_release(signed: SignedManifest, spec: FeatureSpec, vector: FeatureVector, store: PeerStore, peer: bytes) -> tuple[str, float]:
-    """The text shown before consent, and the worst-case eq. 7.4 epsilon of the round."""
+    """The text shown before consent, and the worst-case record-level epsilon of the round.
+
+    The cost is what this round's ledger already holds plus what the round
+    can still ask for (:func:`releases_still_to_make`), so a peer resuming
+    after it spent sees each release counted once.
+    """
     manifest: RoundManifest = signed.manifest
     schedule = manifest.schedule
     geometry = manifest.sphinx_geometry()
-    medians, subsets = planned_releases(manifest, spec)
     ledger = PeerLedger(store, peer, signed.round_id, manifest.eps_total)
+    medians, subsets = releases_still_to_make(manifest, spec, store.spends(peer, signed.round_id))
     cost = ledger.total_after(medians=medians, subsets=subsets)
-    earlier = sorted({SurveyId.from_bytes(s.survey).round_id for s in store.spends(peer)} - {signed.round_id})
+    per_attribute = per_attribute_epsilon([*ledger.releases(), *releases_from(medians, subsets)])
+    earlier: dict[bytes, float] = {}
+    for spend in store.spends(peer):
+        round_id = SurveyId.from_bytes(spend.survey).round_id
+        if round_id != signed.round_id:
+            earlier[round_id] = earlier.get(round_id, 0.0) + spend.epsilon
     lines = [
         f"Round {manifest.name!r} ({signed.round_id.hex()[:16]}…) at {manifest.aggregator_url}",
         f"  task: predict {manifest.label!r}; your label is {vector.label} (computed here from your file).",
@@ -55,26 +69,37 @@ def describe_release(signed: SignedManifest, spec: FeatureSpec, vector: FeatureV
         lines.append(f"  - {name} = {vector.features[name]!r}, shared only as {_binning(spec, name)}")
     lines += ["", "What leaves this machine, each as one fixed-size packet "
               f"({geometry.packet_size} bytes) through {manifest.path_length} relays, unlinkable to you:"]
+    if ledger.releases():
+        lines.append(
+            f"  - already sealed in an earlier run and recorded in your ledger: {len(ledger.releases())} release(s), "
+            f"epsilon {ledger.spent():.4g}; they are re-sent unchanged, never made again"
+        )
     if medians and manifest.median_rounds:
         flip = 1 / (1 + math.exp(manifest.eps_median))
         lines.append(
             f"  - at most 1 median answer (only if your partition is queried, between {_when(schedule.median[0].t_s)} "
             f"and {_when(schedule.median[-1].send_end)}): one bit per numeric feature "
             f"({', '.join(spec.numeric_names)}), 'is my value above the threshold', each flipped with "
-            f"probability {flip:.3f} (random response, epsilon {manifest.eps_median:g} per feature)"
+            f"probability {flip:.3f} (random response, epsilon {manifest.eps_median:g} per bit)"
         )
-    lines.append(
-        f"  - {manifest.k_h} data packet(s), sent at random times between {_when(schedule.data.t_s)} and "
-        f"{_when(schedule.data.send_end)}: each holds {manifest.k_s} of the features above (chosen by the round's "
-        f"public seed) and your label, binned, encoded as one value and perturbed with the "
-        f"{manifest.oracle!r} frequency oracle at epsilon {manifest.eps_data:g}"
-    )
+    if subsets:
+        lines.append(
+            f"  - {len(subsets)} data packet(s), sent at random times between {_when(schedule.data.t_s)} and "
+            f"{_when(schedule.data.send_end)}: each holds {manifest.k_s} of the features above (chosen by the round's "
+            f"public seed) and your label, binned, encoded as one value and perturbed with the "
+            f"{manifest.oracle!r} frequency oracle at epsilon {manifest.eps_data:g}"
+        )
     lines += [
         "",
-        f"Privacy cost (thesis eq. 7.4): at most epsilon {cost:.4g} of the {manifest.eps_total:g} this round promises"
-        f" (this round's ledger already holds {ledger.spent():.4g}).",
+        f"Privacy cost (record level: the sum of the epsilon of every release above): at most epsilon {cost:.4g}"
+        f" of the {manifest.eps_total:g} this round promises (this round's ledger already holds {ledger.spent():.4g}).",
         "  " + epsilon_in_words(cost),
+        f"  (Per-attribute figure, thesis eq. 7.4: {per_attribute:.4g}. It is the most any one feature or the label"
+        " costs, not a bound on what your record reveals.)",
     ]
     if earlier:
-        lines.append(f"  Your ledger also records releases in {len(earlier)} earlier round(s); epsilons add up across rounds.")
+        lines.append(
+            f"  Your ledger also records releases in {len(earlier)} earlier round(s), epsilon "
+            f"{math.fsum(earlier.values()):.4g} in all; epsilons add up across rounds."
+        )
     return "\n".join(lines), cost

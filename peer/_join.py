@@ -55,7 +55,7 @@ from anonml.peer._features import RoundPipeline
 from anonml.peer._framework import FeatureVector
 from anonml.peer._identity import PeerIdentity
 from anonml.peer._ledger import PeerLedger
-from anonml.peer._store import EquivocationProof, PeerStore
+from anonml.peer._store import EquivocationProof, PeerStore, Spend
 from anonml.peer._transport import PacketTransport
 from anonml.protocol import (
     AckStatus,
@@ -470,13 +470,32 @@ def planned_releases(manifest: RoundManifest, spec: FeatureSpec) -> tuple[dict[s
     """The worst case a peer of this round can be asked for, before partitions are known.
 
     :func:`protocol.worst_case_releases` with this manifest's parameters, the
-    same rule the aggregator's promised ``eps_total`` comes from; its eq. 7.4
-    total is what the peer is asked to accept.
+    same rule the aggregator's promised ``eps_total`` comes from; their
+    record-level sum is what the peer is asked to accept.
     """
     return worst_case_releases(
         spec, k_h=manifest.k_h, k_s=manifest.k_s, eps_median=manifest.eps_median,
         eps_data=manifest.eps_data, median_rounds=manifest.median_rounds,
     )
+
+
+def releases_still_to_make(
+    manifest: RoundManifest, spec: FeatureSpec, spent: Sequence[Spend]
+) -> tuple[dict[str, float], list[tuple[tuple[str, ...], float]]]:
+    """:func:`planned_releases` less what this round's ledger already holds (``spent``).
+
+    A peer resuming after it spent re-sends the messages it sealed, never new
+    ones (:meth:`PeerRound.stored_outgoing`), so each recorded release stands
+    for one planned one: its median answer for the median answer, each subset
+    report for one subset slot. Counting the planned releases again on top of
+    the ledger would state (and check) twice what the round costs.
+    """
+    medians, subsets = planned_releases(manifest, spec)
+    if any(not spend.label for spend in spent):
+        medians = {}
+    # Subset slots are listed worst first; the ones already sent replace the last.
+    reports = sum(1 for spend in spent if spend.label)
+    return medians, subsets[: max(len(subsets) - reports, 0)]
 
 
 def check_manifest_unchanged(peer: Peer, signed: SignedManifest, aggregator: str) -> None:
@@ -818,12 +837,11 @@ async def join_round(
     """
     async with session.slots:
         run = PeerRound(peer, session, signed, pipeline, listener)
-        medians, subsets = planned_releases(run.manifest, run.spec)
+        medians, subsets = releases_still_to_make(run.manifest, run.spec, run.peer.store.spends(run.key, run.round_id))
         try:
             run.ledger.check(medians=medians, subsets=subsets)
         except BudgetExceeded as exc:
-            if not run.peer.store.spends(run.key, run.round_id):
-                raise JoinRefused("budget", str(exc)) from None
+            raise JoinRefused("budget", str(exc)) from None
     await run.register()
     partition, _, my_subsets = await run.partition()
     run.credential = await run.obtain_credential(partition)

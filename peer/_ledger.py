@@ -1,16 +1,17 @@
-"""The peer's privacy ledger: eq. 7.4 accounting made durable.
+"""The peer's privacy ledger: record-level accounting made durable.
 
 :class:`mechanisms.PrivacyLedger` decides whether a release fits the round's
-promised ``ε_T`` (thesis §7.4, eq. 7.4); :class:`PeerLedger` rebuilds it from
-the peer's SQLite store and commits every release there *before* the packet
-carrying it is sent, so a crash can never leave a release unaccounted.
+promised ``ε_T``, the SUM of the ε of every release (DESIGN.md §8);
+:class:`PeerLedger` rebuilds it from the peer's SQLite store and commits
+every release there *before* the packet carrying it is sent, so a crash can
+never leave a release unaccounted and a restarted peer can never spend again.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from anonml.mechanisms import BudgetExceeded, PrivacyLedger
+from anonml.mechanisms import BudgetExceeded, PrivacyLedger, Release
 from anonml.peer._store import PeerStore, Spend
 from anonml.protocol._survey import SurveyId
 
@@ -37,7 +38,12 @@ class PeerLedger:
         return self._ledger.epsilon_total
 
     def spent(self) -> float:
+        """The record-level ε of this round's releases so far."""
         return self._ledger.spent()
+
+    def releases(self) -> list[Release]:
+        """This round's recorded releases, in order."""
+        return self._ledger.releases
 
     def total_after(self, *, medians: dict[str, float], subsets: Sequence[tuple[Sequence[str], float]]) -> float:
         return self._ledger.total_after(medians=medians, subsets=subsets)

@@ -105,7 +105,7 @@ class Registration:
 @dataclass(frozen=True)
 class Spend:
     """One release recorded in the ledger: which survey, which features (and
-    whether the label), at what epsilon (thesis eq. 7.4 sums these)."""
+    whether the label), at what epsilon (a round's releases sum to the peer's record-level epsilon)."""
 
     survey: bytes
     features: tuple[str, ...]

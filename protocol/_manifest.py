@@ -153,9 +153,10 @@ class RoundManifest:
 
     ``features`` is the feature-spec dict of ``protocol._features`` (kept as
     plain JSON here so the manifest hash depends only on its canonical form).
-    ``eps_median`` is the budget of one median answer per numeric feature,
-    ``eps_data`` the budget of one data subset, ``eps_total`` the total
-    promised to each peer (thesis eq. 7.4). ``oracle`` is a frequency-oracle
+    ``eps_median`` is the budget of one comparison bit of a median answer
+    (one bit per numeric feature), ``eps_data`` the budget of one data subset,
+    ``eps_total`` the record-level total promised to each peer: the sum over
+    every release it can be asked for (DESIGN.md §8, issue 11). ``oracle`` is a frequency-oracle
     name or ``"auto"`` (the policy of DESIGN.md §8).
     """
 

@@ -215,19 +215,19 @@ def worst_case_releases(
     Returns ``(medians, subsets)`` in the form ``mechanisms.total_epsilon``
     takes: every numeric feature answered at ``eps_median`` (if the round has
     a median phase, ``median_rounds > 0``) and ``k_h`` subset releases of
-    ``k_s`` features at ``eps_data``. The aggregator promises the eq. 7.4
-    total of exactly this as the manifest's ε_T, and each peer checks the same
-    total against its ledger before consenting, so both sides must use this
+    ``k_s`` features at ``eps_data``. The aggregator promises the record-level
+    sum of exactly this as the manifest's ε_T, and each peer checks the same
+    sum against its ledger before consenting, so both sides must use this
     one rule.
 
     Why this is the worst case: the subsets a peer sends come from the seed
     (DESIGN.md §3 step 3), which stays secret until registration closes, so
-    neither the promise nor the consent can depend on them. A peer's ``k_h``
-    subsets are disjoint (thesis §6.1), so each feature is released at most
-    once; under eq. 7.4 (``ε_f^i = ε_h + ε_e^i``, ``ε_l = Σ_j ε_h^j``, total
-    the max) the worst deal is the one whose subsets hold the costliest
-    features, i.e. the numeric ones that also paid for the median search.
-    The label's ``k_h·eps_data`` does not depend on the deal at all.
+    neither the promise nor the consent can depend on them. The record-level
+    sum does not depend on the deal at all (every subset report costs
+    ``eps_data``); the features are ordered so that the secondary eq. 7.4
+    figure (``ε_f^i = ε_h + ε_e^i``, ``ε_l = Σ_j ε_h^j``, the max) is also the
+    worst deal's: subsets holding the numeric features that also paid for the
+    median search.
 
     A manifest asking for more subset slots than there are features
     (``k_h·k_s > k_f``) cannot be dealt at all: :func:`derive_subsets` refuses

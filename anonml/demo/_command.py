@@ -24,7 +24,7 @@ from anonml.demo._summary import exit_code, experiment_command, print_summary
 @click.option("--peers", type=click.IntRange(min=4), default=None, help="How many peers (default: every training row).")
 @click.option("--dataset", type=click.Choice(["breast-cancer", "adult"]), default="breast-cancer", show_default=True)
 @click.option("--data-dir", type=click.Path(path_type=Path), default=None, help="Directory with adult.data and adult.test (for --dataset adult).")
-@click.option("--epsilon", type=click.FloatRange(min=0, min_open=True), default=2.0, show_default=True, help="Total epsilon promised to each peer (eq. 7.4).")
+@click.option("--epsilon", type=click.FloatRange(min=0, min_open=True), default=2.0, show_default=True, help="Record-level epsilon promised to each peer (the sum over every release).")
 @click.option("--workers", type=click.IntRange(min=1), default=2, show_default=True, help="Peer worker processes.")
 @click.option("--work-dir", type=click.Path(path_type=Path), default=None, help="Keep every process's files here (default: a new temporary directory).")
 @click.option("--seed", type=int, default=0, show_default=True)

@@ -197,7 +197,10 @@ def print_summary(console: Any, summary: dict[str, Any], params: DemoParams) -> 
     table.add_row("rejected by reason", ", ".join(f"{k}: {v}" for k, v in sorted(summary["rejected"].items())) or "none")
     table.add_row("dropped by relays", ", ".join(f"{k}: {v}" for k, v in sorted(summary["relay_drops"].items())) or "none")
     promised = (summary["report"].get("privacy") or {}).get("eps_total_local", params.epsilon)
-    table.add_row("epsilon per peer, local (eq. 7.4)", f"max {summary['epsilon_local_max']:.3g}, promised {promised:.3g}")
+    table.add_row("epsilon per peer, local, record level (ledger sums)", f"max {summary['epsilon_local_max']:.3g}, promised {promised:.3g}")
+    per_attribute = (summary["report"].get("privacy") or {}).get("eps_per_attribute_secondary")
+    if per_attribute is not None:
+        table.add_row("per-attribute figure (thesis eq. 7.4, secondary)", f"{per_attribute:.3g}")
     central = (summary["report"].get("privacy") or {}).get("central_per_survey") or {}
     if "epsilon" in central:
         # Each data report hides among its partition's n unlinkable reports
