@@ -57,7 +57,7 @@ def describe_release(signed: SignedManifest, spec: FeatureSpec, vector: FeatureV
     for spend in store.spends(peer):
         round_id = SurveyId.from_bytes(spend.survey).round_id
         if round_id != signed.round_id:
-            earlier[round_id] = earlier.get(round_id, 0.0) + spend.epsilon
+            earlier[round_id] = earlier.get(round_id, 0.0) + spend.record_level_epsilon
     lines = [
         f"Round {manifest.name!r} ({signed.round_id.hex()[:16]}…) at {manifest.aggregator_url}",
         f"  task: predict {manifest.label!r}; your label is {vector.label} (computed here from your file).",

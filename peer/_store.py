@@ -112,6 +112,12 @@ class Spend:
     label: bool
     epsilon: float
 
+    @property
+    def record_level_epsilon(self) -> float:
+        """What this release adds to the peer's sum: a median answer is one comparison bit per feature
+        at ``epsilon`` each, a subset report one release at ``epsilon``."""
+        return self.epsilon if self.label else self.epsilon * len(self.features)
+
 
 @dataclass(frozen=True)
 class StoredPacket:
