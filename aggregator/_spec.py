@@ -35,7 +35,7 @@ from anonml.protocol import (
     RoundPurpose,
     derive_subsets,
 )
-from anonml.protocol._canonical import FieldReader, InvalidDocument
+from anonml.protocol import FieldReader, InvalidDocument
 
 LEARNERS = ("logreg", "tree")
 """The partition ensemble's base learners (``learning.PartitionEnsemble(base=...)``)."""

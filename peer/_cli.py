@@ -97,7 +97,7 @@ async def _join(identity: PeerIdentity, data_dir: Path, url: str, data_file: Pat
     from anonml.peer._join import Peer, RoundSession, join_round, peer_generator
     from anonml.peer._store import PeerStore
     from anonml.peer._transport import open_transport
-    from anonml.protocol._features import FeatureSpec, FeatureSpecError
+    from anonml.protocol import FeatureSpec, FeatureSpecError
 
     client = AggregatorClient(url, max_connections=4, on_retry=lambda message: click.echo(f"  {message}", err=True))
     store = PeerStore(data_dir / STORE_FILE)

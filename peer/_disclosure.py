@@ -18,9 +18,9 @@ from anonml.peer._framework import FeatureVector
 from anonml.peer._join import releases_still_to_make
 from anonml.peer._ledger import PeerLedger
 from anonml.peer._store import PeerStore
-from anonml.protocol._features import CategoricalFeature, FeatureSpec, NumericFeature
-from anonml.protocol._manifest import RoundManifest, SignedManifest
-from anonml.protocol._survey import SurveyId
+from anonml.protocol import CategoricalFeature, FeatureSpec, NumericFeature
+from anonml.protocol import RoundManifest, SignedManifest
+from anonml.protocol import SurveyId
 
 
 def _when(t: int) -> str:

@@ -25,7 +25,7 @@ from anonml.peer._framework import (
     Featurizer,
     FieldValue,
 )
-from anonml.protocol._features import CategoricalFeature, Feature, FeatureSpec, NumericFeature
+from anonml.protocol import CategoricalFeature, Feature, FeatureSpec, NumericFeature
 
 
 def _where(dataset: Dataset, name: str) -> str:

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from anonml.mechanisms import BudgetExceeded, PrivacyLedger, Release
 from anonml.peer._store import PeerStore, Spend
-from anonml.protocol._survey import SurveyId
+from anonml.protocol import SurveyId
 
 
 class PeerLedger:

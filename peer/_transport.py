@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import trio
 
-from anonml.protocol._link import AckStatus, LinkClient
+from anonml.protocol import AckStatus, LinkClient
 
 MAX_BATCH = 256
 

@@ -111,7 +111,7 @@ from anonml.protocol._merkle import (
     verify_inclusion,
 )
 from anonml.protocol._signed import DocumentKind, InvalidSignedDocument, SignedDocument
-from anonml.protocol._canonical import InvalidDocument, canonical_json
+from anonml.protocol._canonical import FieldReader, InvalidDocument, canonical_json
 from anonml.protocol._manifest import (
     MAX_MANIFEST_BYTES,
     PROTOCOL_VERSION,
@@ -204,6 +204,7 @@ __all__ = [
     "HttpLimits",
     "HelloStatus",
     "InvalidApiMessage",
+    "FieldReader",
     "InvalidDocument",
     "InvalidManifest",
     "InvalidMessage",
