@@ -4,12 +4,14 @@ production path uses.
 :class:`SimulatedPeer` drives a round as a peer would, without the peer client;
 :class:`SettableClock` is a UTC clock a test sets by hand (where sockets rule
 out trio's MockClock); :class:`FinalHopSink` is a recording final hop for the
-relay tests and benchmark.
+relay tests and benchmark; :func:`seconds_for` sizes a real-seconds hop window
+from the packet cost measured when it is drawn.
 """
 
 from __future__ import annotations
 
 from anonml.testing._peer import SettableClock, SimulatedPeer, enrol
+from anonml.testing._schedule import packet_seconds, seconds_for
 from anonml.testing._sink import Arrival, FinalHopSink
 
-__all__ = ["Arrival", "FinalHopSink", "SettableClock", "SimulatedPeer", "enrol"]
+__all__ = ["Arrival", "FinalHopSink", "SettableClock", "SimulatedPeer", "enrol", "packet_seconds", "seconds_for"]
