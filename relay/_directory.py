@@ -138,11 +138,6 @@ class NextHopDirectory:
             return DropReason.NEXT_HOP_ADDRESS_MISMATCH
         return None
 
-    @property
-    def knows_rounds(self) -> bool:
-        """Whether any source is a round manifest (a static file names no rounds)."""
-        return self._spans is not None
-
     def window_known(self, start: int, end: int) -> bool:
         """Whether ``[start, end]`` lies inside a phase of a known round (always, when none is known)."""
         if self._spans is None:
