@@ -99,6 +99,7 @@ class NextHopDirectory:
         self._sources: dict[str, tuple[tuple[DirectoryEntry, ...], tuple[Span, ...] | None]] = {}
         self._allowed: dict[bytes, frozenset[tuple[str, int]]] = {}
         self._at: dict[tuple[str, int], bytes] = {}
+        self._hosts: frozenset[str] = frozenset()
         self._spans: tuple[Span, ...] | None = None
 
     def replace_source(self, source: str, entries: Iterable[DirectoryEntry], spans: Iterable[Span] | None = None) -> None:
@@ -120,6 +121,8 @@ class NextHopDirectory:
                 spans = [*(spans or []), *source_spans]
         self._allowed = {node_id: frozenset(addresses) for node_id, addresses in allowed.items()}
         self._at = {address: node_id for node_id, addresses in allowed.items() for address in addresses}
+        # Asked on every accepted connection (a flood's too): built here, once per directory change.
+        self._hosts = frozenset(host for host, _ in self._at)
         self._spans = None if spans is None else tuple(sorted(spans))
 
     def __len__(self) -> int:
@@ -153,7 +156,7 @@ class NextHopDirectory:
 
     def neighbour_hosts(self) -> frozenset[str]:
         """The IP addresses of every listed node (their connections get reserved slots)."""
-        return frozenset(host for host, _ in self._at)
+        return self._hosts
 
 
 def entries_from_manifest(signed: SignedManifest) -> tuple[DirectoryEntry, ...]:
