@@ -355,10 +355,11 @@ class Relay:
                 self._directory_wanted.set()
                 return AckStatus.BUSY
         neighbour = (result.next_address.host, result.next_address.port)
-        in_use = self.holdings.neighbours.keys() | batch.neighbours.keys()
-        if neighbour not in in_use and len(in_use) >= self.config.max_neighbours:
-            self.counters.drop(DropReason.TOO_MANY_NEIGHBOURS)
-            return AckStatus.REJECTED
+        if neighbour not in self.holdings.neighbours and neighbour not in batch.neighbours:
+            # Only a new next hop needs the count (the union is a set as large as the neighbours).
+            if len(self.holdings.neighbours.keys() | batch.neighbours.keys()) >= self.config.max_neighbours:
+                self.counters.drop(DropReason.TOO_MANY_NEIGHBOURS)
+                return AckStatus.REJECTED
         if self.replay_tags + len(self._pending_tags) >= self.config.max_replay_tags:
             self.counters.drop(DropReason.REPLAY_CACHE_FULL)
             return AckStatus.BUSY
