@@ -43,6 +43,9 @@ class ConnectionGate:
     max_per_source: int
     reserved: int = 0
     public_by_source: Counter[str] = field(default_factory=Counter)
+    public: int = 0
+    """Open public connections: the sum of ``public_by_source``, kept as connections come and go
+    (checked on every accepted connection, a flood's too)."""
     privileged: int = 0
     refused: Counter[GateRefusal] = field(default_factory=Counter)
     last_refusal: GateRefusal | None = None
@@ -56,20 +59,22 @@ class ConnectionGate:
             raise ValueError(f"reserved must be an integer in [0, max_total), got {self.reserved!r}")
 
     @property
-    def public(self) -> int:
-        return sum(self.public_by_source.values())
-
-    @property
     def open_connections(self) -> int:
         return self.public + self.privileged
 
-    def _public_refusal(self, source: str) -> GateRefusal | None:
+    def _public_refusal(self, source: str, *, demoting: bool) -> GateRefusal | None:
+        """Why ``source`` may not take one more public slot (None: it may). A demoted connection
+        already holds one of the ``max_total``, so only a new one is checked against the total."""
         public_slots = self.max_total - self.reserved
-        if self.public >= public_slots or self.open_connections >= self.max_total:
+        if self.public >= public_slots or (not demoting and self.open_connections >= self.max_total):
             return GateRefusal.TOTAL
         if self.public_by_source[source] >= self.max_per_source and 2 * self.public >= public_slots:
             return GateRefusal.PER_SOURCE
         return None
+
+    def _take_public(self, source: str) -> None:
+        self.public_by_source[source] += 1
+        self.public += 1
 
     def open(self, source: str, *, privileged: bool = False) -> GateSlot | None:
         """A slot for a new connection from ``source`` (an IP address), or None (counted) to close it."""
@@ -81,12 +86,12 @@ class ConnectionGate:
                 return None
             self.privileged += 1
             return GateSlot(self, source, privileged=True)
-        refusal = self._public_refusal(source)
+        refusal = self._public_refusal(source, demoting=False)
         if refusal is not None:
             self.refused[refusal] += 1
             self.last_refusal = refusal
             return None
-        self.public_by_source[source] += 1
+        self._take_public(source)
         return GateSlot(self, source, privileged=False)
 
 
@@ -105,18 +110,12 @@ class GateSlot:
         if not self.privileged:
             return True
         # Demotion keeps the total; only the public pool and the source's share grow.
-        public_slots = gate.max_total - gate.reserved
-        if gate.public >= public_slots:
-            refusal: GateRefusal | None = GateRefusal.TOTAL
-        elif gate.public_by_source[self.source] >= gate.max_per_source and 2 * gate.public >= public_slots:
-            refusal = GateRefusal.PER_SOURCE
-        else:
-            refusal = None
+        refusal = gate._public_refusal(self.source, demoting=True)
         if refusal is not None:
             gate.refused[refusal] += 1
             return False
         gate.privileged -= 1
-        gate.public_by_source[self.source] += 1
+        gate._take_public(self.source)
         self.privileged = False
         return True
 
@@ -128,6 +127,7 @@ class GateSlot:
         if self.privileged:
             gate.privileged -= 1
         else:
+            gate.public -= 1
             gate.public_by_source[self.source] -= 1
             if gate.public_by_source[self.source] <= 0:
                 del gate.public_by_source[self.source]

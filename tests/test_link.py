@@ -464,3 +464,15 @@ def test_the_gate_caps_each_source_and_keeps_reserved_slots_for_neighbours() -> 
         if slot is not None:
             slot.close()
     assert gate.open_connections == 0
+
+
+def test_a_demotion_needs_a_public_slot_but_no_new_one_of_the_total() -> None:
+    """The demoted connection already holds one of max_total: a full total does not refuse it."""
+    gate = ConnectionGate(max_total=4, max_per_source=3, reserved=2)  # two public slots
+    assert gate.open("10.0.0.1") is not None
+    privileged = [gate.open("10.0.9.9", privileged=True) for _ in range(3)]
+    assert gate.open_connections == 4 and gate.open("10.0.0.2") is None
+    assert privileged[0] is not None and privileged[0].demote()
+    assert gate.public == 2 and gate.privileged == 2 and gate.open_connections == 4
+    assert privileged[1] is not None and not privileged[1].demote()  # now no public slot is free
+    assert gate.refused["total"] == 2
