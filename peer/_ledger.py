@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from anonml.mechanisms import BudgetExceeded, PrivacyLedger, Release
+from anonml.mechanisms import BudgetExceeded, PrivacyLedger, Release, releases_from
 from anonml.peer._store import PeerStore, Spend
 from anonml.protocol import SurveyId
 
@@ -23,15 +23,13 @@ class PeerLedger:
         self._store = store
         self._peer = peer
         self._round_id = round_id
-        medians: dict[str, float] = {}
-        subsets: list[tuple[tuple[str, ...], float]] = []
+        recorded: list[Release] = []
         for spend in store.spends(peer, round_id):
             if spend.label:
-                subsets.append((spend.features, spend.epsilon))
+                recorded.append(Release.subset(spend.features, spend.epsilon))
             else:
-                for feature in spend.features:
-                    medians[feature] = medians.get(feature, 0.0) + spend.epsilon
-        self._ledger = PrivacyLedger(epsilon_total, medians=medians, subsets=subsets)
+                recorded.extend(Release.comparison(feature, spend.epsilon) for feature in spend.features)
+        self._ledger = PrivacyLedger(epsilon_total, releases=recorded)
 
     @property
     def epsilon_total(self) -> float:
@@ -50,20 +48,27 @@ class PeerLedger:
 
     def check(self, *, medians: dict[str, float], subsets: Sequence[tuple[Sequence[str], float]]) -> None:
         """Raise BudgetExceeded if these releases would not fit (records nothing)."""
-        total = self._ledger.total_after(medians=medians, subsets=subsets)
-        if self._ledger.would_exceed(medians=medians, subsets=subsets):
+        self._check(releases_from(medians, subsets))
+
+    def _check(self, releases: Sequence[Release]) -> None:
+        if self._ledger.would_exceed(releases=releases):
+            total = self._ledger.total_after(releases=releases)
             raise BudgetExceeded(f"these releases would bring the total epsilon to {total!r}, over {self.epsilon_total!r}")
 
     def spend_median(self, survey: SurveyId, features: Sequence[str], epsilon: float) -> None:
-        """Record one median answer (one bit per feature, no label) at ``epsilon`` each."""
-        medians = {feature: epsilon for feature in features}
-        self.check(medians=medians, subsets=())
+        """Record one median answer (one bit per feature, no label) at ``epsilon`` each.
+
+        Each bit is its own release, checked together before anything is
+        stored: a feature listed twice is answered, and counted, twice.
+        """
+        releases = [Release.comparison(feature, epsilon) for feature in features]
+        self._check(releases)
         self._store.record_spend(self._peer, self._round_id, Spend(survey.to_bytes(), tuple(features), False, epsilon))
-        for feature in features:
-            self._ledger.record_median(feature, epsilon)
+        self._ledger.record(*releases)
 
     def spend_subset(self, survey: SurveyId, features: Sequence[str], epsilon: float) -> None:
         """Record one subset release (these features and the label) at ``epsilon``."""
-        self.check(medians={}, subsets=[(features, epsilon)])
+        release = Release.subset(features, epsilon)
+        self._check([release])
         self._store.record_spend(self._peer, self._round_id, Spend(survey.to_bytes(), tuple(features), True, epsilon))
-        self._ledger.record_subset(features, epsilon)
+        self._ledger.record(release)

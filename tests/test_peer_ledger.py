@@ -44,3 +44,18 @@ def test_a_survey_is_spent_on_once(tmp_path: Path) -> None:
     with pytest.raises(StoreError):
         ledger.spend_subset(SurveyId.data(ROUND, 0, 0), ("age",), 0.5)
     assert ledger.spent() == pytest.approx(0.5)
+
+
+def test_a_median_answer_listing_a_feature_twice_is_checked_as_two_bits_before_it_is_stored(tmp_path: Path) -> None:
+    # A malicious aggregator's thresholds may name one feature many times; the
+    # peer answers (and reveals) one bit per entry, so each must be counted
+    # before anything is recorded: 3 x 0.5 = 1.5 > 1.0.
+    store = PeerStore(tmp_path / "peer.sqlite")
+    ledger = PeerLedger(store, PEER, ROUND, epsilon_total=1.0)
+    with pytest.raises(BudgetExceeded):
+        ledger.spend_median(SurveyId.median(ROUND, 0), ("age", "age", "age"), 0.5)
+    assert store.spends(PEER, ROUND) == []
+    assert ledger.spent() == 0.0
+    ledger.spend_median(SurveyId.median(ROUND, 0), ("age", "age"), 0.5)
+    store.close()
+    assert PeerLedger(PeerStore(tmp_path / "peer.sqlite"), PEER, ROUND, epsilon_total=1.0).spent() == pytest.approx(1.0)
