@@ -498,6 +498,18 @@ def releases_still_to_make(
     return medians, subsets[: max(len(subsets) - reports, 0)]
 
 
+def check_thresholds(thresholds: MedianThresholds, spec: FeatureSpec) -> None:
+    """Refuse thresholds that do not ask exactly one bit about each numeric feature, in the spec's order.
+
+    That is what the peer consented to (``describe_release``) and what the
+    aggregator publishes; a feature listed twice or a categorical one would
+    make the peer reveal something it was never asked to accept.
+    """
+    if thresholds.features != spec.numeric_names:
+        raise JoinRefused("bad-thresholds", f"median sub-round {thresholds.sub_round} asks about {list(thresholds.features)!r}, "
+                          f"not once about each numeric feature {list(spec.numeric_names)!r}")
+
+
 def check_manifest_unchanged(peer: Peer, signed: SignedManifest, aggregator: str) -> None:
     """Refuse a manifest whose hash differs from the one this peer registered under (DESIGN.md §4).
 
@@ -770,6 +782,7 @@ class PeerRound:
             # the search; it still sends its data (nothing was spent).
             self.emit("median-missed")
             return []
+        check_thresholds(thresholds, self.spec)
         bits = [
             answer_is_greater(float(self.peer.vector.features[name]), threshold, self.manifest.eps_median, self.peer.rng)
             for name, threshold in zip(thresholds.features, thresholds.thresholds, strict=True)

@@ -111,3 +111,29 @@ def test_every_message_ends_acknowledged_unconfirmed_or_missing_with_its_reason(
     assert message_outcome(out(b"lost", left=True), final) == "no-receipt-after-second-chance"
     # No final log to read: neither counted nor missing.
     assert message_outcome(out(b"counted", left=True), None) == "unconfirmed"
+
+
+def test_the_peer_answers_only_thresholds_asking_once_about_each_numeric_feature() -> None:
+    from anonml.peer._join import JoinRefused, check_thresholds
+    from anonml.protocol import FeatureSpec, MedianThresholds, SurveyId
+
+    spec = FeatureSpec.from_dict({
+        "features": [
+            {"name": "colour", "type": "categorical", "categories": ["red", "blue"]},
+            {"name": "age", "type": "numeric", "low": 0, "high": 100},
+            {"name": "size", "type": "numeric", "low": 0, "high": 10},
+        ],
+        "label": {"name": "y", "positive": ["1"], "negative": ["0"]},
+    })
+    survey = SurveyId.median(bytes(32), 0)
+
+    def asking(*features: str) -> MedianThresholds:
+        return MedianThresholds(0, survey, features, tuple(1.0 for _ in features))
+
+    check_thresholds(asking("age", "size"), spec)
+    # What the consent text promised is one bit per numeric feature; anything
+    # else (a repeat, a categorical feature, an omission) is refused.
+    for features in [("age", "age", "size"), ("age", "size", "colour"), ("age",), ("size", "age")]:
+        with pytest.raises(JoinRefused) as refused:
+            check_thresholds(asking(*features), spec)
+        assert refused.value.reason == "bad-thresholds"
