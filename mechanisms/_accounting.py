@@ -8,9 +8,11 @@ are about. :class:`PrivacyLedger` enforces that sum.
 
 The thesis's eq. 7.4 (a per-attribute maximum, valid only if features were
 independent) is kept as :func:`per_attribute_epsilon`, a labelled secondary
-figure that never decides anything. Counting every answer of the plans that
-were promised under it: up to 6 times the stated epsilon (the Adult planner's
-plan), 29 times for a 30-feature breast-cancer plan.
+figure that never decides anything: a peer answering one comparison bit about
+each of ``k`` numeric features at ``eps_e`` and ``k_h`` reports at ``eps_h``
+spends ``k·eps_e + k_h·eps_h`` on its record, while eq. 7.4 states only the
+largest per-feature or label sum (``eps_e + eps_h`` for a numeric feature in
+one report, ``k_h·eps_h`` for the label).
 """
 
 from __future__ import annotations
