@@ -60,6 +60,12 @@ def mirror_path(identity: bytes, what: str) -> str:
     """The mirror's path for ``what`` (``manifest``, ``roster/head``, ``heads``, ``conflicts``) of one aggregator."""
     return PATH_MIRROR.format(identity=identity.hex()) + "/" + what
 
+
+def format_host_port(host: str, port: int) -> str:
+    """``host:port``, an IPv6 literal in brackets (RFC 3986 §3.2.2), as a URL or a config file writes it."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 MAX_REQUEST_BYTES = 16 * 1024
 """Largest request body the aggregator reads (a credential request is well under 2 KiB)."""
 MAX_RESPONSE_BYTES = 64 * 1024 * 1024
@@ -78,6 +84,7 @@ NONCE_BYTES = 32
 MAX_CREDENTIAL_REQUEST_BYTES = 4096
 IDENTITY_KEY_BYTES = 32
 SIGNATURE_BYTES = 64
+
 
 _ROSTER_ENTRY_DOMAIN = b"anonml/roster-entry/v1"
 _CREDENTIAL_DOMAIN = b"anonml/credential/v1"

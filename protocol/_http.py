@@ -29,7 +29,7 @@ from hypercorn.trio.worker_context import WorkerContext
 
 from anonml.errors import TransportError
 from anonml.protocol._admission import ConnectionGate
-from anonml.protocol._api import MAX_REQUEST_BYTES
+from anonml.protocol._api import MAX_REQUEST_BYTES, format_host_port
 from anonml.protocol._link import check_positive_seconds
 
 log = logging.getLogger(__name__)
@@ -147,5 +147,5 @@ async def serve_http(
             slot.close()
 
     bound = listeners[0].socket.getsockname()
-    task_status.started(f"http://{bound[0]}:{bound[1]}")
+    task_status.started(f"http://{format_host_port(bound[0], bound[1])}")
     await trio.serve_listeners(handle, listeners)

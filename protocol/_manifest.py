@@ -20,7 +20,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from anonml.crypto import NodeAddress, PathHop, ReleaseWindow, SphinxGeometry, build_packet
-from anonml.protocol._api import MAX_ROSTER
+from anonml.protocol._api import MAX_ROSTER, format_host_port
 from anonml.protocol._canonical import FieldReader, InvalidDocument, canonical_json, format_epsilon, parse_json_object
 from anonml.protocol._schedule import Attempt, RoundSchedule, acceptance_window, hop_windows
 from anonml.protocol._survey import ROUND_ID_BYTES, SurveyId
@@ -106,8 +106,7 @@ class RelayEntry:
     def mirror_url(self) -> str | None:
         if self.mirror_port is None:
             return None
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.mirror_port}"
+        return f"http://{format_host_port(self.host, self.mirror_port)}"
 
     @classmethod
     def read(cls, reader: FieldReader) -> RelayEntry:

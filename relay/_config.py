@@ -20,7 +20,7 @@ from typing import Any
 import tomli_w
 
 from anonml.crypto import DEFAULT_MAX_HOPS, DEFAULT_PACKET_SIZE
-from anonml.protocol import LinkLimits
+from anonml.protocol import LinkLimits, format_host_port
 from anonml.relay._errors import RelayConfigError
 
 CONFIG_FILE = "relay.toml"
@@ -53,10 +53,6 @@ def parse_host_port(text: str, *, what: str = "address") -> tuple[str, int]:
     if not sep or not 0 <= port < 2**16:
         raise RelayConfigError(f"{what} must be 'IP:PORT' with a port in [0, 65535], got {text!r}")
     return host, port
-
-
-def format_host_port(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 @dataclass(frozen=True)

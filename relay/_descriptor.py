@@ -10,7 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 from anonml.crypto import SphinxGeometry
-from anonml.relay._config import RelayConfig, format_host_port
+from anonml.protocol import format_host_port
+from anonml.relay._config import RelayConfig
 from anonml.relay._keys import KeyRing, load_identity
 
 

@@ -91,10 +91,11 @@ from anonml.protocol import (
     LinkError,
     LinkIdentity,
     SignedManifest,
+    format_host_port,
     serve_link,
 )
 from anonml.relay._clock import RelayClock, WallClock
-from anonml.relay._config import RelayConfig, format_host_port
+from anonml.relay._config import RelayConfig
 from anonml.relay._directory import (
     DirectoryError,
     NextHopDirectory,

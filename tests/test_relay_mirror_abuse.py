@@ -55,3 +55,11 @@ async def test_trickling_clients_are_capped_per_source_and_cut_off_while_others_
     assert counts["refused/per-source"] == 12 - 8
     # ... and those let in are cut off by the read deadline, not held for as long as they trickle.
     assert closed_by_server == [True] * 12
+
+
+async def test_a_mirror_on_ipv6_reports_a_url_that_reaches_it(nursery: trio.Nursery) -> None:
+    """protocol.serve_http wrote ``http://::1:PORT``, which no HTTP client can use; an IPv6 host is bracketed."""
+    url = await nursery.start(lambda task_status: serve_mirror(("::1", 0), (), task_status=task_status))
+    assert url.startswith("http://[::1]:")
+    async with httpx.AsyncClient(base_url=url, timeout=3) as client:
+        assert (await client.get("/v1/mirror/00/manifest")).status_code == 404
