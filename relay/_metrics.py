@@ -3,8 +3,9 @@
 Counters are plain integers on the trio thread (no locks needed); at each
 scrape a prometheus_client collector turns them into metric families and
 ``generate_latest`` writes the text exposition format. The endpoint reads at
-most one bounded request per connection with a timeout, so it is as
-hostile-input-safe as the link.
+most one bounded request per connection with a timeout; unlike the link it
+has no connection cap (no :class:`protocol.ConnectionGate`), which is why it
+is off by default and belongs on 127.0.0.1 or behind a firewall.
 """
 
 from __future__ import annotations
