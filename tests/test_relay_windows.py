@@ -512,3 +512,28 @@ def test_a_source_that_overspends_its_refusals_waits_and_others_do_not() -> None
     assert budget.delay("flood", 2.0) == 0.0 and budget.delay("honest", 0.0) == 0.0
     budget.spend("flood", 100, 2.0)  # refills only to zero, then spends again
     assert budget.delay("flood", 2.0) == 2.0
+
+
+async def test_a_round_is_forgotten_an_hour_after_its_last_window(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    """Its next hops and phases leave the directory, and its manifest the store (relay._server._ROUND_GRACE_SECONDS)."""
+    from test_manifest import SIGNING_KEY, fixed_manifest
+
+    from anonml.protocol import SignedManifest
+
+    signed = SignedManifest.sign(fixed_manifest(), SIGNING_KEY)
+    end = signed.manifest.schedule.end
+    directory = NextHopDirectory()
+    clock = WallClock.starting_at(end)
+    harness = Harness(tmp_path, clock, directory=directory)
+    harness.relay.learn_round("http://aggregator", signed)
+    known = {f"round {signed.round_id.hex()[:16]} from http://aggregator": 4}  # three relays and the final hop
+    assert directory.sources() == known and len(harness.store.manifests()) == 1
+    async with trio.open_nursery() as nursery:
+        harness.start(nursery)
+        await trio.sleep_until(clock.to_trio(end + 3600 - 1))
+        assert directory.sources() == known  # still inside the grace
+        await trio.sleep_until(clock.to_trio(end + 3600 + 11))  # past it, and one expiry tick later
+        nursery.cancel_scope.cancel()
+    assert directory.sources() == {} and harness.store.manifests() == []
