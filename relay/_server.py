@@ -238,8 +238,8 @@ class Relay:
         self._open_sender = open_sender if open_sender is not None else self._link_client
         self.directory = directory
         self._directory_wanted = trio.Event()
-        self._rounds: dict[bytes, float] = {}
-        """Known rounds: id -> when their last window closes."""
+        self._rounds: dict[bytes, tuple[float, str]] = {}
+        """Known rounds: id -> (when their last window closes, their source in the directory)."""
 
     def _link_client(self, neighbour: Neighbour) -> PacketSender:
         expected = self.directory.node_at(*neighbour) if self.directory is not None else None
@@ -596,9 +596,9 @@ class Relay:
         ends_at = float(signed.manifest.schedule.end)
         if round_id in self._rounds:
             return
-        self._rounds[round_id] = ends_at
-        self.directory.replace_source(f"round {round_id.hex()[:16]} from {source}", entries_from_manifest(signed),
-                                      spans_from_manifest(signed))
+        label = f"round {round_id.hex()[:16]} from {source}"
+        self._rounds[round_id] = (ends_at, label)
+        self.directory.replace_source(label, entries_from_manifest(signed), spans_from_manifest(signed))
         log_event(logger, logging.INFO, "round-known", round=round_id.hex()[:16], source=source, ends_at=ends_at)
         if persist:
             try:
@@ -629,11 +629,10 @@ class Relay:
         if self.directory is None:
             return
         now = self.clock.now()
-        ended = [round_id for round_id, ends_at in self._rounds.items() if ends_at + _ROUND_GRACE_SECONDS < now]
+        ended = [round_id for round_id, (ends_at, _) in self._rounds.items() if ends_at + _ROUND_GRACE_SECONDS < now]
         for round_id in ended:
-            del self._rounds[round_id]
-            for source in [s for s in self.directory.sources() if s.startswith(f"round {round_id.hex()[:16]} ")]:
-                self.directory.remove_source(source)
+            _, label = self._rounds.pop(round_id)
+            self.directory.remove_source(label)
         self.store.forget_manifests(ended)
 
     async def _refresh_directory(self, failing: set[str]) -> None:
