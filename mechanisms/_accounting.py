@@ -131,40 +131,19 @@ class PrivacyLedger:
     ``releases`` lists the records in order; a store persists them and
     rebuilds the ledger with ``PrivacyLedger(eps_T, releases=...)``, which
     refuses records already over budget. A ledger has no notion of rounds:
-    one per round (capped by the manifest's promise) and one across rounds
-    (capped by the peer's own lifetime budget) are both just ledgers.
+    the peer keeps one per round, capped by the manifest's promise
+    (``peer.PeerLedger``); nothing yet caps the sum across rounds.
     """
 
-    def __init__(
-        self,
-        epsilon_total: float,
-        *,
-        releases: Iterable[Release] = (),
-        medians: Mapping[str, float] | None = None,
-        subsets: Sequence[tuple[Sequence[str], float]] = (),
-    ) -> None:
+    def __init__(self, epsilon_total: float, *, releases: Iterable[Release] = ()) -> None:
         self.epsilon_total = check_epsilon(epsilon_total, "epsilon_total")
         self._releases: list[Release] = []
-        self._commit([*releases, *releases_from(medians, subsets)])
+        self._commit(list(releases))
 
     @property
     def releases(self) -> list[Release]:
         """Every recorded release, in order."""
         return list(self._releases)
-
-    @property
-    def medians(self) -> dict[str, float]:
-        """Comparison epsilon spent per feature (summed over its comparisons)."""
-        out: dict[str, float] = {}
-        for release in self._releases:
-            if release.kind == ReleaseKind.COMPARISON:
-                out[release.features[0]] = out.get(release.features[0], 0.0) + release.epsilon
-        return out
-
-    @property
-    def subsets(self) -> list[tuple[tuple[str, ...], float]]:
-        """Subset releases as (features, epsilon), in release order."""
-        return [(r.features, r.epsilon) for r in self._releases if r.kind == ReleaseKind.SUBSET]
 
     def spent(self) -> float:
         """The record-level epsilon of everything recorded so far."""
@@ -174,33 +153,16 @@ class PrivacyLedger:
         """Eq. 7.4 of everything recorded (secondary figure, see :func:`per_attribute_epsilon`)."""
         return per_attribute_epsilon(self._releases)
 
-    def remaining(self) -> float:
-        """``epsilon_total - spent()``."""
-        return self.epsilon_total - self.spent()
-
-    def total_after(
-        self,
-        *,
-        releases: Iterable[Release] = (),
-        medians: Mapping[str, float] | None = None,
-        subsets: Sequence[tuple[Sequence[str], float]] = (),
-    ) -> float:
+    def total_after(self, releases: Iterable[Release]) -> float:
         """The record-level epsilon if these releases were added."""
-        return record_level_epsilon([*self._releases, *releases, *releases_from(medians, subsets)])
+        return record_level_epsilon([*self._releases, *releases])
 
-    def would_exceed(
-        self,
-        *,
-        releases: Iterable[Release] = (),
-        medians: Mapping[str, float] | None = None,
-        subsets: Sequence[tuple[Sequence[str], float]] = (),
-    ) -> bool:
+    def would_exceed(self, releases: Iterable[Release]) -> bool:
         """Whether adding these releases would push the sum past ``epsilon_total``."""
-        total = self.total_after(releases=releases, medians=medians, subsets=subsets)
-        return total > self.epsilon_total * (1 + _RELATIVE_SLACK)
+        return self.total_after(releases) > self.epsilon_total * (1 + _RELATIVE_SLACK)
 
     def _commit(self, releases: list[Release]) -> None:
-        total = record_level_epsilon([*self._releases, *releases])
+        total = self.total_after(releases)
         if total > self.epsilon_total * (1 + _RELATIVE_SLACK):
             raise BudgetExceeded(
                 f"release would bring the record-level epsilon to {total!r}, over epsilon_total={self.epsilon_total!r}"

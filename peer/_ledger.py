@@ -44,15 +44,15 @@ class PeerLedger:
         return self._ledger.releases
 
     def total_after(self, *, medians: dict[str, float], subsets: Sequence[tuple[Sequence[str], float]]) -> float:
-        return self._ledger.total_after(medians=medians, subsets=subsets)
+        return self._ledger.total_after(releases_from(medians, subsets))
 
     def check(self, *, medians: dict[str, float], subsets: Sequence[tuple[Sequence[str], float]]) -> None:
         """Raise BudgetExceeded if these releases would not fit (records nothing)."""
         self._check(releases_from(medians, subsets))
 
     def _check(self, releases: Sequence[Release]) -> None:
-        if self._ledger.would_exceed(releases=releases):
-            total = self._ledger.total_after(releases=releases)
+        if self._ledger.would_exceed(releases):
+            total = self._ledger.total_after(releases)
             raise BudgetExceeded(f"these releases would bring the total epsilon to {total!r}, over {self.epsilon_total!r}")
 
     def spend_median(self, survey: SurveyId, features: Sequence[str], epsilon: float) -> None:

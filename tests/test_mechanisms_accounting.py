@@ -53,21 +53,19 @@ def test_ledger_records_and_refuses_an_over_budget_release_recording_nothing() -
     ledger.record_subset(["age", "sex"], 0.5)
     assert ledger.spent() == pytest.approx(1.0)
     assert ledger.per_attribute() == pytest.approx(0.7)
-    assert ledger.would_exceed(subsets=[(["hours", "race"], 0.5)])
+    assert ledger.would_exceed([Release.subset(["hours", "race"], 0.5)])
     ledger = PrivacyLedger(1.5, releases=ledger.releases)
-    assert not ledger.would_exceed(subsets=[(["hours", "race"], 0.5)])
-    assert ledger.would_exceed(subsets=[(["hours", "race"], 0.6)])
-    assert ledger.would_exceed(medians={"age": 0.51})
-    before = (ledger.medians, ledger.subsets)
+    assert not ledger.would_exceed([Release.subset(["hours", "race"], 0.5)])
+    assert ledger.would_exceed([Release.subset(["hours", "race"], 0.6)])
+    assert ledger.would_exceed([Release.comparison("age", 0.51)])
+    before = ledger.releases
     with pytest.raises(BudgetExceeded, match="1.6"):
         ledger.record_subset(["hours", "race"], 0.6)
     with pytest.raises(BudgetExceeded):
         ledger.record_median("age", 0.51)
-    assert (ledger.medians, ledger.subsets) == before
+    assert ledger.releases == before
     ledger.record_subset(["hours", "race"], 0.5)
     assert ledger.spent() == pytest.approx(1.5)
-    assert ledger.remaining() == pytest.approx(0.0)
-    assert ledger.spent() == total_epsilon(ledger.medians, ledger.subsets)
     assert isinstance(BudgetExceeded("x"), AnonMLError) and not isinstance(BudgetExceeded("x"), ValueError)
 
 
@@ -83,8 +81,6 @@ def test_ledger_rebuilds_from_its_records_and_refuses_over_budget_records() -> N
     ledger = PrivacyLedger(2.0)
     ledger.record_median("age", 0.5)
     ledger.record_subset(("age", "sex"), 1.0)
-    rebuilt = PrivacyLedger(2.0, medians=ledger.medians, subsets=ledger.subsets)
-    assert rebuilt.spent() == ledger.spent()
     assert PrivacyLedger(2.0, releases=ledger.releases).releases == ledger.releases
     with pytest.raises(BudgetExceeded):
         PrivacyLedger(1.4, releases=ledger.releases)
