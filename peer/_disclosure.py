@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 
 from anonml.display import epsilon_in_words, local_time
-from anonml.mechanisms import per_attribute_epsilon, releases_from
+from anonml.mechanisms import per_attribute_epsilon, record_level_epsilon, releases_from
 from anonml.peer._framework import FeatureVector
 from anonml.peer._join import releases_still_to_make
 from anonml.peer._ledger import PeerLedger
@@ -57,7 +57,7 @@ def describe_release(signed: SignedManifest, spec: FeatureSpec, vector: FeatureV
     for spend in store.spends(peer):
         round_id = SurveyId.from_bytes(spend.survey).round_id
         if round_id != signed.round_id:
-            earlier[round_id] = earlier.get(round_id, 0.0) + spend.record_level_epsilon
+            earlier[round_id] = earlier.get(round_id, 0.0) + record_level_epsilon(spend.releases())
     lines = [
         f"Round {manifest.name!r} ({signed.round_id.hex()[:16]}…) at {manifest.aggregator_url}",
         f"  task: predict {manifest.label!r}; your label is {vector.label} (computed here from your file).",

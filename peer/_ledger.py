@@ -23,12 +23,7 @@ class PeerLedger:
         self._store = store
         self._peer = peer
         self._round_id = round_id
-        recorded: list[Release] = []
-        for spend in store.spends(peer, round_id):
-            if spend.label:
-                recorded.append(Release.subset(spend.features, spend.epsilon))
-            else:
-                recorded.extend(Release.comparison(feature, spend.epsilon) for feature in spend.features)
+        recorded = [release for spend in store.spends(peer, round_id) for release in spend.releases()]
         self._ledger = PrivacyLedger(epsilon_total, releases=recorded)
 
     @property
@@ -61,14 +56,15 @@ class PeerLedger:
         Each bit is its own release, checked together before anything is
         stored: a feature listed twice is answered, and counted, twice.
         """
-        releases = [Release.comparison(feature, epsilon) for feature in features]
-        self._check(releases)
-        self._store.record_spend(self._peer, self._round_id, Spend(survey.to_bytes(), tuple(features), False, epsilon))
-        self._ledger.record(*releases)
+        self._spend(Spend(survey.to_bytes(), tuple(features), False, epsilon))
 
     def spend_subset(self, survey: SurveyId, features: Sequence[str], epsilon: float) -> None:
         """Record one subset release (these features and the label) at ``epsilon``."""
-        release = Release.subset(features, epsilon)
-        self._check([release])
-        self._store.record_spend(self._peer, self._round_id, Spend(survey.to_bytes(), tuple(features), True, epsilon))
-        self._ledger.record(release)
+        self._spend(Spend(survey.to_bytes(), tuple(features), True, epsilon))
+
+    def _spend(self, spend: Spend) -> None:
+        """Check, then store (durable before the packet exists), then hold in memory."""
+        releases = spend.releases()
+        self._check(releases)
+        self._store.record_spend(self._peer, self._round_id, spend)
+        self._ledger.record(*releases)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from anonml.errors import StorageError
+from anonml.mechanisms import Release
 from anonml.storage import Database, Schema
 
 # Proofs of equivocation (issue 12): two signed documents that contradict each other.
@@ -112,11 +113,12 @@ class Spend:
     label: bool
     epsilon: float
 
-    @property
-    def record_level_epsilon(self) -> float:
-        """What this release adds to the peer's sum: a median answer is one comparison bit per feature
+    def releases(self) -> list[Release]:
+        """What this spend adds to the peer's ledger: a median answer is one comparison bit per feature
         at ``epsilon`` each, a subset report one release at ``epsilon``."""
-        return self.epsilon if self.label else self.epsilon * len(self.features)
+        if self.label:
+            return [Release.subset(self.features, self.epsilon)]
+        return [Release.comparison(feature, self.epsilon) for feature in self.features]
 
 
 @dataclass(frozen=True)

@@ -59,3 +59,15 @@ def test_a_median_answer_listing_a_feature_twice_is_checked_as_two_bits_before_i
     ledger.spend_median(SurveyId.median(ROUND, 0), ("age", "age"), 0.5)
     store.close()
     assert PeerLedger(PeerStore(tmp_path / "peer.sqlite"), PEER, ROUND, epsilon_total=1.0).spent() == pytest.approx(1.0)
+
+
+def test_a_stored_spend_is_one_release_per_median_bit_and_one_per_subset_report() -> None:
+    # The one rule the ledger rebuild and the consent text's earlier-rounds sum both read.
+    from anonml.mechanisms import Release, record_level_epsilon
+    from anonml.peer._store import Spend
+
+    median = Spend(SurveyId.median(ROUND, 0).to_bytes(), ("age", "hours"), False, 0.5)
+    subset = Spend(SurveyId.data(ROUND, 0, 0).to_bytes(), ("age", "sex"), True, 0.5)
+    assert median.releases() == [Release.comparison("age", 0.5), Release.comparison("hours", 0.5)]
+    assert subset.releases() == [Release.subset(("age", "sex"), 0.5)]
+    assert record_level_epsilon([*median.releases(), *subset.releases()]) == pytest.approx(1.5)
