@@ -173,8 +173,12 @@ def schedule_steps(manifest: RoundManifest) -> list[dict[str, Any]]:
     return steps
 
 
-def privacy_statement(manifest: RoundManifest, partition_sizes: list[int] | None) -> dict[str, Any]:
-    """The privacy promise in plain words, with the figures it rests on and a warning where one is weak."""
+def privacy_statement(manifest: RoundManifest, shuffled: list[int] | None) -> dict[str, Any]:
+    """The privacy promise in plain words, with the figures it rests on and a warning where one is weak.
+
+    ``shuffled``: the accepted reports of each data survey that has any
+    (:meth:`RoundState.shuffled_reports`); the shuffle figure is stated for the fewest.
+    """
     sentences = [
         f"Each peer is promised epsilon {manifest.eps_total:.3g} in total for this round (record level: every "
         "median answer and data report it sends, added up); its own ledger refuses to send anything beyond that.",
@@ -190,11 +194,10 @@ def privacy_statement(manifest: RoundManifest, partition_sizes: list[int] | None
         "oracle": manifest.oracle,
     }
     warnings: list[str] = []
-    sizes = [size for size in (partition_sizes or []) if size > 0]
-    if sizes:
+    if shuffled:
         from anonml.mechanisms import shuffle_central_privacy
 
-        n = min(sizes)
+        n = min(shuffled)
         # The bound is stated only where it holds (mechanisms.shuffle_central_privacy).
         central = shuffle_central_privacy(manifest.eps_data, n)
         delta = central.delta
@@ -202,14 +205,14 @@ def privacy_statement(manifest: RoundManifest, partition_sizes: list[int] | None
         if central.epsilon is not None:
             figures["central_epsilon"] = central.epsilon
             sentences.append(
-                f"Shuffled among the n = {n} peers of its partition (the smallest), each data report is also "
+                f"Shuffled among the n = {n} reports of its survey (the fewest of any data survey), each data report is also "
                 f"(epsilon {central.epsilon:.3g}, delta {delta:.2g})-private towards the aggregator (Feldman, McMillan and Talwar's bound)."
             )
         else:
-            warnings.append(f"No shuffle bound applies to partitions of {n} peers: {central.describe()}; only the local epsilon above holds.")
+            warnings.append(f"No shuffle bound applies to surveys of {n} reports: {central.describe()}; only the local epsilon above holds.")
         if delta > DELTA_TOO_LARGE:
             warnings.append(
-                f"delta = {delta:.2g} (partitions of only {n} peers) is large: the shuffled figure is a weak "
+                f"delta = {delta:.2g} (surveys of only {n} reports) is large: the shuffled figure is a weak "
                 "guarantee at this size; rely on the local epsilon above."
             )
     return {"sentences": sentences, "warnings": warnings, "figures": figures}
@@ -268,7 +271,7 @@ def dashboard_data(
         "series": _series(state, status.now),
         "partition_sizes": sizes,
         "relays": relays,
-        "privacy": privacy_statement(manifest, sizes),
+        "privacy": privacy_statement(manifest, state.shuffled_reports()),
         "report": report,
     }
 

@@ -100,11 +100,11 @@ def _privacy(state: RoundState) -> dict[str, Any]:
         state.spec, k_h=manifest.k_h, k_s=manifest.k_s, eps_median=manifest.eps_median,
         eps_data=manifest.eps_data, median_rounds=manifest.median_rounds,
     )
-    sizes = [size for size in state.partition_sizes() if size > 0]
+    shuffled = state.shuffled_reports()
     central: dict[str, Any] | None = None
-    if sizes:
-        # Feldman-McMillan-Talwar: each data survey's reports are shuffled among its partition.
-        figure = shuffle_central_privacy(manifest.eps_data, min(sizes))
+    if shuffled:
+        # Feldman-McMillan-Talwar, for the data survey with the fewest accepted reports.
+        figure = shuffle_central_privacy(manifest.eps_data, min(shuffled))
         central = {"n": figure.n, "delta": figure.delta, "statement": figure.describe()}
         if figure.epsilon is not None:
             central["epsilon"] = figure.epsilon

@@ -319,6 +319,16 @@ class RoundState:
             raise RuntimeError("the partition plan is derived when registration closes")
         return self.plan
 
+    def shuffled_reports(self) -> list[int]:
+        """Accepted reports of each data survey that has any: the sets the shuffle bound is about.
+
+        A report is hidden among the reports its survey actually holds, not
+        among the peers of its partition (a peer that sent nothing hides no one).
+        """
+        counts = (self.store.accepted_count(SurveyId.data(self.round_id, p, j))
+                  for p in range(self.manifest.k_p) for j in range(self.manifest.k_h))
+        return [n for n in counts if n > 0]
+
     def partition_sizes(self) -> list[int]:
         """Peers per partition of the final roster (only meaningful after t_register_end)."""
         return list(self._plan().sizes)

@@ -414,6 +414,10 @@ class RoundStore:
         self.inbox_count -= max(deleted, 0)
         return outcomes
 
+    def accepted_count(self, survey: SurveyId) -> int:
+        """Packets accepted for ``survey`` so far (its receipt log's size)."""
+        return self._log_sizes.get(survey.to_bytes(), 0)
+
     def reports(self, survey: SurveyId) -> list[bytes]:
         with self._database.read() as db:
             rows = db.execute(

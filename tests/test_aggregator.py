@@ -750,8 +750,9 @@ async def test_two_concurrent_credential_requests_get_one_credential(served: Any
     assert state.store.counts()["credentials"] == 1
 
 
-async def short_data_round(tmp_path: Path, **participation: Any) -> tuple[RoundState, str, list[str]]:
-    """Eight peers; only partition 0 sends its data report (partition 1's survey gets none).
+async def short_data_round(tmp_path: Path, senders: int | None = None, **participation: Any) -> tuple[RoundState, str, list[str]]:
+    """Eight peers; only partition 0 sends its data report (partition 1's survey gets none), only
+    its first ``senders`` peers if given.
 
     Returns the round, its outcome and the phases learning ran in (empty if it never ran).
     """
@@ -773,7 +774,7 @@ async def short_data_round(tmp_path: Path, **participation: Any) -> tuple[RoundS
         assert {peer.partition for peer in peers} == {0, 1}
         await trio.sleep(schedule.data.t_s + schedule.data.delta + 1 - state.now())
         frames = []
-        for peer in (p for p in peers if p.partition == 0):
+        for peer in [p for p in peers if p.partition == 0][:senders]:
             oracle = state.data_oracle(0, 0)
             frames.append(peer.packet(SurveyId.data(state.round_id, 0, 0), oracle.encode_report(oracle.privatize(np.array([0]), rng)[0])))
         assert set(process_batch(state, frames, state.now())) == {"accepted"}
@@ -812,6 +813,23 @@ async def test_a_round_that_meets_the_minimum_is_done(tmp_path: Path, autojump_c
     state, outcome, learnt = await short_data_round(tmp_path, min_reports_per_survey=0, on_shortfall="fail")
     assert outcome == "done" and learnt == ["learning"]
     assert state.shortfall(state.manifest.schedule.phases) == {}
+
+
+async def test_the_shuffle_figure_counts_the_reports_a_survey_holds_not_the_partitions_peers(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    from anonml.aggregator._dashboard import dashboard_data
+    from anonml.aggregator._report import _privacy
+
+    state, outcome, _ = await short_data_round(tmp_path, senders=2, min_reports_per_survey=0)
+    assert outcome == "done" and min(state.partition_sizes()) > 2
+    # Two reports were shuffled together in the only data survey that has any: the bound is about
+    # those two, whatever the partition's size (and at n = 2 no shuffle bound holds).
+    assert state.shuffled_reports() == [2]
+    report_figure = _privacy(state)["central_per_survey"]
+    assert report_figure["n"] == 2 and "epsilon" not in report_figure
+    page = dashboard_data(state, None)["privacy"]
+    assert page["figures"]["n"] == 2 and "central_epsilon" not in page["figures"]
 
 
 def test_min_reports_per_survey_defaults_to_half_a_partitions_share() -> None:

@@ -203,8 +203,8 @@ def print_summary(console: Any, summary: dict[str, Any], params: DemoParams) -> 
         table.add_row("per-attribute figure (thesis eq. 7.4, secondary)", f"{per_attribute:.3g}")
     central = (summary["report"].get("privacy") or {}).get("central_per_survey") or {}
     if "epsilon" in central:
-        # Each data report hides among its partition's n unlinkable reports
-        # (Feldman-McMillan-Talwar); a peer's k_h reports compose.
+        # Each data report hides among the n unlinkable reports its survey
+        # accepted (the fewest of any survey; Feldman-McMillan-Talwar); a peer's k_h reports compose.
         table.add_row(
             "epsilon, central (shuffle bound)",
             f"{central['epsilon']:.3g} per report (n={central['n']}, delta={central['delta']:.1e}); "
