@@ -295,11 +295,6 @@ class RoundStore:
 
     # -- packets ----------------------------------------------------------------
 
-    def replay_seen(self, tag: bytes) -> bool:
-        """Whether ``tag`` is in the final hop's replay cache (tags are added by :meth:`store_batch`)."""
-        with self._database.read() as db:
-            return db.execute("SELECT 1 FROM replay_tags WHERE tag = ?", (tag,)).fetchone() is not None
-
     # -- the inbox: authentic messages received and durable, not yet verified ----------
 
     def enqueue(self, messages: Sequence[tuple[bytes, bytes]], arrived: float,

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import csv
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -122,12 +121,6 @@ def load_adult(directory: Path | str) -> tuple[Table, Table]:
     if missing:
         raise DataError(f"data directory {str(root)!r} lacks {missing!r}")
     return read_adult_file(root / "adult.data"), read_adult_file(root / "adult.test")
-
-
-def check_columns(table: Table, names: Sequence[str]) -> None:
-    """Raise :class:`DataError` naming the first of ``names`` the table lacks."""
-    for name in names:
-        table.column(name)
 
 
 def read_csv_table(path: Path, spec: FeatureSpec) -> Table:

@@ -11,7 +11,6 @@ contention is in the figure; the minimum would hide it.
 from __future__ import annotations
 
 import os
-import statistics
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
