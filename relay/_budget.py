@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-# Sources remembered at most; beyond it, those whose bucket is full again are forgotten.
+# Sources remembered at most; beyond it, those quiet longest are forgotten.
 _MAX_SOURCES = 65_536
 
 
@@ -27,7 +27,7 @@ class RefusalBudget:
     rate: float
     burst: float
     _buckets: dict[str, tuple[float, float]] = field(default_factory=dict)
-    """source -> (tokens, at what time)."""
+    """source -> (tokens, at what time), in the order of their last spend."""
 
     def _tokens(self, source: str, now: float) -> float:
         tokens, at = self._buckets.get(source, (self.burst, now))
@@ -42,7 +42,12 @@ class RefusalBudget:
         """Charge ``refused`` frames to ``source``."""
         if refused <= 0:
             return
-        self._buckets[source] = (self._tokens(source, now) - refused, now)
-        if len(self._buckets) > _MAX_SOURCES:
-            for quiet in [s for s in self._buckets if self._tokens(s, now) >= self.burst]:
-                del self._buckets[quiet]
+        tokens = self._tokens(source, now) - refused
+        self._buckets.pop(source, None)  # re-inserted last: the dict stays ordered by last spend
+        self._buckets[source] = (tokens, now)
+        # The source quiet longest has refilled the most (forgetting a full bucket changes
+        # nothing). Forgetting one still in debt forgives it, but keeping every source would
+        # let a flood from many addresses grow this without bound, and scanning them all for
+        # full buckets cost each spend a pass over every source once the bound was reached.
+        while len(self._buckets) > _MAX_SOURCES:
+            del self._buckets[next(iter(self._buckets))]

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+import pytest
 import trio
 import trio.testing
 from scipy import stats
@@ -512,6 +513,19 @@ def test_a_source_that_overspends_its_refusals_waits_and_others_do_not() -> None
     assert budget.delay("flood", 2.0) == 0.0 and budget.delay("honest", 0.0) == 0.0
     budget.spend("flood", 100, 2.0)  # refills only to zero, then spends again
     assert budget.delay("flood", 2.0) == 2.0
+
+
+def test_the_refusal_budget_remembers_a_bounded_number_of_sources(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Beyond its bound the sources quiet longest are forgotten, even in debt: memory stays bounded
+    whatever number of addresses a flood comes from (before, only full buckets were forgotten)."""
+    import anonml.relay._budget as budget_module
+
+    monkeypatch.setattr(budget_module, "_MAX_SOURCES", 4)
+    budget = budget_module.RefusalBudget(rate=1.0, burst=10)
+    for second in range(10):
+        budget.spend(f"10.0.0.{second}", 20, float(second))  # 10 beyond the burst: 10 s of debt each
+    # The four latest still owe what they spent; the six before them are forgotten (a fresh bucket).
+    assert [budget.delay(f"10.0.0.{second}", 9.0) for second in range(10)] == [0.0] * 6 + [7.0, 8.0, 9.0, 10.0]
 
 
 async def test_a_round_is_forgotten_an_hour_after_its_last_window(
