@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from anonml.protocol._anonymity import LinkScore, rank_link, score_links, timing_figures
 from anonml.protocol._admission import ConnectionGate, GateRefusal, GateSlot
-from anonml.protocol._http import HttpLimits, serve_http
+from anonml.protocol._http import HttpLimits, serve_http, serve_http_on
 from anonml.protocol._link import (
     HELLO_BYTES,
     HELLO_REPLY_BYTES,
@@ -306,6 +306,7 @@ __all__ = [
     "seal_report",
     "seed_commitment",
     "serve_http",
+    "serve_http_on",
     "serve_link",
     "survey_oracle",
     "tree_hash",

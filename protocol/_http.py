@@ -120,6 +120,18 @@ async def serve_http(
     (``client-disconnected``) and connections that failed otherwise (``connection-failed``).
     """
     listeners = await trio.open_tcp_listeners(port, host=host)
+    await serve_http_on(app, listeners, limits, counts, task_status=task_status)
+
+
+async def serve_http_on(
+    app: Any,
+    listeners: list[trio.SocketListener],
+    limits: HttpLimits,
+    counts: Counter[str],
+    *,
+    task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """:func:`serve_http` on listeners already open (a caller that must report a bind failure itself)."""
     config = hypercorn_config(limits)
     gate = ConnectionGate(limits.max_connections, limits.max_connections_per_source)
     context = WorkerContext(None)

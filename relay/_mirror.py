@@ -52,7 +52,7 @@ from anonml.protocol import (
     SurveyId,
     TreeHead,
     canonical_json,
-    serve_http,
+    serve_http_on,
 )
 from anonml.relay._config import PinnedAggregator
 from anonml.relay._metrics import log_event
@@ -203,13 +203,17 @@ async def serve_mirror(
     Served behind ``protocol.serve_http``'s connection caps and deadlines
     (issue 13): the mirror is public and shares the relay's process, so slow
     or piled-up clients must not take the file descriptors its link needs.
-    ``counts`` gets the HTTP server's refusals and departed clients.
+    ``counts`` gets the HTTP server's refusals and departed clients. An
+    address that cannot be bound raises a plain ``OSError`` (the listener is
+    opened before any task starts), which ``serve_relay`` turns into a
+    one-line config error.
     """
     mirrored = [MirroredAggregator(pinned) for pinned in aggregators]
     counts = counts if counts is not None else Counter()
+    listeners = await trio.open_tcp_listeners(listen[1], host=listen[0])
     # The client outlives the nursery's tasks (they use it until cancelled).
     async with httpx.AsyncClient(timeout=httpx.Timeout(timeout)) as client, trio.open_nursery() as nursery:
-        url = await nursery.start(serve_http, build_mirror_app(mirrored), listen[0], listen[1], limits, counts)
+        url = await nursery.start(serve_http_on, build_mirror_app(mirrored), listeners, limits, counts)
 
         async def refresh_forever(m: MirroredAggregator) -> None:
             while True:

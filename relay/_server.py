@@ -696,10 +696,14 @@ async def _listen(address: tuple[str, int], what: str, config: RelayConfig) -> l
     try:
         return await trio.open_tcp_listeners(address[1], host=address[0])
     except OSError as exc:
-        raise RelayConfigError(
-            f"cannot listen for {what} on {format_host_port(*address)}: {exc.strerror or exc}; stop the process "
-            f"using it or choose another address in {str(config.data_dir / 'relay.toml')!r}"
-        ) from None
+        raise _cannot_listen(address, what, config, exc) from None
+
+
+def _cannot_listen(address: tuple[str, int], what: str, config: RelayConfig, exc: OSError) -> RelayConfigError:
+    return RelayConfigError(
+        f"cannot listen for {what} on {format_host_port(*address)}: {exc.strerror or exc}; stop the process "
+        f"using it or choose another address in {str(config.data_dir / 'relay.toml')!r}"
+    )
 
 
 async def serve_relay(
@@ -758,8 +762,11 @@ async def serve_relay(
             if directory is not None:
                 nursery.start_soon(relay.run_directory_refresh)
             if config.mirror is not None:
-                await nursery.start(functools.partial(serve_mirror, config.mirror, config.directory_aggregators,
-                                                      counts=counters.mirror_http))
+                try:
+                    await nursery.start(functools.partial(serve_mirror, config.mirror, config.directory_aggregators,
+                                                          counts=counters.mirror_http))
+                except OSError as exc:  # its address cannot be bound (nothing else fails before it starts)
+                    raise _cannot_listen(config.mirror, "mirror", config, exc) from None
             nursery.start_soon(functools.partial(trio.serve_listeners, relay.handle_connection, listeners,
                                                  handler_nursery=nursery))
             published = tuple(keyring.published(relay.clock.now()))

@@ -192,6 +192,22 @@ def test_run_with_its_port_in_use_says_so_in_one_line(tmp_path: Path) -> None:
     assert f"cannot listen for links on 127.0.0.1:{port}" in output and "relay.toml" in output
 
 
+@pytest.mark.parametrize("what", ["metrics", "mirror"])
+def test_run_with_its_metrics_or_mirror_port_in_use_says_so_in_one_line(tmp_path: Path, what: str) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        data_dir = tmp_path / "relay"
+        assert invoke("init", "--data-dir", str(data_dir), "--listen", "127.0.0.1:0", f"--{what}", f"127.0.0.1:{port}",
+                      "--aggregator", f"{'ab' * 32}@http://127.0.0.1:1")[0] == 0
+        code, output = invoke("run", "--data-dir", str(data_dir))
+    assert code == 1 and "Traceback" not in output and len(output.strip().splitlines()) == 1
+    assert f"cannot listen for {what} on 127.0.0.1:{port}" in output and "relay.toml" in output
+
+
 def test_a_second_run_on_a_directory_in_use_says_so_and_sigterm_stops_the_first(tmp_path: Path) -> None:
     """Issue 14: a second `relay run` on a data directory in use started anyway."""
     import signal
