@@ -32,9 +32,11 @@ from anonml.relay import (
     RelayConfig,
     RelayStarted,
     create_identity,
+    load_identity,
     render_directory_file,
     serve_relay,
 )
+from anonml.demo import free_port
 from anonml.testing import FinalHopSink, seconds_for
 
 # Three relays plus the sink (the aggregator's place) on every path.
@@ -281,16 +283,16 @@ async def test_silent_connections_from_one_source_cannot_take_the_slots_of_hones
     attacker = "127.0.0.2"  # another loopback address: another source
     async with trio.open_nursery() as nursery:
         sink_address = await nursery.start(sink.serve)
+        # The last relay knows the first one (its upstream neighbour) from the start: its directory
+        # file is written before it starts. (Rewriting it after the start raced with the relay's
+        # own first read of the file, which could put back the old file without the first relay.)
+        first_config = relay_config(tmp_path / "first", []).with_listen("127.0.0.1", free_port())
+        first_entry = DirectoryEntry(load_identity(first_config.data_dir)[0], *first_config.listen)
         last = await nursery.start(serve_relay, relay_config(
-            tmp_path / "last", [sink_entry(sink_address)], link=limits, max_connections=24,
+            tmp_path / "last", [sink_entry(sink_address), first_entry], link=limits, max_connections=24,
             max_connections_per_source=6, neighbour_connections=4))
-        first = await nursery.start(serve_relay, relay_config(tmp_path / "first", [relay_entry(last)]))
-        # The last relay knows the first one (its upstream neighbour) too.
-        (tmp_path / "last" / "directory.json").write_text(
-            render_directory_file([sink_entry(sink_address), relay_entry(first)]))
-        assert last.directory is not None
-        last.directory.replace_source(str(tmp_path / "last" / "directory.json"),
-                                      [sink_entry(sink_address), relay_entry(first)])
+        (tmp_path / "first" / "directory.json").write_text(render_directory_file([relay_entry(last)]))
+        first = await nursery.start(serve_relay, first_config)
         silent: list[trio.SocketStream] = []
         for _ in range(40):
             try:
