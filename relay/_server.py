@@ -229,6 +229,7 @@ class Relay:
         # their accepted packets and tags count as held and seen before they commit.
         self._pending_tags: set[bytes] = set()
         self._pending_rows = 0
+        self._pending_neighbours: Counter[Neighbour] = Counter()
         self.gate = ConnectionGate(config.max_connections, config.max_connections_per_source,
                                    config.neighbour_connections, refused=counters.connections_refused)
         self.refusals = RefusalBudget(config.refusals_per_second, config.refusal_burst)
@@ -329,6 +330,7 @@ class Relay:
         batch.rows.append((release_at, float(window.end), neighbour[0], neighbour[1], result.packet))
         batch.tags.append((result.replay_tag, float(window.end)))
         batch.neighbours[neighbour] += 1
+        self._pending_neighbours[neighbour] += 1
         self._pending_tags.add(result.replay_tag)
         self._pending_rows += 1
         return AckStatus.ACCEPTED
@@ -356,9 +358,10 @@ class Relay:
                 self._directory_wanted.set()
                 return AckStatus.BUSY
         neighbour = (result.next_address.host, result.next_address.port)
-        if neighbour not in self.holdings.neighbours and neighbour not in batch.neighbours:
+        pending = self._pending_neighbours  # of every batch being checked, not only this one
+        if neighbour not in self.holdings.neighbours and neighbour not in pending:
             # Only a new next hop needs the count (the union is a set as large as the neighbours).
-            if len(self.holdings.neighbours.keys() | batch.neighbours.keys()) >= self.config.max_neighbours:
+            if len(self.holdings.neighbours.keys() | pending.keys()) >= self.config.max_neighbours:
                 self.counters.drop(DropReason.TOO_MANY_NEIGHBOURS)
                 return AckStatus.REJECTED
         if self.replay_tags + len(self._pending_tags) >= self.config.max_replay_tags:
@@ -387,6 +390,7 @@ class Relay:
         finally:
             self._pending_tags.difference_update(tag for tag, _ in batch.tags)
             self._pending_rows -= len(batch.rows)
+            self._pending_neighbours -= batch.neighbours
             self._sync_counters()
 
     def _commit(self, batch: _Batch, statuses: list[AckStatus]) -> list[AckStatus]:

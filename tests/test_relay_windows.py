@@ -491,6 +491,35 @@ async def test_batches_of_two_connections_take_turns_and_a_packet_on_both_is_tak
     assert harness.relay.holdings.held == 162 and harness.relay.counters.dropped["replay"] == 1
 
 
+async def test_next_hops_of_two_connections_batches_count_together_before_either_commits(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    """Before, a batch counted only its own uncommitted next hops: two batches checked at once could
+    each add a new one, and max_neighbours was exceeded."""
+    harness = Harness(tmp_path, WallClock.starting_at(T0), max_neighbours=2)
+    window = ReleaseWindow(T0 + 10, T0 + 20)
+    hops = [NodeAddress("127.0.0.1", 9100 + i) for i in range(3)]
+    # Slices of 16: the second batch's first slice (a new next hop) is checked before the first batch's
+    # last slice (another new one), and the second commits only after the first.
+    first = [harness.packet(i, window, next_hop=hops[0]) for i in range(48)]
+    first += [harness.packet(100 + i, window, next_hop=hops[2]) for i in range(16)]
+    second = [harness.packet(200 + i, window, next_hop=hops[1]) for i in range(64)]
+    results: dict[str, list[AckStatus]] = {}
+
+    async def send(name: str, frames: list[bytes]) -> None:
+        results[name] = await harness.relay.on_packets(frames)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(send, "first", first)
+        while harness.relay.counters.received == 0:
+            await trio.lowlevel.checkpoint()
+        nursery.start_soon(send, "second", second)
+    assert results["first"] == [AckStatus.ACCEPTED] * 48 + [AckStatus.REJECTED] * 16
+    assert results["second"] == [AckStatus.ACCEPTED] * 64
+    assert set(harness.relay.holdings.neighbours) == {(h.host, h.port) for h in hops[:2]}
+    assert harness.relay.counters.dropped["too-many-neighbours"] == 16
+
+
 def test_every_sphinx_refusal_has_its_own_drop_reason_spelled_one_way() -> None:
     """Issue 10: crypto's reasons (bad_mac) and the relay's (unknown-next-hop) shared one label set in two spellings."""
     import anonml.crypto as crypto
