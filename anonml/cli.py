@@ -23,6 +23,7 @@ from typing import Any, NoReturn
 import click
 
 from anonml import __version__
+from anonml.errors import explain
 
 DEBUG_ENV = "ANONML_DEBUG"
 
@@ -90,30 +91,6 @@ class LazyGroup(click.Group):
         if rows:
             with formatter.section("Commands"):
                 formatter.write_dl(rows)
-
-
-def explain(exc: BaseException) -> str | None:
-    """The one-line message for a failure that is the operator's to fix, or None for a bug.
-
-    AnonML's own errors carry their message (each names the fix where there
-    is one); an ``OSError`` names the file or address it is about. trio
-    wraps failures of concurrent tasks in exception groups: the first leaf
-    that explains itself speaks for the group.
-    """
-    from anonml.errors import AnonMLError
-
-    if isinstance(exc, BaseExceptionGroup):
-        for leaf in exc.exceptions:
-            message = explain(leaf)
-            if message is not None:
-                return message
-        return None
-    if isinstance(exc, AnonMLError):
-        return " ".join(str(exc).split()) or type(exc).__name__
-    if isinstance(exc, OSError):
-        where = f"{exc.filename}: " if exc.filename else ""
-        return f"{where}{exc.strerror or exc}"
-    return None
 
 
 def _fail(message: str) -> NoReturn:

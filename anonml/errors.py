@@ -16,11 +16,14 @@ A caller that wants "anything AnonML refused or could not do" catches
 Refusals that are decisions rather than failures (a privacy budget that would
 be exceeded, a peer declining a round) derive from :class:`AnonMLError`
 directly. Each concrete class says who raises it and when.
+
+:func:`explain` turns one of them (or an ``OSError``), also inside trio's
+exception groups, into the one line a command-line user reads.
 """
 
 from __future__ import annotations
 
-__all__ = ["AnonMLError", "ConfigError", "InputError", "StorageError", "TransportError"]
+__all__ = ["AnonMLError", "ConfigError", "InputError", "StorageError", "TransportError", "explain"]
 
 
 class AnonMLError(Exception):
@@ -41,3 +44,25 @@ class ConfigError(AnonMLError):
 
 class StorageError(AnonMLError):
     """A local database cannot be opened, read or committed."""
+
+
+def explain(exc: BaseException) -> str | None:
+    """The one-line message for a failure that is the operator's to fix, or None for a bug.
+
+    AnonML's own errors carry their message (each names the fix where there
+    is one); an ``OSError`` names the file or address it is about. trio
+    wraps failures of concurrent tasks in exception groups: the first leaf
+    that explains itself speaks for the group.
+    """
+    if isinstance(exc, BaseExceptionGroup):
+        for leaf in exc.exceptions:
+            message = explain(leaf)
+            if message is not None:
+                return message
+        return None
+    if isinstance(exc, AnonMLError):
+        return " ".join(str(exc).split()) or type(exc).__name__
+    if isinstance(exc, OSError):
+        where = f"{exc.filename}: " if exc.filename else ""
+        return f"{where}{exc.strerror or exc}"
+    return None

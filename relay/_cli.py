@@ -14,7 +14,7 @@ import click
 import trio
 
 from anonml.crypto import DEFAULT_MAX_HOPS, DEFAULT_PACKET_SIZE
-from anonml.errors import ConfigError, StorageError
+from anonml.errors import AnonMLError, ConfigError, StorageError, explain
 from anonml.storage import lock_data_dir, write_secret_file
 from anonml.relay._config import (
     CONFIG_FILE,
@@ -166,19 +166,6 @@ async def _run_until_signalled(config: RelayConfig) -> None:
                 break
 
 
-def _one_line(error: BaseException) -> str | None:
-    """The message of an operator-facing failure inside ``error`` (an exception group from trio), or None."""
-    if isinstance(error, BaseExceptionGroup):
-        for inner in error.exceptions:
-            message = _one_line(inner)
-            if message is not None:
-                return message
-        return None
-    if isinstance(error, (ConfigError, StorageError)):
-        return str(error)
-    return None
-
-
 @relay.command()
 @_DATA_DIR
 @_AGGREGATOR
@@ -196,8 +183,9 @@ def run(data_dir: Path, aggregators: tuple[PinnedAggregator, ...]) -> None:
     try:
         with lock_data_dir(data_dir, command="anonml relay run"):
             trio.run(_run_until_signalled, config)
-    except (ConfigError, StorageError, BaseExceptionGroup) as exc:
-        message = _one_line(exc)
+    except (AnonMLError, OSError, BaseExceptionGroup) as exc:
+        # One line also under `python -m anonml.relay`, which the root command's handler does not wrap.
+        message = explain(exc)
         if message is None:
             raise
         raise click.ClickException(message) from None
