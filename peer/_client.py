@@ -54,6 +54,7 @@ from anonml.protocol import (
     SignedManifest,
     SurveyKind,
     mirror_path,
+    tls_context,
 )
 
 T = TypeVar("T")
@@ -125,6 +126,7 @@ class AggregatorClient:
             base_url=self.base_url,
             timeout=httpx.Timeout(timeout),
             limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
+            verify=tls_context(),
         )
         # Thousands of peers of one process queue here, not inside httpx's
         # pool, whose acquisition timeout would fail requests that merely wait.

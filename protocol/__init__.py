@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from anonml.protocol._anonymity import LinkScore, rank_link, score_links, timing_figures
 from anonml.protocol._admission import ConnectionGate, GateRefusal, GateSlot
-from anonml.protocol._http import HttpLimits, serve_http, serve_http_on
+from anonml.protocol._http import HttpLimits, serve_http, serve_http_on, tls_context
 from anonml.protocol._link import (
     HELLO_BYTES,
     HELLO_REPLY_BYTES,
@@ -309,6 +309,7 @@ __all__ = [
     "serve_http_on",
     "serve_link",
     "survey_oracle",
+    "tls_context",
     "tree_hash",
     "verify_consistency",
     "verify_inclusion",

@@ -46,7 +46,7 @@ import trio
 from anonml.errors import TransportError
 from anonml.crypto import NodeAddress
 from anonml.relay._metrics import DropReason
-from anonml.protocol import MAX_MANIFEST_BYTES, PATH_MANIFEST, InvalidManifest, SignedManifest
+from anonml.protocol import MAX_MANIFEST_BYTES, PATH_MANIFEST, InvalidManifest, SignedManifest, tls_context
 
 logger = logging.getLogger("anonml.relay")
 
@@ -230,7 +230,7 @@ async def fetch_manifest(url: str, *, identity: bytes, timeout: float) -> Signed
     try:
         with trio.fail_after(timeout):
             async with (
-                httpx.AsyncClient(timeout=httpx.Timeout(timeout)) as client,
+                httpx.AsyncClient(timeout=httpx.Timeout(timeout), verify=tls_context()) as client,
                 client.stream("GET", url.rstrip("/") + PATH_MANIFEST) as response,
             ):
                 if response.status_code != 200:

@@ -53,6 +53,7 @@ from anonml.protocol import (
     TreeHead,
     canonical_json,
     serve_http_on,
+    tls_context,
 )
 from anonml.relay._config import PinnedAggregator
 from anonml.relay._metrics import log_event
@@ -212,7 +213,7 @@ async def serve_mirror(
     counts = counts if counts is not None else Counter()
     listeners = await trio.open_tcp_listeners(listen[1], host=listen[0])
     # The client outlives the nursery's tasks (they use it until cancelled).
-    async with httpx.AsyncClient(timeout=httpx.Timeout(timeout)) as client, trio.open_nursery() as nursery:
+    async with httpx.AsyncClient(timeout=httpx.Timeout(timeout), verify=tls_context()) as client, trio.open_nursery() as nursery:
         url = await nursery.start(serve_http_on, build_mirror_app(mirrored), listeners, limits, counts)
 
         async def refresh_forever(m: MirroredAggregator) -> None:

@@ -55,6 +55,7 @@ from anonml.protocol import (
     SurveyId,
     TreeHead,
     receipt_leaves_root,
+    tls_context,
 )
 from test_e2e_round import spec_document as e2e_document
 from test_e2e_round import served_manifest, start_relays, vector
@@ -104,7 +105,7 @@ def tailoring_proxy(upstream: str, signing_key: SigningKey, withheld: list[bytes
     except the first check's log segments, which leave out ``withheld`` receipts under a re-signed head."""
 
     async def forward(request: Request) -> Response:
-        async with httpx.AsyncClient(base_url=upstream, timeout=30) as client:
+        async with httpx.AsyncClient(base_url=upstream, timeout=30, verify=tls_context()) as client:
             upstream_response = await client.request(
                 request.method, request.url.path, content=await request.body(), headers={"content-type": "application/json"}
             )
