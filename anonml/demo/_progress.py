@@ -12,6 +12,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+import httpx
 import trio
 
 from anonml.demo._ports import HOST
@@ -94,16 +95,14 @@ def phase_rows(progress: Progress, peers: int) -> list[tuple[str, str]]:
     return rows
 
 
-async def scrape_relay(port: int) -> dict[str, float]:
+async def scrape_relay(client: httpx.AsyncClient, port: int) -> dict[str, float]:
     """A relay's counters from its Prometheus endpoint (parsed by ``relay.parse_metrics``, i.e.
-    prometheus_client): ``forwarded``, ``received``, ``dropped/<reason>``."""
-    import httpx
-
+    prometheus_client): ``forwarded``, ``received``, ``dropped/<reason>``. ``client`` is the
+    one the demo keeps for its whole run (a new httpx client costs a TLS context each)."""
     from anonml.relay import parse_metrics
 
     try:
-        async with httpx.AsyncClient(timeout=2.0) as client:
-            text = (await client.get(f"http://{HOST}:{port}/metrics")).text
+        text = (await client.get(f"http://{HOST}:{port}/metrics", timeout=2.0)).text
     except httpx.HTTPError:
         return {}
     return {name.removeprefix("packets_"): value for name, value in parse_metrics(text).items()

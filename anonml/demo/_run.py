@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
 import trio
 
 from anonml.aggregator import LINKS_JSON
@@ -33,6 +34,7 @@ from anonml.demo._progress import Progress, phase_rows, read_worker, scrape_rela
 from anonml.demo._schedule import AGGREGATOR_PROCESSES, RELAYS, DemoParams, plan_round, round_spec, to_toml
 from anonml.demo._summary import anonymity_figures, summarise
 from anonml.demo._swarm import SwarmConfig
+from anonml.protocol import tls_context
 
 # `anonml aggregator run` exits 0 when the round is done, 3 when it failed and
 # 4 when it ended degraded: each is its normal end, not a crash to restart.
@@ -146,7 +148,7 @@ async def follow_round(children: Children, network: Network, workers: list[Child
     ended_at: float | None = None
     next_scrape = 0.0
     try:
-        async with trio.open_nursery() as readers:
+        async with httpx.AsyncClient(verify=tls_context()) as scraper, trio.open_nursery() as readers:
             for worker in workers:
                 assert worker.process is not None
                 readers.start_soon(read_worker, worker.process, progress)
@@ -160,7 +162,7 @@ async def follow_round(children: Children, network: Network, workers: list[Child
                     if trio.current_time() >= next_scrape:
                         next_scrape = trio.current_time() + 2.0
                         for i, port in enumerate(network.metrics_ports):
-                            progress.relays[i] = await scrape_relay(port) or progress.relays.get(i, {})
+                            progress.relays[i] = await scrape_relay(scraper, port) or progress.relays.get(i, {})
                     board.update(phase_rows(progress, progress.peers), key=progress.status.phase if progress.status else "starting")
                     progress.peak_rss_mb = max(progress.peak_rss_mb, resident_mb([*children.pids(), os.getpid()]))
                     ended = progress.status is not None and progress.status.phase in ("done", "degraded", "failed")
