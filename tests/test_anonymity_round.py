@@ -14,7 +14,6 @@ recorded.
 
 from __future__ import annotations
 
-import os
 import re
 import time
 from functools import partial
@@ -36,8 +35,6 @@ from anonml.demo import free_port
 from anonml.aggregator._service import AggregatorConfig, serve_aggregator
 from anonml.aggregator._setup import create_round
 from anonml.aggregator._spec import parse_round_spec
-from anonml.aggregator._store import AggregatorHome
-from anonml.crypto import generate_keypair
 from anonml.peer import Equivocation, JoinResult
 from anonml.peer._client import AggregatorClient
 from anonml.peer._features import RoundPipeline
@@ -52,13 +49,12 @@ from anonml.protocol import (
     FeatureSpec,
     ReceiptSegment,
     SignedDocument,
-    SurveyId,
     TreeHead,
     receipt_leaves_root,
     tls_context,
 )
 from test_e2e_round import spec_document as e2e_document
-from test_e2e_round import served_manifest, start_relays, vector
+from test_e2e_round import aggregator_with_relays, served_manifest, vector
 
 pytestmark = pytest.mark.slow
 
@@ -126,13 +122,7 @@ def tailoring_proxy(upstream: str, signing_key: SigningKey, withheld: list[bytes
 
 async def test_withheld_receipts_and_dropped_packets_leave_nothing_to_link(tmp_path: Path, relay_processes: list[trio.Process]) -> None:
     http_port = free_port()
-    home = AggregatorHome(tmp_path / "agg")
-    identity_seed = os.urandom(32)
-    home.initialise(identity_seed, generate_keypair()[0])
-    signing_key = SigningKey(identity_seed)
-    identity = bytes(signing_key.verify_key)
-    descriptors, started = await start_relays(tmp_path, f"{identity.hex()}@http://127.0.0.1:{http_port}")
-    relay_processes.extend(started)
+    home, signing_key, descriptors = await aggregator_with_relays(tmp_path, http_port, relay_processes)
     spec = parse_round_spec(round_document(descriptors, http_port))
     state, _ = create_round(home, spec, now=int(time.time()))
     schedule = state.manifest.schedule
@@ -204,7 +194,7 @@ async def test_withheld_receipts_and_dropped_packets_leave_nothing_to_link(tmp_p
     assert len(proofs) == 1 and proofs[0].kind == "tree-head"
     served, mirrored = (SignedDocument.from_json(d, max_bytes=1 << 20) for d in (proofs[0].first, proofs[0].second))
     for document in (served, mirrored):
-        document.verify(identity, kind=DocumentKind.TREE_HEAD, round_id=signed.round_id)
+        document.verify(bytes(signing_key.verify_key), kind=DocumentKind.TREE_HEAD, round_id=signed.round_id)
     a, b = TreeHead.from_document(served), TreeHead.from_document(mirrored)
     assert (a.survey, a.check) == (b.survey, b.check) and a.root != b.root
     # ... and never resent: no tag reached the aggregator twice, so no duplicate can name the target.

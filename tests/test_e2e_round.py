@@ -111,6 +111,18 @@ async def start_relays(tmp_path: Path, aggregator: str) -> tuple[list[dict[str, 
     return descriptors, processes
 
 
+async def aggregator_with_relays(tmp_path: Path, http_port: int, relay_processes: list[trio.Process]) -> tuple[AggregatorHome, SigningKey, list[dict[str, Any]]]:
+    """A new aggregator home (its identity key and signing key) and three relay processes that pin
+    that identity at ``http_port``; the processes join ``relay_processes`` (the fixture stops them)."""
+    home = AggregatorHome(tmp_path / "agg")
+    identity_seed = os.urandom(32)
+    home.initialise(identity_seed, generate_keypair()[0])
+    signing_key = SigningKey(identity_seed)
+    descriptors, started = await start_relays(tmp_path, f"{bytes(signing_key.verify_key).hex()}@http://127.0.0.1:{http_port}")
+    relay_processes.extend(started)
+    return home, signing_key, descriptors
+
+
 def spec_document(relays: list[dict[str, Any]], http_port: int) -> dict[str, Any]:
     fields = ("node_id", "host", "port", "public_key", "key_epoch", "mirror_port")
     return {
@@ -186,12 +198,7 @@ async def test_a_round_completes_rejects_every_forbidden_submission_and_survives
 async def run_round(tmp_path: Path, relay_processes: list[trio.Process]) -> None:
     async with trio.open_nursery() as nursery:
         http_port = free_port()
-        home = AggregatorHome(tmp_path / "agg")
-        identity_seed = os.urandom(32)
-        home.initialise(identity_seed, generate_keypair()[0])
-        identity = bytes(SigningKey(identity_seed).verify_key).hex()
-        descriptors, started = await start_relays(tmp_path, f"{identity}@http://127.0.0.1:{http_port}")
-        relay_processes.extend(started)
+        home, _, descriptors = await aggregator_with_relays(tmp_path, http_port, relay_processes)
         spec = parse_round_spec(spec_document(descriptors, http_port))
         state, _ = create_round(home, spec, now=int(time.time()))
         round_dir = home.round_dir(state.round_id)

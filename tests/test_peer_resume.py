@@ -5,24 +5,20 @@ aggregator served on loopback."""
 
 from __future__ import annotations
 
-import os
 import signal
 import time
 from pathlib import Path
 
 import pytest
 import trio
-from nacl.signing import SigningKey
 
 from anonml.demo import free_port
 from anonml.aggregator._service import AggregatorConfig, serve_aggregator
 from anonml.aggregator._setup import create_round
 from anonml.aggregator._spec import parse_round_spec
-from anonml.aggregator._store import AggregatorHome
 from anonml.cli import anonml_command
-from anonml.crypto import generate_keypair
 from anonml.peer._store import PeerStore
-from test_e2e_round import spec_document, start_relays
+from test_e2e_round import aggregator_with_relays, spec_document
 
 pytestmark = pytest.mark.slow
 
@@ -30,11 +26,7 @@ pytestmark = pytest.mark.slow
 async def test_a_killed_peer_join_resumes_with_its_stored_credential(tmp_path: Path, relay_processes: list[trio.Process]) -> None:
     relays = relay_processes
     http_port = free_port()
-    home = AggregatorHome(tmp_path / "agg")
-    seed = os.urandom(32)
-    home.initialise(seed, generate_keypair()[0])
-    descriptors, started = await start_relays(tmp_path, f"{bytes(SigningKey(seed).verify_key).hex()}@http://127.0.0.1:{http_port}")
-    relays.extend(started)
+    home, _, descriptors = await aggregator_with_relays(tmp_path, http_port, relays)
     document = spec_document(descriptors, http_port)
     # One peer, started as a process on a loaded machine: generous registration and issuance.
     document["schedule"].update({"register": 25, "issue": 25})

@@ -15,22 +15,18 @@ per-attribute figure.
 from __future__ import annotations
 
 import math
-import os
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
-from nacl.signing import SigningKey
 
 from anonml.aggregator._report import learn, summarise
 from anonml.aggregator._round import RoundState
 from anonml.aggregator._service import AggregatorConfig, serve_aggregator
 from anonml.aggregator._setup import create_round
 from anonml.aggregator._spec import parse_round_spec
-from anonml.aggregator._store import AggregatorHome
-from anonml.crypto import generate_keypair
 from anonml.demo import free_port
 from anonml.mechanisms import BudgetExceeded
 from anonml.peer import describe_release
@@ -45,7 +41,8 @@ from anonml.peer._transport import open_transport
 from anonml.protocol import SurveyId, SurveyKind, SurveyMessage
 from anonml.protocol._features import FeatureSpec
 from anonml.protocol._manifest import SignedManifest
-from test_e2e_round import served_manifest, start_relays
+from test_e2e_round import aggregator_with_relays, served_manifest
+from test_e2e_round import spec_document as e2e_spec_document
 
 pytestmark = pytest.mark.slow
 
@@ -54,27 +51,15 @@ EPS_TOTAL = 2.0
 
 
 def spec_document(relays: list[dict[str, Any]], http_port: int, name: str) -> dict[str, Any]:
-    """Two numeric features, so a median answer is two comparison bits; both partitions are queried."""
-    fields = ("node_id", "host", "port", "public_key", "key_epoch", "mirror_port")
-    return {
-        "name": name,
-        "task": {
-            "features": [
-                {"name": "age", "type": "numeric", "low": 0, "high": 100},
-                {"name": "hours", "type": "numeric", "low": 0, "high": 100},
-                {"name": "colour", "type": "categorical", "categories": ["red", "green", "blue"]},
-            ],
-            "label": {"name": "y", "positive": ["1"], "negative": ["0"]},
-        },
-        "learning": {"k_p": 2, "k_h": 1, "k_s": 2, "plan": "split", "learner": "logreg"},
-        "privacy": {"eps_total": EPS_TOTAL, "oracle": "grr"},
-        "schedule": {"register": 8, "issue": 8, "median_rounds": 2, "median_send": 2, "median_delivery": 6, "data_send": 3, "data_delivery": 12},
-        "network": {
-            "relays": [{k: r[k] for k in fields} for r in relays], "path_length": 2,
-            "http_host": "127.0.0.1", "http_port": http_port, "sink_host": "127.0.0.1", "sink_port": free_port(),
-        },
-        "participation": {"min_participation": 4, "registration": "open", "purpose": "test", "max_per_client": 1000},
-    }
+    """The e2e round with two numeric features, so a median answer is two comparison bits; both
+    partitions are queried, and each data subset holds two features."""
+    document = e2e_spec_document(relays, http_port)
+    document["name"] = name
+    document["task"]["features"].insert(1, {"name": "hours", "type": "numeric", "low": 0, "high": 100})
+    document["learning"]["k_s"] = 2
+    document["privacy"] = {"eps_total": EPS_TOTAL, "oracle": "grr"}
+    document["schedule"].update({"register": 8, "issue": 8})
+    return document
 
 
 def vector(pipeline: RoundPipeline, i: int) -> FeatureVector:
@@ -101,11 +86,7 @@ def released_epsilon(store: PeerStore, peer: bytes, signed: SignedManifest) -> f
 
 async def test_every_peer_releases_exactly_its_ledger_within_the_record_level_promise(tmp_path: Path, relay_processes: list[trio.Process]) -> None:
     http_port = free_port()
-    home = AggregatorHome(tmp_path / "agg")
-    seed = os.urandom(32)
-    home.initialise(seed, generate_keypair()[0])
-    descriptors, started = await start_relays(tmp_path, f"{bytes(SigningKey(seed).verify_key).hex()}@http://127.0.0.1:{http_port}")
-    relay_processes.extend(started)
+    home, _, descriptors = await aggregator_with_relays(tmp_path, http_port, relay_processes)
     spec = parse_round_spec(spec_document(descriptors, http_port, "privacy"))
     state, _ = create_round(home, spec, now=int(time.time()))
     reports: dict[str, Any] = {}
