@@ -11,7 +11,7 @@ from the packet cost measured when it is drawn.
 from __future__ import annotations
 
 from anonml.testing._peer import SettableClock, SimulatedPeer, enrol
-from anonml.testing._schedule import packet_seconds, seconds_for
+from anonml.testing._schedule import seconds_for
 from anonml.testing._sink import Arrival, FinalHopSink
 
-__all__ = ["Arrival", "FinalHopSink", "SettableClock", "SimulatedPeer", "enrol", "packet_seconds", "seconds_for"]
+__all__ = ["Arrival", "FinalHopSink", "SettableClock", "SimulatedPeer", "enrol", "seconds_for"]

@@ -5,7 +5,7 @@ seconds, fixed in each packet when it is built. A window sized for an idle
 machine closes before its packets are sent on a busy one (CI runs the suite
 two workers at a time beside the demo's processes), and the relay then
 rightly refuses them as late. The tests size their windows from
-:func:`packet_seconds`, measured at the moment the schedule is drawn.
+:func:`seconds_for`, from the packet cost measured when the schedule is drawn.
 """
 
 from __future__ import annotations
