@@ -260,7 +260,7 @@ def dashboard_data(
     return {
         "round": {"id": state.round_id.hex(), "name": manifest.name, "url": manifest.aggregator_url,
                   "k_p": manifest.k_p, "k_h": manifest.k_h, "k_s": manifest.k_s, "plan": manifest.plan,
-                  "learner": manifest.learner, "path_length": manifest.path_length},
+                  "learner": manifest.learner, "vote": manifest.vote, "path_length": manifest.path_length},
         "phase": phase,
         "sub_round": status.sub_round if report is None else None,
         "now": status.now,

@@ -73,7 +73,7 @@ def learn(state: RoundState, directory: Path, *, test_file: Path | None = None) 
         "utility": None,
     }
     if histograms:
-        ensemble = PartitionEnsemble(base=manifest.learner, random_state=0).fit_histograms(histograms, n_bins=spec.n_bins)
+        ensemble = PartitionEnsemble(base=manifest.learner, combiner=manifest.vote, random_state=0).fit_histograms(histograms, n_bins=spec.n_bins)
         model = published_model(spec, cut_points, ensemble)
         (directory / MODEL_FILE).write_text(model_to_json(model))
         report["model"] = MODEL_FILE

@@ -78,7 +78,7 @@ def create_round(
     geometry = SphinxGeometry.create(max_hops=spec.max_hops, packet_size=spec.packet_size)
     manifest = RoundManifest(
         name=spec.name, label=spec.spec.label.name, features=spec.spec.to_dict(), k_p=spec.k_p, k_h=spec.k_h,
-        k_s=spec.k_s, plan=spec.plan, learner=spec.learner, eps_median=plan.median_epsilon,
+        k_s=spec.k_s, plan=spec.plan, learner=spec.learner, vote=spec.vote, eps_median=plan.median_epsilon,
         eps_data=plan.release_epsilon, oracle=spec.oracle,
         eps_total=worst_case_epsilon(
             spec.spec, spec.k_h, spec.k_s, plan.median_epsilon, plan.release_epsilon, spec.median_rounds

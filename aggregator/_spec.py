@@ -22,6 +22,7 @@ from typing import Any
 from anonml.crypto import DEFAULT_MAX_HOPS, DEFAULT_PACKET_SIZE, SphinxGeometry
 from anonml.mechanisms import ORACLE_NAMES, make_oracle
 from anonml.protocol import (
+    DEFAULT_VOTE,
     EPSILON_TOTAL_RANGE,
     PLAN_KINDS,
     MAX_ROSTER,
@@ -33,6 +34,7 @@ from anonml.protocol import (
     RelayEntry,
     ReleasePlan,
     RoundPurpose,
+    VOTES,
     derive_subsets,
 )
 from anonml.protocol import FieldReader, InvalidDocument
@@ -77,6 +79,7 @@ class RoundSpec:
     k_s: int
     plan: str
     learner: str
+    vote: str
     eps_total: float
     oracle: str
     median_share: float
@@ -140,6 +143,7 @@ k_h = 2                     # subsets per partition ("one" plan: 1)
 k_s = 2                     # features per subset
 plan = "split"              # or "one"
 learner = "logreg"          # or "tree"
+vote = "weighted"           # optional: how partitions combine, "weighted" (eq. 6.2), "soft" or "naive-bayes"
 
 [privacy]
 eps_total = 4.0             # promised to each peer, record level: the sum over every release, median bits included
@@ -272,6 +276,7 @@ def parse_round_spec(document: dict[str, Any], *, base_dir: Path | None = None) 
     k_s = learning.integer("k_s", 1, 16)
     plan = learning.choice("plan", PLAN_KINDS)
     learner = learning.choice("learner", LEARNERS)
+    vote = learning.choice("vote", VOTES) if learning.optional("vote") else DEFAULT_VOTE
     learning.done()
     privacy = reader.child("privacy")
     eps_total = privacy.number("eps_total", *EPSILON_TOTAL_RANGE)
@@ -385,7 +390,7 @@ def parse_round_spec(document: dict[str, Any], *, base_dir: Path | None = None) 
         reader.fail_at("learning", str(exc))
     _check_buildable(reader, spec, plan, k_p, k_h, k_s, eps_total, oracle, median_share, median_rounds)
     return RoundSpec(
-        name, spec, k_p, k_h, k_s, plan, learner, eps_total, oracle, median_share, register_seconds, issue_seconds,
+        name, spec, k_p, k_h, k_s, plan, learner, vote, eps_total, oracle, median_share, register_seconds, issue_seconds,
         median_rounds, median_send, median_delivery, data_send, data_delivery, check_seconds, median_second_send,
         median_second_delivery, data_second_send, data_second_delivery, publish_gap, relays, path_length,
         packet_size, max_hops, http_host, http_port, sink_host, sink_port, min_participation, registration, purpose,

@@ -114,6 +114,7 @@ from anonml.protocol._merkle import (
 from anonml.protocol._signed import DocumentKind, InvalidSignedDocument, SignedDocument
 from anonml.protocol._canonical import FieldReader, InvalidDocument, canonical_json
 from anonml.protocol._manifest import (
+    DEFAULT_VOTE,
     MAX_MANIFEST_BYTES,
     PROTOCOL_VERSION,
     REGISTRATION_POLICIES,
@@ -125,6 +126,7 @@ from anonml.protocol._manifest import (
     RoundManifest,
     RoundPurpose,
     SignedManifest,
+    VOTES,
     check_seed,
     seed_commitment,
 )
@@ -245,6 +247,8 @@ __all__ = [
     "PATH_STATUS",
     "PHASES",
     "PLAN_KINDS",
+    "VOTES",
+    "DEFAULT_VOTE",
     "PROTOCOL_VERSION",
     "PartitionPlan",
     "PhaseTimes",

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from anonml.crypto import NodeAddress, PathHop, ReleaseWindow, SphinxGeometry, build_packet
 from anonml.protocol._api import MAX_ROSTER, format_host_port
 from anonml.protocol._canonical import FieldReader, InvalidDocument, canonical_json, format_epsilon, parse_json_object
+from anonml.protocol._plan import Combiner
 from anonml.protocol._schedule import Attempt, RoundSchedule, acceptance_window, hop_windows
 from anonml.protocol._survey import ROUND_ID_BYTES, SurveyId
 
@@ -34,6 +35,8 @@ MAX_MANIFEST_BYTES = 512 * 1024
 MAX_RELAYS = 256
 SEED_BYTES = 32
 PLANS = ("split", "one")
+VOTES = tuple(str(vote) for vote in Combiner)
+DEFAULT_VOTE = str(Combiner.WEIGHTED)  # eq. 6.2, the thesis's vote
 
 
 class RegistrationPolicy(enum.StrEnum):
@@ -185,6 +188,8 @@ class RoundManifest:
     identity_key: bytes
     purpose: RoundPurpose = RoundPurpose.PRODUCTION
     max_roster: int = MAX_ROSTER
+    vote: str = DEFAULT_VOTE
+    """How the ensemble combines its partitions' histograms (:class:`Combiner`); post-processing only."""
     """The most registrations the round admits (at most the protocol's :data:`MAX_ROSTER`)."""
     version: int = PROTOCOL_VERSION
     _canonical: bytes = field(init=False, repr=False, compare=False)
@@ -249,7 +254,7 @@ class RoundManifest:
             "version": self.version,
             "name": self.name,
             "task": {"label": self.label, "features": dict(self.features)},
-            "learning": {"k_p": self.k_p, "k_h": self.k_h, "k_s": self.k_s, "plan": self.plan, "learner": self.learner},
+            "learning": self._learning_dict(),
             "privacy": {
                 "eps_median": format_epsilon(self.eps_median),
                 "eps_data": format_epsilon(self.eps_data),
@@ -274,6 +279,14 @@ class RoundManifest:
                 "max_roster": self.max_roster,
             },
         }
+
+    def _learning_dict(self) -> dict[str, Any]:
+        learning: dict[str, Any] = {"k_p": self.k_p, "k_h": self.k_h, "k_s": self.k_s, "plan": self.plan, "learner": self.learner}
+        # Written only when it is not the default, so that a manifest which
+        # does not choose a vote encodes (and hashes) as before the field existed.
+        if self.vote != DEFAULT_VOTE:
+            learning["vote"] = self.vote
+        return learning
 
     @classmethod
     def from_dict(cls, value: object) -> RoundManifest:
@@ -309,6 +322,10 @@ class RoundManifest:
         k_s = learning.integer("k_s", 1, 16)
         plan = learning.choice("plan", PLANS)
         learner = learning.text("learner", max_len=64, pattern=_NAME_PATTERN)
+        vote = learning.choice("vote", VOTES) if learning.optional("vote") else DEFAULT_VOTE
+        if learning.optional("vote") and vote == DEFAULT_VOTE:
+            # One encoding per manifest: the default is written by leaving the field out.
+            learning.fail("vote", f"{DEFAULT_VOTE!r} is the default: leave the field out")
         learning.done()
         privacy = reader.child("privacy")
         eps_median = privacy.epsilon("eps_median")
@@ -359,7 +376,7 @@ class RoundManifest:
             relays=relays, aggregator_hop=aggregator_hop, aggregator_url=aggregator_url, path_length=path_length,
             geometry=geometry, token_public_key=token_public_key, token_kid=token_kid, seed_commitment=commitment,
             min_participation=min_participation, registration=registration, identity_key=identity_key,
-            purpose=purpose, max_roster=max_roster, version=version,
+            purpose=purpose, max_roster=max_roster, vote=vote, version=version,
         )
         for key, item in values.items():
             object.__setattr__(manifest, key, item)

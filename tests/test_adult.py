@@ -145,25 +145,35 @@ def test_median_steps_reach_every_plan() -> None:
     assert default.choice is not None and (default.choice.median_peers, default.choice.quantiles, default.choice.k_p) == ("reserved", 3, 12)
 
 
-def test_the_adult_demo_names_an_experiment_at_its_own_parameters(tmp_path: Path, adult_dir: Path) -> None:
-    """The command the demo prints runs, with the demo's plan, ε and median steps."""
-    from types import SimpleNamespace
-
+@pytest.mark.parametrize("dataset", ["adult", "breast-cancer"])
+def test_the_demo_names_an_experiment_at_its_own_parameters(tmp_path: Path, adult_dir: Path, dataset: str) -> None:
+    """The command the demo prints runs, on the demo's data, with its plan, vote, ε and median steps."""
     from anonml.demo._calibrate import PhaseCosts
+    from anonml.demo._data import breast_cancer_data, write_experiment_files
     from anonml.demo._schedule import plan_round
     from anonml.demo._summary import experiment_command
 
     costs = PhaseCosts(register=1e-3, issue=1e-3, token=1e-3, relay_hop=1e-3, verify=1e-3, http=1e-3, process_start=1.0)
-    params = plan_round(SimpleNamespace(name="adult"), 2000, 2.0, 2, 0, costs)  # type: ignore[arg-type]
-    command = experiment_command(params, adult_dir, 32561).split()
-    assert command[:3] == ["anonml", "experiment", "adult"] and command[-2:] == ["--max-train-rows", "2000"]
+    if dataset == "adult":
+        from types import SimpleNamespace
+
+        params = plan_round(SimpleNamespace(name="adult"), 2000, 2.0, 2, 0, costs)  # type: ignore[arg-type]
+        command = experiment_command(params, ["adult", "--data-dir", str(adult_dir)], 32561).split()
+        assert command[:3] == ["anonml", "experiment", "adult"] and command[-2:] == ["--max-train-rows", "2000"]
+    else:
+        data = breast_cancer_data(0)
+        params = plan_round(data, len(data.train_rows), 2.0, 2, 0, costs)
+        command = experiment_command(params, write_experiment_files(data, data.train_rows, tmp_path), len(data.train_rows)).split()
+        assert command[:3] == ["anonml", "experiment", "csv"] and "--max-train-rows" not in command
     report_path = tmp_path / "r.json"
-    code, output = run_cli(*command[3:], "--trials", "1", "--no-baselines", "--json", str(report_path))
-    assert code == 0, output
+    result = CliRunner().invoke(main, [*command[1:], "--trials", "1", "--no-baselines", "--json", str(report_path)])
+    assert result.exit_code == 0, result.output
     (line,) = json.loads(report_path.read_text())["results"]
-    assert (line["k_p"], line["k_s"], line["combiner"]) == (params.k_p, params.k_s, "weighted")
+    assert (line["k_p"], line["k_s"], line["combiner"]) == (params.k_p, params.k_s, params.vote)
     assert (line["median_peers"], line["median_steps"]) == ("all", params.median_rounds)
     assert line["epsilon_total"] == pytest.approx(params.epsilon)
+    if dataset == "breast-cancer":
+        assert json.loads(report_path.read_text())["n_train"] == len(data.train_rows)
 
 
 @pytest.mark.parametrize("dataset", ["breast-cancer", "affairs"])

@@ -186,6 +186,7 @@ def test_invitation_and_allow_list(tmp_path: Path) -> None:
 def test_round_spec_names_the_bad_field() -> None:
     for path, value, field in (
         (("learning", "k_p"), 0, "learning.k_p"),
+        (("learning", "vote"), "majority", "learning.vote"),
         (("privacy", "eps_total"), "lots", "privacy.eps_total"),
         (("network", "path_length"), 5, "network.path_length"),
         (("participation", "registration"), "vip", "participation.registration"),
@@ -366,12 +367,19 @@ async def test_phases_advance_by_the_schedule(tmp_path: Path, autojump_clock: tr
     assert trio.current_time() == pytest.approx(state.manifest.schedule.data.t_r - T0)
 
 
-async def test_full_round_in_process_learns_and_reports(tmp_path: Path, autojump_clock: trio.testing.MockClock) -> None:
+@pytest.mark.parametrize("vote", [None, "naive-bayes"])
+async def test_full_round_in_process_learns_and_reports(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock, vote: str | None
+) -> None:
     from anonml.aggregator._report import learn
     from anonml.aggregator._verify import process_batch
     from anonml.protocol import MedianThresholds, encode_median_report
 
-    state, _ = make_round(tmp_path, lambda: T0 + trio.current_time(), with_median(spec_document()))
+    document = with_median(spec_document())
+    if vote is not None:
+        document["learning"]["vote"] = vote
+    state, _ = make_round(tmp_path, lambda: T0 + trio.current_time(), document)
+    assert state.manifest.vote == (vote or "weighted")
     schedule = state.manifest.schedule
     peers = [Peer(state, i) for i in range(1, 13)]
     rng = np.random.default_rng(3)
@@ -426,6 +434,8 @@ async def test_full_round_in_process_learns_and_reports(tmp_path: Path, autojump
     model = model_from_json((directory / "model.json").read_text())
     held_out = read_csv_table(test_file, state.spec)
     assert model.decision_function(table_matrix(state.spec, held_out)).shape == (12,)
+    # The round's signed vote is the one its model combines with.
+    assert model.named_steps["ensemble"].combiner == (vote or "weighted")
 
 
 def test_malformed_test_file_names_its_line(tmp_path: Path) -> None:

@@ -120,6 +120,24 @@ def test_every_field_changes_the_round_id() -> None:
         assert fixed_manifest(**change).round_id != base, change
 
 
+def test_the_vote_is_signed_and_the_default_vote_encodes_as_before_the_field() -> None:
+    # A manifest that leaves the vote at eq. 6.2's weighted vote hashes to the
+    # pinned id above: rounds made before the field existed keep their ids.
+    assert fixed_manifest(vote="weighted").round_id.hex() == PINNED_ROUND_ID
+    assert b"vote" not in fixed_manifest().canonical_bytes()
+    bayes = fixed_manifest(vote="naive-bayes")
+    assert bayes.round_id.hex() != PINNED_ROUND_ID
+    assert RoundManifest.from_json(bayes.canonical_bytes()) == bayes
+    signed = SignedManifest.sign(bayes, SIGNING_KEY)
+    assert SignedManifest.from_json(signed.to_json(), expected_identity=bytes(SIGNING_KEY.verify_key)).manifest.vote == "naive-bayes"
+    for bad in ("majority", "weighted"):  # unknown, and the default spelled out (a second encoding of one manifest)
+        document = fixed_manifest().to_dict()
+        document["learning"]["vote"] = bad
+        with pytest.raises(InvalidManifest) as info:
+            RoundManifest.from_dict(document)
+        assert info.value.field == "learning.vote"
+
+
 def test_sign_and_verify() -> None:
     manifest = fixed_manifest()
     signed = SignedManifest.sign(manifest, SIGNING_KEY)

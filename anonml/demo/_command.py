@@ -14,7 +14,7 @@ from pathlib import Path
 import click
 import trio
 
-from anonml.demo._data import adult_data, breast_cancer_data
+from anonml.demo._data import adult_data, breast_cancer_data, write_experiment_files
 from anonml.demo._children import until_signalled
 from anonml.demo._run import run_demo
 from anonml.demo._summary import exit_code, experiment_command, print_summary
@@ -62,7 +62,10 @@ def demo(peers: int | None, dataset: str, data_dir: Path | None, epsilon: float,
         raise SystemExit(128 + result)
     summary, params = result
     if dataset == "adult" and data_dir is not None:
-        summary["experiment_command"] = experiment_command(params, data_dir, len(data.train_rows))
+        summary["experiment_command"] = experiment_command(params, ["adult", "--data-dir", str(data_dir)], len(data.train_rows))
+    else:
+        dataset_args = write_experiment_files(data, data.train_rows[:n], work)
+        summary["experiment_command"] = experiment_command(params, dataset_args, n)
     print_summary(console, summary, params)
     if json_out is not None:
         json_out.write_text(json.dumps(summary, indent=2, default=str))

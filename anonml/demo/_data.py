@@ -132,6 +132,20 @@ def write_test_file(data: DemoData, work: Path) -> Path:
     return path
 
 
+def write_experiment_files(data: DemoData, rows: list[list[str]], work: Path) -> list[str]:
+    """The demo's feature spec and every peer's row as files ``anonml
+    experiment csv`` reads; returns its arguments naming them and the held-out rows."""
+    import tomli_w
+
+    spec_path, train_path = work / "feature-spec.toml", work / "peers.csv"
+    spec_path.write_text(tomli_w.dumps(data.spec.to_dict()))
+    with train_path.open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(data.header)
+        writer.writerows(rows)
+    return ["csv", "--spec", str(spec_path), "--train", str(train_path), "--test", str(write_test_file(data, work))]
+
+
 def baseline_auc(data: DemoData) -> float:
     """Non-private logistic regression on the raw features of the same training rows."""
     from sklearn.linear_model import LogisticRegression

@@ -141,22 +141,24 @@ def exit_code(summary: dict[str, Any]) -> int:
     return 0
 
 
-def experiment_command(params: DemoParams, data_dir: Path, n_train: int) -> str:
+def experiment_command(params: DemoParams, dataset_args: list[str], n_train: int) -> str:
     """The in-process ``anonml experiment`` closest to this round: its AUC is the demo's yardstick.
 
-    Same plan, ε and weighted vote; both ask every peer's budget to cover a
-    median answer (``median_peers="all"``) and run as many median steps. Not
-    identical: the round's sub-round ``i`` asks partition ``i`` only, while
-    the experiment deals all peers over the steps (with k_p = 12 and 4 steps,
-    3 times as many answers per step), so the round's medians are noisier.
+    ``dataset_args`` name the data (``adult --data-dir D``, or ``csv --spec
+    ... --train ... --test ...`` for the files the demo wrote). Same plan, ε
+    and vote; both ask every peer's budget to cover a median answer
+    (``median_peers="all"``) and run as many median steps. Not identical: the
+    round's sub-round ``i`` asks partition ``i`` only, while the experiment
+    deals all peers over the steps (with k_p = 12 and 4 steps, 3 times as
+    many answers per step), so the round's medians are noisier.
     """
     args = [
-        "anonml", "experiment", "adult", "--data-dir", str(data_dir), "--epsilon", f"{params.epsilon:g}",
+        "anonml", "experiment", *dataset_args, "--epsilon", f"{params.epsilon:g}",
         "--plan", params.plan, "--kp", str(params.k_p), "--ks", str(params.k_s),
     ]
     if params.plan == "split":
         args += ["--kh", str(params.k_h)]
-    args += ["--median-peers", "all", "--median-steps", str(max(params.median_rounds, 1)), "--vote", "weighted"]
+    args += ["--median-peers", "all", "--median-steps", str(max(params.median_rounds, 1)), "--vote", params.vote]
     if params.peers is not None and params.peers < n_train:
         args += ["--max-train-rows", str(max(50, params.peers))]
     return " ".join(args)
