@@ -30,6 +30,11 @@ from anonml.mechanisms._validate import check_epsilon, check_positive_int, check
 _RELATIVE_SLACK = 1e-9
 
 
+def over_budget(total: float, budget: float) -> bool:
+    """Whether a record-level ``total`` breaks ``budget`` (beyond the float slack above)."""
+    return total > budget * (1 + _RELATIVE_SLACK)
+
+
 class ReleaseKind(StrEnum):
     """What one release says about a peer's record."""
 
@@ -131,8 +136,9 @@ class PrivacyLedger:
     ``releases`` lists the records in order; a store persists them and
     rebuilds the ledger with ``PrivacyLedger(eps_T, releases=...)``, which
     refuses records already over budget. A ledger has no notion of rounds:
-    the peer keeps one per round, capped by the manifest's promise
-    (``peer.PeerLedger``); nothing yet caps the sum across rounds.
+    the peer keeps one per round, capped by the manifest's promise, and
+    checks the sum over all its rounds against its lifetime budget
+    (``peer.PeerLedger``).
     """
 
     def __init__(self, epsilon_total: float, *, releases: Iterable[Release] = ()) -> None:
@@ -159,11 +165,11 @@ class PrivacyLedger:
 
     def would_exceed(self, releases: Iterable[Release]) -> bool:
         """Whether adding these releases would push the sum past ``epsilon_total``."""
-        return self.total_after(releases) > self.epsilon_total * (1 + _RELATIVE_SLACK)
+        return over_budget(self.total_after(releases), self.epsilon_total)
 
     def _commit(self, releases: list[Release]) -> None:
         total = self.total_after(releases)
-        if total > self.epsilon_total * (1 + _RELATIVE_SLACK):
+        if over_budget(total, self.epsilon_total):
             raise BudgetExceeded(
                 f"release would bring the record-level epsilon to {total!r}, over epsilon_total={self.epsilon_total!r}"
             )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import sys
 from collections import Counter
 from collections.abc import Mapping
@@ -31,6 +32,33 @@ def init(data_dir: Path) -> None:
         raise click.ClickException(str(exc)) from None
     click.echo(f"identity {identity.public_key.hex()} created in {data_dir}")
     click.echo(f"next: `anonml peer join --data-dir {data_dir} --aggregator URL --data YOUR.csv --dry-run` shows what would leave this machine", err=True)
+
+
+@peer.command("budget")
+@click.option("--data-dir", type=click.Path(path_type=Path), required=True, help="The directory `peer init` made.")
+@click.option("--lifetime", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Set the lifetime budget: the most record-level epsilon this peer spends over all rounds.")
+def budget(data_dir: Path, lifetime: float | None) -> None:
+    """Show what this peer's ledger holds per round against its lifetime budget (and set that budget)."""
+    from anonml.mechanisms import record_level_epsilon
+    from anonml.peer._ledger import releases_by_round
+    from anonml.peer._store import PeerStore
+
+    identity = load_identity(data_dir)
+    store = PeerStore(data_dir / STORE_FILE)
+    try:
+        if lifetime is not None:
+            store.set_lifetime_epsilon(lifetime)
+        per_round = {round_id: record_level_epsilon(releases)
+                     for round_id, releases in releases_by_round(store.spends(identity.public_key)).items()}
+        cap = store.lifetime_epsilon()
+    finally:
+        store.close()
+    for round_id, epsilon in per_round.items():
+        click.echo(f"round {round_id.hex()[:16]}…  epsilon {epsilon:.4g}")
+    spent = math.fsum(per_round.values())
+    click.echo(f"spent {spent:.4g} of the lifetime budget {cap:g} over {len(per_round)} round(s); "
+               f"{max(cap - spent, 0.0):.4g} left (epsilons add up across rounds)")
 
 
 @peer.command("join")
@@ -90,6 +118,7 @@ def _reasons(reasons: Mapping[str, int]) -> str:
 
 async def _join(identity: PeerIdentity, data_dir: Path, url: str, data_file: Path, invitation: str | None, dry_run: bool, yes: bool) -> int:
     from anonml.display import StatusBoard
+    from anonml.mechanisms import over_budget
     from anonml.peer._client import AggregatorClient
     from anonml.peer._disclosure import describe_release
     from anonml.peer._features import RoundPipeline
@@ -110,13 +139,17 @@ async def _join(identity: PeerIdentity, data_dir: Path, url: str, data_file: Pat
             vector = pipeline.vector_from_file(data_file)
         except (MalformedData, FeatureError, FeatureSpecError) as exc:
             raise click.ClickException(f"{data_file}: {exc}") from None
-        text, cost = describe_release(signed, spec, vector, store, identity.public_key)
-        click.echo(text)
+        disclosure = describe_release(signed, spec, vector, store, identity.public_key)
+        click.echo(disclosure.text)
         click.echo("\nWhen:")
         for line in _windows(manifest):
             click.echo(line)
-        if cost > manifest.eps_total * (1 + 1e-9):
-            raise click.ClickException(f"this round would cost epsilon {cost:.4g}, more than the {manifest.eps_total:g} it promises; refusing")
+        if over_budget(disclosure.cost, manifest.eps_total):
+            raise click.ClickException(f"this round would cost epsilon {disclosure.cost:.4g}, more than the {manifest.eps_total:g} it promises; refusing")
+        if over_budget(disclosure.lifetime_total, disclosure.lifetime_epsilon):
+            raise click.ClickException(
+                f"this round would bring your epsilon over all rounds to {disclosure.lifetime_total:.4g}, over your lifetime "
+                f"budget of {disclosure.lifetime_epsilon:g}; refusing (`anonml peer budget --data-dir {data_dir}` shows it)")
         if dry_run:
             click.echo("\n--dry-run: nothing was sent.")
             return 0

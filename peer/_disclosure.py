@@ -11,16 +11,16 @@ figure beside it.
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 from anonml.display import epsilon_in_words, local_time
-from anonml.mechanisms import per_attribute_epsilon, record_level_epsilon, releases_from
+from anonml.mechanisms import over_budget, per_attribute_epsilon, releases_from
 from anonml.peer._framework import FeatureVector
 from anonml.peer._join import releases_still_to_make
 from anonml.peer._ledger import PeerLedger
 from anonml.peer._store import PeerStore
 from anonml.protocol import CategoricalFeature, FeatureSpec, NumericFeature
 from anonml.protocol import RoundManifest, SignedManifest
-from anonml.protocol import SurveyId
 
 
 def _when(t: int) -> str:
@@ -39,8 +39,20 @@ def _binning(spec: FeatureSpec, name: str) -> str:
     return f"which of {feature.n_bins} groups ({', '.join(feature.bin_names)})"
 
 
-def describe_release(signed: SignedManifest, spec: FeatureSpec, vector: FeatureVector, store: PeerStore, peer: bytes) -> tuple[str, float]:
-    """The text shown before consent, and the worst-case record-level epsilon of the round.
+class Disclosure(NamedTuple):
+    """What :func:`describe_release` tells the peer before it consents."""
+
+    text: str
+    cost: float
+    """The round's worst-case record-level ε (its ledger's releases included)."""
+    lifetime_total: float
+    """The record-level ε over every round of this identity if the round costs ``cost``."""
+    lifetime_epsilon: float
+
+
+def describe_release(signed: SignedManifest, spec: FeatureSpec, vector: FeatureVector, store: PeerStore, peer: bytes) -> Disclosure:
+    """The text shown before consent, the worst-case record-level epsilon of
+    the round, and where that would leave the peer's lifetime budget.
 
     The cost is what this round's ledger already holds plus what the round
     can still ask for (:func:`releases_still_to_make`), so a peer resuming
@@ -52,12 +64,9 @@ def describe_release(signed: SignedManifest, spec: FeatureSpec, vector: FeatureV
     ledger = PeerLedger(store, peer, signed.round_id, manifest.eps_total)
     medians, subsets = releases_still_to_make(manifest, spec, store.spends(peer, signed.round_id))
     cost = ledger.total_after(medians=medians, subsets=subsets)
+    lifetime_total = ledger.lifetime_after(medians=medians, subsets=subsets)
     per_attribute = per_attribute_epsilon([*ledger.releases(), *releases_from(medians, subsets)])
-    earlier: dict[bytes, float] = {}
-    for spend in store.spends(peer):
-        round_id = SurveyId.from_bytes(spend.survey).round_id
-        if round_id != signed.round_id:
-            earlier[round_id] = earlier.get(round_id, 0.0) + record_level_epsilon(spend.releases())
+    earlier = ledger.earlier_rounds()
     lines = [
         f"Round {manifest.name!r} ({signed.round_id.hex()[:16]}…) at {manifest.aggregator_url}",
         f"  task: predict {manifest.label!r}; your label is {vector.label} (computed here from your file).",
@@ -97,9 +106,10 @@ def describe_release(signed: SignedManifest, spec: FeatureSpec, vector: FeatureV
         f"  (Per-attribute figure, thesis eq. 7.4: {per_attribute:.4g}. It is the most any one feature or the label"
         " costs, not a bound on what your record reveals.)",
     ]
-    if earlier:
-        lines.append(
-            f"  Your ledger also records releases in {len(earlier)} earlier round(s), epsilon "
-            f"{math.fsum(earlier.values()):.4g} in all; epsilons add up across rounds."
-        )
-    return "\n".join(lines), cost
+    # Epsilons add up across rounds (DESIGN.md §8): the lifetime budget caps the sum.
+    spent_before = f"{math.fsum(earlier.values()):.4g} in {len(earlier)} earlier round(s)" if earlier else "nothing in earlier rounds"
+    lines.append(
+        f"  Lifetime budget: {ledger.lifetime_epsilon:g} over all rounds; your ledger records {spent_before}, "
+        f"so after this round at most {lifetime_total:.4g} ({'OVER it: the round is refused' if over_budget(lifetime_total, ledger.lifetime_epsilon) else 'within it'})."
+    )
+    return Disclosure("\n".join(lines), cost, lifetime_total, ledger.lifetime_epsilon)

@@ -2,37 +2,58 @@
 
 :class:`mechanisms.PrivacyLedger` decides whether a release fits the round's
 promised ``ε_T``, the SUM of the ε of every release (DESIGN.md §8);
-:class:`PeerLedger` rebuilds it from the peer's SQLite store and commits
+:class:`PeerLedger` rebuilds it from the peer's SQLite store, checks the
+sum over every round against the store's lifetime budget, and commits
 every release there *before* the packet carrying it is sent, so a crash can
 never leave a release unaccounted and a restarted peer can never spend again.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
-from anonml.mechanisms import BudgetExceeded, PrivacyLedger, Release, releases_from
+from anonml.mechanisms import BudgetExceeded, PrivacyLedger, Release, record_level_epsilon, releases_from
 from anonml.peer._store import PeerStore, Spend
 from anonml.protocol import SurveyId
 
 
+def releases_by_round(spends: Iterable[Spend]) -> dict[bytes, list[Release]]:
+    """Recorded spends as each round's releases (a survey id names its round), oldest round first."""
+    rounds: dict[bytes, list[Release]] = {}
+    for spend in spends:
+        rounds.setdefault(SurveyId.from_bytes(spend.survey).round_id, []).extend(spend.releases())
+    return rounds
+
+
 class PeerLedger:
-    """One peer's releases in one round, checked against ``epsilon_total``."""
+    """One peer's releases in one round, checked against the round's
+    ``epsilon_total`` and, with its releases in every other round, against
+    the store's lifetime budget (DESIGN.md §8: ε adds up across rounds)."""
 
     def __init__(self, store: PeerStore, peer: bytes, round_id: bytes, epsilon_total: float) -> None:
         self._store = store
         self._peer = peer
         self._round_id = round_id
-        recorded = [release for spend in store.spends(peer, round_id) for release in spend.releases()]
-        self._ledger = PrivacyLedger(epsilon_total, releases=recorded)
+        self._earlier = releases_by_round(store.spends(peer))
+        self._ledger = PrivacyLedger(epsilon_total, releases=self._earlier.pop(round_id, []))
+        # Holds nothing itself: every check passes it all of this identity's releases.
+        self._lifetime = PrivacyLedger(store.lifetime_epsilon())
 
     @property
     def epsilon_total(self) -> float:
         return self._ledger.epsilon_total
 
+    @property
+    def lifetime_epsilon(self) -> float:
+        return self._lifetime.epsilon_total
+
     def spent(self) -> float:
         """The record-level ε of this round's releases so far."""
         return self._ledger.spent()
+
+    def earlier_rounds(self) -> dict[bytes, float]:
+        """The record-level ε this identity spent in each other round."""
+        return {round_id: record_level_epsilon(releases) for round_id, releases in self._earlier.items()}
 
     def releases(self) -> list[Release]:
         """This round's recorded releases, in order."""
@@ -41,14 +62,28 @@ class PeerLedger:
     def total_after(self, *, medians: dict[str, float], subsets: Sequence[tuple[Sequence[str], float]]) -> float:
         return self._ledger.total_after(releases_from(medians, subsets))
 
+    def lifetime_after(self, *, medians: dict[str, float], subsets: Sequence[tuple[Sequence[str], float]]) -> float:
+        """The record-level ε over every round, this one's planned releases included."""
+        return self._lifetime.total_after(self._everything(releases_from(medians, subsets)))
+
     def check(self, *, medians: dict[str, float], subsets: Sequence[tuple[Sequence[str], float]]) -> None:
         """Raise BudgetExceeded if these releases would not fit (records nothing)."""
         self._check(releases_from(medians, subsets))
+
+    def _everything(self, releases: Sequence[Release]) -> list[Release]:
+        earlier = [release for round_releases in self._earlier.values() for release in round_releases]
+        return [*earlier, *self._ledger.releases, *releases]
 
     def _check(self, releases: Sequence[Release]) -> None:
         if self._ledger.would_exceed(releases):
             total = self._ledger.total_after(releases)
             raise BudgetExceeded(f"these releases would bring the total epsilon to {total!r}, over {self.epsilon_total!r}")
+        if self._lifetime.would_exceed(self._everything(releases)):
+            total = self._lifetime.total_after(self._everything(releases))
+            raise BudgetExceeded(
+                f"these releases would bring the epsilon spent over all rounds to {total:.4g}, over this peer's lifetime "
+                f"budget of {self.lifetime_epsilon:g} (`anonml peer budget` shows it and sets another)"
+            )
 
     def spend_median(self, survey: SurveyId, features: Sequence[str], epsilon: float) -> None:
         """Record one median answer (one bit per feature, no label) at ``epsilon`` each.

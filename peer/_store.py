@@ -11,6 +11,7 @@ over another path, which the aggregator counts once (DESIGN.md §5, §6).
 from __future__ import annotations
 
 import json
+import math
 import sqlite3
 import time
 from dataclasses import dataclass
@@ -33,10 +34,22 @@ CREATE TABLE equivocations (
 );
 """
 
+# The peer's own settings (issue 11): its lifetime privacy budget.
+_SETTINGS = """
+CREATE TABLE settings (
+    name TEXT PRIMARY KEY,
+    value REAL NOT NULL
+);
+"""
+
+DEFAULT_LIFETIME_EPSILON = 10.0
+"""The record-level ε a store's identities may spend over all rounds until
+their owner sets another (``anonml peer budget``): five rounds at the demo's ε_T = 2."""
+
 SCHEMA = Schema(
     name="peer",
     application_id=0x414E5002,  # "ANP\x02"
-    version=2,
+    version=3,
     tables="""
 CREATE TABLE registrations (
     peer TEXT NOT NULL,
@@ -70,13 +83,16 @@ CREATE TABLE packets (
     PRIMARY KEY (peer, survey)
 );
 """
-    + _EQUIVOCATIONS,
+    + _EQUIVOCATIONS
+    + _SETTINGS,
     migrations={
         # Version 2 (issue 12): proofs of equivocation, two signed documents that contradict each other.
         1: """
 ALTER TABLE registrations ADD COLUMN manifest BLOB;
 """
         + _EQUIVOCATIONS,
+        # Version 3 (issue 11): the lifetime budget; until it is set, the default applies.
+        2: _SETTINGS,
     },
     # Peers from before stores were versioned wrote the version-1 tables.
     unversioned=1,
@@ -221,6 +237,17 @@ class PeerStore:
         with self._database.read() as db:
             rows = db.execute(query + " ORDER BY recorded_at, survey", args).fetchall()
         return [Spend(bytes.fromhex(r[0]), tuple(json.loads(r[1])), bool(r[2]), r[3]) for r in rows]
+
+    def lifetime_epsilon(self) -> float:
+        """The most record-level ε each identity of this store may spend over all its rounds."""
+        with self._database.read() as db:
+            row = db.execute("SELECT value FROM settings WHERE name='lifetime_epsilon'").fetchone()
+        return DEFAULT_LIFETIME_EPSILON if row is None else float(row[0])
+
+    def set_lifetime_epsilon(self, epsilon: float) -> None:
+        if not (math.isfinite(epsilon) and epsilon > 0):
+            raise ValueError(f"a lifetime epsilon must be a positive number, got {epsilon!r}")
+        self._write("INSERT OR REPLACE INTO settings (name, value) VALUES ('lifetime_epsilon', ?)", (float(epsilon),))
 
     def record_spend(self, peer: bytes, round_id: bytes, spend: Spend) -> None:
         """Commit one release to the ledger; a survey is spent on at most once."""

@@ -74,6 +74,12 @@ def test_an_operators_walk_from_init_to_a_peers_dry_run(tmp_path: Path) -> None:
             time.sleep(0.5)  # `aggregator run` is still starting
         assert shown.returncode == 0, shown.stdout + shown.stderr
         assert "nothing was sent" in shown.stdout and "times (e^" in shown.stdout and "your data packet(s) leave" in shown.stdout
+        assert "Lifetime budget: 10 over all rounds" in shown.stdout
+        # A lifetime budget below what this round may cost: the dry run refuses it and names the command.
+        assert "spent 0 of the lifetime budget 10" in anonml("peer", "budget", "--data-dir", str(me)).stdout
+        assert "lifetime budget 0.5" in anonml("peer", "budget", "--data-dir", str(me), "--lifetime", "0.5").stdout
+        refused(anonml("peer", "join", "--data-dir", str(me), "--aggregator", url, "--data", str(data), "--dry-run"),
+                "over your lifetime budget of 0.5", "anonml peer budget")
         # The same data directory again (so the same ports): the lock names the process and the fix
         # (issue 14: a second run used to start until it met the port).
         refused(anonml("aggregator", "run", "--data-dir", str(agg), "--round", short), "is in use by pid",

@@ -71,3 +71,42 @@ def test_a_stored_spend_is_one_release_per_median_bit_and_one_per_subset_report(
     assert median.releases() == [Release.comparison("age", 0.5), Release.comparison("hours", 0.5)]
     assert subset.releases() == [Release.subset(("age", "sex"), 0.5)]
     assert record_level_epsilon([*median.releases(), *subset.releases()]) == pytest.approx(1.5)
+
+
+def test_epsilons_add_up_across_rounds_and_the_lifetime_budget_caps_the_sum(tmp_path: Path) -> None:
+    # DESIGN.md §8: the ledger enforces the record-level sum across rounds. Each
+    # round below stays within its own promise (2.0); the third would take the
+    # sum past the lifetime budget and is refused before anything is stored.
+    from anonml.peer._store import DEFAULT_LIFETIME_EPSILON
+
+    store = PeerStore(tmp_path / "peer.sqlite")
+    assert store.lifetime_epsilon() == DEFAULT_LIFETIME_EPSILON
+    store.set_lifetime_epsilon(5.0)
+    rounds = [bytes([0x10 + i]) * 32 for i in range(3)]
+    for round_id in rounds[:2]:
+        ledger = PeerLedger(store, PEER, round_id, epsilon_total=2.0)
+        ledger.spend_median(SurveyId.median(round_id, 0), ("age",), 0.5)
+        ledger.spend_subset(SurveyId.data(round_id, 0, 0), ("age", "sex"), 1.5)
+    third = PeerLedger(store, PEER, rounds[2], epsilon_total=2.0)
+    assert third.earlier_rounds() == {rounds[0]: pytest.approx(2.0), rounds[1]: pytest.approx(2.0)}
+    assert third.lifetime_after(medians={"age": 0.5}, subsets=[(("age",), 1.5)]) == pytest.approx(6.0)
+    with pytest.raises(BudgetExceeded, match="lifetime budget of 5"):
+        third.check(medians={"age": 0.5}, subsets=[(("age",), 1.5)])
+    with pytest.raises(BudgetExceeded, match="lifetime budget"):
+        third.spend_subset(SurveyId.data(rounds[2], 0, 0), ("age",), 1.5)
+    assert store.spends(PEER, rounds[2]) == []
+    third.spend_subset(SurveyId.data(rounds[2], 0, 0), ("age",), 1.0)  # 5.0: exactly the budget
+    # Another identity in the same store has its own sum (the demo keeps many peers in one store).
+    PeerLedger(store, b"\x03" * 32, rounds[2], epsilon_total=2.0).spend_subset(SurveyId.data(rounds[2], 0, 1), ("age",), 2.0)
+    store.close()
+
+    # The budget and the sums persist; raising the budget lets the peer join again.
+    reopened = PeerStore(tmp_path / "peer.sqlite")
+    assert reopened.lifetime_epsilon() == 5.0
+    with pytest.raises(BudgetExceeded):
+        PeerLedger(reopened, PEER, b"\x20" * 32, epsilon_total=2.0).spend_subset(SurveyId.data(b"\x20" * 32, 0, 0), ("age",), 0.1)
+    reopened.set_lifetime_epsilon(7.0)
+    PeerLedger(reopened, PEER, b"\x20" * 32, epsilon_total=2.0).spend_subset(SurveyId.data(b"\x20" * 32, 0, 0), ("age",), 2.0)
+    with pytest.raises(ValueError):
+        reopened.set_lifetime_epsilon(0.0)
+    reopened.close()

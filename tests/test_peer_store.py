@@ -87,3 +87,24 @@ def test_spends_and_packets_persist_and_are_recorded_once_per_survey(tmp_path: P
     packet = reopened.packet(PEER, b"s1")
     assert packet is not None
     assert (packet.message, packet.receipt, packet.sends, packet.acknowledged) == (b"message", b"receipt", 2, True)
+
+
+def test_a_version_2_store_gains_the_lifetime_budget_and_keeps_its_ledger(tmp_path: Path) -> None:
+    import sqlite3
+
+    from anonml.peer._store import DEFAULT_LIFETIME_EPSILON
+
+    path = tmp_path / "peer.sqlite"
+    store = PeerStore(path)
+    store.record_spend(b"\x01" * 32, b"\x02" * 32, Spend(b"\x09" * 8, ("age",), True, 1.0))
+    store.close()
+    # What a peer of the version before the lifetime budget left on disk.
+    with sqlite3.connect(path) as db:
+        db.execute("DROP TABLE settings")
+        db.execute("PRAGMA user_version = 2")
+    reopened = PeerStore(path)
+    assert reopened.lifetime_epsilon() == DEFAULT_LIFETIME_EPSILON
+    assert [s.epsilon for s in reopened.spends(b"\x01" * 32)] == [1.0]
+    reopened.set_lifetime_epsilon(3.0)
+    assert reopened.lifetime_epsilon() == 3.0
+    reopened.close()

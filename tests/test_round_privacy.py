@@ -36,7 +36,7 @@ from anonml.peer._framework import Dataset, Event, FeatureVector
 from anonml.peer._identity import PeerIdentity
 from anonml.peer._join import JoinResult, Peer, RoundSession, join_round, peer_generator
 from anonml.peer._ledger import PeerLedger
-from anonml.peer._store import PeerStore
+from anonml.peer._store import DEFAULT_LIFETIME_EPSILON, PeerStore
 from anonml.peer._transport import open_transport
 from anonml.protocol import SurveyId, SurveyKind, SurveyMessage
 from anonml.protocol._features import FeatureSpec
@@ -149,16 +149,25 @@ async def test_every_peer_releases_exactly_its_ledger_within_the_record_level_pr
         with pytest.raises(BudgetExceeded):
             ledger.spend_subset(SurveyId.data(signed.round_id, 0, 7), ("colour",), 1e-3)
         # A resumed join after spending counts each release once (before: spent + planned, 2·ε_T, refused).
-        text, cost = describe_release(signed, spec_, peer.vector, reopened, key)
+        text, cost, _, _ = describe_release(signed, spec_, peer.vector, reopened, key)
         assert cost == pytest.approx(manifest.eps_total), text
         assert "record level" in text and "per-attribute figure, thesis eq. 7.4" in text.lower()
 
     # A later round: its consent states what the earlier round spent, and its own cost alone.
     later, _ = create_round(home, parse_round_spec(spec_document(descriptors, free_port(), "privacy-2")), now=int(time.time()))
     key = peers[0].identity.public_key
-    text, cost = describe_release(later.signed, spec_, peers[0].vector, reopened, key)
+    text, cost, lifetime_total, lifetime = describe_release(later.signed, spec_, peers[0].vector, reopened, key)
     assert cost == pytest.approx(later.manifest.eps_total)
-    assert f"1 earlier round(s), epsilon {manifest.eps_total:.4g} in all" in text, text
+    assert f"records {manifest.eps_total:.4g} in 1 earlier round(s)" in text, text
+    # Epsilons add up across rounds, and the lifetime budget caps the sum (DESIGN.md §8).
+    assert lifetime_total == pytest.approx(manifest.eps_total + later.manifest.eps_total)
+    assert lifetime == DEFAULT_LIFETIME_EPSILON and "within it" in text
+    reopened.set_lifetime_epsilon(lifetime_total - 0.01)
+    assert "OVER it: the round is refused" in describe_release(later.signed, spec_, peers[0].vector, reopened, key).text
+    later_ledger = PeerLedger(reopened, key, later.signed.round_id, later.manifest.eps_total)
+    with pytest.raises(BudgetExceeded, match="lifetime budget"):
+        later_ledger.spend_subset(SurveyId.data(later.signed.round_id, 0, 0), ("colour",), later.manifest.eps_total)
+    assert reopened.spends(key, later.signed.round_id) == []
     reopened.close()
 
     privacy = reports["report"]["privacy"]
