@@ -84,6 +84,10 @@ async def run_swarm(config: SwarmConfig) -> dict[str, Any]:
     try:
         session_manifest = await client.manifest()
         spec = FeatureSpec.from_dict(dict(session_manifest.manifest.features))
+        # The demo's people are made for this one round: a promise above the
+        # default lifetime budget (``anonml demo --epsilon 12``) is theirs to accept.
+        if store.lifetime_epsilon() < session_manifest.manifest.eps_total:
+            store.set_lifetime_epsilon(session_manifest.manifest.eps_total)
         pipeline = RoundPipeline.for_spec(spec)
         dataset = pipeline.importer.import_file(config.csv)
         vectors = [pipeline.vector_of(Dataset((event,))) for event in dataset.events]
