@@ -5,13 +5,14 @@ production path uses.
 :class:`SettableClock` is a UTC clock a test sets by hand (where sockets rule
 out trio's MockClock); :class:`FinalHopSink` is a recording final hop for the
 relay tests and benchmark; :func:`seconds_for` sizes a real-seconds hop window
-from the packet cost measured when it is drawn.
+from the packet cost measured when it is drawn, and :func:`drawn_in_time`
+draws again with more slack when the machine slowed down meanwhile.
 """
 
 from __future__ import annotations
 
 from anonml.testing._peer import SettableClock, SimulatedPeer, enrol
-from anonml.testing._schedule import seconds_for
+from anonml.testing._schedule import drawn_in_time, seconds_for
 from anonml.testing._sink import Arrival, FinalHopSink
 
-__all__ = ["Arrival", "FinalHopSink", "SettableClock", "SimulatedPeer", "enrol", "seconds_for"]
+__all__ = ["Arrival", "FinalHopSink", "SettableClock", "SimulatedPeer", "drawn_in_time", "enrol", "seconds_for"]
