@@ -43,7 +43,7 @@ from anonml.aggregator._verify import (
 )
 from anonml.aggregator._workers import IssuerWorkers
 from anonml.errors import StorageError
-from anonml.protocol import AckStatus, ConnectionGate, LinkError, LinkIdentity, LinkLimits, serve_link
+from anonml.protocol import AckStatus, ConnectionGate, LinkError, LinkIdentity, LinkLimits, peer_address, serve_link
 
 log = logging.getLogger(__name__)
 
@@ -229,10 +229,7 @@ class PacketSink:
 
     async def handle(self, stream: trio.SocketStream) -> None:
         """One relay connection; never raises (DESIGN.md §2: outsiders can send anything)."""
-        try:
-            source = str(stream.socket.getpeername()[0])
-        except OSError:
-            source = "?"
+        source = peer_address(stream)
         slot = self.gate.open(source, privileged=source in self._relay_hosts)
         if slot is None:
             self.link_errors[f"refused-{self.gate.last_refusal}"] += 1

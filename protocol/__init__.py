@@ -8,7 +8,7 @@ here; ``relay``, ``peer`` and ``aggregator`` import them.
 from __future__ import annotations
 
 from anonml.protocol._anonymity import LinkScore, rank_link, score_links, timing_figures
-from anonml.protocol._admission import ConnectionGate, GateRefusal, GateSlot
+from anonml.protocol._admission import ConnectionGate, GateRefusal, GateSlot, peer_address
 from anonml.protocol._http import HttpLimits, serve_http, serve_http_on, tls_context
 from anonml.protocol._link import (
     HELLO_BYTES,
@@ -201,6 +201,7 @@ __all__ = [
     "ConnectionGate",
     "GateRefusal",
     "GateSlot",
+    "peer_address",
     "HELLO_BYTES",
     "HELLO_REPLY_BYTES",
     "HeadsResponse",

@@ -27,6 +27,8 @@ import enum
 from collections import Counter
 from dataclasses import dataclass, field
 
+import trio
+
 
 class GateRefusal(enum.StrEnum):
     """Why a connection was closed at accept (or at demotion): one counter label each."""
@@ -131,3 +133,11 @@ class GateSlot:
             gate.public_by_source[self.source] -= 1
             if gate.public_by_source[self.source] <= 0:
                 del gate.public_by_source[self.source]
+
+
+def peer_address(stream: trio.SocketStream) -> str:
+    """The IP address a connection comes from (a gate's ``source``), or ``"?"`` once it has gone."""
+    try:
+        return str(stream.socket.getpeername()[0])
+    except OSError:
+        return "?"

@@ -31,7 +31,7 @@ from hypercorn.trio.tcp_server import TCPServer
 from hypercorn.trio.worker_context import WorkerContext
 
 from anonml.errors import TransportError
-from anonml.protocol._admission import ConnectionGate
+from anonml.protocol._admission import ConnectionGate, peer_address
 from anonml.protocol._api import MAX_REQUEST_BYTES, format_host_port
 from anonml.protocol._link import check_positive_seconds
 
@@ -153,10 +153,7 @@ async def serve_http_on(
     wrapped = ASGIWrapper(counting_disconnects(app, counts))
 
     async def handle(stream: trio.SocketStream) -> None:
-        try:
-            source = str(stream.socket.getpeername()[0])
-        except OSError:
-            source = "?"
+        source = peer_address(stream)
         slot = gate.open(source)
         if slot is None:
             counts[f"refused/{gate.last_refusal}"] += 1

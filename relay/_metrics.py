@@ -3,9 +3,11 @@
 Counters are plain integers on the trio thread (no locks needed); at each
 scrape a prometheus_client collector turns them into metric families and
 ``generate_latest`` writes the text exposition format. The endpoint reads at
-most one bounded request per connection with a timeout; unlike the link it
-has no connection cap (no :class:`protocol.ConnectionGate`), which is why it
-is off by default and belongs on 127.0.0.1 or behind a firewall.
+most one bounded request per connection with a timeout, and admits at most
+:data:`METRICS_CONNECTIONS` connections at once (:data:`METRICS_PER_SOURCE`
+from one address once half are taken) through a :class:`protocol.ConnectionGate`:
+a flood of idle scrapers cannot hold the file descriptors the link listener
+needs. It is off by default and belongs on 127.0.0.1 or behind a firewall.
 """
 
 from __future__ import annotations
@@ -24,10 +26,14 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from anonml.crypto import InvalidPacket
-from anonml.protocol import GateRefusal
+from anonml.protocol import ConnectionGate, GateRefusal, peer_address
 
 _REQUEST_LIMIT = 8192
 _REQUEST_TIMEOUT = 5.0
+# A scraper makes one short request every few seconds; these leave room for
+# several scrapers and a person with curl, and bound the endpoint's file descriptors.
+METRICS_CONNECTIONS = 16
+METRICS_PER_SOURCE = 4
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 PREFIX = "anonml_relay_"
 
@@ -93,6 +99,8 @@ class RelayCounters:
     link_errors: Counter[str] = field(default_factory=Counter)
     mirror_http: Counter[str] = field(default_factory=Counter)
     """The mirror's HTTP server: connections refused by its caps, clients gone, failures."""
+    metrics_refused: Counter[GateRefusal] = field(default_factory=Counter)
+    """Connections to the metrics endpoint closed at once by its caps."""
     connections_accepted: int = 0
     connections_refused: Counter[GateRefusal] = field(default_factory=Counter)
     connections_open: int = 0
@@ -138,6 +146,8 @@ class _CountersCollector(Collector):
         yield counter("packets_accepted", "Packets stored for release.", c.accepted)
         yield counter("packets_forwarded", "Packets acknowledged by the next hop.", c.forwarded)
         yield by_reason("packets_dropped", "Packets not forwarded, by reason.", c.dropped.items())
+        yield by_reason("metrics_connections_refused", "Metrics endpoint connections closed at once, by limit.",
+                        c.metrics_refused.items())
         yield by_reason("link_errors", "Link sessions ended by an error, by reason.", c.link_errors.items())
         yield by_reason("mirror_http", "Mirror HTTP connections refused, clients gone and failures.",
                         c.mirror_http.items())
@@ -213,11 +223,19 @@ async def serve_metrics(
     *,
     task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve ``/metrics`` on ``listeners``; reports the bound address."""
+    """Serve ``/metrics`` on ``listeners`` behind its connection caps; reports the bound address."""
     bound = listeners[0].socket.getsockname()
     task_status.started((str(bound[0]), int(bound[1])))
+    gate = ConnectionGate(METRICS_CONNECTIONS, METRICS_PER_SOURCE, refused=counters.metrics_refused)
 
     async def handler(stream: trio.SocketStream) -> None:
-        await _handle_metrics(stream, counters)
+        slot = gate.open(peer_address(stream))
+        if slot is None:
+            await trio.aclose_forcefully(stream)
+            return
+        try:
+            await _handle_metrics(stream, counters)
+        finally:
+            slot.close()
 
     await trio.serve_listeners(handler, listeners)

@@ -92,6 +92,7 @@ from anonml.protocol import (
     LinkIdentity,
     SignedManifest,
     format_host_port,
+    peer_address,
     serve_link,
 )
 from anonml.relay._clock import RelayClock, WallClock
@@ -419,10 +420,7 @@ class Relay:
     async def handle_connection(self, stream: trio.SocketStream) -> None:
         """Serve one link connection; never raises (STYLE.md 2)."""
         counters = self.counters
-        try:
-            source = str(stream.socket.getpeername()[0])
-        except OSError:
-            source = "?"
+        source = peer_address(stream)
         privileged = self.directory is not None and source in self.directory.neighbour_hosts()
         slot = self.gate.open(source, privileged=privileged)
         if slot is None:

@@ -147,8 +147,8 @@ async def test_three_relay_cascade_delivers_everything_inside_the_final_window_i
         assert (counters.received, counters.forwarded, sum(counters.dropped.values())) == (n, n, 0)
 
 
-async def http_get(address: tuple[str, int], path: str) -> str:
-    stream = await trio.open_tcp_stream(*address)
+async def http_get(address: tuple[str, int], path: str, *, local_address: str | None = None) -> str:
+    stream = await trio.open_tcp_stream(*address, local_address=local_address)
     await stream.send_all(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
     response = b""
     while chunk := await stream.receive_some(65536):
@@ -186,6 +186,33 @@ async def test_late_and_replayed_packets_are_dropped_and_counted_in_the_metrics(
     assert 'anonml_relay_packets_dropped_total{reason="late"} 5' in metrics
     assert 'anonml_relay_packets_dropped_total{reason="replay"} 2' in metrics
     assert "anonml_relay_packets_received_total 8" in metrics
+
+
+async def test_idle_connections_to_the_metrics_endpoint_are_capped_and_counted(tmp_path: Path) -> None:
+    """Each metrics connection held a task and a file descriptor for up to 5 s, with no cap:
+    a flood of idle ones could take the descriptors the link listener needs. Now the endpoint
+    admits METRICS_CONNECTIONS at once (one source at most half of them) and counts the rest."""
+    from anonml.relay._metrics import METRICS_CONNECTIONS
+
+    sink = FinalHopSink(GEOMETRY, SINK_PRIVATE)
+    async with trio.open_nursery() as nursery:
+        sink_address = await nursery.start(sink.serve)
+        started: RelayStarted = await nursery.start(
+            serve_relay, relay_config(tmp_path / "r", [sink_entry(sink_address)], metrics=("127.0.0.1", 0)))
+        assert started.metrics is not None
+        idle = [await trio.open_tcp_stream(*started.metrics) for _ in range(100)]
+        # One source gets half the slots; the endpoint closes the rest as it accepts them. (On a busy
+        # machine an admitted one may time out, after 5 s, and free its slot before the flood ends.)
+        with trio.fail_after(30):
+            while sum(started.counters.metrics_refused.values()) < 100 - METRICS_CONNECTIONS:
+                await trio.sleep(0.05)
+        # Another address is still served while the flood holds its share.
+        scraped = await http_get(started.metrics, "/metrics", local_address="127.0.0.2")
+        assert scraped.startswith("HTTP/1.1 200") and "metrics_connections_refused" in scraped
+        for stream in idle:
+            await stream.aclose()
+        nursery.cancel_scope.cancel()
+    assert sum(started.counters.metrics_refused.values()) <= 100 - METRICS_CONNECTIONS // 2
 
 
 async def test_garbage_truncated_slow_and_flooding_clients_do_not_disturb_an_honest_stream(tmp_path: Path) -> None:
