@@ -297,8 +297,10 @@ async def test_garbage_truncated_slow_and_flooding_clients_do_not_disturb_an_hon
     hostile = 10 + 10 + 4 + 30
     refused = sum(started.counters.connections_refused.values())
     assert sum(errors.values()) + refused >= hostile
+    # Whether the silent flood also met the connection limit depends on timing: on a busy
+    # machine its first connections reach their 0.5 s hello timeout before the last are
+    # accepted. The limit itself is the next test's subject.
     assert errors["bad-magic"] >= 1 and errors["frame-timeout"] >= 1 and errors["hello-timeout"] >= 1
-    assert refused >= 1
     assert errors["internal"] == 0
     assert started.counters.connections_open == 0
 
