@@ -38,7 +38,7 @@ from anonml.relay import (
     serve_relay,
 )
 from anonml.demo import free_port
-from anonml.testing import FinalHopSink, drawn_in_time, seconds_for
+from anonml.testing import FinalHopSink, drawn_in_time, packet_seconds, seconds_for, window_seconds
 
 # Three relays plus the sink (the aggregator's place) on every path.
 GEOMETRY = SphinxGeometry.create(max_hops=4, packet_size=2048)
@@ -118,8 +118,10 @@ async def test_three_relay_cascade_delivers_everything_inside_the_final_window_i
 
         # A sending slice until T, then one window per hop: [T, T+w], [T+w, T+2w], [T+2w, T+3w],
         # w sized for n packets at the cost measured now (every relay shares this test's thread).
+        cost = packet_seconds(GEOMETRY, path_through([ReleaseWindow(0, 1)] * 3))
+
         def draw(slack: float) -> tuple[tuple[int, list[ReleaseWindow], list[bytes]], float]:
-            w = seconds_for(n, GEOMETRY, path_through([ReleaseWindow(0, 1)] * 3), slack=slack)
+            w = window_seconds(n, cost, slack=slack)
             t = math.ceil(time.time()) + w
             windows = [ReleaseWindow(t + i * w, t + (i + 1) * w) for i in range(3)]
             return (w, windows, [build_packet(GEOMETRY, path_through(windows), i.to_bytes(4, "big")) for i in range(n)]), t
@@ -261,8 +263,10 @@ async def test_garbage_truncated_slow_and_flooding_clients_do_not_disturb_an_hon
                               neighbour_connections=4)
         started: RelayStarted = await nursery.start(serve_relay, config)
         # Open after the measured time to build and send the stream, under attack (twice that).
+        cost = packet_seconds(GEOMETRY, [hop(started, ReleaseWindow(0, 1)), sink_hop(sink_address)])
+
         def draw(slack: float) -> tuple[tuple[int, int, list[bytes]], float]:
-            w = seconds_for(2 * n, GEOMETRY, [hop(started, ReleaseWindow(0, 1)), sink_hop(sink_address)], slack=slack)
+            w = window_seconds(2 * n, cost, slack=slack)
             t = int(time.time()) + w
             path = [hop(started, ReleaseWindow(t, t + w)), sink_hop(sink_address)]
             return (t, w, [build_packet(GEOMETRY, path, i.to_bytes(4, "big")) for i in range(n)]), t

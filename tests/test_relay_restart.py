@@ -27,7 +27,7 @@ from anonml.cli import anonml_command
 from anonml.demo import free_port
 from anonml.protocol import AckStatus, LinkClient
 from anonml.relay import DirectoryEntry, render_directory_file
-from anonml.testing import FinalHopSink, drawn_in_time, seconds_for
+from anonml.testing import FinalHopSink, drawn_in_time, packet_seconds, window_seconds
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 GEOMETRY = SphinxGeometry.create(max_hops=3, packet_size=2048)
@@ -83,8 +83,10 @@ async def test_a_relay_killed_mid_window_and_restarted_delivers_what_it_held(tmp
             # Opens once the packets are built and sent (at the cost measured now); long enough for
             # a restart on a loaded machine (a relay process took 5-8 s to start at load 12); killed
             # at t + 3, about 10 of the 60 are out (none with probability 2e-5).
+            cost = packet_seconds(GEOMETRY, path_in(ReleaseWindow(0, 1)))
+
             def draw(slack: float) -> tuple[tuple[ReleaseWindow, list[bytes]], float]:
-                t = math.ceil(time.time()) + seconds_for(n, GEOMETRY, path_in(ReleaseWindow(0, 1)), slack=slack)
+                t = math.ceil(time.time()) + window_seconds(n, cost, slack=slack)
                 window = ReleaseWindow(t, t + 18)
                 return (window, [build_packet(GEOMETRY, path_in(window), i.to_bytes(4, "big")) for i in range(n)]), t
 

@@ -12,7 +12,7 @@ draws again with more slack when the machine slowed down meanwhile.
 from __future__ import annotations
 
 from anonml.testing._peer import SettableClock, SimulatedPeer, enrol
-from anonml.testing._schedule import drawn_in_time, seconds_for
+from anonml.testing._schedule import drawn_in_time, packet_seconds, seconds_for, window_seconds
 from anonml.testing._sink import Arrival, FinalHopSink
 
-__all__ = ["Arrival", "FinalHopSink", "SettableClock", "SimulatedPeer", "drawn_in_time", "enrol", "seconds_for"]
+__all__ = ["Arrival", "FinalHopSink", "SettableClock", "SimulatedPeer", "drawn_in_time", "enrol", "packet_seconds", "seconds_for", "window_seconds"]

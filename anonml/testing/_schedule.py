@@ -5,7 +5,7 @@ seconds, fixed in each packet when it is built. A window sized for an idle
 machine closes before its packets are sent on a busy one (CI runs the suite
 two workers at a time beside the demo's processes), and the relay then
 rightly refuses them as late. The tests size their windows from
-:func:`seconds_for`, from the packet cost measured when the schedule is drawn,
+:func:`seconds_for` (or :func:`window_seconds`), from the packet cost measured when the schedule is drawn,
 and draw again with more slack when the work was not ready in time
 (:func:`drawn_in_time`).
 """
@@ -39,24 +39,30 @@ def packet_seconds(geometry: SphinxGeometry, path: Sequence[PathHop], probes: in
     return statistics.median(samples)
 
 
-def seconds_for(
-    packets: int, geometry: SphinxGeometry, path: Sequence[PathHop], *, floor: int = 2, slack: float = SLACK
-) -> int:
+def window_seconds(packets: int, packet_cost: float, *, floor: int = 2, slack: float = SLACK) -> int:
     """Whole wall seconds (a window's unit) to allow for building, sending and
-    processing ``packets`` along ``path``: ``slack`` times their measured
-    cost, rounded up, at least ``floor``."""
-    return max(floor, math.ceil(slack * packets * packet_seconds(geometry, path)))
+    processing ``packets`` that cost ``packet_cost`` seconds each: ``slack``
+    times their cost, rounded up, at least ``floor``."""
+    return max(floor, math.ceil(slack * packets * packet_cost))
+
+
+def seconds_for(packets: int, geometry: SphinxGeometry, path: Sequence[PathHop], *, floor: int = 2) -> int:
+    """:func:`window_seconds` for ``packets`` along ``path`` at the cost measured now."""
+    return window_seconds(packets, packet_seconds(geometry, path), floor=floor)
 
 
 def drawn_in_time(draw: Callable[[float], tuple[T, float]], *, attempts: int = 4) -> T:
     """What ``draw(slack)`` built, from the first draw that was ready in time.
 
-    ``draw`` sizes its windows with ``seconds_for(..., slack=slack)``, builds
-    the packets they are fixed in, and returns them with the Unix time they
-    had to be ready by. The cost is measured once, before the work; when the
-    machine slowed down by more than the slack allows in between (another
-    process started), the work is drawn again with twice the slack rather
-    than failing the test for the machine's load.
+    ``draw`` sizes its windows with ``window_seconds(..., slack=slack)`` from
+    a cost the caller measured once (:func:`packet_seconds`), builds the
+    packets they are fixed in, and returns them with the Unix time they had
+    to be ready by. When the machine slowed down by more than the slack
+    allows (another process started), the work is drawn again with twice the
+    slack rather than failing the test for the machine's load. The cost is
+    not measured again: measured under the new load as well, the windows
+    would grow by both factors at once (a cascade test's windows grew to
+    minutes that way).
     """
     slack = SLACK
     for _ in range(attempts):
