@@ -48,7 +48,10 @@ def budget(data_dir: Path, lifetime: float | None) -> None:
     store = PeerStore(data_dir / STORE_FILE)
     try:
         if lifetime is not None:
-            store.set_lifetime_epsilon(lifetime)
+            try:
+                store.set_lifetime_epsilon(lifetime)
+            except ValueError as exc:  # inf or nan pass click's range check
+                raise click.BadParameter(str(exc), param_hint="--lifetime") from None
         per_round = {round_id: record_level_epsilon(releases)
                      for round_id, releases in releases_by_round(store.spends(identity.public_key)).items()}
         cap = store.lifetime_epsilon()

@@ -104,6 +104,7 @@ def test_bad_inputs_fail_fast_and_name_their_fix(tmp_path: Path) -> None:
     data.write_text("colour,size,y\nred,4,1\n")
     join = ("peer", "join", "--data-dir", str(tmp_path / "me"), "--data", str(data), "--dry-run", "--aggregator")
     refused(anonml(*join, "127.0.0.1:8080"), "does not start with http://", "--aggregator http://")
+    refused(anonml("peer", "budget", "--data-dir", str(tmp_path / "me"), "--lifetime", "inf"), "--lifetime", "positive number")
     # Nothing listens on a port just freed: refused at once, not after 120 s of retries.
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
