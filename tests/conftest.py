@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +19,35 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Slow tests first: pytest-xdist hands tests out in this order, so the
     long rounds run beside the quick tests instead of after them."""
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
+@pytest.fixture
+def machine_share(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Held (shared) by tests that start a demo's dozen processes: see :func:`quiet_machine`."""
+    with _machine_lock(tmp_path_factory, fcntl.LOCK_SH):
+        yield
+
+
+@pytest.fixture
+def quiet_machine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Held (exclusive) by relay tests on real sockets, whose windows are sized
+    from a cost measured at their start: they wait until no xdist worker runs a
+    demo (a demo beside one took the CPU its windows were sized without, and
+    packets missed them: CI, three times in a day)."""
+    with _machine_lock(tmp_path_factory, fcntl.LOCK_EX):
+        yield
+
+
+@contextlib.contextmanager
+def _machine_lock(tmp_path_factory: pytest.TempPathFactory, mode: int) -> Iterator[None]:
+    # The parent of a worker's base temporary directory is the run's, shared by every xdist worker.
+    path = tmp_path_factory.getbasetemp().parent / "machine.lock"
+    with path.open("a") as handle:
+        fcntl.flock(handle, mode)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 @pytest.fixture(scope="session")

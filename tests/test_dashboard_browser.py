@@ -23,7 +23,7 @@ import pytest
 from anonml.cli import anonml_command
 from anonml.demo import schedule_seconds
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("machine_share")]
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 # Flags that work on this kind of machine (root, no GPU, no network beyond loopback).

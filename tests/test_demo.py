@@ -19,7 +19,7 @@ import pytest
 from anonml.cli import anonml_command
 from anonml.demo import schedule_seconds
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("machine_share")]
 
 # Beyond the round's own schedule (which the demo sizes from what it
 # measures on this machine): starting, the report, the summary. A guard

@@ -40,6 +40,9 @@ from anonml.relay import (
 from anonml.demo import free_port
 from anonml.testing import FinalHopSink, drawn_in_time, packet_seconds, seconds_for, window_seconds
 
+# Real-second windows: not beside a demo (conftest.quiet_machine).
+pytestmark = pytest.mark.usefixtures("quiet_machine")
+
 # Three relays plus the sink (the aggregator's place) on every path.
 GEOMETRY = SphinxGeometry.create(max_hops=4, packet_size=2048)
 SINK_PRIVATE, SINK_PUBLIC = generate_keypair()
