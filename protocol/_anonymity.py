@@ -26,7 +26,6 @@ from typing import TypeVar
 
 import numpy as np
 import numpy.typing as npt
-from scipy.stats import spearmanr
 
 K = TypeVar("K", bound=Hashable)
 
@@ -100,6 +99,10 @@ def timing_figures(send: npt.ArrayLike, arrival: npt.ArrayLike, rng: np.random.G
     n = len(sent)
     if n < 2 or len(arrived) != n:
         raise ValueError(f"need at least 2 paired times, got {n} and {len(arrived)}")
+    # scipy.stats takes a second to import: every relay, peer and aggregator
+    # process imports this module, and only audits call this function.
+    from scipy.stats import spearmanr
+
     rho = float(spearmanr(sent, arrived).statistic)
     guesses = rank_link(dict(enumerate(sent.tolist())), arrived.tolist(), rng)
     exact = score_links(guesses, list(range(n)), [n] * n)

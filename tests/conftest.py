@@ -17,8 +17,17 @@ ADULT_DIR = REPO_ROOT.parent / "shared" / "data" / "adult"
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Slow tests first: pytest-xdist hands tests out in this order, so the
-    long rounds run beside the quick tests instead of after them."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    long rounds run beside the quick tests instead of after them. Tests that
+    need a quiet machine last: by then the demos are over, and a worker that
+    reached one early would wait idle on :func:`quiet_machine` for a demo's
+    whole round."""
+
+    def rank(item: pytest.Item) -> int:
+        if "quiet_machine" in getattr(item, "fixturenames", ()):
+            return 2
+        return 0 if item.get_closest_marker("slow") is not None else 1
+
+    items.sort(key=rank)
 
 
 @pytest.fixture

@@ -90,19 +90,18 @@ async def start_relays(tmp_path: Path, aggregator: str) -> tuple[list[dict[str, 
         descriptors.append(json.loads(info.stdout))
         log = open(tmp_path / f"relay-{i}.log", "wb")  # noqa: SIM115 - the child owns it
         processes.append(await trio.lowlevel.open_process(relay_cli("run", "--data-dir", str(data_dir)), stdout=log, stderr=log))
-    # Wait until every relay listens. A loaded machine starts a Python process in tens of seconds,
-    # so the bound is only against a hang; a relay that exited fails at once with its log.
+    # Wait until every relay says it listens on its own port. A connection that succeeds proves
+    # nothing: another process may hold the port (CI: two relays were given one port, the second
+    # exited "address already in use" and the first answered for both). A loaded machine starts a
+    # Python process in tens of seconds, so the bound is only against a hang.
     try:
         for i, (descriptor, process) in enumerate(zip(descriptors, processes)):
+            log_path = tmp_path / f"relay-{i}.log"
+            listening = f"event=listening link={descriptor['host']}:{descriptor['port']} "
             with trio.fail_after(300):
-                while True:
-                    try:
-                        stream = await trio.open_tcp_stream(descriptor["host"], descriptor["port"])
-                        await stream.aclose()
-                        break
-                    except OSError:
-                        assert process.poll() is None, (tmp_path / f"relay-{i}.log").read_text()
-                        await trio.sleep(0.1)
+                while listening not in log_path.read_text():
+                    assert process.poll() is None, log_path.read_text()
+                    await trio.sleep(0.1)
     except BaseException:
         # The caller never receives these processes: stop them here, or they outlive the test.
         for process in processes:
