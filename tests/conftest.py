@@ -20,7 +20,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     long rounds run beside the quick tests instead of after them. Tests that
     need a quiet machine last: by then the demos are over, and a worker that
     reached one early would wait idle on :func:`quiet_machine` for a demo's
-    whole round."""
+    whole round.
+
+    xdist starts each worker with a chunk of two consecutive tests
+    (``--maxschedchunk 2``), so the whole-round tests go one per chunk: in
+    file order both fell into one worker's first chunk and ran one after the
+    other (25 minutes) while the other worker ran everything else (CI).
+    """
 
     def rank(item: pytest.Item) -> int:
         if "quiet_machine" in getattr(item, "fixturenames", ()):
@@ -28,6 +34,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         return 0 if item.get_closest_marker("slow") is not None else 1
 
     items.sort(key=rank)
+    rounds = [item for item in items if item.get_closest_marker("whole_round") is not None]
+    rest = [item for item in items if item.get_closest_marker("whole_round") is None]
+    dealt: list[pytest.Item] = []
+    for whole_round in rounds:
+        dealt += [whole_round, *rest[:1]]
+        rest = rest[1:]
+    items[:] = dealt + rest
 
 
 @pytest.fixture

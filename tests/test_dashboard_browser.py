@@ -52,6 +52,7 @@ def _shot(page: Any, tmp_path: Path, name: str) -> None:
     page.screenshot(path=str(target / name), full_page=True)
 
 
+@pytest.mark.whole_round
 def test_the_live_dashboard_shows_the_aggregators_figures_and_the_report_reuses_it(tmp_path: Path) -> None:
     playwright, browser = _browser()
     work = tmp_path / "work"

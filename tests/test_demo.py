@@ -90,6 +90,7 @@ def assert_all_gone(processes: list[psutil.Process]) -> None:
     assert not survivors, f"processes outlived the demo: {survivors}"
 
 
+@pytest.mark.whole_round
 def test_the_demo_completes_a_round_through_a_killed_relay_and_aggregator_and_leaves_no_process(tmp_path: Path) -> None:
     summary_path = tmp_path / "summary.json"
     demo = start_demo(tmp_path / "work", "--peers", "60", "--json", str(summary_path))
