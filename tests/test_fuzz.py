@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -48,3 +49,14 @@ def test_a_short_run_through_every_parser_has_no_untyped_error_and_no_crash(tmp_
         assert result["untyped"] == {}, (name, result["untyped"])
         assert result["crashes"] == 0, (name, result.get("log_tail"))
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_the_targets_leave_no_thread_spinning_once_built(tmp_path: Path) -> None:
+    # The link target's trio loop (a daemon thread) autojumped its MockClock
+    # with nothing scheduled: it spun holding the GIL for the rest of the
+    # pytest worker's life, and every later test there ran several times slower.
+    targets = build_targets(tmp_path)
+    targets["link-session"].run(targets["link-session"].seeds[-1])
+    started = time.process_time()
+    time.sleep(1.0)
+    assert time.process_time() - started < 0.2

@@ -12,6 +12,7 @@ documents' bodies), so the fuzzer reaches it at all.
 from __future__ import annotations
 
 import hashlib
+import math
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -87,12 +88,16 @@ class _LinkLoop:
 
     ``trio.run`` per input costs milliseconds; a call into a running loop
     costs tens of microseconds. Under MockClock a stream that stops short
-    waits out its deadline in no real time.
+    waits out its deadline in no real time. The clock autojumps only while a
+    session runs: an autojumping loop with nothing scheduled spins, and this
+    thread outlives the fuzzing (a test that built the targets left it holding
+    the GIL, and every later test in that pytest worker ran several times slower).
     """
 
     def __init__(self, identity: LinkIdentity) -> None:
         self.identity = identity
         self.token: trio.lowlevel.TrioToken | None = None
+        self.clock = trio.testing.MockClock()
         ready = threading.Event()
 
         async def main() -> None:
@@ -100,18 +105,20 @@ class _LinkLoop:
             ready.set()
             await trio.sleep_forever()
 
-        thread = threading.Thread(
-            target=trio.run, args=(main,), kwargs={"clock": trio.testing.MockClock(autojump_threshold=0)}, daemon=True
-        )
+        thread = threading.Thread(target=trio.run, args=(main,), kwargs={"clock": self.clock}, daemon=True)
         thread.start()
         ready.wait()
 
     async def _session(self, data: bytes) -> None:
-        client, server = trio.testing.memory_stream_pair()
-        await client.send_all(data)
-        await client.send_eof()
-        await serve_link(server, _accept, packet_size=_LINK_PACKET_SIZE, geometry_hash=_LINK_GEOMETRY,
-                         limits=_LINK_LIMITS, identity=self.identity)
+        self.clock.autojump_threshold = 0
+        try:
+            client, server = trio.testing.memory_stream_pair()
+            await client.send_all(data)
+            await client.send_eof()
+            await serve_link(server, _accept, packet_size=_LINK_PACKET_SIZE, geometry_hash=_LINK_GEOMETRY,
+                             limits=_LINK_LIMITS, identity=self.identity)
+        finally:
+            self.clock.autojump_threshold = math.inf
 
     def run(self, data: bytes) -> None:
         """The server side of one link session (handshake, then frames) reading ``data`` as the client's bytes."""
