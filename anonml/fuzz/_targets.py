@@ -92,6 +92,7 @@ class _LinkLoop:
     session runs: an autojumping loop with nothing scheduled spins, and this
     thread outlives the fuzzing (a test that built the targets left it holding
     the GIL, and every later test in that pytest worker ran several times slower).
+    Sessions run one at a time (:meth:`run` blocks until its session ends).
     """
 
     def __init__(self, identity: LinkIdentity) -> None:
