@@ -51,7 +51,7 @@ def learn(state: RoundState, directory: Path, *, test_file: Path | None = None) 
             oracle = state.data_oracle(partition, index)
             histograms.append(estimate_histogram(spec, subset, oracle, blobs, partition=partition, method=PostprocessMethod.NORM_SUB))
     medians = state.medians()
-    cut_points = {name: [value] for name, value in (medians.medians.items() if medians else ())}
+    cut_points = {name: list(values) for name, values in (medians.cut_points.items() if medians else ())}
     report: dict[str, Any] = {
         "round_id": state.round_id.hex(),
         "name": manifest.name,
@@ -63,7 +63,7 @@ def learn(state: RoundState, directory: Path, *, test_file: Path | None = None) 
         "counts": state.store.counts(),
         "rejected": state.store.rejections(),
         "accepted_by_survey": per_survey,
-        "medians": {name: values[0] for name, values in cut_points.items()},
+        "cut_points": cut_points,
         "privacy": _privacy(state),
         "anonymity": linking_report(FullView(
             state.store.arrivals(), state.store.partitions(), lambda survey: float(manifest.schedule.phase_of(survey).send_end),

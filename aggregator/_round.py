@@ -402,7 +402,7 @@ class RoundState:
     def check_report(self, survey: SurveyId, report: bytes) -> None:
         """Raise InvalidMessage unless ``report`` is a well-formed answer to ``survey``."""
         if survey.kind == SurveyKind.MEDIAN:
-            decode_median_report(report, len(self.numeric))
+            decode_median_report(report, self.cut_point_counts)
             return
         from anonml.mechanisms import InvalidReport
 
@@ -413,23 +413,35 @@ class RoundState:
 
     # -- median phase (thesis Algorithm 1) ----------------------------------------------
 
+    @property
+    def cut_point_counts(self) -> list[int]:
+        """Each numeric feature's number of cut points, in the order of ``self.numeric``."""
+        return [self._numeric_feature(name).quantiles for name in self.numeric]
+
+    def _numeric_feature(self, name: str) -> NumericFeature:
+        feature = self.spec.feature(name)
+        assert isinstance(feature, NumericFeature)
+        return feature
+
     def _searches_after(self, sub_rounds: int) -> list[QuantileSearch]:
-        """The searches after consuming the answers of sub-rounds ``0..sub_rounds-1``."""
+        """The searches after consuming the answers of sub-rounds ``0..sub_rounds-1``:
+        one per numeric feature, searching all of its cut points at once."""
         searches = []
         for name in self.numeric:
-            feature = self.spec.feature(name)
-            assert isinstance(feature, NumericFeature)
-            searches.append(QuantileSearch(feature.low, feature.high, self.manifest.eps_median))
+            feature = self._numeric_feature(name)
+            searches.append(QuantileSearch(feature.low, feature.high, self.manifest.eps_median, feature.quantile_levels))
+        counts = self.cut_point_counts
         for sub_round in range(sub_rounds):
             answers = [
-                decode_median_report(report, len(self.numeric))
+                decode_median_report(report, counts)
                 for report in self.store.reports(SurveyId.median(self.round_id, sub_round))
             ]
             if not answers:
                 continue
-            bits = np.asarray(answers, dtype=np.int64)
+            # Shape (answers, features, 2): each feature's (level, bit).
+            pairs = np.asarray(answers, dtype=np.int64)
             for column, search in enumerate(searches):
-                search.update(bits[:, column])
+                search.update(pairs[:, column, 1], pairs[:, column, 0])
         return searches
 
     def publish_thresholds(self, sub_round: int) -> MedianThresholds | None:
@@ -439,7 +451,7 @@ class RoundState:
             return None
         key = f"thresholds/{sub_round}"
         if self.store.get_result(key) is None:
-            values = tuple(float(search.thresholds()[0]) for search in self._searches_after(sub_round))
+            values = tuple(tuple(float(t) for t in search.thresholds()) for search in self._searches_after(sub_round))
             published = MedianThresholds(sub_round, SurveyId.median(self.round_id, sub_round), self.numeric, values)
             self.store.put_result(key, published.sign(self.secrets.signing_key).to_json())
         return self.thresholds(sub_round)
@@ -454,10 +466,14 @@ class RoundState:
         return None if stored is None else MedianThresholds.from_document(SignedDocument.from_json(stored, max_bytes=len(stored)))
 
     def publish_medians(self) -> MedianResults:
-        """Compute and store the final medians (once; after the last sub-round's batches are stored)."""
+        """Compute and store the final cut points (once; after the last sub-round's batches are stored).
+
+        Each feature's estimates are sorted: searches for neighbouring
+        quantiles may cross, and bins are counted as cut points below a value.
+        """
         if self.store.get_result("medians") is None:
             searches = self._searches_after(self.manifest.median_rounds)
-            medians = MedianResults({n: float(s.estimates()[0]) for n, s in zip(self.numeric, searches)})
+            medians = MedianResults({n: tuple(sorted(float(e) for e in s.estimates())) for n, s in zip(self.numeric, searches)})
             self.store.put_result("medians", medians.sign(self.secrets.signing_key, self.round_id).to_json())
         published = self.medians()
         assert published is not None
@@ -467,7 +483,7 @@ class RoundState:
         return self.store.get_result("medians")
 
     def medians(self) -> MedianResults | None:
-        """The published final medians, or None before the median phase has ended."""
+        """The published final cut points, or None before the median phase has ended."""
         stored = self.medians_json()
         return None if stored is None else MedianResults.from_document(SignedDocument.from_json(stored, max_bytes=len(stored)))
 

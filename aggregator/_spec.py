@@ -25,6 +25,7 @@ from anonml.protocol import (
     DEFAULT_VOTE,
     EPSILON_TOTAL_RANGE,
     PLAN_KINDS,
+    MAX_QUANTILES,
     MAX_ROSTER,
     REGISTRATION_POLICIES,
     FeatureSpec,
@@ -134,8 +135,10 @@ DEFAULT_SCHEDULE = {
 ROUND_SPEC_EXAMPLE = """\
 name = "adult-income"
 
-[task]                      # builtin = "adult", or features + label as protocol.FeatureSpec.to_dict()
-builtin = "adult"
+[task]                      # builtin = "adult"; or spec_file = "people.toml", the feature spec `anonml experiment
+builtin = "adult"           # csv --spec` reads (relative to this spec); or features + label written out here
+quantiles = 3               # optional: cut points per numeric feature, found by the median search
+                            # (default: each feature's own, 1 = the median; q cut points give q + 1 bins)
 
 [learning]
 k_p = 8                     # partitions
@@ -203,6 +206,23 @@ def _start_time(value: object, field: str, reader: FieldReader) -> int:
     reader.fail_at(field, f"expected a date-time such as 2026-12-01T09:00:00+01:00 (or Unix seconds), got {value!r}")
 
 
+def _read_feature_spec_file(reader: FieldReader, value: str, base_dir: Path | None) -> FeatureSpec:
+    """``[task] spec_file``: the feature-spec TOML ``anonml experiment csv --spec`` reads, relative to the round spec."""
+    path = Path(value) if base_dir is None else base_dir / value
+    try:
+        with path.open("rb") as handle:
+            data = handle.read(MAX_SPEC_BYTES + 1)
+        if len(data) > MAX_SPEC_BYTES:
+            reader.fail("spec_file", f"{str(path)!r} is larger than {MAX_SPEC_BYTES} bytes")
+        return FeatureSpec.from_toml(data.decode("utf-8"))
+    except FileNotFoundError:
+        reader.fail("spec_file", f"no file {str(path)!r}")
+    except (OSError, UnicodeDecodeError) as exc:
+        reader.fail("spec_file", f"cannot read {str(path)!r} as UTF-8 text ({exc})")
+    except FeatureSpecError as exc:
+        reader.fail("spec_file", f"{str(path)!r}: {exc}")
+
+
 def _read_relay_file(reader: FieldReader, value: str, field: str, base_dir: Path | None) -> dict[str, Any]:
     """The descriptor ``anonml relay info --json`` wrote to ``value``, checked for a current key."""
     path = Path(value) if base_dir is None else base_dir / value
@@ -261,15 +281,17 @@ def parse_round_spec(document: dict[str, Any], *, base_dir: Path | None = None) 
 
         spec = adult_spec() if builtin == "adult" else None
         assert spec is not None
+    elif task.optional("spec_file"):
+        spec = _read_feature_spec_file(task, task.text("spec_file", max_len=4096), base_dir)
     else:
         raw = {"features": task.items("features", max_items=256), "label": task.obj("label")}
         try:
             spec = FeatureSpec.from_dict(raw)
         except FeatureSpecError as exc:
             task.fail("features", str(exc))
+    if task.optional("quantiles"):
+        spec = spec.with_quantiles(task.integer("quantiles", 1, MAX_QUANTILES))
     task.done()
-    if any(getattr(spec.feature(n), "quantiles", 1) != 1 for n in spec.numeric_names):
-        reader.fail_at("task.features", "the network round supports median binning only (quantiles = 1)")
     learning = reader.child("learning")
     k_p = learning.integer("k_p", 1, 4096)
     k_h = learning.integer("k_h", 1, 64)

@@ -88,7 +88,8 @@ def describe_release(signed: SignedManifest, spec: FeatureSpec, vector: FeatureV
         lines.append(
             f"  - at most 1 median answer (only if your partition is queried, between {_when(schedule.median[0].t_s)} "
             f"and {_when(schedule.median[-1].send_end)}): one bit per numeric feature "
-            f"({', '.join(spec.numeric_names)}), 'is my value above the threshold', each flipped with "
+            f"({', '.join(spec.numeric_names)}), 'is my value above the threshold' (with several cut points, the "
+            f"threshold of one of them, picked at random), each flipped with "
             f"probability {flip:.3f} (random response, epsilon {manifest.eps_median:g} per bit)"
         )
     if subsets:

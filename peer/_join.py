@@ -499,7 +499,8 @@ def releases_still_to_make(
 
 
 def check_thresholds(thresholds: MedianThresholds, spec: FeatureSpec) -> None:
-    """Refuse thresholds that do not ask exactly one bit about each numeric feature, in the spec's order.
+    """Refuse thresholds that do not ask exactly one bit about each numeric feature, in the spec's order,
+    with one threshold per cut point the spec gives that feature.
 
     That is what the peer consented to (``describe_release``) and what the
     aggregator publishes; a feature listed twice or a categorical one would
@@ -508,6 +509,12 @@ def check_thresholds(thresholds: MedianThresholds, spec: FeatureSpec) -> None:
     if thresholds.features != spec.numeric_names:
         raise JoinRefused("bad-thresholds", f"median sub-round {thresholds.sub_round} asks about {list(thresholds.features)!r}, "
                           f"not once about each numeric feature {list(spec.numeric_names)!r}")
+    for name, values in zip(thresholds.features, thresholds.thresholds, strict=True):
+        feature = spec.feature(name)
+        assert isinstance(feature, NumericFeature)
+        if len(values) != feature.quantiles:
+            raise JoinRefused("bad-thresholds", f"median sub-round {thresholds.sub_round} gives {len(values)} thresholds "
+                              f"for {name!r}, whose spec has {feature.quantiles} cut points")
 
 
 def check_manifest_unchanged(peer: Peer, signed: SignedManifest, aggregator: str) -> None:
@@ -767,7 +774,10 @@ class PeerRound:
                 raise self.stored(Equivocation(proof)) from None
 
     async def answer_median(self, partition: int) -> list[_Outgoing]:
-        """Sub-round ``partition`` queries this peer (thesis Algorithm 1): one perturbed bit per feature."""
+        """Sub-round ``partition`` queries this peer (thesis Algorithm 1): one perturbed bit per feature,
+        about one of its cut points chosen uniformly at random (independent of
+        the data, so the choice reveals nothing and the whole partition stays
+        the answer's anonymity set)."""
         if partition >= self.manifest.median_rounds or not self.spec.numeric_names:
             return []
         survey = SurveyId.median(self.round_id, partition)
@@ -783,11 +793,12 @@ class PeerRound:
             self.emit("median-missed")
             return []
         check_thresholds(thresholds, self.spec)
-        bits = [
-            answer_is_greater(float(self.peer.vector.features[name]), threshold, self.manifest.eps_median, self.peer.rng)
-            for name, threshold in zip(thresholds.features, thresholds.thresholds, strict=True)
-        ]
-        report = encode_median_report(bits)
+        answers = []
+        for name, values in zip(thresholds.features, thresholds.thresholds, strict=True):
+            level = int(self.peer.rng.integers(len(values)))
+            bit = answer_is_greater(float(self.peer.vector.features[name]), values[level], self.manifest.eps_median, self.peer.rng)
+            answers.append((level, bit))
+        report = encode_median_report(answers)
         async with self.session.slots:
             self.ledger.spend_median(survey, thresholds.features, self.manifest.eps_median)
             return [self.prepare(survey, report, phase)]
@@ -803,9 +814,11 @@ class PeerRound:
         cut_points: dict[str, list[float]] = {}
         for feature in self.spec.features:
             if isinstance(feature, NumericFeature):
-                if feature.quantiles != 1 or feature.name not in medians.medians:
-                    raise JoinRefused("no-median", f"no published median for {feature.name!r}")
-                cut_points[feature.name] = [medians.medians[feature.name]]
+                published = medians.cut_points.get(feature.name, ())
+                if len(published) != feature.quantiles:
+                    raise JoinRefused("no-median", f"{len(published)} published cut points for {feature.name!r}, "
+                                      f"whose spec has {feature.quantiles}")
+                cut_points[feature.name] = list(published)
         bins = self.pipeline.bins(self.peer.vector, cut_points)
         plan = await self.session.plan(self.signed, self.spec)
         outgoing = []

@@ -32,6 +32,7 @@ from anonml.protocol._link import (
 )
 from anonml.protocol._features import (
     MAX_DOMAIN,
+    MAX_QUANTILES,
     CategoricalFeature,
     Feature,
     FeatureSpec,
@@ -177,6 +178,7 @@ __all__ = [
     "COVER_VERSION",
     "DEFAULT_COMPARISON_POOL",
     "MAX_DOMAIN",
+    "MAX_QUANTILES",
     "MEDIAN_PEERS",
     "Combiner",
     "Learner",

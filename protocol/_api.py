@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from anonml.protocol._canonical import FieldReader, InvalidDocument, canonical_json, parse_json_object
+from anonml.protocol._features import MAX_FEATURES, MAX_QUANTILES
 from anonml.protocol._merkle import HASH_BYTES, consistency_proof, root_of_hashes, leaf_hash, verify_consistency
 from anonml.protocol._schedule import PHASES, Check, RoundPhase, RoundSchedule
 from anonml.protocol._signed import DocumentKind, SignedDocument
@@ -406,23 +407,26 @@ def _finite(reader: FieldReader, value: object, field: str) -> float:
 
 @dataclass(frozen=True)
 class MedianThresholds:
-    """``GET /v1/median/{i}`` (signed): the value each numeric feature is compared with in sub-round ``i``.
+    """``GET /v1/median/{i}`` (signed): the values each numeric feature is compared with in sub-round ``i``.
 
-    A peer of partition ``i`` answers with one perturbed bit per feature,
-    ``x > threshold``, in the order of ``features`` (``encode_median_report``).
+    ``thresholds[f]`` holds one value per cut point of feature ``f`` (the
+    current estimate of each of its quantile searches). A peer of partition
+    ``i`` picks one cut point per feature at random and answers one perturbed
+    bit, ``x > threshold``, in the order of ``features``
+    (``encode_median_report``).
     """
 
     sub_round: int
     survey: SurveyId
     features: tuple[str, ...]
-    thresholds: tuple[float, ...]
+    thresholds: tuple[tuple[float, ...], ...]
 
     def to_body(self) -> dict[str, Any]:
         return {
             "sub_round": self.sub_round,
             "survey": self.survey.to_bytes().hex(),
             "features": list(self.features),
-            "thresholds": list(self.thresholds),
+            "thresholds": [list(values) for values in self.thresholds],
         }
 
     def sign(self, signing_key: SigningKey) -> SignedDocument:
@@ -435,17 +439,26 @@ class MedianThresholds:
         survey = _survey(reader, reader.hex("survey", size=SURVEY_ID_BYTES), "survey")
         features = tuple(
             reader.decode_text(item, f"features[{index}]")
-            for index, item in enumerate(reader.items("features", max_items=4096))
+            for index, item in enumerate(reader.items("features", max_items=MAX_FEATURES))
         )
         thresholds = tuple(
-            _finite(reader, item, f"thresholds[{index}]") for index, item in enumerate(reader.items("thresholds", max_items=4096))
+            _cut_point_values(reader, item, f"thresholds[{index}]")
+            for index, item in enumerate(reader.items("thresholds", max_items=MAX_FEATURES))
         )
         reader.done()
         if len(features) != len(thresholds):
-            reader.fail("thresholds", f"{len(thresholds)} thresholds for {len(features)} features")
+            reader.fail("thresholds", f"{len(thresholds)} threshold lists for {len(features)} features")
         if survey != SurveyId.median(document.round_id, sub_round):
             reader.fail("survey", f"names {survey}, not median sub-round {sub_round} of this round")
         return cls(sub_round, survey, features, thresholds)
+
+
+def _cut_point_values(reader: FieldReader, value: object, field: str) -> tuple[float, ...]:
+    """One feature's values, one per cut point: 1 to MAX_QUANTILES finite numbers (``field`` is in the body)."""
+    path = reader.name(field)
+    if not isinstance(value, list) or not 1 <= len(value) <= MAX_QUANTILES:
+        reader.fail_at(path, f"expected a list of 1 to {MAX_QUANTILES} numbers, got {value!r:.80}")
+    return tuple(_finite(reader, item, f"{path}[{index}]") for index, item in enumerate(value))
 
 
 def _survey(reader: FieldReader, raw: bytes, field: str) -> SurveyId:
@@ -457,12 +470,14 @@ def _survey(reader: FieldReader, raw: bytes, field: str) -> SurveyId:
 
 @dataclass(frozen=True)
 class MedianResults:
-    """``GET /v1/medians`` (signed): the final private median of each numeric feature (thesis Algorithm 1)."""
+    """``GET /v1/medians`` (signed): the final private cut points of each
+    numeric feature, ascending (thesis Algorithm 1; one cut point, the median,
+    unless the feature spec asks for more quantiles)."""
 
-    medians: Mapping[str, float]
+    cut_points: Mapping[str, tuple[float, ...]]
 
     def to_body(self) -> dict[str, Any]:
-        return {"medians": dict(self.medians)}
+        return {"cut_points": {name: list(values) for name, values in self.cut_points.items()}}
 
     def sign(self, signing_key: SigningKey, round_id: bytes) -> SignedDocument:
         return SignedDocument.create(signing_key, DocumentKind.MEDIANS, round_id, self.to_body())
@@ -470,13 +485,17 @@ class MedianResults:
     @classmethod
     def from_document(cls, document: SignedDocument) -> MedianResults:
         reader = document.fields(InvalidApiMessage)
-        raw = reader.obj("medians")
-        medians: dict[str, float] = {}
+        raw = reader.obj("cut_points")
+        if len(raw) > MAX_FEATURES:
+            reader.fail("cut_points", f"{len(raw)} features, more than {MAX_FEATURES}")
+        cut_points: dict[str, tuple[float, ...]] = {}
         for key, value in raw.items():
-            name = reader.decode_text(key, "medians")
-            medians[name] = _finite(reader, value, f"medians.{name}")
+            name = reader.decode_text(key, "cut_points")
+            cut_points[name] = _cut_point_values(reader, value, f"cut_points.{name}")
+            if list(cut_points[name]) != sorted(cut_points[name]):
+                reader.fail(f"cut_points.{name}", f"expected ascending values, got {list(cut_points[name])!r}")
         reader.done()
-        return cls(medians)
+        return cls(cut_points)
 
 
 @dataclass(frozen=True)

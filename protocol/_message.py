@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from anonml.crypto import Credential, IssuerPublicKey, make_token, tag_digest
 from anonml.errors import InputError
 from anonml.protocol._api import receipt_digest
+from anonml.protocol._features import MAX_QUANTILES
 from anonml.protocol._survey import SURVEY_ID_BYTES, InvalidSurveyId, SurveyId
 
 MESSAGE_VERSION = 1
@@ -173,18 +174,29 @@ def bound_bytes(survey: SurveyId, report: bytes) -> bytes:
     return b"".join((_BOUND_DOMAIN, survey.to_bytes(), struct.pack(">I", len(report)), report))
 
 
-def encode_median_report(bits: Sequence[int]) -> bytes:
-    """One median answer: one (already perturbed) bit per numeric feature, one byte each.
+def encode_median_report(answers: Sequence[tuple[int, int]]) -> bytes:
+    """One median answer: for each numeric feature, the index of the cut point
+    it answers about and its (already perturbed) bit, one byte ``2·level + bit``
+    each.
 
     The order is the order of ``MedianThresholds.features`` for the sub-round.
+    With one cut point per feature the level is always 0, so each byte is the bit.
     """
-    if not 0 < len(bits) <= MAX_REPORT_BYTES or any(bit not in (0, 1) for bit in bits):
-        raise InvalidMessage(f"median report must be 1..{MAX_REPORT_BYTES} bits of 0/1, got {list(bits)[:16]!r}")
-    return bytes(bits)
+    if not 0 < len(answers) <= MAX_REPORT_BYTES or any(
+        bit not in (0, 1) or isinstance(level, bool) or not isinstance(level, int) or not 0 <= level < MAX_QUANTILES
+        for level, bit in answers
+    ):
+        raise InvalidMessage(f"median report must be 1..{MAX_REPORT_BYTES} (level, bit) pairs, got {list(answers)[:16]!r}")
+    return bytes(2 * level + bit for level, bit in answers)
 
 
-def decode_median_report(report: bytes, n_features: int) -> list[int]:
-    """Inverse of :func:`encode_median_report`; raises InvalidMessage unless exactly ``n_features`` bits."""
-    if len(report) != n_features or any(byte > 1 for byte in report):
-        raise InvalidMessage(f"median report must be {n_features!r} bytes of 0/1, got {report[:16]!r}")
-    return list(report)
+def decode_median_report(report: bytes, cut_points: Sequence[int]) -> list[tuple[int, int]]:
+    """Inverse of :func:`encode_median_report`: ``(level, bit)`` per feature.
+
+    ``cut_points[i]`` is feature ``i``'s number of cut points; raises
+    InvalidMessage unless there is one byte per feature and each names one of
+    its feature's cut points.
+    """
+    if len(report) != len(cut_points) or any(byte // 2 >= count for byte, count in zip(report, cut_points)):
+        raise InvalidMessage(f"median report must be one (level, bit) byte for each of {len(cut_points)} features with levels below {list(cut_points)[:16]!r}, got {report[:16]!r}")
+    return [(byte // 2, byte % 2) for byte in report]

@@ -396,10 +396,10 @@ async def test_full_round_in_process_learns_and_reports(
             peer.obtain_credential()
         median = schedule.median[0]
         thresholds = state.thresholds(0)
-        assert isinstance(thresholds, MedianThresholds) and thresholds.thresholds == (5.0,)
+        assert isinstance(thresholds, MedianThresholds) and thresholds.thresholds == ((5.0,),)
         await sleep_until(median.t_s + median.delta + 1)
         survey = SurveyId.median(state.round_id, 0)
-        frames = [p.packet(survey, encode_median_report([1])) for p in peers if p.partition == 0]
+        frames = [p.packet(survey, encode_median_report([(0, 1)])) for p in peers if p.partition == 0]
         assert set(process_batch(state, frames, state.now())) == {"accepted"}
         await sleep_until(schedule.data.t_s + schedule.data.delta + 1)
         frames = []
@@ -423,7 +423,7 @@ async def test_full_round_in_process_learns_and_reports(
     report = json.loads((directory / "report.json").read_text())
     assert report["counts"] == {"registered": 12, "credentials": 12, "accepted": 6 + 12}
     # Every median answer said "greater than 5": the search moves up by the next step.
-    assert report["medians"]["size"] > 5.0
+    assert len(report["cut_points"]["size"]) == 1 and report["cut_points"]["size"][0] > 5.0
     assert sum(report["accepted_by_survey"].values()) == 12
     assert report["privacy"]["eps_total_local"] == state.manifest.eps_total
     assert (directory / "model.json").is_file() and (directory / "report.html").is_file()
@@ -643,9 +643,9 @@ async def test_frames_are_judged_at_arrival_and_results_wait_for_them(
         answering = [p for p in peers if p.partition == 0]
         survey = SurveyId.median(state.round_id, 0)
         # Received (durable, acknowledged) inside the window, verified only later.
-        deliver(state, [p.packet(survey, encode_median_report([1])) for p in answering[:-1]])
+        deliver(state, [p.packet(survey, encode_median_report([(0, 1)])) for p in answering[:-1]])
         await trio.sleep(2)
-        deliver(state, [answering[-1].packet(survey, encode_median_report([1]))])
+        deliver(state, [answering[-1].packet(survey, encode_median_report([(0, 1)]))])
         await trio.sleep(5)
         assert state.medians() is None  # the driver waits for the verifier
         nursery.start_soon(sink.verify_forever)
@@ -659,7 +659,53 @@ async def test_frames_are_judged_at_arrival_and_results_wait_for_them(
     assert state.store.counts()["accepted"] == answered - 1
     assert state.store.rejections() == {"outside-window": 1}
     medians = state.medians()
-    assert medians is not None and medians.medians["size"] > 5.0
+    assert medians is not None and medians.cut_points["size"][0] > 5.0
+
+
+async def test_a_median_phase_searches_every_cut_point_and_publishes_them_ascending(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """``task.quantiles = 3``: each answer names the cut point it is about;
+    only that cut point's search moves, one that got no answers keeps its
+    threshold, and the published cut points are sorted (here the searches for
+    the lowest and highest quantile cross)."""
+    from anonml.aggregator._verify import process_batch
+    from anonml.protocol import encode_median_report
+
+    document = with_median(spec_document(min_reports_per_survey=0), median_rounds=2)
+    document["task"]["quantiles"] = 3
+    state, _ = make_round(tmp_path, lambda: T0 + trio.current_time(), document)
+    schedule = state.manifest.schedule
+    peers = [Peer(state, i) for i in range(1, 15)]
+
+    async def scenario() -> None:
+        for peer in peers:
+            peer.register()
+        await trio.sleep(schedule.t_register_end + 1 - state.now())
+        await roster_frozen(state)
+        for peer in peers:
+            peer.obtain_credential()
+        first = state.thresholds(0)
+        assert first is not None and first.thresholds == ((5.0, 5.0, 5.0),)
+        median = schedule.median[0]
+        await trio.sleep(median.t_s + median.delta + 1 - state.now())
+        survey = SurveyId.median(state.round_id, 0)
+        answering = [p for p in peers if p.partition == 0]
+        assert len(answering) == 7
+        # At eps_median = 1, three identical answers are beyond eq. 7.2's margin (1.36/sqrt(3) < 0.83).
+        answers = [(0, 1)] * 3 + [(2, 0)] * 3 + [(3, 1)]  # the last names a fourth cut point
+        frames = [p.packet(survey, encode_median_report([answer])) for p, answer in zip(answering, answers)]
+        assert process_batch(state, frames, state.now()) == ["accepted"] * 6 + ["bad-message"]
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(scenario)
+        outcome = await drive_round(state)
+    assert outcome == "done"
+    # Levels 0.25, 0.5, 0.75 start at the midpoint 5 with step 5; each moved one halved step.
+    second = state.thresholds(1)
+    assert second is not None and second.thresholds == ((7.5, 5.0, 2.5),)
+    medians = state.medians()
+    assert medians is not None and medians.cut_points == {"size": (2.5, 5.0, 7.5)}
 
 
 async def test_a_full_inbox_answers_busy_and_unauthenticated_frames_are_never_stored(tmp_path: Path) -> None:

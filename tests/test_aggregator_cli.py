@@ -8,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from anonml.cli import main
@@ -124,6 +125,36 @@ def test_the_documented_example_spec_is_valid() -> None:
     assert (defaults.register_seconds, defaults.issue_seconds) == (spec.register_seconds, spec.issue_seconds) == (1800, 900)
     assert (defaults.median_send, defaults.median_delivery) == (spec.median_send, spec.median_delivery) == (300, 600)
     assert (defaults.data_send, defaults.data_delivery) == (spec.data_send, spec.data_delivery) == (900, 1800)
+
+
+def test_the_readme_round_on_a_custom_table_reads_the_experiments_feature_spec(tmp_path: Path) -> None:
+    """The README's ``people.toml`` and ``people-round.toml``: the round takes
+    the experiment's feature-spec file and asks for three cut points."""
+    import re
+    import tomllib
+
+    from anonml.aggregator._spec import RoundSpecError, parse_round_spec
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    blocks = {match.group(1): match.group(2) for match in re.finditer(r"```toml\n# ([\w.-]+\.toml)[^\n]*\n(.*?)```", readme, re.S)}
+    (tmp_path / "people.toml").write_text(blocks["people.toml"])
+    relay = '{ node_id = "%s", host = "127.0.0.1", port = %d, public_key = "%s", key_epoch = 1 }'
+    inline = ", ".join(relay % (f"{i:02x}" * 16, 9001 + i, f"{i + 16:02x}" * 32) for i in range(3))
+    text = blocks["people-round.toml"].replace('["relay-1.json", "relay-2.json", "relay-3.json"]', f"[{inline}]")
+    spec = parse_round_spec(tomllib.loads(text), base_dir=tmp_path)
+    hours = spec.spec.feature("hours")
+    assert spec.spec.names == ("hours", "team") and hours.n_bins == 4 and spec.median_rounds == 4
+    # A spec file that is missing or malformed is refused with the field that names it.
+    for content in (None, "not toml ["):
+        target = tmp_path / "other" / "people.toml"
+        target.parent.mkdir(exist_ok=True)
+        if content is None:
+            target.unlink(missing_ok=True)
+        else:
+            target.write_text(content)
+        with pytest.raises(RoundSpecError) as refused:
+            parse_round_spec(tomllib.loads(text), base_dir=target.parent)
+        assert refused.value.field == "task.spec_file", refused.value
 
 
 def test_bench_aggregator_reports_its_figures() -> None:

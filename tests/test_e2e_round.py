@@ -247,7 +247,7 @@ async def run_round(tmp_path: Path, relay_processes: list[trio.Process]) -> None
                 # A replayed message: its median answer, then the same message in a fresh packet over another path.
                 thresholds = await session.thresholds(manifest, partition)
                 median = SurveyId.median(signed.round_id, partition)
-                answer = encode_median_report([0] * len(thresholds.features))
+                answer = encode_median_report([(0, 0)] * len(thresholds.features))
                 median_message = SurveyMessage(median, make_token(issuer, credential, median.to_bytes(), bound_bytes(median, answer)), answer)
                 encoded = median_message.to_bytes(bad.geometry.message_size)
                 first_path, second_path = list(manifest.relays[:2]), list(manifest.relays[1:3])

@@ -108,13 +108,18 @@ def test_round_trip_property(token: bytes, report: bytes, partition: int, subset
 
 
 def test_median_report() -> None:
-    assert decode_median_report(encode_median_report([1, 0, 1]), 3) == [1, 0, 1]
-    with pytest.raises(InvalidMessage):
-        decode_median_report(b"\x01\x02", 2)
-    with pytest.raises(InvalidMessage):
-        decode_median_report(b"\x01", 2)
-    with pytest.raises(InvalidMessage):
-        encode_median_report([2])
+    # One cut point per feature: each byte is the bit (level 0).
+    assert encode_median_report([(0, 1), (0, 0), (0, 1)]) == b"\x01\x00\x01"
+    assert decode_median_report(b"\x01\x00\x01", [1, 1, 1]) == [(0, 1), (0, 0), (0, 1)]
+    # Several cut points: the byte names the one answered about (2·level + bit).
+    answers = [(2, 1), (0, 0), (1, 1)]
+    assert decode_median_report(encode_median_report(answers), [3, 1, 2]) == answers
+    for report, counts in [(b"\x01\x02", [1, 1]), (b"\x01", [1, 1]), (b"\x06", [3]), (b"\x07", [3]), (b"\x02\x00", [1, 4])]:
+        with pytest.raises(InvalidMessage):
+            decode_median_report(report, counts)
+    for bad in ([(0, 2)], [(-1, 0)], [(64, 0)], [(True, 0)], []):
+        with pytest.raises(InvalidMessage):
+            encode_median_report(bad)
 
 
 def test_register_request_signature() -> None:
@@ -180,7 +185,7 @@ def test_roster_entries_are_each_signed_by_their_peer_and_hash_to_the_signed_hea
 def test_signed_documents_bind_kind_round_and_body() -> None:
     aggregator = SigningKey(b"\x01" * 32)
     identity = bytes(aggregator.verify_key)
-    thresholds = MedianThresholds(1, SurveyId.median(ROUND, 1), ("age", "hours"), (45.5, 40.0))
+    thresholds = MedianThresholds(1, SurveyId.median(ROUND, 1), ("age", "hours"), ((30.25, 45.5, 61.0), (40.0,)))
     document = SignedDocument.from_json(thresholds.sign(aggregator).to_json(), max_bytes=4096)
     document.verify(identity, kind=DocumentKind.THRESHOLDS, round_id=ROUND)
     assert MedianThresholds.from_document(document) == thresholds
@@ -189,14 +194,16 @@ def test_signed_documents_bind_kind_round_and_body() -> None:
     with pytest.raises(InvalidSignedDocument):
         document.verify(bytes(SigningKey(b"\x02" * 32).verify_key), kind=DocumentKind.THRESHOLDS, round_id=ROUND)
     altered = json.loads(document.to_json())
-    altered["body"]["thresholds"] = [1.0, 40.0]
+    altered["body"]["thresholds"] = [[1.0], [40.0]]
     with pytest.raises(InvalidSignedDocument) as info:
         SignedDocument.from_json(json.dumps(altered), max_bytes=4096).verify(identity, kind=DocumentKind.THRESHOLDS, round_id=ROUND)
     assert info.value.field == "signature"
-    altered["body"]["thresholds"] = [1.0]
-    with pytest.raises(InvalidApiMessage) as bad:
-        MedianThresholds.from_document(SignedDocument.from_json(json.dumps(altered), max_bytes=4096))
-    assert bad.value.field == "body.thresholds"
+    for thresholds, field in [([[1.0]], "body.thresholds"), ([1.0, 40.0], "body.thresholds[0]"), ([[], [40.0]], "body.thresholds[0]"),
+                              ([[1.0] * 65, [40.0]], "body.thresholds[0]"), ([[1.0], ["x"]], "body.thresholds[1][0]")]:
+        altered["body"]["thresholds"] = thresholds
+        with pytest.raises(InvalidApiMessage) as bad:
+            MedianThresholds.from_document(SignedDocument.from_json(json.dumps(altered), max_bytes=8192))
+        assert bad.value.field == field
 
 
 def test_a_receipt_segment_verifies_only_with_the_leaves_its_signed_head_commits_to() -> None:
@@ -229,3 +236,19 @@ def test_status_round_trip() -> None:
     document = SignedDocument.from_json(status.sign(aggregator).to_json(), max_bytes=4096)
     document.verify(bytes(aggregator.verify_key), kind=DocumentKind.STATUS, round_id=ROUND)
     assert RoundStatus.from_document(document) == status
+
+
+def test_published_cut_points_are_ascending_lists_per_feature() -> None:
+    from anonml.protocol import MedianResults
+
+    aggregator = SigningKey(b"\x01" * 32)
+    results = MedianResults({"age": (30.5, 42.5, 51.0), "hours": (40.0,)})
+    document = SignedDocument.from_json(results.sign(aggregator, ROUND).to_json(), max_bytes=4096)
+    assert MedianResults.from_document(document) == results
+    body = json.loads(document.to_json())
+    for cut_points, field in [({"age": [51.0, 30.5]}, "body.cut_points.age"), ({"age": 42.5}, "body.cut_points.age"),
+                              ({"age": []}, "body.cut_points.age"), ({"age": ["x"]}, "body.cut_points.age[0]")]:
+        body["body"]["cut_points"] = cut_points
+        with pytest.raises(InvalidApiMessage) as bad:
+            MedianResults.from_document(SignedDocument.from_json(json.dumps(body), max_bytes=4096))
+        assert bad.value.field == field

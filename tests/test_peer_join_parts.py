@@ -127,8 +127,8 @@ def test_the_peer_answers_only_thresholds_asking_once_about_each_numeric_feature
     })
     survey = SurveyId.median(bytes(32), 0)
 
-    def asking(*features: str) -> MedianThresholds:
-        return MedianThresholds(0, survey, features, tuple(1.0 for _ in features))
+    def asking(*features: str, cut_points: int = 1) -> MedianThresholds:
+        return MedianThresholds(0, survey, features, tuple((1.0,) * cut_points for _ in features))
 
     check_thresholds(asking("age", "size"), spec)
     # What the consent text promised is one bit per numeric feature; anything
@@ -137,3 +137,10 @@ def test_the_peer_answers_only_thresholds_asking_once_about_each_numeric_feature
         with pytest.raises(JoinRefused) as refused:
             check_thresholds(asking(*features), spec)
         assert refused.value.reason == "bad-thresholds"
+    # One threshold per cut point of the spec, no more and no fewer.
+    with pytest.raises(JoinRefused) as refused:
+        check_thresholds(asking("age", "size", cut_points=3), spec)
+    assert refused.value.reason == "bad-thresholds"
+    check_thresholds(asking("age", "size", cut_points=3), spec.with_quantiles(3))
+    with pytest.raises(JoinRefused):
+        check_thresholds(asking("age", "size", cut_points=2), spec.with_quantiles(3))

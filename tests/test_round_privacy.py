@@ -38,7 +38,7 @@ from anonml.peer._join import JoinResult, Peer, RoundSession, join_round, peer_g
 from anonml.peer._ledger import PeerLedger
 from anonml.peer._store import DEFAULT_LIFETIME_EPSILON, PeerStore
 from anonml.peer._transport import open_transport
-from anonml.protocol import SurveyId, SurveyKind, SurveyMessage
+from anonml.protocol import SurveyId, SurveyKind, SurveyMessage, decode_median_report
 from anonml.protocol._features import FeatureSpec
 from anonml.protocol._manifest import SignedManifest
 from test_e2e_round import aggregator_with_relays, served_manifest
@@ -52,10 +52,12 @@ EPS_TOTAL = 2.0
 
 def spec_document(relays: list[dict[str, Any]], http_port: int, name: str) -> dict[str, Any]:
     """The e2e round with two numeric features, so a median answer is two comparison bits; both
-    partitions are queried, and each data subset holds two features."""
+    partitions are queried, and each data subset holds two features. Each numeric feature gets
+    two cut points (three bins), found by the median search: a bit answers about one of them."""
     document = e2e_spec_document(relays, http_port)
     document["name"] = name
     document["task"]["features"].insert(1, {"name": "hours", "type": "numeric", "low": 0, "high": 100})
+    document["task"]["quantiles"] = 2
     document["learning"]["k_s"] = 2
     document["privacy"] = {"eps_total": EPS_TOTAL, "oracle": "grr"}
     document["schedule"].update({"register": 8, "issue": 8})
@@ -78,7 +80,10 @@ def released_epsilon(store: PeerStore, peer: bytes, signed: SignedManifest) -> f
         message = SurveyMessage.from_bytes(packet.message)
         assert packet.sends >= 1, "a sealed message was never sent"
         if message.survey.kind == SurveyKind.MEDIAN:
-            epsilons += [manifest.eps_median] * len(message.report)  # one byte per comparison bit
+            # One byte per comparison bit, naming which of the feature's two cut points it answers
+            # (decoding raises otherwise).
+            decode_median_report(message.report, [2, 2])
+            epsilons += [manifest.eps_median] * len(message.report)
         else:
             epsilons.append(manifest.eps_data)
     return math.fsum(epsilons)
@@ -133,6 +138,14 @@ async def test_every_peer_releases_exactly_its_ledger_within_the_record_level_pr
     assert 2 * manifest.eps_median + manifest.k_h * manifest.eps_data == pytest.approx(manifest.eps_total)
 
     spec_ = FeatureSpec.from_dict(dict(manifest.features))
+    # Several cut points per numeric feature, end to end: the search published two for each,
+    # ascending, the peers binned with them (their data reports decoded in three bins), and the
+    # report and its model carry them.
+    assert [spec_.feature(name).n_bins for name in spec_.numeric_names] == [3, 3]
+    cut_points = reports["report"]["cut_points"]
+    assert set(cut_points) == set(spec_.numeric_names)
+    assert all(len(values) == 2 and values == sorted(values) for values in cut_points.values()), cut_points
+    assert sum(reports["report"]["accepted_by_survey"].values()) == PEERS
     store.close()
     reopened = PeerStore(store_path)  # the ledger is what the disk holds
     by_key = {result_peer.identity.public_key: result for result_peer, result in zip(peers, results, strict=True)}

@@ -49,6 +49,8 @@ class DemoParams:
     plan: str
     vote: str
     median_rounds: int
+    quantiles: int
+    """Cut points per numeric feature, found by the median search (1: the median)."""
     start_seconds: int
     """From ``round new`` until registration opens: time for ``aggregator run`` to be serving."""
     register_seconds: int
@@ -86,6 +88,7 @@ class DemoLearning(NamedTuple):
     plan: str
     median_rounds: int
     vote: str
+    quantiles: int
 
 
 def learning_parameters(data: DemoData) -> DemoLearning:
@@ -102,15 +105,21 @@ def learning_parameters(data: DemoData) -> DemoLearning:
     scored 0.871 against the weighted vote's 0.861. Median sub-rounds:
     three (breast cancer) or four (Adult) steps of the binary search, each
     asking one partition.
+
+    One cut point (the median) per numeric feature: at ε_T = 2 over 20
+    trials, two cut points scored 0.875 ± 0.093 on the breast-cancer demo's
+    plan (each median bit costs ε_e = 0.083 there, twelve numeric features);
+    on Adult's (10 trials) three cut points scored 0.870 ± 0.006 against
+    0.868 ± 0.007, inside the trials' spread.
     """
     if data.name == "breast-cancer":
-        return DemoLearning(k_p=4, k_h=1, k_s=3, plan="one", median_rounds=3, vote="naive-bayes")
-    return DemoLearning(k_p=12, k_h=1, k_s=1, plan="one", median_rounds=4, vote="naive-bayes")
+        return DemoLearning(k_p=4, k_h=1, k_s=3, plan="one", median_rounds=3, vote="naive-bayes", quantiles=1)
+    return DemoLearning(k_p=12, k_h=1, k_s=1, plan="one", median_rounds=4, vote="naive-bayes", quantiles=1)
 
 
 def plan_round(data: DemoData, peers: int, epsilon: float, workers: int, seed: int, costs: PhaseCosts) -> DemoParams:
     """The demo's round with every window sized from ``costs`` (see the module docstring)."""
-    k_p, k_h, k_s, plan, median_rounds, vote = learning_parameters(data)
+    k_p, k_h, k_s, plan, median_rounds, vote, quantiles = learning_parameters(data)
     recovery = recovery_seconds(costs)
 
     def window(units: float, per_unit: float, *, floor: float = 1.0) -> int:
@@ -132,7 +141,7 @@ def plan_round(data: DemoData, peers: int, epsilon: float, workers: int, seed: i
     data_messages = peers * k_h
     return DemoParams(
         peers=peers, epsilon=epsilon, workers=workers, seed=seed, k_p=k_p, k_h=k_h, k_s=k_s, plan=plan,
-        vote=vote, median_rounds=median_rounds,
+        vote=vote, median_rounds=median_rounds, quantiles=quantiles,
         # `aggregator run` starts, then starts its issuer processes, before it
         # takes registrations: both after `round new`, measured, with slack.
         start_seconds=math.ceil(2 * costs.process_start * SLACK) + 1,
@@ -188,7 +197,7 @@ def round_spec(data: DemoData, params: DemoParams, relays: list[dict[str, Any]],
     spec = data.spec.to_dict()
     return {
         "name": f"demo-{data.name}",
-        "task": {"features": spec["features"], "label": spec["label"]},
+        "task": {"features": spec["features"], "label": spec["label"], "quantiles": params.quantiles},
         "learning": {"k_p": params.k_p, "k_h": params.k_h, "k_s": params.k_s, "plan": params.plan, "learner": "logreg",
                      "vote": params.vote},
         "privacy": {"eps_total": params.epsilon, "oracle": "auto"},

@@ -158,7 +158,8 @@ def experiment_command(params: DemoParams, dataset_args: list[str], n_train: int
     ]
     if params.plan == "split":
         args += ["--kh", str(params.k_h)]
-    args += ["--median-peers", "all", "--median-steps", str(max(params.median_rounds, 1)), "--vote", params.vote]
+    args += ["--median-peers", "all", "--median-steps", str(max(params.median_rounds, 1)), "--quantiles", str(params.quantiles),
+             "--vote", params.vote]
     if params.peers is not None and params.peers < n_train:
         args += ["--max-train-rows", str(max(50, params.peers))]
     return " ".join(args)

@@ -211,8 +211,8 @@ def build_targets(work: Path) -> dict[str, Target]:
     heads = state.snapshots.heads
     assert heads is not None
     median_survey = SurveyId.median(state.round_id, 0)
-    thresholds = MedianThresholds(0, median_survey, ("age",), (42.5,)).sign(world.signing_key)
-    medians = MedianResults({"age": 42.5}).sign(world.signing_key, state.round_id)
+    thresholds = MedianThresholds(0, median_survey, ("age",), ((30.5, 42.5, 51.0),)).sign(world.signing_key)
+    medians = MedianResults({"age": (30.5, 42.5, 51.0)}).sign(world.signing_key, state.round_id)
     tree = HeadsResponse.from_json(heads).heads[0]
     newcomer = SigningKey(b"\x77" * 32)
     register = RegisterRequest.create(newcomer, state.round_id).to_json()
