@@ -111,6 +111,16 @@ async def roster_frozen(state: RoundState) -> None:
         await trio.sleep(0.001)
 
 
+async def enrolled(state: RoundState, peers: list[SimulatedPeer]) -> None:
+    """Register ``peers``, wait until registration has closed and the roster is frozen, then give each its credential."""
+    for peer in peers:
+        peer.register()
+    await trio.sleep(state.manifest.schedule.t_register_end + 1 - state.now())
+    await roster_frozen(state)
+    for peer in peers:
+        peer.obtain_credential()
+
+
 async def post(url: str, path: str, body: bytes) -> httpx.Response:
     async with httpx.AsyncClient(base_url=url) as client:
         return await client.post(path, content=body, headers={"content-type": "application/json"})
@@ -388,12 +398,7 @@ async def test_full_round_in_process_learns_and_reports(
         await trio.sleep(max(0, t - state.now()))
 
     async def all_peers() -> None:
-        for peer in peers:
-            peer.register()
-        await sleep_until(schedule.t_register_end + 1)
-        await roster_frozen(state)
-        for peer in peers:
-            peer.obtain_credential()
+        await enrolled(state, peers)
         median = schedule.median[0]
         thresholds = state.thresholds(0)
         assert isinstance(thresholds, MedianThresholds) and thresholds.thresholds == ((5.0,),)
@@ -679,12 +684,7 @@ async def test_a_median_phase_searches_every_cut_point_and_publishes_them_ascend
     peers = [Peer(state, i) for i in range(1, 15)]
 
     async def scenario() -> None:
-        for peer in peers:
-            peer.register()
-        await trio.sleep(schedule.t_register_end + 1 - state.now())
-        await roster_frozen(state)
-        for peer in peers:
-            peer.obtain_credential()
+        await enrolled(state, peers)
         first = state.thresholds(0)
         assert first is not None and first.thresholds == ((5.0, 5.0, 5.0),)
         median = schedule.median[0]
@@ -821,12 +821,7 @@ async def short_data_round(tmp_path: Path, senders: int | None = None, **partici
     learnt: list[str] = []
 
     async def peers_send() -> None:
-        for peer in peers:
-            peer.register()
-        await trio.sleep(schedule.t_register_end + 1 - state.now())
-        await roster_frozen(state)
-        for peer in peers:
-            peer.obtain_credential()
+        await enrolled(state, peers)
         assert {peer.partition for peer in peers} == {0, 1}
         await trio.sleep(schedule.data.t_s + schedule.data.delta + 1 - state.now())
         frames = []
