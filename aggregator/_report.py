@@ -174,6 +174,9 @@ def summarise(report: dict[str, Any]) -> list[str]:
             f"{100 * anonymity['chance']:.3g}% (smallest anonymity set {anonymity['anonymity_set_min']}); whoever knows "
             "the senders scores them"
         )
+    if report.get("cut_points"):
+        cuts = "; ".join(f"{name} {', '.join(f'{v:.4g}' for v in values)}" for name, values in report["cut_points"].items())
+        lines.append(f"cut points (private median search): {cuts}")
     if report.get("utility"):
         lines.append(f"utility: AUC {report['utility']['auc']:.4f} on {report['utility']['rows']} held-out rows")
     if report.get("reason"):

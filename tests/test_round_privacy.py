@@ -145,6 +145,7 @@ async def test_every_peer_releases_exactly_its_ledger_within_the_record_level_pr
     cut_points = reports["report"]["cut_points"]
     assert set(cut_points) == set(spec_.numeric_names)
     assert all(len(values) == 2 and values == sorted(values) for values in cut_points.values()), cut_points
+    assert any(line.startswith("cut points (private median search): ") and "age " in line and "hours " in line for line in summarise(reports["report"]))
     assert sum(reports["report"]["accepted_by_survey"].values()) == PEERS
     store.close()
     reopened = PeerStore(store_path)  # the ledger is what the disk holds
