@@ -660,11 +660,15 @@ class PeerRound:
         self.emit("credential")
         return credential
 
-    def prepare(self, survey: SurveyId, report: bytes, phase: PhaseTimes) -> _Outgoing:
-        """Seal one report (``protocol.seal_report``); stored before anything is sent."""
+    def prepare(self, survey: SurveyId, report: bytes, features: Sequence[str], phase: PhaseTimes) -> _Outgoing:
+        """Seal one report (``protocol.seal_report``) and commit its release to the ledger together
+        with the message, before anything is sent (``PeerStore.record_spend``)."""
         assert self.credential is not None
         sealed = seal_report(self.issuer_key, self.credential, survey, report, self.geometry.message_size)
-        self.peer.store.record_packet(self.key, self.round_id, survey.to_bytes(), sealed.message, sealed.receipt)
+        if survey.kind == SurveyKind.MEDIAN:
+            self.ledger.spend_median(survey, features, self.manifest.eps_median, sealed=sealed)
+        else:
+            self.ledger.spend_subset(survey, features, self.manifest.eps_data, sealed=sealed)
         self.result.packets += 1
         return _Outgoing(sealed, phase)
 
@@ -800,8 +804,7 @@ class PeerRound:
             answers.append((level, bit))
         report = encode_median_report(answers)
         async with self.session.slots:
-            self.ledger.spend_median(survey, thresholds.features, self.manifest.eps_median)
-            return [self.prepare(survey, report, phase)]
+            return [self.prepare(survey, report, thresholds.features, phase)]
 
     async def seal_subsets(self, partition: int, subsets: Sequence[tuple[str, ...]]) -> list[_Outgoing]:
         """One sealed report per subset (or what a resumed peer sealed before)."""
@@ -830,8 +833,7 @@ class PeerRound:
             oracle = plan.oracle(partition, index)
             report = oracle.encode_report(oracle.privatize(np.asarray([value]), self.peer.rng)[0])
             async with self.session.slots:
-                self.ledger.spend_subset(survey, subset, self.manifest.eps_data)
-                outgoing.append(self.prepare(survey, report, phase))
+                outgoing.append(self.prepare(survey, report, subset, phase))
         return [out for out in outgoing if out is not None]
 
     async def phase(self, kind: SurveyKind, partition: int, outgoing: Sequence[_Outgoing]) -> None:

@@ -4,8 +4,9 @@
 promised ``ε_T``, the SUM of the ε of every release (DESIGN.md §8);
 :class:`PeerLedger` rebuilds it from the peer's SQLite store, checks the
 sum over every round against the store's lifetime budget, and commits
-every release there *before* the packet carrying it is sent, so a crash can
-never leave a release unaccounted and a restarted peer can never spend again.
+every release there, in one transaction with the packet carrying it, *before*
+that packet is sent: a crash can never leave a release unaccounted, a
+restarted peer can never spend again, and it finds the packet to send.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from collections.abc import Iterable, Sequence
 
 from anonml.mechanisms import BudgetExceeded, PrivacyLedger, Release, record_level_epsilon, releases_from
 from anonml.peer._store import PeerStore, Spend
-from anonml.protocol import SurveyId
+from anonml.protocol import SealedReport, SurveyId
 
 
 def releases_by_round(spends: Iterable[Spend]) -> dict[bytes, list[Release]]:
@@ -85,21 +86,23 @@ class PeerLedger:
                 f"budget of {self.lifetime_epsilon:g} (`anonml peer budget` shows it and sets another)"
             )
 
-    def spend_median(self, survey: SurveyId, features: Sequence[str], epsilon: float) -> None:
-        """Record one median answer (one bit per feature, no label) at ``epsilon`` each.
+    def spend_median(self, survey: SurveyId, features: Sequence[str], epsilon: float, *, sealed: SealedReport | None = None) -> None:
+        """Record one median answer (one bit per feature, no label) at ``epsilon`` each,
+        with ``sealed``, the message carrying it.
 
         Each bit is its own release, checked together before anything is
         stored: a feature listed twice is answered, and counted, twice.
         """
-        self._spend(Spend(survey.to_bytes(), tuple(features), False, epsilon))
+        self._spend(Spend(survey.to_bytes(), tuple(features), False, epsilon), sealed)
 
-    def spend_subset(self, survey: SurveyId, features: Sequence[str], epsilon: float) -> None:
-        """Record one subset release (these features and the label) at ``epsilon``."""
-        self._spend(Spend(survey.to_bytes(), tuple(features), True, epsilon))
+    def spend_subset(self, survey: SurveyId, features: Sequence[str], epsilon: float, *, sealed: SealedReport | None = None) -> None:
+        """Record one subset release (these features and the label) at ``epsilon``, with ``sealed``, the message carrying it."""
+        self._spend(Spend(survey.to_bytes(), tuple(features), True, epsilon), sealed)
 
-    def _spend(self, spend: Spend) -> None:
-        """Check, then store (durable before the packet exists), then hold in memory."""
+    def _spend(self, spend: Spend, sealed: SealedReport | None) -> None:
+        """Check, then store the release with its message (one transaction, before anything is sent), then hold it in memory."""
         releases = spend.releases()
         self._check(releases)
-        self._store.record_spend(self._peer, self._round_id, spend)
+        packet = None if sealed is None else (sealed.message, sealed.receipt)
+        self._store.record_spend(self._peer, self._round_id, spend, packet)
         self._ledger.record(*releases)

@@ -249,8 +249,17 @@ class PeerStore:
             raise ValueError(f"a lifetime epsilon must be a positive number, got {epsilon!r}")
         self._write("INSERT OR REPLACE INTO settings (name, value) VALUES ('lifetime_epsilon', ?)", (float(epsilon),))
 
-    def record_spend(self, peer: bytes, round_id: bytes, spend: Spend) -> None:
-        """Commit one release to the ledger; a survey is spent on at most once."""
+    def record_spend(self, peer: bytes, round_id: bytes, spend: Spend, packet: tuple[bytes, bytes] | None = None) -> None:
+        """Commit one release to the ledger and, in the same transaction, the
+        packet that carries it (``(message, receipt)``); a survey is spent on,
+        and has a packet, at most once.
+
+        One transaction because a peer killed between the two commits held a
+        release that no stored packet carried: resumed, it could neither send
+        that packet nor answer the survey again (CI: a `peer join` SIGKILLed
+        at that moment and run again exited "the ledger already holds a
+        release").
+        """
         try:
             with self._database.transaction() as db:
                 db.execute(
@@ -266,19 +275,16 @@ class PeerStore:
                         time.time(),
                     ),
                 )
+                if packet is not None:
+                    message, receipt = packet
+                    db.execute(
+                        "INSERT INTO packets (peer, survey, round_id, message, receipt) VALUES (?, ?, ?, ?, ?)",
+                        (peer.hex(), spend.survey.hex(), round_id.hex(), message, receipt.hex()),
+                    )
         except sqlite3.IntegrityError:
-            raise StoreError(f"the ledger already holds a release for survey {spend.survey.hex()!r}") from None
+            raise StoreError(f"the ledger already holds a release, or a packet, for survey {spend.survey.hex()!r}") from None
 
     # -- packets ---------------------------------------------------------
-
-    def record_packet(self, peer: bytes, round_id: bytes, survey: bytes, message: bytes, receipt: bytes) -> None:
-        try:
-            self._write(
-                "INSERT INTO packets (peer, survey, round_id, message, receipt) VALUES (?, ?, ?, ?, ?)",
-                (peer.hex(), survey.hex(), round_id.hex(), message, receipt.hex()),
-            )
-        except sqlite3.IntegrityError:
-            raise StoreError(f"a packet for survey {survey.hex()!r} is already recorded") from None
 
     def packet(self, peer: bytes, survey: bytes) -> StoredPacket | None:
         with self._database.read() as db:

@@ -70,12 +70,9 @@ def test_a_different_manifest_for_a_registered_round_is_refused(tmp_path: Path) 
 def test_spends_and_packets_persist_and_are_recorded_once_per_survey(tmp_path: Path) -> None:
     store = PeerStore(tmp_path / "peer.sqlite")
     spend = Spend(b"s1", ("age", "sex"), True, 0.5)
-    store.record_spend(PEER, ROUND, spend)
+    store.record_spend(PEER, ROUND, spend, (b"message", b"receipt"))
     with pytest.raises(StoreError, match="already holds"):
-        store.record_spend(PEER, ROUND, Spend(b"s1", ("age",), True, 0.1))
-    store.record_packet(PEER, ROUND, b"s1", b"message", b"receipt")
-    with pytest.raises(StoreError, match="already recorded"):
-        store.record_packet(PEER, ROUND, b"s1", b"other", b"receipt")
+        store.record_spend(PEER, ROUND, Spend(b"s1", ("age",), True, 0.1), (b"other", b"receipt"))
     store.count_send(PEER, b"s1")
     store.count_send(PEER, b"s1")
     store.acknowledge(PEER, b"s1")
@@ -87,6 +84,32 @@ def test_spends_and_packets_persist_and_are_recorded_once_per_survey(tmp_path: P
     packet = reopened.packet(PEER, b"s1")
     assert packet is not None
     assert (packet.message, packet.receipt, packet.sends, packet.acknowledged) == (b"message", b"receipt", 2, True)
+
+
+def test_a_release_and_the_packet_carrying_it_are_committed_together(tmp_path: Path) -> None:
+    """A peer killed between committing a release and storing its packet could not
+    resume: the ledger refused the survey again and no packet was left to send
+    (CI: a SIGKILLed `peer join`, run again, exited "the ledger already holds a
+    release"). Both are one transaction now: when the packet cannot be stored,
+    the release is not recorded either, so nothing is half done."""
+    import sqlite3
+
+    path = tmp_path / "peer.sqlite"
+    store = PeerStore(path)
+    store.record_spend(PEER, ROUND, Spend(b"s1", ("age",), True, 0.5), (b"message", b"receipt"))
+    assert store.packet(PEER, b"s1") is not None and len(store.spends(PEER, ROUND)) == 1
+    # A packet row already there for s2 (as a crash could leave it) makes the packet insert fail.
+    with sqlite3.connect(path) as db:
+        db.execute("INSERT INTO packets (peer, survey, round_id, message, receipt) VALUES (?, ?, ?, ?, ?)",
+                   (PEER.hex(), b"s2".hex(), ROUND.hex(), b"old", b"r".hex()))
+    with pytest.raises(StoreError):
+        store.record_spend(PEER, ROUND, Spend(b"s2", ("sex",), True, 0.5), (b"new", b"receipt"))
+    assert [spend.survey for spend in store.spends(PEER, ROUND)] == [b"s1"]  # rolled back with the packet
+    store.close()
+    # Every release on disk has its packet: what a resumed peer sends instead of answering again.
+    reopened = PeerStore(path)
+    for spend in reopened.spends(PEER, ROUND):
+        assert reopened.packet(PEER, spend.survey) is not None
 
 
 def test_a_version_2_store_gains_the_lifetime_budget_and_keeps_its_ledger(tmp_path: Path) -> None:
