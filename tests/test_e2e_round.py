@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 import pytest
 import trio
@@ -50,6 +51,7 @@ from anonml.peer._identity import PeerIdentity
 from anonml.peer._join import Peer, RoundSession, join_round, peer_generator, sleep_until_wall
 from anonml.peer._store import PeerStore
 from anonml.peer._transport import open_transport
+from anonml.relay import parse_metrics
 from anonml.protocol import (
     AckStatus,
     LinkClient,
@@ -78,16 +80,18 @@ async def start_relays(tmp_path: Path, aggregator: str) -> tuple[list[dict[str, 
     descriptors, processes = [], []
     for i in range(N_RELAYS):
         data_dir = tmp_path / f"relay-{i}"
+        metrics_port = free_port()
         await trio.run_process(
             relay_cli(
                 "init", "--data-dir", str(data_dir), "--listen", f"127.0.0.1:{free_port()}",
                 "--aggregator", aggregator,  # next hops come from the round's manifest, signed by that key
                 "--mirror", f"127.0.0.1:{free_port()}",  # peers compare the aggregator's signed documents with it
+                "--metrics", f"127.0.0.1:{metrics_port}",
             ),
             capture_stdout=True,
         )
         info = await trio.run_process(relay_cli("info", "--data-dir", str(data_dir), "--json"), capture_stdout=True)
-        descriptors.append(json.loads(info.stdout))
+        descriptors.append({**json.loads(info.stdout), "metrics_port": metrics_port})
         log = open(tmp_path / f"relay-{i}.log", "wb")  # noqa: SIM115 - the child owns it
         processes.append(await trio.lowlevel.open_process(relay_cli("run", "--data-dir", str(data_dir)), stdout=log, stderr=log))
     # Wait until every relay says it listens on its own port. A connection that succeeds proves
@@ -272,8 +276,23 @@ async def run_round(tmp_path: Path, relay_processes: list[trio.Process]) -> None
                     assert await bad.send(first_path, packet) is AckStatus.ACCEPTED, name
 
             async def stop_a_relay() -> None:
-                # After the send window, while relays hold the data packets.
-                await sleep_until_wall(manifest.schedule.data.send_end + 0.2)
+                # From the close of the send window, as soon as relay 3 holds a data packet (its
+                # metrics say so): the peers must resend that one over another path. Killed at a
+                # fixed moment instead, on a loaded machine (CI beside four CPU hogs) the kill came
+                # after relay 3 had passed everything on, and nothing needed a resend. Relay 3 is on
+                # none of the adversary's paths, and on each honest data packet's path with
+                # probability 1/2: it holds none of the 8 with probability 1/256.
+                data = manifest.schedule.data
+                await sleep_until_wall(data.send_end, time.time)
+                metrics = f"http://127.0.0.1:{descriptors[3]['metrics_port']}/metrics"
+                held = 0.0
+                async with httpx.AsyncClient(timeout=5) as scraper:
+                    while time.time() < data.t_r:
+                        held = parse_metrics((await scraper.get(metrics)).text).get("packets_held", 0)
+                        if held >= 1:
+                            break
+                        await trio.sleep(0.05)
+                assert held >= 1, "relay 3 held no data packet (no honest path went through it): nothing to lose"
                 relay_processes[3].send_signal(signal.SIGKILL)
 
             async with trio.open_nursery() as peers:
