@@ -142,6 +142,9 @@ class RoundState:
         self.clock = clock
         self.spec = FeatureSpec.from_dict(dict(self.manifest.features))
         self.numeric = self.spec.numeric_names
+        self.numeric_features = tuple(f for f in self.spec.features if isinstance(f, NumericFeature))
+        self.cut_point_counts = [feature.quantiles for feature in self.numeric_features]
+        """Each numeric feature's number of cut points, in the order of ``self.numeric`` (what a median answer may name)."""
         self._manifest_json = signed.to_json()
         self.roster_final = False
         """Set when registration has closed and every admitted registration is stored."""
@@ -413,27 +416,16 @@ class RoundState:
 
     # -- median phase (thesis Algorithm 1) ----------------------------------------------
 
-    @property
-    def cut_point_counts(self) -> list[int]:
-        """Each numeric feature's number of cut points, in the order of ``self.numeric``."""
-        return [self._numeric_feature(name).quantiles for name in self.numeric]
-
-    def _numeric_feature(self, name: str) -> NumericFeature:
-        feature = self.spec.feature(name)
-        assert isinstance(feature, NumericFeature)
-        return feature
-
     def _searches_after(self, sub_rounds: int) -> list[QuantileSearch]:
         """The searches after consuming the answers of sub-rounds ``0..sub_rounds-1``:
         one per numeric feature, searching all of its cut points at once."""
-        searches = []
-        for name in self.numeric:
-            feature = self._numeric_feature(name)
-            searches.append(QuantileSearch(feature.low, feature.high, self.manifest.eps_median, feature.quantile_levels))
-        counts = self.cut_point_counts
+        searches = [
+            QuantileSearch(feature.low, feature.high, self.manifest.eps_median, feature.quantile_levels)
+            for feature in self.numeric_features
+        ]
         for sub_round in range(sub_rounds):
             answers = [
-                decode_median_report(report, counts)
+                decode_median_report(report, self.cut_point_counts)
                 for report in self.store.reports(SurveyId.median(self.round_id, sub_round))
             ]
             if not answers:
