@@ -15,8 +15,8 @@ import click
 TARGET_NAMES: tuple[str, ...] = (
     "link-session", "link-client", "sphinx", "token", "message", "manifest", "manifest-body", "signed-document",
     "roster-head", "thresholds", "medians", "tree-head", "status", "http-register", "http-credential",
-    "register-response", "credential-response", "roster-response", "receipt-segment", "heads-response",
-    "error-response", "peer-csv", "round-spec", "relay-directory",
+    "issuance-request", "issuance-response", "register-response", "credential-response", "roster-response",
+    "receipt-segment", "heads-response", "error-response", "peer-csv", "round-spec", "relay-directory",
 )
 """Every target :func:`anonml.fuzz._targets.build_targets` builds (kept here so listing them imports nothing)."""
 

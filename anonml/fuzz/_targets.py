@@ -24,7 +24,15 @@ import trio.testing
 from nacl.signing import SigningKey
 
 from anonml.aggregator import read_round_spec
-from anonml.crypto import ForwardPacket, begin_issuance, issue_credential, never_replayed, process_packet, verify_token
+from anonml.crypto import (
+    ForwardPacket,
+    begin_issuance,
+    finish_issuance,
+    issue_credential,
+    never_replayed,
+    process_packet,
+    verify_token,
+)
 from anonml.fuzz._world import World, build_world, relay_hop, spec_document
 from anonml.peer import RoundPipeline
 from anonml.protocol import (
@@ -216,10 +224,19 @@ def build_targets(work: Path) -> dict[str, Target]:
     tree = HeadsResponse.from_json(heads).heads[0]
     newcomer = SigningKey(b"\x77" * 32)
     register = RegisterRequest.create(newcomer, state.round_id).to_json()
-    request, _ = begin_issuance(peer.public, peer.secret, peer.partition)
-    credential = CredentialRequest.create(peer.key, state.round_id, request.to_bytes()).to_json()
-    issued = CredentialResponse(issue_credential(issuer, request.to_bytes(), peer.partition).to_bytes(),
-                                peer.partition).to_json()
+    applicant = world.applicant
+    applicant_partition = state.assignment()[applicant.identity]
+    request, issuance = begin_issuance(applicant.public, applicant.secret, applicant_partition)
+    credential = CredentialRequest.create(applicant.key, state.round_id, request.to_bytes()).to_json()
+    issuance_response = issue_credential(issuer, request.to_bytes(), applicant_partition).to_bytes()
+    issued = CredentialResponse(issuance_response, applicant_partition).to_json()
+
+    def credential_request(data: bytes) -> None:
+        # The HTTP path short of its commit: recorded, the applicant's credential would stop every
+        # later input at 'already issued', before the issuer.
+        parsed = CredentialRequest.from_json(data)
+        partition, _ = state.admit_credential(parsed)
+        issue_credential(issuer, parsed.request, partition)
 
     pipeline = RoundPipeline.for_spec(FeatureSpec.from_dict(dict(manifest.features)))
     cut_points = {"age": [42.5]}
@@ -263,8 +280,11 @@ def build_targets(work: Path) -> dict[str, Target]:
                      RoundStatus.from_document),
         Target("http-register", [register], at(schedule.t_register_end - 1,
                                                lambda data: state.register(RegisterRequest.from_json(data), "fuzz"))),
-        Target("http-credential", [credential], at(schedule.t_issue_end - 1,
-                                                   lambda data: state.issue(CredentialRequest.from_json(data)))),
+        Target("http-credential", [credential], at(schedule.t_issue_end - 1, credential_request)),
+        # Behind the request's signature, which the applicant makes over any bytes it likes.
+        Target("issuance-request", [request.to_bytes()],
+               lambda data: issue_credential(issuer, data, applicant_partition)),
+        Target("issuance-response", [issuance_response], lambda data: finish_issuance(issuance, data)),
         Target("register-response", [RegisterResponse(True).to_json()], RegisterResponse.from_json),
         Target("credential-response", [issued], CredentialResponse.from_json),
         Target("roster-response", [roster], lambda data: RosterResponse.from_json(data).verify(world.identity,

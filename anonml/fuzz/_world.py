@@ -37,6 +37,8 @@ class World:
     state: RoundState
     clock: SettableClock
     peers: list[SimulatedPeer]
+    applicant: SimulatedPeer
+    """On the roster without a credential: its credential request reaches the issuer."""
     relay_private: bytes
     relay_public: bytes
     signing_key: SigningKey
@@ -72,7 +74,7 @@ def spec_document(relay_public: bytes, geometry: SphinxGeometry) -> dict[str, An
 
 
 def build_world(work: Path) -> World:
-    """A round in ``work`` whose data phase is open, with four peers holding credentials."""
+    """A round in ``work`` whose data phase is open, with four peers holding credentials and one applicant."""
     relay_private, relay_public = generate_keypair()
     geometry = SphinxGeometry.create(max_hops=2, packet_size=1024)
     home = AggregatorHome(work / "aggregator")
@@ -81,6 +83,8 @@ def build_world(work: Path) -> World:
     state, _ = create_round(home, parse_round_spec(spec_document(relay_public, geometry)), now=start)
     clock = SettableClock(start + 1)
     state.clock = clock
+    applicant = SimulatedPeer(state, b"\x05" * 32)
+    applicant.register()
     peers = enrol(state, clock, [bytes([i + 1]) * 32 for i in range(4)])
     clock.now = state.manifest.schedule.data.send_end + 1  # the data surveys accept packets
     peer = peers[0]
@@ -88,7 +92,7 @@ def build_world(work: Path) -> World:
     oracle = state.data_oracle(peer.partition, 0)
     report = oracle.encode_report(oracle.privatize(np.array([1]), np.random.default_rng(1))[0])
     signing_key = home.signing_key()
-    return World(state, clock, peers, relay_private, relay_public, signing_key, bytes(signing_key.verify_key),
+    return World(state, clock, peers, applicant, relay_private, relay_public, signing_key, bytes(signing_key.verify_key),
                  survey, report)
 
 
