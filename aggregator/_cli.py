@@ -20,6 +20,7 @@ from anonml.aggregator._spec import ROUND_SPEC_EXAMPLE
 from anonml.aggregator._store import AggregatorHome
 from anonml.display import duration, local_time
 from anonml.errors import ConfigError
+from anonml.process import freeze_startup_heap
 from anonml.storage import lock_data_dir, write_secret_file
 
 EXIT_MIN_PARTICIPATION = 3
@@ -276,6 +277,7 @@ def run(data_dir: Path, round_id: str | None, test_file: Path | None, linger: fl
                 nursery.start_soon(watch_round, state)
         return state.outcome() or "failed"
 
+    freeze_startup_heap()
     try:
         outcome = trio.run(main)
     except (KeyboardInterrupt, BaseExceptionGroup, OSError) as exc:

@@ -8,7 +8,7 @@ here; ``relay``, ``peer`` and ``aggregator`` import them.
 from __future__ import annotations
 
 from anonml.protocol._anonymity import LinkScore, rank_link, score_links, timing_figures
-from anonml.protocol._admission import ConnectionGate, GateRefusal, GateSlot, peer_address
+from anonml.protocol._admission import ConnectionGate, GateRefusal, GateSlot, RequestPacer, peer_address
 from anonml.protocol._http import HttpLimits, serve_http, serve_http_on, tls_context
 from anonml.protocol._link import (
     HELLO_BYTES,
@@ -262,6 +262,7 @@ __all__ = [
     "RegisterRequest",
     "RegisterResponse",
     "RegistrationPolicy",
+    "RequestPacer",
     "RelayEntry",
     "ReleasePlan",
     "RosterEntry",

@@ -1,4 +1,4 @@
-"""Connection admission for every listener (relay link, packet sink, HTTP API).
+"""Connection and request admission for every listener (relay link, packet sink, HTTP API).
 
 Issue 13 measured two cheap ways to take a server down: hundreds of idle or
 slow connections from one client exhaust a connection limit (or the process's
@@ -18,12 +18,19 @@ must hear from. :class:`ConnectionGate` bounds both, per listener:
   (or closed when none is free). So strangers, however many, leave
   ``reserved`` slots to the neighbours.
 
+Issue 13 also measured clients that each hold one connection and poll in a
+tight loop: eight of them took 80% of the aggregator's process, which runs the
+packet sink too. :class:`RequestPacer` gives each source a fair share of a
+request rate, so such a flood is slowed instead of served as fast as the CPU
+allows.
+
 Counts live on the trio thread (no locks).
 """
 
 from __future__ import annotations
 
 import enum
+import math
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -133,6 +140,77 @@ class GateSlot:
             gate.public_by_source[self.source] -= 1
             if gate.public_by_source[self.source] <= 0:
                 del gate.public_by_source[self.source]
+
+
+@dataclass
+class _Bucket:
+    tokens: float
+    updated: float
+    last_request: float
+
+
+class RequestPacer:
+    """Each source's fair share of ``rate`` requests per second; a request beyond it waits its turn.
+
+    A source's share is ``rate`` divided by the number of sources that sent a
+    request in the last :attr:`ACTIVE_SECONDS`. So a source alone (a loopback
+    demo's peers, all on 127.0.0.1) may use the whole rate, a client asking for
+    less than its share never waits however many others flood, and floods from
+    several sources together get at most ``rate``. Each source saves up to
+    ``burst`` requests while it is quiet.
+
+    A request over its share waits, it is not refused: an honest burst (every
+    peer polling for the roster as registration closes) is slowed, never failed.
+    The wait costs no CPU, and how many requests wait is bounded by the
+    connection gate (HTTP/1.1 serves one request at a time per connection).
+    Time is trio's clock, so tests run it under MockClock.
+    """
+
+    ACTIVE_SECONDS = 2.0
+    _RECOUNT_SECONDS = 0.25  # the active sources are recounted (and idle ones forgotten) at most this often
+
+    def __init__(self, rate: float, burst: float) -> None:
+        if not (isinstance(rate, (int, float)) and math.isfinite(rate) and rate > 0):
+            raise ValueError(f"rate must be a positive number of requests per second, got {rate!r}")
+        if not (isinstance(burst, (int, float)) and math.isfinite(burst) and burst >= 1):
+            raise ValueError(f"burst must be a number of requests of at least 1, got {burst!r}")
+        self.rate = float(rate)
+        self.burst = float(burst)
+        self._buckets: dict[str, _Bucket] = {}  # the active sources'
+        self._counted_at = -math.inf
+
+    def _forget_idle(self, now: float) -> None:
+        """Forget sources without a request in the last ACTIVE_SECONDS (at most every _RECOUNT_SECONDS).
+
+        A forgotten source comes back with a full bucket, which gives it at most
+        ``burst`` extra requests per ACTIVE_SECONDS.
+        """
+        if now - self._counted_at >= self._RECOUNT_SECONDS:
+            horizon = now - self.ACTIVE_SECONDS
+            self._buckets = {source: bucket for source, bucket in self._buckets.items()
+                             if bucket.last_request >= horizon}
+            self._counted_at = now
+
+    async def admit(self, source: str) -> bool:
+        """Wait until ``source`` may send one more request; True if it had to wait."""
+        now = trio.current_time()
+        self._forget_idle(now)
+        bucket = self._buckets.get(source)
+        if bucket is None:
+            bucket = self._buckets[source] = _Bucket(self.burst, now, now)
+        share = self.rate / len(self._buckets)  # the active sources' fair share
+        bucket.tokens = min(self.burst, bucket.tokens + (now - bucket.updated) * share) - 1
+        bucket.updated = now
+        # In debt, the request waits until the share has repaid it: requests of one source queue
+        # up in order, each behind the debt of those before it. The source counts as active
+        # until its last queued request goes through, so waiting never earns it a fresh bucket.
+        wait = max(0.0, -bucket.tokens / share)
+        bucket.last_request = max(bucket.last_request, now + wait)
+        if wait == 0:
+            await trio.lowlevel.checkpoint()
+            return False
+        await trio.sleep(wait)
+        return True
 
 
 def peer_address(stream: trio.SocketStream) -> str:

@@ -31,7 +31,7 @@ from hypercorn.trio.tcp_server import TCPServer
 from hypercorn.trio.worker_context import WorkerContext
 
 from anonml.errors import TransportError
-from anonml.protocol._admission import ConnectionGate, peer_address
+from anonml.protocol._admission import ConnectionGate, RequestPacer, peer_address
 from anonml.protocol._api import MAX_REQUEST_BYTES, format_host_port
 from anonml.protocol._link import check_positive_seconds
 
@@ -57,6 +57,8 @@ class HttpLimits:
     ``read_timeout``: the longest wait for the next bytes of a request.
     ``keep_alive_timeout``: how long an idle kept-alive connection stays open.
     ``body_timeout``: a whole request body must arrive within it (408 otherwise).
+    ``request_rate``, ``request_burst``: the :class:`protocol.RequestPacer` of the
+    server's requests (a source alone may send ``request_rate`` per second).
     """
 
     # Below the usual 1024 file descriptors with the sink's and the store's; issue 13 measured
@@ -66,9 +68,16 @@ class HttpLimits:
     read_timeout: float = 10.0
     keep_alive_timeout: float = 5.0
     body_timeout: float = 10.0
+    # A snapshot GET costs about 0.55 ms of the server's process on the 2-core machine (1,500
+    # a second took 82% of it in `anonml bench abuse`): 400 a second is about a fifth of one core,
+    # the rest left to the packet sink (or a relay's link). A loopback demo's 400 peers, all one
+    # source, poll far below it except as registration closes, when the pacer spreads them out.
+    request_rate: float = 400.0
+    request_burst: float = 40.0
 
     def __post_init__(self) -> None:
         check_positive_seconds(self, ("read_timeout", "keep_alive_timeout", "body_timeout"))
+        RequestPacer(self.request_rate, self.request_burst)  # validates both
 
 
 def hypercorn_config(limits: HttpLimits) -> HypercornConfig:
@@ -107,6 +116,20 @@ def counting_disconnects(app: Any, counts: Counter[str]) -> Any:
     return wrapped
 
 
+def paced(app: Any, pacer: RequestPacer, counts: Counter[str]) -> Any:
+    """``app`` with each HTTP request first admitted by ``pacer`` under its client's address
+    (requests that had to wait are counted as ``paced``)."""
+
+    async def wrapped(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            client = scope.get("client")
+            if await pacer.admit(str(client[0]) if client else "?"):
+                counts["paced"] += 1
+        await app(scope, receive, send)
+
+    return wrapped
+
+
 def _client_left(error: BaseException) -> bool:
     """Whether ``error`` (from hypercorn's connection handler) only says the client went away.
 
@@ -131,8 +154,9 @@ async def serve_http(
 ) -> None:
     """Serve the ASGI ``app`` on ``host:port`` until cancelled; reports its base URL once listening.
 
-    ``counts`` gets connections refused by the gate (``refused/<why>``), clients that left
-    (``client-disconnected``) and connections that failed otherwise (``connection-failed``).
+    ``counts`` gets connections refused by the gate (``refused/<why>``), requests the pacer
+    held back (``paced``), clients that left (``client-disconnected``) and connections that
+    failed otherwise (``connection-failed``).
     """
     listeners = await trio.open_tcp_listeners(port, host=host)
     await serve_http_on(app, listeners, limits, counts, task_status=task_status)
@@ -149,8 +173,9 @@ async def serve_http_on(
     """:func:`serve_http` on listeners already open (a caller that must report a bind failure itself)."""
     config = hypercorn_config(limits)
     gate = ConnectionGate(limits.max_connections, limits.max_connections_per_source)
+    pacer = RequestPacer(limits.request_rate, limits.request_burst)
     context = WorkerContext(None)
-    wrapped = ASGIWrapper(counting_disconnects(app, counts))
+    wrapped = ASGIWrapper(paced(counting_disconnects(app, counts), pacer, counts))
 
     async def handle(stream: trio.SocketStream) -> None:
         source = peer_address(stream)

@@ -15,6 +15,7 @@ import trio
 
 from anonml.crypto import DEFAULT_MAX_HOPS, DEFAULT_PACKET_SIZE
 from anonml.errors import AnonMLError, ConfigError, StorageError, explain
+from anonml.process import freeze_startup_heap
 from anonml.storage import lock_data_dir, write_secret_file
 from anonml.relay._config import (
     CONFIG_FILE,
@@ -182,6 +183,7 @@ def run(data_dir: Path, aggregators: tuple[PinnedAggregator, ...]) -> None:
     )
     try:
         with lock_data_dir(data_dir, command="anonml relay run"):
+            freeze_startup_heap()
             trio.run(_run_until_signalled, config)
     except (AnonMLError, OSError, BaseExceptionGroup) as exc:
         # One line also under `python -m anonml.relay`, which the root command's handler does not wrap.

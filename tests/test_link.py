@@ -4,6 +4,7 @@ client's connection reuse and retry."""
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 
 import pytest
@@ -23,6 +24,7 @@ from anonml.protocol import (
     LinkError,
     LinkLimits,
     LinkSessionStats,
+    RequestPacer,
     encode_hello,
     serve_link,
 )
@@ -484,3 +486,65 @@ def test_a_demotion_needs_a_public_slot_but_no_new_one_of_the_total() -> None:
     assert gate.public == 2 and gate.privileged == 2 and gate.open_connections == 4
     assert privileged[1] is not None and not privileged[1].demote()  # now no public slot is free
     assert gate.refused["total"] == 2
+
+
+async def flood_and_trickle(pacer: RequestPacer, seconds: float) -> tuple[Counter[str], list[bool]]:
+    """Two tight loops from each of four sources and one client at 10 requests/s from a fifth, for
+    ``seconds``: the requests each flooding source got through, and whether each light one waited."""
+    served: Counter[str] = Counter()
+    light_waited: list[bool] = []
+    until = trio.current_time() + seconds
+
+    async def flood(source: str) -> None:
+        while trio.current_time() < until:
+            await pacer.admit(source)
+            served[source] += 1
+
+    async def trickle() -> None:
+        while trio.current_time() < until:
+            light_waited.append(await pacer.admit("10.0.0.9"))
+            await trio.sleep(0.1)
+
+    async with trio.open_nursery() as nursery:
+        for index in range(8):
+            nursery.start_soon(flood, f"10.0.0.{1 + index % 4}")
+        nursery.start_soon(trickle)
+    return served, light_waited
+
+
+async def test_the_pacer_holds_floods_to_their_share_and_never_delays_a_light_client(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Issue 13: eight clients polling in tight loops were served as fast as the CPU allowed (about
+    1,500 requests/s, 80% of the aggregator's process, which runs the packet sink too)."""
+    rate, burst, seconds = 100.0, 10.0, 10.0
+    pacer = RequestPacer(rate, burst)
+    served, light_waited = await flood_and_trickle(pacer, seconds)
+    # Five active sources: each flooding one gets rate / 5 a second after its burst (the light client's
+    # unused share is not handed on), and each source's last queued request may finish after `until`.
+    share = rate / 5
+    for source in served:
+        assert burst + share * seconds <= served[source] <= burst + share * seconds + 2, served
+    assert sum(served.values()) <= rate * seconds + 4 * (burst + 2)
+    assert len(light_waited) >= 100 and not any(light_waited)
+
+
+async def test_a_source_alone_may_use_the_whole_rate(autojump_clock: trio.testing.MockClock) -> None:
+    """A loopback demo's peers are all one source: alone, it is held only to the whole rate."""
+    pacer = RequestPacer(rate=50.0, burst=5.0)
+    served = 0
+    until = trio.current_time() + 4.0
+    while trio.current_time() < until:
+        await pacer.admit("127.0.0.1")
+        served += 1
+    assert 5 + 50 * 4 <= served <= 5 + 50 * 4 + 1
+    # Idle past ACTIVE_SECONDS, it is forgotten and its burst is back.
+    await trio.sleep(RequestPacer.ACTIVE_SECONDS + 1)
+    assert [await pacer.admit("127.0.0.1") for _ in range(5)] == [False] * 5
+    assert await pacer.admit("127.0.0.1")
+
+
+@pytest.mark.parametrize(("rate", "burst"), [(0, 1), (-1, 1), (float("inf"), 1), (10, 0.5), (10, float("nan"))])
+def test_a_pacer_refuses_rates_and_bursts_that_cannot_pace(rate: float, burst: float) -> None:
+    with pytest.raises(ValueError):
+        RequestPacer(rate, burst)

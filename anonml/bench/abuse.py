@@ -96,6 +96,7 @@ from anonml.relay import (
     render_config,
 )
 from anonml.bench._processes import child_processes
+from anonml.process import freeze_startup_heap
 from anonml.testing import SettableClock, enrol
 
 ABUSES = ("relay-hold-fill", "relay-late-tags", "relay-idle-links", "sink-stranger", "sink-garbage",
@@ -234,6 +235,7 @@ def _start_system(work: Path, processes: list[subprocess.Popen[str]]) -> _System
 async def _serve_aggregator(root: str, round_id: str) -> None:
     """``python -m anonml.bench.abuse aggregator ROOT ROUND``: the round's service on wall time."""
     state = open_round(AggregatorHome(Path(root)), round_id)
+    freeze_startup_heap()  # as `anonml aggregator run` does
     manifest = state.manifest
     host, port = manifest.aggregator_url.removeprefix("http://").rsplit(":", 1)
     config = AggregatorConfig(state, http_host=host, http_port=int(port), sink_host=manifest.aggregator_hop.host,

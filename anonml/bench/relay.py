@@ -48,6 +48,7 @@ from anonml.crypto import (
     process_packet,
 )
 from anonml.bench._processes import child_processes
+from anonml.process import freeze_startup_heap
 from anonml.protocol import AckStatus, LinkClient
 from anonml.relay import (
     CONFIG_FILE,
@@ -368,6 +369,7 @@ def _node_main(argv: list[str]) -> None:
     """``python -m anonml.bench.relay node DATA_DIR PINNED``: one benchmark relay."""
     if len(argv) not in (3, 4) or argv[0] != "node" or argv[3:] not in ([], ["wall"]):
         raise SystemExit("usage: python -m anonml.bench.relay node DATA_DIR PINNED_UNIX_SECONDS [wall]")
+    freeze_startup_heap()  # as `anonml relay run` does
     trio.run(_run_node, Path(argv[1]), int(argv[2]), argv[3:] == ["wall"])
 
 
