@@ -222,8 +222,8 @@ def build_targets(work: Path) -> dict[str, Target]:
     thresholds = MedianThresholds(0, median_survey, ("age",), ((30.5, 42.5, 51.0),)).sign(world.signing_key)
     medians = MedianResults({"age": (30.5, 42.5, 51.0)}).sign(world.signing_key, state.round_id)
     tree = HeadsResponse.from_json(heads).heads[0]
-    newcomer = SigningKey(b"\x77" * 32)
-    register = RegisterRequest.create(newcomer, state.round_id).to_json()
+    registering = world.registering
+    register = RegisterRequest.create(SigningKey(b"\x77" * 32), registering.round_id).to_json()
     applicant = world.applicant
     applicant_partition = state.assignment()[applicant.identity]
     request, issuance = begin_issuance(applicant.public, applicant.secret, applicant_partition)
@@ -252,7 +252,7 @@ def build_targets(work: Path) -> dict[str, Target]:
     schedule = manifest.schedule
 
     def at(when: int, run: Callable[[bytes], object]) -> Callable[[bytes], object]:
-        """``run`` with the round's clock at ``when`` (registration and issuance are open only in their phases)."""
+        """``run`` with the round's clock at ``when`` (issuance is open only in its phase)."""
 
         def timed(data: bytes) -> object:
             world.clock.now = when
@@ -278,8 +278,7 @@ def build_targets(work: Path) -> dict[str, Target]:
         _body_target("tree-head", DocumentKind.TREE_HEAD, world, tree, TreeHead.from_document),
         _body_target("status", DocumentKind.STATUS, world, SignedDocument.from_json(status, max_bytes=len(status)),
                      RoundStatus.from_document),
-        Target("http-register", [register], at(schedule.t_register_end - 1,
-                                               lambda data: state.register(RegisterRequest.from_json(data), "fuzz"))),
+        Target("http-register", [register], lambda data: registering.register(RegisterRequest.from_json(data), "fuzz")),
         Target("http-credential", [credential], at(schedule.t_issue_end - 1, credential_request)),
         # Behind the request's signature, which the applicant makes over any bytes it likes.
         Target("issuance-request", [request.to_bytes()],

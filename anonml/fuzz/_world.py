@@ -47,6 +47,8 @@ class World:
     """A data survey of the first peer's partition, open at ``clock``."""
     report: bytes
     """A valid report for ``survey``."""
+    registering: RoundState
+    """A second round of the same aggregator, its registration open: a registration request reaches its store."""
 
 
 def spec_document(relay_public: bytes, geometry: SphinxGeometry) -> dict[str, Any]:
@@ -74,7 +76,8 @@ def spec_document(relay_public: bytes, geometry: SphinxGeometry) -> dict[str, An
 
 
 def build_world(work: Path) -> World:
-    """A round in ``work`` whose data phase is open, with four peers holding credentials and one applicant."""
+    """A round in ``work`` whose data phase is open, with four peers holding credentials and one applicant;
+    and a round still registering."""
     relay_private, relay_public = generate_keypair()
     geometry = SphinxGeometry.create(max_hops=2, packet_size=1024)
     home = AggregatorHome(work / "aggregator")
@@ -92,8 +95,10 @@ def build_world(work: Path) -> World:
     oracle = state.data_oracle(peer.partition, 0)
     report = oracle.encode_report(oracle.privatize(np.array([1]), np.random.default_rng(1))[0])
     signing_key = home.signing_key()
+    registering, _ = create_round(home, parse_round_spec(spec_document(relay_public, geometry)), now=start)
+    registering.clock = SettableClock(start + 1)
     return World(state, clock, peers, applicant, relay_private, relay_public, signing_key, bytes(signing_key.verify_key),
-                 survey, report)
+                 survey, report, registering)
 
 
 def relay_hop(world: World) -> PathHop:
