@@ -100,6 +100,12 @@ def _json(body: bytes, status: int = 200) -> Response:
     return Response(body, status_code=status, media_type="application/json")
 
 
+def _is_decimal(text: str) -> bool:
+    """ASCII digits only: ``str.isdigit`` also accepts '²', which ``int`` refuses (a GET of
+    /v1/median/%C2%B2 answered 500), and '١', which ``int`` reads as 1."""
+    return text.isascii() and text.isdigit()
+
+
 def _error(status: int, reason: str) -> Response:
     return _json(ErrorResponse(reason).to_json(), status)
 
@@ -108,7 +114,7 @@ async def _read_body(request: Request, timeout: float) -> bytes:
     """The request body, refusing more than MAX_REQUEST_BYTES (413) without reading it all, or
     one that takes longer than ``timeout`` seconds in all (408: issue 13's byte-every-5-s clients)."""
     declared = request.headers.get("content-length")
-    if declared is not None and (not declared.isdigit() or int(declared) > MAX_REQUEST_BYTES):
+    if declared is not None and (not _is_decimal(declared) or int(declared) > MAX_REQUEST_BYTES):
         raise ApiRefused(413, f"request body exceeds {MAX_REQUEST_BYTES} bytes")
     chunks: list[bytes] = []
     size = 0
@@ -357,7 +363,7 @@ def build_app(
 
     async def median(request: Request) -> Response:
         raw = request.path_params["i"]
-        if not raw.isdigit() or len(raw) > 5:
+        if not _is_decimal(raw) or len(raw) > 5:
             raise ApiRefused(404, f"no median sub-round {raw[:16]!r}")
         return snapshot(state.thresholds_json(int(raw)), f"thresholds of median sub-round {int(raw)} are not published")
 
@@ -366,7 +372,7 @@ def build_app(
 
     async def receipts(request: Request) -> Response:
         kind, partition, check = (request.path_params[k] for k in ("kind", "partition", "check"))
-        if kind not in ("median", "data") or not partition.isdigit() or len(partition) > 5 or check not in ("0", "1"):
+        if kind not in ("median", "data") or not _is_decimal(partition) or len(partition) > 5 or check not in ("0", "1"):
             raise ApiRefused(404, f"no receipt segment {request.url.path[:80]!r}")
         key = (SurveyKind.MEDIAN if kind == "median" else SurveyKind.DATA, int(partition), Check(int(check)))
         return snapshot(snapshots.segments.get(key), "that receipt-log check is not published (yet)")

@@ -247,6 +247,19 @@ async def test_clients_polling_in_tight_loops_are_paced_to_their_share_while_oth
     await status_counts(addresses.http_url, lambda counts: counts.get("http/paced", 0) >= 1)
 
 
+async def test_a_path_number_in_another_script_is_a_404_not_an_internal_error(
+    served_with: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """GET /v1/median/%C2%B2 answered 500 and logged a traceback: str.isdigit accepts '²', int() does not."""
+    _, addresses, _ = await served_with()
+    caplog.set_level(logging.INFO)
+    for path in ("/v1/median/%C2%B2", "/v1/median/%D9%A1", "/v1/receipts/data/%C2%B2/0",
+                 "/v1/receipts/median/%D9%A1/1", "/v1/median/123456"):
+        response = await get(addresses.http_url, path)
+        assert response.status_code == 404, (path, response.text)
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], [r.getMessage() for r in caplog.records]
+
+
 async def test_the_issuer_key_is_erased_when_the_round_ends_and_the_round_still_opens(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
