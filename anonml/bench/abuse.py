@@ -318,9 +318,11 @@ async def _wait_for_relay_route(system: _System, offsets: dict[str, int]) -> Non
     offsets["peer"] += 1
     client = _peer_client(system)
     with trio.fail_after(_ROUTE_TIMEOUT):
-        while (await client.send_batch([packet], give_up_at=trio.current_time() + 5))[0] is not AckStatus.ACCEPTED:
-            await trio.sleep(0.25)
-        await client.aclose()
+        try:
+            while (await client.send_batch([packet], give_up_at=trio.current_time() + 5))[0] is not AckStatus.ACCEPTED:
+                await trio.sleep(0.25)
+        finally:
+            await client.aclose()
         while int((await _status(system.http_url))["counts"]["accepted"]) < 1:
             await trio.sleep(0.25)
 
