@@ -153,11 +153,14 @@ class RequestPacer:
     """Each source's fair share of ``rate`` requests per second; a request beyond it waits its turn.
 
     A source's share is ``rate`` divided by the number of sources that sent a
-    request in the last :attr:`ACTIVE_SECONDS`. So a source alone (a loopback
-    demo's peers, all on 127.0.0.1) may use the whole rate, a client asking for
-    less than its share never waits however many others flood, and floods from
-    several sources together get at most ``rate``. Each source saves up to
-    ``burst`` requests while it is quiet.
+    request in the last :attr:`ACTIVE_SECONDS`, but never below ``floor``. So
+    a source alone (a loopback demo's peers, all on 127.0.0.1) may use the
+    whole rate, a client asking for less than its share never waits however
+    many others flood, and floods from a few sources together get at most
+    ``rate``. The floor keeps a round of many peers, each at its own address,
+    from being held to ``rate`` in all: a peer polling no faster than ``floor``
+    never waits, however many others poll. Each source saves up to ``burst``
+    requests while it is quiet.
 
     A request over its share waits, it is not refused: an honest burst (every
     peer polling for the roster as registration closes) is slowed, never failed.
@@ -169,13 +172,16 @@ class RequestPacer:
     ACTIVE_SECONDS = 2.0
     _RECOUNT_SECONDS = 0.25  # the active sources are recounted (and idle ones forgotten) at most this often
 
-    def __init__(self, rate: float, burst: float) -> None:
+    def __init__(self, rate: float, burst: float, floor: float) -> None:
         if not (isinstance(rate, (int, float)) and math.isfinite(rate) and rate > 0):
             raise ValueError(f"rate must be a positive number of requests per second, got {rate!r}")
         if not (isinstance(burst, (int, float)) and math.isfinite(burst) and burst >= 1):
             raise ValueError(f"burst must be a number of requests of at least 1, got {burst!r}")
+        if not (isinstance(floor, (int, float)) and 0 < floor <= rate):
+            raise ValueError(f"floor must be a number of requests per second in (0, rate], got {floor!r}")
         self.rate = float(rate)
         self.burst = float(burst)
+        self.floor = float(floor)
         self._buckets: dict[str, _Bucket] = {}  # the active sources'
         self._counted_at = -math.inf
 
@@ -198,7 +204,7 @@ class RequestPacer:
         bucket = self._buckets.get(source)
         if bucket is None:
             bucket = self._buckets[source] = _Bucket(self.burst, now, now)
-        share = self.rate / len(self._buckets)  # the active sources' fair share
+        share = max(self.rate / len(self._buckets), self.floor)  # the active sources' fair share
         bucket.tokens = min(self.burst, bucket.tokens + (now - bucket.updated) * share) - 1
         bucket.updated = now
         # In debt, the request waits until the share has repaid it: requests of one source queue

@@ -57,8 +57,9 @@ class HttpLimits:
     ``read_timeout``: the longest wait for the next bytes of a request.
     ``keep_alive_timeout``: how long an idle kept-alive connection stays open.
     ``body_timeout``: a whole request body must arrive within it (408 otherwise).
-    ``request_rate``, ``request_burst``: the :class:`protocol.RequestPacer` of the
-    server's requests (a source alone may send ``request_rate`` per second).
+    ``request_rate``, ``request_burst``, ``request_floor``: the :class:`protocol.RequestPacer`
+    of the server's requests (a source alone may send ``request_rate`` per second; none is held
+    below ``request_floor``).
     """
 
     # Below the usual 1024 file descriptors with the sink's and the store's; issue 13 measured
@@ -70,14 +71,19 @@ class HttpLimits:
     body_timeout: float = 10.0
     # A snapshot GET costs about 0.55 ms of the server's process on the 2-core machine (1,500
     # a second took 82% of it in `anonml bench abuse`): 400 a second is about a fifth of one core,
-    # the rest left to the packet sink (or a relay's link). A loopback demo's 400 peers, all one
-    # source, poll far below it except as registration closes, when the pacer spreads them out.
+    # the rest left to the packet sink (or a relay's link). A loopback demo's peers are all one
+    # source, so its schedule counts each request at least 1 / request_rate (`demo._schedule`).
     request_rate: float = 400.0
     request_burst: float = 40.0
+    # A peer polls a document not yet published at most 4 times a second (`peer._client.retry_delay`).
+    request_floor: float = 5.0
 
     def __post_init__(self) -> None:
         check_positive_seconds(self, ("read_timeout", "keep_alive_timeout", "body_timeout"))
-        RequestPacer(self.request_rate, self.request_burst)  # validates both
+        self.pacer()  # validates the three
+
+    def pacer(self) -> RequestPacer:
+        return RequestPacer(self.request_rate, self.request_burst, self.request_floor)
 
 
 def hypercorn_config(limits: HttpLimits) -> HypercornConfig:
@@ -173,7 +179,7 @@ async def serve_http_on(
     """:func:`serve_http` on listeners already open (a caller that must report a bind failure itself)."""
     config = hypercorn_config(limits)
     gate = ConnectionGate(limits.max_connections, limits.max_connections_per_source)
-    pacer = RequestPacer(limits.request_rate, limits.request_burst)
+    pacer = limits.pacer()
     context = WorkerContext(None)
     wrapped = ASGIWrapper(paced(counting_disconnects(app, counts), pacer, counts))
 

@@ -4,6 +4,7 @@ windows that grow with the measured costs and always hold a restart."""
 
 from __future__ import annotations
 
+import dataclasses
 import signal
 import sys
 from collections.abc import Callable
@@ -16,6 +17,7 @@ import trio
 from anonml.demo import open_children
 from anonml.demo._calibrate import PhaseCosts
 from anonml.demo._schedule import plan_round, recovery_seconds
+from anonml.protocol import HttpLimits
 
 # A child that starts a grandchild in its process group (as the aggregator
 # starts its issuer workers), then waits.
@@ -73,6 +75,15 @@ def test_windows_grow_with_the_measured_costs_and_always_hold_a_restart() -> Non
     # More peers, more time for the per-peer phases.
     bigger = plan_round(data, 4000, 2.0, 2, 0, costs(1.0))  # type: ignore[arg-type]
     assert bigger.register_seconds > idle.register_seconds and bigger.data_send_window > idle.data_send_window
+
+
+def test_a_request_counts_at_least_its_pacing_when_every_peer_is_one_address() -> None:
+    """The HTTP server paces one address to HttpLimits.request_rate: on a machine where a request
+    takes less than 1 / request_rate, windows sized from the measured cost alone were too short."""
+    data = SimpleNamespace(name="breast-cancer")
+    fast = dataclasses.replace(costs(1.0), http=1e-5)
+    paced = dataclasses.replace(costs(1.0), http=1 / HttpLimits().request_rate)
+    assert plan_round(data, 8000, 2.0, 2, 0, fast) == plan_round(data, 8000, 2.0, 2, 0, paced)  # type: ignore[arg-type]
 
 
 def test_the_exit_code_says_failed_degraded_or_lost() -> None:

@@ -518,7 +518,7 @@ async def test_the_pacer_holds_floods_to_their_share_and_never_delays_a_light_cl
     """Issue 13: eight clients polling in tight loops were served as fast as the CPU allowed (about
     1,500 requests/s, 80% of the aggregator's process, which runs the packet sink too)."""
     rate, burst, seconds = 100.0, 10.0, 10.0
-    pacer = RequestPacer(rate, burst)
+    pacer = RequestPacer(rate, burst, floor=1.0)
     served, light_waited = await flood_and_trickle(pacer, seconds)
     # Five active sources: each flooding one gets rate / 5 a second after its burst (the light client's
     # unused share is not handed on), and each source's last queued request may finish after `until`.
@@ -531,7 +531,7 @@ async def test_the_pacer_holds_floods_to_their_share_and_never_delays_a_light_cl
 
 async def test_a_source_alone_may_use_the_whole_rate(autojump_clock: trio.testing.MockClock) -> None:
     """A loopback demo's peers are all one source: alone, it is held only to the whole rate."""
-    pacer = RequestPacer(rate=50.0, burst=5.0)
+    pacer = RequestPacer(rate=50.0, burst=5.0, floor=1.0)
     served = 0
     until = trio.current_time() + 4.0
     while trio.current_time() < until:
@@ -544,7 +544,28 @@ async def test_a_source_alone_may_use_the_whole_rate(autojump_clock: trio.testin
     assert await pacer.admit("127.0.0.1")
 
 
-@pytest.mark.parametrize(("rate", "burst"), [(0, 1), (-1, 1), (float("inf"), 1), (10, 0.5), (10, float("nan"))])
-def test_a_pacer_refuses_rates_and_bursts_that_cannot_pace(rate: float, burst: float) -> None:
+async def test_many_peers_at_their_own_addresses_are_not_held_to_the_rate_in_all(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """With 200 active addresses the fair share of 100 a second is 0.5 each; the floor (5) is what a
+    peer polling 4 times a second needs, so none of them waits."""
+    pacer = RequestPacer(rate=100.0, burst=2.0, floor=5.0)
+    waited: list[bool] = []
+    until = trio.current_time() + 5.0
+
+    async def poller(index: int) -> None:
+        while trio.current_time() < until:
+            waited.append(await pacer.admit(f"10.1.{index // 250}.{index % 250}"))
+            await trio.sleep(0.25)
+
+    async with trio.open_nursery() as nursery:
+        for index in range(200):
+            nursery.start_soon(poller, index)
+    assert len(waited) >= 200 * 20 and not any(waited)
+
+
+@pytest.mark.parametrize(("rate", "burst", "floor"), [(0, 1, 1), (-1, 1, 1), (float("inf"), 1, 1), (10, 0.5, 1),
+                                                      (10, float("nan"), 1), (10, 1, 0), (10, 1, 11)])
+def test_a_pacer_refuses_rates_bursts_and_floors_that_cannot_pace(rate: float, burst: float, floor: float) -> None:
     with pytest.raises(ValueError):
-        RequestPacer(rate, burst)
+        RequestPacer(rate, burst, floor)

@@ -19,6 +19,7 @@ import tomli_w
 from anonml.demo._calibrate import PhaseCosts
 from anonml.demo._data import DemoData
 from anonml.demo._ports import HOST
+from anonml.protocol import HttpLimits
 
 RELAYS = 3
 AGGREGATOR_PROCESSES = 2
@@ -132,10 +133,13 @@ def plan_round(data: DemoData, peers: int, epsilon: float, workers: int, seed: i
         per_slice = max(window(messages, costs.relay_hop), window(messages, costs.verify))
         return per_slice * (RELAYS + 1)
 
+    # Every peer here comes from one address, which the aggregator's HTTP server
+    # (and each relay's mirror) paces to HttpLimits.request_rate requests a second.
+    http = max(costs.http, 1 / HttpLimits().request_rate)
     # One HTTP exchange per peer to register, two to fetch the roster and
     # get the credential; the workers start while registration is open.
-    register = math.ceil(costs.process_start) + window(peers, costs.register + costs.http)
-    issue = window(peers, costs.issue + 2 * costs.http)
+    register = math.ceil(costs.process_start) + window(peers, costs.register + http)
+    issue = window(peers, costs.issue + 2 * http)
     # A median sub-round asks one partition; the data phase every peer k_h times.
     median_messages = math.ceil(peers / k_p)
     data_messages = peers * k_h
@@ -148,13 +152,13 @@ def plan_round(data: DemoData, peers: int, epsilon: float, workers: int, seed: i
         register_seconds=register,
         issue_seconds=issue,
         # A sender fetches the thresholds, makes its token and packet, and hands it to a relay.
-        send_window=window(median_messages, costs.token + costs.http),
+        send_window=window(median_messages, costs.token + http),
         delivery_window=delivery(median_messages),
-        data_send_window=window(data_messages, costs.token + costs.http),
+        data_send_window=window(data_messages, costs.token + http),
         data_delivery_window=delivery(data_messages),
         # The verification backlog is inside the last delivery slice; the check itself is the heads'
         # signing, one mirror refresh (1 s) and every peer's fetch of its partition's segment.
-        check_seconds=window(peers, costs.http, floor=3.0),
+        check_seconds=window(peers, http, floor=3.0),
     )
 
 
