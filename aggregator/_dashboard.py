@@ -140,7 +140,7 @@ class RelayWatch:
 
 def survey_label(survey: SurveyId) -> str:
     if survey.kind == SurveyKind.MEDIAN:
-        return f"median sub-round {survey.partition}"
+        return f"median sub-round {survey.sub_round}: partition {survey.partition}"
     return f"data: partition {survey.partition}, subset {survey.subset}"
 
 

@@ -198,7 +198,8 @@ class RoundState:
         minimum, _ = self.shortfall_rule()
         accepted = self.store.accepted_by_survey()
         return {
-            (f"median {survey.partition}" if survey.kind == SurveyKind.MEDIAN else f"data {survey.partition}/{survey.subset}"):
+            (f"median {survey.partition}/{survey.sub_round}" if survey.kind == SurveyKind.MEDIAN
+             else f"data {survey.partition}/{survey.subset}"):
                 accepted.get(survey, 0)
             for phase in phases
             for group in self.phase_surveys(phase).values()
@@ -387,7 +388,8 @@ class RoundState:
         if survey.round_id != self.round_id:
             raise SurveyRefused("unknown-survey")
         if survey.kind == SurveyKind.MEDIAN:
-            if survey.partition >= m.median_rounds or not self.numeric:
+            # Each partition answers in exactly one sub-round (its own, by the manifest's rule).
+            if not self.numeric or survey.partition >= m.k_p or survey != m.median_survey(survey.partition):
                 raise SurveyRefused("unknown-survey")
         elif survey.partition >= m.k_p or survey.subset >= m.k_h:
             raise SurveyRefused("unknown-survey")
@@ -424,9 +426,11 @@ class RoundState:
             for feature in self.numeric_features
         ]
         for sub_round in range(sub_rounds):
+            # One step of every search takes the answers of all partitions of the sub-round.
             answers = [
                 decode_median_report(report, self.cut_point_counts)
-                for report in self.store.reports(SurveyId.median(self.round_id, sub_round))
+                for partition in self.manifest.median_partitions(sub_round)
+                for report in self.store.reports(self.manifest.median_survey(partition))
             ]
             if not answers:
                 continue
@@ -444,8 +448,8 @@ class RoundState:
         key = f"thresholds/{sub_round}"
         if self.store.get_result(key) is None:
             values = tuple(tuple(float(t) for t in search.thresholds()) for search in self._searches_after(sub_round))
-            published = MedianThresholds(sub_round, SurveyId.median(self.round_id, sub_round), self.numeric, values)
-            self.store.put_result(key, published.sign(self.secrets.signing_key).to_json())
+            published = MedianThresholds(sub_round, self.numeric, values)
+            self.store.put_result(key, published.sign(self.secrets.signing_key, self.round_id).to_json())
         return self.thresholds(sub_round)
 
     def thresholds_json(self, sub_round: int) -> bytes | None:
@@ -490,7 +494,10 @@ class RoundState:
                 for partition, subsets in enumerate(self.subsets)
             }
         sub_round = schedule.median.index(phase)
-        return {(SurveyKind.MEDIAN, sub_round): [SurveyId.median(self.round_id, sub_round)]}
+        return {
+            (SurveyKind.MEDIAN, partition): [self.manifest.median_survey(partition)]
+            for partition in self.manifest.median_partitions(sub_round)
+        }
 
     def publish_heads(self, phase: PhaseTimes, check: Check) -> None:
         """Sign one head per survey of ``phase`` for ``check`` (once; durable) and rebuild the log snapshots.

@@ -158,7 +158,7 @@ median_share = 0.5          # optional: share of eps_total for the median search
                             # offset it is local time); else when `round new` runs, or its --start
 register = 1800             # default 30 min: peers join over minutes; `anonml aggregator run` must be serving by then
 issue = 900                 # default 15 min
-median_rounds = 4           # sub-round i queries partition i (needs <= k_p; 0 without numeric features)
+median_rounds = 4           # partition p answers in sub-round p % median_rounds (needs <= k_p; 0 without numeric features)
 median_send = 300           # default 5 min: each sub-round's send window (delta) ...
 median_delivery = 600       # default 10 min: ... then its delivery window (needs >= path_length + 1)
 data_send = 900             # default 15 min

@@ -1,14 +1,15 @@
 """Private quantiles by binary search across partitions (thesis §7.2.1, Algorithm 1).
 
-The aggregator splits the peers into partitions and queries one partition per
-sub-round. Each peer answers one question, "is your value greater than t?",
-with binary random response (``answer_is_greater``), so each peer spends
-``epsilon`` once per feature. After each sub-round the aggregator moves its
+The aggregator splits the peers into disjoint groups and queries one group per
+sub-round (in a networked round a group is every partition whose peers answer
+in that sub-round, ``RoundManifest.median_partitions``). Each peer answers one
+question, "is your value greater than t?", with binary random response
+(``answer_is_greater``), so each peer spends ``epsilon`` once per feature. After each sub-round the aggregator moves its
 estimate towards the side the debiased answers point to, by a step that halves
 every sub-round, unless the answers are within the margin of error of eq. 7.2.
 
-Generalisation to q quantiles: in every sub-round each partition is split into
-q groups of (near-)equal size and group j answers about quantile j's current
+Generalisation to q quantiles: in every sub-round the answering group is split
+into q parts of (near-)equal size and part j answers about quantile j's current
 threshold (``assign_quantiles``). All q searches advance together, one step per
 sub-round, and every peer still answers exactly one question per feature. The
 answer carries the index of the quantile it is for (the aggregator cannot
@@ -76,7 +77,7 @@ def answer_is_greater(value: float, threshold: float, epsilon: float, rng: np.ra
 
 
 def assign_quantiles(n_members: int, n_quantiles: int, rng: np.random.Generator) -> np.ndarray:
-    """Which quantile each of a partition's members answers about: a uniformly
+    """Which quantile each member of a sub-round's group answers about: a uniformly
     random balanced assignment (group sizes differ by at most one)."""
     if n_members < 0 or n_quantiles < 1:
         raise ValueError(f"n_members must be >= 0 and n_quantiles >= 1, got {n_members!r}, {n_quantiles!r}")
@@ -87,7 +88,7 @@ class QuantileSearch:
     """The aggregator's state for estimating q quantiles of one feature.
 
     ``thresholds()`` gives the value each quantile asks about in the current
-    sub-round; ``update(bits, which)`` consumes one partition's perturbed
+    sub-round; ``update(bits, which)`` consumes one sub-round's perturbed
     answers; ``estimates()`` gives the current estimates. Each update halves
     every quantile's step; a quantile whose debiased "greater" fraction is
     more than ``margin`` times eq. 7.2's expected error away from its target
@@ -138,7 +139,7 @@ class QuantileSearch:
         return self.margin * math.sqrt(q * (1 - q) + p * (1 - p)) / ((p - q) * math.sqrt(n_answers))
 
     def update(self, bits: np.ndarray, which: np.ndarray | None = None) -> None:
-        """Consume one partition's answers: ``bits[k]`` in {0, 1} answers the
+        """Consume one sub-round's answers (its whole group's): ``bits[k]`` in {0, 1} answers the
         question of quantile ``which[k]`` (all quantile 0 when ``which`` is None)."""
         bit_array = np.asarray(bits)
         if bit_array.ndim != 1 or (bit_array.size and not np.issubdtype(bit_array.dtype, np.integer)):
@@ -186,8 +187,8 @@ def estimate_quantiles(
     *,
     margin: float = 1.0,
 ) -> np.ndarray:
-    """Run the whole search in process: one sub-round per partition, each
-    member answering once about its assigned quantile."""
+    """Run the whole search in process: one sub-round per group of
+    ``values_by_partition``, each member answering once about its assigned quantile."""
     search = QuantileSearch(low, high, epsilon, quantiles, margin=margin)
     for values in values_by_partition:
         members = np.asarray(values, dtype=np.float64)

@@ -93,7 +93,7 @@ def _windows(manifest: object) -> list[str]:
     lines = [f"  registration closes {local_time(schedule.t_register_end)}; credentials until {local_time(schedule.t_issue_end)}"]
     if schedule.median:
         first, last = schedule.median[0], schedule.median[-1]
-        lines.append(f"  a median answer (only if your partition is asked) leaves between {local_time(first.t_s)} and {local_time(last.send_end)}")
+        lines.append(f"  your one median answer (in your partition's sub-round) leaves between {local_time(first.t_s)} and {local_time(last.send_end)}")
     data = schedule.data
     lines.append(f"  your data packet(s) leave at random times between {local_time(data.t_s)} and {local_time(data.send_end)}; "
                  f"relays deliver them by {local_time(data.t_r)}, then receipts are checked")

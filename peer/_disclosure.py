@@ -86,7 +86,7 @@ def describe_release(signed: SignedManifest, spec: FeatureSpec, vector: FeatureV
     if medians and manifest.median_rounds:
         flip = 1 / (1 + math.exp(manifest.eps_median))
         lines.append(
-            f"  - at most 1 median answer (only if your partition is queried, between {_when(schedule.median[0].t_s)} "
+            f"  - 1 median answer (in your partition's sub-round, sent between {_when(schedule.median[0].t_s)} "
             f"and {_when(schedule.median[-1].send_end)}): one bit per numeric feature "
             f"({', '.join(spec.numeric_names)}), 'is my value above the threshold' (with several cut points, the "
             f"threshold of one of them, picked at random), each flipped with "

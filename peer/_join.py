@@ -352,7 +352,10 @@ class RoundSession:
         phase = manifest.schedule.median[sub_round]
         document = await self._signed(("median", sub_round), manifest, lambda: self.client.median(sub_round), phase.send_end,
                                       f"median sub-round {sub_round}", DocumentKind.THRESHOLDS)
-        return MedianThresholds.from_document(document)
+        thresholds = MedianThresholds.from_document(document)
+        if thresholds.sub_round != sub_round:
+            raise JoinRefused("bad-thresholds", f"asked for median sub-round {sub_round}, the aggregator sent sub-round {thresholds.sub_round}")
+        return thresholds
 
     async def medians(self, manifest: RoundManifest) -> MedianResults:
         if manifest.schedule.median:
@@ -367,7 +370,7 @@ class RoundSession:
         Every peer of the partition makes this same request at the same
         scheduled time, whatever happened to its packets (DESIGN.md §5).
         """
-        phase = manifest.schedule.data if kind is SurveyKind.DATA else manifest.schedule.median[partition]
+        phase = manifest.schedule.data if kind is SurveyKind.DATA else manifest.schedule.median[manifest.median_sub_round(partition)]
         at = phase.check_time(check)
         until = phase.t_2 - _MARGIN if check is Check.FIRST else phase.t_r + _SETTLE_SECONDS
 
@@ -778,19 +781,19 @@ class PeerRound:
                 raise self.stored(Equivocation(proof)) from None
 
     async def answer_median(self, partition: int) -> list[_Outgoing]:
-        """Sub-round ``partition`` queries this peer (thesis Algorithm 1): one perturbed bit per feature,
-        about one of its cut points chosen uniformly at random (independent of
-        the data, so the choice reveals nothing and the whole partition stays
-        the answer's anonymity set)."""
-        if partition >= self.manifest.median_rounds or not self.spec.numeric_names:
+        """The peer's answer in its partition's median sub-round (thesis Algorithm 1): one perturbed
+        bit per feature, about one of its cut points chosen uniformly at random
+        (independent of the data, so the choice reveals nothing and the whole
+        partition stays the answer's anonymity set)."""
+        if not self.manifest.median_rounds or not self.spec.numeric_names:
             return []
-        survey = SurveyId.median(self.round_id, partition)
-        phase = self.manifest.schedule.median[partition]
+        survey = self.manifest.median_survey(partition)
+        phase = self.manifest.schedule.median[survey.sub_round]
         resumed = self.stored_outgoing(survey, phase)
         if resumed is not None:
             return [resumed]
         try:
-            thresholds = await self.session.thresholds(self.manifest, partition)
+            thresholds = await self.session.thresholds(self.manifest, survey.sub_round)
         except AggregatorError:
             # Not published in time: this peer's answer is simply missing from
             # the search; it still sends its data (nothing was spent).

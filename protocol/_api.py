@@ -410,33 +410,30 @@ class MedianThresholds:
     """``GET /v1/median/{i}`` (signed): the values each numeric feature is compared with in sub-round ``i``.
 
     ``thresholds[f]`` holds one value per cut point of feature ``f`` (the
-    current estimate of each of its quantile searches). A peer of partition
-    ``i`` picks one cut point per feature at random and answers one perturbed
-    bit, ``x > threshold``, in the order of ``features``
-    (``encode_median_report``).
+    current estimate of each of its quantile searches). A peer of every
+    partition that answers in sub-round ``i`` (``RoundManifest.median_partitions``)
+    picks one cut point per feature at random and answers one perturbed bit,
+    ``x > threshold``, in the order of ``features`` (``encode_median_report``).
     """
 
     sub_round: int
-    survey: SurveyId
     features: tuple[str, ...]
     thresholds: tuple[tuple[float, ...], ...]
 
     def to_body(self) -> dict[str, Any]:
         return {
             "sub_round": self.sub_round,
-            "survey": self.survey.to_bytes().hex(),
             "features": list(self.features),
             "thresholds": [list(values) for values in self.thresholds],
         }
 
-    def sign(self, signing_key: SigningKey) -> SignedDocument:
-        return SignedDocument.create(signing_key, DocumentKind.THRESHOLDS, self.survey.round_id, self.to_body())
+    def sign(self, signing_key: SigningKey, round_id: bytes) -> SignedDocument:
+        return SignedDocument.create(signing_key, DocumentKind.THRESHOLDS, round_id, self.to_body())
 
     @classmethod
     def from_document(cls, document: SignedDocument) -> MedianThresholds:
         reader = document.fields(InvalidApiMessage)
         sub_round = reader.integer("sub_round", 0, 2**16 - 1)
-        survey = _survey(reader, reader.hex("survey", size=SURVEY_ID_BYTES), "survey")
         features = tuple(
             reader.decode_text(item, f"features[{index}]")
             for index, item in enumerate(reader.items("features", max_items=MAX_FEATURES))
@@ -448,9 +445,7 @@ class MedianThresholds:
         reader.done()
         if len(features) != len(thresholds):
             reader.fail("thresholds", f"{len(thresholds)} threshold lists for {len(features)} features")
-        if survey != SurveyId.median(document.round_id, sub_round):
-            reader.fail("survey", f"names {survey}, not median sub-round {sub_round} of this round")
-        return cls(sub_round, survey, features, thresholds)
+        return cls(sub_round, features, thresholds)
 
 
 def _cut_point_values(reader: FieldReader, value: object, field: str) -> tuple[float, ...]:

@@ -214,6 +214,29 @@ class RoundManifest:
     def median_rounds(self) -> int:
         return len(self.schedule.median)
 
+    def median_sub_round(self, partition: int) -> int:
+        """The one median sub-round in which the peers of ``partition`` answer: ``partition % median_rounds``.
+
+        Every partition answers once, so a step of the quantile search hears
+        from about ``1 / median_rounds`` of all peers (the experiments' "all"
+        deal), not from one partition.
+        """
+        if not 0 <= partition < self.k_p:
+            raise ValueError(f"partition must be in [0, {self.k_p}), got {partition!r}")
+        if not self.median_rounds:
+            raise ValueError("the round has no median sub-rounds")
+        return partition % self.median_rounds
+
+    def median_partitions(self, sub_round: int) -> range:
+        """The partitions whose peers answer in median sub-round ``sub_round``."""
+        if not 0 <= sub_round < self.median_rounds:
+            raise ValueError(f"sub_round must be in [0, {self.median_rounds}), got {sub_round!r}")
+        return range(sub_round, self.k_p, self.median_rounds)
+
+    def median_survey(self, partition: int) -> SurveyId:
+        """The median survey the peers of ``partition`` answer."""
+        return SurveyId.median(self.round_id, partition, self.median_sub_round(partition))
+
     def canonical_bytes(self) -> bytes:
         return self._canonical
 

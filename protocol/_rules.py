@@ -20,7 +20,6 @@ from anonml.protocol._api import partition_seed
 from anonml.protocol._features import FeatureSpec
 from anonml.protocol._manifest import RoundManifest
 from anonml.protocol._plan import assign_partitions, derive_subsets
-from anonml.protocol._survey import SurveyId
 
 
 @lru_cache(maxsize=1024)
@@ -64,10 +63,3 @@ class PartitionPlan:
         """The frequency oracle of data survey ``(partition, subset)``."""
         domain = self.spec.domain_size(self.subsets[partition][subset])
         return survey_oracle(self.manifest.oracle, self.manifest.eps_data, domain, self.sizes[partition])
-
-    def surveys_of(self, partition: int) -> list[SurveyId]:
-        """Every survey a peer of ``partition`` answers: its median sub-round (if the round asks it) and its data subsets."""
-        round_id = self.manifest.round_id
-        surveys = [SurveyId.median(round_id, partition)] if partition < self.manifest.median_rounds and self.spec.numeric_names else []
-        surveys += [SurveyId.data(round_id, partition, index) for index in range(len(self.subsets[partition]))]
-        return surveys

@@ -121,7 +121,8 @@ class PhaseTimes:
 class RoundSchedule:
     """When each phase of a round happens (DESIGN.md §3).
 
-    ``median[i]`` is median sub-round ``i`` (which queries partition ``i``);
+    ``median[i]`` is median sub-round ``i`` (partitions ``p`` with
+    ``p % len(median) == i`` answer in it);
     thresholds for sub-round ``i`` are published when sub-round ``i-1``'s
     delivery window closes, so each sub-round starts no earlier than the
     previous one's ``t_r``. Registration ends before issuance ends, and
@@ -168,11 +169,11 @@ class RoundSchedule:
         """The phase whose windows apply to ``survey``; raises InvalidSchedule if there is none."""
         if survey.kind == SurveyKind.DATA:
             return self.data
-        if survey.partition >= len(self.median):
+        if survey.sub_round >= len(self.median):
             raise InvalidSchedule(
-                "schedule.median", f"no median sub-round {survey.partition!r} (the round has {len(self.median)})"
+                "schedule.median", f"no median sub-round {survey.sub_round!r} (the round has {len(self.median)})"
             )
-        return self.median[survey.partition]
+        return self.median[survey.sub_round]
 
     def to_dict(self) -> dict[str, Any]:
         return {

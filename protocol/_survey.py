@@ -1,8 +1,11 @@
 """Survey identifiers: what one anonymous token is "the only message" for.
 
 A survey is one question asked of one partition in one round (DESIGN.md §3):
-``(round, "median", i)`` for median sub-round ``i`` (which queries partition
-``i``) and ``(round, "data", partition, subset)`` for one feature subset. Its
+``(round, "median", partition, s)`` for a partition's answer in median
+sub-round ``s`` and ``(round, "data", partition, subset)`` for one feature
+subset. Every partition answers in exactly one median sub-round
+(``RoundManifest.median_sub_round``), so each step of the quantile search
+hears from a whole share of the peers rather than from one partition. Its
 canonical byte encoding is the context ``ctx`` that tokens bind to, so every
 role must derive it from here and nowhere else.
 """
@@ -35,9 +38,10 @@ class InvalidSurveyId(InputError):
 class SurveyId:
     """One survey of one round.
 
-    ``round_id`` is the round manifest's hash. For a median survey ``partition``
-    is the sub-round index (sub-round ``i`` queries partition ``i``) and
-    ``subset`` is 0.
+    ``round_id`` is the round manifest's hash. For a median survey
+    ``subset`` is the median sub-round the partition answers in; which
+    sub-round that is, is the manifest's rule
+    (:meth:`RoundManifest.median_survey`), checked by whoever reads the id.
     """
 
     round_id: bytes
@@ -52,13 +56,18 @@ class SurveyId:
             raise InvalidSurveyId(f"partition out of range: {self.partition!r}")
         if not 0 <= self.subset < 2**16:
             raise InvalidSurveyId(f"subset out of range: {self.subset!r}")
-        if self.kind == SurveyKind.MEDIAN and self.subset != 0:
-            raise InvalidSurveyId(f"a median survey has subset 0, got {self.subset!r}")
         object.__setattr__(self, "kind", SurveyKind(self.kind))
 
     @classmethod
-    def median(cls, round_id: bytes, sub_round: int) -> SurveyId:
-        return cls(round_id, SurveyKind.MEDIAN, sub_round, 0)
+    def median(cls, round_id: bytes, partition: int, sub_round: int) -> SurveyId:
+        return cls(round_id, SurveyKind.MEDIAN, partition, sub_round)
+
+    @property
+    def sub_round(self) -> int:
+        """The median sub-round of a median survey."""
+        if self.kind != SurveyKind.MEDIAN:
+            raise InvalidSurveyId(f"a {self.kind.name.lower()} survey has no median sub-round")
+        return self.subset
 
     @classmethod
     def data(cls, round_id: bytes, partition: int, subset: int) -> SurveyId:
@@ -82,8 +91,7 @@ class SurveyId:
         return cls(round_id, survey_kind, partition, subset)
 
     def __str__(self) -> str:
-        tail = f"{self.partition}" if self.kind == SurveyKind.MEDIAN else f"{self.partition}/{self.subset}"
-        return f"{self.round_id.hex()[:12]}:{self.kind.name.lower()}:{tail}"
+        return f"{self.round_id.hex()[:12]}:{self.kind.name.lower()}:{self.partition}/{self.subset}"
 
 
 SURVEY_ID_BYTES = _LAYOUT.size

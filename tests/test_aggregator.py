@@ -403,9 +403,9 @@ async def test_full_round_in_process_learns_and_reports(
         thresholds = state.thresholds(0)
         assert isinstance(thresholds, MedianThresholds) and thresholds.thresholds == ((5.0,),)
         await sleep_until(median.t_s + median.delta + 1)
-        survey = SurveyId.median(state.round_id, 0)
-        frames = [p.packet(survey, encode_median_report([(0, 1)])) for p in peers if p.partition == 0]
-        assert set(process_batch(state, frames, state.now())) == {"accepted"}
+        # One sub-round: every partition answers in it.
+        frames = [p.packet(state.manifest.median_survey(p.partition), encode_median_report([(0, 1)])) for p in peers]
+        assert process_batch(state, frames, state.now()) == ["accepted"] * len(peers)
         await sleep_until(schedule.data.t_s + schedule.data.delta + 1)
         frames = []
         for peer in peers:
@@ -426,7 +426,7 @@ async def test_full_round_in_process_learns_and_reports(
         outcome = await drive_round(state, lambda s: learn(s, directory, test_file=test_file))
     assert outcome == "done"
     report = json.loads((directory / "report.json").read_text())
-    assert report["counts"] == {"registered": 12, "credentials": 12, "accepted": 6 + 12}
+    assert report["counts"] == {"registered": 12, "credentials": 12, "accepted": 12 + 12}
     # Every median answer said "greater than 5": the search moves up by the next step.
     assert len(report["cut_points"]["size"]) == 1 and report["cut_points"]["size"][0] > 5.0
     assert sum(report["accepted_by_survey"].values()) == 12
@@ -646,7 +646,7 @@ async def test_frames_are_judged_at_arrival_and_results_wait_for_them(
             peer.obtain_credential()
         await trio.sleep(median.t_r - 1 - state.now())
         answering = [p for p in peers if p.partition == 0]
-        survey = SurveyId.median(state.round_id, 0)
+        survey = state.manifest.median_survey(0)
         # Received (durable, acknowledged) inside the window, verified only later.
         deliver(state, [p.packet(survey, encode_median_report([(0, 1)])) for p in answering[:-1]])
         await trio.sleep(2)
@@ -689,7 +689,7 @@ async def test_a_median_phase_searches_every_cut_point_and_publishes_them_ascend
         assert first is not None and first.thresholds == ((5.0, 5.0, 5.0),)
         median = schedule.median[0]
         await trio.sleep(median.t_s + median.delta + 1 - state.now())
-        survey = SurveyId.median(state.round_id, 0)
+        survey = state.manifest.median_survey(0)
         answering = [p for p in peers if p.partition == 0]
         assert len(answering) == 7
         # At eps_median = 1, three identical answers are beyond eq. 7.2's margin (1.36/sqrt(3) < 0.83).
@@ -706,6 +706,62 @@ async def test_a_median_phase_searches_every_cut_point_and_publishes_them_ascend
     assert second is not None and second.thresholds == ((7.5, 5.0, 2.5),)
     medians = state.medians()
     assert medians is not None and medians.cut_points == {"size": (2.5, 5.0, 7.5)}
+
+
+async def test_every_partition_answers_in_one_median_sub_round_and_each_step_counts_them_all(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """Issue 11: with one partition per sub-round, a step of the search heard
+    from 1/k_p of the peers, so a round's cut points were much noisier than the
+    experiment's. Now partition ``p`` answers in sub-round ``p % median_rounds``
+    and a step takes the answers of all its partitions: here partitions 0 and 2
+    together move the search where either alone would not, and a partition
+    cannot answer in another partition's sub-round."""
+    from anonml.aggregator._verify import process_batch
+    from anonml.mechanisms import QuantileSearch
+    from anonml.protocol import encode_median_report
+
+    document = with_median(spec_document(min_reports_per_survey=0), median_rounds=2)
+    document["learning"]["k_p"] = 4
+    state, _ = make_round(tmp_path, lambda: T0 + trio.current_time(), document)
+    manifest, schedule = state.manifest, state.manifest.schedule
+    assert [list(manifest.median_partitions(s)) for s in range(2)] == [[0, 2], [1, 3]]
+    peers = [Peer(state, i) for i in range(1, 17)]
+    # Three "greater" answers and one "not greater" from each partition that answers.
+    answers = [(0, 1)] * 3 + [(0, 0)]
+
+    def alone_moves() -> bool:
+        search = QuantileSearch(0, 10, manifest.eps_median, (0.5,))
+        search.update(np.array([bit for _, bit in answers]))
+        return bool(search.estimates()[0] != 5.0)
+
+    assert not alone_moves()  # one partition's four answers are within eq. 7.2's margin
+
+    async def scenario() -> None:
+        await enrolled(state, peers)
+        median = schedule.median[0]
+        await trio.sleep(median.t_s + median.delta + 1 - state.now())
+        by_partition = {p: [peer for peer in peers if peer.partition == p] for p in range(4)}
+        assert all(len(members) == 4 for members in by_partition.values())
+        frames = [
+            peer.packet(manifest.median_survey(p), encode_median_report([answer]))
+            for p in (0, 2) for peer, answer in zip(by_partition[p], answers, strict=True)
+        ]
+        assert process_batch(state, frames, state.now()) == ["accepted"] * 8
+        one = by_partition[1][0]
+        # Partition 1 answers in sub-round 1: sub-round 0's id is not its survey,
+        # and its own survey is not open yet.
+        assert process_batch(state, [one.packet(SurveyId.median(state.round_id, 1, 0), encode_median_report([(0, 1)]))],
+                             state.now()) == ["unknown-survey"]
+        assert process_batch(state, [one.packet(manifest.median_survey(1), encode_median_report([(0, 1)]))],
+                             state.now()) == ["outside-window"]
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(scenario)
+        outcome = await drive_round(state)
+    assert outcome == "done"
+    second = state.thresholds(1)
+    assert second is not None and second.sub_round == 1 and second.thresholds == ((7.5,),)
 
 
 async def test_a_full_inbox_answers_busy_and_unauthenticated_frames_are_never_stored(tmp_path: Path) -> None:

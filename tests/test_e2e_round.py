@@ -249,14 +249,14 @@ async def run_round(tmp_path: Path, relay_processes: list[trio.Process]) -> None
                 request, issuance = begin_issuance(outsider_key.public_key(), secret, partition)
                 outsider = finish_issuance(issuance, issue_credential(outsider_key, request.to_bytes(), partition).to_bytes())
                 # A replayed message: its median answer, then the same message in a fresh packet over another path.
-                thresholds = await session.thresholds(manifest, partition)
-                median = SurveyId.median(signed.round_id, partition)
+                median = manifest.median_survey(partition)
+                thresholds = await session.thresholds(manifest, median.sub_round)
                 answer = encode_median_report([(0, 0)] * len(thresholds.features))
                 median_message = SurveyMessage(median, make_token(issuer, credential, median.to_bytes(), bound_bytes(median, answer)), answer)
                 encoded = median_message.to_bytes(bad.geometry.message_size)
                 first_path, second_path = list(manifest.relays[:2]), list(manifest.relays[1:3])
                 original = bad.wrap(median, encoded, first_path)
-                await sleep_until_wall(manifest.schedule.median[partition].t_s + 0.2)
+                await sleep_until_wall(manifest.schedule.median[median.sub_round].t_s + 0.2)
                 assert await bad.send(first_path, original) is AckStatus.ACCEPTED
                 assert await bad.send(second_path, bad.wrap(median, encoded, second_path)) is AckStatus.ACCEPTED
                 # the very same bytes again: the first relay's replay cache drops them

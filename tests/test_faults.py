@@ -81,7 +81,7 @@ def test_the_kill_plan_is_seeded_and_inside_the_round() -> None:
 
 def test_the_audit_finds_lost_twice_counted_and_unknown_messages() -> None:
     round_id = bytes(32)
-    surveys = [SurveyId.data(round_id, 0, 0), SurveyId.median(round_id, 0)]
+    surveys = [SurveyId.data(round_id, 0, 0), SurveyId.median(round_id, 0, 0)]
 
     def packet(survey: SurveyId, tag: int, sends: int, acknowledged: bool = False) -> StoredPacket:
         # the peer stores the receipt digest its report is listed under

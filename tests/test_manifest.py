@@ -299,11 +299,11 @@ def test_hop_windows_stagger_after_the_send_window() -> None:
     assert second[0].start >= schedule.data.second_send_end and second[-2].end < schedule.data.t_r
     assert second[-1] == aggregator
     assert windows[-2].end <= schedule.data.t_c
-    # Median sub-round i uses its own phase.
-    median = hop_windows(schedule, SurveyId.median(round_id, 1), 3)
+    # Median sub-round i uses its own phase, whichever partition answers in it.
+    median = hop_windows(schedule, SurveyId.median(round_id, 3, 1), 3)
     assert median[0].start >= schedule.median[1].t_s + schedule.median[1].delta
     assert median[-1].end == schedule.median[1].t_r
     with pytest.raises(InvalidSchedule):
-        hop_windows(schedule, SurveyId.median(round_id, 2), 3)
+        hop_windows(schedule, SurveyId.median(round_id, 0, 2), 3)
     with pytest.raises(InvalidSchedule):
         hop_windows(schedule, survey, 60)

@@ -59,7 +59,7 @@ def test_round_trip_pads_to_exact_size() -> None:
 
 
 def test_too_large_for_the_size_is_refused() -> None:
-    message = SurveyMessage(SurveyId.median(ROUND, 0), b"T" * 250, b"\x01" * 900)
+    message = SurveyMessage(SurveyId.median(ROUND, 0, 0), b"T" * 250, b"\x01" * 900)
     with pytest.raises(InvalidMessage):
         message.to_bytes(1000)
 
@@ -185,8 +185,8 @@ def test_roster_entries_are_each_signed_by_their_peer_and_hash_to_the_signed_hea
 def test_signed_documents_bind_kind_round_and_body() -> None:
     aggregator = SigningKey(b"\x01" * 32)
     identity = bytes(aggregator.verify_key)
-    thresholds = MedianThresholds(1, SurveyId.median(ROUND, 1), ("age", "hours"), ((30.25, 45.5, 61.0), (40.0,)))
-    document = SignedDocument.from_json(thresholds.sign(aggregator).to_json(), max_bytes=4096)
+    thresholds = MedianThresholds(1, ("age", "hours"), ((30.25, 45.5, 61.0), (40.0,)))
+    document = SignedDocument.from_json(thresholds.sign(aggregator, ROUND).to_json(), max_bytes=4096)
     document.verify(identity, kind=DocumentKind.THRESHOLDS, round_id=ROUND)
     assert MedianThresholds.from_document(document) == thresholds
     with pytest.raises(InvalidSignedDocument):

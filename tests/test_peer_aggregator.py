@@ -150,8 +150,8 @@ def test_the_promised_epsilon_is_what_a_peer_consents_to_and_bounds_what_it_spen
     dealt = derive_subsets(state.secrets.seed, spec.names, manifest.plan, manifest.k_p, manifest.k_h, manifest.k_s)
     for partition, partition_subsets in enumerate(dealt):
         ledger = PeerLedger(store, PeerIdentity.generate().public_key, state.round_id, manifest.eps_total)
-        if partition < manifest.median_rounds:
-            ledger.spend_median(SurveyId.median(state.round_id, partition), spec.numeric_names, manifest.eps_median)
+        if manifest.median_rounds:
+            ledger.spend_median(manifest.median_survey(partition), spec.numeric_names, manifest.eps_median)
         for index, subset in enumerate(partition_subsets):
             ledger.spend_subset(SurveyId.data(state.round_id, partition, index), subset, manifest.eps_data)
         assert ledger.spent() <= manifest.eps_total

@@ -125,10 +125,8 @@ def test_the_peer_answers_only_thresholds_asking_once_about_each_numeric_feature
         ],
         "label": {"name": "y", "positive": ["1"], "negative": ["0"]},
     })
-    survey = SurveyId.median(bytes(32), 0)
-
     def asking(*features: str, cut_points: int = 1) -> MedianThresholds:
-        return MedianThresholds(0, survey, features, tuple((1.0,) * cut_points for _ in features))
+        return MedianThresholds(0, features, tuple((1.0,) * cut_points for _ in features))
 
     check_thresholds(asking("age", "size"), spec)
     # What the consent text promised is one bit per numeric feature; anything

@@ -18,7 +18,7 @@ ROUND = b"\x02" * 32
 def test_the_ledger_refuses_an_over_budget_release_and_records_nothing(tmp_path: Path) -> None:
     store = PeerStore(tmp_path / "peer.sqlite")
     ledger = PeerLedger(store, PEER, ROUND, epsilon_total=2.0)
-    ledger.spend_median(SurveyId.median(ROUND, 0), ("age", "hours"), 0.5)
+    ledger.spend_median(SurveyId.median(ROUND, 0, 0), ("age", "hours"), 0.5)
     ledger.spend_subset(SurveyId.data(ROUND, 0, 0), ("age", "sex"), 0.5)
     # Record level: two comparison bits and one report, 0.5 each -> 1.5
     # (eq. 7.4 called this 1.0).
@@ -33,7 +33,7 @@ def test_the_ledger_refuses_an_over_budget_release_and_records_nothing(tmp_path:
     reopened = PeerLedger(PeerStore(tmp_path / "peer.sqlite"), PEER, ROUND, epsilon_total=2.0)
     assert reopened.spent() == pytest.approx(2.0)
     with pytest.raises(BudgetExceeded):
-        reopened.spend_median(SurveyId.median(ROUND, 1), ("age",), 0.01)  # 2.01
+        reopened.spend_median(SurveyId.median(ROUND, 1, 0), ("age",), 0.01)  # 2.01
 
 
 def test_a_survey_is_spent_on_once(tmp_path: Path) -> None:
@@ -53,10 +53,10 @@ def test_a_median_answer_listing_a_feature_twice_is_checked_as_two_bits_before_i
     store = PeerStore(tmp_path / "peer.sqlite")
     ledger = PeerLedger(store, PEER, ROUND, epsilon_total=1.0)
     with pytest.raises(BudgetExceeded):
-        ledger.spend_median(SurveyId.median(ROUND, 0), ("age", "age", "age"), 0.5)
+        ledger.spend_median(SurveyId.median(ROUND, 0, 0), ("age", "age", "age"), 0.5)
     assert store.spends(PEER, ROUND) == []
     assert ledger.spent() == 0.0
-    ledger.spend_median(SurveyId.median(ROUND, 0), ("age", "age"), 0.5)
+    ledger.spend_median(SurveyId.median(ROUND, 0, 0), ("age", "age"), 0.5)
     store.close()
     assert PeerLedger(PeerStore(tmp_path / "peer.sqlite"), PEER, ROUND, epsilon_total=1.0).spent() == pytest.approx(1.0)
 
@@ -66,7 +66,7 @@ def test_a_stored_spend_is_one_release_per_median_bit_and_one_per_subset_report(
     from anonml.mechanisms import Release, record_level_epsilon
     from anonml.peer._store import Spend
 
-    median = Spend(SurveyId.median(ROUND, 0).to_bytes(), ("age", "hours"), False, 0.5)
+    median = Spend(SurveyId.median(ROUND, 0, 0).to_bytes(), ("age", "hours"), False, 0.5)
     subset = Spend(SurveyId.data(ROUND, 0, 0).to_bytes(), ("age", "sex"), True, 0.5)
     assert median.releases() == [Release.comparison("age", 0.5), Release.comparison("hours", 0.5)]
     assert subset.releases() == [Release.subset(("age", "sex"), 0.5)]
@@ -85,7 +85,7 @@ def test_epsilons_add_up_across_rounds_and_the_lifetime_budget_caps_the_sum(tmp_
     rounds = [bytes([0x10 + i]) * 32 for i in range(3)]
     for round_id in rounds[:2]:
         ledger = PeerLedger(store, PEER, round_id, epsilon_total=2.0)
-        ledger.spend_median(SurveyId.median(round_id, 0), ("age",), 0.5)
+        ledger.spend_median(SurveyId.median(round_id, 0, 0), ("age",), 0.5)
         ledger.spend_subset(SurveyId.data(round_id, 0, 0), ("age", "sex"), 1.5)
     third = PeerLedger(store, PEER, rounds[2], epsilon_total=2.0)
     assert third.earlier_rounds() == {rounds[0]: pytest.approx(2.0), rounds[1]: pytest.approx(2.0)}

@@ -10,7 +10,7 @@ ROUND = bytes(range(32))
 
 
 def test_round_trip_and_fixed_length() -> None:
-    for survey in (SurveyId.median(ROUND, 3), SurveyId.data(ROUND, 2, 5)):
+    for survey in (SurveyId.median(ROUND, 7, 3), SurveyId.data(ROUND, 2, 5)):
         encoded = survey.to_bytes()
         assert len(encoded) == SURVEY_ID_BYTES
         assert SurveyId.from_bytes(encoded) == survey
@@ -18,13 +18,14 @@ def test_round_trip_and_fixed_length() -> None:
 
 def test_distinct_surveys_have_distinct_contexts() -> None:
     contexts = {
-        SurveyId.median(ROUND, 0).to_bytes(),
+        SurveyId.median(ROUND, 0, 0).to_bytes(),
+        SurveyId.median(ROUND, 1, 0).to_bytes(),
         SurveyId.data(ROUND, 0, 0).to_bytes(),
         SurveyId.data(ROUND, 0, 1).to_bytes(),
         SurveyId.data(ROUND, 1, 0).to_bytes(),
         SurveyId.data(bytes(32), 0, 0).to_bytes(),
     }
-    assert len(contexts) == 5
+    assert len(contexts) == 6
 
 
 @pytest.mark.parametrize(
@@ -33,7 +34,7 @@ def test_distinct_surveys_have_distinct_contexts() -> None:
         (b"short", SurveyKind.DATA, 0, 0),
         (ROUND, SurveyKind.DATA, -1, 0),
         (ROUND, SurveyKind.DATA, 0, 2**16),
-        (ROUND, SurveyKind.MEDIAN, 0, 1),
+        (ROUND, SurveyKind.MEDIAN, 2**16, 0),
     ],
 )
 def test_constructor_rejects_bad_fields(args: tuple) -> None:

@@ -104,8 +104,8 @@ def learning_parameters(data: DemoData) -> DemoLearning:
     0.909 ± 0.049, and the same four partitions of about 100 peers keep each
     token's anonymity set. On Adult (k_p=12, k_s=1, 5 trials) naive Bayes
     scored 0.871 against the weighted vote's 0.861. Median sub-rounds:
-    three (breast cancer) or four (Adult) steps of the binary search, each
-    asking one partition.
+    three (breast cancer) or four (Adult) steps of the binary search; every
+    partition answers in one of them (``RoundManifest.median_sub_round``).
 
     One cut point (the median) per numeric feature: at ε_T = 2 over 20
     trials, two cut points scored 0.875 ± 0.093 on the breast-cancer demo's
@@ -140,8 +140,9 @@ def plan_round(data: DemoData, peers: int, epsilon: float, workers: int, seed: i
     # get the credential; the workers start while registration is open.
     register = math.ceil(costs.process_start) + window(peers, costs.register + http)
     issue = window(peers, costs.issue + 2 * http)
-    # A median sub-round asks one partition; the data phase every peer k_h times.
-    median_messages = math.ceil(peers / k_p)
+    # A median sub-round asks every partition p with p % median_rounds equal to
+    # its index (at most ceil(k_p / median_rounds) of them); the data phase every peer k_h times.
+    median_messages = math.ceil(peers / k_p) * math.ceil(k_p / median_rounds) if median_rounds else 0
     data_messages = peers * k_h
     return DemoParams(
         peers=peers, epsilon=epsilon, workers=workers, seed=seed, k_p=k_p, k_h=k_h, k_s=k_s, plan=plan,

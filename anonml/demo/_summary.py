@@ -146,11 +146,11 @@ def experiment_command(params: DemoParams, dataset_args: list[str], n_train: int
 
     ``dataset_args`` name the data (``adult --data-dir D``, or ``csv --spec
     ... --train ... --test ...`` for the files the demo wrote). Same plan, ε
-    and vote; both ask every peer's budget to cover a median answer
-    (``median_peers="all"``) and run as many median steps. Not identical: the
-    round's sub-round ``i`` asks partition ``i`` only, while the experiment
-    deals all peers over the steps (with k_p = 12 and 4 steps, 3 times as
-    many answers per step), so the round's medians are noisier.
+    and vote; in both every peer gives one median answer (``median_peers="all"``)
+    and the search runs as many steps. The round deals whole partitions over
+    its sub-rounds (partition ``p`` answers in sub-round ``p % median_rounds``)
+    where the experiment deals single peers, so when ``median_rounds`` does
+    not divide ``k_p`` the round's steps are a little uneven.
     """
     args = [
         "anonml", "experiment", *dataset_args, "--epsilon", f"{params.epsilon:g}",

@@ -218,8 +218,7 @@ def build_targets(work: Path) -> dict[str, Target]:
     segment = next(iter(state.snapshots.segments.values()))
     heads = state.snapshots.heads
     assert heads is not None
-    median_survey = SurveyId.median(state.round_id, 0)
-    thresholds = MedianThresholds(0, median_survey, ("age",), ((30.5, 42.5, 51.0),)).sign(world.signing_key)
+    thresholds = MedianThresholds(0, ("age",), ((30.5, 42.5, 51.0),)).sign(world.signing_key, state.round_id)
     medians = MedianResults({"age": (30.5, 42.5, 51.0)}).sign(world.signing_key, state.round_id)
     tree = HeadsResponse.from_json(heads).heads[0]
     registering = world.registering
