@@ -4,7 +4,8 @@ and ``n`` peers, by simulation (DESIGN.md §9).
 Candidates (``candidate_choices``): the default, one release per peer
 (``kind="one"``, a reserved pool answering the quantile search, every peer
 one comparison or one subset report at the full ε_T) with ``k_s`` of 1 or 2,
-1 to 3 cut points per numeric feature and two pool sizes; and the thesis's
+1 to 3 cut points per numeric feature and two pool sizes (a pool too small
+to ask every step of every search runs fewer steps); and the thesis's
 split plan (``k_p = 5``, ``k_h = 2``, ``k_s = 3``, every peer also answering
 the quantile search) at the same cut points. Every candidate spends exactly
 ε_T per peer, the quantile search included.
@@ -103,12 +104,16 @@ def candidate_choices(spec: FeatureSpec, n: int, *, kinds: Sequence[str] = tuple
                     continue
                 k_p = math.ceil(k_f / k_s)
                 for pool in POOL_CHOICES if n_numeric else (0.0,):
-                    data_peers = n - int(round(pool * n))
-                    if data_peers // k_p < MIN_PEERS_PER_PARTITION:
+                    pool_peers = int(round(pool * n))
+                    if (n - pool_peers) // k_p < MIN_PEERS_PER_PARTITION:
                         continue
-                    if n_numeric and int(round(pool * n)) // (n_numeric * median_steps * q) < 1:
+                    # Each pool peer answers one step of one feature's search about one
+                    # cut point: a small pool runs fewer steps (coarser cut points)
+                    # rather than leave a step with nobody to ask.
+                    steps = min(median_steps, pool_peers // (n_numeric * q)) if n_numeric else median_steps
+                    if steps < 1:
                         continue
-                    out.append(PlanChoice(PlanKind.ONE, k_p, 1, k_s, q, MedianPeers.RESERVED, pool, median_steps, Combiner.NAIVE_BAYES))
+                    out.append(PlanChoice(PlanKind.ONE, k_p, 1, k_s, q, MedianPeers.RESERVED, pool, steps, Combiner.NAIVE_BAYES))
         if PlanKind.SPLIT in kinds and k_f >= THESIS_SPLIT["k_h"] * THESIS_SPLIT["k_s"] and n // THESIS_SPLIT["k_p"] >= MIN_PEERS_PER_PARTITION:
             out.append(PlanChoice(PlanKind.SPLIT, THESIS_SPLIT["k_p"], THESIS_SPLIT["k_h"], THESIS_SPLIT["k_s"], q, MedianPeers.ALL, 0.0, median_steps, Combiner.NAIVE_BAYES))
     return out
