@@ -119,10 +119,14 @@ def _parse_start(value: str | None, now: int) -> int | None:
 def round_new(data_dir: Path, spec_path: Path, start: str | None) -> None:
     """Validate SPEC, create the round (issuer key, seed commitment, signed manifest) and print its id."""
     from anonml.aggregator._setup import create_round
-    from anonml.aggregator._spec import RoundSpecError, read_round_spec
+    from anonml.aggregator._spec import RoundSpecError, plan_by_simulation, read_round_spec
+
+    def planner(*args: Any) -> Any:
+        click.echo(f"plan = \"auto\": simulating the round's candidate plans for {args[1]} peers (can take minutes)", err=True)
+        return plan_by_simulation(*args)
 
     try:
-        spec = read_round_spec(spec_path.read_bytes(), base_dir=spec_path.parent)
+        spec = read_round_spec(spec_path.read_bytes(), base_dir=spec_path.parent, planner=planner)
     except RoundSpecError as exc:
         raise click.ClickException(f"{spec_path}: {exc}") from None
     home = _existing_home(data_dir)
@@ -143,6 +147,9 @@ def round_new(data_dir: Path, spec_path: Path, start: str | None) -> None:
     schedule = state.manifest.schedule
     round_id = state.round_id.hex()
     click.echo(f"round {spec.name!r} ({round_id[:SHORT_ID]}) created", err=True)
+    if spec.planned is not None:
+        click.echo(f"  the planner chose {spec.planned.label()}, vote {spec.planned.combiner} "
+                   f"(simulated AUC {spec.planned.simulated_auc:.3f})", err=True)
     click.echo(f"  registration closes {local_time(schedule.t_register_end)} (in {duration(schedule.t_register_end - now)}); "
                f"data delivery ends {local_time(schedule.end)}", err=True)
     click.echo(f"  peers can register only while the aggregator serves it: start "

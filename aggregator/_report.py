@@ -64,6 +64,8 @@ def learn(state: RoundState, directory: Path, *, test_file: Path | None = None) 
         "rejected": state.store.rejections(),
         "accepted_by_survey": per_survey,
         "cut_points": cut_points,
+        # The planner's choice and its simulated AUC when the spec said plan = "auto"; None for a plan written out.
+        "planned": json.loads(planned) if (planned := state.store.get_meta("planned")) else None,
         "privacy": _privacy(state),
         "anonymity": linking_report(FullView(
             state.store.arrivals(), state.store.partitions(), lambda survey: float(manifest.schedule.phase_of(survey).send_end),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Callable
@@ -106,6 +107,9 @@ def create_round(
     # in the manifest, since peers act the same whatever it says.
     store.put_meta("min_reports_per_survey", str(spec.min_reports_per_survey).encode())
     store.put_meta("on_shortfall", spec.on_shortfall.encode())
+    if spec.planned is not None:
+        # What the planner chose for `plan = "auto"` and what it expected (the report states it).
+        store.put_meta("planned", json.dumps(spec.planned.to_dict(), sort_keys=True).encode())
     secrets = RoundSecrets(signing_key, issuer_key, seed, final_private)
     return RoundState(store, signed, secrets), codes
 

@@ -15,9 +15,10 @@ from __future__ import annotations
 import datetime
 import json
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from anonml.crypto import DEFAULT_MAX_HOPS, DEFAULT_PACKET_SIZE, SphinxGeometry
 from anonml.mechanisms import ORACLE_NAMES, make_oracle
@@ -40,8 +41,32 @@ from anonml.protocol import (
 )
 from anonml.protocol import FieldReader, InvalidDocument
 
+if TYPE_CHECKING:
+    from anonml.learning import PlanChoice
+
 LEARNERS = ("logreg", "tree")
 """The partition ensemble's base learners (``learning.PartitionEnsemble(base=...)``)."""
+
+PLANNER = "auto"
+"""``[learning] plan = "auto"``: the planner chooses the plan, its partitions,
+the cut points and the combiner by simulation, and the round uses its choice."""
+
+RoundPlanner = Callable[["FeatureSpec", int, float, int, float, str], "PlanChoice | None"]
+"""``(spec, peers, eps_total, median_rounds, median_share, oracle)`` to the plan a round runs, or None when none fits."""
+
+
+def plan_by_simulation(
+    spec: FeatureSpec, peers: int, eps_total: float, median_rounds: int, median_share: float, oracle: str
+) -> PlanChoice | None:
+    """:func:`learning.choose_round_plan` with its defaults (two simulations per
+    candidate, seed 0: the same spec always gets the same plan), or None."""
+    from anonml.learning import choose_round_plan
+
+    try:
+        return choose_round_plan(spec, peers, eps_total, median_rounds=median_rounds, median_share=median_share, oracle=oracle)
+    except PlanError:
+        return None
+
 
 SHORTFALL_OUTCOMES = ("degraded", "fail")
 """What a round whose survey got fewer than ``min_reports_per_survey`` reports does (``[participation] on_shortfall``)."""
@@ -115,6 +140,8 @@ class RoundSpec:
     min_reports_per_survey: int
     on_shortfall: str
     start: int | None = None
+    planned: PlanChoice | None = None
+    """The planner's choice, with its simulated AUC, when the spec says ``plan = "auto"``."""
 
 
 # Windows of a real round, in seconds, when its spec leaves them out. Peers
@@ -144,7 +171,10 @@ quantiles = 3               # optional: cut points per numeric feature, found by
 k_p = 8                     # partitions
 k_h = 2                     # subsets per partition ("one" plan: 1)
 k_s = 2                     # features per subset
-plan = "split"              # or "one"
+plan = "split"              # or "one"; or "auto": the planner simulates the round's plans (every peer answering the
+                            # median search) for expected_peers and chooses k_p, k_h, k_s, vote and [task] quantiles
+                            # (leave those out); `round new` prints its choice and simulated AUC
+# expected_peers = 2000     # optional, with "auto": peers to plan for (default: min_participation)
 learner = "logreg"          # or "tree"
 vote = "weighted"           # optional: how partitions combine, "weighted" (eq. 6.2), "soft" or "naive-bayes"
 
@@ -254,7 +284,7 @@ MAX_SPEC_BYTES = 1 << 20
 """A round spec is a few kilobytes; more is refused before the TOML parser sees it."""
 
 
-def read_round_spec(data: bytes, *, base_dir: Path | None = None) -> RoundSpec:
+def read_round_spec(data: bytes, *, base_dir: Path | None = None, planner: RoundPlanner = plan_by_simulation) -> RoundSpec:
     """Parse ``round.toml``'s bytes (UTF-8 TOML) into a validated spec, or raise :class:`RoundSpecError`."""
     if len(data) > MAX_SPEC_BYTES:
         raise RoundSpecError("$", f"{len(data)} bytes, more than {MAX_SPEC_BYTES}")
@@ -264,13 +294,19 @@ def read_round_spec(data: bytes, *, base_dir: Path | None = None) -> RoundSpec:
         raise RoundSpecError("$", f"not UTF-8 text (byte {exc.start})") from None
     except tomllib.TOMLDecodeError as exc:
         raise RoundSpecError("$", f"not valid TOML: {exc}") from None
-    return parse_round_spec(document, base_dir=base_dir)
+    return parse_round_spec(document, base_dir=base_dir, planner=planner)
 
 
-def parse_round_spec(document: dict[str, Any], *, base_dir: Path | None = None) -> RoundSpec:
+def parse_round_spec(
+    document: dict[str, Any], *, base_dir: Path | None = None, planner: RoundPlanner = plan_by_simulation
+) -> RoundSpec:
     """Validate a parsed round.toml (see ROUND_SPEC_EXAMPLE); every error names its field (``learning.k_p``).
 
     Relay files named in ``network.relays`` are read relative to ``base_dir`` (the spec's directory).
+    With ``plan = "auto"``, ``planner`` chooses the learning parameters and
+    the cut points, for ``learning.expected_peers`` peers (default: the
+    minimum participation); the spec is then validated as if they had been
+    written out.
     """
     reader = FieldReader(document, "", RoundSpecError)
     name = reader.text("name", max_len=128, pattern=r"[A-Za-z0-9][A-Za-z0-9 ._\-]*")
@@ -289,16 +325,31 @@ def parse_round_spec(document: dict[str, Any], *, base_dir: Path | None = None) 
             spec = FeatureSpec.from_dict(raw)
         except FeatureSpecError as exc:
             task.fail("features", str(exc))
-    if task.optional("quantiles"):
-        spec = spec.with_quantiles(task.integer("quantiles", 1, MAX_QUANTILES))
+    quantiles = task.integer("quantiles", 1, MAX_QUANTILES) if task.optional("quantiles") else None
+    if quantiles is not None:
+        spec = spec.with_quantiles(quantiles)
     task.done()
     learning = reader.child("learning")
-    k_p = learning.integer("k_p", 1, 4096)
-    k_h = learning.integer("k_h", 1, 64)
-    k_s = learning.integer("k_s", 1, 16)
-    plan = learning.choice("plan", PLAN_KINDS)
+    plan = learning.choice("plan", (*PLAN_KINDS, PLANNER))
     learner = learning.choice("learner", LEARNERS)
-    vote = learning.choice("vote", VOTES) if learning.optional("vote") else DEFAULT_VOTE
+    expected_peers: int | None = None
+    if plan == PLANNER:
+        # Placeholders until the planner has chosen (below, once the budget and participation are read).
+        k_p = k_h = k_s = 1
+        vote = DEFAULT_VOTE
+        for chosen in ("k_p", "k_h", "k_s", "vote"):
+            if learning.optional(chosen):
+                learning.fail(chosen, f'the planner chooses it when plan = "{PLANNER}": leave it out')
+        if quantiles is not None:
+            reader.fail_at("task.quantiles", f'the planner chooses the cut points when learning.plan = "{PLANNER}": leave it out')
+        expected_peers = learning.integer("expected_peers", 1, MAX_ROSTER) if learning.optional("expected_peers") else None
+    else:
+        k_p = learning.integer("k_p", 1, 4096)
+        k_h = learning.integer("k_h", 1, 64)
+        k_s = learning.integer("k_s", 1, 16)
+        vote = learning.choice("vote", VOTES) if learning.optional("vote") else DEFAULT_VOTE
+        if learning.optional("expected_peers"):
+            learning.fail("expected_peers", f'only the planner uses it: set plan = "{PLANNER}", or leave it out')
     learning.done()
     privacy = reader.child("privacy")
     eps_total = privacy.number("eps_total", *EPSILON_TOTAL_RANGE)
@@ -313,7 +364,8 @@ def parse_round_spec(document: dict[str, Any], *, base_dir: Path | None = None) 
 
     register_seconds = seconds("register", 1)
     issue_seconds = seconds("issue", 1)
-    median_rounds = schedule.integer("median_rounds", 0, min(k_p, 64)) if spec.numeric_names else 0
+    # With a fixed plan a sub-round needs a partition of its own; the planner only considers plans where it has one.
+    median_rounds = schedule.integer("median_rounds", 0, 64 if plan == PLANNER else min(k_p, 64)) if spec.numeric_names else 0
     if not spec.numeric_names:
         schedule.optional("median_rounds")
     elif median_rounds == 0:
@@ -388,10 +440,7 @@ def parse_round_spec(document: dict[str, Any], *, base_dir: Path | None = None) 
         participation.decode_hex(item, f"participation.allow_list[{i}]", size=32)
         for i, item in enumerate(participation.items("allow_list", max_items=10**6) if participation.optional("allow_list") else [])
     )
-    min_reports = (
-        participation.integer("min_reports_per_survey", 0, 2**31) if participation.optional("min_reports_per_survey")
-        else default_min_reports(min_participation, k_p)
-    )
+    min_reports = participation.integer("min_reports_per_survey", 0, 2**31) if participation.optional("min_reports_per_survey") else None
     on_shortfall = participation.choice("on_shortfall", SHORTFALL_OUTCOMES) if participation.optional("on_shortfall") else "degraded"
     participation.done()
     reader.done()
@@ -406,6 +455,19 @@ def parse_round_spec(document: dict[str, Any], *, base_dir: Path | None = None) 
         )
     if min_participation > max_roster:
         reader.fail_at("participation.min_participation", f"{min_participation} exceeds max_roster = {max_roster}")
+    choice: PlanChoice | None = None
+    if plan == PLANNER:
+        choice = planner(spec, expected_peers or min_participation, eps_total, median_rounds, median_share, oracle)
+        if choice is None:
+            reader.fail_at(
+                "learning.plan",
+                f"the planner found no plan for {expected_peers or min_participation} peers with {median_rounds} median "
+                f"sub-rounds: raise learning.expected_peers or lower schedule.median_rounds",
+            )
+        spec = choice.spec_for(spec)
+        k_p, k_h, k_s, plan, vote = choice.k_p, choice.k_h, choice.k_s, choice.kind, choice.combiner
+    if min_reports is None:
+        min_reports = default_min_reports(min_participation, k_p)
     try:
         derive_subsets(bytes(32), spec.names, plan, k_p, k_h, k_s)
     except PlanError as exc:
@@ -416,7 +478,7 @@ def parse_round_spec(document: dict[str, Any], *, base_dir: Path | None = None) 
         median_rounds, median_send, median_delivery, data_send, data_delivery, check_seconds, median_second_send,
         median_second_delivery, data_second_send, data_second_delivery, publish_gap, relays, path_length,
         packet_size, max_hops, http_host, http_port, sink_host, sink_port, min_participation, registration, purpose,
-        max_roster, max_per_client, invitations, allow_list, min_reports, on_shortfall, start,
+        max_roster, max_per_client, invitations, allow_list, min_reports, on_shortfall, start, choice,
     )
 
 

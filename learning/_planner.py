@@ -24,6 +24,7 @@ simpler candidate (fewer cut points, smaller ``k_s``) wins. The choice is a
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -46,6 +47,10 @@ from anonml.protocol import (
 )
 
 MIN_PEERS_PER_PARTITION = 20
+# The most peers a round's planning simulates: each candidate trains its
+# ensemble on that many synthetic rows per trial; more peers change the
+# choice little and cost time at `round new`.
+PLANNER_MAX_PEERS = 20_000
 NEAR_TIE = 1e-3
 QUANTILE_CHOICES = (1, 2, 3)
 POOL_CHOICES = (0.1, 0.2)
@@ -70,6 +75,8 @@ class PlanChoice:
     combiner: str
     oracle: str = "auto"
     simulated_auc: float | None = None  # set by choose_plan
+    median_share: float = 0.5
+    """The share of ε_T for the comparison answers when every peer answers the search (not a reserved pool)."""
 
     def spec_for(self, spec: FeatureSpec) -> FeatureSpec:
         """``spec`` with this choice's cut points per numeric feature."""
@@ -80,7 +87,8 @@ class PlanChoice:
         return ReleasePlan.build(
             kind=self.kind, features=spec.names, numeric_features=spec.numeric_names, k_p=self.k_p, k_h=self.k_h,
             k_s=self.k_s, epsilon_total=epsilon_total, seed=seed, oracle=self.oracle, median_peers=self.median_peers,
-            median_steps=self.median_steps, **({"comparison_pool": self.comparison_pool} if self.comparison_pool else {}),
+            median_steps=self.median_steps, median_share=self.median_share,
+            **({"comparison_pool": self.comparison_pool} if self.comparison_pool else {}),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -91,9 +99,23 @@ class PlanChoice:
         return f"{self.kind} kp={self.k_p} kh={self.k_h} ks={self.k_s} q={self.quantiles} {self.median_peers}{pool}"
 
 
-def candidate_choices(spec: FeatureSpec, n: int, *, kinds: Sequence[str] = tuple(PlanKind), k_s_values: Sequence[int] = (1, 2), quantiles: Sequence[int] = QUANTILE_CHOICES, median_steps: int = DEFAULT_MEDIAN_STEPS) -> list[PlanChoice]:
+def candidate_choices(
+    spec: FeatureSpec,
+    n: int,
+    *,
+    kinds: Sequence[str] = tuple(PlanKind),
+    k_s_values: Sequence[int] = (1, 2),
+    quantiles: Sequence[int] = QUANTILE_CHOICES,
+    median_steps: int = DEFAULT_MEDIAN_STEPS,
+    median_peers: str = MedianPeers.RESERVED,
+    median_share: float = 0.5,
+) -> list[PlanChoice]:
     """The module docstring's grid, without candidates that leave fewer than
-    ``MIN_PEERS_PER_PARTITION`` peers in a partition or a quantile step."""
+    ``MIN_PEERS_PER_PARTITION`` peers in a partition or a quantile step.
+
+    ``median_peers="all"`` gives the one-release candidates no reserved pool:
+    every peer also answers the search, with ``median_share`` of ε_T (what a
+    networked round runs today, :func:`choose_round_plan`)."""
     k_f = len(spec.names)
     n_numeric = len(spec.numeric_names)
     out = []
@@ -103,6 +125,13 @@ def candidate_choices(spec: FeatureSpec, n: int, *, kinds: Sequence[str] = tuple
                 if k_s > k_f:
                     continue
                 k_p = math.ceil(k_f / k_s)
+                if median_peers == MedianPeers.ALL:
+                    if n // k_p >= MIN_PEERS_PER_PARTITION:
+                        out.append(PlanChoice(
+                            PlanKind.ONE, k_p, 1, k_s, q, MedianPeers.ALL, 0.0, median_steps, Combiner.NAIVE_BAYES,
+                            median_share=median_share,
+                        ))
+                    continue
                 for pool in POOL_CHOICES if n_numeric else (0.0,):
                     pool_peers = int(round(pool * n))
                     if (n - pool_peers) // k_p < MIN_PEERS_PER_PARTITION:
@@ -115,8 +144,40 @@ def candidate_choices(spec: FeatureSpec, n: int, *, kinds: Sequence[str] = tuple
                         continue
                     out.append(PlanChoice(PlanKind.ONE, k_p, 1, k_s, q, MedianPeers.RESERVED, pool, steps, Combiner.NAIVE_BAYES))
         if PlanKind.SPLIT in kinds and k_f >= THESIS_SPLIT["k_h"] * THESIS_SPLIT["k_s"] and n // THESIS_SPLIT["k_p"] >= MIN_PEERS_PER_PARTITION:
-            out.append(PlanChoice(PlanKind.SPLIT, THESIS_SPLIT["k_p"], THESIS_SPLIT["k_h"], THESIS_SPLIT["k_s"], q, MedianPeers.ALL, 0.0, median_steps, Combiner.NAIVE_BAYES))
+            out.append(PlanChoice(
+                PlanKind.SPLIT, THESIS_SPLIT["k_p"], THESIS_SPLIT["k_h"], THESIS_SPLIT["k_s"], q, MedianPeers.ALL, 0.0,
+                median_steps, Combiner.NAIVE_BAYES, median_share=median_share,
+            ))
     return out
+
+
+def choose_round_plan(
+    spec: FeatureSpec,
+    n: int,
+    epsilon_total: float,
+    *,
+    median_rounds: int,
+    median_share: float = 0.5,
+    oracle: str = "auto",
+    trials: int = 2,
+    seed: int = 0,
+) -> PlanChoice:
+    """The planner's choice for a networked round of about ``n`` peers (a
+    round spec's ``plan = "auto"``), among the plans a round runs: every peer
+    answers the quantile search in one of ``median_rounds`` sub-rounds with
+    ``median_share`` of ε_T (``median_peers="all"``; a round has no reserved
+    comparison pool yet), and each partition needs at least one sub-round's
+    worth of partitions (``k_p >= median_rounds``). Simulates at most
+    :data:`PLANNER_MAX_PEERS` peers. Raises :class:`PlanError` when no plan fits."""
+    simulated = min(n, PLANNER_MAX_PEERS)
+    grid = [
+        dataclasses.replace(choice, oracle=oracle)
+        for choice in candidate_choices(
+            spec, simulated, median_steps=max(median_rounds, 1), median_peers=MedianPeers.ALL, median_share=median_share,
+        )
+        if not spec.numeric_names or choice.k_p >= median_rounds
+    ]
+    return choose_plan(spec, simulated, epsilon_total, candidates=grid, trials=trials, seed=seed)
 
 
 def synthetic_table(spec: FeatureSpec, n: int, rng: np.random.Generator) -> Table:

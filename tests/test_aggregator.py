@@ -209,6 +209,47 @@ def test_round_spec_names_the_bad_field() -> None:
         assert info.value.field == field
 
 
+def test_a_spec_with_plan_auto_makes_the_round_on_the_planners_choice(tmp_path: Path) -> None:
+    """``plan = "auto"``: the planner simulates the plans a round runs (every peer answering the median
+    search, at least one partition per sub-round) for ``expected_peers`` and chooses k_p, k_h, k_s, the
+    vote and the cut points; the round's manifest is built from that choice, at exactly the promised ε_T,
+    and the round keeps the choice for its report."""
+    document = with_median(spec_document(), median_rounds=2)
+    document["learning"] = {"plan": "auto", "learner": "logreg", "expected_peers": 400}
+    spec = parse_round_spec(document)
+    choice = spec.planned
+    assert choice is not None and choice.simulated_auc is not None and 0.5 < choice.simulated_auc <= 1.0
+    assert choice.median_peers == "all" and choice.median_steps == 2 and choice.k_p >= 2 and choice.oracle == "grr"
+    assert (spec.k_p, spec.k_h, spec.k_s, spec.plan, spec.vote) == (choice.k_p, choice.k_h, choice.k_s, choice.kind, choice.combiner)
+    assert spec.spec.feature("size").n_bins == choice.quantiles + 1
+    assert parse_round_spec(with_median(spec_document(), median_rounds=2) | {"learning": document["learning"]}).planned == choice
+    home = AggregatorHome(tmp_path / "agg")
+    home.initialise(bytes(range(32)), generate_keypair()[0])
+    state, _ = create_round(home, spec, now=T0)
+    manifest = state.manifest
+    assert (manifest.k_p, manifest.k_h, manifest.k_s, manifest.plan, manifest.vote) == (choice.k_p, choice.k_h, choice.k_s, choice.kind, choice.combiner)
+    assert manifest.eps_total == pytest.approx(2.0)
+    assert json.loads(state.store.get_meta("planned") or b"null") == choice.to_dict()
+
+
+def test_plan_auto_refuses_what_the_planner_chooses_and_says_when_no_plan_fits() -> None:
+    auto = {"plan": "auto", "learner": "logreg"}
+    for learning, task, field in (
+        ({**auto, "k_p": 2}, {}, "learning.k_p"),
+        ({**auto, "vote": "soft"}, {}, "learning.vote"),
+        (auto, {"quantiles": 2}, "task.quantiles"),
+        ({"k_p": 2, "k_h": 1, "k_s": 1, "plan": "split", "learner": "logreg", "expected_peers": 400}, {}, "learning.expected_peers"),
+        # 10 peers leave no partition of the 20 the planner requires.
+        ({**auto, "expected_peers": 10}, {}, "learning.plan"),
+    ):
+        document = with_median(spec_document(), median_rounds=2)
+        document["learning"] = learning
+        document["task"].update(task)
+        with pytest.raises(RoundSpecError) as refused:
+            parse_round_spec(document)
+        assert refused.value.field == field, refused.value
+
+
 def Peer(state: RoundState, seed: int) -> SimulatedPeer:  # noqa: N802 - reads like the class it builds
     return SimulatedPeer(state, bytes([seed]) * 32)
 
