@@ -179,6 +179,12 @@ def summarise(report: dict[str, Any]) -> list[str]:
     if report.get("cut_points"):
         cuts = "; ".join(f"{name} {', '.join(f'{v:.4g}' for v in values)}" for name, values in report["cut_points"].items())
         lines.append(f"cut points (private median search): {cuts}")
+    if planned := report.get("planned"):
+        lines.append(
+            f"plan chosen by the planner (plan = \"auto\"): {planned['kind']}, k_p {planned['k_p']}, k_h {planned['k_h']}, "
+            f"k_s {planned['k_s']}, {planned['quantiles']} cut point(s) per numeric feature, vote {planned['combiner']}; "
+            f"simulated AUC {planned['simulated_auc']:.3f} on synthetic peers"
+        )
     if report.get("utility"):
         lines.append(f"utility: AUC {report['utility']['auc']:.4f} on {report['utility']['rows']} held-out rows")
     if report.get("reason"):

@@ -15,6 +15,7 @@ import trio
 import trio.testing
 from nacl.signing import SigningKey
 
+from anonml.aggregator._report import summarise
 from anonml.aggregator._round import RoundState
 from anonml.aggregator._service import (
     AggregatorConfig,
@@ -230,6 +231,9 @@ def test_a_spec_with_plan_auto_makes_the_round_on_the_planners_choice(tmp_path: 
     assert (manifest.k_p, manifest.k_h, manifest.k_s, manifest.plan, manifest.vote) == (choice.k_p, choice.k_h, choice.k_s, choice.kind, choice.combiner)
     assert manifest.eps_total == pytest.approx(2.0)
     assert json.loads(state.store.get_meta("planned") or b"null") == choice.to_dict()
+    # `anonml aggregator report` says where the plan came from.
+    (line,) = [line for line in summarise({"planned": choice.to_dict()}) if line.startswith("plan chosen by the planner")]
+    assert f"k_p {choice.k_p}," in line and f"vote {choice.combiner}" in line
 
 
 def test_plan_auto_refuses_what_the_planner_chooses_and_says_when_no_plan_fits() -> None:
