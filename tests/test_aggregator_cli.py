@@ -79,6 +79,18 @@ def test_malformed_spec_names_the_field(tmp_path: Path) -> None:
     assert "privacy.eps_total" in result.output
 
 
+def test_round_new_with_plan_auto_prints_the_planners_choice(tmp_path: Path) -> None:
+    runner = CliRunner()
+    runner.invoke(main, ["aggregator", "init", "--data-dir", str(tmp_path / "agg")])
+    spec = write_spec(tmp_path / "round.toml")
+    fixed = 'k_p = 2\nk_h = 1\nk_s = 1\nplan = "split"\n'
+    spec.write_text(spec.read_text().replace(fixed, 'plan = "auto"\nexpected_peers = 200\n'))
+    created = runner.invoke(main, ["aggregator", "round", "new", "--data-dir", str(tmp_path / "agg"), "--spec", str(spec)])
+    assert created.exit_code == 0, created.output
+    assert "simulating the round's candidate plans for 200 peers" in created.stderr
+    assert "the planner chose one kp=" in created.stderr and "simulated AUC" in created.stderr
+
+
 def test_round_missing_participation_exits_with_a_clear_status(tmp_path: Path) -> None:
     runner = CliRunner()
     runner.invoke(main, ["aggregator", "init", "--data-dir", str(tmp_path / "agg")])
