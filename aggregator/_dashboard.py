@@ -173,6 +173,16 @@ def schedule_steps(manifest: RoundManifest) -> list[dict[str, Any]]:
     return steps
 
 
+def _median_clause(manifest: RoundManifest) -> str:
+    """How the median search spends, to end the data-report sentence."""
+    if not manifest.median_rounds:
+        return "."
+    if manifest.comparison_pool:
+        return (f"; a comparison pool of {manifest.comparison_pool / 10:g}% of the peers answers the median search instead, "
+                f"each pool peer one bit about one feature at epsilon {manifest.eps_median:.3g} and nothing else.")
+    return f"; each median answer flips its bit at epsilon {manifest.eps_median:.3g} per numeric feature."
+
+
 def privacy_statement(manifest: RoundManifest, shuffled: list[int] | None) -> dict[str, Any]:
     """The privacy promise in plain words, with the figures it rests on and a warning where one is weak.
 
@@ -184,8 +194,7 @@ def privacy_statement(manifest: RoundManifest, shuffled: list[int] | None) -> di
         "median answer and data report it sends, added up); its own ledger refuses to send anything beyond that.",
         epsilon_in_words(manifest.eps_total),
         f"Each data report is perturbed on the peer's machine with the {manifest.oracle!r} frequency oracle at epsilon "
-        f"{manifest.eps_data:.3g}" + (f"; each median answer flips its bit at epsilon {manifest.eps_median:.3g} per numeric feature."
-                                        if manifest.median_rounds else "."),
+        f"{manifest.eps_data:.3g}" + _median_clause(manifest),
         "Reports travel through the relays as identical fixed-size packets with anonymous tokens: the aggregator "
         "cannot tell which peer sent which report.",
     ]
@@ -260,7 +269,8 @@ def dashboard_data(
     return {
         "round": {"id": state.round_id.hex(), "name": manifest.name, "url": manifest.aggregator_url,
                   "k_p": manifest.k_p, "k_h": manifest.k_h, "k_s": manifest.k_s, "plan": manifest.plan,
-                  "learner": manifest.learner, "vote": manifest.vote, "path_length": manifest.path_length},
+                  "learner": manifest.learner, "vote": manifest.vote, "path_length": manifest.path_length,
+                  "comparison_pool": manifest.comparison_pool / 1000},
         "phase": phase,
         "sub_round": status.sub_round if report is None else None,
         "now": status.now,

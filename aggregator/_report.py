@@ -20,7 +20,7 @@ from anonml.aggregator._anonymity import FullView, linking_report
 from anonml.aggregator._dashboard import dashboard_data, render_page
 from anonml.aggregator._round import RoundState
 from anonml.mechanisms import PostprocessMethod, per_attribute_epsilon, releases_from, shuffle_central_privacy
-from anonml.protocol import SurveyId, worst_case_releases
+from anonml.protocol import SurveyId, release_roles
 
 REPORT_JSON = "report.json"
 REPORT_HTML = "report.html"
@@ -98,9 +98,9 @@ def _privacy(state: RoundState) -> dict[str, Any]:
     figure only as a labelled secondary number, and the central (shuffle)
     figure per data survey only where its bound holds, in words."""
     manifest = state.manifest
-    medians, subsets = worst_case_releases(
+    roles = release_roles(
         state.spec, k_h=manifest.k_h, k_s=manifest.k_s, eps_median=manifest.eps_median,
-        eps_data=manifest.eps_data, median_rounds=manifest.median_rounds,
+        eps_data=manifest.eps_data, median_rounds=manifest.median_rounds, comparison_pool=bool(manifest.comparison_pool),
     )
     shuffled = state.shuffled_reports()
     central: dict[str, Any] | None = None
@@ -113,7 +113,8 @@ def _privacy(state: RoundState) -> dict[str, Any]:
     return {
         "eps_total_local": manifest.eps_total,
         "eps_total_meaning": "record-level: the sum of the epsilon of every release a peer makes",
-        "eps_per_attribute_secondary": per_attribute_epsilon(releases_from(medians, subsets)),
+        # The costliest kind of peer's (with a comparison pool there are two kinds).
+        "eps_per_attribute_secondary": max(per_attribute_epsilon(releases_from(*releases)) for releases in roles.values()),
         "eps_median": manifest.eps_median,
         "eps_data": manifest.eps_data,
         "central_per_survey": central,

@@ -60,6 +60,7 @@ from anonml.protocol import (
     TreeHead,
     acceptance_window,
     decode_median_report,
+    decode_pool_answer,
     log_consistency_proof,
     phase_at,
     receipt_leaves_root,
@@ -204,8 +205,22 @@ class RoundState:
             for phase in phases
             for group in self.phase_surveys(phase).values()
             for survey in group
-            if accepted.get(survey, 0) < minimum
+            if accepted.get(survey, 0) < self.minimum_reports(survey, minimum)
         }
+
+    def minimum_reports(self, survey: SurveyId, minimum: int) -> int:
+        """The fewest reports ``survey`` may accept without being short.
+
+        ``minimum`` is the spec's, sized for a data partition. A comparison-pool
+        partition is smaller (the pool's share of the peers, over the
+        sub-rounds), so its surveys are held to the same fraction of their
+        own share of ``min_participation``: half of it, at least 1.
+        """
+        m = self.manifest
+        if not m.is_pool_partition(survey.partition):
+            return minimum
+        share = m.comparison_pool_size(m.min_participation) // max(m.median_rounds, 1)
+        return min(minimum, max(1, share // 2))
 
     def ending(self) -> RoundPhase:
         """How a round that reached learning ends: ``DEGRADED`` if any survey fell short, else ``DONE``."""
@@ -388,8 +403,8 @@ class RoundState:
         if survey.round_id != self.round_id:
             raise SurveyRefused("unknown-survey")
         if survey.kind == SurveyKind.MEDIAN:
-            # Each partition answers in exactly one sub-round (its own, by the manifest's rule).
-            if not self.numeric or survey.partition >= m.k_p or survey != m.median_survey(survey.partition):
+            # Each partition that answers does so in exactly one sub-round (its own, by the manifest's rule).
+            if not self.numeric or not m.answers_median(survey.partition) or survey != m.median_survey(survey.partition):
                 raise SurveyRefused("unknown-survey")
         elif survey.partition >= m.k_p or survey.subset >= m.k_h:
             raise SurveyRefused("unknown-survey")
@@ -407,7 +422,7 @@ class RoundState:
     def check_report(self, survey: SurveyId, report: bytes) -> None:
         """Raise InvalidMessage unless ``report`` is a well-formed answer to ``survey``."""
         if survey.kind == SurveyKind.MEDIAN:
-            decode_median_report(report, self.cut_point_counts)
+            self.median_answers(report)
             return
         from anonml.mechanisms import InvalidReport
 
@@ -417,6 +432,17 @@ class RoundState:
             raise InvalidMessage(f"bad report for {survey}: {exc}") from None
 
     # -- median phase (thesis Algorithm 1) ----------------------------------------------
+
+    def median_answers(self, report: bytes) -> list[tuple[int, int, int]]:
+        """A median report as ``(feature, level, bit)`` answers; raises InvalidMessage if it is malformed.
+
+        A comparison-pool peer answers one bit about the feature it names
+        (``decode_pool_answer``); without a pool a peer answers one bit about
+        every numeric feature, in order (``decode_median_report``).
+        """
+        if self.manifest.comparison_pool:
+            return [decode_pool_answer(report, self.cut_point_counts)]
+        return [(feature, level, bit) for feature, (level, bit) in enumerate(decode_median_report(report, self.cut_point_counts))]
 
     def _searches_after(self, sub_rounds: int) -> list[QuantileSearch]:
         """The searches after consuming the answers of sub-rounds ``0..sub_rounds-1``:
@@ -428,16 +454,19 @@ class RoundState:
         for sub_round in range(sub_rounds):
             # One step of every search takes the answers of all partitions of the sub-round.
             answers = [
-                decode_median_report(report, self.cut_point_counts)
+                answer
                 for partition in self.manifest.median_partitions(sub_round)
                 for report in self.store.reports(self.manifest.median_survey(partition))
+                for answer in self.median_answers(report)
             ]
             if not answers:
                 continue
-            # Shape (answers, features, 2): each feature's (level, bit).
-            pairs = np.asarray(answers, dtype=np.int64)
-            for column, search in enumerate(searches):
-                search.update(pairs[:, column, 1], pairs[:, column, 0])
+            # Shape (answers, 3): each answer's (feature, level, bit).
+            triples = np.asarray(answers, dtype=np.int64)
+            for feature, search in enumerate(searches):
+                mine = triples[triples[:, 0] == feature]
+                if mine.size:
+                    search.update(mine[:, 2], mine[:, 1])
         return searches
 
     def publish_thresholds(self, sub_round: int) -> MedianThresholds | None:

@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable
 
 from anonml.aggregator._round import Clock, RoundSecrets, RoundState
-from anonml.aggregator._spec import RoundSpec
+from anonml.aggregator._spec import RoundSpec, release_plan
 from anonml.aggregator._store import AggregatorHome, RoundStore
 from anonml.crypto import IssuerSecretKey, SphinxGeometry, node_id_of, public_key_of
 from anonml.mechanisms import total_epsilon
@@ -16,7 +16,6 @@ from anonml.protocol import (
     AggregatorHop,
     FeatureSpec,
     PhaseTimes,
-    ReleasePlan,
     RoundManifest,
     RoundSchedule,
     SignedManifest,
@@ -49,14 +48,17 @@ def build_schedule(spec: RoundSpec, start: int) -> RoundSchedule:
     return RoundSchedule(t_register_end, t_issue_end, tuple(median), data)
 
 
-def worst_case_epsilon(spec: FeatureSpec, k_h: int, k_s: int, eps_median: float, eps_data: float, median_rounds: int) -> float:
+def worst_case_epsilon(
+    spec: FeatureSpec, k_h: int, k_s: int, eps_median: float, eps_data: float, median_rounds: int, comparison_pool: bool
+) -> float:
     """ε_T to promise in the manifest: the record-level sum of :func:`protocol.worst_case_releases`.
 
     Peers check the same releases against their ledger before consenting, so
     the promise and the consent follow one rule.
     """
     medians, subsets = worst_case_releases(
-        spec, k_h=k_h, k_s=k_s, eps_median=eps_median, eps_data=eps_data, median_rounds=median_rounds
+        spec, k_h=k_h, k_s=k_s, eps_median=eps_median, eps_data=eps_data, median_rounds=median_rounds,
+        comparison_pool=comparison_pool,
     )
     return float(total_epsilon(medians, subsets))
 
@@ -71,10 +73,9 @@ def create_round(
     seed = rng_bytes(32)
     issuer_key = IssuerSecretKey.generate()
     issuer_public = issuer_key.public_key()
-    plan = ReleasePlan.build(
-        kind=spec.plan, features=spec.spec.names, numeric_features=spec.spec.numeric_names, k_p=spec.k_p,
-        k_h=spec.k_h, k_s=spec.k_s, epsilon_total=spec.eps_total, seed=seed, oracle=spec.oracle,
-        median_peers="all", median_share=spec.median_share, median_steps=max(spec.median_rounds, 1),
+    plan = release_plan(
+        spec.spec, spec.plan, spec.k_p, spec.k_h, spec.k_s, spec.eps_total, seed, spec.oracle, spec.median_share,
+        spec.median_rounds, spec.comparison_pool,
     )
     geometry = SphinxGeometry.create(max_hops=spec.max_hops, packet_size=spec.packet_size)
     manifest = RoundManifest(
@@ -82,7 +83,8 @@ def create_round(
         k_s=spec.k_s, plan=spec.plan, learner=spec.learner, vote=spec.vote, eps_median=plan.median_epsilon,
         eps_data=plan.release_epsilon, oracle=spec.oracle,
         eps_total=worst_case_epsilon(
-            spec.spec, spec.k_h, spec.k_s, plan.median_epsilon, plan.release_epsilon, spec.median_rounds
+            spec.spec, spec.k_h, spec.k_s, plan.median_epsilon, plan.release_epsilon, spec.median_rounds,
+            plan.comparison_pool > 0,
         ),
         schedule=build_schedule(spec, now), relays=spec.relays,
         aggregator_hop=AggregatorHop(node_id_of(final_public), spec.sink_host, spec.sink_port, final_public),
@@ -90,7 +92,7 @@ def create_round(
         geometry=geometry.to_dict(), token_public_key=issuer_public.to_bytes(), token_kid=issuer_public.kid,
         seed_commitment=seed_commitment(seed), min_participation=spec.min_participation,
         registration=spec.registration, identity_key=bytes(signing_key.verify_key), purpose=spec.purpose,
-        max_roster=spec.max_roster,
+        max_roster=spec.max_roster, comparison_pool=round(plan.comparison_pool * 1000),
     )
     signed = SignedManifest.sign(manifest, signing_key)
     directory = home.round_dir(signed.round_id)

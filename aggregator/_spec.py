@@ -31,6 +31,7 @@ from anonml.protocol import (
     REGISTRATION_POLICIES,
     FeatureSpec,
     FeatureSpecError,
+    MedianPeers,
     PlanError,
     RegistrationPolicy,
     RelayEntry,
@@ -142,6 +143,8 @@ class RoundSpec:
     start: int | None = None
     planned: PlanChoice | None = None
     """The planner's choice, with its simulated AUC, when the spec says ``plan = "auto"``."""
+    comparison_pool: float = 0.0
+    """The share of peers reserved for the median search (0: every peer answers it), in steps of 0.001."""
 
 
 # Windows of a real round, in seconds, when its spec leaves them out. Peers
@@ -177,18 +180,21 @@ plan = "split"              # or "one"; or "auto": the planner simulates the rou
 # expected_peers = 2000     # optional, with "auto": peers to plan for (default: min_participation)
 learner = "logreg"          # or "tree"
 vote = "weighted"           # optional: how partitions combine, "weighted" (eq. 6.2), "soft" or "naive-bayes"
+# comparison_pool = 0.1     # optional: this share of the peers answers the median search, one bit each at the full
+                            # eps_total, and sends no data; the others send only data, each report at eps_total / k_h
 
 [privacy]
 eps_total = 4.0             # promised to each peer, record level: the sum over every release, median bits included
 oracle = "auto"             # or one of: {ORACLES}
-median_share = 0.5          # optional: share of eps_total for the median search
+median_share = 0.5          # optional: share of eps_total for the median search (not with a comparison pool)
 
 [schedule]                  # durations in seconds from the round's start; each is optional
 # start = 2026-12-01T09:00:00+01:00   # optional: when registration opens (a TOML date-time; without an
                             # offset it is local time); else when `round new` runs, or its --start
 register = 1800             # default 30 min: peers join over minutes; `anonml aggregator run` must be serving by then
 issue = 900                 # default 15 min
-median_rounds = 4           # partition p answers in sub-round p % median_rounds (needs <= k_p; 0 without numeric features)
+median_rounds = 4           # partition p answers in sub-round p % median_rounds (needs <= k_p; 0 without numeric
+                            # features); with a comparison pool, pool partition k_p + s answers sub-round s
 median_send = 300           # default 5 min: each sub-round's send window (delta) ...
 median_delivery = 600       # default 10 min: ... then its delivery window (needs >= path_length + 1)
 data_send = 900             # default 15 min
@@ -350,11 +356,19 @@ def parse_round_spec(
         vote = learning.choice("vote", VOTES) if learning.optional("vote") else DEFAULT_VOTE
         if learning.optional("expected_peers"):
             learning.fail("expected_peers", f'only the planner uses it: set plan = "{PLANNER}", or leave it out')
+    comparison_pool = 0.0
+    if learning.optional("comparison_pool"):
+        if plan == PLANNER:
+            learning.fail("comparison_pool", f'the planner chooses it when plan = "{PLANNER}": leave it out')
+        # Whole per mille: the manifest states it as an integer.
+        comparison_pool = round(learning.number("comparison_pool", 0.001, 0.999) * 1000) / 1000
     learning.done()
     privacy = reader.child("privacy")
     eps_total = privacy.number("eps_total", *EPSILON_TOTAL_RANGE)
     oracle = privacy.choice("oracle", ORACLE_NAMES)
     median_share = privacy.number("median_share", 0.01, 0.99) if privacy.optional("median_share") else 0.5
+    if comparison_pool and privacy.optional("median_share"):
+        privacy.fail("median_share", "a comparison pool answers the median search at the full eps_total: leave it out")
     privacy.done()
     schedule = reader.child("schedule")
     start = _start_time(schedule.raw("start"), "schedule.start", schedule) if schedule.optional("start") else None
@@ -365,7 +379,7 @@ def parse_round_spec(
     register_seconds = seconds("register", 1)
     issue_seconds = seconds("issue", 1)
     # With a fixed plan a sub-round needs a partition of its own; the planner only considers plans where it has one.
-    median_rounds = schedule.integer("median_rounds", 0, 64 if plan == PLANNER else min(k_p, 64)) if spec.numeric_names else 0
+    median_rounds = schedule.integer("median_rounds", 0, 64 if plan == PLANNER or comparison_pool else min(k_p, 64)) if spec.numeric_names else 0
     if not spec.numeric_names:
         schedule.optional("median_rounds")
     elif median_rounds == 0:
@@ -466,25 +480,45 @@ def parse_round_spec(
             )
         spec = choice.spec_for(spec)
         k_p, k_h, k_s, plan, vote = choice.k_p, choice.k_h, choice.k_s, choice.kind, choice.combiner
+        comparison_pool = choice.comparison_pool if choice.median_peers == MedianPeers.RESERVED else 0.0
+    if comparison_pool and not spec.numeric_names:
+        reader.fail_at("learning.comparison_pool", "a comparison pool answers the median search: the task has no numeric feature")
     if min_reports is None:
         min_reports = default_min_reports(min_participation, k_p)
     try:
         derive_subsets(bytes(32), spec.names, plan, k_p, k_h, k_s)
     except PlanError as exc:
         reader.fail_at("learning", str(exc))
-    _check_buildable(reader, spec, plan, k_p, k_h, k_s, eps_total, oracle, median_share, median_rounds)
+    _check_buildable(reader, spec, plan, k_p, k_h, k_s, eps_total, oracle, median_share, median_rounds, comparison_pool)
     return RoundSpec(
         name, spec, k_p, k_h, k_s, plan, learner, vote, eps_total, oracle, median_share, register_seconds, issue_seconds,
         median_rounds, median_send, median_delivery, data_send, data_delivery, check_seconds, median_second_send,
         median_second_delivery, data_second_send, data_second_delivery, publish_gap, relays, path_length,
         packet_size, max_hops, http_host, http_port, sink_host, sink_port, min_participation, registration, purpose,
         max_roster, max_per_client, invitations, allow_list, min_reports, on_shortfall, start, choice,
+        comparison_pool=comparison_pool,
+    )
+
+
+def release_plan(
+    spec: FeatureSpec, plan: str, k_p: int, k_h: int, k_s: int, eps_total: float, seed: bytes, oracle: str,
+    median_share: float, median_rounds: int, comparison_pool: float,
+) -> ReleasePlan:
+    """How a round divides ``eps_total`` (:meth:`protocol.ReleasePlan.build`): with a comparison pool, one
+    comparison at the full ε_T for a pool peer and ``k_h`` reports at ``ε_T / k_h`` for a data peer;
+    without one, ``median_share`` of ε_T for every peer's median answer."""
+    pooled = bool(comparison_pool) and bool(spec.numeric_names)
+    return ReleasePlan.build(
+        kind=plan, features=spec.names, numeric_features=spec.numeric_names, k_p=k_p, k_h=k_h, k_s=k_s,
+        epsilon_total=eps_total, seed=seed, oracle=oracle, median_peers=MedianPeers.RESERVED if pooled else MedianPeers.ALL,
+        median_share=median_share, median_steps=max(median_rounds, 1),
+        **({"comparison_pool": comparison_pool} if pooled else {}),
     )
 
 
 def _check_buildable(
     reader: FieldReader, spec: FeatureSpec, plan: str, k_p: int, k_h: int, k_s: int, eps_total: float, oracle: str,
-    median_share: float, median_rounds: int,
+    median_share: float, median_rounds: int, comparison_pool: float,
 ) -> None:
     """Build what the round will build from these values, so a failure shows now and names its field.
 
@@ -493,11 +527,7 @@ def _check_buildable(
     among) are made as they will be then.
     """
     try:
-        release = ReleasePlan.build(
-            kind=plan, features=spec.names, numeric_features=spec.numeric_names, k_p=k_p, k_h=k_h, k_s=k_s,
-            epsilon_total=eps_total, seed=bytes(32), oracle=oracle, median_peers="all", median_share=median_share,
-            median_steps=max(median_rounds, 1),
-        )
+        release = release_plan(spec, plan, k_p, k_h, k_s, eps_total, bytes(32), oracle, median_share, median_rounds, comparison_pool)
     except (PlanError, ValueError) as exc:
         reader.fail_at("privacy", f"no release plan for these values: {exc}")
     domains = {spec.domain_size(subset) for subsets in release.subsets for subset in subsets}

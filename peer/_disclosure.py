@@ -39,6 +39,39 @@ def _binning(spec: FeatureSpec, name: str) -> str:
     return f"which of {feature.n_bins} groups ({', '.join(feature.bin_names)})"
 
 
+def _data_packets(manifest: RoundManifest, count: int) -> str:
+    schedule = manifest.schedule
+    return (
+        f"  - {count} data packet(s), sent at random times between {_when(schedule.data.t_s)} and "
+        f"{_when(schedule.data.send_end)}: each holds {manifest.k_s} of the features above (chosen by the round's "
+        f"public seed) and your label, binned, encoded as one value and perturbed with the "
+        f"{manifest.oracle!r} frequency oracle at epsilon {manifest.eps_data:g}"
+    )
+
+
+def _pool_answer(manifest: RoundManifest, spec: FeatureSpec) -> str:
+    schedule = manifest.schedule
+    flip = 1 / (1 + math.exp(manifest.eps_median))
+    return (
+        f"  - 1 comparison answer (in your pool partition's sub-round, sent between {_when(schedule.median[0].t_s)} "
+        f"and {_when(schedule.median[-1].send_end)}): one bit, 'is my value above the threshold', about ONE numeric "
+        f"feature picked at random ({', '.join(spec.numeric_names)}) and one of its cut points picked at random, "
+        f"flipped with probability {flip:.3f} (random response, epsilon {manifest.eps_median:g}); nothing else"
+    )
+
+
+def _pool_roles(manifest: RoundManifest, spec: FeatureSpec) -> list[str]:
+    """Before the seed is revealed a peer of a round with a comparison pool does not know which kind it is."""
+    return [
+        f"  The round's public seed, revealed when registration closes, puts about {manifest.comparison_pool / 10:g}% of "
+        "the peers in its comparison pool; you send what ONE of these says, never both:",
+        "  if in the comparison pool:",
+        "  " + _pool_answer(manifest, spec),
+        "  otherwise:",
+        "  " + _data_packets(manifest, manifest.k_h),
+    ]
+
+
 class Disclosure(NamedTuple):
     """What :func:`describe_release` tells the peer before it consents."""
 
@@ -83,7 +116,11 @@ def describe_release(signed: SignedManifest, spec: FeatureSpec, vector: FeatureV
             f"  - already sealed in an earlier run and recorded in your ledger: {len(ledger.releases())} release(s), "
             f"epsilon {ledger.spent():.4g}; they are re-sent unchanged, never made again"
         )
-    if medians and manifest.median_rounds:
+    if manifest.comparison_pool and manifest.median_rounds and not ledger.releases():
+        lines += _pool_roles(manifest, spec)
+    elif medians and manifest.median_rounds and manifest.comparison_pool:
+        lines.append(_pool_answer(manifest, spec))
+    elif medians and manifest.median_rounds:
         flip = 1 / (1 + math.exp(manifest.eps_median))
         lines.append(
             f"  - 1 median answer (in your partition's sub-round, sent between {_when(schedule.median[0].t_s)} "
@@ -92,13 +129,8 @@ def describe_release(signed: SignedManifest, spec: FeatureSpec, vector: FeatureV
             f"threshold of one of them, picked at random), each flipped with "
             f"probability {flip:.3f} (random response, epsilon {manifest.eps_median:g} per bit)"
         )
-    if subsets:
-        lines.append(
-            f"  - {len(subsets)} data packet(s), sent at random times between {_when(schedule.data.t_s)} and "
-            f"{_when(schedule.data.send_end)}: each holds {manifest.k_s} of the features above (chosen by the round's "
-            f"public seed) and your label, binned, encoded as one value and perturbed with the "
-            f"{manifest.oracle!r} frequency oracle at epsilon {manifest.eps_data:g}"
-        )
+    if subsets and not (manifest.comparison_pool and manifest.median_rounds and not ledger.releases()):
+        lines.append(_data_packets(manifest, len(subsets)))
     lines += [
         "",
         f"Privacy cost (record level: the sum of the epsilon of every release above): at most epsilon {cost:.4g}"

@@ -84,8 +84,12 @@ from anonml.protocol import (
     SurveyId,
     SurveyKind,
     TreeHead,
+    PeerReleases,
+    PeerRole,
     check_seed,
     encode_median_report,
+    encode_pool_answer,
+    release_roles,
     seal_report,
     worst_case_releases,
 )
@@ -469,7 +473,15 @@ def _ignore(_: str) -> None:
     pass
 
 
-def planned_releases(manifest: RoundManifest, spec: FeatureSpec) -> tuple[dict[str, float], list[tuple[tuple[str, ...], float]]]:
+def release_roles_of(manifest: RoundManifest, spec: FeatureSpec) -> dict[PeerRole, PeerReleases]:
+    """:func:`protocol.release_roles` with this manifest's parameters: what each kind of peer of the round releases."""
+    return release_roles(
+        spec, k_h=manifest.k_h, k_s=manifest.k_s, eps_median=manifest.eps_median,
+        eps_data=manifest.eps_data, median_rounds=manifest.median_rounds, comparison_pool=bool(manifest.comparison_pool),
+    )
+
+
+def planned_releases(manifest: RoundManifest, spec: FeatureSpec) -> PeerReleases:
     """The worst case a peer of this round can be asked for, before partitions are known.
 
     :func:`protocol.worst_case_releases` with this manifest's parameters, the
@@ -478,26 +490,30 @@ def planned_releases(manifest: RoundManifest, spec: FeatureSpec) -> tuple[dict[s
     """
     return worst_case_releases(
         spec, k_h=manifest.k_h, k_s=manifest.k_s, eps_median=manifest.eps_median,
-        eps_data=manifest.eps_data, median_rounds=manifest.median_rounds,
+        eps_data=manifest.eps_data, median_rounds=manifest.median_rounds, comparison_pool=bool(manifest.comparison_pool),
     )
 
 
-def releases_still_to_make(
-    manifest: RoundManifest, spec: FeatureSpec, spent: Sequence[Spend]
-) -> tuple[dict[str, float], list[tuple[tuple[str, ...], float]]]:
+def releases_still_to_make(manifest: RoundManifest, spec: FeatureSpec, spent: Sequence[Spend]) -> PeerReleases:
     """:func:`planned_releases` less what this round's ledger already holds (``spent``).
 
     A peer resuming after it spent re-sends the messages it sealed, never new
     ones (:meth:`PeerRound.stored_outgoing`), so each recorded release stands
     for one planned one: its median answer for the median answer, each subset
     report for one subset slot. Counting the planned releases again on top of
-    the ledger would state (and check) twice what the round costs.
+    the ledger would state (and check) twice what the round costs. In a round
+    with a comparison pool, what it spent also says which kind of peer it is.
     """
-    medians, subsets = planned_releases(manifest, spec)
-    if any(not spend.label for spend in spent):
+    answered = any(not spend.label for spend in spent)
+    reports = sum(1 for spend in spent if spend.label)
+    roles = release_roles_of(manifest, spec)
+    if manifest.comparison_pool and (answered or reports):
+        medians, subsets = roles[PeerRole.COMPARISON_POOL if answered else PeerRole.DATA]
+    else:
+        medians, subsets = planned_releases(manifest, spec)
+    if answered:
         medians = {}
     # Subset slots are listed worst first; the ones already sent replace the last.
-    reports = sum(1 for spend in spent if spend.label)
     return medians, subsets[: max(len(subsets) - reports, 0)]
 
 
@@ -643,7 +659,7 @@ class PeerRound:
         partition = plan.partition_of[self.key]
         self.peer.store.set_partition(self.key, self.round_id, partition)
         self.result.partition = partition
-        return partition, plan.sizes[partition], plan.subsets[partition]
+        return partition, plan.sizes[partition], plan.subsets_of(partition)
 
     async def obtain_credential(self, partition: int) -> Credential:
         """The credential stored before a crash, or a new one obtained blindly (one per peer per round)."""
@@ -781,11 +797,16 @@ class PeerRound:
                 raise self.stored(Equivocation(proof)) from None
 
     async def answer_median(self, partition: int) -> list[_Outgoing]:
-        """The peer's answer in its partition's median sub-round (thesis Algorithm 1): one perturbed
-        bit per feature, about one of its cut points chosen uniformly at random
-        (independent of the data, so the choice reveals nothing and the whole
-        partition stays the answer's anonymity set)."""
-        if not self.manifest.median_rounds or not self.spec.numeric_names:
+        """The peer's answer in its partition's median sub-round (thesis Algorithm 1), if it answers one.
+
+        Without a comparison pool: one perturbed bit per numeric feature,
+        about one of its cut points chosen uniformly at random. A pool peer
+        answers ONE bit, about one feature and one of its cut points, both
+        chosen uniformly at random. Either choice is independent of the data,
+        so it reveals nothing and the whole partition stays the answer's
+        anonymity set.
+        """
+        if not self.manifest.answers_median(partition) or not self.spec.numeric_names:
             return []
         survey = self.manifest.median_survey(partition)
         phase = self.manifest.schedule.median[survey.sub_round]
@@ -796,21 +817,30 @@ class PeerRound:
             thresholds = await self.session.thresholds(self.manifest, survey.sub_round)
         except AggregatorError:
             # Not published in time: this peer's answer is simply missing from
-            # the search; it still sends its data (nothing was spent).
+            # the search; the peer goes on with the rest of the round (nothing was spent).
             self.emit("median-missed")
             return []
         check_thresholds(thresholds, self.spec)
-        answers = []
-        for name, values in zip(thresholds.features, thresholds.thresholds, strict=True):
-            level = int(self.peer.rng.integers(len(values)))
-            bit = answer_is_greater(float(self.peer.vector.features[name]), values[level], self.manifest.eps_median, self.peer.rng)
-            answers.append((level, bit))
-        report = encode_median_report(answers)
+        rng = self.peer.rng
+
+        def answer(name: str, values: Sequence[float]) -> tuple[int, int]:
+            level = int(rng.integers(len(values)))
+            return level, answer_is_greater(float(self.peer.vector.features[name]), values[level], self.manifest.eps_median, rng)
+
+        if self.manifest.is_pool_partition(partition):
+            index = int(rng.integers(len(thresholds.features)))
+            features = [thresholds.features[index]]
+            report = encode_pool_answer(index, *answer(features[0], thresholds.thresholds[index]))
+        else:
+            features = list(thresholds.features)
+            report = encode_median_report([answer(name, values) for name, values in zip(features, thresholds.thresholds, strict=True)])
         async with self.session.slots:
-            return [self.prepare(survey, report, thresholds.features, phase)]
+            return [self.prepare(survey, report, features, phase)]
 
     async def seal_subsets(self, partition: int, subsets: Sequence[tuple[str, ...]]) -> list[_Outgoing]:
-        """One sealed report per subset (or what a resumed peer sealed before)."""
+        """One sealed report per subset (or what a resumed peer sealed before); none for a pool peer."""
+        if not subsets:
+            return []
         phase = self.manifest.schedule.data
         surveys = [SurveyId.data(self.round_id, partition, index) for index in range(len(subsets))]
         resumed = [self.stored_outgoing(survey, phase) for survey in surveys]

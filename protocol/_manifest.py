@@ -160,6 +160,13 @@ class RoundManifest:
     ``eps_total`` the record-level total promised to each peer: the sum over
     every release it can be asked for (DESIGN.md §8, issue 11). ``oracle`` is a frequency-oracle
     name or ``"auto"`` (the policy of DESIGN.md §8).
+
+    ``comparison_pool`` (per mille, 0 for none) reserves that share of the
+    peers for the median search: they form ``median_rounds`` pool partitions,
+    numbered ``k_p …``, one per sub-round, and each answers ONE comparison bit
+    at ``eps_median`` and sends no data; the peers of the ``k_p`` data
+    partitions send their subsets and answer no comparison. Without a pool
+    every data partition answers in one sub-round (``median_sub_round``).
     """
 
     name: str
@@ -188,9 +195,11 @@ class RoundManifest:
     identity_key: bytes
     purpose: RoundPurpose = RoundPurpose.PRODUCTION
     max_roster: int = MAX_ROSTER
+    """The most registrations the round admits (at most the protocol's :data:`MAX_ROSTER`)."""
     vote: str = DEFAULT_VOTE
     """How the ensemble combines its partitions' histograms (:class:`Combiner`); post-processing only."""
-    """The most registrations the round admits (at most the protocol's :data:`MAX_ROSTER`)."""
+    comparison_pool: int = 0
+    """Per mille of the peers reserved for the median search (0: every partition answers it)."""
     version: int = PROTOCOL_VERSION
     _canonical: bytes = field(init=False, repr=False, compare=False)
 
@@ -214,23 +223,47 @@ class RoundManifest:
     def median_rounds(self) -> int:
         return len(self.schedule.median)
 
-    def median_sub_round(self, partition: int) -> int:
-        """The one median sub-round in which the peers of ``partition`` answer: ``partition % median_rounds``.
+    @property
+    def partitions(self) -> int:
+        """Every partition a credential can name: the ``k_p`` data partitions, then the pool's."""
+        return self.k_p + (self.median_rounds if self.comparison_pool else 0)
 
-        Every partition answers once, so a step of the quantile search hears
-        from about ``1 / median_rounds`` of all peers (the experiments' "all"
-        deal), not from one partition.
+    def is_pool_partition(self, partition: int) -> bool:
+        """Whether ``partition`` is one of the comparison pool's (its peers send no data)."""
+        return self.k_p <= partition < self.partitions
+
+    def comparison_pool_size(self, peers: int) -> int:
+        """How many of ``peers`` (the final roster) form the comparison pool: its share, rounded,
+        and at least one peer per sub-round while the roster has them (0 without a pool)."""
+        if not self.comparison_pool:
+            return 0
+        share = (self.comparison_pool * peers + 500) // 1000
+        return min(peers, max(share, self.median_rounds))
+
+    def answers_median(self, partition: int) -> bool:
+        """Whether the peers of ``partition`` answer the median search (with a pool, only the pool's)."""
+        if not self.median_rounds or not 0 <= partition < self.partitions:
+            return False
+        return self.is_pool_partition(partition) or not self.comparison_pool
+
+    def median_sub_round(self, partition: int) -> int:
+        """The one median sub-round in which the peers of ``partition`` answer.
+
+        Pool partition ``k_p + s`` answers sub-round ``s``; without a pool,
+        data partition ``p`` answers sub-round ``p % median_rounds``. Either
+        way a step of the quantile search hears from about ``1 / median_rounds``
+        of the peers that answer (the experiments' deal), not from one partition.
         """
-        if not 0 <= partition < self.k_p:
-            raise ValueError(f"partition must be in [0, {self.k_p}), got {partition!r}")
-        if not self.median_rounds:
-            raise ValueError("the round has no median sub-rounds")
-        return partition % self.median_rounds
+        if not self.answers_median(partition):
+            raise ValueError(f"the peers of partition {partition!r} answer no median sub-round")
+        return partition - self.k_p if self.comparison_pool else partition % self.median_rounds
 
     def median_partitions(self, sub_round: int) -> range:
         """The partitions whose peers answer in median sub-round ``sub_round``."""
         if not 0 <= sub_round < self.median_rounds:
             raise ValueError(f"sub_round must be in [0, {self.median_rounds}), got {sub_round!r}")
+        if self.comparison_pool:
+            return range(self.k_p + sub_round, self.k_p + sub_round + 1)
         return range(sub_round, self.k_p, self.median_rounds)
 
     def median_survey(self, partition: int) -> SurveyId:
@@ -309,6 +342,8 @@ class RoundManifest:
         # does not choose a vote encodes (and hashes) as before the field existed.
         if self.vote != DEFAULT_VOTE:
             learning["vote"] = self.vote
+        if self.comparison_pool:
+            learning["comparison_pool"] = self.comparison_pool
         return learning
 
     @classmethod
@@ -349,6 +384,8 @@ class RoundManifest:
         if learning.optional("vote") and vote == DEFAULT_VOTE:
             # One encoding per manifest: the default is written by leaving the field out.
             learning.fail("vote", f"{DEFAULT_VOTE!r} is the default: leave the field out")
+        # Per mille, so the canonical form stays integers; 0 is written by leaving the field out.
+        comparison_pool = learning.integer("comparison_pool", 1, 999) if learning.optional("comparison_pool") else 0
         learning.done()
         privacy = reader.child("privacy")
         eps_median = privacy.epsilon("eps_median")
@@ -390,7 +427,9 @@ class RoundManifest:
             participation.fail("registration", "open registration admits Sybils for free: only a demo or test round may use it")
         if min_participation > max_roster:
             participation.fail("min_participation", f"{min_participation!r} exceeds max_roster={max_roster!r}")
-        if len(schedule.median) > k_p:
+        if comparison_pool and not schedule.median:
+            learning.fail("comparison_pool", "a comparison pool answers the median search: the schedule has no median sub-round")
+        if not comparison_pool and len(schedule.median) > k_p:
             reader.fail_at(reader.name("schedule.median"), f"{len(schedule.median)} median sub-rounds but only k_p={k_p!r} partitions")
         manifest = object.__new__(cls)
         values: dict[str, Any] = dict(
@@ -399,7 +438,7 @@ class RoundManifest:
             relays=relays, aggregator_hop=aggregator_hop, aggregator_url=aggregator_url, path_length=path_length,
             geometry=geometry, token_public_key=token_public_key, token_kid=token_kid, seed_commitment=commitment,
             min_participation=min_participation, registration=registration, identity_key=identity_key,
-            purpose=purpose, max_roster=max_roster, vote=vote, version=version,
+            purpose=purpose, max_roster=max_roster, vote=vote, comparison_pool=comparison_pool, version=version,
         )
         for key, item in values.items():
             object.__setattr__(manifest, key, item)

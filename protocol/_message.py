@@ -200,3 +200,25 @@ def decode_median_report(report: bytes, cut_points: Sequence[int]) -> list[tuple
     if len(report) != len(cut_points) or any(byte // 2 >= count for byte, count in zip(report, cut_points)):
         raise InvalidMessage(f"median report must be one (level, bit) byte for each of {len(cut_points)} features with levels below {list(cut_points)[:16]!r}, got {report[:16]!r}")
     return [(byte // 2, byte % 2) for byte in report]
+
+
+def encode_pool_answer(feature: int, level: int, bit: int) -> bytes:
+    """A comparison-pool peer's one answer: the index of the numeric feature it
+    answers about (in the order of ``MedianThresholds.features``), then the
+    ``2·level + bit`` byte of :func:`encode_median_report`."""
+    if isinstance(feature, bool) or not isinstance(feature, int) or not 0 <= feature < 256:
+        raise InvalidMessage(f"a pool answer names a feature index in [0, 256), got {feature!r}")
+    return bytes([feature]) + encode_median_report([(level, bit)])
+
+
+def decode_pool_answer(report: bytes, cut_points: Sequence[int]) -> tuple[int, int, int]:
+    """Inverse of :func:`encode_pool_answer`: ``(feature, level, bit)``.
+
+    ``cut_points[i]`` is feature ``i``'s number of cut points; raises
+    InvalidMessage unless the report is two bytes naming one feature and one
+    of its cut points.
+    """
+    if len(report) != 2 or report[0] >= len(cut_points):
+        raise InvalidMessage(f"a pool answer is a feature index below {len(cut_points)} and one (level, bit) byte, got {report[:16]!r}")
+    [(level, bit)] = decode_median_report(report[1:], [cut_points[report[0]]])
+    return report[0], level, bit

@@ -207,18 +207,33 @@ def derive_subsets(seed: bytes, features: Sequence[str], kind: str, k_p: int, k_
     return tuple(subsets)
 
 
-def worst_case_releases(
-    spec: FeatureSpec, *, k_h: int, k_s: int, eps_median: float, eps_data: float, median_rounds: int
-) -> tuple[dict[str, float], list[tuple[tuple[str, ...], float]]]:
-    """The releases a peer of a round can at worst be asked for, before partitions are known.
+PeerReleases = tuple[dict[str, float], list[tuple[tuple[str, ...], float]]]
+"""What one peer releases, in the form ``mechanisms.total_epsilon`` takes: ``(medians, subsets)``."""
 
-    Returns ``(medians, subsets)`` in the form ``mechanisms.total_epsilon``
-    takes: every numeric feature answered at ``eps_median`` (if the round has
-    a median phase, ``median_rounds > 0``) and ``k_h`` subset releases of
-    ``k_s`` features at ``eps_data``. The aggregator promises the record-level
-    sum of exactly this as the manifest's ε_T, and each peer checks the same
-    sum against its ledger before consenting, so both sides must use this
-    one rule.
+
+class PeerRole(StrEnum):
+    """The kinds of peer a round makes; which one a peer is follows from the seed (its partition)."""
+
+    PEER = "peer"
+    """Without a comparison pool: the partition's median answer (if any) and its subset reports."""
+    COMPARISON_POOL = "comparison-pool"
+    """A peer of a reserved comparison pool: one comparison bit, nothing else."""
+    DATA = "data"
+    """A data peer of a round with a comparison pool: its subset reports, no comparison."""
+
+
+def release_roles(
+    spec: FeatureSpec, *, k_h: int, k_s: int, eps_median: float, eps_data: float, median_rounds: int,
+    comparison_pool: bool = False,
+) -> dict[PeerRole, PeerReleases]:
+    """What each kind of peer of a round can at worst be asked for, before partitions are known.
+
+    Without a pool there is one kind: every numeric feature answered at
+    ``eps_median`` (if the round has a median phase, ``median_rounds > 0``)
+    and ``k_h`` subset releases of ``k_s`` features at ``eps_data``. With a
+    pool there are two: a pool peer's one comparison at ``eps_median`` (about
+    a feature it draws at random; the first numeric feature stands for it, as
+    every one costs the same) and a data peer's ``k_h`` subset releases.
 
     Why this is the worst case: the subsets a peer sends come from the seed
     (DESIGN.md §3 step 3), which stays secret until registration closes, so
@@ -235,13 +250,35 @@ def worst_case_releases(
     counts the first feature again (eq. 7.4 sums a feature released twice),
     so every slot still costs the label its ``eps_data``.
     """
-    medians = {name: eps_median for name in spec.numeric_names} if median_rounds else {}
+    pooled = comparison_pool and bool(median_rounds) and bool(spec.numeric_names)
+    medians = {name: eps_median for name in spec.numeric_names} if median_rounds and not pooled else {}
     names = spec.names
     worst_first = sorted(names, key=lambda name: -medians.get(name, 0.0))
     subsets = [
         (tuple(worst_first[j * k_s:(j + 1) * k_s]) or (names[0],), eps_data) for j in range(k_h)
     ]
-    return medians, subsets
+    if not pooled:
+        return {PeerRole.PEER: (medians, subsets)}
+    return {PeerRole.COMPARISON_POOL: ({spec.numeric_names[0]: eps_median}, []), PeerRole.DATA: ({}, subsets)}
+
+
+def worst_case_releases(
+    spec: FeatureSpec, *, k_h: int, k_s: int, eps_median: float, eps_data: float, median_rounds: int,
+    comparison_pool: bool = False,
+) -> PeerReleases:
+    """The releases of the costliest kind of peer (:func:`release_roles`), by record-level sum.
+
+    The aggregator promises the record-level sum of exactly this as the
+    manifest's ε_T, and each peer checks the same sum against its ledger
+    before consenting, so both sides must use this one rule.
+    """
+    from anonml.mechanisms import total_epsilon
+
+    roles = release_roles(
+        spec, k_h=k_h, k_s=k_s, eps_median=eps_median, eps_data=eps_data, median_rounds=median_rounds,
+        comparison_pool=comparison_pool,
+    )
+    return max(roles.values(), key=lambda releases: total_epsilon(*releases))
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from anonml.mechanisms import FrequencyOracle, make_oracle
 from anonml.protocol._api import partition_seed
 from anonml.protocol._features import FeatureSpec
 from anonml.protocol._manifest import RoundManifest
-from anonml.protocol._plan import assign_partitions, derive_subsets
+from anonml.protocol._plan import Assignment, assign_partitions, derive_subsets
 
 
 @lru_cache(maxsize=1024)
@@ -43,21 +43,36 @@ class PartitionPlan:
     keys: tuple[bytes, ...]
     partition_of: dict[bytes, int] = field(repr=False)
     sizes: tuple[int, ...]
+    """Peers per partition, the pool's after the ``k_p`` data partitions'."""
     subsets: tuple[tuple[tuple[str, ...], ...], ...]
 
     @classmethod
     def derive(cls, manifest: RoundManifest, spec: FeatureSpec, keys: Sequence[bytes], revealed_seed: bytes, root: bytes) -> PartitionPlan:
-        """Order ``keys`` (the roster) by ``H(partition seed ‖ key)``, deal them into ``k_p`` partitions, cut the subsets."""
+        """Order ``keys`` (the roster) by ``H(partition seed ‖ key)``, deal them into partitions, cut the subsets.
+
+        With a comparison pool the first ``comparison_pool_size`` peers of the
+        order are dealt round-robin into the pool partitions ``k_p …`` (one per
+        median sub-round) and the rest into the ``k_p`` data partitions.
+        """
         seed = partition_seed(revealed_seed, root)
         ordered = tuple(keys)
-        partitions = assign_partitions(seed, list(ordered), manifest.k_p).partition
-        sizes = np.bincount(partitions, minlength=manifest.k_p)
+        assignment = assign_partitions(seed, list(ordered), manifest.k_p, pool=manifest.comparison_pool_size(len(ordered)))
+        partitions = np.where(
+            assignment.partition == Assignment.COMPARISON_POOL,
+            manifest.k_p + assignment.rank % max(manifest.median_rounds, 1),
+            assignment.partition,
+        )
+        sizes = np.bincount(partitions, minlength=manifest.partitions)
         subsets = derive_subsets(seed, spec.names, manifest.plan, manifest.k_p, manifest.k_h, manifest.k_s)
         return cls(
             manifest, spec, seed, ordered,
             {key: int(p) for key, p in zip(ordered, partitions, strict=True)},
             tuple(int(size) for size in sizes), subsets,
         )
+
+    def subsets_of(self, partition: int) -> tuple[tuple[str, ...], ...]:
+        """The feature subsets the peers of ``partition`` send (none for a comparison-pool partition)."""
+        return () if self.manifest.is_pool_partition(partition) else self.subsets[partition]
 
     def oracle(self, partition: int, subset: int) -> FrequencyOracle:
         """The frequency oracle of data survey ``(partition, subset)``."""

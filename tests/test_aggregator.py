@@ -220,7 +220,10 @@ def test_a_spec_with_plan_auto_makes_the_round_on_the_planners_choice(tmp_path: 
     spec = parse_round_spec(document)
     choice = spec.planned
     assert choice is not None and choice.simulated_auc is not None and 0.5 < choice.simulated_auc <= 1.0
-    assert choice.median_peers == "all" and choice.median_steps == 2 and choice.k_p >= 2 and choice.oracle == "grr"
+    assert choice.median_steps == 2 and choice.oracle == "grr"
+    # Either every peer answers the search (a partition per sub-round) or a reserved pool does.
+    assert (choice.median_peers, spec.comparison_pool) == ("reserved", choice.comparison_pool) or (
+        choice.median_peers == "all" and choice.k_p >= 2 and spec.comparison_pool == 0)
     assert (spec.k_p, spec.k_h, spec.k_s, spec.plan, spec.vote) == (choice.k_p, choice.k_h, choice.k_s, choice.kind, choice.combiner)
     assert spec.spec.feature("size").n_bins == choice.quantiles + 1
     assert parse_round_spec(with_median(spec_document(), median_rounds=2) | {"learning": document["learning"]}).planned == choice
@@ -230,6 +233,7 @@ def test_a_spec_with_plan_auto_makes_the_round_on_the_planners_choice(tmp_path: 
     manifest = state.manifest
     assert (manifest.k_p, manifest.k_h, manifest.k_s, manifest.plan, manifest.vote) == (choice.k_p, choice.k_h, choice.k_s, choice.kind, choice.combiner)
     assert manifest.eps_total == pytest.approx(2.0)
+    assert manifest.comparison_pool == round(spec.comparison_pool * 1000)
     assert json.loads(state.store.get_meta("planned") or b"null") == choice.to_dict()
     # `anonml aggregator report` says where the plan came from.
     (line,) = [line for line in summarise({"planned": choice.to_dict()}) if line.startswith("plan chosen by the planner")]

@@ -307,3 +307,69 @@ def test_hop_windows_stagger_after_the_send_window() -> None:
         hop_windows(schedule, SurveyId.median(round_id, 0, 2), 3)
     with pytest.raises(InvalidSchedule):
         hop_windows(schedule, survey, 60)
+
+
+def test_a_comparison_pool_has_a_partition_per_sub_round_after_the_data_partitions() -> None:
+    """Issue 11: with ``comparison_pool`` (per mille) the pool answers the median search in partitions
+    ``k_p …``, one per sub-round, and the data partitions answer none; without it every data partition
+    answers in sub-round ``p % median_rounds`` as before. The field is signed, and a manifest without a
+    pool encodes (and hashes) as before the field existed."""
+    assert fixed_manifest(comparison_pool=0).round_id.hex() == PINNED_ROUND_ID
+    pooled = fixed_manifest(comparison_pool=100)
+    assert pooled.round_id.hex() != PINNED_ROUND_ID
+    assert RoundManifest.from_json(pooled.canonical_bytes()) == pooled
+    assert (pooled.k_p, pooled.median_rounds, pooled.partitions) == (4, 2, 6)
+    assert [pooled.answers_median(p) for p in range(7)] == [False, False, False, False, True, True, False]
+    assert [pooled.is_pool_partition(p) for p in range(7)] == [False, False, False, False, True, True, False]
+    assert [pooled.median_sub_round(p) for p in (4, 5)] == [0, 1]
+    assert [list(pooled.median_partitions(s)) for s in (0, 1)] == [[4], [5]]
+    assert pooled.median_survey(5) == SurveyId.median(pooled.round_id, 5, 1)
+    with pytest.raises(ValueError, match="answer no median sub-round"):
+        pooled.median_sub_round(0)
+    plain = fixed_manifest()
+    assert plain.partitions == 4 and [plain.median_sub_round(p) for p in range(4)] == [0, 1, 0, 1]
+    assert [list(plain.median_partitions(s)) for s in (0, 1)] == [[0, 2], [1, 3]]
+    # The pool's size: its share of the final roster, halves rounded up, at least one peer per sub-round.
+    assert [pooled.comparison_pool_size(n) for n in (0, 1, 2, 14, 15, 25, 1000)] == [0, 1, 2, 2, 2, 3, 100]
+    assert fixed_manifest(comparison_pool=250).comparison_pool_size(10) == 3
+    assert plain.comparison_pool_size(1000) == 0
+    # A pool needs a median phase; its sub-rounds need no data partition of their own.
+    schedule = fixed_schedule()
+    no_median = RoundSchedule(schedule.t_register_end, schedule.t_issue_end, (), schedule.data)
+    with pytest.raises(InvalidManifest) as info:
+        fixed_manifest(comparison_pool=100, schedule=no_median)
+    assert info.value.field == "learning.comparison_pool"
+    assert fixed_manifest(comparison_pool=100, k_p=1, k_h=1).partitions == 3
+    with pytest.raises(InvalidManifest):
+        fixed_manifest(k_p=1, k_h=1)
+    for bad in (0, 1000, 0.5, "100"):
+        document = pooled.to_dict()
+        document["learning"]["comparison_pool"] = bad
+        with pytest.raises(InvalidManifest) as info:
+            RoundManifest.from_dict(document)
+        assert info.value.field == "learning.comparison_pool"
+
+
+def test_partition_plan_deals_the_first_of_the_seeded_order_into_the_pool_partitions() -> None:
+    """Every role derives the same pool from public values: the first ``comparison_pool_size`` peers of
+    the seeded order, dealt round-robin over the sub-rounds' pool partitions; a pool peer sends no
+    subset. Without a pool the deal is :func:`assign_partitions`'s, unchanged."""
+    from anonml.protocol import FeatureSpec, PartitionPlan, assign_partitions, partition_seed
+
+    keys = [hashlib.sha256(bytes([i])).digest() for i in range(40)]
+    seed, root = b"\x07" * 32, b"\x08" * 32
+    pooled = fixed_manifest(comparison_pool=100, k_h=1, k_s=1)
+    spec = FeatureSpec.from_dict(dict(pooled.features))
+    plan = PartitionPlan.derive(pooled, spec, keys, seed, root)
+    assert plan.sizes == (9, 9, 9, 9, 2, 2)
+    order = assign_partitions(partition_seed(seed, root), keys, pooled.k_p, pool=4)
+    for index, key in enumerate(keys):
+        rank = int(order.rank[index])
+        expected = pooled.k_p + rank % 2 if rank < 4 else int(order.partition[index])
+        assert plan.partition_of[key] == expected
+    assert plan.subsets_of(4) == plan.subsets_of(5) == ()
+    assert plan.subsets_of(0) == plan.subsets[0] and len(plan.subsets) == pooled.k_p
+    plain = fixed_manifest(k_h=1, k_s=1)
+    unpooled = PartitionPlan.derive(plain, spec, keys, seed, root)
+    everyone = assign_partitions(partition_seed(seed, root), keys, plain.k_p)
+    assert [unpooled.partition_of[key] for key in keys] == everyone.partition.tolist()

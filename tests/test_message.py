@@ -34,7 +34,9 @@ from anonml.protocol import (
     TreeHead,
     bound_bytes,
     decode_median_report,
+    decode_pool_answer,
     encode_median_report,
+    encode_pool_answer,
     message_overhead,
     parse_message,
     receipt_digest,
@@ -120,6 +122,20 @@ def test_median_report() -> None:
     for bad in ([(0, 2)], [(-1, 0)], [(64, 0)], [(True, 0)], []):
         with pytest.raises(InvalidMessage):
             encode_median_report(bad)
+
+
+def test_pool_answer_names_its_feature_and_one_of_its_cut_points() -> None:
+    # A comparison-pool peer's one bit: the feature's index, then the 2·level + bit byte.
+    assert encode_pool_answer(1, 2, 1) == b"\x01\x05"
+    assert decode_pool_answer(b"\x01\x05", [1, 3]) == (1, 2, 1)
+    assert decode_pool_answer(encode_pool_answer(0, 0, 0), [1]) == (0, 0, 0)
+    # A feature that does not exist, a cut point its feature lacks, or the wrong length: malformed.
+    for report, counts in [(b"\x02\x01", [1, 3]), (b"\x00\x02", [1, 3]), (b"\x01", [1, 3]), (b"\x01\x01\x01", [1, 3]), (b"", [1])]:
+        with pytest.raises(InvalidMessage):
+            decode_pool_answer(report, counts)
+    for feature in (-1, 256, True):
+        with pytest.raises(InvalidMessage):
+            encode_pool_answer(feature, 0, 1)
 
 
 def test_register_request_signature() -> None:

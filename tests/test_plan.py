@@ -14,10 +14,12 @@ from anonml.mechanisms import per_attribute_epsilon, releases_from, total_epsilo
 from anonml.protocol import (
     Assignment,
     FeatureSpec,
+    PeerRole,
     PlanError,
     ReleasePlan,
     assign_partitions,
     derive_subsets,
+    release_roles,
     row_keys,
     worst_case_releases,
 )
@@ -231,3 +233,22 @@ def test_worst_case_releases_charge_the_label_for_slots_no_deal_can_fill() -> No
     assert total_epsilon(medians, subsets) == pytest.approx(2 * 0.2 + 4 * 0.5)
     with pytest.raises(PlanError, match="k_h"):
         derive_subsets(b"seed", MIXED_SPEC.names, "split", 2, 4, 2)
+
+
+def test_a_round_with_a_comparison_pool_has_two_kinds_of_peer_and_promises_the_costlier() -> None:
+    """Issue 11: with a reserved pool a peer learns only from the seed whether it answers one comparison
+    (a pool peer) or sends its subsets (a data peer), never both; the promise and each peer's consent
+    are the costlier kind's record-level sum."""
+    roles = release_roles(MIXED_SPEC, k_h=1, k_s=2, eps_median=2.0, eps_data=2.0, median_rounds=2, comparison_pool=True)
+    assert roles == {
+        PeerRole.COMPARISON_POOL: ({"age": 2.0}, []),
+        PeerRole.DATA: ({}, [(("colour", "age"), 2.0)]),  # no feature paid for a comparison too: spec order
+    }
+    # The one-release plan: either kind spends exactly ε_T = 2.
+    assert [total_epsilon(*releases) for releases in roles.values()] == [2.0, 2.0]
+    more_data = worst_case_releases(MIXED_SPEC, k_h=2, k_s=2, eps_median=2.0, eps_data=1.5, median_rounds=2, comparison_pool=True)
+    assert more_data[0] == {} and total_epsilon(*more_data) == pytest.approx(3.0)
+    more_median = worst_case_releases(MIXED_SPEC, k_h=2, k_s=2, eps_median=2.0, eps_data=0.5, median_rounds=2, comparison_pool=True)
+    assert more_median == ({"age": 2.0}, [])
+    # No median phase, no pool: one kind of peer, as without the option.
+    assert list(release_roles(MIXED_SPEC, k_h=1, k_s=2, eps_median=0.0, eps_data=2.0, median_rounds=0, comparison_pool=True)) == [PeerRole.PEER]
