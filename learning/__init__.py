@@ -32,7 +32,15 @@ from anonml.learning._data import (
 from anonml.learning._ensemble import PartitionEnsemble, SubsetHistogram, estimate_histogram, exact_histogram
 from anonml.learning._experiment import experiment
 from anonml.learning._model import MODEL_FORMAT, model_from_json, model_to_json, published_model
-from anonml.learning._planner import PLANNER_MAX_PEERS, PlanChoice, candidate_choices, choose_plan, choose_round_plan, synthetic_table
+from anonml.learning._planner import (
+    PLANNER_MAX_PEERS,
+    PlanChoice,
+    candidate_choices,
+    choose_plan,
+    choose_round_plan,
+    round_candidates,
+    synthetic_table,
+)
 from anonml.learning._tables import TableName, adult_spec, builtin_spec, load_builtin
 from anonml.learning._trial import TrialResult, estimate_histograms, exact_histograms, fit_combiners, run_trial
 
@@ -55,6 +63,7 @@ __all__ = [
     "candidate_choices",
     "choose_plan",
     "choose_round_plan",
+    "round_candidates",
     "clip_table",
     "estimate_histogram",
     "estimate_histograms",

@@ -151,6 +151,34 @@ def candidate_choices(
     return out
 
 
+def round_candidates(
+    spec: FeatureSpec, n: int, *, median_rounds: int, median_share: float = 0.5, oracle: str = "auto",
+) -> list[PlanChoice]:
+    """The plans a networked round of ``n`` peers runs in ``median_rounds`` sub-rounds:
+
+    * every peer answers the quantile search in one sub-round with
+      ``median_share`` of ε_T (``median_peers="all"``); each sub-round then
+      needs a partition of its own (``k_p >= median_rounds``);
+    * a reserved comparison pool (``median_peers="reserved"``): one release
+      per peer at the full ε_T, the pool large enough that every step of
+      every search has at least one answer per cut point. The simulation
+      deals the pool evenly over the features; in a round each pool peer
+      draws its feature at random, so the counts differ by sampling noise.
+    """
+    steps = max(median_rounds, 1)
+    every_peer = [
+        choice for choice in candidate_choices(
+            spec, n, median_steps=steps, median_peers=MedianPeers.ALL, median_share=median_share,
+        )
+        if not spec.numeric_names or choice.k_p >= median_rounds
+    ]
+    pooled = [
+        choice for choice in candidate_choices(spec, n, kinds=(PlanKind.ONE,), median_steps=steps)
+        if choice.median_peers == MedianPeers.RESERVED and choice.median_steps == steps
+    ]
+    return [dataclasses.replace(choice, oracle=oracle) for choice in [*every_peer, *pooled]]
+
+
 def choose_round_plan(
     spec: FeatureSpec,
     n: int,
@@ -163,33 +191,11 @@ def choose_round_plan(
     seed: int = 0,
 ) -> PlanChoice:
     """The planner's choice for a networked round of about ``n`` peers (a
-    round spec's ``plan = "auto"``), among the plans a round runs in
-    ``median_rounds`` sub-rounds:
-
-    * every peer answers the quantile search in one sub-round with
-      ``median_share`` of ε_T (``median_peers="all"``); each sub-round then
-      needs a partition of its own (``k_p >= median_rounds``);
-    * a reserved comparison pool (``median_peers="reserved"``): one release
-      per peer at the full ε_T, the pool large enough that every step of
-      every search has at least one answer per cut point. The simulation
-      deals the pool evenly over the features; in a round each pool peer
-      draws its feature at random, so the counts differ by sampling noise.
-
-    Simulates at most :data:`PLANNER_MAX_PEERS` peers. Raises
-    :class:`PlanError` when no plan fits."""
+    round spec's ``plan = "auto"``) among :func:`round_candidates`. Simulates
+    at most :data:`PLANNER_MAX_PEERS` peers. Raises :class:`PlanError` when
+    no plan fits."""
     simulated = min(n, PLANNER_MAX_PEERS)
-    steps = max(median_rounds, 1)
-    every_peer = [
-        choice for choice in candidate_choices(
-            spec, simulated, median_steps=steps, median_peers=MedianPeers.ALL, median_share=median_share,
-        )
-        if not spec.numeric_names or choice.k_p >= median_rounds
-    ]
-    pooled = [
-        choice for choice in candidate_choices(spec, simulated, kinds=(PlanKind.ONE,), median_steps=steps)
-        if choice.median_peers == MedianPeers.RESERVED and choice.median_steps == steps
-    ]
-    grid = [dataclasses.replace(choice, oracle=oracle) for choice in [*every_peer, *pooled]]
+    grid = round_candidates(spec, simulated, median_rounds=median_rounds, median_share=median_share, oracle=oracle)
     return choose_plan(spec, simulated, epsilon_total, candidates=grid, trials=trials, seed=seed)
 
 

@@ -240,6 +240,24 @@ def test_a_spec_with_plan_auto_makes_the_round_on_the_planners_choice(tmp_path: 
     assert f"k_p {choice.k_p}," in line and f"vote {choice.combiner}" in line
 
 
+def test_a_comparison_pool_is_refused_where_it_cannot_work() -> None:
+    """With a pool the median search is the pool's, at the full ε_T: a median share is meaningless, a
+    task without a numeric feature has no search, and the planner chooses the pool itself."""
+    pooled = {"k_p": 2, "k_h": 1, "k_s": 1, "plan": "split", "learner": "logreg", "comparison_pool": 0.2}
+    for document, field in (
+        (with_median(spec_document()) | {"learning": pooled, "privacy": {"eps_total": 2.0, "oracle": "grr", "median_share": 0.3}}, "privacy.median_share"),
+        (spec_document() | {"learning": pooled}, "learning.comparison_pool"),
+        (with_median(spec_document()) | {"learning": {"plan": "auto", "learner": "logreg", "comparison_pool": 0.2}}, "learning.comparison_pool"),
+        (with_median(spec_document()) | {"learning": pooled | {"comparison_pool": 1.0}}, "learning.comparison_pool"),
+    ):
+        with pytest.raises(RoundSpecError) as refused:
+            parse_round_spec(document)
+        assert refused.value.field == field, refused.value
+    # Its sub-rounds need no data partition of their own: four of them with k_p = 2.
+    spec = parse_round_spec(with_median(spec_document(), median_rounds=4) | {"learning": pooled})
+    assert (spec.comparison_pool, spec.median_rounds, spec.k_p) == (0.2, 4, 2)
+
+
 def test_plan_auto_refuses_what_the_planner_chooses_and_says_when_no_plan_fits() -> None:
     auto = {"plan": "auto", "learner": "logreg"}
     for learning, task, field in (
@@ -811,6 +829,50 @@ async def test_every_partition_answers_in_one_median_sub_round_and_each_step_cou
     assert outcome == "done"
     second = state.thresholds(1)
     assert second is not None and second.sub_round == 1 and second.thresholds == ((7.5,),)
+
+
+async def test_a_comparison_pool_answers_the_search_and_data_partitions_answer_none(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """Issue 11: with ``learning.comparison_pool`` the pool's partitions (``k_p`` and ``k_p + 1`` here,
+    one per sub-round) answer the search, one bit each naming its feature; a data partition's median
+    answer is an unknown survey, and a pool answer naming a feature the round does not have is a
+    bad message. The pool's answers alone move the search."""
+    from anonml.aggregator._verify import process_batch
+    from anonml.protocol import encode_median_report, encode_pool_answer
+
+    document = with_median(spec_document(min_reports_per_survey=0), median_rounds=2)
+    document["learning"].update({"plan": "one", "k_p": 2, "k_s": 2, "comparison_pool": 0.5})
+    state, _ = make_round(tmp_path, lambda: T0 + trio.current_time(), document)
+    manifest, schedule = state.manifest, state.manifest.schedule
+    # One comparison at the full ε_T for a pool peer, one report at the full ε_T for a data peer.
+    assert (manifest.comparison_pool, manifest.eps_median, manifest.eps_data, manifest.eps_total) == (500, 2.0, 2.0, 2.0)
+    assert [list(manifest.median_partitions(s)) for s in range(2)] == [[2], [3]]
+    peers = [Peer(state, i) for i in range(1, 41)]
+
+    async def scenario() -> None:
+        await enrolled(state, peers)
+        by_partition = {p: [peer for peer in peers if peer.partition == p] for p in range(4)}
+        assert [len(by_partition[p]) for p in range(4)] == [10, 10, 10, 10]
+        median = schedule.median[0]
+        await trio.sleep(median.t_s + median.delta + 1 - state.now())
+        pool = by_partition[2]
+        frames = [peer.packet(manifest.median_survey(2), encode_pool_answer(0, 0, 1)) for peer in pool[:-1]]
+        frames.append(pool[-1].packet(manifest.median_survey(2), encode_pool_answer(1, 0, 1)))  # no feature 1
+        # A data peer holds no median survey: not its sub-round's, not the pool's.
+        frames.append(by_partition[0][0].packet(SurveyId.median(state.round_id, 0, 0), encode_median_report([(0, 1)])))
+        frames.append(by_partition[0][1].packet(manifest.median_survey(2), encode_pool_answer(0, 0, 1)))
+        # (the last: a data peer's token names its own partition, not the pool's)
+        assert process_batch(state, frames, state.now()) == ["accepted"] * 9 + ["bad-message", "unknown-survey", "wrong-partition"]
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(scenario)
+        outcome = await drive_round(state)
+    assert outcome == "done"
+    # Nine "greater" answers at ε = 2 are beyond eq. 7.2's margin (0.46/(0.76·3) = 0.20): the step moved up.
+    second = state.thresholds(1)
+    assert second is not None and second.thresholds == ((7.5,),)
+    assert state.shortfall(schedule.phases) == {}
 
 
 async def test_a_full_inbox_answers_busy_and_unauthenticated_frames_are_never_stored(tmp_path: Path) -> None:

@@ -26,12 +26,14 @@ from anonml.learning import (
     adult_spec,
     candidate_choices,
     choose_plan,
+    choose_round_plan,
     clip_table,
     estimate_histogram,
     exact_histogram,
     model_from_json,
     model_to_json,
     published_model,
+    round_candidates,
     run_trial,
     table_matrix,
 )
@@ -302,6 +304,24 @@ def test_a_small_table_keeps_one_release_candidates_with_fewer_quantile_steps() 
         assert pool_peers // (30 * choice.quantiles * choice.median_steps) >= 1
     # A pool large enough for every step keeps the full search.
     assert all(c.median_steps == 10 for c in candidate_choices(spec, 20_000) if c.kind == "one")
+
+
+def test_a_round_plans_among_every_peer_answering_and_a_comparison_pool_that_fills_every_step() -> None:
+    """Issue 11: the best plan (each peer one release at the full ε_T, a reserved pool answering the
+    search) is one a round can now run, so ``plan = "auto"`` considers it, with the round's sub-rounds as
+    its steps, wherever the pool gives each step of each search an answer per cut point."""
+    spec = FeatureSpec((NumericFeature("x", 0, 10), *binary_spec(5).features), LabelSpec("y", ("1",), ("0",)))
+    grid = round_candidates(spec, 2000, median_rounds=4, oracle="grr")
+    pooled = [c for c in grid if c.median_peers == "reserved"]
+    assert pooled and all(c.kind == "one" and c.median_steps == 4 and c.comparison_pool in (0.1, 0.2) for c in pooled)
+    assert all(c.k_p >= 4 for c in grid if c.median_peers == "all") and all(c.oracle == "grr" for c in grid)
+    # Breast-cancer's size: 30 numeric features leave a pool of 40 or 80 too few for 4 steps of 30 searches.
+    wide = FeatureSpec(tuple(NumericFeature(f"x{i}", 0, 10) for i in range(30)), LabelSpec("y", ("1",), ("0",)))
+    assert {c.median_peers for c in round_candidates(wide, 398, median_rounds=4)} == {"all"}
+    choice = choose_round_plan(spec, 2000, 2.0, median_rounds=4, trials=1)
+    assert any(dataclasses.replace(c, combiner=choice.combiner, simulated_auc=choice.simulated_auc) == choice
+               for c in round_candidates(spec, 2000, median_rounds=4))
+    assert choice.build(choice.spec_for(spec), 2.0, b"round seed").epsilon_total == pytest.approx(2.0)
 
 
 def test_adult_spec_comes_from_its_feature_spec_file() -> None:

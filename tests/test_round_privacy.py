@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +29,7 @@ from anonml.aggregator._round import RoundState
 from anonml.aggregator._service import AggregatorConfig, serve_aggregator
 from anonml.aggregator._setup import create_round
 from anonml.aggregator._spec import parse_round_spec
+from anonml.aggregator._store import AggregatorHome
 from anonml.demo import free_port
 from anonml.mechanisms import BudgetExceeded
 from anonml.peer import describe_release
@@ -38,7 +41,7 @@ from anonml.peer._join import JoinResult, Peer, RoundSession, join_round, peer_g
 from anonml.peer._ledger import PeerLedger
 from anonml.peer._store import DEFAULT_LIFETIME_EPSILON, PeerStore
 from anonml.peer._transport import open_transport
-from anonml.protocol import SurveyId, SurveyKind, SurveyMessage, decode_median_report
+from anonml.protocol import SurveyId, SurveyKind, SurveyMessage, decode_median_report, decode_pool_answer
 from anonml.protocol._features import FeatureSpec
 from anonml.protocol._manifest import SignedManifest
 from test_e2e_round import aggregator_with_relays, served_manifest
@@ -74,25 +77,51 @@ def released_epsilon(store: PeerStore, peer: bytes, signed: SignedManifest) -> f
     ``eps_median`` per comparison bit of a median answer, ``eps_data`` per subset report."""
     manifest = signed.manifest
     epsilons = []
-    for key, packet in store.packets(signed.round_id):
-        if key != peer:
-            continue
-        message = SurveyMessage.from_bytes(packet.message)
-        assert packet.sends >= 1, "a sealed message was never sent"
-        if message.survey.kind == SurveyKind.MEDIAN:
+    for message in sealed_messages(store, peer, signed):
+        if message.survey.kind == SurveyKind.DATA:
+            epsilons.append(manifest.eps_data)
+        elif manifest.comparison_pool:
+            # A pool peer's one bit, naming its feature and one of that feature's two cut points.
+            decode_pool_answer(message.report, [2, 2])
+            epsilons.append(manifest.eps_median)
+        else:
             # One byte per comparison bit, naming which of the feature's two cut points it answers
             # (decoding raises otherwise).
             decode_median_report(message.report, [2, 2])
             epsilons += [manifest.eps_median] * len(message.report)
-        else:
-            epsilons.append(manifest.eps_data)
     return math.fsum(epsilons)
 
 
-async def test_every_peer_releases_exactly_its_ledger_within_the_record_level_promise(tmp_path: Path, relay_processes: list[trio.Process]) -> None:
+def sealed_messages(store: PeerStore, peer: bytes, signed: SignedManifest) -> list[SurveyMessage]:
+    """Every message ``peer`` sealed in the round, each of which it sent."""
+    messages = []
+    for key, packet in store.packets(signed.round_id):
+        if key == peer:
+            assert packet.sends >= 1, "a sealed message was never sent"
+            messages.append(SurveyMessage.from_bytes(packet.message))
+    return messages
+
+
+@dataclass
+class PrivacyRound:
+    """A finished loopback round of :func:`run_round`: its manifest, its peers and what each did, its report."""
+
+    home: AggregatorHome
+    descriptors: list[dict[str, Any]]
+    signed: SignedManifest
+    peers: list[Peer]
+    results: dict[bytes, JoinResult]
+    report: dict[str, Any]
+    store_path: Path
+
+
+async def run_round(tmp_path: Path, relay_processes: list[trio.Process], peers: int, adjust: Callable[[dict[str, Any]], None]) -> PrivacyRound:
+    """Run :func:`spec_document`'s round, changed by ``adjust``, with ``peers`` honest peers to its end."""
     http_port = free_port()
     home, _, descriptors = await aggregator_with_relays(tmp_path, http_port, relay_processes)
-    spec = parse_round_spec(spec_document(descriptors, http_port, "privacy"))
+    document = spec_document(descriptors, http_port, "privacy")
+    adjust(document)
+    spec = parse_round_spec(document)
     state, _ = create_round(home, spec, now=int(time.time()))
     reports: dict[str, Any] = {}
 
@@ -102,8 +131,8 @@ async def test_every_peer_releases_exactly_its_ledger_within_the_record_level_pr
 
     store_path = tmp_path / "peers.sqlite"
     store = PeerStore(store_path)
-    peers: list[Peer] = []
-    results: list[JoinResult] = []
+    joined: list[Peer] = []
+    results: dict[bytes, JoinResult] = {}
     outcome: list[str] = []
     async with trio.open_nursery() as nursery:
 
@@ -121,17 +150,26 @@ async def test_every_peer_releases_exactly_its_ledger_within_the_record_level_pr
 
             async def honest(i: int) -> None:
                 peer = Peer(PeerIdentity.generate(), store, vector(pipeline, i), peer_generator())
-                peers.append(peer)
-                results.append(await join_round(peer, session, signed, pipeline))
+                joined.append(peer)
+                results[peer.identity.public_key] = await join_round(peer, session, signed, pipeline)
 
             async with trio.open_nursery() as joining:
-                for i in range(PEERS):
+                for i in range(peers):
                     joining.start_soon(honest, i)
         with trio.fail_after(60):
             while not outcome:
                 await trio.sleep(0.2)
         await client.aclose()
+    store.close()
     assert outcome == ["done"]
+    return PrivacyRound(home, descriptors, signed, joined, results, reports["report"], store_path)
+
+
+async def test_every_peer_releases_exactly_its_ledger_within_the_record_level_promise(tmp_path: Path, relay_processes: list[trio.Process]) -> None:
+    finished = await run_round(tmp_path, relay_processes, PEERS, lambda document: None)
+    signed, peers, home, descriptors = finished.signed, finished.peers, finished.home, finished.descriptors
+    reports = {"report": finished.report}
+    store_path, by_key = finished.store_path, finished.results
     manifest = signed.manifest
     # The promise is record level: two comparison bits and one report, summed.
     assert manifest.eps_total == pytest.approx(EPS_TOTAL)
@@ -147,9 +185,7 @@ async def test_every_peer_releases_exactly_its_ledger_within_the_record_level_pr
     assert all(len(values) == 2 and values == sorted(values) for values in cut_points.values()), cut_points
     assert any(line.startswith("cut points (private median search): ") and "age " in line and "hours " in line for line in summarise(reports["report"]))
     assert sum(reports["report"]["accepted_by_survey"].values()) == PEERS
-    store.close()
     reopened = PeerStore(store_path)  # the ledger is what the disk holds
-    by_key = {result_peer.identity.public_key: result for result_peer, result in zip(peers, results, strict=True)}
     for peer in peers:
         key = peer.identity.public_key
         released = released_epsilon(reopened, key, signed)
@@ -190,3 +226,67 @@ async def test_every_peer_releases_exactly_its_ledger_within_the_record_level_pr
     # eq. 7.4 would call this round max(age: 0.5 + 1, label: 1) = 1.5, labelled as per-attribute only
     assert privacy["eps_per_attribute_secondary"] == pytest.approx(manifest.eps_median + manifest.eps_data)
     assert any("record-level" in line and "eq. 7.4" in line for line in summarise(reports["report"]))
+
+
+POOL_PEERS = 12
+
+
+def with_comparison_pool(document: dict[str, Any]) -> None:
+    """The one-release plan with a reserved comparison pool of a third of the peers (4 of 12, two per
+    sub-round): a pool peer answers one comparison bit at the full ε_T, a data peer sends one report
+    of two features at the full ε_T."""
+    document["learning"].update({"plan": "one", "k_p": 2, "k_h": 1, "k_s": 2, "comparison_pool": 0.34})
+
+
+async def test_with_a_comparison_pool_every_peer_makes_one_release_at_the_full_promise(tmp_path: Path, relay_processes: list[trio.Process]) -> None:
+    """Issue 11, What to build 2: in a round, by default each peer answers exactly one question at the full
+    ε_T. The pool's peers each seal one comparison bit (about a feature and a cut point they drew), the
+    others one data report and no comparison; each sum equals the ledger and the promise; the search
+    still finds both features' cut points from the pool's answers alone."""
+    finished = await run_round(tmp_path, relay_processes, POOL_PEERS, with_comparison_pool)
+    signed, report = finished.signed, finished.report
+    manifest = signed.manifest
+    assert manifest.comparison_pool == 340 and manifest.partitions == manifest.k_p + manifest.median_rounds == 4
+    # One release at the full promise either way: the pool's bit and a data report both cost ε_T.
+    assert manifest.eps_median == pytest.approx(EPS_TOTAL) and manifest.eps_data == pytest.approx(EPS_TOTAL)
+    assert manifest.eps_total == pytest.approx(EPS_TOTAL)
+
+    reopened = PeerStore(finished.store_path)
+    pool = 0
+    for peer in finished.peers:
+        key = peer.identity.public_key
+        result = finished.results[key]
+        assert result.partition is not None
+        messages = sealed_messages(reopened, key, signed)
+        (message,) = messages  # exactly one release
+        if manifest.is_pool_partition(result.partition):
+            pool += 1
+            assert message.survey == manifest.median_survey(result.partition)
+            assert result.partition - manifest.k_p == message.survey.sub_round
+        else:
+            assert message.survey == SurveyId.data(signed.round_id, result.partition, 0)
+        released = released_epsilon(reopened, key, signed)
+        assert released == pytest.approx(PeerLedger(reopened, key, signed.round_id, manifest.eps_total).spent())
+        assert released == pytest.approx(result.epsilon_spent) == pytest.approx(manifest.eps_total)
+    assert pool == manifest.comparison_pool_size(POOL_PEERS) == 4
+    accepted = report["accepted_by_survey"]
+    assert sum(accepted.values()) == POOL_PEERS - pool  # the data reports, every one
+    spec_ = FeatureSpec.from_dict(dict(manifest.features))
+    cut_points = report["cut_points"]
+    assert set(cut_points) == set(spec_.numeric_names)
+    assert all(len(values) == 2 and values == sorted(values) for values in cut_points.values()), cut_points
+    # The eq. 7.4 figure is the costlier kind's: a pool peer's one feature or a data peer's label, ε_T each.
+    assert report["privacy"]["eps_per_attribute_secondary"] == pytest.approx(EPS_TOTAL)
+
+    # Before the seed, a new peer is told it will be one kind or the other, and what each costs.
+    newcomer = PeerIdentity.generate().public_key
+    first = finished.peers[0]
+    text, cost, _, _ = describe_release(signed, spec_, first.vector, reopened, newcomer)
+    assert cost == pytest.approx(EPS_TOTAL), text
+    assert "if in the comparison pool:" in text and "otherwise:" in text and "about ONE numeric feature" in text, text
+    # After, each sees only its own kind's release, counted once.
+    for peer in finished.peers:
+        key = peer.identity.public_key
+        text, cost, _, _ = describe_release(signed, spec_, peer.vector, reopened, key)
+        assert cost == pytest.approx(EPS_TOTAL) and "if in the comparison pool:" not in text, text
+    reopened.close()
