@@ -145,12 +145,14 @@ def experiment_command(params: DemoParams, dataset_args: list[str], n_train: int
     """The in-process ``anonml experiment`` closest to this round: its AUC is the demo's yardstick.
 
     ``dataset_args`` name the data (``adult --data-dir D``, or ``csv --spec
-    ... --train ... --test ...`` for the files the demo wrote). Same plan, ε
-    and vote; in both every peer gives one median answer (``median_peers="all"``)
-    and the search runs as many steps. The round deals whole partitions over
-    its sub-rounds (partition ``p`` answers in sub-round ``p % median_rounds``)
-    where the experiment deals single peers, so when ``median_rounds`` does
-    not divide ``k_p`` the round's steps are a little uneven.
+    ... --train ... --test ...`` for the files the demo wrote). Same plan, ε,
+    vote, cut points and search steps, and the same peers answer the search:
+    the comparison pool (``median_peers="reserved"``) or every peer once
+    (``"all"``). The round deals whole partitions over its sub-rounds where
+    the experiment deals single peers, so without a pool, when
+    ``median_rounds`` does not divide ``k_p``, the round's steps are a
+    little uneven; a round's pool peer draws its feature at random where the
+    experiment deals the pool evenly over the features.
     """
     args = [
         "anonml", "experiment", *dataset_args, "--epsilon", f"{params.epsilon:g}",
@@ -158,8 +160,11 @@ def experiment_command(params: DemoParams, dataset_args: list[str], n_train: int
     ]
     if params.plan == "split":
         args += ["--kh", str(params.k_h)]
-    args += ["--median-peers", "all", "--median-steps", str(max(params.median_rounds, 1)), "--quantiles", str(params.quantiles),
-             "--vote", params.vote]
+    if params.comparison_pool:
+        args += ["--median-peers", "reserved", "--pool", f"{params.comparison_pool:g}"]
+    else:
+        args += ["--median-peers", "all"]
+    args += ["--median-steps", str(max(params.median_rounds, 1)), "--quantiles", str(params.quantiles), "--vote", params.vote]
     if params.peers is not None and params.peers < n_train:
         args += ["--max-train-rows", str(max(50, params.peers))]
     return " ".join(args)
