@@ -91,12 +91,14 @@ def _windows(manifest: object) -> list[str]:
     assert isinstance(manifest, RoundManifest)
     schedule = manifest.schedule
     lines = [f"  registration closes {local_time(schedule.t_register_end)}; credentials until {local_time(schedule.t_issue_end)}"]
+    either = manifest.comparison_pool and schedule.median
     if schedule.median:
         first, last = schedule.median[0], schedule.median[-1]
-        lines.append(f"  your one median answer (in your partition's sub-round) leaves between {local_time(first.t_s)} and {local_time(last.send_end)}")
+        answer = "if in the comparison pool, your one comparison answer" if either else "your one median answer"
+        lines.append(f"  {answer} (in your partition's sub-round) leaves between {local_time(first.t_s)} and {local_time(last.send_end)}")
     data = schedule.data
-    lines.append(f"  your data packet(s) leave at random times between {local_time(data.t_s)} and {local_time(data.send_end)}; "
-                 f"relays deliver them by {local_time(data.t_r)}, then receipts are checked")
+    lines.append(f"  {'otherwise, ' if either else ''}your data packet(s) leave at random times between {local_time(data.t_s)} and "
+                 f"{local_time(data.send_end)}; relays deliver them by {local_time(data.t_r)}, then receipts are checked")
     return lines
 
 

@@ -138,6 +138,17 @@ def test_pool_answer_names_its_feature_and_one_of_its_cut_points() -> None:
             encode_pool_answer(feature, 0, 1)
 
 
+@given(st.binary(max_size=8), st.lists(st.integers(1, 8), min_size=1, max_size=5))
+@settings(max_examples=300, deadline=None)
+def test_pool_answer_decoding_is_total(report: bytes, counts: list[int]) -> None:
+    try:
+        feature, level, bit = decode_pool_answer(report, counts)
+    except InvalidMessage:
+        return
+    assert 0 <= feature < len(counts) and 0 <= level < counts[feature] and bit in (0, 1)
+    assert encode_pool_answer(feature, level, bit) == report
+
+
 def test_register_request_signature() -> None:
     key = SigningKey(b"\x07" * 32)
     request = RegisterRequest.create(key, ROUND, "code-1")

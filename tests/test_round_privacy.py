@@ -258,7 +258,8 @@ async def test_with_a_comparison_pool_every_peer_makes_one_release_at_the_full_p
         result = finished.results[key]
         assert result.partition is not None
         messages = sealed_messages(reopened, key, signed)
-        (message,) = messages  # exactly one release
+        (message,) = messages  # exactly one release, and the final receipt log holds it
+        assert (result.acknowledged, result.missing) == (1, 0), result
         if manifest.is_pool_partition(result.partition):
             pool += 1
             assert message.survey == manifest.median_survey(result.partition)
