@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from anonml.crypto import DEFAULT_MAX_HOPS, DEFAULT_PACKET_SIZE, SphinxGeometry
 from anonml.mechanisms import ORACLE_NAMES, make_oracle
 from anonml.protocol import (
+    DEFAULT_COMPARISON_POOL,
     DEFAULT_VOTE,
     EPSILON_TOTAL_RANGE,
     PLAN_KINDS,
@@ -33,6 +34,7 @@ from anonml.protocol import (
     FeatureSpecError,
     MedianPeers,
     PlanError,
+    PlanKind,
     RegistrationPolicy,
     RelayEntry,
     ReleasePlan,
@@ -180,13 +182,14 @@ plan = "split"              # or "one"; or "auto": the planner simulates the rou
 # expected_peers = 2000     # optional, with "auto": peers to plan for (default: min_participation)
 learner = "logreg"          # or "tree"
 vote = "weighted"           # optional: how partitions combine, "weighted" (eq. 6.2), "soft" or "naive-bayes"
-# comparison_pool = 0.1     # optional: this share of the peers answers the median search, one bit each at the full
-                            # eps_total, and sends no data; the others send only data, each report at eps_total / k_h
+# comparison_pool = 0.1     # optional (default 0.1 with plan = "one", else 0): this share of the peers answers the
+                            # median search, one bit each at the full eps_total, and sends no data; the others send
+                            # only data, each report at eps_total / k_h. 0: every peer answers it (median_share)
 
 [privacy]
 eps_total = 4.0             # promised to each peer, record level: the sum over every release, median bits included
 oracle = "auto"             # or one of: {ORACLES}
-median_share = 0.5          # optional: share of eps_total for the median search (not with a comparison pool)
+median_share = 0.5          # optional: share of eps_total for the median search, without a comparison pool
 
 [schedule]                  # durations in seconds from the round's start; each is optional
 # start = 2026-12-01T09:00:00+01:00   # optional: when registration opens (a TOML date-time; without an
@@ -356,19 +359,21 @@ def parse_round_spec(
         vote = learning.choice("vote", VOTES) if learning.optional("vote") else DEFAULT_VOTE
         if learning.optional("expected_peers"):
             learning.fail("expected_peers", f'only the planner uses it: set plan = "{PLANNER}", or leave it out')
-    comparison_pool = 0.0
+    # The "one" plan's default, as in the experiments: every peer makes exactly one release at the full ε_T.
+    comparison_pool = DEFAULT_COMPARISON_POOL if plan == PlanKind.ONE and spec.numeric_names else 0.0
     if learning.optional("comparison_pool"):
         if plan == PLANNER:
             learning.fail("comparison_pool", f'the planner chooses it when plan = "{PLANNER}": leave it out')
-        # Whole per mille: the manifest states it as an integer.
-        comparison_pool = round(learning.number("comparison_pool", 0.001, 0.999) * 1000) / 1000
+        # Whole per mille: the manifest states it as an integer; 0 is no pool.
+        comparison_pool = round(learning.number("comparison_pool", 0.0, 0.999) * 1000) / 1000
     learning.done()
     privacy = reader.child("privacy")
     eps_total = privacy.number("eps_total", *EPSILON_TOTAL_RANGE)
     oracle = privacy.choice("oracle", ORACLE_NAMES)
     median_share = privacy.number("median_share", 0.01, 0.99) if privacy.optional("median_share") else 0.5
     if comparison_pool and privacy.optional("median_share"):
-        privacy.fail("median_share", "a comparison pool answers the median search at the full eps_total: leave it out")
+        privacy.fail("median_share", "a comparison pool answers the median search at the full eps_total: leave it out, "
+                     "or set learning.comparison_pool = 0 for every peer to answer it")
     privacy.done()
     schedule = reader.child("schedule")
     start = _start_time(schedule.raw("start"), "schedule.start", schedule) if schedule.optional("start") else None

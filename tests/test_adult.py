@@ -147,7 +147,8 @@ def test_median_steps_reach_every_plan() -> None:
 
 @pytest.mark.parametrize("dataset", ["adult", "breast-cancer"])
 def test_the_demo_names_an_experiment_at_its_own_parameters(tmp_path: Path, adult_dir: Path, dataset: str) -> None:
-    """The command the demo prints runs, on the demo's data, with its plan, vote, ε and median steps."""
+    """The command the demo prints runs, on the demo's data, with its plan, vote, ε, cut points, median steps
+    and the peers that answer the search."""
     from anonml.demo._calibrate import PhaseCosts
     from anonml.demo._data import breast_cancer_data, write_experiment_files
     from anonml.demo._schedule import plan_round
@@ -170,7 +171,10 @@ def test_the_demo_names_an_experiment_at_its_own_parameters(tmp_path: Path, adul
     assert result.exit_code == 0, result.output
     (line,) = json.loads(report_path.read_text())["results"]
     assert (line["k_p"], line["k_s"], line["combiner"]) == (params.k_p, params.k_s, params.vote)
-    assert (line["median_peers"], line["median_steps"]) == ("all", params.median_rounds)
+    # The same peers answer the search: the Adult round's 10% comparison pool, every breast-cancer peer.
+    pool = {"adult": ("reserved", 0.1), "breast-cancer": ("all", 0.0)}[dataset]
+    assert (line["median_peers"], line["choice"]["comparison_pool"], line["median_steps"]) == (*pool, params.median_rounds)
+    assert line["quantiles"] == params.quantiles
     assert line["epsilon_total"] == pytest.approx(params.epsilon)
     if dataset == "breast-cancer":
         assert json.loads(report_path.read_text())["n_train"] == len(data.train_rows)

@@ -240,7 +240,7 @@ def test_a_spec_with_plan_auto_makes_the_round_on_the_planners_choice(tmp_path: 
     assert f"k_p {choice.k_p}," in line and f"vote {choice.combiner}" in line
 
 
-def test_a_comparison_pool_is_refused_where_it_cannot_work() -> None:
+def test_a_comparison_pool_is_the_one_plans_default_and_refused_where_it_cannot_work() -> None:
     """With a pool the median search is the pool's, at the full ε_T: a median share is meaningless, a
     task without a numeric feature has no search, and the planner chooses the pool itself."""
     pooled = {"k_p": 2, "k_h": 1, "k_s": 1, "plan": "split", "learner": "logreg", "comparison_pool": 0.2}
@@ -256,6 +256,14 @@ def test_a_comparison_pool_is_refused_where_it_cannot_work() -> None:
     # Its sub-rounds need no data partition of their own: four of them with k_p = 2.
     spec = parse_round_spec(with_median(spec_document(), median_rounds=4) | {"learning": pooled})
     assert (spec.comparison_pool, spec.median_rounds, spec.k_p) == (0.2, 4, 2)
+    # The "one" plan's default is one release per peer at the full ε_T, as in the experiments; 0 asks every peer.
+    one = {"k_p": 3, "k_h": 1, "k_s": 1, "plan": "one", "learner": "logreg"}
+    assert parse_round_spec(with_median(spec_document()) | {"learning": one}).comparison_pool == 0.1
+    every = with_median(spec_document()) | {"learning": one | {"comparison_pool": 0}}
+    every["privacy"]["median_share"] = 0.3
+    assert parse_round_spec(every).comparison_pool == 0.0
+    assert parse_round_spec(spec_document() | {"learning": one}).comparison_pool == 0.0  # no numeric feature, no search
+    assert parse_round_spec(with_median(spec_document())).comparison_pool == 0.0  # the split plan
 
 
 def test_plan_auto_refuses_what_the_planner_chooses_and_says_when_no_plan_fits() -> None:

@@ -92,7 +92,7 @@ class DemoLearning(NamedTuple):
     median_rounds: int
     vote: str
     quantiles: int
-    comparison_pool: float = 0.0
+    comparison_pool: float
 
 
 def learning_parameters(data: DemoData) -> DemoLearning:
@@ -123,7 +123,7 @@ def learning_parameters(data: DemoData) -> DemoLearning:
     search (one cut point, ``median_share`` 0.5).
     """
     if data.name == "breast-cancer":
-        return DemoLearning(k_p=4, k_h=1, k_s=3, plan="one", median_rounds=3, vote="naive-bayes", quantiles=1)
+        return DemoLearning(k_p=4, k_h=1, k_s=3, plan="one", median_rounds=3, vote="naive-bayes", quantiles=1, comparison_pool=0.0)
     return DemoLearning(k_p=12, k_h=1, k_s=1, plan="one", median_rounds=4, vote="naive-bayes", quantiles=3, comparison_pool=0.1)
 
 
@@ -219,7 +219,7 @@ def round_spec(data: DemoData, params: DemoParams, relays: list[dict[str, Any]],
         "name": f"demo-{data.name}",
         "task": {"features": spec["features"], "label": spec["label"], "quantiles": params.quantiles},
         "learning": {"k_p": params.k_p, "k_h": params.k_h, "k_s": params.k_s, "plan": params.plan, "learner": "logreg",
-                     "vote": params.vote, **({"comparison_pool": params.comparison_pool} if params.comparison_pool else {})},
+                     "vote": params.vote, "comparison_pool": params.comparison_pool},
         "privacy": {"eps_total": params.epsilon, "oracle": "auto"},
         "schedule": round_spec_schedule(params),
         "network": {
