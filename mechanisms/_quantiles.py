@@ -8,10 +8,12 @@ question, "is your value greater than t?", with binary random response
 estimate towards the side the debiased answers point to, by a step that halves
 every sub-round, unless the answers are within the margin of error of eq. 7.2.
 
-Generalisation to q quantiles: in every sub-round the answering group is split
-into q parts of (near-)equal size and part j answers about quantile j's current
-threshold (``assign_quantiles``). All q searches advance together, one step per
-sub-round, and every peer still answers exactly one question per feature. The
+Generalisation to q quantiles: in every sub-round each member of the answering
+group draws one of the q quantiles uniformly at random and answers about its
+current threshold (``assign_quantiles``; a round's peer draws the same way, so
+that its choice depends on neither its data nor its identity). All q searches
+advance together, one step per sub-round, and every peer still answers exactly
+one question per feature. The
 answer carries the index of the quantile it is for (the aggregator cannot
 tell who sent an anonymous answer), which ``QuantileSearch.update`` takes as
 ``which``.
@@ -77,11 +79,12 @@ def answer_is_greater(value: float, threshold: float, epsilon: float, rng: np.ra
 
 
 def assign_quantiles(n_members: int, n_quantiles: int, rng: np.random.Generator) -> np.ndarray:
-    """Which quantile each member of a sub-round's group answers about: a uniformly
-    random balanced assignment (group sizes differ by at most one)."""
+    """Which quantile each member of a sub-round's group answers about: each draws
+    one uniformly at random, independently, as a peer of a networked round does
+    (``peer.PeerRound.answer_median``), so the in-process search is the round's."""
     if n_members < 0 or n_quantiles < 1:
         raise ValueError(f"n_members must be >= 0 and n_quantiles >= 1, got {n_members!r}, {n_quantiles!r}")
-    return rng.permutation(np.arange(n_members) % n_quantiles)
+    return rng.integers(0, n_quantiles, size=n_members)
 
 
 class QuantileSearch:

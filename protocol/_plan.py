@@ -443,15 +443,24 @@ class ReleasePlan:
     def median_groups(self, feature: str, assignment: Assignment) -> list[IntArray]:
         """Peers (row indices) answering each step of Algorithm 1 for
         ``feature``, each answering once: the eligible peers in seeded order
-        dealt round-robin into ``median_steps`` groups. With a reserved pool
-        the pool is first dealt round-robin over the numeric features."""
+        dealt round-robin into ``median_steps`` groups.
+
+        With a reserved pool the pool is dealt over the steps the same way
+        (a round's pool partition ``k_p + s`` answers sub-round ``s``), and
+        each pool peer answers about ONE numeric feature that it draws
+        uniformly at random, as a round's pool peer does: the draw comes from
+        the plan's seed, so every feature's groups agree on who drew it."""
         if self.median_peers == MedianPeers.RESERVED:
             pool = assignment.members(Assignment.COMPARISON_POOL)
             pool = pool[np.argsort(assignment.rank[pool], kind="stable")]
-            peers = pool[self.numeric_features.index(feature)::len(self.numeric_features)]
-        else:
-            peers = np.flatnonzero(np.isin(assignment.partition, self.median_partitions(feature)))
-            peers = peers[np.argsort(assignment.rank[peers], kind="stable")]
+            steps = [pool[step::self.median_steps] for step in range(self.median_steps)]
+            draw = np.random.default_rng(list(hashlib.sha256(self.seed + b"anonml/pool-features/v1").digest()))
+            drawn = draw.integers(0, len(self.numeric_features), size=pool.size)
+            features = [drawn[step::self.median_steps] for step in range(self.median_steps)]
+            index = self.numeric_features.index(feature)
+            return [members[chosen == index] for members, chosen in zip(steps, features, strict=True)]
+        peers = np.flatnonzero(np.isin(assignment.partition, self.median_partitions(feature)))
+        peers = peers[np.argsort(assignment.rank[peers], kind="stable")]
         return [peers[step::self.median_steps] for step in range(self.median_steps)]
 
     def to_dict(self) -> dict[str, Any]:
