@@ -54,21 +54,18 @@ PLANNER = "auto"
 """``[learning] plan = "auto"``: the planner chooses the plan, its partitions,
 the cut points and the combiner by simulation, and the round uses its choice."""
 
-RoundPlanner = Callable[["FeatureSpec", int, float, int, float, str], "PlanChoice | None"]
-"""``(spec, peers, eps_total, median_rounds, median_share, oracle)`` to the plan a round runs, or None when none fits."""
+RoundPlanner = Callable[["FeatureSpec", int, float, int, float, str], "PlanChoice"]
+"""``(spec, peers, eps_total, median_rounds, median_share, oracle)`` to the plan a round runs; raises PlanError when none fits."""
 
 
 def plan_by_simulation(
     spec: FeatureSpec, peers: int, eps_total: float, median_rounds: int, median_share: float, oracle: str
-) -> PlanChoice | None:
+) -> PlanChoice:
     """:func:`learning.choose_round_plan` with its defaults (two simulations per
-    candidate, seed 0: the same spec always gets the same plan), or None."""
+    candidate, seed 0: the same spec always gets the same plan)."""
     from anonml.learning import choose_round_plan
 
-    try:
-        return choose_round_plan(spec, peers, eps_total, median_rounds=median_rounds, median_share=median_share, oracle=oracle)
-    except PlanError:
-        return None
+    return choose_round_plan(spec, peers, eps_total, median_rounds=median_rounds, median_share=median_share, oracle=oracle)
 
 
 SHORTFALL_OUTCOMES = ("degraded", "fail")
@@ -476,12 +473,13 @@ def parse_round_spec(
         reader.fail_at("participation.min_participation", f"{min_participation} exceeds max_roster = {max_roster}")
     choice: PlanChoice | None = None
     if plan == PLANNER:
-        choice = planner(spec, expected_peers or min_participation, eps_total, median_rounds, median_share, oracle)
-        if choice is None:
+        try:
+            choice = planner(spec, expected_peers or min_participation, eps_total, median_rounds, median_share, oracle)
+        except PlanError as exc:
             reader.fail_at(
                 "learning.plan",
                 f"the planner found no plan for {expected_peers or min_participation} peers with {median_rounds} median "
-                f"sub-rounds: raise learning.expected_peers or lower schedule.median_rounds",
+                f"sub-rounds ({exc}): raise learning.expected_peers or lower schedule.median_rounds",
             )
         spec = choice.spec_for(spec)
         k_p, k_h, k_s, plan, vote = choice.k_p, choice.k_h, choice.k_s, choice.kind, choice.combiner

@@ -282,6 +282,8 @@ def test_plan_auto_refuses_what_the_planner_chooses_and_says_when_no_plan_fits()
         with pytest.raises(RoundSpecError) as refused:
             parse_round_spec(document)
         assert refused.value.field == field, refused.value
+    # The planner's own reason reaches the operator.
+    assert "no satisfiable plan for n=10" in str(refused.value), refused.value
 
 
 def Peer(state: RoundState, seed: int) -> SimulatedPeer:  # noqa: N802 - reads like the class it builds
