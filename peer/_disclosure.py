@@ -116,7 +116,9 @@ def describe_release(signed: SignedManifest, spec: FeatureSpec, vector: FeatureV
             f"  - already sealed in an earlier run and recorded in your ledger: {len(ledger.releases())} release(s), "
             f"epsilon {ledger.spent():.4g}; they are re-sent unchanged, never made again"
         )
-    if manifest.comparison_pool and manifest.median_rounds and not ledger.releases():
+    # With a pool, a peer that has spent nothing yet does not know which kind of peer it is.
+    either_kind = bool(manifest.comparison_pool and manifest.median_rounds) and not ledger.releases()
+    if either_kind:
         lines += _pool_roles(manifest, spec)
     elif medians and manifest.median_rounds and manifest.comparison_pool:
         lines.append(_pool_answer(manifest, spec))
@@ -129,7 +131,7 @@ def describe_release(signed: SignedManifest, spec: FeatureSpec, vector: FeatureV
             f"threshold of one of them, picked at random), each flipped with "
             f"probability {flip:.3f} (random response, epsilon {manifest.eps_median:g} per bit)"
         )
-    if subsets and not (manifest.comparison_pool and manifest.median_rounds and not ledger.releases()):
+    if subsets and not either_kind:
         lines.append(_data_packets(manifest, len(subsets)))
     lines += [
         "",

@@ -87,11 +87,11 @@ from anonml.protocol import (
     PeerReleases,
     PeerRole,
     check_seed,
+    costliest,
     encode_median_report,
     encode_pool_answer,
     release_roles,
     seal_report,
-    worst_case_releases,
 )
 
 T = TypeVar("T")
@@ -484,14 +484,12 @@ def release_roles_of(manifest: RoundManifest, spec: FeatureSpec) -> dict[PeerRol
 def planned_releases(manifest: RoundManifest, spec: FeatureSpec) -> PeerReleases:
     """The worst case a peer of this round can be asked for, before partitions are known.
 
-    :func:`protocol.worst_case_releases` with this manifest's parameters, the
-    same rule the aggregator's promised ``eps_total`` comes from; their
-    record-level sum is what the peer is asked to accept.
+    The costliest of :func:`release_roles_of`: the rule of
+    :func:`protocol.worst_case_releases`, which the aggregator's promised
+    ``eps_total`` comes from; its record-level sum is what the peer is asked
+    to accept.
     """
-    return worst_case_releases(
-        spec, k_h=manifest.k_h, k_s=manifest.k_s, eps_median=manifest.eps_median,
-        eps_data=manifest.eps_data, median_rounds=manifest.median_rounds, comparison_pool=bool(manifest.comparison_pool),
-    )
+    return costliest(release_roles_of(manifest, spec))
 
 
 def releases_still_to_make(manifest: RoundManifest, spec: FeatureSpec, spent: Sequence[Spend]) -> PeerReleases:
@@ -510,7 +508,7 @@ def releases_still_to_make(manifest: RoundManifest, spec: FeatureSpec, spent: Se
     if manifest.comparison_pool and (answered or reports):
         medians, subsets = roles[PeerRole.COMPARISON_POOL if answered else PeerRole.DATA]
     else:
-        medians, subsets = planned_releases(manifest, spec)
+        medians, subsets = costliest(roles)
     if answered:
         medians = {}
     # Subset slots are listed worst first; the ones already sent replace the last.

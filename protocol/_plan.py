@@ -272,12 +272,16 @@ def worst_case_releases(
     manifest's ε_T, and each peer checks the same sum against its ledger
     before consenting, so both sides must use this one rule.
     """
-    from anonml.mechanisms import total_epsilon
-
-    roles = release_roles(
+    return costliest(release_roles(
         spec, k_h=k_h, k_s=k_s, eps_median=eps_median, eps_data=eps_data, median_rounds=median_rounds,
         comparison_pool=comparison_pool,
-    )
+    ))
+
+
+def costliest(roles: Mapping[PeerRole, PeerReleases]) -> PeerReleases:
+    """The releases of the kind of peer whose record-level sum is largest (the first on a tie)."""
+    from anonml.mechanisms import total_epsilon
+
     return max(roles.values(), key=lambda releases: total_epsilon(*releases))
 
 
