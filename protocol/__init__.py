@@ -133,6 +133,7 @@ from anonml.protocol._manifest import (
     SignedManifest,
     VOTES,
     check_seed,
+    comparison_pool_size,
     seed_commitment,
 )
 from anonml.protocol._message import (
@@ -298,6 +299,7 @@ __all__ = [
     "check_positive_seconds",
     "check_seed",
     "consistency_proof",
+    "comparison_pool_size",
     "costliest",
     "credential_bytes",
     "decode_median_report",

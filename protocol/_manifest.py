@@ -66,6 +66,15 @@ _URL_PATTERN = r"https?://[A-Za-z0-9.:\-\[\]]+(/[A-Za-z0-9._\-/]*)?"
 _MAX_PORT = 65535
 
 
+def comparison_pool_size(per_mille: int, peers: int, median_rounds: int) -> int:
+    """How many of ``peers`` form a comparison pool of ``per_mille``: its share, halves rounded up,
+    and at least one peer per median sub-round while there are peers (0 without a pool)."""
+    if not per_mille:
+        return 0
+    share = (per_mille * peers + 500) // 1000
+    return min(peers, max(share, median_rounds))
+
+
 class InvalidManifest(InvalidDocument):
     """Raised when a manifest (or a signed manifest) is malformed, inconsistent, or its signature fails.
 
@@ -235,10 +244,7 @@ class RoundManifest:
     def comparison_pool_size(self, peers: int) -> int:
         """How many of ``peers`` (the final roster) form the comparison pool: its share, rounded,
         and at least one peer per sub-round while the roster has them (0 without a pool)."""
-        if not self.comparison_pool:
-            return 0
-        share = (self.comparison_pool * peers + 500) // 1000
-        return min(peers, max(share, self.median_rounds))
+        return comparison_pool_size(self.comparison_pool, peers, self.median_rounds)
 
     def answers_median(self, partition: int) -> bool:
         """Whether the peers of ``partition`` answer the median search (with a pool, only the pool's)."""

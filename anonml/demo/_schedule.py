@@ -19,7 +19,7 @@ import tomli_w
 from anonml.demo._calibrate import PhaseCosts
 from anonml.demo._data import DemoData
 from anonml.demo._ports import HOST
-from anonml.protocol import HttpLimits
+from anonml.protocol import HttpLimits, comparison_pool_size
 
 RELAYS = 3
 AGGREGATOR_PROCESSES = 2
@@ -155,7 +155,7 @@ def plan_round(data: DemoData, peers: int, epsilon: float, workers: int, seed: i
     if not median_rounds:
         median_messages = 0
     elif pool:
-        median_messages = math.ceil(math.ceil(pool * peers) / median_rounds)
+        median_messages = math.ceil(comparison_pool_size(round(pool * 1000), peers, median_rounds) / median_rounds)
     else:
         median_messages = math.ceil(peers / k_p) * math.ceil(k_p / median_rounds)
     data_messages = peers * k_h

@@ -148,11 +148,11 @@ def experiment_command(params: DemoParams, dataset_args: list[str], n_train: int
     ... --train ... --test ...`` for the files the demo wrote). Same plan, ε,
     vote, cut points and search steps, and the same peers answer the search:
     the comparison pool (``median_peers="reserved"``) or every peer once
-    (``"all"``). The round deals whole partitions over its sub-rounds where
-    the experiment deals single peers, so without a pool, when
-    ``median_rounds`` does not divide ``k_p``, the round's steps are a
-    little uneven; a round's pool peer draws its feature at random where the
-    experiment deals the pool evenly over the features.
+    (``"all"``), each drawing its cut point (and a pool peer its feature) at
+    random as the round's peers do. Without a pool the round deals whole
+    partitions over its sub-rounds where the experiment deals single peers,
+    so when ``median_rounds`` does not divide ``k_p`` the round's steps are a
+    little uneven.
     """
     args = [
         "anonml", "experiment", *dataset_args, "--epsilon", f"{params.epsilon:g}",
