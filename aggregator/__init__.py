@@ -4,6 +4,7 @@ trains the learner (``anonml.learning``) on them."""
 from __future__ import annotations
 
 from anonml.aggregator._anonymity import LINKS_JSON, FullView, RequestLog, linking_report, timing_guesses
+from anonml.aggregator._linking import LinkScore, rank_link, score_links, timing_figures
 from anonml.aggregator._report import learn, write_report
 from anonml.aggregator._round import ApiRefused, RoundSecrets, RoundState
 from anonml.aggregator._service import (
@@ -21,7 +22,11 @@ from anonml.aggregator._rejections import REJECTION_REASONS, RejectionReason
 from anonml.aggregator._verify import process_batch
 from anonml.aggregator._workers import IssuerWorkers
 
+# The role's click group (``anonml aggregator ...``), which ``anonml.cli`` mounts.
+from anonml.aggregator._cli import aggregator as command
+
 __all__ = [
+    "command",
     "LINKS_JSON",
     "REJECTION_REASONS",
     "RejectionReason",
@@ -31,6 +36,7 @@ __all__ = [
     "BoundAddresses",
     "FullView",
     "IssuerWorkers",
+    "LinkScore",
     "PacketSink",
     "RoundSecrets",
     "RoundSpec",
@@ -47,7 +53,10 @@ __all__ = [
     "parse_round_spec",
     "read_round_spec",
     "process_batch",
+    "rank_link",
+    "score_links",
     "serve_aggregator",
     "timing_guesses",
+    "timing_figures",
     "write_report",
 ]

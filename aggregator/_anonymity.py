@@ -8,12 +8,12 @@ in memory (since the process started: a restarted aggregator forgets what
 came before, which the report states), the round store keeps the second.
 
 :func:`linking_report` makes the best timing guess that view allows
-(``protocol.rank_link``): the peers of a survey's partition ordered by their
+(``_linking.rank_link``): the peers of a survey's partition ordered by their
 last request before the survey's send window closed (the request that could
 betray a send), matched to the survey's arrivals in order. It writes every
 guess to ``links.json`` and reports the chance level; it cannot score the
 guess (it has no ground truth). Whoever knows who sent what (the demo, the
-benchmark, a peer for its own receipts) scores it with ``protocol.score_links``.
+benchmark, a peer for its own receipts) scores it with ``_linking.score_links``.
 Under the uniform protocol (DESIGN.md §2) every peer of a partition makes
 the same requests at the same scheduled times and relays release
 independently of send times, so the guess should sit at chance.
@@ -32,7 +32,8 @@ from typing import Any
 
 import numpy as np
 
-from anonml.protocol import SurveyId, rank_link
+from anonml.protocol import SurveyId
+from anonml.aggregator._linking import rank_link
 
 LINKS_JSON = "links.json"
 MAX_LOGGED_REQUESTS = 4_000_000

@@ -18,10 +18,10 @@ import click
 
 from anonml.aggregator._spec import ROUND_SPEC_EXAMPLE
 from anonml.aggregator._store import AggregatorHome
-from anonml.display import duration, local_time
-from anonml.errors import ConfigError
-from anonml.process import freeze_startup_heap
-from anonml.storage import lock_data_dir, write_secret_file
+from anonml.base.display import duration, local_time
+from anonml.base.errors import ConfigError
+from anonml.base.process import freeze_startup_heap
+from anonml.base.storage import lock_data_dir, write_secret_file
 
 EXIT_MIN_PARTICIPATION = 3
 """``run``'s exit code when the round failed: minimum participation missed, or a short survey with ``on_shortfall = "fail"``."""

@@ -12,7 +12,7 @@ reason, each relay's health as the aggregator sees it, the privacy promise
 in plain words, and, once learning is done, the model's AUC and ROC curve
 when a held-out test file was given.
 
-Relay health is a real link hello (DESIGN.md §7, ``protocol._link``): the
+Relay health is a real link hello (DESIGN.md §7, ``transport._link``): the
 aggregator opens a link to each relay of the manifest with the round's
 geometry, reads the reply, and closes at a frame boundary (the relay counts
 nothing as an error); reachable, geometry accepted, and the round trip.
@@ -34,18 +34,9 @@ from starlette.responses import HTMLResponse, Response
 from starlette.routing import Route
 
 from anonml.aggregator._round import RoundState
-from anonml.display import epsilon_in_words
-from anonml.protocol import (
-    HELLO_REPLY_BYTES,
-    HelloStatus,
-    LinkError,
-    RelayEntry,
-    RoundManifest,
-    SurveyId,
-    SurveyKind,
-    encode_hello,
-    parse_hello_reply,
-)
+from anonml.base.display import epsilon_in_words
+from anonml.protocol import RelayEntry, RoundManifest, SurveyId, SurveyKind
+from anonml.transport import HELLO_REPLY_BYTES, HelloStatus, LinkError, encode_hello, parse_hello_reply
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 On a terminal a table redraws in place; piped, a line is printed when the
 phase changes and at most every ten seconds while the counts change
-(:class:`anonml.display.StatusBoard`).
+(:class:`anonml.base.display.StatusBoard`).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import trio
 
 from anonml.aggregator._round import RoundState
-from anonml.display import StatusBoard, clock_time, duration
+from anonml.base.display import StatusBoard, clock_time, duration
 from anonml.protocol import RoundSchedule, RoundStatus
 
 _POLL_SECONDS = 1.0

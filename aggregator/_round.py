@@ -31,7 +31,7 @@ from anonml.crypto import (
     SphinxGeometry,
     issue_credentials,
 )
-from anonml.errors import AnonMLError
+from anonml.base.errors import AnonMLError
 from anonml.mechanisms import FrequencyOracle, QuantileSearch
 from anonml.protocol import (
     Check,

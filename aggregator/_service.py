@@ -40,7 +40,7 @@ from anonml.aggregator._sink import PacketSink, SinkLimits
 from anonml.aggregator._store import Refusal, Registered, Registration
 from anonml.aggregator._workers import IssuerWorkers
 from anonml.crypto import IssueJob, JobRefused
-from anonml.errors import StorageError
+from anonml.base.errors import StorageError
 from anonml.protocol import (
     MAX_REQUEST_BYTES,
     PATH_CREDENTIAL,
@@ -59,15 +59,14 @@ from anonml.protocol import (
     CredentialResponse,
     DocumentKind,
     ErrorResponse,
-    HttpLimits,
     InvalidApiMessage,
     RegisterRequest,
     RegisterResponse,
     RoundPhase,
     SignedDocument,
     SurveyKind,
-    serve_http,
 )
+from anonml.transport import HttpLimits, serve_http
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """The packet sink: where the last relays deliver (DESIGN.md §5, §7, §10).
 
-It speaks the relay link protocol (``protocol.serve_link``) and takes
+It speaks the relay link protocol (``transport.serve_link``) and takes
 packets only from the relays of the round's signed manifest: each proves in
 the link handshake that it holds the key its node id names (the sink proves
 it is the final hop the same way); a stranger's connection is refused after
@@ -42,8 +42,8 @@ from anonml.aggregator._verify import (
     store_judged,
 )
 from anonml.aggregator._workers import IssuerWorkers
-from anonml.errors import StorageError
-from anonml.protocol import AckStatus, ConnectionGate, LinkError, LinkIdentity, LinkLimits, peer_address, serve_link
+from anonml.base.errors import StorageError
+from anonml.transport import AckStatus, ConnectionGate, LinkError, LinkIdentity, LinkLimits, peer_address, serve_link
 
 log = logging.getLogger(__name__)
 

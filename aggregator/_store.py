@@ -24,9 +24,9 @@ from pathlib import Path
 
 from nacl.signing import SigningKey
 
-from anonml.errors import ConfigError
+from anonml.base.errors import ConfigError
 from anonml.protocol import Check, RegistrationPolicy, RosterEntry, SurveyId
-from anonml.storage import (
+from anonml.base.storage import (
     Database,
     Schema,
     make_private_dir,

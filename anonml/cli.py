@@ -7,7 +7,7 @@ lists its commands (each entry carries its one-line help), so ``anonml
 scikit-learn.
 
 It is also the one place that turns a refusal into a message: every
-:class:`anonml.errors.AnonMLError` a command lets through (and an ``OSError``
+:class:`anonml.base.errors.AnonMLError` a command lets through (and an ``OSError``
 such as a file that cannot be read) ends the command with one line naming
 what to do, exit status 1, and no traceback. ``--debug`` (or
 ``ANONML_DEBUG=1``, which child processes inherit) shows the traceback.
@@ -15,46 +15,137 @@ what to do, exit status 1, and no traceback. ``--debug`` (or
 
 from __future__ import annotations
 
-import importlib
 import os
 import sys
+from collections.abc import Callable
 from typing import Any, NoReturn
 
 import click
 
 from anonml import __version__
-from anonml.errors import explain
+from anonml.base.errors import explain
 
 DEBUG_ENV = "ANONML_DEBUG"
 
-# Subcommand name -> ("module:attribute" of a click command or group, its one-line help).
-ROLE_COMMANDS: dict[str, tuple[str, str]] = {
-    "aggregator": ("anonml.aggregator._cli:aggregator", "Run rounds: announce, register peers, issue credentials, collect, learn."),
-    "demo": ("anonml.demo:demo", "Run one complete round on loopback: 3 relays, the aggregator, N peers."),
-    "fuzz": ("anonml.fuzz:fuzz", "Coverage-guided fuzzing of every parser: each input parses or is refused with a typed error."),
-    "experiment": ("anonml.learning:experiment", "The thesis's chapter-8 experiments, in process (no network)."),
-    "peer": ("anonml.peer._cli:peer", "Take part in a round from your own data."),
-    "relay": ("anonml.relay._cli:relay", "Run a mix relay: hold Sphinx packets and release them inside their windows."),
+# Each subcommand is loaded by a function that imports its module when the
+# subcommand runs (a plain import, so the layer contract sees it), beside its
+# one-line help for the listing.
+CommandLoader = Callable[[], click.Command]
+
+
+def _aggregator() -> click.Command:
+    from anonml.aggregator import command
+
+    return command
+
+
+def _demo() -> click.Command:
+    from anonml.demo import demo
+
+    return demo
+
+
+def _fuzz() -> click.Command:
+    from anonml.fuzz import fuzz
+
+    return fuzz
+
+
+def _experiment() -> click.Command:
+    from anonml.learning import experiment
+
+    return experiment
+
+
+def _peer() -> click.Command:
+    from anonml.peer import command
+
+    return command
+
+
+def _relay() -> click.Command:
+    from anonml.relay import command
+
+    return command
+
+
+ROLE_COMMANDS: dict[str, tuple[CommandLoader, str]] = {
+    "aggregator": (_aggregator, "Run rounds: announce, register peers, issue credentials, collect, learn."),
+    "demo": (_demo, "Run one complete round on loopback: 3 relays, the aggregator, N peers."),
+    "fuzz": (_fuzz, "Coverage-guided fuzzing of every parser: each input parses or is refused with a typed error."),
+    "experiment": (_experiment, "The thesis's chapter-8 experiments, in process (no network)."),
+    "peer": (_peer, "Take part in a round from your own data."),
+    "relay": (_relay, "Run a mix relay: hold Sphinx packets and release them inside their windows."),
 }
+
+
+def _bench_abuse() -> click.Command:
+    from anonml.bench.abuse import bench_abuse
+
+    return bench_abuse
+
+
+def _bench_aggregator() -> click.Command:
+    from anonml.bench.aggregator import bench_aggregator
+
+    return bench_aggregator
+
+
+def _bench_crypto() -> click.Command:
+    from anonml.bench.crypto import bench_crypto
+
+    return bench_crypto
+
+
+def _bench_mechanisms() -> click.Command:
+    from anonml.bench.mechanisms import bench_mechanisms
+
+    return bench_mechanisms
+
+
+def _bench_relay() -> click.Command:
+    from anonml.bench.relay import bench_relay
+
+    return bench_relay
+
+
+def _bench_anonymity() -> click.Command:
+    from anonml.bench.anonymity import bench_anonymity
+
+    return bench_anonymity
+
+
+def _bench_startup() -> click.Command:
+    from anonml.bench.startup import bench_startup
+
+    return bench_startup
+
+
+def _bench_faults() -> click.Command:
+    from anonml.bench.faults import bench_faults
+
+    return bench_faults
+
+
+def _bench_demo() -> click.Command:
+    from anonml.bench.demo import bench_demo
+
+    return bench_demo
+
 
 # ``anonml bench NAME``: one benchmark per component, each printing ratios
 # against a baseline measured in the same run.
-BENCH_COMMANDS: dict[str, tuple[str, str]] = {
-    "abuse": ("anonml.bench.abuse:bench_abuse", "Honest delivery and latency under each abuse of issue 13."),
-    "aggregator": ("anonml.bench.aggregator:bench_aggregator", "Token verification and packet processing at the aggregator."),
-    "crypto": ("anonml.bench.crypto:bench_crypto", "Sphinx packets and tokens beside one X25519 / P-256 multiplication."),
-    "mechanisms": ("anonml.bench.mechanisms:bench_mechanisms", "Oracle error against its formula, and throughput."),
-    "relay": ("anonml.bench.relay:bench_relay", "Relay forwarding throughput."),
-    "anonymity": ("anonml.bench.anonymity:bench_anonymity", "Send-vs-arrival correlation and timing-linking accuracy through real relays, vs chance."),
-    "startup": ("anonml.bench.startup:bench_startup", "`anonml --help` start-up time beside `python -c pass`."),
-    "faults": ("anonml.bench.faults:bench_faults", "A demo round under killed relays and aggregator and lossy links; audits every message."),
-    "demo": ("anonml.bench.demo:bench_demo", "The demo run N times beside CPU-bound processes: exit codes, accepted fractions."),
+BENCH_COMMANDS: dict[str, tuple[CommandLoader, str]] = {
+    "abuse": (_bench_abuse, "Honest delivery and latency under each abuse scenario, beside an unloaded baseline."),
+    "aggregator": (_bench_aggregator, "Token verification and packet processing at the aggregator."),
+    "crypto": (_bench_crypto, "Sphinx packets and tokens beside one X25519 / P-256 multiplication."),
+    "mechanisms": (_bench_mechanisms, "Oracle error against its formula, and throughput."),
+    "relay": (_bench_relay, "Relay forwarding throughput."),
+    "anonymity": (_bench_anonymity, "Send-vs-arrival correlation and timing-linking accuracy through real relays, vs chance."),
+    "startup": (_bench_startup, "`anonml --help` start-up time beside `python -c pass`."),
+    "faults": (_bench_faults, "A demo round under killed relays and aggregator and lossy links; audits every message."),
+    "demo": (_bench_demo, "The demo run N times beside CPU-bound processes: exit codes, accepted fractions."),
 }
-
-
-def anonml_command(*args: str) -> list[str]:
-    """The argv that runs this same ``anonml`` (this interpreter, this install) as a child process."""
-    return [sys.executable, "-c", "import sys; from anonml.cli import main; sys.exit(main())", *args]
 
 
 def debugging() -> bool:
@@ -65,7 +156,7 @@ def debugging() -> bool:
 class LazyGroup(click.Group):
     """A click group whose subcommands are imported on first use; listing them imports nothing."""
 
-    def __init__(self, *args: Any, lazy: dict[str, tuple[str, str]], **kwargs: Any) -> None:
+    def __init__(self, *args: Any, lazy: dict[str, tuple[CommandLoader, str]], **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._lazy = lazy
 
@@ -74,11 +165,7 @@ class LazyGroup(click.Group):
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         if cmd_name in self._lazy:
-            module_name, attribute = self._lazy[cmd_name][0].split(":")
-            command = getattr(importlib.import_module(module_name), attribute)
-            if not isinstance(command, click.Command):
-                raise TypeError(f"{self._lazy[cmd_name][0]!r} is not a click command")
-            return command
+            return self._lazy[cmd_name][0]()
         return super().get_command(ctx, cmd_name)
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:

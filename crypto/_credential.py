@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from functools import cached_property, lru_cache
 from typing import TypeVar
 
-from anonml.errors import InputError
+from anonml.base.errors import InputError
 from anonml.crypto._group import (
     CURVE_ID,
     G,

@@ -29,7 +29,7 @@ from petlib.bindings import _C
 from petlib.bn import Bn
 from petlib.ec import EcGroup, EcPt
 
-from anonml.errors import InputError
+from anonml.base.errors import InputError
 
 # NIST P-256 (OpenSSL nid 415, "prime256v1"); DESIGN.md §6 fixes the curve.
 # petlib's default curve is P-224, so the nid is always passed explicitly.

@@ -1,4 +1,4 @@
-"""Link authentication: who is on the other end of a relay link (protocol/_link.py).
+"""Link authentication: who is on the other end of a relay link (transport/_link.py).
 
 A recipe over the primitives (STYLE.md 7): each side holds a static X25519
 key whose public half names it (``node_id_of``, the id every relay directory

@@ -27,7 +27,7 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 from cryptography.hazmat.primitives.hashes import SHA256
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-from anonml.errors import InputError
+from anonml.base.errors import InputError
 
 X25519_SCALAR_SIZE = 32
 X25519_ELEMENT_SIZE = 32

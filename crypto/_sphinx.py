@@ -60,7 +60,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import ClassVar, NamedTuple
 
-from anonml.errors import InputError
+from anonml.base.errors import InputError
 from anonml.crypto._geometry import NODE_ID_SIZE, SphinxGeometry
 from anonml.crypto._primitives import (
     CHACHA20_KEY_SIZE,

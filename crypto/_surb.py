@@ -20,7 +20,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from anonml.errors import InputError
+from anonml.base.errors import InputError
 from anonml.crypto._geometry import SphinxGeometry
 from anonml.crypto._primitives import ct_equal, lioness_decrypt, lioness_encrypt
 from anonml.crypto._sphinx import (

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from anonml.errors import InputError
+from anonml.base.errors import InputError
 from anonml.protocol import FeatureSpec
 
 ADULT_COLUMNS = (

@@ -1,12 +1,12 @@
 """The exceptions of the ``mechanisms`` package.
 
-:class:`InvalidReport` is an :class:`~anonml.errors.InputError` (a bad value
+:class:`InvalidReport` is an :class:`~anonml.base.errors.InputError` (a bad value
 from outside); :class:`BudgetExceeded` is a refusal, not a failure.
 """
 
 from __future__ import annotations
 
-from anonml.errors import AnonMLError, InputError
+from anonml.base.errors import AnonMLError, InputError
 
 
 class InvalidReport(InputError):
@@ -36,5 +36,5 @@ class EpsilonOutOfRange(InputError):
 
     Raised by every mechanism's constructor and by ``make_oracle``; the
     message quotes the epsilon and the mechanism's range. It is a
-    ``ValueError`` (through :class:`~anonml.errors.InputError`).
+    ``ValueError`` (through :class:`~anonml.base.errors.InputError`).
     """

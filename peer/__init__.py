@@ -44,7 +44,11 @@ from anonml.peer._ledger import PeerLedger
 from anonml.peer._store import EquivocationProof, PeerStore, Registration, Spend, StoredPacket, StoreError
 from anonml.peer._transport import PacketTransport, open_transport
 
+# The role's click group (``anonml peer ...``), which ``anonml.cli`` mounts.
+from anonml.peer._cli import peer as command
+
 __all__ = [
+    "command",
     "AggregatorClient",
     "AggregatorError",
     "CsvImporter",

@@ -11,7 +11,7 @@ from pathlib import Path
 import click
 import trio
 
-from anonml.errors import ConfigError
+from anonml.base.errors import ConfigError
 from anonml.peer._identity import PeerIdentity, init_identity, load_identity
 
 STORE_FILE = "peer.sqlite"
@@ -85,7 +85,7 @@ def join(data_dir: Path, url: str, data_file: Path, invitation: str | None, dry_
 
 def _windows(manifest: object) -> list[str]:
     """When this peer's packets leave and arrive, in local time (told before anything is sent)."""
-    from anonml.display import local_time
+    from anonml.base.display import local_time
     from anonml.protocol import RoundManifest
 
     assert isinstance(manifest, RoundManifest)
@@ -122,7 +122,7 @@ def _reasons(reasons: Mapping[str, int]) -> str:
 
 
 async def _join(identity: PeerIdentity, data_dir: Path, url: str, data_file: Path, invitation: str | None, dry_run: bool, yes: bool) -> int:
-    from anonml.display import StatusBoard
+    from anonml.base.display import StatusBoard
     from anonml.mechanisms import over_budget
     from anonml.peer._client import AggregatorClient
     from anonml.peer._disclosure import describe_release

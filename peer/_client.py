@@ -25,7 +25,7 @@ from typing import TypeVar
 import httpx
 import trio
 
-from anonml.errors import InputError, TransportError
+from anonml.base.errors import InputError, TransportError
 from anonml.protocol import (
     MAX_RESPONSE_BYTES,
     PATH_CREDENTIAL,
@@ -54,8 +54,8 @@ from anonml.protocol import (
     SignedManifest,
     SurveyKind,
     mirror_path,
-    tls_context,
 )
+from anonml.transport import tls_context
 
 T = TypeVar("T")
 

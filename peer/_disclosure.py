@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
-from anonml.display import epsilon_in_words, local_time
+from anonml.base.display import epsilon_in_words, local_time
 from anonml.mechanisms import over_budget, per_attribute_epsilon, releases_from
 from anonml.peer._framework import FeatureVector
 from anonml.peer._join import releases_still_to_make

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from anonml.errors import InputError
+from anonml.base.errors import InputError
 
 # A field's value: numbers for numeric measurements, text for categories
 # (Table 3.1: "a field has a static type ... its value is immutable").

@@ -13,8 +13,8 @@ from pathlib import Path
 
 from nacl.signing import SigningKey
 
-from anonml.errors import ConfigError
-from anonml.storage import make_private_dir, read_secret_file, write_secret_file
+from anonml.base.errors import ConfigError
+from anonml.base.storage import make_private_dir, read_secret_file, write_secret_file
 
 IDENTITY_FILE = "identity.key"
 PUBLIC_FILE = "identity.pub"

@@ -48,7 +48,7 @@ from anonml.crypto import (
     begin_issuance,
     finish_issuance,
 )
-from anonml.errors import AnonMLError
+from anonml.base.errors import AnonMLError
 from anonml.mechanisms import BudgetExceeded, answer_is_greater
 from anonml.peer._client import AggregatorClient, AggregatorError, retry_delay
 from anonml.peer._features import RoundPipeline
@@ -58,7 +58,6 @@ from anonml.peer._ledger import PeerLedger
 from anonml.peer._store import EquivocationProof, PeerStore, Spend
 from anonml.peer._transport import PacketTransport
 from anonml.protocol import (
-    AckStatus,
     Attempt,
     Check,
     CoverMessage,
@@ -93,6 +92,7 @@ from anonml.protocol import (
     release_roles,
     seal_report,
 )
+from anonml.transport import AckStatus
 
 T = TypeVar("T")
 

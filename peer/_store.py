@@ -17,9 +17,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from anonml.errors import StorageError
+from anonml.base.errors import StorageError
 from anonml.mechanisms import Release
-from anonml.storage import Database, Schema
+from anonml.base.storage import Database, Schema
 
 # Proofs of equivocation (issue 12): two signed documents that contradict each other.
 _EQUIVOCATIONS = """

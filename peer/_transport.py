@@ -1,7 +1,7 @@
 """Sending Sphinx packets to first-hop relays over the relay link protocol.
 
 A peer hands a packet to the first relay of its path (thesis §5.1 step 4) with
-:class:`protocol.LinkClient`. :class:`PacketTransport` keeps one link per
+:class:`transport.LinkClient`. :class:`PacketTransport` keeps one link per
 relay and coalesces the packets queued for the same relay while a send is in
 flight into one batch (the link acknowledges a batch after one durable write
 at the relay), so a process running many peers — the demo — does not pay one
@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import trio
 
-from anonml.protocol import AckStatus, LinkClient
+from anonml.transport import AckStatus, LinkClient
 
 MAX_BATCH = 256
 

@@ -14,7 +14,7 @@ import math
 import re
 from typing import Any, NoReturn
 
-from anonml.errors import InputError
+from anonml.base.errors import InputError
 
 MAX_JSON_DEPTH = 16
 _HEX = re.compile(r"[0-9a-f]*")

@@ -21,7 +21,7 @@ from typing import Any, Union
 import numpy as np
 import numpy.typing as npt
 
-from anonml.errors import InputError
+from anonml.base.errors import InputError
 
 # Bounds on what a manifest may declare, so a hostile document cannot make a
 # peer allocate without limit (every parser is bounded).

@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from anonml.crypto import Credential, IssuerPublicKey, make_token, tag_digest
-from anonml.errors import InputError
+from anonml.base.errors import InputError
 from anonml.protocol._api import receipt_digest
 from anonml.protocol._features import MAX_QUANTILES
 from anonml.protocol._survey import SURVEY_ID_BYTES, InvalidSurveyId, SurveyId

@@ -46,7 +46,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from anonml.errors import InputError
+from anonml.base.errors import InputError
 from anonml.protocol._features import MAX_FEATURES, FeatureSpec
 
 class PlanKind(StrEnum):

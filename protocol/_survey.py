@@ -16,7 +16,7 @@ import enum
 import struct
 from dataclasses import dataclass
 
-from anonml.errors import InputError
+from anonml.base.errors import InputError
 
 ROUND_ID_BYTES = 32
 _DOMAIN = b"anonml/survey/v1"

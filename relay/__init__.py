@@ -34,7 +34,11 @@ from anonml.relay._mirror import serve_mirror
 from anonml.relay._server import RelayStarted, serve_relay
 from anonml.relay._store import STORE_FILE, HeldPacket, RelayStore
 
+# The role's click group (``anonml relay ...``), which ``anonml.cli`` mounts.
+from anonml.relay._cli import relay as command
+
 __all__ = [
+    "command",
     "CONFIG_FILE",
     "STORE_FILE",
     "DirectoryEntry",

@@ -14,9 +14,9 @@ import click
 import trio
 
 from anonml.crypto import DEFAULT_MAX_HOPS, DEFAULT_PACKET_SIZE
-from anonml.errors import AnonMLError, ConfigError, StorageError, explain
-from anonml.process import freeze_startup_heap
-from anonml.storage import lock_data_dir, write_secret_file
+from anonml.base.errors import AnonMLError, ConfigError, StorageError, explain
+from anonml.base.process import freeze_startup_heap
+from anonml.base.storage import lock_data_dir, write_secret_file
 from anonml.relay._config import (
     CONFIG_FILE,
     PinnedAggregator,

@@ -20,7 +20,8 @@ from typing import Any
 import tomli_w
 
 from anonml.crypto import DEFAULT_MAX_HOPS, DEFAULT_PACKET_SIZE
-from anonml.protocol import LinkLimits, format_host_port
+from anonml.protocol import format_host_port
+from anonml.transport import LinkLimits
 from anonml.relay._errors import RelayConfigError
 
 CONFIG_FILE = "relay.toml"

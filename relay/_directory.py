@@ -43,10 +43,11 @@ from pathlib import Path
 import httpx
 import trio
 
-from anonml.errors import TransportError
+from anonml.base.errors import TransportError
 from anonml.crypto import NodeAddress
 from anonml.relay._metrics import DropReason
-from anonml.protocol import MAX_MANIFEST_BYTES, PATH_MANIFEST, InvalidManifest, SignedManifest, tls_context
+from anonml.protocol import MAX_MANIFEST_BYTES, PATH_MANIFEST, InvalidManifest, SignedManifest
+from anonml.transport import tls_context
 
 logger = logging.getLogger("anonml.relay")
 

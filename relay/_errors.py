@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from anonml.errors import ConfigError
+from anonml.base.errors import ConfigError
 
 
 class RelayConfigError(ConfigError):

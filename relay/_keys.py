@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from anonml.crypto import generate_keypair, node_id_of, public_key_of
-from anonml.storage import make_private_dir, read_secret_file, write_secret_file
+from anonml.base.storage import make_private_dir, read_secret_file, write_secret_file
 from anonml.relay._errors import RelayDataDirError
 
 IDENTITY_FILE = "identity.key"

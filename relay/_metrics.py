@@ -5,7 +5,7 @@ scrape a prometheus_client collector turns them into metric families and
 ``generate_latest`` writes the text exposition format. The endpoint reads at
 most one bounded request per connection with a timeout, and admits at most
 :data:`METRICS_CONNECTIONS` connections at once (:data:`METRICS_PER_SOURCE`
-from one address once half are taken) through a :class:`protocol.ConnectionGate`:
+from one address once half are taken) through a :class:`transport.ConnectionGate`:
 a flood of idle scrapers cannot hold the file descriptors the link listener
 needs. It is off by default and belongs on 127.0.0.1 or behind a firewall.
 """
@@ -26,7 +26,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from anonml.crypto import InvalidPacket
-from anonml.protocol import ConnectionGate, GateRefusal, peer_address
+from anonml.transport import ConnectionGate, GateRefusal, peer_address
 
 _REQUEST_LIMIT = 8192
 _REQUEST_TIMEOUT = 5.0

@@ -45,16 +45,14 @@ from anonml.protocol import (
     Check,
     DocumentKind,
     HeadsResponse,
-    HttpLimits,
     InvalidDocument,
     SignedDocument,
     SignedManifest,
     SurveyId,
     TreeHead,
     canonical_json,
-    serve_http_on,
-    tls_context,
 )
+from anonml.transport import HttpLimits, serve_http_on, tls_context
 from anonml.relay._config import PinnedAggregator
 from anonml.relay._metrics import log_event
 
@@ -201,7 +199,7 @@ async def serve_mirror(
 ) -> None:
     """Mirror every pinned aggregator, refreshing every ``refresh_seconds``; report the mirror's base URL.
 
-    Served behind ``protocol.serve_http``'s connection caps and deadlines
+    Served behind ``transport.serve_http``'s connection caps and deadlines
     (issue 13): the mirror is public and shares the relay's process, so slow
     or piled-up clients must not take the file descriptors its link needs.
     ``counts`` gets the HTTP server's refusals and departed clients. An

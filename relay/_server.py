@@ -23,13 +23,13 @@ Per accepted frame (DESIGN.md §5 order, §7 behaviour):
    answers BUSY, so nothing that is not durable is acknowledged, and the
    relay reports itself unhealthy until a commit succeeds again.
 4. The scheduler releases packets at their times; one forwarder per next hop
-   sends them over a reused :class:`protocol.LinkClient` (authenticated with
+   sends them over a reused :class:`transport.LinkClient` (authenticated with
    the relay's identity key, insisting on the next hop's node id), retrying
    until the window ends. Acknowledged (or definitively rejected) packets are
    deleted in the background (:meth:`Relay.run_housekeeping`).
 
 Connections (issue 13). Each listener connection takes a slot of a
-:class:`protocol.ConnectionGate`: at most ``max_connections_per_source``
+:class:`transport.ConnectionGate`: at most ``max_connections_per_source``
 from one address that is not an authenticated neighbour, and
 ``neighbour_connections`` slots kept for the directory's nodes, which prove
 who they are in the link handshake. A silent connection is closed after
@@ -83,18 +83,9 @@ from anonml.crypto import (
     SphinxGeometry,
     process_packet,
 )
-from anonml.errors import StorageError
-from anonml.protocol import (
-    AckStatus,
-    ConnectionGate,
-    LinkClient,
-    LinkError,
-    LinkIdentity,
-    SignedManifest,
-    format_host_port,
-    peer_address,
-    serve_link,
-)
+from anonml.base.errors import StorageError
+from anonml.protocol import SignedManifest, format_host_port
+from anonml.transport import AckStatus, ConnectionGate, LinkClient, LinkError, LinkIdentity, peer_address, serve_link
 from anonml.relay._clock import RelayClock, WallClock
 from anonml.relay._config import RelayConfig
 from anonml.relay._directory import (
@@ -144,7 +135,7 @@ Uniform = Callable[[float, float], float]
 
 
 class PacketSender(Protocol):
-    """The sending side of a link to one neighbour (:class:`protocol.LinkClient`)."""
+    """The sending side of a link to one neighbour (:class:`transport.LinkClient`)."""
 
     async def send_batch(self, packets: Sequence[bytes], *, give_up_at: float) -> list[AckStatus | None]: ...
 
@@ -210,7 +201,7 @@ class Relay:
         directory: NextHopDirectory | None = None,
     ) -> None:
         """``open_sender(neighbour)`` makes the link to a next hop; the default
-        is a :class:`protocol.LinkClient` (tests of window logic under MockClock
+        is a :class:`transport.LinkClient` (tests of window logic under MockClock
         pass an in-memory recorder instead of opening sockets). ``identity``
         authenticates the relay on its links. ``directory`` holds the allowed
         next hops; None forwards anywhere (legacy, see
@@ -721,7 +712,7 @@ async def serve_relay(
     initialised (it never creates an identity), :class:`relay.RelayConfigError`
     if the static directory file cannot be read, no directory source is
     configured while ``require_directory`` is set, or an address cannot be
-    bound; :class:`~anonml.errors.StorageError` if the store cannot be opened.
+    bound; :class:`~anonml.base.errors.StorageError` if the store cannot be opened.
     Reports a :class:`RelayStarted` through ``task_status`` once listening.
     ``clock`` defaults to :meth:`WallClock.anchored`; ``rng`` (a seeded numpy
     Generator, for tests) replaces the CSPRNG that draws release times.

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from anonml.storage import Database, Schema
+from anonml.base.storage import Database, Schema
 
 STORE_FILE = "relay.sqlite3"
 

@@ -37,9 +37,7 @@ from anonml.crypto import (
 )
 from anonml.protocol import (
     CredentialRequest,
-    LinkClient,
     Check,
-    LinkIdentity,
     ReceiptSegment,
     RegisterRequest,
     RosterEntry,
@@ -48,6 +46,7 @@ from anonml.protocol import (
     SurveyId,
     SurveyMessage,
 )
+from anonml.transport import LinkClient, LinkIdentity
 from anonml.testing import SettableClock, SimulatedPeer
 
 T0 = 1_800_000_000
@@ -889,7 +888,7 @@ async def test_a_full_inbox_answers_busy_and_unauthenticated_frames_are_never_st
     """Issue 13 "sink flood": random frames were stored durably before any MAC check (5,603 per
     second from one connection) until the inbox cap made honest relays' packets BUSY."""
     from anonml.aggregator._sink import PacketSink
-    from anonml.protocol import AckStatus
+    from anonml.transport import AckStatus
 
     clock = SettableClock(T0 + 1)
     state, _ = make_round(tmp_path, clock)

@@ -39,7 +39,8 @@ from test_aggregator import (
 
 from anonml.aggregator import AggregatorConfig, IssuerWorkers, PacketSink, RoundState, serve_aggregator
 from anonml.aggregator._health import Part
-from anonml.protocol import AckStatus, HttpLimits, LinkClient, LinkIdentity, RegisterRequest, SurveyId
+from anonml.protocol import RegisterRequest, SurveyId
+from anonml.transport import AckStatus, HttpLimits, LinkClient, LinkIdentity
 from anonml.testing import SettableClock
 
 T0 = 1_800_000_000

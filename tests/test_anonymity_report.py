@@ -22,7 +22,8 @@ from nacl.signing import SigningKey
 from anonml.aggregator import LINKS_JSON, FullView, RequestLog, linking_report
 from anonml.aggregator._service import AggregatorConfig, serve_aggregator
 from anonml.aggregator._store import VerifiedPacket
-from anonml.protocol import PATH_REGISTER, RegisterRequest, SurveyId, rank_link, receipt_digest, score_links, timing_figures
+from anonml.protocol import PATH_REGISTER, RegisterRequest, SurveyId, receipt_digest
+from anonml.aggregator import rank_link, score_links, timing_figures
 from test_anonymity_protocol import make_round
 
 N = 2_000

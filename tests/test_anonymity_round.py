@@ -43,7 +43,6 @@ from anonml.peer._join import Peer, RoundSession, join_round, peer_generator
 from anonml.peer._store import PeerStore
 from anonml.peer._transport import PacketTransport, open_transport
 from anonml.protocol import (
-    AckStatus,
     Attempt,
     DocumentKind,
     FeatureSpec,
@@ -51,8 +50,8 @@ from anonml.protocol import (
     SignedDocument,
     TreeHead,
     receipt_leaves_root,
-    tls_context,
 )
+from anonml.transport import AckStatus, tls_context
 from test_e2e_round import spec_document as e2e_document
 from test_e2e_round import aggregator_with_relays, served_manifest, vector
 

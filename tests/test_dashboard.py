@@ -13,7 +13,7 @@ import trio
 from anonml.aggregator import AggregatorConfig, AggregatorHome, serve_aggregator
 from anonml.aggregator._dashboard import RelayWatch, privacy_statement
 from anonml.crypto import generate_keypair
-from anonml.protocol import LinkError, serve_link
+from anonml.transport import LinkError, serve_link
 from test_peer_aggregator import make_round
 
 

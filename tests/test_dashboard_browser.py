@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 import pytest
 
-from anonml.cli import anonml_command
+from anonml.base.process import anonml_command
 from anonml.demo import schedule_seconds
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("machine_share")]

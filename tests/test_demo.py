@@ -16,7 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from anonml.cli import anonml_command
+from anonml.base.process import anonml_command
 from anonml.demo import schedule_seconds
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("machine_share")]

@@ -17,7 +17,7 @@ import trio
 from anonml.demo import open_children
 from anonml.demo._calibrate import PhaseCosts
 from anonml.demo._schedule import plan_round, recovery_seconds
-from anonml.protocol import HttpLimits
+from anonml.transport import HttpLimits
 
 # A child that starts a grandchild in its process group (as the aggregator
 # starts its issuer workers), then waits.

@@ -32,7 +32,7 @@ from anonml.aggregator._service import AggregatorConfig, serve_aggregator
 from anonml.aggregator._setup import create_round
 from anonml.aggregator._spec import parse_round_spec
 from anonml.aggregator._store import AggregatorHome
-from anonml.cli import anonml_command
+from anonml.base.process import anonml_command
 from anonml.crypto import (
     CredentialSecret,
     IssuerPublicKey,
@@ -52,14 +52,8 @@ from anonml.peer._join import Peer, RoundSession, join_round, peer_generator, sl
 from anonml.peer._store import PeerStore
 from anonml.peer._transport import open_transport
 from anonml.relay import parse_metrics
-from anonml.protocol import (
-    AckStatus,
-    LinkClient,
-    SurveyId,
-    SurveyMessage,
-    bound_bytes,
-    encode_median_report,
-)
+from anonml.protocol import SurveyId, SurveyMessage, bound_bytes, encode_median_report
+from anonml.transport import AckStatus, LinkClient
 from anonml.protocol._features import FeatureSpec
 from anonml.protocol._manifest import RelayEntry, RoundManifest, SignedManifest
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from anonml.cli import anonml_command
-from anonml.errors import AnonMLError
+from anonml.base.process import anonml_command
+from anonml.base.errors import AnonMLError
 from anonml.fuzz import TARGET_NAMES
 from anonml.fuzz._targets import build_targets
 

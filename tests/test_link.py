@@ -1,4 +1,4 @@
-"""The relay link wire format (protocol/_link.py): in-memory streams under
+"""The relay link wire format (transport/_link.py): in-memory streams under
 trio's MockClock for the protocol and timeouts, real loopback TCP for the
 client's connection reuse and retry."""
 
@@ -13,7 +13,7 @@ import trio.testing
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from anonml.protocol import (
+from anonml.transport import (
     HELLO_REPLY_BYTES,
     AckStatus,
     AuthVerdict,
@@ -28,7 +28,7 @@ from anonml.protocol import (
     encode_hello,
     serve_link,
 )
-from anonml.protocol._link import CONFIRM_BYTES, check_hello, parse_acks, parse_hello_reply
+from anonml.transport._link import CONFIRM_BYTES, check_hello, parse_acks, parse_hello_reply
 
 SIZE = 64
 GEOMETRY = bytes(range(32))

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from anonml.errors import AnonMLError
+from anonml.base.errors import AnonMLError
 from anonml.mechanisms import (
     BudgetExceeded,
     PrivacyLedger,

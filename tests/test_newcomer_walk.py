@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from anonml.cli import anonml_command
+from anonml.base.process import anonml_command
 from test_aggregator_cli import free_port, write_spec
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"

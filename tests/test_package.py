@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import ast
 import importlib
 import importlib.metadata
 import inspect
 import pkgutil
+import subprocess
+import tomllib
 from pathlib import Path
 
 import anonml
-from anonml.errors import AnonMLError
+from anonml.base.errors import AnonMLError
 
 
 def test_the_distribution_installs_only_the_anonml_import_name() -> None:
@@ -18,15 +21,41 @@ def test_the_distribution_installs_only_the_anonml_import_name() -> None:
     assert ours == ["anonml"]
 
 
+ROOT = Path(anonml.__file__).resolve().parent.parent
+# The package names the distribution installs, each mapped to a real folder (pyproject.toml).
+SETUPTOOLS = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+FOLDERS: dict[str, str] = SETUPTOOLS["package-dir"]
+
+
 def _modules() -> list[str]:
-    # ``__main__`` modules run their command when imported.
-    return [info.name for info in pkgutil.walk_packages(anonml.__path__, "anonml.") if not info.name.endswith(".__main__")]
+    """Every module of every installed package (``__main__`` modules run their command when imported)."""
+    names = set()
+    for package in SETUPTOOLS["packages"]:
+        module = importlib.import_module(package)
+        names.add(package)
+        names |= {info.name for info in pkgutil.walk_packages(module.__path__, package + ".")}
+    return sorted(name for name in names if not name.endswith(".__main__"))
 
 
-def test_every_package_is_reached_through_anonml() -> None:
+def test_every_package_is_a_real_folder_reached_through_anonml() -> None:
     names = set(_modules())
-    for package in ("crypto", "mechanisms", "protocol", "learning", "relay", "peer", "aggregator"):
+    for package in ("base", "crypto", "mechanisms", "protocol", "transport", "learning", "relay", "peer", "aggregator"):
         assert f"anonml.{package}" in names
+        folder = ROOT / FOLDERS[f"anonml.{package}"]
+        assert Path(importlib.import_module(f"anonml.{package}").__file__ or "").resolve().parent == folder
+
+
+def test_the_tree_has_no_symbolic_links() -> None:
+    """Tools that read files (import graphs, coverage, packagers) see every package where it is."""
+    tracked = subprocess.run(["git", "ls-files", "-s"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    assert [line.split("\t")[1] for line in tracked.splitlines() if line.startswith("120000")] == []
+
+
+def test_the_layer_contract_names_every_package() -> None:
+    contracts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    named = {name.strip() for contract in contracts for layer in contract["layers"] for name in layer.replace(":", "|").split("|")}
+    top_level = {name for name in SETUPTOOLS["packages"] if name != "anonml"} | {"anonml.cli"}
+    assert top_level - named == set()
 
 
 def test_every_exception_the_project_defines_derives_from_the_root() -> None:
@@ -40,7 +69,6 @@ def test_every_exception_the_project_defines_derives_from_the_root() -> None:
     assert strays == ["anonml.demo._children.ChildFailed"]
 
 
-ROLE_PACKAGES = ("relay", "peer", "aggregator", "crypto", "mechanisms", "protocol", "learning")
 # The primitives' benchmark times group and X25519 operations that are not part of crypto's face.
 PRIVATE_IMPORTS_KEPT_ON_PURPOSE = {
     ("anonml/bench/crypto.py", "anonml.crypto._group"),
@@ -48,31 +76,30 @@ PRIVATE_IMPORTS_KEPT_ON_PURPOSE = {
 }
 
 
-def _private_imports(path: Path, own_package: str | None) -> list[str]:
-    """``from anonml.<role>._module import ...`` lines in ``path`` that reach into another role's privates."""
-    import ast
+def _package_of(module: str) -> str:
+    """``anonml.relay`` for ``anonml.relay._server``; ``anonml.demo`` for ``anonml.demo._run``."""
+    return ".".join(module.split(".")[:2])
 
+
+def _private_imports(path: Path, own_package: str) -> list[str]:
+    """``from anonml.<package>._module import ...`` lines in ``path`` that reach into another package's privates."""
     found = []
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             parts = node.module.split(".")
-            if len(parts) >= 3 and parts[0] == "anonml" and parts[1] in ROLE_PACKAGES and parts[2].startswith("_") and parts[1] != own_package:
+            private = any(part.startswith("_") for part in parts[2:])
+            if parts[0] == "anonml" and private and _package_of(node.module) != own_package:
                 found.append(node.module)
     return found
 
 
 def test_no_module_reaches_into_another_packages_private_modules() -> None:
-    """Issue 10: outside its package, a package is used through its ``__init__`` (its ``__all__``)."""
-
-    root = Path(anonml.__file__).resolve().parent.parent
+    """Outside its package, a package is used through its ``__init__`` (its ``__all__``): the roles,
+    the ground floor, and the top floor's command, demo, benchmarks and fuzzers alike."""
     reached = []
-    for package in ROLE_PACKAGES:
-        for path in sorted((root / package).glob("**/*.py")):
-            reached += [f"{path.relative_to(root)} imports {module}" for module in _private_imports(path, package)]
-    # anonml's own modules (cli, demo, bench, testing); anonml/<role> are links to the folders above.
-    for path in sorted(root.glob("anonml/**/*.py")):
-        relative = path.relative_to(root)
-        if path.resolve() == path:
-            reached += [f"{relative} imports {module}" for module in _private_imports(path, None)
-                        if (str(relative), module) not in PRIVATE_IMPORTS_KEPT_ON_PURPOSE]
+    for name in _modules():
+        path = Path(importlib.import_module(name).__file__ or "")
+        relative = str(path.relative_to(ROOT))
+        reached += [f"{relative} imports {module}" for module in _private_imports(path, _package_of(name))
+                    if (relative, module) not in PRIVATE_IMPORTS_KEPT_ON_PURPOSE]
     assert reached == []

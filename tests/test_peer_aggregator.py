@@ -170,7 +170,7 @@ async def test_a_peer_refuses_a_manifest_whose_hash_differs_from_the_one_it_regi
 
 
 def peer_cli(*args: str) -> list[str]:
-    from anonml.cli import anonml_command
+    from anonml.base.process import anonml_command
 
     return anonml_command("peer", *args)
 

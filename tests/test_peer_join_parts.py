@@ -12,7 +12,7 @@ import trio
 
 from anonml.peer._join import choose_path, peer_generator
 from anonml.peer._transport import open_transport
-from anonml.protocol._link import AckStatus, serve_link
+from anonml.transport._link import AckStatus, serve_link
 from anonml.protocol._manifest import RelayEntry
 
 PACKET = 64

@@ -16,7 +16,7 @@ from anonml.demo import free_port
 from anonml.aggregator._service import AggregatorConfig, serve_aggregator
 from anonml.aggregator._setup import create_round
 from anonml.aggregator._spec import parse_round_spec
-from anonml.cli import anonml_command
+from anonml.base.process import anonml_command
 from anonml.peer._store import PeerStore
 from test_e2e_round import aggregator_with_relays, spec_document
 

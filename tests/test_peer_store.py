@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from anonml.errors import ConfigError
+from anonml.base.errors import ConfigError
 from anonml.peer._identity import (
     IDENTITY_FILE,
     IdentityError,

@@ -27,7 +27,7 @@ from anonml.crypto import (
     generate_keypair,
     node_id_of,
 )
-from anonml.protocol import AckStatus, LinkClient, LinkLimits, encode_hello
+from anonml.transport import AckStatus, LinkClient, LinkLimits, encode_hello
 from anonml.relay import (
     DirectoryEntry,
     RelayConfig,

@@ -31,7 +31,8 @@ from anonml.crypto import (
     generate_keypair,
     node_id_of,
 )
-from anonml.protocol import AckStatus, AggregatorHop, PhaseTimes, RelayEntry, RoundSchedule, SignedManifest
+from anonml.protocol import AggregatorHop, PhaseTimes, RelayEntry, RoundSchedule, SignedManifest
+from anonml.transport import AckStatus
 from anonml.relay import (
     DirectoryEntry,
     DirectoryError,

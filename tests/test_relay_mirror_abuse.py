@@ -10,7 +10,7 @@ import httpx
 import trio
 
 from anonml.demo import free_port
-from anonml.protocol import HttpLimits
+from anonml.transport import HttpLimits
 from anonml.relay import serve_mirror
 
 
@@ -58,7 +58,7 @@ async def test_trickling_clients_are_capped_per_source_and_cut_off_while_others_
 
 
 async def test_a_mirror_on_ipv6_reports_a_url_that_reaches_it(nursery: trio.Nursery) -> None:
-    """protocol.serve_http wrote ``http://::1:PORT``, which no HTTP client can use; an IPv6 host is bracketed."""
+    """transport.serve_http wrote ``http://::1:PORT``, which no HTTP client can use; an IPv6 host is bracketed."""
     url = await nursery.start(lambda task_status: serve_mirror(("::1", 0), (), task_status=task_status))
     assert url.startswith("http://[::1]:")
     async with httpx.AsyncClient(base_url=url, timeout=3) as client:

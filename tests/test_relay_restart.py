@@ -23,9 +23,9 @@ from anonml.crypto import (
     generate_keypair,
     node_id_of,
 )
-from anonml.cli import anonml_command
+from anonml.base.process import anonml_command
 from anonml.demo import free_port
-from anonml.protocol import AckStatus, LinkClient
+from anonml.transport import AckStatus, LinkClient
 from anonml.relay import DirectoryEntry, render_directory_file
 from anonml.testing import FinalHopSink, drawn_in_time, packet_seconds, window_seconds
 

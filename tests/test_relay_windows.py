@@ -26,7 +26,7 @@ from anonml.crypto import (
     node_id_of,
     process_packet,
 )
-from anonml.protocol import AckStatus
+from anonml.transport import AckStatus
 from anonml.relay import (
     DirectoryEntry,
     KeyRing,

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from anonml.cli import anonml_command, main
+from anonml.base.process import anonml_command
+from anonml.cli import main
 from test_aggregator_cli import write_spec
 
 

@@ -1,4 +1,4 @@
-"""anonml.storage: versioned SQLite stores and key files."""
+"""anonml.base.storage: versioned SQLite stores and key files."""
 
 from __future__ import annotations
 
@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from anonml.errors import (
+from anonml.base.errors import (
     AnonMLError,
     ConfigError,
     InputError,
     StorageError,
     TransportError,
 )
-from anonml.storage import (
+from anonml.base.storage import (
     Database,
     Schema,
     make_private_dir,

@@ -73,17 +73,8 @@ from anonml.crypto import (
     build_packet,
     generate_keypair,
 )
-from anonml.protocol import (
-    PATH_HEADS,
-    PATH_RECEIPTS,
-    PATH_ROSTER,
-    PATH_STATUS,
-    AckStatus,
-    LinkClient,
-    LinkIdentity,
-    SurveyId,
-    encode_hello,
-)
+from anonml.protocol import PATH_HEADS, PATH_RECEIPTS, PATH_ROSTER, PATH_STATUS, SurveyId
+from anonml.transport import AckStatus, LinkClient, LinkIdentity, encode_hello
 from anonml.relay import (
     CONFIG_FILE,
     KeyRing,
@@ -96,7 +87,7 @@ from anonml.relay import (
     render_config,
 )
 from anonml.bench._processes import child_processes
-from anonml.process import freeze_startup_heap
+from anonml.base.process import freeze_startup_heap
 from anonml.testing import SettableClock, enrol
 
 ABUSES = ("relay-hold-fill", "relay-late-tags", "relay-idle-links", "sink-stranger", "sink-garbage",

@@ -49,7 +49,9 @@ from anonml.bench.aggregator import bench_spec
 from anonml.bench.relay import _start_relay
 from anonml.crypto import DEFAULT_MAX_HOPS, DEFAULT_PACKET_SIZE, SphinxGeometry, generate_keypair, node_id_of, public_key_of
 from anonml.peer import peer_generator
-from anonml.protocol import AckStatus, LinkClient, SurveyId, score_links, seal_report, timing_figures
+from anonml.protocol import SurveyId, seal_report
+from anonml.transport import AckStatus, LinkClient
+from anonml.aggregator import score_links, timing_figures
 from anonml.relay import DirectoryEntry
 from anonml.testing import SettableClock, SimulatedPeer
 

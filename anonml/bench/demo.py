@@ -20,7 +20,7 @@ from typing import Any
 import click
 import trio
 
-from anonml.cli import anonml_command
+from anonml.base.process import anonml_command
 from anonml.demo import open_children, until_signalled
 
 HOG = "while True: pass"

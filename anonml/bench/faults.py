@@ -33,14 +33,28 @@ import click
 import trio
 
 from anonml.bench._proxy import LinkFaults, LossyProxy, serve_lossy_proxy
-from anonml.demo import Child, Children, audit_round, open_children, until_signalled
-from anonml.demo._calibrate import measure_costs
-from anonml.demo._data import breast_cancer_data
-from anonml.demo._ports import HOST, free_port
-from anonml.demo._progress import Progress
-from anonml.demo._run import Network, collect_report, follow_round, init_aggregator, open_round, start_relays, start_workers
-from anonml.demo._schedule import RELAYS, plan_round
-from anonml.demo._summary import peer_totals
+from anonml.demo import (
+    HOST,
+    RELAYS,
+    Child,
+    Children,
+    Network,
+    Progress,
+    audit_round,
+    breast_cancer_data,
+    collect_report,
+    follow_round,
+    free_port,
+    init_aggregator,
+    measure_costs,
+    open_children,
+    open_round,
+    peer_totals,
+    plan_round,
+    start_relays,
+    start_workers,
+    until_signalled,
+)
 
 
 @dataclass

@@ -48,8 +48,8 @@ from anonml.crypto import (
     process_packet,
 )
 from anonml.bench._processes import child_processes
-from anonml.process import freeze_startup_heap
-from anonml.protocol import AckStatus, LinkClient
+from anonml.base.process import freeze_startup_heap
+from anonml.transport import AckStatus, LinkClient
 from anonml.relay import (
     CONFIG_FILE,
     STORE_FILE,

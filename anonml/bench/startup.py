@@ -17,6 +17,8 @@ from pathlib import Path
 
 import click
 
+from anonml.base.process import anonml_command
+
 TARGET_SECONDS = 0.5
 """Issue 15: ``anonml --help`` must answer within half a second."""
 
@@ -26,7 +28,7 @@ def anonml_help_command() -> list[str]:
     script = Path(sys.executable).parent / "anonml"
     if script.is_file():
         return [str(script), "--help"]
-    return [sys.executable, "-c", "import sys; from anonml.cli import main; sys.exit(main())", "--help"]
+    return anonml_command("--help")
 
 
 def _wall_time(command: list[str]) -> float:

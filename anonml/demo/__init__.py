@@ -20,9 +20,42 @@ set), ``_command`` (the click command).
 from __future__ import annotations
 
 from anonml.demo._audit import Audit, audit, audit_round
+from anonml.demo._calibrate import measure_costs
 from anonml.demo._children import Child, ChildFailed, Children, open_children, resident_mb, until_signalled
 from anonml.demo._command import demo
-from anonml.demo._ports import free_port
-from anonml.demo._schedule import schedule_seconds
+from anonml.demo._data import breast_cancer_data
+from anonml.demo._ports import HOST, free_port
+from anonml.demo._progress import Progress
+from anonml.demo._run import Network, collect_report, follow_round, init_aggregator, open_round, start_relays, start_workers
+from anonml.demo._schedule import RELAYS, plan_round, schedule_seconds
+from anonml.demo._summary import peer_totals
 
-__all__ = ["Audit", "Child", "ChildFailed", "Children", "audit", "audit_round", "demo", "free_port", "open_children", "resident_mb", "schedule_seconds", "until_signalled"]
+# The pieces ``anonml bench faults`` builds its round from, besides the command itself.
+__all__ = [
+    "HOST",
+    "RELAYS",
+    "Audit",
+    "Child",
+    "ChildFailed",
+    "Children",
+    "Network",
+    "Progress",
+    "audit",
+    "audit_round",
+    "breast_cancer_data",
+    "collect_report",
+    "demo",
+    "follow_round",
+    "free_port",
+    "init_aggregator",
+    "measure_costs",
+    "open_children",
+    "open_round",
+    "peer_totals",
+    "plan_round",
+    "resident_mb",
+    "schedule_seconds",
+    "start_relays",
+    "start_workers",
+    "until_signalled",
+]

@@ -23,7 +23,7 @@ import click
 import psutil
 import trio
 
-from anonml.cli import anonml_command
+from anonml.base.process import anonml_command
 
 T = TypeVar("T")
 

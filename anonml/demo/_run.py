@@ -24,7 +24,7 @@ import httpx
 import trio
 
 from anonml.aggregator import LINKS_JSON
-from anonml.cli import anonml_command
+from anonml.base.process import anonml_command
 from anonml.demo._audit import audit_round
 from anonml.demo._calibrate import PhaseCosts, measure_costs
 from anonml.demo._children import Child, ChildFailed, Children, open_children, resident_mb
@@ -34,7 +34,7 @@ from anonml.demo._progress import Progress, phase_rows, read_worker, scrape_rela
 from anonml.demo._schedule import AGGREGATOR_PROCESSES, RELAYS, DemoParams, plan_round, round_spec, to_toml
 from anonml.demo._summary import anonymity_figures, summarise
 from anonml.demo._swarm import SwarmConfig
-from anonml.protocol import tls_context
+from anonml.transport import tls_context
 
 # `anonml aggregator run` exits 0 when the round is done, 3 when it failed and
 # 4 when it ended degraded: each is its normal end, not a crash to restart.
@@ -141,7 +141,7 @@ async def open_round(children: Children, work: Path, agg_dir: Path, data: DemoDa
 async def follow_round(children: Children, network: Network, workers: list[Child], aggregator: Child,
                        progress: Progress, console: Any, started: float) -> None:
     """Show the round's progress until it has ended and the peers are done (or have had their grace)."""
-    from anonml.display import StatusBoard
+    from anonml.base.display import StatusBoard
     from anonml.peer import AggregatorClient
 
     client = AggregatorClient(network.url, max_connections=2, retry_for=1.0)

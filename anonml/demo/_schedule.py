@@ -19,7 +19,8 @@ import tomli_w
 from anonml.demo._calibrate import PhaseCosts
 from anonml.demo._data import DemoData
 from anonml.demo._ports import HOST
-from anonml.protocol import HttpLimits, comparison_pool_size
+from anonml.protocol import comparison_pool_size
+from anonml.transport import HttpLimits
 
 RELAYS = 3
 AGGREGATOR_PROCESSES = 2

@@ -18,7 +18,7 @@ from anonml.demo._audit import Audit
 from anonml.demo._data import DemoData, baseline_auc
 from anonml.demo._progress import Progress
 from anonml.demo._schedule import DemoParams
-from anonml.protocol import score_links, timing_figures
+from anonml.aggregator import score_links, timing_figures
 
 PEER_COUNTS = ("joined", "packets", "sends", "resends", "covers", "acknowledged", "missing", "unconfirmed")
 

@@ -2,7 +2,7 @@
 
 Each target (:mod:`anonml.fuzz._targets`) runs in its own process under
 atheris (:mod:`anonml.fuzz._worker`), one after the other; every input must
-parse or be refused with an :class:`anonml.errors.AnonMLError`. The command
+parse or be refused with an :class:`anonml.base.errors.AnonMLError`. The command
 prints, per target, inputs run, parsed, refused, untyped errors and crashes,
 and exits 1 if there is any untyped error or crash.
 """

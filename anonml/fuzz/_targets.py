@@ -3,7 +3,7 @@
 A target is its valid inputs (the fuzzer's seeds, made the way the services
 make them) and a function that runs one input through the parser as the
 service does: the input either parses or is refused with an
-:class:`anonml.errors.AnonMLError`; anything else is a bug the fuzz command
+:class:`anonml.base.errors.AnonMLError`; anything else is a bug the fuzz command
 counts. Where a MAC or a signature stands in front of a parser, a second
 target feeds the parser behind it directly (``manifest-body``, the signed
 documents' bodies), so the fuzzer reaches it at all.
@@ -36,8 +36,6 @@ from anonml.crypto import (
 from anonml.fuzz._world import World, build_world, relay_hop, spec_document
 from anonml.peer import RoundPipeline
 from anonml.protocol import (
-    HELLO_REPLY_BYTES,
-    AckStatus,
     Check,
     CredentialRequest,
     CredentialResponse,
@@ -45,9 +43,6 @@ from anonml.protocol import (
     ErrorResponse,
     FeatureSpec,
     HeadsResponse,
-    HelloStatus,
-    LinkIdentity,
-    LinkLimits,
     MedianResults,
     MedianThresholds,
     ReceiptSegment,
@@ -63,11 +58,18 @@ from anonml.protocol import (
     SurveyMessage,
     TreeHead,
     canonical_json,
+    parse_message,
+)
+from anonml.transport import (
+    HELLO_REPLY_BYTES,
+    AckStatus,
+    HelloStatus,
+    LinkIdentity,
+    LinkLimits,
     encode_hello,
     encode_hello_reply,
     parse_acks,
     parse_hello_reply,
-    parse_message,
     serve_link,
 )
 from anonml.relay import DirectoryEntry, parse_directory_file, render_directory_file

@@ -28,10 +28,10 @@ import atheris
 if sys.argv[6:7] == ["1"]:
     # Imported under instrumentation: coverage of every anonml module guides the fuzzer.
     with atheris.instrument_imports(include=["anonml"]):
-        from anonml.errors import AnonMLError
+        from anonml.base.errors import AnonMLError
         from anonml.fuzz._targets import build_targets
 else:
-    from anonml.errors import AnonMLError
+    from anonml.base.errors import AnonMLError
     from anonml.fuzz._targets import build_targets
 
 _WRITE_EVERY = 5000

@@ -1,6 +1,6 @@
 """A minimal final hop for the relay benchmark and tests.
 
-It receives from last-hop relays with :func:`protocol.serve_link`, removes the
+It receives from last-hop relays with :func:`transport.serve_link`, removes the
 final Sphinx layer with the aggregator's private key, and records when each
 message arrived. It keeps replay tags in memory and stores nothing durably:
 it measures the relays, it is not the aggregator (whose sink verifies tokens
@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import trio
 
 from anonml.crypto import FinalMessage, InvalidPacket, SphinxGeometry, process_packet
-from anonml.protocol import AckStatus, LinkError, LinkIdentity, serve_link
+from anonml.transport import AckStatus, LinkError, LinkIdentity, serve_link
 
 
 @dataclass

@@ -74,7 +74,7 @@ from anonml.crypto import (
     node_id_of,
     public_key_of,
 )
-from anonml.errors import TransportError
+from anonml.base.errors import TransportError
 
 LINK_MAGIC = b"AMLK"
 LINK_VERSION = 2

@@ -16,7 +16,7 @@ declares its tables once as a :class:`Schema` and opens them through
   open (SQLite rolls back by itself on some errors; a second ROLLBACK would
   raise and hide the real error);
 - SQLite's I/O failures (disk full, read-only, not a database) become
-  :class:`~anonml.errors.StorageError` naming the file.
+  :class:`~anonml.base.errors.StorageError` naming the file.
 
 Key files are written and read by :func:`write_secret_file` and
 :func:`read_secret_file` only: created 0600 with ``O_EXCL`` and fsynced, read
@@ -35,7 +35,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from anonml.errors import ConfigError, StorageError
+from anonml.base.errors import ConfigError, StorageError
 
 __all__ = ["Database", "Schema", "lock_data_dir", "make_private_dir", "read_secret_file", "write_secret_file"]
 

@@ -1,8 +1,9 @@
-"""What every long-running service process does once it has started."""
+"""Processes: how a service settles once started, and how to start the ``anonml`` command as a child."""
 
 from __future__ import annotations
 
 import gc
+import sys
 
 
 def freeze_startup_heap() -> None:
@@ -21,3 +22,12 @@ def freeze_startup_heap() -> None:
     """
     gc.collect()
     gc.freeze()
+
+
+def anonml_command(*args: str) -> list[str]:
+    """The argv that runs this same ``anonml`` (this interpreter, this install) as a child process.
+
+    It names the command's module as text, not as an import, so the packages
+    below the command (the demo, the benchmarks) start it without importing it.
+    """
+    return [sys.executable, "-c", "import sys; from anonml.cli import main; sys.exit(main())", *args]

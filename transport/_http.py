@@ -5,7 +5,7 @@ Issue 13 measured clients sending a body a byte every 5 s: hypercorn's read
 timeout was unset and nothing capped connections, so 300 of them took down
 the API and the packet sink (fd limit 256); a relay's mirror shares its
 process, and its fds, with the relay's link. So each accepted connection takes
-a slot of a :class:`protocol.ConnectionGate` (a total cap below the fd limit,
+a slot of a :class:`transport.ConnectionGate` (a total cap below the fd limit,
 and a per-source cap) before hypercorn sees it; hypercorn gets a read timeout
 (per read) and a keep-alive timeout; the handlers bound each request body as
 a whole (the aggregator's ``_service._read_body``). hypercorn's ``serve`` owns its accept loop,
@@ -30,10 +30,10 @@ from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio.tcp_server import TCPServer
 from hypercorn.trio.worker_context import WorkerContext
 
-from anonml.errors import TransportError
-from anonml.protocol._admission import ConnectionGate, RequestPacer, peer_address
-from anonml.protocol._api import MAX_REQUEST_BYTES, format_host_port
-from anonml.protocol._link import check_positive_seconds
+from anonml.base.errors import TransportError
+from anonml.transport._admission import ConnectionGate, RequestPacer, peer_address
+from anonml.protocol import MAX_REQUEST_BYTES, format_host_port
+from anonml.transport._link import check_positive_seconds
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ class HttpLimits:
     ``read_timeout``: the longest wait for the next bytes of a request.
     ``keep_alive_timeout``: how long an idle kept-alive connection stays open.
     ``body_timeout``: a whole request body must arrive within it (408 otherwise).
-    ``request_rate``, ``request_burst``, ``request_floor``: the :class:`protocol.RequestPacer`
+    ``request_rate``, ``request_burst``, ``request_floor``: the :class:`transport.RequestPacer`
     of the server's requests (a source alone may send ``request_rate`` per second; none is held
     below ``request_floor``).
     """
