@@ -41,6 +41,7 @@ from anonml.aggregator._store import Refusal, Registered, Registration
 from anonml.aggregator._workers import IssuerWorkers
 from anonml.crypto import IssueJob, JobRefused
 from anonml.base.errors import StorageError
+from anonml.base.threads import run_blocking
 from anonml.protocol import (
     MAX_REQUEST_BYTES,
     PATH_CREDENTIAL,
@@ -202,7 +203,7 @@ class GroupCommit(Generic[Item, Outcome]):
         )
         async for attempt in retrying:
             with attempt:
-                outcomes = await trio.to_thread.run_sync(self._commit_many, items)
+                outcomes = await run_blocking(self._commit_many, items)
         self._health.recover(self._part)
         return outcomes
 
@@ -484,7 +485,7 @@ async def drive_round(
         if state.now() >= schedule.t_register_end:
             state.close_registration()
             # Signing, hashing and encoding every entry: off the event loop.
-            await trio.to_thread.run_sync(state.freeze_roster)
+            await run_blocking(state.freeze_roster)
             state.rebuild_log_snapshots()
     minimum, on_shortfall = state.shortfall_rule()
     for index, phase in enumerate(schedule.phases):
@@ -492,7 +493,7 @@ async def drive_round(
             state.publish_medians()
         for check in Check:
             await _settle(state, phase.check_time(check))
-            await trio.to_thread.run_sync(state.publish_heads, phase, check)
+            await run_blocking(state.publish_heads, phase, check)
         short = state.shortfall([phase])
         if short and on_shortfall == "fail":
             # The spec says a short survey ends the round: now, before peers spend budget on later phases.
@@ -506,7 +507,7 @@ async def drive_round(
     ending = state.ending()
     # Learning takes seconds on a large round: off the event loop, so the API keeps answering.
     state.learning_started_at = state.now()
-    detail = await trio.to_thread.run_sync(on_learn, state) if on_learn is not None else {}
+    detail = await run_blocking(on_learn, state) if on_learn is not None else {}
     if ending is RoundPhase.DEGRADED:
         short = state.shortfall(schedule.phases)
         detail = {**detail, "reason": f"too few reports: {_shortfall_words(short, minimum)}", "shortfall": short}
@@ -525,7 +526,7 @@ async def keep_status(state: RoundState, sink: PacketSink, every: float = 1.0) -
     with the service's health and the sink's refusals not yet committed."""
     while True:
         now = state.now()  # on the loop: trio's MockClock is only readable here
-        await trio.to_thread.run_sync(state.refresh_status, now, sink.health.status_counts(), sink.pending_refusals())
+        await run_blocking(state.refresh_status, now, sink.health.status_counts(), sink.pending_refusals())
         await trio.sleep(every)
 
 
@@ -548,12 +549,12 @@ async def serve_aggregator(
                                            health.http)
             listeners = await nursery.start(partial(trio.serve_tcp, sink.handle, config.sink_port, host=config.sink_host))
             sink_port = listeners[0].socket.getsockname()[1]
-            await trio.to_thread.run_sync(workers.warm)
+            await run_blocking(workers.warm)
             nursery.start_soon(sink.verify_forever)
             nursery.start_soon(registrations.run)
             nursery.start_soon(credentials.run)
             nursery.start_soon(relays.probe_forever)
-            await trio.to_thread.run_sync(state.refresh_status, state.now())
+            await run_blocking(state.refresh_status, state.now())
             nursery.start_soon(keep_status, state, sink)
             task_status.started(BoundAddresses(http_url, (config.sink_host, sink_port)))
             outcome = await drive_round(state, config.on_learn, registrations, credentials)

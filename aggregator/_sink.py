@@ -43,6 +43,7 @@ from anonml.aggregator._verify import (
 )
 from anonml.aggregator._workers import IssuerWorkers
 from anonml.base.errors import StorageError
+from anonml.base.threads import run_blocking
 from anonml.transport import AckStatus, ConnectionGate, LinkError, LinkIdentity, LinkLimits, peer_address, serve_link
 
 log = logging.getLogger(__name__)
@@ -110,7 +111,7 @@ class PacketSink:
         """
         opened: list[Delivered | RejectionReason] = []
         for offset in range(0, len(frames), _OPEN_SLICE):
-            opened += await trio.to_thread.run_sync(open_frames, self.state, frames[offset : offset + _OPEN_SLICE])
+            opened += await run_blocking(open_frames, self.state, frames[offset : offset + _OPEN_SLICE])
         authentic = [item for item in opened if isinstance(item, Delivered)]
         self._refused.update(str(item) for item in opened if isinstance(item, RejectionReason))
         busy = [AckStatus.BUSY if isinstance(item, Delivered) else AckStatus.REJECTED for item in opened]
@@ -124,7 +125,7 @@ class PacketSink:
             # has (the anonymity report, DESIGN.md §11); windows compare it with whole seconds.
             arrived = float(self.state.clock())
             try:
-                row_ids = await trio.to_thread.run_sync(
+                row_ids = await run_blocking(
                     self.state.store.enqueue, [(d.tag, d.message) for d in authentic], arrived, refused)
             except StorageError as exc:
                 self._refused.update(refused)
@@ -148,18 +149,18 @@ class PacketSink:
     async def admit_legacy_frames(self) -> None:
         """Frames an older release stored unchecked: open them now, in arrival order, as intake would."""
         store = self.state.store
-        legacy = await trio.to_thread.run_sync(store.legacy_frames)
+        legacy = await run_blocking(store.legacy_frames)
         for _, frame, arrived in legacy:
-            [opened] = await trio.to_thread.run_sync(open_frames, self.state, [frame])
+            [opened] = await run_blocking(open_frames, self.state, [frame])
             if isinstance(opened, Delivered):
-                [row_id] = await trio.to_thread.run_sync(store.enqueue, [(opened.tag, opened.message)], arrived)
+                [row_id] = await run_blocking(store.enqueue, [(opened.tag, opened.message)], arrived)
                 if row_id is None:
                     self._refused[RejectionReason.REPLAY] += 1
             else:
                 self._refused[opened] += 1
         if legacy:
             log.info("admitted %d frames stored by an older release", len(legacy))
-        await trio.to_thread.run_sync(store.drop_legacy_frames)
+        await run_blocking(store.drop_legacy_frames)
 
     # -- verification -----------------------------------------------------------
 
@@ -184,7 +185,7 @@ class PacketSink:
                                           before_sleep=lambda state: self._failed(state))
         async for attempt in retrying:
             with attempt:
-                await trio.to_thread.run_sync(store_judged, self.state, judged)
+                await run_blocking(store_judged, self.state, judged)
         self.health.recover(Part.VERIFIER)
 
     def _failed(self, retry_state: tenacity.RetryCallState) -> None:
@@ -197,14 +198,14 @@ class PacketSink:
             # A fresh event before looking, so a message stored after the look still wakes us.
             self._wakeup = trio.Event()
             # Off the event loop: the read waits for the store's lock, which a commit holds through its fsync.
-            rows = await trio.to_thread.run_sync(store.inbox_batch, self.verify_batch, last_id)
+            rows = await run_blocking(store.inbox_batch, self.verify_batch, last_id)
             if not rows:
                 await self._count_refusals()
                 await self._wakeup.wait()
                 continue
             last_id = rows[-1][0]
-            batch = await trio.to_thread.run_sync(open_batch, self.state, rows)
-            await judged.send(await trio.to_thread.run_sync(judge_batch, self.state, batch, self.workers))
+            batch = await run_blocking(open_batch, self.state, rows)
+            await judged.send(await run_blocking(judge_batch, self.state, batch, self.workers))
 
     async def _count_refusals(self) -> None:
         """Store the counts of frames refused since the last commit (when intake had nothing else to store)."""
@@ -212,7 +213,7 @@ class PacketSink:
             return
         refused, self._refused = self._refused, Counter()
         try:
-            await trio.to_thread.run_sync(self.state.store.count_rejections, refused)
+            await run_blocking(self.state.store.count_rejections, refused)
         except StorageError as exc:
             self._refused.update(refused)
             self.health.fail(Part.VERIFIER, exc)

@@ -120,6 +120,7 @@ class AggregatorClient:
     def __init__(
         self, base_url: str, *, max_connections: int = 32, timeout: float = 60.0, retry_for: float = 120.0,
         wait_for_service: bool = False, on_retry: RetryListener = _quiet,
+        jitter: random.Random | None = None,
     ) -> None:
         self.base_url = str(check_aggregator_url(base_url)).rstrip("/")
         self._http = httpx.AsyncClient(
@@ -135,6 +136,8 @@ class AggregatorClient:
         self._wait_for_service = wait_for_service
         self._reached = False
         self.on_retry = on_retry
+        # Draws the retry delays; seeded in the simulator, so one seed gives one trace.
+        self._jitter = jitter if jitter is not None else random.Random()
         self.requests = 0
         self.retries = 0
 
@@ -189,7 +192,7 @@ class AggregatorClient:
                 self.on_retry(f"{method} {path}: {failure}; retrying for up to {left:.0f} s")
             self.retries += 1
             # Full jitter: thousands of peers retrying together must not come back in step.
-            await trio.sleep(random.uniform(0, backoff))
+            await trio.sleep(self._jitter.uniform(0, backoff))
             backoff = min(backoff * 2, 2.0)
 
     async def _get(self, path: str, parse: Callable[[bytes], T]) -> T | None:

@@ -67,6 +67,7 @@ from anonml.protocol import (
     HeadsResponse,
     InvalidDocument,
     MedianResults,
+    NONCE_BYTES,
     MedianThresholds,
     NumericFeature,
     PartitionPlan,
@@ -217,6 +218,8 @@ class RoundSession:
     _mirrors: dict[str, AggregatorClient] = field(default_factory=dict)
     mirror_client: Callable[[str], AggregatorClient] = field(default=lambda url: AggregatorClient(url, max_connections=4, retry_for=2.0))
     """Opens the client for one relay mirror (tests record what each peer asks)."""
+    mirror_order: random.Random = field(default_factory=random.SystemRandom)
+    """Shuffles the mirrors each time they are asked (seeded in the simulator, so one seed gives one trace)."""
 
     def round_keys(self, signed: SignedManifest) -> tuple[SphinxGeometry, IssuerPublicKey]:
         """The round's packet geometry and token key, parsed once per process."""
@@ -232,7 +235,7 @@ class RoundSession:
     def _mirror_clients(self, manifest: RoundManifest) -> list[AggregatorClient]:
         """Every relay mirror the manifest lists, in a random order (each process asks them in its own order)."""
         urls = [relay.mirror_url for relay in manifest.relays if relay.mirror_url is not None]
-        random.SystemRandom().shuffle(urls)
+        self.mirror_order.shuffle(urls)
         for url in urls:
             if url not in self._mirrors:
                 self._mirrors[url] = self.mirror_client(url)
@@ -641,7 +644,9 @@ class PeerRound:
             self.result.resumed = True
             self.emit("resumed")
             return
-        request = RegisterRequest.create(self.peer.identity.signing_key, self.round_id, self.peer.invitation)
+        # The nonce comes from the peer's own CSPRNG, so a seeded run (the simulator) registers alike every time.
+        nonce = self.peer.rng.bytes(NONCE_BYTES)
+        request = RegisterRequest.create(self.peer.identity.signing_key, self.round_id, self.peer.invitation, nonce=nonce)
         await self.session.client.register(request)
         self.emit("registered")
 

@@ -84,6 +84,7 @@ from anonml.crypto import (
     process_packet,
 )
 from anonml.base.errors import StorageError
+from anonml.base.threads import run_blocking
 from anonml.protocol import SignedManifest, format_host_port
 from anonml.transport import AckStatus, ConnectionGate, LinkClient, LinkError, LinkIdentity, peer_address, serve_link
 from anonml.relay._clock import RelayClock, WallClock
@@ -643,7 +644,7 @@ class Relay:
                                                   timeout=self.config.directory_fetch_timeout)
                     self.learn_round(source, signed)
                 else:
-                    entries = await trio.to_thread.run_sync(load_directory_file, Path(source))
+                    entries = await run_blocking(load_directory_file, Path(source))
                     self.directory.replace_source(source, entries)
             except DirectoryError as exc:
                 level = logging.DEBUG if source in failing else logging.WARNING
