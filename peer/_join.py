@@ -220,6 +220,8 @@ class RoundSession:
     """Opens the client for one relay mirror (tests record what each peer asks)."""
     mirror_order: random.Random = field(default_factory=random.SystemRandom)
     """Shuffles the mirrors each time they are asked (seeded in the simulator, so one seed gives one trace)."""
+    unreachable: set[bytes] = field(default_factory=set)
+    """Relays (node ids) whose mirror could not be reached when last asked: later paths avoid them."""
 
     def round_keys(self, signed: SignedManifest) -> tuple[SphinxGeometry, IssuerPublicKey]:
         """The round's packet geometry and token key, parsed once per process."""
@@ -232,31 +234,49 @@ class RoundSession:
         for mirror in self._mirrors.values():
             await mirror.aclose()
 
-    def _mirror_clients(self, manifest: RoundManifest) -> list[AggregatorClient]:
+    def _mirror_clients(self, manifest: RoundManifest) -> list[tuple[RelayEntry, AggregatorClient]]:
         """Every relay mirror the manifest lists, in a random order (each process asks them in its own order)."""
-        urls = [relay.mirror_url for relay in manifest.relays if relay.mirror_url is not None]
-        self.mirror_order.shuffle(urls)
-        for url in urls:
-            if url not in self._mirrors:
-                self._mirrors[url] = self.mirror_client(url)
-        return [self._mirrors[url] for url in urls]
+        relays = [relay for relay in manifest.relays if relay.mirror_url is not None]
+        self.mirror_order.shuffle(relays)
+        for relay in relays:
+            assert relay.mirror_url is not None
+            if relay.mirror_url not in self._mirrors:
+                self._mirrors[relay.mirror_url] = self.mirror_client(relay.mirror_url)
+        return [(relay, self._mirrors[relay.mirror_url or ""]) for relay in relays]
 
-    async def _from_a_mirror(self, manifest: RoundManifest, fetch: Callable[[AggregatorClient], Awaitable[T | None]], until: float) -> T | None:
-        """The first answer any mirror gives (polling all of them until ``until``), or None."""
+    async def _from_mirrors(self, manifest: RoundManifest, fetch: Callable[[AggregatorClient], Awaitable[T | None]], until: float) -> list[T]:
+        """What the mirrors answer, one answer per mirror: every mirror is asked, polling until a quorum
+        answered (:func:`mirror_quorum`) or ``until`` passes.
+
+        A mirror that cannot be reached is noted in ``unreachable``: its relay
+        is down or cut off, and paths chosen later avoid it while others are up.
+        """
+        answers: dict[bytes, T] = {}
+        asked: set[bytes] = set()
+        mirrors = self._mirror_clients(manifest)
+        quorum = mirror_quorum(manifest)
         attempt = 0
-        while manifest.relays and any(relay.mirror_port is not None for relay in manifest.relays):
-            for mirror in self._mirror_clients(manifest):
+        while mirrors:
+            for relay, mirror in mirrors:
+                if relay.node_id in answers:
+                    continue
+                asked.add(relay.node_id)
                 try:
                     value = await fetch(mirror)
-                except (AggregatorError, InvalidDocument):
+                except AggregatorError as exc:
+                    if exc.status == 0:  # no HTTP answer at all: connection refused, reset or timed out
+                        self.unreachable.add(relay.node_id)
                     continue
+                except InvalidDocument:
+                    continue
+                self.unreachable.discard(relay.node_id)
                 if value is not None:
-                    return value
-            if self.now() > until:
-                return None
+                    answers[relay.node_id] = value
+            if len(answers) == len(mirrors) or len(answers) >= quorum or self.now() > until:
+                break
             await trio.sleep(retry_delay(attempt))
             attempt += 1
-        return None
+        return list(answers.values())
 
     async def manifest(self, phase: str) -> SignedManifest:
         return await self._cache.get(("manifest", phase), self.client.manifest)
@@ -279,15 +299,12 @@ class RoundSession:
                     mirrored.verify(identity)
                 return mirrored
 
-            mirrored = await self._from_a_mirror(manifest, fetch, manifest.schedule.t_issue_end - _MARGIN)
-            if mirrored is None:
-                return False
-            if mirrored.round_id == signed.round_id:
-                return True
-            other = mirrored.manifest
-            if other.name == manifest.name and _overlap(other, manifest):
-                raise Equivocation(EquivocationProof(signed.round_id, "manifest", signed.to_json(), mirrored.to_json()))
-            return False
+            answers = await self._from_mirrors(manifest, fetch, manifest.schedule.t_issue_end - _MARGIN)
+            for mirrored in answers:
+                # DESIGN.md §5: two manifests of one signer with overlapping schedules, whatever their names.
+                if mirrored.round_id != signed.round_id and _overlap(mirrored.manifest, manifest):
+                    raise Equivocation(EquivocationProof(signed.round_id, "manifest", signed.to_json(), mirrored.to_json()))
+            return sum(1 for mirrored in answers if mirrored.round_id == signed.round_id) >= mirror_quorum(manifest)
 
         return await self._cache.get(("compare-manifest", signed.round_id), compare)
 
@@ -327,8 +344,7 @@ class RoundSession:
             async def fetch(mirror: AggregatorClient) -> SignedDocument | None:
                 return await mirror.mirrored_roster_head(manifest.identity_key)
 
-            mirrored = await self._from_a_mirror(manifest, fetch, manifest.schedule.t_issue_end - _MARGIN)
-            if mirrored is not None:
+            for mirrored in await self._from_mirrors(manifest, fetch, manifest.schedule.t_issue_end - _MARGIN):
                 mirrored.verify(manifest.identity_key, kind=DocumentKind.ROSTER_HEAD, round_id=round_id)
                 if not mirrored.same_as(roster.head):
                     raise Equivocation(EquivocationProof(round_id, "roster-head", roster.head.to_json(), mirrored.to_json()))
@@ -399,7 +415,7 @@ class RoundSession:
         return await self._cache.get(("log", kind, partition, check), view)
 
     async def _compare_heads(self, manifest: RoundManifest, segment: ReceiptSegment, heads: dict[SurveyId, TreeHead], until: float) -> bool:
-        """Whether a mirror holds the same signed head for every survey; raises Equivocation on a different one."""
+        """Whether a quorum of mirrors holds the same signed head for every survey; raises Equivocation on a different one."""
         wanted = {(head.survey, head.check) for head in heads.values()}
 
         async def fetch(mirror: AggregatorClient) -> HeadsResponse | None:
@@ -410,16 +426,24 @@ class RoundSession:
             have = {(h.survey, h.check) for h in map(TreeHead.from_document, mirrored.heads)}
             return mirrored if wanted <= have else None
 
-        mirrored = await self._from_a_mirror(manifest, fetch, until)
-        if mirrored is None:
-            return False
-        theirs = {(head.survey, head.check): document for document in mirrored.heads for head in (TreeHead.from_document(document),)}
-        for document in segment.heads:
-            head = TreeHead.from_document(document)
-            other = theirs[(head.survey, head.check)]
-            if not other.same_as(document):
-                raise Equivocation(EquivocationProof(manifest.round_id, "tree-head", document.to_json(), other.to_json()))
-        return True
+        answers = await self._from_mirrors(manifest, fetch, until)
+        for mirrored in answers:
+            theirs = {(head.survey, head.check): document for document in mirrored.heads for head in (TreeHead.from_document(document),)}
+            for document in segment.heads:
+                head = TreeHead.from_document(document)
+                other = theirs[(head.survey, head.check)]
+                if not other.same_as(document):
+                    raise Equivocation(EquivocationProof(manifest.round_id, "tree-head", document.to_json(), other.to_json()))
+        return len(answers) >= mirror_quorum(manifest)
+
+
+def mirror_quorum(manifest: RoundManifest) -> int:
+    """How many relay mirrors must hold the same signed copy of a document to confirm it: a majority of those listed.
+
+    One mirror that answers first could be the aggregator's accomplice, and a
+    mirror lacking the document confirms nothing (DESIGN.md §5).
+    """
+    return sum(1 for relay in manifest.relays if relay.mirror_url is not None) // 2 + 1
 
 
 def _overlap(a: RoundManifest, b: RoundManifest) -> bool:
@@ -463,6 +487,10 @@ class JoinResult:
     """``never-sent`` (no first relay took it in either chance) or ``no-receipt-after-second-chance``."""
     unconfirmed: int = 0
     """Messages whose final log could not be read: they may or may not have counted."""
+    deferred: int = 0
+    """Reports sent in the second window by choice (a cover went in the first)."""
+    missed_documents: int = 0
+    """Surveys answered with covers only: a document their report needed did not come before its deadline."""
     resumed: bool = False
     epsilon_spent: float = 0.0
     events: list[str] = field(default_factory=list)
@@ -551,42 +579,54 @@ def check_manifest_unchanged(peer: Peer, signed: SignedManifest, aggregator: str
                           f"{signed.round_id.hex()!r}, not the one this peer registered under; both are stored")
 
 
-def choose_path(relays: Sequence[RelayEntry], length: int, rng: np.random.Generator, avoid: set[bytes] | None = None) -> list[RelayEntry]:
+def choose_path(relays: Sequence[RelayEntry], length: int, rng: np.random.Generator, avoid: set[bytes] | None = None,
+                down: frozenset[bytes] = frozenset()) -> list[RelayEntry]:
     """``length`` distinct relays in random order, chosen independently per packet.
 
     Relays in ``avoid`` (those on paths this message already took) are used
-    only when there are not enough others.
+    only when there are not enough others, and relays ``down`` (their mirror
+    could not be reached) only when there are not enough of either.
     """
     avoid = avoid or set()
-    fresh = [r for r in relays if r.node_id not in avoid]
-    stale = [r for r in relays if r.node_id in avoid]
-    order = [fresh[i] for i in rng.permutation(len(fresh))] + [stale[i] for i in rng.permutation(len(stale))]
+    tiers = ([r for r in relays if r.node_id not in avoid and r.node_id not in down],
+             [r for r in relays if r.node_id in avoid and r.node_id not in down],
+             [r for r in relays if r.node_id in down])
+    order = [tier[i] for tier in tiers for i in rng.permutation(len(tier))]
     chosen = order[:length]
     return [chosen[i] for i in rng.permutation(len(chosen))]
 
 
 @dataclass
 class _Outgoing:
-    """One message this peer sends, and the relays its paths have used."""
+    """One survey this peer answers: its report (if it has one), the window the report goes in, the relays used.
 
-    sealed: SealedReport
+    Every survey gets exactly one packet in each of the phase's two send
+    windows. The report goes in ``window``, drawn at random (DESIGN.md §3.7:
+    a report in the second window must not be recognisable as a repair);
+    the other window gets a cover, unless a report sent in the first window
+    is missing from the first check, when the second carries it again.
+    ``sealed`` is None when a document the report depends on did not come
+    before its deadline: then both windows get covers (a delayed answer may
+    cost a report; it never marks one).
+    """
+
+    survey: SurveyId
+    sealed: SealedReport | None
     phase: PhaseTimes
+    window: Attempt = Attempt.FIRST
     tried: set[bytes] = field(default_factory=set)
     left: bool = False
-    """A first relay acknowledged this message (not a cover) durably, in either chance."""
-
-    @property
-    def survey(self) -> SurveyId:
-        return self.sealed.survey
+    """A first relay acknowledged this message (not a cover) durably, in either window."""
 
 
 MISSING_REASONS = ("never-sent", "no-receipt-after-second-chance")
-"""Why a message's receipt is not in the final log: no first relay took it in either chance, or one did and it was lost after."""
+"""Why a message's receipt is not in the final log: no first relay took it in either window, or one did and it was lost after."""
 
 
 def message_outcome(out: _Outgoing, final: LogView | None) -> str:
-    """What the final check says of one message: ``acknowledged``, ``unconfirmed`` (no final log to read) or one of
+    """What the final check says of one report: ``acknowledged``, ``unconfirmed`` (no final log to read) or one of
     :data:`MISSING_REASONS`."""
+    assert out.sealed is not None, "a survey answered with covers only has no report to look for"
     if final is None:
         return "unconfirmed"
     if final.contains(out.survey, out.sealed.receipt):
@@ -692,7 +732,31 @@ class PeerRound:
         else:
             self.ledger.spend_subset(survey, features, self.manifest.eps_data, sealed=sealed)
         self.result.packets += 1
-        return _Outgoing(sealed, phase)
+        return _Outgoing(survey, sealed, phase, window=self.draw_window())
+
+    def draw_window(self) -> Attempt:
+        """The send window of a report: either, with probability one half (independent of everything else)."""
+        return Attempt.FIRST if self.peer.rng.random() < 0.5 else Attempt.SECOND
+
+    def without_report(self, survey: SurveyId, phase: PhaseTimes, missed: str) -> _Outgoing:
+        """A survey whose report cannot be made in time: covers in both windows, nothing spent."""
+        self.result.missed_documents += 1
+        self.emit(missed)
+        return _Outgoing(survey, None, phase)
+
+    async def by_deadline(self, deadline: float, fetch: Callable[[], Awaitable[T]]) -> T | None:
+        """``fetch()``, cut off at wall time ``deadline`` (a request in flight too); None if it failed or was cut off.
+
+        A document that comes late must never move a send (DESIGN.md §2): the
+        aggregator controls when it answers, so the peer gives up at a time
+        the manifest fixes instead.
+        """
+        with trio.move_on_at(trio.current_time() + max(0.0, deadline - self.session.now())):
+            try:
+                return await fetch()
+            except AggregatorError:
+                return None
+        return None
 
     def stored_outgoing(self, survey: SurveyId, phase: PhaseTimes) -> _Outgoing | None:
         """What a resumed peer already sealed for ``survey`` (it sends the same message, never a new one)."""
@@ -700,12 +764,13 @@ class PeerRound:
         if stored is None:
             return None
         # Whether a first relay took it before the crash is not stored; a send was tried.
-        return _Outgoing(SealedReport(survey, stored.message, stored.receipt), phase, left=stored.sends > 0)
+        return _Outgoing(survey, SealedReport(survey, stored.message, stored.receipt), phase, left=stored.sends > 0)
 
     async def send_once(self, survey: SurveyId, message: bytes, tried: set[bytes], attempt: Attempt, deadline: float) -> bool:
         """Send ``message`` over a fresh path in ``attempt``'s hop windows; True once the first relay acknowledges it durably."""
         while self.session.now() < deadline:
-            relays = choose_path(self.manifest.relays, self.manifest.path_length, self.peer.rng, tried)
+            relays = choose_path(self.manifest.relays, self.manifest.path_length, self.peer.rng, tried,
+                                 frozenset(self.session.unreachable))
             tried.update(r.node_id for r in relays)
             packet = self.manifest.packet(relays, survey, message, attempt)
             # Half the time left per attempt: a first relay that is down must
@@ -732,26 +797,38 @@ class PeerRound:
         sent = await self.send_once(survey, message, tried, attempt, windows[0].end - _MARGIN)
         return self.session.now() if sent else None
 
-    async def send_first(self, out: _Outgoing) -> None:
-        sent_at = await self.send_in_window(out.survey, out.sealed.message, out.phase, Attempt.FIRST, out.tried)
+    async def send_cover(self, out: _Outgoing, attempt: Attempt) -> None:
+        cover = CoverMessage(out.survey).to_bytes(self.geometry.message_size)
+        await self.send_in_window(out.survey, cover, out.phase, attempt, out.tried)
+
+    async def send_report(self, out: _Outgoing, attempt: Attempt) -> None:
+        """The report in ``attempt``'s window; a resend is the same message over paths it has not taken."""
+        assert out.sealed is not None
+        sent_at = await self.send_in_window(out.survey, out.sealed.message, out.phase, attempt, out.tried)
         if sent_at is not None:
             out.left = True
-            self.result.sent.append(SentMessage(out.survey, out.sealed.receipt, sent_at))
+            if attempt is Attempt.FIRST or out.window is Attempt.SECOND:
+                self.result.sent.append(SentMessage(out.survey, out.sealed.receipt, sent_at))
         self.emit("sent")
 
-    async def resend(self, out: _Outgoing) -> None:
-        """The same message again, in the second-chance window, over paths it has not taken."""
-        if await self.send_in_window(out.survey, out.sealed.message, out.phase, Attempt.SECOND, out.tried) is not None:
-            out.left = True
+    async def send_first(self, out: _Outgoing) -> None:
+        """The first window's packet: the report if it goes there, else a cover."""
+        if out.sealed is not None and out.window is Attempt.FIRST:
+            await self.send_report(out, Attempt.FIRST)
+        else:
+            await self.send_cover(out, Attempt.FIRST)
 
     async def second_chance(self, kind: SurveyKind, partition: int, outgoing: Sequence[_Outgoing]) -> None:
         """The phase's first check, the uniform second-chance window, and the final check (DESIGN.md §3.7, §5).
 
         Every peer of the partition makes the same requests at the same
-        times and sends exactly one packet per survey it answered. It resends
-        only when a log that a mirror confirms lacks its receipt; a log it
-        could not compare with any mirror, or none at all, gets covers (a
-        resend decided on a log shown to this peer alone would name it).
+        times and sends exactly one packet per survey it answers: the report
+        it kept for this window, a resend, or a cover. It resends only when a
+        log that a mirror confirms lacks its receipt; a log it could not
+        compare with any mirror, or none at all, gets covers (a resend decided
+        on a log shown to this peer alone would name it). A resend is one of
+        the second window's reports, which about half the partition sends by
+        choice: its anonymity set is those peers, not the partition.
         """
         if not outgoing:
             return
@@ -763,15 +840,16 @@ class PeerRound:
             self.emit("log-unverified")
         async with trio.open_nursery() as nursery:
             for out in outgoing:
-                missing = view is not None and view.compared and not view.contains(out.survey, out.sealed.receipt)
-                if missing:
+                if out.sealed is not None and out.window is Attempt.SECOND:
+                    self.result.deferred += 1
+                    nursery.start_soon(self.send_report, out, Attempt.SECOND)
+                elif out.sealed is not None and view is not None and view.compared and not view.contains(out.survey, out.sealed.receipt):
                     self.result.resends += 1
                     self.emit("resent")
-                    nursery.start_soon(self.resend, out)
+                    nursery.start_soon(self.send_report, out, Attempt.SECOND)
                 else:
                     self.result.covers += 1
-                    cover = CoverMessage(out.survey).to_bytes(self.geometry.message_size)
-                    nursery.start_soon(self.send_in_window, out.survey, cover, out.phase, Attempt.SECOND, out.tried)
+                    nursery.start_soon(self.send_cover, out, Attempt.SECOND)
         try:
             final = await self.session.log_view(self.manifest, kind, partition, Check.FINAL)
         except JoinRefused as refused:
@@ -779,6 +857,8 @@ class PeerRound:
         if final is not None and view is not None:
             self._check_grew(view, final)
         for out in outgoing:
+            if out.sealed is None:
+                continue
             outcome = message_outcome(out, final)
             if outcome == "unconfirmed":
                 self.result.unconfirmed += 1
@@ -816,13 +896,11 @@ class PeerRound:
         resumed = self.stored_outgoing(survey, phase)
         if resumed is not None:
             return [resumed]
-        try:
-            thresholds = await self.session.thresholds(self.manifest, survey.sub_round)
-        except AggregatorError:
-            # Not published in time: this peer's answer is simply missing from
-            # the search; the peer goes on with the rest of the round (nothing was spent).
-            self.emit("median-missed")
-            return []
+        thresholds = await self.by_deadline(phase.send_end - _MARGIN, lambda: self.session.thresholds(self.manifest, survey.sub_round))
+        if thresholds is None:
+            # Not in hand by the end of the send window: this peer's answer is missing from the
+            # search (nothing is spent), and it sends covers where the answer would have gone.
+            return [self.without_report(survey, phase, "median-missed")]
         check_thresholds(thresholds, self.spec)
         rng = self.peer.rng
 
@@ -849,7 +927,10 @@ class PeerRound:
         resumed = [self.stored_outgoing(survey, phase) for survey in surveys]
         if all(out is not None for out in resumed):
             return [out for out in resumed if out is not None]
-        medians = await self.session.medians(self.manifest) if self.spec.numeric_names else MedianResults({})
+        medians = (await self.by_deadline(phase.send_end - _MARGIN, lambda: self.session.medians(self.manifest))
+                   if self.spec.numeric_names else MedianResults({}))
+        if medians is None:
+            return [self.without_report(survey, phase, "medians-missed") for survey in surveys]
         cut_points: dict[str, list[float]] = {}
         for feature in self.spec.features:
             if isinstance(feature, NumericFeature):

@@ -101,7 +101,7 @@ def test_every_message_ends_acknowledged_unconfirmed_or_missing_with_its_reason(
     phase = PhaseTimes(100, 10, 130, 134, 10, 164)
 
     def out(receipt: bytes, left: bool) -> _Outgoing:
-        return _Outgoing(SealedReport(survey, b"", receipt), phase, left=left)
+        return _Outgoing(survey, SealedReport(survey, b"", receipt), phase, left=left)
 
     final = LogView({}, {}, {survey: frozenset({b"counted"})}, {survey: (b"counted",)}, compared=True)
     assert message_outcome(out(b"counted", left=True), final) == "acknowledged"
