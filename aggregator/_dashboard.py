@@ -36,7 +36,15 @@ from starlette.routing import Route
 from anonml.aggregator._round import RoundState
 from anonml.base.display import epsilon_in_words
 from anonml.protocol import RelayEntry, RoundManifest, SurveyId, SurveyKind
-from anonml.transport import HELLO_REPLY_BYTES, HelloStatus, LinkError, encode_hello, parse_hello_reply
+from anonml.transport import (
+    HELLO_REPLY_BYTES,
+    TCP_NETWORK,
+    HelloStatus,
+    LinkError,
+    Network,
+    encode_hello,
+    parse_hello_reply,
+)
 
 log = logging.getLogger(__name__)
 
@@ -73,10 +81,11 @@ class RelayHealth:
 
 
 class RelayWatch:
-    """Says hello to every relay of the round now and then; :meth:`snapshot` is what the page shows."""
+    """Says hello to every relay of the round now and then, over ``network``; :meth:`snapshot` is what the page shows."""
 
-    def __init__(self, state: RoundState) -> None:
+    def __init__(self, state: RoundState, network: Network = TCP_NETWORK) -> None:
         self.state = state
+        self.network = network
         manifest = state.manifest
         geometry = state.geometry
         self._hello = encode_hello(geometry.packet_size, geometry.canonical_hash())
@@ -94,7 +103,7 @@ class RelayWatch:
         status = "unreachable"
         try:
             with trio.fail_after(_PROBE_TIMEOUT):
-                stream = await trio.open_tcp_stream(relay.host, relay.port)
+                stream = await self.network.connect(relay.host, relay.port)
                 try:
                     await stream.send_all(self._hello)
                     reply = b""

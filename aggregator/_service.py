@@ -67,7 +67,7 @@ from anonml.protocol import (
     SignedDocument,
     SurveyKind,
 )
-from anonml.transport import HttpLimits, serve_http
+from anonml.transport import TCP_NETWORK, HttpLimits, Network, listening_address, serve_http, serve_streams
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +88,8 @@ class AggregatorConfig:
     sink_limits: SinkLimits = field(default_factory=SinkLimits)
     commit_retry_seconds: float = 20.0
     """How long a registration or credential commit is retried on a failing store before its requests get 503."""
+    network: Network = TCP_NETWORK
+    """Where the API and the sink listen and the relay probes connect (the round simulator's in-memory network)."""
 
 
 @dataclass(frozen=True)
@@ -541,14 +543,15 @@ async def serve_aggregator(
         sink = PacketSink(state, workers, connections=config.sink_limits, health=health)
         registrations = RegistrationBatcher(state, health, give_up_after=config.commit_retry_seconds)
         credentials = CredentialBatcher(state, workers, health, give_up_after=config.commit_retry_seconds)
-        relays = RelayWatch(state)
+        relays = RelayWatch(state, config.network)
         app = build_app(state, registrations, credentials, sink, config.http_limits, relays)
         await sink.admit_legacy_frames()
         async with trio.open_nursery() as nursery:
-            http_url = await nursery.start(serve_http, app, config.http_host, config.http_port, config.http_limits,
-                                           health.http)
-            listeners = await nursery.start(partial(trio.serve_tcp, sink.handle, config.sink_port, host=config.sink_host))
-            sink_port = listeners[0].socket.getsockname()[1]
+            http_url = await nursery.start(partial(serve_http, app, config.http_host, config.http_port,
+                                                   config.http_limits, health.http, network=config.network))
+            listeners = await nursery.start(serve_streams, config.network, sink.handle, config.sink_host,
+                                            config.sink_port)
+            sink_port = listening_address(listeners)[1]
             await run_blocking(workers.warm)
             nursery.start_soon(sink.verify_forever)
             nursery.start_soon(registrations.run)

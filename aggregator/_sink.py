@@ -228,7 +228,7 @@ class PacketSink:
         """Only the manifest's relays deliver (DESIGN.md §5: the sink takes packets from last hops)."""
         return node_id is not None and node_id in self._relay_ids
 
-    async def handle(self, stream: trio.SocketStream) -> None:
+    async def handle(self, stream: trio.abc.Stream) -> None:
         """One relay connection; never raises (DESIGN.md §2: outsiders can send anything)."""
         source = peer_address(stream)
         slot = self.gate.open(source, privileged=source in self._relay_hosts)

@@ -8,7 +8,7 @@ init`` and ``anonml peer join`` wrap it for a person with one data file.
 
 from __future__ import annotations
 
-from anonml.peer._client import AggregatorClient, AggregatorError
+from anonml.peer._client import AggregatorClient, AggregatorError, mirror_clients
 from anonml.peer._disclosure import describe_release
 from anonml.peer._features import RoundPipeline
 from anonml.peer._framework import (
@@ -88,6 +88,7 @@ __all__ = [
     "join_round",
     "peer_generator",
     "load_identity",
+    "mirror_clients",
     "open_transport",
     "planned_releases",
 ]

@@ -55,7 +55,7 @@ from anonml.protocol import (
     SurveyKind,
     mirror_path,
 )
-from anonml.transport import tls_context
+from anonml.transport import TCP_NETWORK, Network, tls_context
 
 T = TypeVar("T")
 
@@ -115,15 +115,16 @@ class AggregatorClient:
     """Typed calls to one aggregator. ``retry_for`` bounds how long transient
     failures are retried (seconds of trio time); ``on_retry`` hears each
     failure that is being retried. With ``wait_for_service`` a refused
-    connection is retried even before the aggregator has first answered."""
+    connection is retried even before the aggregator has first answered.
+    ``network`` makes its HTTP client (the round simulator's in-memory one, seen from the peer's IP)."""
 
     def __init__(
         self, base_url: str, *, max_connections: int = 32, timeout: float = 60.0, retry_for: float = 120.0,
-        wait_for_service: bool = False, on_retry: RetryListener = _quiet,
+        wait_for_service: bool = False, on_retry: RetryListener = _quiet, network: Network = TCP_NETWORK,
         jitter: random.Random | None = None,
     ) -> None:
         self.base_url = str(check_aggregator_url(base_url)).rstrip("/")
-        self._http = httpx.AsyncClient(
+        self._http = network.http_client(
             base_url=self.base_url,
             timeout=httpx.Timeout(timeout),
             limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
@@ -284,3 +285,13 @@ def _error_reason(response: httpx.Response) -> str:
 def retry_delay(attempt: int) -> float:
     """Seconds between polls for a document not published yet (capped exponential)."""
     return min(0.25 * math.pow(1.5, attempt), 2.0)
+
+
+def mirror_clients(network: Network = TCP_NETWORK) -> Callable[[str], AggregatorClient]:
+    """How a round session opens its client to one relay mirror, over ``network``: few connections and short
+    retries (a mirror only corroborates what the aggregator serves)."""
+
+    def open_mirror(url: str) -> AggregatorClient:
+        return AggregatorClient(url, max_connections=4, retry_for=2.0, network=network)
+
+    return open_mirror

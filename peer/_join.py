@@ -50,7 +50,7 @@ from anonml.crypto import (
 )
 from anonml.base.errors import AnonMLError
 from anonml.mechanisms import BudgetExceeded, answer_is_greater
-from anonml.peer._client import AggregatorClient, AggregatorError, retry_delay
+from anonml.peer._client import AggregatorClient, AggregatorError, mirror_clients, retry_delay
 from anonml.peer._features import RoundPipeline
 from anonml.peer._framework import FeatureVector
 from anonml.peer._identity import PeerIdentity
@@ -216,7 +216,7 @@ class RoundSession:
     _cache: _SingleFlight = field(default_factory=_SingleFlight)
     _keys: dict[bytes, tuple[SphinxGeometry, IssuerPublicKey]] = field(default_factory=dict)
     _mirrors: dict[str, AggregatorClient] = field(default_factory=dict)
-    mirror_client: Callable[[str], AggregatorClient] = field(default=lambda url: AggregatorClient(url, max_connections=4, retry_for=2.0))
+    mirror_client: Callable[[str], AggregatorClient] = field(default=mirror_clients())
     """Opens the client for one relay mirror (tests record what each peer asks)."""
     mirror_order: random.Random = field(default_factory=random.SystemRandom)
     """Shuffles the mirrors each time they are asked (seeded in the simulator, so one seed gives one trace)."""

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import trio
 
-from anonml.transport import AckStatus, LinkClient
+from anonml.transport import TCP_NETWORK, AckStatus, LinkClient, Network
 
 MAX_BATCH = 256
 
@@ -54,13 +54,19 @@ class PacketTransport:
     """Send packets to relays; one link and one draining task per relay address.
 
     Use :func:`open_transport`. ``geometry_hash`` and ``packet_size`` come
-    from the round's Sphinx geometry (the link hello checks them).
+    from the round's Sphinx geometry (the link hello checks them). Links go
+    over ``network`` from ``local_address`` (a simulated peer's own IP).
     """
 
-    def __init__(self, nursery: trio.Nursery, *, packet_size: int, geometry_hash: bytes) -> None:
+    def __init__(
+        self, nursery: trio.Nursery, *, packet_size: int, geometry_hash: bytes, network: Network = TCP_NETWORK,
+        local_address: str | None = None,
+    ) -> None:
         self._nursery = nursery
         self._packet_size = packet_size
         self._geometry_hash = geometry_hash
+        self._network = network
+        self._local_address = local_address
         self._queues: dict[tuple[str, int], _RelayQueue] = {}
         self.sent = 0
         self.acknowledged = 0
@@ -69,7 +75,8 @@ class PacketTransport:
         key = (host, port)
         queue = self._queues.get(key)
         if queue is None:
-            client = LinkClient(host, port, packet_size=self._packet_size, geometry_hash=self._geometry_hash)
+            client = LinkClient(host, port, packet_size=self._packet_size, geometry_hash=self._geometry_hash,
+                                network=self._network, local_address=self._local_address)
             queue = self._queues[key] = _RelayQueue(client)
             self._nursery.start_soon(queue.drain)
         return queue
@@ -93,9 +100,12 @@ class PacketTransport:
 
 
 @asynccontextmanager
-async def open_transport(*, packet_size: int, geometry_hash: bytes) -> AsyncIterator[PacketTransport]:
+async def open_transport(
+    *, packet_size: int, geometry_hash: bytes, network: Network = TCP_NETWORK, local_address: str | None = None,
+) -> AsyncIterator[PacketTransport]:
     async with trio.open_nursery() as nursery:
-        transport = PacketTransport(nursery, packet_size=packet_size, geometry_hash=geometry_hash)
+        transport = PacketTransport(nursery, packet_size=packet_size, geometry_hash=geometry_hash, network=network,
+                                    local_address=local_address)
         try:
             yield transport
         finally:

@@ -47,7 +47,7 @@ from anonml.base.errors import TransportError
 from anonml.crypto import NodeAddress
 from anonml.relay._metrics import DropReason
 from anonml.protocol import MAX_MANIFEST_BYTES, PATH_MANIFEST, InvalidManifest, SignedManifest
-from anonml.transport import tls_context
+from anonml.transport import TCP_NETWORK, Network, tls_context
 
 logger = logging.getLogger("anonml.relay")
 
@@ -219,8 +219,8 @@ def load_directory_file(path: Path) -> tuple[DirectoryEntry, ...]:
     return parse_directory_file(data)
 
 
-async def fetch_manifest(url: str, *, identity: bytes, timeout: float) -> SignedManifest:
-    """``GET {url}/v1/manifest`` and verify it was signed by ``identity`` (the
+async def fetch_manifest(url: str, *, identity: bytes, timeout: float, network: Network = TCP_NETWORK) -> SignedManifest:
+    """``GET {url}/v1/manifest`` over ``network`` and verify it was signed by ``identity`` (the
     aggregator's pinned Ed25519 key).
 
     The whole exchange is bounded by ``timeout`` seconds and the body by the
@@ -231,7 +231,7 @@ async def fetch_manifest(url: str, *, identity: bytes, timeout: float) -> Signed
     try:
         with trio.fail_after(timeout):
             async with (
-                httpx.AsyncClient(timeout=httpx.Timeout(timeout), verify=tls_context()) as client,
+                network.http_client(timeout=httpx.Timeout(timeout), verify=tls_context()) as client,
                 client.stream("GET", url.rstrip("/") + PATH_MANIFEST) as response,
             ):
                 if response.status_code != 200:

@@ -26,7 +26,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from anonml.crypto import InvalidPacket
-from anonml.transport import ConnectionGate, GateRefusal, peer_address
+from anonml.transport import ConnectionGate, GateRefusal, Listeners, listening_address, peer_address
 
 _REQUEST_LIMIT = 8192
 _REQUEST_TIMEOUT = 5.0
@@ -193,7 +193,7 @@ def parse_metrics(text: str) -> dict[str, float]:
     return values
 
 
-async def _handle_metrics(stream: trio.SocketStream, counters: RelayCounters) -> None:
+async def _handle_metrics(stream: trio.abc.Stream, counters: RelayCounters) -> None:
     try:
         request = b""
         with trio.move_on_after(_REQUEST_TIMEOUT):
@@ -218,17 +218,16 @@ async def _handle_metrics(stream: trio.SocketStream, counters: RelayCounters) ->
 
 
 async def serve_metrics(
-    listeners: list[trio.SocketListener],
+    listeners: Listeners,
     counters: RelayCounters,
     *,
     task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``/metrics`` on ``listeners`` behind its connection caps; reports the bound address."""
-    bound = listeners[0].socket.getsockname()
-    task_status.started((str(bound[0]), int(bound[1])))
+    task_status.started(listening_address(listeners))
     gate = ConnectionGate(METRICS_CONNECTIONS, METRICS_PER_SOURCE, refused=counters.metrics_refused)
 
-    async def handler(stream: trio.SocketStream) -> None:
+    async def handler(stream: trio.abc.Stream) -> None:
         slot = gate.open(peer_address(stream))
         if slot is None:
             await trio.aclose_forcefully(stream)

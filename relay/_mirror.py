@@ -52,7 +52,7 @@ from anonml.protocol import (
     TreeHead,
     canonical_json,
 )
-from anonml.transport import HttpLimits, serve_http_on, tls_context
+from anonml.transport import TCP_NETWORK, HttpLimits, Network, serve_http_on, tls_context
 from anonml.relay._config import PinnedAggregator
 from anonml.relay._metrics import log_event
 
@@ -195,9 +195,11 @@ async def serve_mirror(
     timeout: float = 10.0,
     limits: HttpLimits = MIRROR_LIMITS,
     counts: Counter[str] | None = None,
+    network: Network = TCP_NETWORK,
     task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Mirror every pinned aggregator, refreshing every ``refresh_seconds``; report the mirror's base URL.
+    It listens and fetches over ``network``.
 
     Served behind ``transport.serve_http``'s connection caps and deadlines
     (issue 13): the mirror is public and shares the relay's process, so slow
@@ -209,9 +211,12 @@ async def serve_mirror(
     """
     mirrored = [MirroredAggregator(pinned) for pinned in aggregators]
     counts = counts if counts is not None else Counter()
-    listeners = await trio.open_tcp_listeners(listen[1], host=listen[0])
+    listeners = await network.listen(listen[0], listen[1])
     # The client outlives the nursery's tasks (they use it until cancelled).
-    async with httpx.AsyncClient(timeout=httpx.Timeout(timeout), verify=tls_context()) as client, trio.open_nursery() as nursery:
+    async with (
+        network.http_client(timeout=httpx.Timeout(timeout), verify=tls_context()) as client,
+        trio.open_nursery() as nursery,
+    ):
         url = await nursery.start(serve_http_on, build_mirror_app(mirrored), listeners, limits, counts)
 
         async def refresh_forever(m: MirroredAggregator) -> None:

@@ -86,7 +86,19 @@ from anonml.crypto import (
 from anonml.base.errors import StorageError
 from anonml.base.threads import run_blocking
 from anonml.protocol import SignedManifest, format_host_port
-from anonml.transport import AckStatus, ConnectionGate, LinkClient, LinkError, LinkIdentity, peer_address, serve_link
+from anonml.transport import (
+    TCP_NETWORK,
+    AckStatus,
+    ConnectionGate,
+    LinkClient,
+    LinkError,
+    LinkIdentity,
+    Listeners,
+    Network,
+    listening_address,
+    peer_address,
+    serve_link,
+)
 from anonml.relay._clock import RelayClock, WallClock
 from anonml.relay._config import RelayConfig
 from anonml.relay._directory import (
@@ -200,13 +212,15 @@ class Relay:
         identity: LinkIdentity | None = None,
         open_sender: OpenSender | None = None,
         directory: NextHopDirectory | None = None,
+        network: Network = TCP_NETWORK,
     ) -> None:
         """``open_sender(neighbour)`` makes the link to a next hop; the default
         is a :class:`transport.LinkClient` (tests of window logic under MockClock
         pass an in-memory recorder instead of opening sockets). ``identity``
         authenticates the relay on its links. ``directory`` holds the allowed
         next hops; None forwards anywhere (legacy, see
-        ``REQUIRE_DIRECTORY_DEFAULT`` in :mod:`relay._config`)."""
+        ``REQUIRE_DIRECTORY_DEFAULT`` in :mod:`relay._config`). ``network``
+        carries its forwarding links and directory fetches."""
         self.config = config
         self.geometry = geometry
         self.geometry_hash = geometry.canonical_hash()
@@ -231,6 +245,7 @@ class Relay:
         self._nursery: trio.Nursery | None = None
         self._open_sender = open_sender if open_sender is not None else self._link_client
         self.directory = directory
+        self.network = network
         self._directory_wanted = trio.Event()
         self._rounds: dict[bytes, tuple[float, str]] = {}
         """Known rounds: id -> (when their last window closes, their source in the directory)."""
@@ -244,6 +259,7 @@ class Relay:
             geometry_hash=self.geometry_hash,
             identity=self.identity,
             expect_node_id=expected,
+            network=self.network,
             connect_timeout=self.config.connect_timeout,
             ack_timeout=self.config.ack_timeout,
         )
@@ -409,7 +425,7 @@ class Relay:
         self._wakeup.set()
         return statuses
 
-    async def handle_connection(self, stream: trio.SocketStream) -> None:
+    async def handle_connection(self, stream: trio.abc.Stream) -> None:
         """Serve one link connection; never raises (STYLE.md 2)."""
         counters = self.counters
         source = peer_address(stream)
@@ -641,7 +657,7 @@ class Relay:
             try:
                 if source in identities:
                     signed = await fetch_manifest(source, identity=identities[source],
-                                                  timeout=self.config.directory_fetch_timeout)
+                                                  timeout=self.config.directory_fetch_timeout, network=self.network)
                     self.learn_round(source, signed)
                 else:
                     entries = await run_blocking(load_directory_file, Path(source))
@@ -685,10 +701,10 @@ class Relay:
             self.rotate_keys()
 
 
-async def _listen(address: tuple[str, int], what: str, config: RelayConfig) -> list[trio.SocketListener]:
+async def _listen(address: tuple[str, int], what: str, config: RelayConfig, network: Network) -> Listeners:
     """Open a listener, or a :class:`RelayConfigError` that names the fix."""
     try:
-        return await trio.open_tcp_listeners(address[1], host=address[0])
+        return await network.listen(address[0], address[1])
     except OSError as exc:
         raise _cannot_listen(address, what, config, exc) from None
 
@@ -705,6 +721,7 @@ async def serve_relay(
     *,
     clock: RelayClock | None = None,
     rng: np.random.Generator | None = None,
+    network: Network = TCP_NETWORK,
     task_status: trio.TaskStatus[RelayStarted] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run the relay of ``config.data_dir`` until cancelled.
@@ -717,6 +734,8 @@ async def serve_relay(
     Reports a :class:`RelayStarted` through ``task_status`` once listening.
     ``clock`` defaults to :meth:`WallClock.anchored`; ``rng`` (a seeded numpy
     Generator, for tests) replaces the CSPRNG that draws release times.
+    ``network`` carries everything it listens on, connects to and fetches
+    (the round simulator passes its in-memory network).
     """
     node_id, _ = load_identity(config.data_dir)
     identity = LinkIdentity(load_identity_key(config.data_dir))
@@ -736,19 +755,19 @@ async def serve_relay(
             counters=counters,
             identity=identity,
             directory=directory,
+            network=network,
         )
         relay.rotate_keys()
         relay.recover()
         if directory is not None:
             relay.load_rounds()
-        listeners = await _listen(config.listen, "links", config)
-        sockname = listeners[0].socket.getsockname()
-        link = (str(sockname[0]), int(sockname[1]))
+        listeners = await _listen(config.listen, "links", config, network)
+        link = listening_address(listeners)
         async with trio.open_nursery() as nursery:
             relay.attach(nursery)
             metrics = None
             if config.metrics is not None:
-                metrics_listeners = await _listen(config.metrics, "metrics", config)
+                metrics_listeners = await _listen(config.metrics, "metrics", config, network)
                 metrics = await nursery.start(serve_metrics, metrics_listeners, counters)
             nursery.start_soon(relay.run_scheduler)
             nursery.start_soon(relay.run_key_rotation)
@@ -758,7 +777,7 @@ async def serve_relay(
             if config.mirror is not None:
                 try:
                     await nursery.start(functools.partial(serve_mirror, config.mirror, config.directory_aggregators,
-                                                          counts=counters.mirror_http))
+                                                          counts=counters.mirror_http, network=network))
                 except OSError as exc:  # its address cannot be bound (nothing else fails before it starts)
                     raise _cannot_listen(config.mirror, "mirror", config, exc) from None
             nursery.start_soon(functools.partial(trio.serve_listeners, relay.handle_connection, listeners,

@@ -5,12 +5,35 @@ rules); this package carries it: the relay link's framed TCP stream and its
 client (:func:`serve_link`, :class:`LinkClient`), the HTTP/1.1 servers behind
 our own listener (:func:`serve_http`), and the admission that bounds what one
 source may take of either (:class:`ConnectionGate`, :class:`RequestPacer`).
+All of them reach the network through a :class:`Network`: TCP
+(:data:`TCP_NETWORK`, the default) or, in the round simulator, a
+:class:`MemoryNetwork` on trio's clock.
 """
 
 from __future__ import annotations
 
 from anonml.transport._admission import ConnectionGate, GateRefusal, GateSlot, RequestPacer, peer_address
 from anonml.transport._http import HttpLimits, serve_http, serve_http_on, tls_context
+from anonml.transport._memory import (
+    ConnectHook,
+    Dial,
+    MemoryHost,
+    MemoryListener,
+    MemoryNetwork,
+    MemorySocket,
+    MemoryStream,
+    connection_pair,
+)
+from anonml.transport._network import (
+    TCP_NETWORK,
+    Listeners,
+    Network,
+    SocketAddresses,
+    TcpNetwork,
+    listening_address,
+    serve_streams,
+    socket_of,
+)
 from anonml.transport._link import (
     HELLO_BYTES,
     HELLO_REPLY_BYTES,
@@ -36,9 +59,12 @@ __all__ = [
     "HELLO_BYTES",
     "HELLO_REPLY_BYTES",
     "LINK_VERSION",
+    "TCP_NETWORK",
     "AckStatus",
     "AuthVerdict",
+    "ConnectHook",
     "ConnectionGate",
+    "Dial",
     "GateRefusal",
     "GateSlot",
     "HelloStatus",
@@ -49,15 +75,28 @@ __all__ = [
     "LinkIdentity",
     "LinkLimits",
     "LinkSessionStats",
+    "Listeners",
+    "MemoryHost",
+    "MemoryListener",
+    "MemoryNetwork",
+    "MemorySocket",
+    "MemoryStream",
+    "Network",
     "RequestPacer",
+    "SocketAddresses",
+    "TcpNetwork",
     "check_positive_seconds",
+    "connection_pair",
     "encode_hello",
     "encode_hello_reply",
+    "listening_address",
     "parse_acks",
     "parse_hello_reply",
     "peer_address",
     "serve_http",
     "serve_http_on",
     "serve_link",
+    "serve_streams",
+    "socket_of",
     "tls_context",
 ]

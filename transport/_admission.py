@@ -36,6 +36,8 @@ from dataclasses import dataclass, field
 
 import trio
 
+from anonml.transport._network import socket_of
+
 
 class GateRefusal(enum.StrEnum):
     """Why a connection was closed at accept (or at demotion): one counter label each."""
@@ -219,9 +221,9 @@ class RequestPacer:
         return True
 
 
-def peer_address(stream: trio.SocketStream) -> str:
+def peer_address(stream: trio.abc.Stream) -> str:
     """The IP address a connection comes from (a gate's ``source``), or ``"?"`` once it has gone."""
     try:
-        return str(stream.socket.getpeername()[0])
+        return str(socket_of(stream).getpeername()[0])
     except OSError:
         return "?"

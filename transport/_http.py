@@ -32,6 +32,7 @@ from hypercorn.trio.worker_context import WorkerContext
 
 from anonml.base.errors import TransportError
 from anonml.transport._admission import ConnectionGate, RequestPacer, peer_address
+from anonml.transport._network import TCP_NETWORK, Listeners, Network, listening_address
 from anonml.protocol import MAX_REQUEST_BYTES, format_host_port
 from anonml.transport._link import check_positive_seconds
 
@@ -156,21 +157,22 @@ async def serve_http(
     limits: HttpLimits,
     counts: Counter[str],
     *,
+    network: Network = TCP_NETWORK,
     task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve the ASGI ``app`` on ``host:port`` until cancelled; reports its base URL once listening.
+    """Serve the ASGI ``app`` on ``host:port`` of ``network`` until cancelled; reports its base URL once listening.
 
     ``counts`` gets connections refused by the gate (``refused/<why>``), requests the pacer
     held back (``paced``), clients that left (``client-disconnected``) and connections that
     failed otherwise (``connection-failed``).
     """
-    listeners = await trio.open_tcp_listeners(port, host=host)
+    listeners = await network.listen(host, port)
     await serve_http_on(app, listeners, limits, counts, task_status=task_status)
 
 
 async def serve_http_on(
     app: Any,
-    listeners: list[trio.SocketListener],
+    listeners: Listeners,
     limits: HttpLimits,
     counts: Counter[str],
     *,
@@ -183,7 +185,7 @@ async def serve_http_on(
     context = WorkerContext(None)
     wrapped = ASGIWrapper(paced(counting_disconnects(app, counts), pacer, counts))
 
-    async def handle(stream: trio.SocketStream) -> None:
+    async def handle(stream: trio.abc.Stream) -> None:
         source = peer_address(stream)
         slot = gate.open(source)
         if slot is None:
@@ -201,6 +203,5 @@ async def serve_http_on(
         finally:
             slot.close()
 
-    bound = listeners[0].socket.getsockname()
-    task_status.started(f"http://{format_host_port(bound[0], bound[1])}")
+    task_status.started(f"http://{format_host_port(*listening_address(listeners))}")
     await trio.serve_listeners(handle, listeners)

@@ -75,6 +75,7 @@ from anonml.crypto import (
     public_key_of,
 )
 from anonml.base.errors import TransportError
+from anonml.transport._network import TCP_NETWORK, Network
 
 LINK_MAGIC = b"AMLK"
 LINK_VERSION = 2
@@ -546,7 +547,7 @@ class _Connection:
     ticket order: ``served`` is the ticket whose acks are read next.
     """
 
-    def __init__(self, stream: trio.SocketStream, reader: _ExactReader) -> None:
+    def __init__(self, stream: trio.abc.Stream, reader: _ExactReader) -> None:
         self.stream = stream
         self.reader = reader
         self.issued = 0
@@ -576,7 +577,8 @@ class LinkClient:
 
     ``identity`` authenticates this client to the server (a relay to its
     next hop); ``expect_node_id`` makes the client refuse a server that does
-    not prove it is that node; ``local_address`` binds the source address.
+    not prove it is that node; ``local_address`` binds the source address;
+    ``network`` is where it connects (TCP unless the round simulator's).
 
     Several tasks may call :meth:`send_batch` at once: their batches are
     pipelined on the one connection (the next batch is written while earlier
@@ -594,6 +596,7 @@ class LinkClient:
         identity: LinkIdentity | None = None,
         expect_node_id: bytes | None = None,
         local_address: str | None = None,
+        network: Network = TCP_NETWORK,
         connect_timeout: float = 5.0,
         ack_timeout: float = 30.0,
         initial_backoff: float = 0.05,
@@ -607,6 +610,7 @@ class LinkClient:
         self.identity = identity
         self.expect_node_id = expect_node_id
         self._local_address = local_address
+        self._network = network
         self._connect_timeout = connect_timeout
         self._ack_timeout = ack_timeout
         self._wait = tenacity.wait_exponential(multiplier=initial_backoff, max=max_backoff)
@@ -615,7 +619,7 @@ class LinkClient:
         self.connects = 0
         self.failures = 0
 
-    async def _handshake(self, stream: trio.SocketStream, reader: _ExactReader) -> None:
+    async def _handshake(self, stream: trio.abc.Stream, reader: _ExactReader) -> None:
         where = f"{self.host}:{self.port}"
         deadline = trio.current_time() + self._connect_timeout
         own_key = self.identity.public_key if self.identity is not None else ANONYMOUS
@@ -651,7 +655,7 @@ class LinkClient:
             return self._connection
         try:
             with trio.fail_after(self._connect_timeout):
-                stream = await trio.open_tcp_stream(self.host, self.port, local_address=self._local_address)
+                stream = await self._network.connect(self.host, self.port, local_address=self._local_address)
         except (OSError, trio.TooSlowError) as exc:
             raise LinkError(LinkErrorReason.CONNECT_FAILED, f"cannot connect to {self.host}:{self.port}: {exc!r}") from None
         reader = _ExactReader(stream)

@@ -1,0 +1,378 @@
+"""An in-memory network for one trio run: the round simulator's wire (STYLE.md 17).
+
+Nodes are named by IP strings ("10.0.0.1"). :meth:`MemoryNetwork.listen`
+registers a listener at ``(host, port)``; :meth:`MemoryNetwork.connect`
+hands the listener one end of a :class:`MemoryStream` pair and returns the
+other. Each end carries a ``.socket`` stand-in (family, ``getpeername``,
+``getsockname``), so the gates' ``peer_address``, hypercorn's connection
+handler and a server's reported address work on it unchanged, and
+:meth:`MemoryNetwork.http_client` runs httpx over the same streams: the real
+hypercorn server, its gate, pacer and timeouts, all on trio's clock (a
+``MockClock`` included). Nothing here reads the wall clock or draws random
+numbers: ports are handed out in order.
+
+A role that must appear under its own address gets a view of the network
+with that source IP (:meth:`MemoryNetwork.node`): a relay's forwarding links
+then come from the relay's IP, which is what privileges them at the next hop.
+
+Adversaries interpose through one hook, ``on_connect(dial)``, awaited for
+every connection before the listener sees it. It may record ``dial``, sleep
+(a slow connection), raise ``ConnectionRefusedError`` (a refused one), or
+replace ``dial.server`` with a stream of its own making (e.g. one end of a
+:func:`connection_pair`) and pump bytes between that and the original
+``dial.server`` in its own tasks, to see, delay, drop or alter them.
+"""
+
+from __future__ import annotations
+
+import errno
+import math
+import socket as _socket
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import httpcore
+import httpx
+import trio
+
+from anonml.transport._network import DEFAULT_HTTP_TIMEOUT, Listeners
+
+Address = tuple[str, int]
+
+# IANA's dynamic port range (RFC 6335 §6), from which ports are handed out in order.
+_FIRST_EPHEMERAL_PORT = 49152
+_LAST_PORT = 65535
+# What one receive_some returns at most when the caller names no size (trio's socket default).
+_RECEIVE_SIZE = 65536
+_WILDCARDS = ("0.0.0.0", "::")
+
+
+class MemorySocket:
+    """The ``.socket`` stand-in of a memory stream or listener: its family and both ends' addresses."""
+
+    def __init__(self, local: Address, remote: Address | None) -> None:
+        self._local = local
+        self._remote = remote
+
+    @property
+    def family(self) -> int:
+        return _socket.AF_INET6 if ":" in self._local[0] else _socket.AF_INET
+
+    def getsockname(self) -> Address:
+        return self._local
+
+    def getpeername(self) -> Address:
+        if self._remote is None:
+            raise OSError(errno.ENOTCONN, "a listener has no peer")
+        return self._remote
+
+
+class _Pipe:
+    """One direction of a connection: the bytes written and not yet read."""
+
+    def __init__(self) -> None:
+        self.buffer = bytearray()
+        self.eof = False  # the writer sent EOF or closed its end
+        self.reader_gone = False  # the reader closed its end: writing fails as on a reset connection
+        self.readers = trio.lowlevel.ParkingLot()
+
+
+class MemoryStream(trio.abc.HalfCloseableStream):
+    """One end of an in-memory connection; buffered like a TCP stream (writes never wait for the reader)."""
+
+    def __init__(self, incoming: _Pipe, outgoing: _Pipe, local: Address, remote: Address) -> None:
+        self._incoming = incoming
+        self._outgoing = outgoing
+        self.socket = MemorySocket(local, remote)
+        self._closed = False
+        self._sending = False
+        self._receiving = False
+
+    def is_readable(self) -> bool:
+        """Whether a read would return at once (bytes, or the end of the stream): what httpcore asks of an idle connection."""
+        return bool(self._incoming.buffer) or self._incoming.eof
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        if self._closed or self._outgoing.eof:
+            raise trio.ClosedResourceError("this end is closed for sending")
+        if self._sending:
+            raise trio.BusyResourceError("another task is sending on this stream")
+        self._sending = True
+        try:
+            await trio.lowlevel.checkpoint_if_cancelled()
+            if self._outgoing.reader_gone:
+                raise trio.BrokenResourceError("the other end closed the connection")
+            self._outgoing.buffer += data
+            self._outgoing.readers.unpark_all()
+            await trio.lowlevel.cancel_shielded_checkpoint()
+        finally:
+            self._sending = False
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await trio.lowlevel.checkpoint()
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+        if self._closed:
+            raise trio.ClosedResourceError("this end is closed")
+        if self._receiving:
+            raise trio.BusyResourceError("another task is receiving on this stream")
+        if max_bytes is not None and max_bytes < 1:
+            raise ValueError(f"max_bytes must be at least 1, not {max_bytes!r}")
+        self._receiving = True
+        try:
+            await trio.lowlevel.checkpoint_if_cancelled()
+            pipe = self._incoming
+            waited = False
+            while not pipe.buffer and not pipe.eof:
+                await pipe.readers.park()
+                waited = True
+                if self._closed:
+                    raise trio.ClosedResourceError("this end was closed while receiving")
+            size = min(len(pipe.buffer), max_bytes or _RECEIVE_SIZE)
+            data = bytes(pipe.buffer[:size])
+            del pipe.buffer[:size]
+            if not waited:
+                await trio.lowlevel.cancel_shielded_checkpoint()
+            return data
+        finally:
+            self._receiving = False
+
+    async def send_eof(self) -> None:
+        if self._closed:
+            raise trio.ClosedResourceError("this end is closed")
+        if self._sending:
+            raise trio.BusyResourceError("another task is sending on this stream")
+        self._outgoing.eof = True
+        self._outgoing.readers.unpark_all()
+        await trio.lowlevel.checkpoint()
+
+    async def aclose(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._outgoing.eof = True
+            self._outgoing.readers.unpark_all()
+            self._incoming.reader_gone = True
+            self._incoming.buffer.clear()
+            self._incoming.readers.unpark_all()  # a task of ours blocked in receive_some sees the close
+        await trio.lowlevel.checkpoint()
+
+
+def connection_pair(client: Address, server: Address) -> tuple[MemoryStream, MemoryStream]:
+    """Both ends of one in-memory connection from ``client`` to ``server``: (the client's end, the server's end)."""
+    upstream, downstream = _Pipe(), _Pipe()
+    return MemoryStream(downstream, upstream, client, server), MemoryStream(upstream, downstream, server, client)
+
+
+class MemoryListener(trio.abc.Listener[trio.abc.Stream]):
+    """Connections to one ``(host, port)`` of a :class:`MemoryNetwork`, in the order they were made."""
+
+    def __init__(self, network: MemoryNetwork, address: Address) -> None:
+        self._network = network
+        self.socket = MemorySocket(address, None)
+        self._arrivals, self._queue = trio.open_memory_channel[trio.abc.Stream](math.inf)
+
+    def deliver(self, stream: trio.abc.Stream) -> None:
+        """Queue ``stream`` for :meth:`accept` (a connection the kernel has completed)."""
+        self._arrivals.send_nowait(stream)
+
+    async def accept(self) -> trio.abc.Stream:
+        return await self._queue.receive()
+
+    async def aclose(self) -> None:
+        self._network.forget(self)
+        unaccepted = []
+        while True:
+            try:
+                unaccepted.append(self._queue.receive_nowait())
+            except (trio.WouldBlock, trio.ClosedResourceError, trio.EndOfChannel):
+                break
+        await self._queue.aclose()
+        await self._arrivals.aclose()
+        for stream in unaccepted:
+            await trio.aclose_forcefully(stream)
+
+
+@dataclass
+class Dial:
+    """One connection being made, as the ``on_connect`` hook sees it.
+
+    ``client`` is the dialler's end; ``server`` is what the listener will
+    accept, and a hook may replace it to sit between the two.
+    """
+
+    source: Address
+    destination: Address
+    client: MemoryStream
+    server: trio.abc.Stream
+
+
+ConnectHook = Callable[[Dial], Awaitable[None]]
+
+
+class MemoryNetwork:
+    """Listeners and connections of one trio run, addressed by IP strings (see the module docstring).
+
+    ``default_source`` is the IP a connection comes from when neither its
+    caller nor the :meth:`node` view names one.
+    """
+
+    def __init__(self, *, on_connect: ConnectHook | None = None, default_source: str = "10.255.0.1") -> None:
+        self.on_connect = on_connect
+        self.default_source = default_source
+        self._listeners: dict[Address, MemoryListener] = {}
+        self._next_port: dict[str, int] = {}
+
+    def node(self, address: str) -> MemoryHost:
+        """This network as seen from the node at ``address``: its connections and HTTP clients come from that IP."""
+        return MemoryHost(self, address)
+
+    def _free_port(self, host: str) -> int:
+        """The next dynamic port of ``host`` nobody listens on (wrapping around, as a kernel reuses them)."""
+        for _ in range(_LAST_PORT - _FIRST_EPHEMERAL_PORT + 1):
+            port = self._next_port.get(host, _FIRST_EPHEMERAL_PORT)
+            self._next_port[host] = port + 1 if port < _LAST_PORT else _FIRST_EPHEMERAL_PORT
+            if (host, port) not in self._listeners:
+                return port
+        raise OSError(errno.EADDRNOTAVAIL, f"no free port left on {host}")
+
+    def _listening_at(self, host: str, port: int) -> MemoryListener | None:
+        found = self._listeners.get((host, port))
+        for wildcard in _WILDCARDS:
+            found = found or self._listeners.get((wildcard, port))
+        return found
+
+    def forget(self, listener: MemoryListener) -> None:
+        """Stop routing to ``listener`` (it is closing)."""
+        self._listeners = {address: kept for address, kept in self._listeners.items() if kept is not listener}
+
+    async def listen(self, host: str, port: int) -> Listeners:
+        """One listener at ``host:port`` (port 0: the next free port); OSError if the address is taken."""
+        await trio.lowlevel.checkpoint()
+        port = port or self._free_port(host)
+        if (host, port) in self._listeners:
+            raise OSError(errno.EADDRINUSE, f"{host}:{port} is already listening")
+        listener = self._listeners[(host, port)] = MemoryListener(self, (host, port))
+        return [listener]
+
+    async def connect(self, host: str, port: int, *, local_address: str | None = None) -> MemoryStream:
+        """A connection from ``local_address`` (or ``default_source``) to whoever listens at ``host:port``.
+
+        Raises ConnectionRefusedError when nobody does (after the ``on_connect`` hook had its say).
+        """
+        await trio.lowlevel.checkpoint()
+        source_ip = local_address or self.default_source
+        client, server = connection_pair((source_ip, self._free_port(source_ip)), (host, port))
+        dial = Dial(client.socket.getsockname(), (host, port), client, server)
+        if self.on_connect is not None:
+            await self.on_connect(dial)
+        listener = self._listening_at(host, port)
+        if listener is None:
+            raise ConnectionRefusedError(errno.ECONNREFUSED, f"nothing listens on {host}:{port}")
+        listener.deliver(dial.server)
+        return client
+
+    def http_client(
+        self, *, local_address: str | None = None, timeout: httpx.Timeout | float = DEFAULT_HTTP_TIMEOUT,
+        **kwargs: Any,
+    ) -> httpx.AsyncClient:
+        """An httpx client whose connections go through this network (http:// only; TLS is not simulated).
+
+        httpcore's keep-alive expiry reads ``time.monotonic``; it is switched
+        off, so an idle connection is kept until the server closes it (which
+        the pool sees as a readable end of stream, on trio's clock).
+        ``verify`` is accepted and ignored; proxies from the environment are not used.
+        """
+        limits: httpx.Limits = kwargs.pop("limits", httpx.Limits(max_connections=100, max_keepalive_connections=20))
+        kwargs.pop("verify", None)
+        pool = httpcore.AsyncConnectionPool(
+            max_connections=limits.max_connections,
+            max_keepalive_connections=limits.max_keepalive_connections,
+            keepalive_expiry=None,
+            network_backend=_HttpBackend(self, local_address),
+        )
+        # httpx takes no network backend: its transport (request and error mapping) gets our pool in place of
+        # the one it builds (httpx 0.28 reads only `_pool`; tests/test_transport_memory.py covers it).
+        transport = httpx.AsyncHTTPTransport(verify=False)
+        transport._pool = pool
+        return httpx.AsyncClient(timeout=timeout, transport=transport, trust_env=False, **kwargs)
+
+
+class MemoryHost:
+    """A :class:`MemoryNetwork` as seen from one node: connections default to the node's IP."""
+
+    def __init__(self, network: MemoryNetwork, address: str) -> None:
+        self.network = network
+        self.address = address
+
+    async def connect(self, host: str, port: int, *, local_address: str | None = None) -> MemoryStream:
+        return await self.network.connect(host, port, local_address=local_address or self.address)
+
+    async def listen(self, host: str, port: int) -> Listeners:
+        return await self.network.listen(host, port)
+
+    def http_client(
+        self, *, local_address: str | None = None, timeout: httpx.Timeout | float = DEFAULT_HTTP_TIMEOUT,
+        **kwargs: Any,
+    ) -> httpx.AsyncClient:
+        return self.network.http_client(local_address=local_address or self.address, timeout=timeout, **kwargs)
+
+
+@contextmanager
+def _httpcore_errors(timeout: float | None, on_timeout: type[Exception], on_error: type[Exception]) -> Iterator[None]:
+    """trio's timeout and stream errors as the httpcore exceptions httpx maps to its own."""
+    try:
+        with trio.fail_after(math.inf if timeout is None else timeout):
+            yield
+    except trio.TooSlowError:
+        raise on_timeout(f"no progress within {timeout!r} s") from None
+    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+        raise on_error(str(exc) or type(exc).__name__) from None
+
+
+class _HttpStream(httpcore.AsyncNetworkStream):
+    def __init__(self, stream: MemoryStream) -> None:
+        self._stream = stream
+
+    async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        with _httpcore_errors(timeout, httpcore.ReadTimeout, httpcore.ReadError):
+            return await self._stream.receive_some(max_bytes)
+
+    async def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        if buffer:
+            with _httpcore_errors(timeout, httpcore.WriteTimeout, httpcore.WriteError):
+                await self._stream.send_all(buffer)
+
+    async def aclose(self) -> None:
+        await self._stream.aclose()
+
+    async def start_tls(self, ssl_context: Any, server_hostname: str | None = None,
+                        timeout: float | None = None) -> httpcore.AsyncNetworkStream:
+        raise httpcore.ConnectError("TLS is not simulated on the memory network: use http:// URLs")
+
+    def get_extra_info(self, info: str) -> Any:
+        if info == "is_readable":
+            return self._stream.is_readable()
+        if info == "client_addr":
+            return self._stream.socket.getsockname()
+        if info == "server_addr":
+            return self._stream.socket.getpeername()
+        return None
+
+
+class _HttpBackend(httpcore.AsyncNetworkBackend):
+    """httpcore's dialler, through a :class:`MemoryNetwork` from one source IP."""
+
+    def __init__(self, network: MemoryNetwork, local_address: str | None) -> None:
+        self._network = network
+        self._local_address = local_address
+
+    async def connect_tcp(self, host: str, port: int, timeout: float | None = None, local_address: str | None = None,
+                          socket_options: Any = None) -> httpcore.AsyncNetworkStream:
+        with _httpcore_errors(timeout, httpcore.ConnectTimeout, httpcore.ConnectError):
+            stream = await self._network.connect(host, port, local_address=local_address or self._local_address)
+        return _HttpStream(stream)
+
+    async def sleep(self, seconds: float) -> None:
+        await trio.sleep(seconds)
