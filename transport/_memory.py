@@ -279,9 +279,12 @@ class MemoryNetwork:
     ) -> httpx.AsyncClient:
         """An httpx client whose connections go through this network (http:// only; TLS is not simulated).
 
-        httpcore's keep-alive expiry reads ``time.monotonic``; it is switched
-        off, so an idle connection is kept until the server closes it (which
-        the pool sees as a readable end of stream, on trio's clock).
+        httpcore's keep-alive expiry is wall time (``time.monotonic``); it is
+        switched off, so an idle connection is kept until the server closes it
+        (at hypercorn's keep-alive timeout, on trio's clock), which the pool
+        sees as a readable end of stream. httpcore still reads the wall clock
+        there, and httpx stamps ``response.elapsed`` with it; neither decides
+        anything.
         ``verify`` is accepted and ignored; proxies from the environment are not used.
         """
         limits: httpx.Limits = kwargs.pop("limits", httpx.Limits(max_connections=100, max_keepalive_connections=20))
