@@ -1,9 +1,11 @@
 """The in-memory network (transport/_memory.py) under trio's MockClock: the real link server and client,
-the real HTTP server (gate, pacer, hypercorn) reached by httpx, refusals and the adversary's hook."""
+the real HTTP server (gate, pacer, hypercorn) reached by httpx, refusals, the adversary's hook, and the
+roles' clients threaded through it."""
 
 from __future__ import annotations
 
 from collections import Counter
+from functools import partial
 from collections.abc import Sequence
 
 import httpx
@@ -15,6 +17,8 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
+from anonml.peer import AggregatorClient, AggregatorError, mirror_clients, open_transport
+from anonml.relay import DirectoryError, PinnedAggregator, fetch_manifest, serve_mirror
 from anonml.transport import (
     AckStatus,
     Dial,
@@ -38,6 +42,7 @@ GEOMETRY = bytes(range(32))
 SERVER = LinkIdentity(bytes(range(1, 33)))
 NEIGHBOUR = LinkIdentity(bytes(range(2, 34)))
 RELAY_IP, NEIGHBOUR_IP, PEER_IP, OTHER_PEER_IP = "10.1.0.1", "10.1.0.2", "10.2.0.7", "10.2.0.8"
+Address = tuple[str, int]
 
 
 def frame(index: int) -> bytes:
@@ -240,3 +245,50 @@ async def test_the_connect_hook_can_refuse_and_interpose(autojump_clock: trio.te
         nursery.cancel_scope.cancel()
     assert got.text == f"GET from {PEER_IP}: "  # the interposed server end keeps the client's address
     assert relayed["to-server"] > 0 and relayed["to-client"] >= len(got.content)
+
+
+async def test_the_roles_clients_dial_through_the_network_they_are_given(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The peer's aggregator, mirror and packet clients and the relay's manifest fetch, each from its node's IP."""
+    dials: set[tuple[str, Address]] = set()
+
+    async def refuse(dial: Dial) -> None:
+        dials.add((dial.source[0], dial.destination))
+        raise ConnectionRefusedError("nobody home")
+
+    network = MemoryNetwork(on_connect=refuse)
+    peer = network.node(PEER_IP)
+    clients = (AggregatorClient("http://10.0.0.1:8080", network=peer), mirror_clients(peer)("http://10.1.0.1:8081"))
+    for client in clients:
+        with pytest.raises(AggregatorError):
+            await client.manifest()
+        await client.aclose()
+    async with open_transport(packet_size=SIZE, geometry_hash=GEOMETRY, network=network,
+                              local_address=OTHER_PEER_IP) as packets:
+        assert await packets.send("10.1.0.1", 7000, frame(0), give_up_at=trio.current_time() + 1.0) is None
+    with pytest.raises(DirectoryError):
+        await fetch_manifest("http://10.0.0.1:8080", identity=bytes(32), timeout=1.0,
+                             network=network.node(RELAY_IP))
+    assert dials == {
+        (PEER_IP, ("10.0.0.1", 8080)), (PEER_IP, ("10.1.0.1", 8081)),
+        (OTHER_PEER_IP, ("10.1.0.1", 7000)), (RELAY_IP, ("10.0.0.1", 8080)),
+    }
+
+
+async def test_a_relay_mirror_serves_and_refreshes_over_the_network(autojump_clock: trio.testing.MockClock) -> None:
+    dials: list[tuple[str, Address]] = []
+
+    async def record(dial: Dial) -> None:
+        dials.append((dial.source[0], dial.destination))
+
+    network = MemoryNetwork(on_connect=record)
+    pinned = PinnedAggregator("http://10.0.0.1:8080", bytes(range(32)))  # nobody serves it: refreshes fail
+    async with trio.open_nursery() as nursery:
+        url = await nursery.start(partial(serve_mirror, (RELAY_IP, 8081), [pinned], network=network.node(RELAY_IP)))
+        client = AggregatorClient(url, network=network.node(PEER_IP))
+        assert await client.mirrored_manifest(pinned.identity) is None  # 404: not mirrored (yet)
+        await client.aclose()
+        nursery.cancel_scope.cancel()
+    assert url == f"http://{RELAY_IP}:8081"
+    assert set(dials) == {(RELAY_IP, ("10.0.0.1", 8080)), (PEER_IP, (RELAY_IP, 8081))}
