@@ -91,7 +91,9 @@ class MemoryStream(trio.abc.HalfCloseableStream):
         self._receiving = False
 
     def is_readable(self) -> bool:
-        """Whether a read would return at once (bytes, or the end of the stream): what httpcore asks of an idle connection."""
+        """Whether a read would return at once (bytes, or the end of the stream).
+
+        httpcore asks it of an idle kept-alive connection: readable means the server has closed it."""
         return bool(self._incoming.buffer) or self._incoming.eof
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
@@ -160,7 +162,9 @@ class MemoryStream(trio.abc.HalfCloseableStream):
 
 
 def connection_pair(client: Address, server: Address) -> tuple[MemoryStream, MemoryStream]:
-    """Both ends of one in-memory connection from ``client`` to ``server``: (the client's end, the server's end)."""
+    """Both ends of one in-memory connection from ``client`` to ``server``: (the client's end, the server's end).
+
+    An ``on_connect`` hook makes one to sit between a dialler and its listener (module docstring)."""
     upstream, downstream = _Pipe(), _Pipe()
     return MemoryStream(downstream, upstream, client, server), MemoryStream(upstream, downstream, server, client)
 
@@ -279,9 +283,12 @@ class MemoryNetwork:
     ) -> httpx.AsyncClient:
         """An httpx client whose connections go through this network (http:// only; TLS is not simulated).
 
-        httpcore's keep-alive expiry reads ``time.monotonic``; it is switched
-        off, so an idle connection is kept until the server closes it (which
-        the pool sees as a readable end of stream, on trio's clock).
+        httpcore's keep-alive expiry is wall time (``time.monotonic``); it is
+        switched off, so an idle connection is kept until the server closes it
+        (at hypercorn's keep-alive timeout, on trio's clock), which the pool
+        sees as a readable end of stream. httpcore still reads the wall clock
+        there, and httpx stamps ``response.elapsed`` with it; neither decides
+        anything.
         ``verify`` is accepted and ignored; proxies from the environment are not used.
         """
         limits: httpx.Limits = kwargs.pop("limits", httpx.Limits(max_connections=100, max_keepalive_connections=20))

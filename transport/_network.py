@@ -103,6 +103,7 @@ async def serve_streams(
     *,
     task_status: trio.TaskStatus[Listeners] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """``trio.serve_tcp`` on any network: listen at ``host:port``, report the listeners, run ``handler`` per connection."""
+    """``trio.serve_tcp`` on any network: listen at ``host:port``, report the listeners, then run
+    ``handler`` on each connection."""
     listeners = await network.listen(host, port)
     await trio.serve_listeners(handler, listeners, task_status=task_status)

@@ -1,0 +1,294 @@
+"""The in-memory network (transport/_memory.py) under trio's MockClock: the real link server and client,
+the real HTTP server (gate, pacer, hypercorn) reached by httpx, refusals, the adversary's hook, and the
+roles' clients threaded through it."""
+
+from __future__ import annotations
+
+from collections import Counter
+from functools import partial
+from collections.abc import Sequence
+
+import httpx
+import pytest
+import trio
+import trio.testing
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, Response
+from starlette.routing import Route
+
+from anonml.peer import AggregatorClient, AggregatorError, mirror_clients, open_transport
+from anonml.relay import DirectoryError, PinnedAggregator, fetch_manifest, serve_mirror
+from anonml.transport import (
+    AckStatus,
+    Dial,
+    HttpLimits,
+    LinkClient,
+    LinkError,
+    LinkErrorReason,
+    LinkIdentity,
+    LinkSessionStats,
+    MemoryNetwork,
+    connection_pair,
+    listening_address,
+    peer_address,
+    serve_http,
+    serve_link,
+    serve_streams,
+)
+
+SIZE = 64
+GEOMETRY = bytes(range(32))
+SERVER = LinkIdentity(bytes(range(1, 33)))
+NEIGHBOUR = LinkIdentity(bytes(range(2, 34)))
+RELAY_IP, NEIGHBOUR_IP, PEER_IP, OTHER_PEER_IP = "10.1.0.1", "10.1.0.2", "10.2.0.7", "10.2.0.8"
+Address = tuple[str, int]
+
+
+def frame(index: int) -> bytes:
+    return bytes([1]) + index.to_bytes(4, "big") + bytes(SIZE - 5)
+
+
+async def test_a_link_hello_and_batch_are_acknowledged_between_two_nodes(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    network = MemoryNetwork()
+    received: list[bytes] = []
+    sessions: list[tuple[str, LinkSessionStats]] = []
+
+    async def on_packets(frames: list[bytes]) -> Sequence[AckStatus]:
+        received.extend(frames)
+        return [AckStatus.ACCEPTED] * len(frames)
+
+    async def handler(stream: trio.abc.Stream) -> None:
+        stats = LinkSessionStats()
+        sessions.append((peer_address(stream), stats))
+        async with stream:
+            await serve_link(stream, on_packets, packet_size=SIZE, geometry_hash=GEOMETRY, stats=stats,
+                             identity=SERVER, admit=lambda node_id: node_id == NEIGHBOUR.node_id)
+
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(serve_streams, network, handler, RELAY_IP, 0)
+        host, port = listening_address(listeners)
+        client = LinkClient(host, port, packet_size=SIZE, geometry_hash=GEOMETRY, identity=NEIGHBOUR,
+                            expect_node_id=SERVER.node_id, network=network.node(NEIGHBOUR_IP))
+        started = trio.current_time()
+        first = await client.send_batch([frame(i) for i in range(5)], give_up_at=started + 10)
+        second = await client.send_batch([frame(5)], give_up_at=started + 10)
+        await client.aclose()
+        nursery.cancel_scope.cancel()
+    assert first == [AckStatus.ACCEPTED] * 5 and second == [AckStatus.ACCEPTED]
+    assert received == [frame(i) for i in range(6)]
+    assert client.connects == 1 and client.failures == 0
+    # The server saw the neighbour's own address and its authenticated node id.
+    assert [(source, stats.peer) for source, stats in sessions] == [(NEIGHBOUR_IP, NEIGHBOUR.node_id)]
+    assert host == RELAY_IP and port >= 49152
+    assert trio.current_time() == started  # nothing waited: no timeout fired on the way
+
+
+def hello_app(seen: list[tuple[float, str, str]]) -> Starlette:
+    async def hello(request: Request) -> Response:
+        client = request.client
+        assert client is not None
+        body = (await request.body()).decode()
+        seen.append((trio.current_time(), client.host, body))
+        return PlainTextResponse(f"{request.method} from {client.host}: {body}")
+
+    return Starlette(routes=[Route("/", hello, methods=["GET", "POST"])])
+
+
+async def test_http_requests_reach_the_real_server_from_each_clients_own_address(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    network = MemoryNetwork()
+    seen: list[tuple[float, str, str]] = []
+    counts: Counter[str] = Counter()
+    # One request a second once a source's burst of one is spent: the pacer holds the rest on trio's clock.
+    limits = HttpLimits(request_rate=1.0, request_burst=1.0, request_floor=1.0)
+    async with trio.open_nursery() as nursery:
+        url = await nursery.start(
+            lambda task_status: serve_http(hello_app(seen), "10.0.0.1", 8080, limits, counts, network=network,
+                                           task_status=task_status)
+        )
+        assert url == "http://10.0.0.1:8080"
+        async with network.http_client(base_url=url, local_address=PEER_IP) as client:
+            got = await client.get("/")
+            posted = await client.post("/", content=b"report")
+        async with network.node(OTHER_PEER_IP).http_client(base_url=url) as other:
+            other_got = await other.get("/")
+        nursery.cancel_scope.cancel()
+    assert (got.status_code, got.text) == (200, f"GET from {PEER_IP}: ")
+    assert (posted.status_code, posted.text) == (200, f"POST from {PEER_IP}: report")
+    assert other_got.text == f"GET from {OTHER_PEER_IP}: "
+    # The second request of PEER_IP waited its second; the other source had its own bucket.
+    assert [(round(at, 6), host) for at, host, _ in seen] == [(0.0, PEER_IP), (1.0, PEER_IP), (1.0, OTHER_PEER_IP)]
+    assert counts["paced"] == 1
+
+
+async def test_an_idle_connection_closed_by_the_server_is_replaced_and_a_silent_server_times_out(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    dials: list[tuple[float, Dial]] = []
+
+    async def record(dial: Dial) -> None:
+        dials.append((trio.current_time(), dial))
+
+    network = MemoryNetwork(on_connect=record)
+    seen: list[tuple[float, str, str]] = []
+
+    async def silent(request: Request) -> Response:
+        await trio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    app = hello_app(seen)
+    app.router.routes.append(Route("/silent", silent))
+    limits = HttpLimits(keep_alive_timeout=5.0)
+    async with trio.open_nursery() as nursery:
+        url = await nursery.start(
+            lambda task_status: serve_http(app, "10.0.0.1", 0, limits, Counter(), network=network,
+                                           task_status=task_status)
+        )
+        async with network.http_client(base_url=url, local_address=PEER_IP, timeout=3.0) as client:
+            assert (await client.get("/")).status_code == 200
+            assert (await client.get("/")).status_code == 200  # kept alive: the same connection
+            await trio.sleep(6.0)  # past hypercorn's keep-alive: it closes the idle connection
+            assert (await client.get("/")).status_code == 200
+            before = trio.current_time()
+            with pytest.raises(httpx.ReadTimeout):
+                await client.get("/silent")
+            assert trio.current_time() - before == pytest.approx(3.0)
+        nursery.cancel_scope.cancel()
+    # One connection for the first two, a new one after the server closed it (reused for /silent).
+    assert [(at, dial.source[0]) for at, dial in dials] == [(0.0, PEER_IP), (6.0, PEER_IP)]
+
+
+async def test_nothing_listening_is_a_refused_connection_for_every_client(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    network = MemoryNetwork()
+    with pytest.raises(ConnectionRefusedError):
+        await network.connect("10.0.0.1", 9000)
+    listeners = await network.listen("10.0.0.1", 9000)
+    with pytest.raises(OSError):
+        await network.listen("10.0.0.1", 9000)  # in use
+    stream = await network.connect("10.0.0.1", 9000)
+    await stream.aclose()
+    await listeners[0].aclose()
+    with pytest.raises(ConnectionRefusedError):
+        await network.connect("10.0.0.1", 9000)  # closed again
+    link = LinkClient("10.0.0.1", 9000, packet_size=SIZE, geometry_hash=GEOMETRY, network=network)
+    with pytest.raises(LinkError) as refused:
+        await link._connect()
+    assert refused.value.reason is LinkErrorReason.CONNECT_FAILED
+    async with network.http_client() as client:
+        with pytest.raises(httpx.ConnectError):
+            await client.get("http://10.0.0.1:9000/")
+
+
+async def test_the_gate_caps_connections_per_source_over_the_memory_network(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    network = MemoryNetwork()
+    counts: Counter[str] = Counter()
+    # The per-source cap binds once half the gate's slots are taken (transport/_admission.py).
+    limits = HttpLimits(max_connections=4, max_connections_per_source=2)
+    async with trio.open_nursery() as nursery:
+        url = await nursery.start(
+            lambda task_status: serve_http(hello_app([]), "10.0.0.1", 8080, limits, counts, network=network,
+                                           task_status=task_status)
+        )
+        held = [await network.connect("10.0.0.1", 8080, local_address=PEER_IP) for _ in range(2)]
+        third = await network.connect("10.0.0.1", 8080, local_address=PEER_IP)
+        assert await third.receive_some() == b""  # closed at accept, before a byte was read
+        assert trio.current_time() == 0.0  # by the gate, not by hypercorn's read timeout
+        async with network.http_client(base_url=url, local_address=OTHER_PEER_IP) as other:
+            assert (await other.get("/")).status_code == 200  # another source still gets in
+        await held[0].aclose()
+        # hypercorn ends a connection that never sent a request at its keep-alive timeout, then frees the slot.
+        await trio.sleep(limits.keep_alive_timeout)
+        async with network.http_client(base_url=url, local_address=PEER_IP) as again:
+            assert (await again.get("/")).status_code == 200
+        nursery.cancel_scope.cancel()
+    assert counts["refused/per-source"] == 1, counts
+
+
+async def test_the_connect_hook_can_refuse_and_interpose(autojump_clock: trio.testing.MockClock) -> None:
+    """A hook refuses one source and counts the bytes of the others by sitting between the two ends."""
+    relayed: Counter[str] = Counter()
+
+    async def pump(source: trio.abc.Stream, sink: trio.abc.Stream, label: str) -> None:
+        async with source, sink:
+            while chunk := await source.receive_some():
+                relayed[label] += len(chunk)
+                await sink.send_all(chunk)
+
+    async with trio.open_nursery() as nursery:
+
+        async def adversary(dial: Dial) -> None:
+            if dial.source[0] == OTHER_PEER_IP:
+                raise ConnectionRefusedError("dropped by the adversary")
+            outer, inner = connection_pair(dial.source, dial.destination)
+            nursery.start_soon(pump, dial.server, outer, "to-server")
+            nursery.start_soon(pump, outer, dial.server, "to-client")
+            dial.server = inner
+
+        network = MemoryNetwork(on_connect=adversary)
+        url = await nursery.start(
+            lambda task_status: serve_http(hello_app([]), "10.0.0.1", 8080, HttpLimits(), Counter(), network=network,
+                                           task_status=task_status)
+        )
+        async with network.http_client(base_url=url, local_address=PEER_IP) as client:
+            got = await client.get("/")
+        async with network.http_client(base_url=url, local_address=OTHER_PEER_IP) as refused:
+            with pytest.raises(httpx.ConnectError):
+                await refused.get("/")
+        nursery.cancel_scope.cancel()
+    assert got.text == f"GET from {PEER_IP}: "  # the interposed server end keeps the client's address
+    assert relayed["to-server"] > 0 and relayed["to-client"] >= len(got.content)
+
+
+async def test_the_roles_clients_dial_through_the_network_they_are_given(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The peer's aggregator, mirror and packet clients and the relay's manifest fetch, each from its node's IP."""
+    dials: set[tuple[str, Address]] = set()
+
+    async def refuse(dial: Dial) -> None:
+        dials.add((dial.source[0], dial.destination))
+        raise ConnectionRefusedError("nobody home")
+
+    network = MemoryNetwork(on_connect=refuse)
+    peer = network.node(PEER_IP)
+    clients = (AggregatorClient("http://10.0.0.1:8080", network=peer), mirror_clients(peer)("http://10.1.0.1:8081"))
+    for client in clients:
+        with pytest.raises(AggregatorError):
+            await client.manifest()
+        await client.aclose()
+    async with open_transport(packet_size=SIZE, geometry_hash=GEOMETRY, network=network,
+                              local_address=OTHER_PEER_IP) as packets:
+        assert await packets.send("10.1.0.1", 7000, frame(0), give_up_at=trio.current_time() + 1.0) is None
+    with pytest.raises(DirectoryError):
+        await fetch_manifest("http://10.0.0.1:8080", identity=bytes(32), timeout=1.0,
+                             network=network.node(RELAY_IP))
+    assert dials == {
+        (PEER_IP, ("10.0.0.1", 8080)), (PEER_IP, ("10.1.0.1", 8081)),
+        (OTHER_PEER_IP, ("10.1.0.1", 7000)), (RELAY_IP, ("10.0.0.1", 8080)),
+    }
+
+
+async def test_a_relay_mirror_serves_and_refreshes_over_the_network(autojump_clock: trio.testing.MockClock) -> None:
+    dials: list[tuple[str, Address]] = []
+
+    async def record(dial: Dial) -> None:
+        dials.append((dial.source[0], dial.destination))
+
+    network = MemoryNetwork(on_connect=record)
+    pinned = PinnedAggregator("http://10.0.0.1:8080", bytes(range(32)))  # nobody serves it: refreshes fail
+    async with trio.open_nursery() as nursery:
+        url = await nursery.start(partial(serve_mirror, (RELAY_IP, 8081), [pinned], network=network.node(RELAY_IP)))
+        client = AggregatorClient(url, network=network.node(PEER_IP))
+        assert await client.mirrored_manifest(pinned.identity) is None  # 404: not mirrored (yet)
+        await client.aclose()
+        nursery.cancel_scope.cancel()
+    assert url == f"http://{RELAY_IP}:8081"
+    assert set(dials) == {(RELAY_IP, ("10.0.0.1", 8080)), (PEER_IP, (RELAY_IP, 8081))}
