@@ -90,6 +90,8 @@ class AggregatorConfig:
     """How long a registration or credential commit is retried on a failing store before its requests get 503."""
     network: Network = TCP_NETWORK
     """Where the API and the sink listen and the relay probes connect (the round simulator's in-memory network)."""
+    app_middleware: Callable[[ASGIApp], ASGIApp] | None = None
+    """What stands in front of the API (the round simulator's adversary, which sees and may delay every request)."""
 
 
 @dataclass(frozen=True)
@@ -544,7 +546,8 @@ async def serve_aggregator(
         registrations = RegistrationBatcher(state, health, give_up_after=config.commit_retry_seconds)
         credentials = CredentialBatcher(state, workers, health, give_up_after=config.commit_retry_seconds)
         relays = RelayWatch(state, config.network)
-        app = build_app(state, registrations, credentials, sink, config.http_limits, relays)
+        api = build_app(state, registrations, credentials, sink, config.http_limits, relays)
+        app: ASGIApp = api if config.app_middleware is None else config.app_middleware(api)
         await sink.admit_legacy_frames()
         async with trio.open_nursery() as nursery:
             http_url = await nursery.start(partial(serve_http, app, config.http_host, config.http_port,

@@ -51,6 +51,12 @@ def _fuzz() -> click.Command:
     return fuzz
 
 
+def _simulate() -> click.Command:
+    from anonml.simulate import simulate
+
+    return simulate
+
+
 def _experiment() -> click.Command:
     from anonml.learning import experiment
 
@@ -74,6 +80,7 @@ ROLE_COMMANDS: dict[str, tuple[CommandLoader, str]] = {
     "demo": (_demo, "Run one complete round on loopback: 3 relays, the aggregator, N peers."),
     "fuzz": (_fuzz, "Coverage-guided fuzzing of every parser: each input parses or is refused with a typed error."),
     "experiment": (_experiment, "The thesis's chapter-8 experiments, in process (no network)."),
+    "simulate": (_simulate, "Whole rounds in process on a virtual clock, each against an adversary; checks anonymity."),
     "peer": (_peer, "Take part in a round from your own data."),
     "relay": (_relay, "Run a mix relay: hold Sphinx packets and release them inside their windows."),
 }

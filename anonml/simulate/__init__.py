@@ -1,0 +1,48 @@
+"""``anonml simulate``: whole rounds in one process on a virtual clock, against an adversary that is a program.
+
+Every role runs its real code over an in-memory network (``_world``); a
+malicious aggregator and colluding relays are strategies with hooks into
+that round (``_adversary``); a linking estimator and the property it must
+not beat are in ``_property``; ``_command`` is the click command.
+"""
+
+from __future__ import annotations
+
+from anonml.simulate._adversary import (
+    STRATEGIES,
+    Adversary,
+    AdversaryView,
+    Composite,
+    DroppingRelay,
+    HttpAction,
+    HttpRecord,
+    LateDocuments,
+    RandomStrategy,
+    RoundContext,
+)
+from anonml.simulate._command import simulate
+from anonml.simulate._property import StrategyVerdict, TrialScore, check_strategy, estimate, score_trial
+from anonml.simulate._world import RoundTrace, SimulationConfig, peer_ip, simulate_round
+
+__all__ = [
+    "STRATEGIES",
+    "Adversary",
+    "AdversaryView",
+    "Composite",
+    "DroppingRelay",
+    "HttpAction",
+    "HttpRecord",
+    "LateDocuments",
+    "RandomStrategy",
+    "RoundContext",
+    "RoundTrace",
+    "SimulationConfig",
+    "StrategyVerdict",
+    "TrialScore",
+    "check_strategy",
+    "estimate",
+    "peer_ip",
+    "score_trial",
+    "simulate",
+    "simulate_round",
+]

@@ -1,0 +1,290 @@
+"""The adversary as a program: what a malicious aggregator and its colluding relays may do in a simulated round.
+
+DESIGN.md §2: about *who sent what* the aggregator may be actively malicious
+— delay, withhold or tailor any answer per requester — and relays may
+collude (drop, delay, record who sent what) while one relay on each path is
+honest. An :class:`Adversary` gets two hooks into a simulated round:
+
+* every HTTP request to the aggregator passes :meth:`Adversary.on_request`
+  first (an ASGI interposer in front of the real API, so it sees the
+  requester's address, the path and the time) and may be delayed or withheld
+  (the client then times out as it would over TCP);
+* :meth:`Adversary.attach` hands it the in-memory network, where it may
+  stand in front of a relay's link address (:meth:`MemoryNetwork.interpose`)
+  as that relay's colluding operator: record each frame's sender and time,
+  acknowledge it, and drop it or pass it on.
+
+What it observes goes to an :class:`AdversaryView`; the linking estimator
+(``_property``) reads only that view and the aggregator's own store.
+Strategies compose (:class:`Composite`), and :class:`RandomStrategy` draws
+per-requester delays, withholdings and drops from a seed, so the search
+covers attacks nobody named.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import trio
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from anonml.protocol import PATH_CREDENTIAL, PATH_MEDIANS, RoundManifest
+from anonml.transport import AckStatus, Dial, LinkError, MemoryNetwork, connection_pair, serve_link
+
+Clock = Callable[[], float]
+
+# How long a withheld answer is held: past every window of a simulated round.
+WITHHOLD_SECONDS = 100_000.0
+
+
+@dataclass(frozen=True)
+class HttpRecord:
+    """One request as the aggregator saw it: when, from which address, which method and path."""
+
+    at: float
+    address: str
+    method: str
+    path: str
+
+
+@dataclass(frozen=True)
+class FrameRecord:
+    """One link frame a colluding relay took from a sender: when, from whom, and whether it was dropped."""
+
+    at: float
+    relay: int
+    source: str
+    dropped: bool
+
+
+@dataclass
+class AdversaryView:
+    """Everything the adversary observed in one round, besides its own store (arrivals with their times)."""
+
+    http: list[HttpRecord] = field(default_factory=list)
+    frames: list[FrameRecord] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class RoundContext:
+    """What an adversary is handed when the round starts.
+
+    ``relays`` are the relays' link addresses in manifest order; ``nursery``
+    runs whatever the adversary serves itself (a colluding relay's link).
+    """
+
+    network: MemoryNetwork
+    view: AdversaryView
+    clock: Clock
+    manifest: RoundManifest
+    relays: Sequence[tuple[str, int]]
+    nursery: trio.Nursery
+
+
+@dataclass(frozen=True)
+class HttpAction:
+    """What to do with one request: answer after ``delay`` seconds, or never (``withhold``)."""
+
+    delay: float = 0.0
+    withhold: bool = False
+
+
+class Adversary:
+    """The base adversary: an honest aggregator and honest relays. Strategies override the hooks.
+
+    ``targets`` are the addresses of the peers it wants to link (the linking
+    estimator scores its guesses for them; an honest adversary targets a
+    peer too, so its figures are the baseline).
+    """
+
+    name = "honest"
+
+    def __init__(self, targets: Sequence[str] = ()) -> None:
+        self.targets = frozenset(targets)
+        self.context: RoundContext | None = None
+
+    @property
+    def manifest(self) -> RoundManifest | None:
+        return self.context.manifest if self.context is not None else None
+
+    def attach(self, context: RoundContext) -> None:
+        """Called once as the round starts, with the network, where to record, the round's clock and manifest."""
+        self.context = context
+
+    def on_request(self, record: HttpRecord) -> HttpAction:
+        """Decide what happens to one request to the aggregator (called after it is recorded)."""
+        return HttpAction()
+
+    def describe(self) -> str:
+        return self.name
+
+
+class Composite(Adversary):
+    """Several strategies at once: the longest delay wins, any withholding wins, every interposer stands."""
+
+    def __init__(self, parts: Sequence[Adversary]) -> None:
+        super().__init__(sorted(frozenset().union(*(p.targets for p in parts))))
+        self.parts = list(parts)
+        self.name = "+".join(p.name for p in parts)
+
+    def attach(self, context: RoundContext) -> None:
+        super().attach(context)
+        for part in self.parts:
+            part.attach(context)
+
+    def on_request(self, record: HttpRecord) -> HttpAction:
+        actions = [part.on_request(record) for part in self.parts]
+        return HttpAction(max((a.delay for a in actions), default=0.0), any(a.withhold for a in actions))
+
+
+class LateDocuments(Adversary):
+    """Hold the answers a target's sends depend on (thresholds, medians, credential) until its send window has closed.
+
+    No collusion and every document genuine: the attack of issue 24's first
+    bullet. If a peer sent its report late instead of not at all, the late
+    report would stand out in the second-chance window.
+    """
+
+    name = "late-documents"
+
+    def on_request(self, record: HttpRecord) -> HttpAction:
+        if record.address not in self.targets or self.manifest is None:
+            return HttpAction()
+        schedule = self.manifest.schedule
+        if record.path == PATH_MEDIANS:
+            until = schedule.data.send_end
+        elif record.path.startswith("/v1/median/"):
+            sub_round = int(record.path.rsplit("/", 1)[1]) if record.path.rsplit("/", 1)[1].isdecimal() else 0
+            until = schedule.median[min(sub_round, len(schedule.median) - 1)].send_end
+        elif record.path == PATH_CREDENTIAL:
+            until = schedule.t_issue_end
+        else:
+            return HttpAction()
+        return HttpAction(delay=max(0.0, until - record.at) + 1.0)
+
+
+class DroppingRelay(Adversary):
+    """A colluding first-hop relay: it records who sends each frame, acknowledges it, and drops the targets' frames.
+
+    Acknowledged and dropped, a target's packet never reaches the aggregator:
+    the attack of issue 24's second bullet. Every other sender's frames pass
+    through to the real relay unchanged.
+    """
+
+    name = "dropping-relay"
+
+    def __init__(self, targets: Sequence[str] = (), relay: int = 0) -> None:
+        super().__init__(targets)
+        self.relay = relay
+
+    def attach(self, context: RoundContext) -> None:
+        super().attach(context)
+        address = tuple(context.relays[self.relay])
+        geometry = context.manifest.sphinx_geometry()
+        previous = context.network.on_connect
+
+        async def on_packets_from(source: str, frames: list[bytes]) -> list[AckStatus]:
+            context.view.frames.extend(FrameRecord(context.clock(), self.relay, source, dropped=True) for _ in frames)
+            return [AckStatus.ACCEPTED] * len(frames)
+
+        async def collude(dial: Dial) -> None:
+            if previous is not None:
+                await previous(dial)
+            if dial.destination != address or dial.source[0] not in self.targets:
+                return
+            # The colluding operator answers the target's link itself; the relay's own listener gets a
+            # connection that is closed at once (as a sender that gave up would leave it).
+            ours, dial.server = dial.server, await _closed_stream(dial)
+            context.nursery.start_soon(serve_colluding_link, ours, functools.partial(on_packets_from, dial.source[0]))
+
+        async def serve_colluding_link(stream: trio.abc.Stream, on_packets: Callable[[list[bytes]], Awaitable[list[AckStatus]]]) -> None:
+            try:
+                await serve_link(stream, on_packets, packet_size=geometry.packet_size, geometry_hash=geometry.canonical_hash())
+            except LinkError:
+                pass  # the sender went quiet or away, as links do
+            finally:
+                await trio.aclose_forcefully(stream)
+
+        context.network.on_connect = collude
+
+
+async def _closed_stream(dial: Dial) -> trio.abc.Stream:
+    """A server end whose client end is already gone."""
+    client, server = connection_pair(dial.source, dial.destination)
+    await client.aclose()
+    return server
+
+
+class RandomStrategy(Adversary):
+    """Per-requester delays and withholdings on random paths, and random first-hop drops, drawn from a seed.
+
+    Each draw picks targets, a set of API paths to disturb for them, a delay
+    (or withholding) per path, and whether one relay colludes by dropping
+    their frames. Strategies nobody named come from here.
+    """
+
+    name = "random"
+    PATHS = ("/v1/manifest", "/v1/register", "/v1/roster", "/v1/credential", "/v1/median/", "/v1/medians",
+             "/v1/receipts/", "/v1/heads")
+
+    def __init__(self, targets: Sequence[str], seed: int) -> None:
+        super().__init__(targets)
+        rng = np.random.default_rng(seed)
+        chosen = rng.random(len(self.PATHS)) < 0.4
+        self.delays = {path: (math.inf if rng.random() < 0.2 else float(rng.exponential(40.0)))
+                       for path, pick in zip(self.PATHS, chosen) if pick}
+        self.dropper = DroppingRelay(targets, relay=int(rng.integers(4))) if rng.random() < 0.5 else None
+        self.name = f"random-{seed}"
+
+    def attach(self, context: RoundContext) -> None:
+        super().attach(context)
+        if self.dropper is not None:
+            self.dropper.relay %= len(context.relays)
+            self.dropper.attach(context)
+
+    def on_request(self, record: HttpRecord) -> HttpAction:
+        if record.address not in self.targets:
+            return HttpAction()
+        for prefix, delay in self.delays.items():
+            if record.path.startswith(prefix):
+                return HttpAction(withhold=True) if math.isinf(delay) else HttpAction(delay=delay)
+        return HttpAction()
+
+    def describe(self) -> str:
+        paths = ", ".join(f"{p}{'=withheld' if math.isinf(d) else f'+{d:.0f}s'}" for p, d in self.delays.items())
+        relay = f"; relay {self.dropper.relay} drops" if self.dropper is not None else ""
+        return f"{self.name} ({paths or 'no HTTP change'}{relay})"
+
+
+def asgi_interposer(app: ASGIApp, adversary: Adversary, view: AdversaryView, clock: Clock) -> ASGIApp:
+    """The aggregator's API with the adversary in front: each request is recorded, then delayed or withheld."""
+
+    async def interposed(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope.get("type") != "http":
+            await app(scope, receive, send)
+            return
+        client = scope.get("client") or ("unknown", 0)
+        record = HttpRecord(clock(), str(client[0]), str(scope.get("method", "")), str(scope.get("path", "")))
+        view.http.append(record)
+        action = adversary.on_request(record)
+        if action.withhold:
+            await trio.sleep(WITHHOLD_SECONDS)
+        elif action.delay > 0:
+            await trio.sleep(action.delay)
+        await app(scope, receive, send)
+
+    return interposed
+
+
+STRATEGIES: dict[str, Callable[[Sequence[str]], Adversary]] = {
+    "honest": Adversary,
+    "late-documents": LateDocuments,
+    "dropping-relay": DroppingRelay,
+    "late-documents+dropping-relay": lambda targets: Composite([LateDocuments(targets), DroppingRelay(targets)]),
+}
+"""The named strategies, each built for a set of target addresses."""
