@@ -42,6 +42,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from anonml.base.errors import AnonMLError
 from anonml.mechanisms import PrivacyLedger, Release, ReleaseKind, discrete_laplace_epsilon, discrete_laplace_mechanism
 
 FloatArray = npt.NDArray[np.float64]
@@ -57,7 +58,7 @@ _MAX_NEWTON_STEPS = 100
 REGULARIZATION_RULE = 5.0
 
 
-class NotConverged(RuntimeError):
+class NotConverged(AnonMLError, RuntimeError):
     """Raised by :func:`fit_regularized_logistic` when Newton's method does
     not reach the gradient tolerance the sensitivity bound assumes (the
     model is then not released)."""

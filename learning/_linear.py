@@ -27,7 +27,7 @@ import numpy.typing as npt
 
 from anonml.learning._data import Table
 from anonml.mechanisms import OneBitMean, PrivacyLedger, Release, ReleaseKind
-from anonml.protocol import FeatureSpec
+from anonml.protocol import FeatureSpec, NumericFeature
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -65,7 +65,7 @@ class LinearEncoding:
         columns: list[FloatArray] = [np.ones((table.n_rows, 1))]
         for feature in self.spec.features:
             raw = table.column(feature.name)
-            if feature.kind == "numeric":
+            if isinstance(feature, NumericFeature):
                 clipped, _ = feature.clip(raw)
                 columns.append((2 * (clipped - feature.low) / (feature.high - feature.low) - 1)[:, None])
                 continue
@@ -78,7 +78,8 @@ class LinearEncoding:
 
     def signed_labels(self, table: Table) -> FloatArray:
         """The label as -1 / +1 (Harmony's y for logistic regression and SVM)."""
-        return 2.0 * self.spec.label.encode(table.labels) - 1.0
+        signed: FloatArray = 2.0 * self.spec.label.encode(table.labels).astype(np.float64) - 1.0
+        return signed
 
 
 def loss_gradients(loss: Loss | str, beta: FloatArray, X: FloatArray, y: FloatArray) -> FloatArray:

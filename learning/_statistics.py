@@ -129,10 +129,11 @@ def cdf_variances(oracle: OptimizedUnaryEncoding, counts: npt.ArrayLike) -> Floa
 
 def quantile_task(
     values: npt.ArrayLike, cut_points: npt.ArrayLike, level: float, epsilon: float, rng: np.random.Generator, *, column: str = "value",
-) -> StatisticAnswer:
+) -> tuple[FloatArray, StatisticAnswer]:
     """The ``level`` quantile on a public grid of ``cut_points``: each peer
     sends its bin by optimized unary encoding, the aggregator returns the
-    first cut point whose estimated CDF reaches ``level``. The variance is
+    estimated CDF at every bin and the first cut point whose estimated CDF
+    reaches ``level``. The variance is
     the CDF estimate's at that cut point (a rank error), with the estimated
     counts, clipped at 0, standing in for the true ones."""
     if not 0 < level < 1:
@@ -147,4 +148,4 @@ def quantile_task(
     plug_in = np.clip(counts, 0, None)
     plug_in = plug_in * (bins.size / plug_in.sum()) if plug_in.sum() > 0 else np.full(counts.size, bins.size / counts.size)
     variance = float(cdf_variances(oracle, plug_in)[chosen])
-    return StatisticAnswer("quantile", float(cuts[chosen]), variance, "Var[F̂(q)] = sum_{i<=b} Var[n̂_i]/n^2 (rank)", oracle.epsilon, ledgers)
+    return cdf, StatisticAnswer("quantile", float(cuts[chosen]), variance, "Var[F̂(q)] = sum_{i<=b} Var[n̂_i]/n^2 (rank)", oracle.epsilon, ledgers)
