@@ -19,6 +19,8 @@ from anonml.learning._binning import (
     private_cut_points,
     table_matrix,
 )
+from anonml.learning._averaging import ModelAveraging, NotConverged, OutputPerturbation, fit_regularized_logistic, unit_ball_rows
+from anonml.learning._compare import LearnerName, LinearSettings, linear_trial, run_comparison
 from anonml.learning._data import (
     DataError,
     Table,
@@ -31,6 +33,7 @@ from anonml.learning._data import (
 )
 from anonml.learning._ensemble import PartitionEnsemble, SubsetHistogram, estimate_histogram, exact_histogram
 from anonml.learning._experiment import experiment
+from anonml.learning._linear import LDPGradientDescent, LinearEncoding, Loss, fit_logistic_reference, harmony_group_size, loss_gradients
 from anonml.learning._model import MODEL_FORMAT, model_from_json, model_to_json, published_model
 from anonml.learning._planner import (
     PLANNER_MAX_PEERS,
@@ -41,17 +44,36 @@ from anonml.learning._planner import (
     round_candidates,
     synthetic_table,
 )
+from anonml.learning._statistics import (
+    StatisticAnswer,
+    cdf_variances,
+    count_task,
+    count_variance,
+    histogram_task,
+    mean_task,
+    mean_variance,
+    quantile_task,
+)
 from anonml.learning._tables import TableName, adult_spec, builtin_spec, load_builtin
 from anonml.learning._trial import TrialResult, estimate_histograms, exact_histograms, fit_combiners, run_trial
 
 __all__ = [
-    "MODEL_FORMAT",
     "DataError",
-    "PartitionEnsemble",
+    "LDPGradientDescent",
+    "LearnerName",
+    "LinearEncoding",
+    "LinearSettings",
+    "Loss",
+    "MODEL_FORMAT",
+    "ModelAveraging",
+    "NotConverged",
+    "OutputPerturbation",
     "PLANNER_MAX_PEERS",
+    "PartitionEnsemble",
     "PlanChoice",
     "QuantileBinner",
     "SpecBinner",
+    "StatisticAnswer",
     "SubsetHistogram",
     "Table",
     "TableName",
@@ -61,10 +83,12 @@ __all__ = [
     "bin_table",
     "builtin_spec",
     "candidate_choices",
+    "cdf_variances",
     "choose_plan",
     "choose_round_plan",
-    "round_candidates",
     "clip_table",
+    "count_task",
+    "count_variance",
     "estimate_histogram",
     "estimate_histograms",
     "exact_cut_points",
@@ -73,16 +97,28 @@ __all__ = [
     "experiment",
     "finite_number",
     "fit_combiners",
+    "fit_logistic_reference",
+    "fit_regularized_logistic",
+    "harmony_group_size",
+    "histogram_task",
+    "linear_trial",
     "load_adult",
     "load_builtin",
+    "loss_gradients",
+    "mean_task",
+    "mean_variance",
     "model_from_json",
     "model_to_json",
     "private_cut_points",
     "published_model",
+    "quantile_task",
     "read_adult_file",
     "read_csv_table",
+    "round_candidates",
+    "run_comparison",
     "run_trial",
     "split_table",
     "synthetic_table",
     "table_matrix",
+    "unit_ball_rows",
 ]

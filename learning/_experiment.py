@@ -28,6 +28,7 @@ import click
 import numpy as np
 
 from anonml.learning._binning import bin_table, exact_cut_points
+from anonml.learning._compare import LearnerName, LinearSettings, comparison_table, run_comparison, summary
 from anonml.learning._data import DataError, Table, read_csv_table, split_table
 from anonml.learning._planner import THESIS_SPLIT, PlanChoice, candidate_choices, choose_plan
 from anonml.learning._tables import TableName, load_builtin
@@ -158,11 +159,6 @@ def raw_baselines(spec: FeatureSpec, train: Table, test: Table, random_state: in
     }
 
 
-def _summary(values: Sequence[float]) -> dict[str, float]:
-    array = np.asarray(values)
-    return {"mean": float(array.mean()), "std": float(array.std(ddof=1)) if array.size > 1 else 0.0, "min": float(array.min()), "max": float(array.max()), "n": int(array.size)}
-
-
 def restrict_spec(spec: FeatureSpec, names: str | None) -> FeatureSpec:
     """The spec limited to comma-separated feature ``names`` (all if None)."""
     if not names:
@@ -244,7 +240,7 @@ def run_experiment(
                 noise_free.setdefault((request.label, combiner), []).append(auc)
     results = []
     for line in lines.values():
-        line["auc"] = _summary(line.pop("aucs"))
+        line["auc"] = summary(line.pop("aucs"))
         line["seconds_per_trial"] = float(np.mean(line.pop("seconds")))
         results.append(line)
     quantiles = max((line["quantiles"] for line in results), default=1)
@@ -259,7 +255,7 @@ def run_experiment(
         "postprocess": postprocess,
         "planner_choices": [{"epsilon_total": eps, **choice.to_dict()} for (_, eps), choice in chosen.items()],
         "results": results,
-        "noise_free_ensemble": [{"plan": plan, "combiner": combiner, "auc": _summary(v)} for (plan, combiner), v in noise_free.items()],
+        "noise_free_ensemble": [{"plan": plan, "combiner": combiner, "auc": summary(v)} for (plan, combiner), v in noise_free.items()],
         "baselines": raw_baselines(spec, train, test, seed, quantiles) if baselines else {},
     }
 
@@ -281,7 +277,8 @@ def print_results(report: dict[str, Any]) -> None:
             ",".join(sorted(line["oracles"])), f"{auc['mean']:.4f}", f"{auc['std']:.4f}", f"{auc['min']:.4f}", f"{auc['max']:.4f}",
             f"{line['seconds_per_trial']:.2f}",
         )
-    console.print(table)
+    if report["results"]:
+        console.print(table)
     for entry in report["planner_choices"]:
         console.print(f"planner at ε_T={entry['epsilon_total']:g}: {entry['kind']} kp={entry['k_p']} ks={entry['k_s']} q={entry['quantiles']} "
                       f"{entry['median_peers']} pool={entry['comparison_pool']:g}, {entry['combiner']} (simulated AUC {entry['simulated_auc'] or 0:.4f})")
@@ -293,6 +290,22 @@ def print_results(report: dict[str, Any]) -> None:
     for entry in report["noise_free_ensemble"]:
         base.add_row(f"ensemble, exact histograms: {entry['plan']}, {entry['combiner']}", f"{entry['auc']['mean']:.4f} ± {entry['auc']['std']:.4f}")
     console.print(base)
+    if report.get("learners"):
+        print_comparison(report, console)
+
+
+def print_comparison(report: dict[str, Any], console: Any) -> None:
+    """Every learner on one table: AUC against the record-level ε each
+    peer spent (the non-private reference has none)."""
+    from rich.table import Table as RichTable
+
+    table = RichTable(title=f"Learners compared on the {report['dataset']} test split, same split and ε_T, {report['trials']} trial(s)")
+    for column in ("learner", "ε_T requested", "ε_T record-level spent", "AUC mean", "std", "min", "max", "trials"):
+        table.add_column(column, justify="left" if column == "learner" else "right", no_wrap=True)
+    for learner, requested, auc, spent in comparison_table(report):
+        table.add_row(learner, "-" if requested is None else f"{requested:g}", "none (non-private)" if requested is None else f"{spent:.3g}",
+                      f"{auc['mean']:.4f}", f"{auc['std']:.4f}", f"{auc['min']:.4f}", f"{auc['max']:.4f}", str(auc["n"]))
+    console.print(table)
 
 
 def plot_results(report: dict[str, Any], path: Path, x_axis: str = "eps") -> None:
@@ -344,6 +357,10 @@ _DATASETS = [*(str(t) for t in TableName), CSV]
 @click.option("--test-fraction", type=click.FloatRange(0.05, 0.95), default=0.3, show_default=True, help="Held-out share for tables without a test split (seeded, stratified).")
 @click.option("--epsilon", "epsilons", type=ListOf(click.FloatRange(*EPSILON_TOTAL_RANGE)), multiple=True, default=("1,2,4",), show_default=True, help="Record-level ε_T values, e.g. 0.5,1,2 (every release counted, the quantile search included).")
 @click.option("--trials", type=click.IntRange(min=1), default=20, show_default=True)
+@click.option("--learner", "learners", type=ListOf(click.Choice([str(name) for name in LearnerName])), multiple=True, default=(LearnerName.ENSEMBLE.value,), show_default=True, help="Learners to compare on the same split and ε_T: ensemble (the release plans below), ldp-sgd-lr / -svm / -linreg (Harmony's LDP gradient descent, one step per peer), model-averaging (003: output-perturbed local models), logreg (non-private reference).")
+@click.option("--sgd-steps", type=click.IntRange(min=1), default=LinearSettings.sgd_steps, show_default=True, help="LDP SGD: gradient steps (the peers are dealt into this many groups).")
+@click.option("--sgd-learning-rate", type=click.FloatRange(min=0, min_open=True), default=LinearSettings.sgd_learning_rate, show_default=True, help="LDP SGD: γ0 (step k uses γ0/sqrt(k)).")
+@click.option("--rows-per-peer", type=click.IntRange(min=100), default=LinearSettings.rows_per_peer, show_default=True, help="Model averaging: rows each peer holds (its slice of the table).")
 @click.option("--plan", "plans", type=ListOf(click.Choice([PLANNER, *(str(k) for k in PlanKind)])), multiple=True, default=(f"{PlanKind.ONE},{PLANNER}",), show_default=True, help="one: the default plan, one release per peer at the full ε_T (3 cut points per numeric feature, a reserved comparison pool); planner: the planner's choice by simulation; split: the thesis's plan.")
 @click.option("--planner-trials", type=click.IntRange(min=1), default=2, show_default=True, help="Simulations per candidate plan in the planner.")
 @click.option("--kp", type=ListOf(click.IntRange(min=1)), multiple=True, help="Partitions (a sweep: several values).")
@@ -367,7 +384,8 @@ _DATASETS = [*(str(t) for t in TableName), CSV]
 @click.option("--plot-x", type=click.Choice(["eps", "kp", "ks"]), default="eps", show_default=True, help="x axis of the plot: ε_T (Figure 8-2) or a swept k_p / k_s (Figures 8-3 to 8-5).")
 def experiment(
     dataset: str, data_dir: Path | None, spec_path: Path | None, train_path: Path | None, test_path: Path | None, test_fraction: float,
-    epsilons: tuple[tuple[float, ...], ...], trials: int, plans: tuple[tuple[str, ...], ...], kp: tuple[tuple[int, ...], ...],
+    epsilons: tuple[tuple[float, ...], ...], trials: int, learners: tuple[tuple[str, ...], ...], sgd_steps: int, sgd_learning_rate: float,
+    rows_per_peer: int, plans: tuple[tuple[str, ...], ...], kp: tuple[tuple[int, ...], ...],
     ks: tuple[tuple[int, ...], ...], kh: tuple[tuple[int, ...], ...], quantiles: int | None, median_peers: str | None, pool: float,
     planner_trials: int, median_steps: int, combiners: tuple[tuple[str, ...], ...], base: str, scoring: str, oracle: str, postprocess: str, features: str | None,
     max_train_rows: int | None, seed: int, baselines: bool, json_path: Path | None, plot_path: Path | None, plot_x: str,
@@ -382,12 +400,14 @@ def experiment(
         spec = restrict_spec(spec, features)
         if max_train_rows is not None and max_train_rows < train.n_rows:
             train = train.rows(np.sort(rng.choice(train.n_rows, size=max_train_rows, replace=False)))
-        requests = plan_requests(
+        chosen_learners = _flatten(learners)
+        requests = [] if LearnerName.ENSEMBLE not in chosen_learners else plan_requests(
             spec, _flatten(plans), _flatten(kp), _flatten(ks), _flatten(kh), quantiles=quantiles, median_peers=median_peers,
             median_steps=median_steps, pool=pool, oracle=oracle, planner_trials=planner_trials,
         )
         eps_values = sorted(_flatten(epsilons))
-        steps = trials * len(requests) * len(eps_values)
+        linear = [name for name in chosen_learners if name != LearnerName.ENSEMBLE]
+        steps = trials * len(requests) * len(eps_values) + trials * sum(len(eps_values) for name in linear if name != LearnerName.LOGREG) + (LearnerName.LOGREG in linear)
         done = [0]
 
         def progress() -> None:
@@ -400,6 +420,11 @@ def experiment(
             combiners=_flatten(combiners), base=base, scoring=scoring, postprocess=postprocess, seed=seed, baselines=baselines,
             progress=progress,
         )
+        if linear:
+            settings = LinearSettings(sgd_steps=sgd_steps, sgd_learning_rate=sgd_learning_rate, rows_per_peer=rows_per_peer)
+            report["linear_settings"] = {"sgd_steps": sgd_steps, "sgd_learning_rate": sgd_learning_rate, "rows_per_peer": rows_per_peer}
+            report["learners"] = run_comparison(spec=spec, train=train, test=test, learners=linear, epsilons=eps_values, trials=trials, seed=seed,
+                                                settings=settings, progress=progress)
     except DataError as exc:
         raise click.UsageError(str(exc)) from None
     except FeatureSpecError as exc:
@@ -414,5 +439,5 @@ def experiment(
     if plot_path is not None:
         plot_results(report, plot_path, plot_x)
         click.echo(f"wrote {plot_path}")
-    if any(not math.isfinite(r["auc"]["mean"]) for r in report["results"]):
+    if any(not math.isfinite(r["auc"]["mean"]) for r in [*report["results"], *report.get("learners", [])]):
         raise click.ClickException("some trials produced a non-finite AUC")

@@ -25,6 +25,8 @@ from anonml.mechanisms._numeric import (
     discrete_laplace_epsilon,
     discrete_laplace_mechanism,
     discrete_laplace_pmf,
+    one_bit_mean_variance,
+    one_bit_report_variance,
 )
 from anonml.mechanisms._oracles import (
     DEFAULT_MAX_ESTIMATE_WORK,
@@ -93,6 +95,8 @@ __all__ = [
     "discrete_laplace_mechanism",
     "discrete_laplace_pmf",
     "make_oracle",
+    "one_bit_mean_variance",
+    "one_bit_report_variance",
     "optimal_pq_p",
     "postprocess",
     "per_attribute_epsilon",

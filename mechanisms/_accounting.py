@@ -40,6 +40,9 @@ class ReleaseKind(StrEnum):
 
     COMPARISON = "comparison"  # one "is my value greater than t?" bit about one numeric feature
     SUBSET = "subset"  # one perturbed report of a feature subset and the label
+    GRADIENT = "gradient"  # one perturbed gradient of a linear model at the peer's record (features and label)
+    MODEL = "model"  # one output-perturbed model trained on the peer's rows (each row: features and label)
+    STATISTIC = "statistic"  # one perturbed answer to a statistic task about the named columns
 
 
 @dataclass(frozen=True)
@@ -74,9 +77,16 @@ class Release:
             raise ValueError(f"features must be a sequence of names, not a string: {features!r}")
         return cls(ReleaseKind.SUBSET, tuple(features), epsilon)
 
+    @classmethod
+    def about(cls, kind: ReleaseKind | str, features: Sequence[str], epsilon: float) -> Release:
+        """A release of any kind about ``features`` (a sequence of names, never one string)."""
+        if isinstance(features, str):
+            raise ValueError(f"features must be a sequence of names, not a string: {features!r}")
+        return cls(ReleaseKind(kind), tuple(features), epsilon)
+
     @property
     def carries_label(self) -> bool:
-        return self.kind == ReleaseKind.SUBSET
+        return self.kind in (ReleaseKind.SUBSET, ReleaseKind.GRADIENT, ReleaseKind.MODEL)
 
 
 def releases_from(

@@ -113,20 +113,15 @@ class OneBitMean:
         return means
 
     def variance(self, n: int, values: np.ndarray | None = None) -> np.ndarray:
-        """Exact ``E[(mean_j estimate - mean_j)^2]`` for each attribute.
-
-        With the true ``values`` it is ``(1/n^2) sum_i (d c^2 - t_ij^2)``, c the
-        scale (Harmony, proof of Lemma 3); without, the worst case over inputs,
-        ``d c^2 / n`` (all values 0).
-        """
+        """Exact ``E[(mean_j estimate - mean_j)^2]`` for each attribute
+        (:func:`one_bit_mean_variance`; worst case over inputs without ``values``)."""
         n = check_positive_int(n, "n", minimum=1)
         if values is None:
-            return np.full(self.d, self.d * self.scale**2 / n)
+            return one_bit_mean_variance(self.epsilon, self.d, n)
         tuples = self._check_tuples(values)
         if tuples.shape[0] != n:
             raise ValueError(f"values must have n={n} rows, got {tuples.shape[0]!r}")
-        exact: np.ndarray = (n * self.d * self.scale**2 - (tuples**2).sum(axis=0)) / n**2
-        return exact
+        return one_bit_mean_variance(self.epsilon, self.d, n, tuples)
 
     def encode_report(self, report_row: np.ndarray) -> bytes:
         """One ``(j, u)`` row as ``report_bytes`` bytes holding ``2 j + u``."""
@@ -144,6 +139,35 @@ class OneBitMean:
         return np.stack([packed // 2, packed % 2], axis=1)
 
 
+def one_bit_report_variance(epsilon: float, d: int, value: npt.ArrayLike = 0.0) -> npt.NDArray[np.float64]:
+    """Exact ``Var[t*_j]`` of one report's coordinate j whose true value is
+    ``value`` (Harmony, proof of Lemma 3): the coordinate is ``±d c`` with
+    probability 1/d (sampled) and 0 otherwise, unbiased, so
+    ``Var = (1/d)(d c)^2 - t_j^2 = d c^2 - t_j^2`` with
+    ``c = (e^eps + 1)/(e^eps - 1)``. Largest at ``t_j = 0``."""
+    epsilon = check_epsilon(epsilon)
+    d = check_positive_int(d, "d", minimum=1)
+    scale = (math.exp(epsilon) + 1) / math.expm1(epsilon)
+    t = np.asarray(value, dtype=np.float64)
+    variance: npt.NDArray[np.float64] = d * scale**2 - t**2
+    return variance
+
+
+def one_bit_mean_variance(epsilon: float, d: int, n: int, values: npt.ArrayLike | None = None) -> npt.NDArray[np.float64]:
+    """Exact ``E[(Z_j - X_j)^2]`` per attribute for the mean ``Z`` of ``n``
+    independent reports (Harmony Lemma 3's variance, before its Bernstein
+    bound): ``(1/n^2) sum_i (d c^2 - t_ij^2)``; without ``values`` (shape
+    (n, d)) the worst case over inputs, ``d c^2 / n``. The same formula is
+    the variance of a mini-batch's mean perturbed gradient (Harmony §4.2)."""
+    n = check_positive_int(n, "n", minimum=1)
+    if values is None:
+        return np.full(check_positive_int(d, "d", minimum=1), float(one_bit_report_variance(epsilon, d)) / n)
+    tuples = np.asarray(values, dtype=np.float64)
+    if tuples.shape != (n, d):
+        raise ValueError(f"values must have shape ({n}, {d}), got {tuples.shape!r}")
+    per_report = one_bit_report_variance(epsilon, d, tuples)
+    exact: npt.NDArray[np.float64] = per_report.sum(axis=0) / n**2
+    return exact
 
 
 def _one_bit_holds(epsilon: float) -> bool:

@@ -1,0 +1,241 @@
+"""The seeds' other learners and tasks (issue 28): Harmony's dimension
+sampling and LDP gradient descent, DP averaging of local models, statistic
+tasks and their error formulas, and the experiment's learner comparison."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from anonml.learning import (
+    LDPGradientDescent,
+    Loss,
+    ModelAveraging,
+    OutputPerturbation,
+    cdf_variances,
+    count_task,
+    count_variance,
+    experiment,
+    fit_regularized_logistic,
+    histogram_task,
+    mean_task,
+    mean_variance,
+    quantile_task,
+    unit_ball_rows,
+)
+from anonml.mechanisms import (
+    OneBitMean,
+    OptimizedUnaryEncoding,
+    ReleaseKind,
+    discrete_laplace_epsilon,
+    discrete_laplace_pmf,
+    one_bit_mean_variance,
+    one_bit_report_variance,
+)
+
+TRIALS = 100
+# "Within 1.5 x the formula" both ways: the empirical mean squared error over
+# TRIALS runs lies in [formula / 1.5, 1.5 formula] (relative sd ~ 0.14 here).
+RATIO = 1.5
+
+
+def _within_formula(errors: list[float], formula: float) -> None:
+    empirical = float(np.mean(np.square(errors)))
+    assert formula / RATIO <= empirical <= RATIO * formula, (empirical, formula)
+
+
+# --- Harmony's 1-bit mechanism with dimension sampling ---------------------
+
+
+def test_report_variance_is_harmony_lemma_3() -> None:
+    c = (math.e + 1) / (math.e - 1)
+    assert one_bit_report_variance(1.0, 5, 0.5) == pytest.approx(5 * c * c - 0.25)
+    assert one_bit_mean_variance(1.0, 5, 10)[0] == pytest.approx(5 * c * c / 10)
+
+
+def test_dimension_sampling_is_unbiased_within_its_variance() -> None:
+    rng = np.random.default_rng(11)
+    n, d = 40_000, 6
+    values = rng.uniform(-1, 1, size=(n, d)) * np.linspace(0.2, 1, d)
+    mechanism = OneBitMean(1.0, d)
+    estimate = mechanism.estimate(mechanism.privatize(values, rng))
+    sd = np.sqrt(one_bit_mean_variance(1.0, d, n, values))
+    # 4.5 standard deviations per coordinate: a false alarm below 1e-4 for all six.
+    assert np.all(np.abs(estimate - values.mean(axis=0)) <= 4.5 * sd)
+    assert np.allclose(mechanism.variance(n, values), one_bit_mean_variance(1.0, d, n, values))
+
+
+def test_dimension_sampling_error_matches_its_formula() -> None:
+    rng = np.random.default_rng(12)
+    n, d = 1_000, 4
+    values = rng.uniform(-1, 1, size=(n, d))
+    mechanism = OneBitMean(2.0, d)
+    errors = [mechanism.estimate(mechanism.privatize(values, rng)) - values.mean(axis=0) for _ in range(TRIALS)]
+    formula = one_bit_mean_variance(2.0, d, n, values)
+    for j in range(d):
+        _within_formula([e[j] for e in errors], float(formula[j]))
+
+
+# --- statistic tasks ---------------------------------------------------------
+
+
+def test_count_error_within_formula_and_one_release_each() -> None:
+    rng = np.random.default_rng(21)
+    flags = rng.random(1_000) < 0.3
+    answers = [count_task(flags, 1.0, rng) for _ in range(TRIALS)]
+    _within_formula([a.estimate - flags.sum() for a in answers], count_variance(1.0, flags.size))
+    assert answers[0].variance == count_variance(1.0, flags.size)
+    ledgers = answers[0].ledgers
+    assert len(ledgers) == flags.size and all(len(ledger.releases) == 1 and ledger.spent() == 1.0 for ledger in ledgers)
+    assert ledgers[0].releases[0].kind == ReleaseKind.STATISTIC
+
+
+def test_mean_error_within_formula() -> None:
+    rng = np.random.default_rng(22)
+    values = rng.uniform(20, 70, size=1_000)
+    answers = [mean_task(values, 17, 90, 1.0, rng) for _ in range(TRIALS)]
+    exact = mean_variance(1.0, values.size, 17, 90, values)
+    _within_formula([a.estimate - values.mean() for a in answers], exact)
+    # The stated figure is the worst case over the secret values.
+    assert answers[0].variance >= exact
+
+
+def test_histogram_error_within_formula() -> None:
+    rng = np.random.default_rng(23)
+    codes = rng.integers(0, 8, size=1_000)
+    truth = np.bincount(codes, minlength=8)
+    errors, formula = [], 0.0
+    for _ in range(TRIALS):
+        counts, answer = histogram_task(codes, 8, 1.0, rng)
+        errors.append(float(np.sqrt(np.sum((counts - truth) ** 2))))
+        formula = answer.variance
+    _within_formula(errors, formula)
+
+
+def test_quantile_cdf_error_within_formula() -> None:
+    rng = np.random.default_rng(24)
+    values = rng.normal(40, 10, size=1_000)
+    cuts = np.linspace(10, 70, 13)
+    bins = np.searchsorted(cuts, values, side="left")
+    truth_counts = np.bincount(bins, minlength=cuts.size + 1)
+    median_bin = int(np.searchsorted(np.cumsum(truth_counts) / values.size, 0.5))
+    true_cdf = np.cumsum(truth_counts)[median_bin] / values.size
+    errors, answers = [], []
+    for _ in range(TRIALS):
+        cdf, answer = quantile_task(values, cuts, 0.5, 1.0, rng)
+        errors.append(float(cdf[median_bin] - true_cdf))
+        answers.append(answer.estimate)
+    formula = float(cdf_variances(OptimizedUnaryEncoding(1.0, cuts.size + 1), truth_counts)[median_bin])
+    _within_formula(errors, formula)
+    assert abs(np.median(answers) - np.median(values)) <= 2 * (cuts[1] - cuts[0])
+
+
+# --- Harmony's LDP gradient descent -----------------------------------------
+
+
+def _separable(n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    X = np.column_stack([np.ones(n), rng.uniform(-1, 1, size=(n, 3))])
+    y = np.where(X[:, 1] + 0.5 * X[:, 2] + 0.1 * rng.normal(size=n) > 0, 1.0, -1.0)
+    return X, y
+
+
+@pytest.mark.parametrize("loss", list(Loss))
+def test_sgd_every_peer_releases_one_gradient_at_epsilon(loss: Loss) -> None:
+    rng = np.random.default_rng(31)
+    X, y = _separable(20_000, rng)
+    model = LDPGradientDescent(loss=loss, epsilon=2.0, steps=20, random_state=1).fit(X, y, features=("a", "b", "c"))
+    assert model.steps_ == 20 and model.group_size_ == 1_000
+    assert len(model.ledgers_) == X.shape[0]
+    for ledger in model.ledgers_:
+        (release,) = ledger.releases
+        assert release.kind == ReleaseKind.GRADIENT and release.epsilon == 2.0 and ledger.spent() == 2.0
+    # It learns: the separating direction dominates the noise.
+    scores = model.decision_function(X)
+    assert np.mean((scores > 0) == (y > 0)) > 0.8
+
+
+def test_sgd_refuses_inputs_outside_the_cube() -> None:
+    with pytest.raises(ValueError, match=r"\[-1, 1\]"):
+        LDPGradientDescent(epsilon=1.0).fit(np.full((10, 2), 2.0), np.ones(10))
+    with pytest.raises(ValueError, match="steps"):
+        LDPGradientDescent(epsilon=1.0, steps=11).fit(np.zeros((10, 2)), np.ones(10))
+
+
+# --- DP averaging of local models --------------------------------------------
+
+
+def test_output_perturbation_scale_is_sensitivity_over_epsilon() -> None:
+    mechanism = OutputPerturbation(epsilon=1.0, n_rows=100, regularization=0.05, dimension=13)
+    assert mechanism.l2_sensitivity == pytest.approx(2 / (100 * 0.05), rel=2e-6)
+    assert mechanism.l1_sensitivity == pytest.approx(math.sqrt(13) * mechanism.l2_sensitivity)
+    # Rounding to the grid moves each coordinate by at most half a step.
+    assert mechanism.integer_sensitivity * mechanism.grid >= mechanism.l1_sensitivity + 13 * mechanism.grid - 1e-12
+    stated = mechanism.integer_sensitivity * mechanism.grid
+    assert mechanism.noise_scale == pytest.approx(stated / float(discrete_laplace_epsilon(1.0)), rel=1e-12)
+    # The noise drawn has exactly the discrete Laplace law of that scale.
+    rng = np.random.default_rng(41)
+    model = np.linspace(-1, 1, 13)
+    draws = np.concatenate([mechanism.release(model, rng) - np.rint(model / mechanism.grid) * mechanism.grid for _ in range(300)])
+    support = np.arange(-40 * mechanism.integer_sensitivity, 40 * mechanism.integer_sensitivity + 1)
+    variance = float(np.sum(discrete_laplace_pmf(support, mechanism.integer_sensitivity, 1.0) * support**2)) * mechanism.grid**2
+    assert np.var(draws) == pytest.approx(variance, rel=0.1)
+    assert variance == pytest.approx(2 * mechanism.noise_scale**2, rel=0.01)
+
+
+def test_local_models_of_neighbouring_slices_stay_within_the_bound() -> None:
+    rng = np.random.default_rng(42)
+    X = unit_ball_rows(rng.uniform(-1, 1, size=(100, 5)), math.sqrt(5))
+    y = np.where(X[:, 0] + 0.3 * rng.normal(size=100) > 0, 1.0, -1.0)
+    mechanism = OutputPerturbation(epsilon=1.0, n_rows=100, regularization=0.05, dimension=5)
+    base = fit_regularized_logistic(X, y, 0.05, mechanism.gradient_tolerance)
+    for row in range(10):
+        X2, y2 = X.copy(), y.copy()
+        X2[row], y2[row] = -X[row], -y[row]  # the worst kind of replacement
+        other = fit_regularized_logistic(X2, y2, 0.05, mechanism.gradient_tolerance)
+        assert np.linalg.norm(other - base) <= mechanism.l2_sensitivity
+
+
+def test_averaging_each_peer_releases_one_model_at_epsilon() -> None:
+    rng = np.random.default_rng(43)
+    X, y = _separable(5_050, rng)
+    rows = unit_ball_rows(X, 2.0)
+    model = ModelAveraging(epsilon=1.0, rows_per_peer=100, random_state=3).fit(rows, y, features=("a", "b", "c"))
+    assert len(model.ledgers_) == 50 and min(model.peer_rows_) >= 100 and sum(model.peer_rows_) == 5_050
+    for ledger in model.ledgers_:
+        (release,) = ledger.releases
+        assert release.kind == ReleaseKind.MODEL and ledger.spent() == 1.0
+    assert np.mean((model.decision_function(rows) > 0) == (y > 0)) > 0.8
+
+
+def test_averaging_enforces_its_assumptions() -> None:
+    X, y = np.full((200, 2), 0.9), np.ones(200)
+    with pytest.raises(ValueError, match="unit ball"):
+        ModelAveraging(epsilon=1.0).fit(X, y)
+    with pytest.raises(ValueError, match="rows_per_peer"):
+        ModelAveraging(epsilon=1.0, rows_per_peer=50).fit(X / 2, y)
+    assert np.all(np.linalg.norm(unit_ball_rows(np.full((3, 4), 5.0), 1.0), axis=1) <= 1 + 1e-12)
+
+
+# --- the experiment ----------------------------------------------------------
+
+
+def test_experiment_compares_learners_at_record_level_epsilon(tmp_path: Path) -> None:
+    out = tmp_path / "compare.json"
+    result = CliRunner().invoke(experiment, [
+        "breast-cancer", "--learner", "ldp-sgd-lr,ldp-sgd-svm,model-averaging,logreg", "--epsilon", "4",
+        "--trials", "2", "--sgd-steps", "8", "--no-baselines", "--json", str(out),
+    ])
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    lines = {line["learner"]: line for line in report["learners"]}
+    assert set(lines) == {"ldp-sgd-lr", "ldp-sgd-svm", "model-averaging", "logreg"}
+    for name in ("ldp-sgd-lr", "ldp-sgd-svm", "model-averaging"):
+        assert lines[name]["epsilon_total"] == 4.0 and lines[name]["releases_per_peer"] == 1
+        assert lines[name]["auc"]["n"] == 2
+    assert lines["logreg"]["epsilon_total_requested"] is None and lines["logreg"]["auc"]["mean"] > 0.95
+    assert "Learners compared" in result.output
