@@ -71,7 +71,7 @@ def create_round(
     final_private = home.read_key(home.final_hop_path)
     final_public = public_key_of(final_private)
     seed = rng_bytes(32)
-    issuer_key = IssuerSecretKey.generate()
+    issuer_key = IssuerSecretKey.generate(rng_bytes)
     issuer_public = issuer_key.public_key()
     plan = release_plan(
         spec.spec, spec.plan, spec.k_p, spec.k_h, spec.k_s, spec.eps_total, seed, spec.oracle, spec.median_share,

@@ -20,6 +20,7 @@ protect nothing.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 import re
 import stat
 from dataclasses import dataclass
@@ -53,14 +54,15 @@ def _read_secret(path: Path) -> bytes:
     return secret
 
 
-def create_identity(data_dir: Path) -> bytes:
+def create_identity(data_dir: Path, *, rng_bytes: Callable[[int], bytes] = os.urandom) -> bytes:
     """Create the identity key in ``data_dir``; returns its public key.
 
     Raises :class:`RelayDataDirError` if an identity already exists.
+    ``rng_bytes`` (the round simulator's seeded source) draws the key.
     """
     make_private_dir(data_dir)
     make_private_dir(data_dir / KEYS_DIR)
-    private, public = generate_keypair()
+    private, public = generate_keypair(rng_bytes=rng_bytes)
     try:
         write_secret_file(data_dir / IDENTITY_FILE, private)
     except FileExistsError:
@@ -111,7 +113,7 @@ class KeyRing:
     def epoch_of(self, now: float) -> int:
         return int(now // self.epoch_seconds)
 
-    def rotate(self, now: float) -> list[int]:
+    def rotate(self, now: float, *, rng_bytes: Callable[[int], bytes] = os.urandom) -> list[int]:
         """Create the current and next epoch keys if missing; erase expired ones.
 
         Returns the erased epochs (the caller erases their replay tags). A key
@@ -120,7 +122,7 @@ class KeyRing:
         current = self.epoch_of(now)
         for epoch in (current, current + 1):
             if epoch not in self._keys:
-                private, _ = generate_keypair()
+                private, _ = generate_keypair(rng_bytes=rng_bytes)
                 write_secret_file(self._dir / f"epoch-{epoch}.key", private)
                 self._keys[epoch] = self._make(epoch, private)
         erased = [e for e, key in self._keys.items() if now >= key.valid_until + self.grace_seconds]

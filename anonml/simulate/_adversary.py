@@ -33,7 +33,7 @@ import numpy as np
 import trio
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from anonml.protocol import PATH_CREDENTIAL, PATH_MEDIANS, RoundManifest
+from anonml.protocol import PATH_MEDIANS, RoundManifest
 from anonml.transport import AckStatus, Dial, LinkError, MemoryNetwork, connection_pair, serve_link
 
 Clock = Callable[[], float]
@@ -143,7 +143,7 @@ class Composite(Adversary):
 
 
 class LateDocuments(Adversary):
-    """Hold the answers a target's sends depend on (thresholds, medians, credential) until its send window has closed.
+    """Hold the answers a target's sends depend on (thresholds, medians) until its send window has closed.
 
     No collusion and every document genuine: the attack of issue 24's first
     bullet. If a peer sent its report late instead of not at all, the late
@@ -161,8 +161,6 @@ class LateDocuments(Adversary):
         elif record.path.startswith("/v1/median/"):
             sub_round = int(record.path.rsplit("/", 1)[1]) if record.path.rsplit("/", 1)[1].isdecimal() else 0
             until = schedule.median[min(sub_round, len(schedule.median) - 1)].send_end
-        elif record.path == PATH_CREDENTIAL:
-            until = schedule.t_issue_end
         else:
             return HttpAction()
         return HttpAction(delay=max(0.0, until - record.at) + 1.0)

@@ -185,7 +185,7 @@ class _World:
         self.network = MemoryNetwork()
         identity = SigningKey(hashlib.sha256(f"{config.seed}:aggregator".encode()).digest())
         self.home = AggregatorHome(root / "aggregator")
-        self.home.initialise(bytes(identity), generate_keypair()[0])
+        self.home.initialise(bytes(identity), generate_keypair(rng_bytes=random.Random(_seeded(config.seed, "final-hop")).randbytes)[0])
         pinned = PinnedAggregator(f"http://{AGGREGATOR_IP}:{HTTP_PORT}", bytes(identity.verify_key))
         self.relay_configs = [self._relay_config(i, pinned) for i in range(config.relays)]
         spec = parse_round_spec(spec_document(config, [relay_descriptor(c, T0) for c in self.relay_configs]))
@@ -199,11 +199,12 @@ class _World:
 
     def _relay_config(self, index: int, aggregator: PinnedAggregator) -> RelayConfig:
         data_dir = self.root / f"relay-{index}"
-        create_identity(data_dir)
+        keys = random.Random(_seeded(self.config.seed, "relay-keys", index)).randbytes
+        create_identity(data_dir, rng_bytes=keys)
         config = RelayConfig(data_dir=data_dir, listen=(relay_ip(index), LINK_PORT), mirror=(relay_ip(index), MIRROR_PORT),
                              synchronous="NORMAL", key_epoch_seconds=86_400, directory_aggregators=(aggregator,))
         # The epoch key the manifest names must exist before the descriptor is read.
-        KeyRing(data_dir, epoch_seconds=config.key_epoch_seconds, grace_seconds=config.key_grace_seconds).rotate(T0)
+        KeyRing(data_dir, epoch_seconds=config.key_epoch_seconds, grace_seconds=config.key_grace_seconds).rotate(T0, rng_bytes=keys)
         return config
 
     def on_learn(self, state: RoundState) -> dict[str, Any]:
@@ -252,12 +253,12 @@ class _World:
         async with trio.open_nursery() as nursery:
             self.adversary.attach(RoundContext(self.network, self.view, self.state.clock, manifest,
                                                [c.listen for c in self.relay_configs], nursery))
+            await nursery.start(functools.partial(serve_aggregator, config))
             for index, relay_config in enumerate(self.relay_configs):
                 rng = np.random.default_rng(_seeded(self.config.seed, "relay", index))
                 await nursery.start(functools.partial(serve_relay, relay_config, clock=WallClock(T0), rng=rng,
                                                       network=self.network.node(relay_ip(index))))
 
-            await nursery.start(functools.partial(serve_aggregator, config))
             async with trio.open_nursery() as peers:
                 for outcome in self.peers:
                     peers.start_soon(self.run_peer, outcome, pipeline)

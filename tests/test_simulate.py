@@ -1,0 +1,119 @@
+"""The round simulator (``anonml simulate``): whole rounds of every role's real code on a virtual clock,
+the adversary's strategies, and the property checker — which must be able to fail.
+
+Each simulated round of 8 peers takes a few seconds of CPU; the strategy sweep is marked slow.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from anonml.simulate import (
+    STRATEGIES,
+    DroppingRelay,
+    LateDocuments,
+    RoundTrace,
+    SimulationConfig,
+    StrategyVerdict,
+    TrialScore,
+    estimate,
+    peer_ip,
+    score_trial,
+    simulate_round,
+)
+from anonml.simulate._command import run_trial
+
+SMALL = SimulationConfig(peers=8, seed=3)
+
+
+@pytest.fixture(scope="module")
+def honest_round() -> RoundTrace:
+    return simulate_round(SMALL)
+
+
+def test_an_honest_simulated_round_accepts_every_report(honest_round: RoundTrace) -> None:
+    assert honest_round.outcome == "done"
+    results = [p.result for p in honest_round.peers]
+    assert all(r is not None for r in results), [p.error or p.refused for p in honest_round.peers]
+    packets = sum(r.packets for r in results if r is not None)
+    assert packets == len(honest_round.arrivals) == len(honest_round.senders) > 0
+    assert sum(r.acknowledged for r in results if r is not None) == packets
+    # every report went in one window and a cover in the other: the second windows carry reports by choice
+    assert sum(r.deferred for r in results if r is not None) > 0
+    assert honest_round.report["model"] is not None
+
+
+def test_one_seed_gives_one_trace(honest_round: RoundTrace) -> None:
+    again = simulate_round(SMALL)
+
+    def trace(t: RoundTrace) -> list[tuple[int, int, int, float]]:
+        # keys and receipts differ (key material comes from the OS); what happened when does not
+        return sorted((survey.kind, survey.partition, survey.subset, arrived) for survey, _, arrived in t.arrivals)
+
+    assert trace(again) == trace(honest_round)
+    assert [p.result.events for p in again.peers if p.result] == [p.result.events for p in honest_round.peers if p.result]
+    assert [(r.at, r.address, r.path) for r in again.view.http] == [(r.at, r.address, r.path) for r in honest_round.view.http]
+
+
+def test_the_adversary_sees_each_request_with_its_requesters_address(honest_round: RoundTrace) -> None:
+    addresses = {record.address for record in honest_round.view.http}
+    assert {peer_ip(i) for i in range(SMALL.peers)} <= addresses
+    assert any(record.path == "/v1/register" for record in honest_round.view.http)
+
+
+def test_a_dropping_relay_records_the_targets_frames_and_its_resend_hides_among_second_window_reports() -> None:
+    # Seed 1's target sends through relay 0 first: the colluding relay acknowledges and drops it.
+    config = replace(SMALL, seed=1)
+    target = 1
+    trace = simulate_round(config, DroppingRelay([peer_ip(target)], relay=0))
+    frames = [f for f in trace.view.frames if f.source == peer_ip(target)]
+    assert frames and all(f.dropped for f in frames)
+    result = trace.peers[target].result
+    # a dropped report of the first window is resent; one the peer kept for the second window is lost (it costs
+    # the report, never marks it): every report ends acknowledged or missing with its reason
+    assert result is not None and result.acknowledged + result.missing == result.packets
+    assert sum(result.missing_reasons.values()) == result.missing
+    success, _ = estimate(trace, target)
+    # its report is one of the second window's, which half the partition sends by choice
+    assert success["second-window"] < 1.0
+
+
+def test_documents_held_past_the_send_window_cost_the_report_never_mark_it() -> None:
+    config = replace(SMALL, seed=2)
+    target = 2
+    trace = simulate_round(config, LateDocuments([peer_ip(target)]))
+    result = trace.peers[target].result
+    assert result is not None
+    assert result.missed_documents >= 1 and "median-missed" in result.events
+    # covers went where its answer would have gone: no report of its answered late
+    success, reports = estimate(trace, target)
+    assert reports == result.packets - result.missing - result.unconfirmed
+    assert max(success.values(), default=0.0) < 1.0
+
+
+def _score(seed: int, success: float, bound: float = 0.1) -> TrialScore:
+    return TrialScore(seed, 0, {"uniform": success, "second-window": success}, bound / 2, bound, None, 2, "done")
+
+
+def test_the_checker_fails_a_strategy_that_links_and_passes_one_at_chance() -> None:
+    """A check that cannot fail is a defect: certain links break the property, chance keeps it."""
+    linked = StrategyVerdict("linked", [_score(i, 1.0) for i in range(6)])
+    assert not linked.holds and linked.certain_links == 6
+    often = StrategyVerdict("often", [_score(i, s) for i, s in enumerate([0.5, 0.6, 0.4, 0.5, 0.55, 0.45])])
+    assert not often.holds  # well above the bound of 0.1, never certain
+    chance = StrategyVerdict("chance", [_score(i, s) for i, s in enumerate([0.05, 0.1, 0.0, 0.05, 0.1, 0.05])])
+    assert chance.holds
+
+
+@pytest.mark.slow
+def test_every_named_strategy_and_a_random_search_keep_the_property() -> None:
+    """What CI runs of the simulator: each named strategy over seeds, and randomly drawn ones."""
+    config = SimulationConfig(peers=16)
+    verdicts = []
+    for name in STRATEGIES:
+        verdicts.append(StrategyVerdict(name, [run_trial(name, replace(config, seed=s)) for s in range(3)]))
+    verdicts.append(StrategyVerdict("random", [run_trial("random", replace(config, seed=s)) for s in range(4)]))
+    broken = [v.as_dict() for v in verdicts if not v.holds]
+    assert broken == []
