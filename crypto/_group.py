@@ -240,6 +240,19 @@ def hedged_scalars(
     raise RuntimeError("hedged nonce stream exhausted")  # pragma: no cover - probability 2**-1000
 
 
+SMALL_COEFFICIENT_BYTES = 16  # 128-bit batch coefficients: a bad equation survives w.p. <= 2**-128
+
+
+def small_coefficients(count: int, rng: RandomSource) -> list[int]:
+    """``count`` uniform coefficients in ``[1, 2**128]`` for a small-exponent
+    batch test (Bellare, Garay, Rabin 1998). Drawn fresh from ``rng`` (the
+    system CSPRNG by default) and never disclosed: a prover that could
+    predict them could make two bad equations cancel."""
+    data = random_bytes(rng, SMALL_COEFFICIENT_BYTES * count)
+    step = SMALL_COEFFICIENT_BYTES
+    return [int.from_bytes(data[i : i + step], "big") + 1 for i in range(0, len(data), step)]
+
+
 def random_scalar(rng: RandomSource) -> int:
     """A uniform nonzero scalar straight from ``rng`` (for long-term keys)."""
     while True:
