@@ -62,8 +62,8 @@ only as ``w_j·Σ_{i∈j} ρ_i c_i γV_i·U_i`` and ``x1·Σ ρ_i c_i γV_i·Cs_
 secret scalars go through :func:`~crypto._group.secret_mul` once per partition
 and once per batch, never into the variable-time sum. A failing batch is
 split in halves, each checked with fresh coefficients, until the bad tokens
-stand alone: one bad token costs about twice the batch, and the good ones
-are accepted.
+stand alone: one bad token among ``n`` costs checks over fewer than ``3n``
+tokens in all, and the good ones are accepted.
 
 Per-token checks stay per token and come first: length and version, every
 point on the curve, canonical and not the identity (petlib's example-code
