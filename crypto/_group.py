@@ -200,6 +200,11 @@ class Transcript:
     def append(self, label: bytes, data: bytes) -> None:
         self._hash.update(length_prefixed(label, data))
 
+    def append_all(self, *items: tuple[bytes, bytes]) -> None:
+        """Append each ``(label, data)`` in order, as :meth:`append` would
+        (the same bytes reach the hash), in one update."""
+        self._hash.update(length_prefixed(*(part for item in items for part in item)))
+
     def append_point(self, label: bytes, point: Point) -> None:
         self.append(label, encode_point(point))
 

@@ -189,12 +189,17 @@ def _statement_transcript(
     ctx, H(ctx), SHA-256(m), U, Cs, Cu', T) and the composite coefficients
     ``γV, γT`` drawn from it before any commitment."""
     transcript = public_key.transcript(_TRANSCRIPT_LABEL, partition, version=TOKEN_VERSION)
-    transcript.append(b"ctx", ctx)
-    transcript.append(b"H(ctx)", _survey_point_encoding(ctx))
-    transcript.append(b"SHA-256(m)", hashlib.sha256(message).digest())
-    for label, encoding in zip((b"U", b"Cs", b"Cu'", b"T"), statement):
-        transcript.append(label, encoding)
-    transcript.append(b"composite", b"gamma-V")
+    u, cs, cu_prime, tag = statement
+    transcript.append_all(
+        (b"ctx", ctx),
+        (b"H(ctx)", _survey_point_encoding(ctx)),
+        (b"SHA-256(m)", hashlib.sha256(message).digest()),
+        (b"U", u),
+        (b"Cs", cs),
+        (b"Cu'", cu_prime),
+        (b"T", tag),
+        (b"composite", b"gamma-V"),
+    )
     gamma_v = transcript.challenge()
     transcript.append(b"composite", b"gamma-T")
     gamma_t = transcript.challenge()
