@@ -183,3 +183,31 @@ def test_the_aggregator_counts_a_bad_token_alone(secret_key: IssuerSecretKey, go
     jobs[40] = _bad_proof(jobs[40], 1, jobs[0])
     results = IssuerWorkers(secret_key).verify(jobs)
     assert _refused(results) == {40: "bad-token/bad-proof"}
+
+
+def test_the_key_meets_secret_mul_once_per_partition_and_never_wsum(
+    secret_key: IssuerSecretKey, good_jobs: list[TokenJob], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # DESIGN.md §6 pitfall "secret scalars through wsum", in the batched path:
+    # the key multiplies the batch's sums, in constant time, once per
+    # partition (x0 + x2·j) and once for x1, whatever the batch size.
+    from anonml.crypto._group import GROUP
+
+    key_scalars = {secret_key._x1} | {(secret_key._x0 + j * secret_key._x2) % ORDER for j in PARTITIONS}
+    wsum_scalars: list[int] = []
+    secret_calls: list[int] = []
+    original_wsum, original_secret_mul = GROUP.wsum, token_module.secret_mul
+
+    def recording_wsum(weights: list[object], points: list[object]) -> object:
+        wsum_scalars.extend(int(w) for w in weights)  # type: ignore[call-overload]
+        return original_wsum(weights, points)
+
+    def recording_secret_mul(scalar: int, point: object) -> object:
+        secret_calls.append(scalar)
+        return original_secret_mul(scalar, point)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(GROUP, "wsum", recording_wsum)
+    monkeypatch.setattr(token_module, "secret_mul", recording_secret_mul)
+    assert _refused(verify_tokens(secret_key, good_jobs[:64])) == {}
+    assert sorted(secret_calls) == sorted(key_scalars)
+    assert key_scalars.isdisjoint(wsum_scalars)
