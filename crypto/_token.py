@@ -68,6 +68,13 @@ tokens in all, and the good ones are accepted.
 Per-token checks stay per token and come first: length and version, every
 point on the curve, canonical and not the identity (petlib's example-code
 forgery with ``U`` the identity), scalars below ``q``, key id, partition.
+The other DESIGN.md §6 pitfalls: the challenge hashes every statement point
+(tests/test_tokens.py drops each in turn); the nonces stay hedged; ``H(ctx)``
+is hashed to the curve; the kid is in the transcript, so a token of another
+key epoch fails. Version 1 also refused ``V = identity``; ``V`` is no longer
+computed per token, and ``V = z·X1 - r·g`` is the identity only for
+``z = r = 0``, which unblinds the prover's own presentation and forges
+nothing.
 """
 
 from __future__ import annotations
