@@ -34,16 +34,24 @@ Token: version, kid, partition, five points, three scalars: 296 bytes (the
 budget is 300; three separate commitments would make it 362).
 
 Why the combination is sound. ``γV, γT`` are random-oracle outputs on the
-whole statement, fixed before ``A`` and ``c``. Special soundness extracts a
-witness of the combined relation; a prover's points are combinations of
-group elements whose mutual logarithms it does not know (``g, h, H(ctx)``
-are hashed to the curve, ``X1 = x1·h`` with the issuer's secret ``x1``,
-``U`` comes from an issued credential), so writing the combined relation in
-those bases, each of the three relations is a coefficient of the identity in
-``(1, γV, γT)``; a statement breaking one of them satisfies the combination
-for at most one value of ``γV`` (or ``γT``) given the other, probability
-``1/q`` per random-oracle query (Schwartz–Zippel; the algebraic argument of
-CMZ14's generic-group proofs). ``V`` is no longer hashed: it is a function of
+whole statement, fixed before ``A`` and ``c``. Special soundness extracts one
+witness ``(s, z, -r)`` of the combined relation, chosen after ``γV, γT``. A
+prover's points are combinations, with coefficients fixed before the
+``γ``'s, of group elements whose mutual logarithms it does not know
+(``g, h, H(ctx)`` hashed to the curve, ``X1 = x1·h`` with the issuer's
+secret ``x1``, ``U`` from an issued credential; the algebraic argument of
+CMZ14's generic-group proofs). Written in those bases, the combined relation
+is one equation per basis element; the witness can absorb one of them each
+(``s`` the ``U`` coordinate, ``z`` the ``h`` one, ``r`` the ``g`` one), and
+what remains (the ``H(ctx)`` and ``X1`` coordinates, and every coordinate a
+statement point has outside its own relation's bases) is a polynomial of
+degree at most 2 in ``(γV, γT)`` that vanishes identically only when all
+three relations hold with the same ``s`` and ``z``. So a statement breaking
+one of them passes with probability at most ``2/q`` per random-oracle query
+(Schwartz–Zippel). This is the technique of RFC 9497 §2.2.1's batched DLEQ
+proofs, applied to the three relations of one presentation; it is this
+project's construction, not a published one, and deserves review.
+``V`` is no longer hashed: it is a function of
 ``U, Cs, Cu'``, ``j`` and the key, all of which are.
 
 Batches: the small-exponent test
