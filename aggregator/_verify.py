@@ -131,7 +131,11 @@ class JudgedBatch:
 
 
 def judge_batch(state: RoundState, batch: OpenedBatch, workers: IssuerWorkers) -> JudgedBatch:
-    """Tokens (in the worker processes when there are any) and report formats."""
+    """Tokens (in the worker processes when there are any) and report formats.
+
+    The batch's tokens are verified together (``crypto.verify_tokens``: one
+    small-exponent check of all their proofs, bisected when it fails), so a
+    bad token is refused alone, counted by its reason like any other."""
     results = workers.verify([item.job for _, item in batch.opened])
     verified: list[tuple[int, VerifiedPacket]] = []
     for (index, item), result in zip(batch.opened, results):

@@ -91,7 +91,6 @@ __all__ += [
 from anonml.crypto._credential import (
     REJECTION_REASONS,
     TAG_DIGEST_BYTES,
-    TOKEN_BYTES,
     Credential,
     CredentialError,
     CredentialSecret,
@@ -103,13 +102,18 @@ from anonml.crypto._credential import (
     IssuanceState,
     IssuerPublicKey,
     IssuerSecretKey,
-    Token,
     begin_issuance,
     finish_issuance,
     issue_credential,
+)
+from anonml.crypto._token import (
+    TOKEN_BYTES,
+    TOKEN_VERSION,
+    Token,
     make_token,
     survey_point,
     tag_digest,
+    token_challenges,
     verify_parsed_token,
     verify_token,
 )
@@ -118,6 +122,7 @@ __all__ += [
     "REJECTION_REASONS",
     "TAG_DIGEST_BYTES",
     "TOKEN_BYTES",
+    "TOKEN_VERSION",
     "Credential",
     "CredentialError",
     "CredentialSecret",
@@ -136,6 +141,7 @@ __all__ += [
     "make_token",
     "survey_point",
     "tag_digest",
+    "token_challenges",
     "verify_parsed_token",
     "verify_token",
 ]

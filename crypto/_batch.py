@@ -1,7 +1,8 @@
 """The issuer's secret-key work, one batch at a time, in this process or in a worker process.
 
 Blind issuance and token verification are CPU-bound P-256 proofs with the
-round's issuer secret key (DESIGN.md §6). The aggregator spreads batches of
+round's issuer secret key (DESIGN.md §6). Token proofs are verified a batch
+at a time (:func:`verify_tokens`). The aggregator spreads batches of
 them over spawned worker processes; each worker loads the key once
 (:func:`init_worker`) and runs :func:`verify_in_worker` or
 :func:`issue_in_worker`. Living in ``crypto`` keeps a worker's imports to the
@@ -15,7 +16,9 @@ from __future__ import annotations
 import signal
 from dataclasses import dataclass
 
-from anonml.crypto._credential import InvalidIssuance, InvalidToken, IssuerSecretKey, issue_credential, verify_token
+from anonml.crypto._credential import InvalidIssuance, InvalidToken, IssuerSecretKey, issue_credential
+from anonml.crypto._group import RandomSource, system_rng
+from anonml.crypto._token import CheckedToken, Token, check_token, failing_proofs, tag_digest_of
 
 
 @dataclass(frozen=True)
@@ -44,14 +47,29 @@ class JobRefused:
     """``InvalidToken.reason`` or ``InvalidIssuance.reason``."""
 
 
-def verify_tokens(issuer_key: IssuerSecretKey, jobs: list[TokenJob]) -> list[bytes | JobRefused]:
-    """Per job the 32-byte tag digest, or why the token was refused."""
+def verify_tokens(
+    issuer_key: IssuerSecretKey, jobs: list[TokenJob], *, rng: RandomSource = system_rng
+) -> list[bytes | JobRefused]:
+    """Per job the 32-byte tag digest, or why the token was refused.
+
+    Parsing, key id, partition and identity checks run per token; the proofs
+    of the tokens that pass them are checked together (``crypto._token``:
+    one small-exponent batch test, bisected when it fails), so a bad proof
+    costs its batch one more pass and rejects only its own token."""
     results: list[bytes | JobRefused] = []
+    checked: list[CheckedToken] = []
+    positions: list[int] = []
     for job in jobs:
         try:
-            results.append(verify_token(issuer_key, job.ctx, job.message, job.token, expected_partition=job.partition))
+            token = Token.from_bytes(job.token)
+            checked.append(check_token(issuer_key, job.ctx, job.message, token, expected_partition=job.partition))
         except InvalidToken as exc:
             results.append(JobRefused(exc.reason))
+            continue
+        positions.append(len(results))
+        results.append(tag_digest_of(token))
+    for index in failing_proofs(issuer_key, checked, rng=rng):
+        results[positions[index]] = JobRefused("bad-proof")
     return results
 
 

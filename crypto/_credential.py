@@ -12,12 +12,13 @@ P-256, with the same shape as the IETF Privacy Pass ARC draft:
   sends an ElGamal encryption of ``s`` under a fresh key with a proof of
   knowledge, the issuer answers with an encrypted MAC and a proof that it used
   its published key;
-* a token for survey context ``ctx`` and message ``m`` is a re-randomised
-  presentation ``(U, Cs, Cu')`` (CMZ14 §4.2 "Show"), the disclosed ``j``, the
-  tag ``T = s·H(ctx)`` and one Schnorr proof that the same ``s`` sits in the
-  credential and in the tag. The issuer verifies with its secret key, which
-  is what makes verification cheap (two constant-time multiplications instead
-  of pairings).
+* a token for survey context ``ctx`` and message ``m`` (module
+  :mod:`crypto._token`) is a re-randomised presentation ``(U, Cs, Cu')``
+  (CMZ14 §4.2 "Show"), the disclosed ``j``, the tag ``T = s·H(ctx)`` and one
+  Schnorr proof that the same ``s`` sits in the credential and in the tag.
+
+This module holds the keys, the credential and blind issuance, and the
+encoding helpers the token module shares.
 
 All group arithmetic goes through :mod:`crypto._group`; secret scalars only
 ever meet :func:`~crypto._group.secret_mul`.
@@ -29,7 +30,6 @@ import hashlib
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import cached_property, lru_cache
 from typing import TypeVar
 
 from anonml.base.errors import InputError
@@ -48,7 +48,6 @@ from anonml.crypto._group import (
     decode_scalar,
     encode_point,
     encode_scalar,
-    hash_to_point,
     hedged_scalars,
     is_identity,
     length_prefixed,
@@ -74,7 +73,6 @@ CREDENTIAL_SECRET_BYTES = 1 + SCALAR_BYTES
 CREDENTIAL_BYTES = _HEADER.size + 2 * POINT_BYTES + SCALAR_BYTES
 ISSUANCE_REQUEST_BYTES = _HEADER.size + 3 * POINT_BYTES + 4 * SCALAR_BYTES
 ISSUANCE_RESPONSE_BYTES = _HEADER.size + 4 * POINT_BYTES + 7 * SCALAR_BYTES
-TOKEN_BYTES = _HEADER.size + 4 * POINT_BYTES + 4 * SCALAR_BYTES
 
 
 REJECTION_REASONS = frozenset(
@@ -118,11 +116,13 @@ class _Reader:
     """Splits a fixed-length encoding into fields, turning every encoding
     failure into the recipe's own exception type with its reason."""
 
-    def __init__(self, data: bytes, expected_length: int, error: type[_E], what: str) -> None:
+    def __init__(
+        self, data: bytes, expected_length: int, error: type[_E], what: str, *, version: int = VERSION
+    ) -> None:
         if not isinstance(data, bytes) or len(data) != expected_length:
             size = len(data) if isinstance(data, (bytes, bytearray)) else type(data).__name__
             raise error("malformed", f"{what} must be {expected_length} bytes, got {size!r}")
-        if data[0] != VERSION:
+        if data[0] != version:
             raise error("malformed", f"unknown {what} version {data[0]!r}")
         self._data = data
         self._offset = 1
@@ -170,15 +170,18 @@ def _same_scalar(left: int, right: int) -> bool:
     return ct_equal(encode_scalar(left), encode_scalar(right))
 
 
-def _header(kid: bytes, partition: int) -> bytes:
-    return _HEADER.pack(VERSION, kid, partition)
+def _header(kid: bytes, partition: int, version: int = VERSION) -> bytes:
+    return _HEADER.pack(version, kid, partition)
 
 
-def _encode_proof_message(kid: bytes, partition: int, points: Sequence[Point], scalars: Sequence[int]) -> bytes:
+def _encode_proof_message(
+    kid: bytes, partition: int, points: Sequence[Point], scalars: Sequence[int], *, version: int = VERSION
+) -> bytes:
     """The layout of every message carrying a proof (issuance request and
-    response, token): header, statement points, then challenge and responses."""
+    response, token): header, statement points (and, in a token, the
+    commitment), then the scalars (challenge and responses, or responses)."""
     return (
-        _header(kid, partition)
+        _header(kid, partition, version)
         + b"".join(encode_point(p) for p in points)
         + b"".join(encode_scalar(k) for k in scalars)
     )
@@ -215,14 +218,14 @@ class IssuerPublicKey:
         one key epoch; a token is only verified under the key it names."""
         return self._kid
 
-    def transcript(self, label: bytes, partition: int) -> Transcript:
+    def transcript(self, label: bytes, partition: int, *, version: int = VERSION) -> Transcript:
         """A fresh Fiat–Shamir transcript for proof type ``label``, opened
         with the common head of DESIGN.md §6: version, curve, g, h, Cx0, X1,
-        X2, kid; then the partition."""
+        X2, kid; then the partition. Each ``label`` has one ``version``."""
         head = self._heads.get(label)
         if head is None:
             head = Transcript(_PROTOCOL + b"/" + label)
-            head.append(b"version", bytes((VERSION,)))
+            head.append(b"version", bytes((version,)))
             head.append(b"curve", CURVE_ID)
             head.append(b"g", _G_BYTES)
             head.append(b"h", _H_BYTES)
@@ -600,193 +603,3 @@ def finish_issuance(state: IssuanceState, response_bytes: bytes) -> Credential:
     if is_identity(u_prime):  # only a key with x0 + x1·s + x2·j = 0; never use it
         raise InvalidIssuance("identity-point", "credential MAC is the identity")
     return Credential(public_key.kid, request.partition, response.u, u_prime, state.secret)
-
-
-# ------------------------------------------------------------------- tokens
-
-
-@lru_cache(maxsize=4096)
-def survey_point(ctx: bytes) -> Point:
-    """``H(ctx)``: hash-to-point in its own domain, so that nobody knows its
-    logarithm to ``g``, ``h`` or another survey's point (a known logarithm
-    would make tags of different surveys linkable). Cached: the aggregator
-    verifies many tokens per survey. Callers must not mutate the result."""
-    return hash_to_point(b"survey", ctx)
-
-
-@lru_cache(maxsize=4096)
-def _survey_point_encoding(ctx: bytes) -> bytes:
-    return encode_point(survey_point(ctx))
-
-
-def _tag_digest(tag_encoding: bytes) -> bytes:
-    return hashlib.sha256(length_prefixed(_PROTOCOL + b"/tag", tag_encoding)).digest()
-
-
-def tag_digest(credential: Credential, ctx: bytes) -> bytes:
-    """The 32-byte digest of ``T = s·H(ctx)`` that :func:`verify_token`
-    returns for any token of ``credential`` in survey ``ctx``.
-
-    Same credential and same ``ctx`` → the same digest, whatever the message
-    (that is how the aggregator's uniqueness constraint on ``(survey, digest)``
-    catches a second submission); different ``ctx`` → unlinkable digests
-    (DDH in P-256)."""
-    return _tag_digest(encode_point(secret_mul(credential.secret._s, survey_point(ctx))))
-
-
-@dataclass(frozen=True, eq=False)
-class Token:
-    """A parsed token: presentation ``(U, Cs, Cu')``, partition ``j``, tag
-    ``T`` and the proof ``(c, rs, rz, rr)``."""
-
-    kid: bytes
-    partition: int
-    u: Point
-    cs: Point
-    cu_prime: Point
-    tag: Point
-    challenge: int
-    responses: tuple[int, int, int]  # for s, z, -r
-
-    @cached_property
-    def _encoding(self) -> bytes:
-        return _encode_proof_message(
-            self.kid, self.partition, (self.u, self.cs, self.cu_prime, self.tag), (self.challenge, *self.responses)
-        )
-
-    def to_bytes(self) -> bytes:
-        return self._encoding
-
-    def statement_encodings(self) -> tuple[bytes, bytes, bytes, bytes]:
-        """The encodings of ``U, Cs, Cu', T``, sliced from the token rather
-        than re-exported (the verifier hashes them on every token)."""
-        data, start = self._encoding, _HEADER.size
-        u, cs, cu, tag = (data[start + i * POINT_BYTES : start + (i + 1) * POINT_BYTES] for i in range(4))
-        return u, cs, cu, tag
-
-    @classmethod
-    def from_bytes(cls, data: bytes) -> Token:
-        reader = _Reader(data, TOKEN_BYTES, InvalidToken, "token")
-        kid, partition = reader.header()
-        u, cs, cu_prime, tag = reader.points(4)
-        challenge, r_s, r_z, r_r = reader.scalars(4)
-        token = cls(kid, partition, u, cs, cu_prime, tag, challenge, (r_s, r_z, r_r))
-        token.__dict__["_encoding"] = data  # canonical: parsing accepts one encoding per value
-        return token
-
-
-def _token_challenge(
-    public_key: IssuerPublicKey,
-    ctx: bytes,
-    message: bytes,
-    token: Token,
-    v: Point,
-    commitments: Sequence[Point],
-) -> int:
-    """The Fiat–Shamir challenge of DESIGN.md §6: version, curve, g, h, Cx0,
-    X1, X2, kid, partition (:meth:`IssuerPublicKey.transcript`), then ctx, H(ctx),
-    SHA-256(m), the statement points U, Cs, Cu', V, T and the commitments."""
-    transcript = public_key.transcript(b"presentation", token.partition)
-    transcript.append(b"ctx", ctx)
-    transcript.append(b"H(ctx)", _survey_point_encoding(ctx))
-    transcript.append(b"SHA-256(m)", hashlib.sha256(message).digest())
-    u, cs, cu_prime, tag = token.statement_encodings()
-    for label, encoding in ((b"U", u), (b"Cs", cs), (b"Cu'", cu_prime)):
-        transcript.append(label, encoding)
-    transcript.append_point(b"V", v)
-    transcript.append(b"T", tag)
-    labelled = [(b"A_Cs", commitments[0]), (b"A_V", commitments[1]), (b"A_T", commitments[2])]
-    return _challenge(transcript, labelled)
-
-
-def make_token(
-    public_key: IssuerPublicKey,
-    credential: Credential,
-    ctx: bytes,
-    message: bytes,
-    *,
-    rng: RandomSource = system_rng,
-) -> bytes:
-    """A token (``TOKEN_BYTES`` long) binding ``credential`` to survey ``ctx``
-    and ``message`` (CMZ14 §4.2 Show, extended by the tag relation).
-
-    With fresh ``a, z, r``: ``U = a·U0``, ``Cs = s·U + z·h``,
-    ``Cu' = a·U0' + r·g``, ``T = s·H(ctx)``; the prover knows ``(s, z, -r)``
-    with ``Cs = s·U + z·h``, ``V = z·X1 - r·g`` and ``T = s·H(ctx)``, where the
-    issuer recomputes ``V = (x0 + x2·j)·U + x1·Cs - Cu'`` with its key.
-    """
-    if not ct_equal(credential.kid, public_key.kid):
-        raise ValueError(f"credential is for key {credential.kid.hex()!r}, not {public_key.kid.hex()!r}")
-    s = credential.secret._s
-    hc = survey_point(ctx)
-    public = length_prefixed(public_key.kid, ctx, hashlib.sha256(message).digest())
-    a, z, r, ks, kz, kr = hedged_scalars(b"presentation", credential.to_bytes(), public, rng, 6)
-    u = secret_mul(a, credential.u)
-    r_g = secret_mul(r, G)
-    cs = secret_mul(s, u) + secret_mul(z, H)
-    cu_prime = secret_mul(a, credential.u_prime) + r_g
-    tag = secret_mul(s, hc)
-    v = secret_mul(z, public_key.x1_pub) - r_g
-    commitments = (
-        secret_mul(ks, u) + secret_mul(kz, H),
-        secret_mul(kz, public_key.x1_pub) + secret_mul(kr, G),
-        secret_mul(ks, hc),
-    )
-    unsigned = Token(public_key.kid, credential.partition, u, cs, cu_prime, tag, 0, (0, 0, 0))
-    c = _token_challenge(public_key, ctx, message, unsigned, v, commitments)
-    responses = ((ks - c * s) % ORDER, (kz - c * z) % ORDER, (kr + c * r) % ORDER)
-    token = Token(public_key.kid, credential.partition, u, cs, cu_prime, tag, c, responses)
-    return token.to_bytes()
-
-
-def verify_parsed_token(
-    secret_key: IssuerSecretKey, ctx: bytes, message: bytes, token: Token, *, expected_partition: int
-) -> bytes:
-    """Verify an already-parsed :class:`Token`; see :func:`verify_token`.
-
-    Checks every point against the identity again although the parser
-    already does: a :class:`Token` can be built directly, and with
-    ``U = identity`` the MAC check is vacuous and any ``s`` "verifies" (the
-    forgery in petlib's example code).
-    """
-    public_key = secret_key.public_key()
-    if not ct_equal(token.kid, public_key.kid):
-        raise InvalidToken("wrong-kid", f"token names key {token.kid.hex()!r}")
-    if token.partition != expected_partition:
-        raise InvalidToken("wrong-partition", f"token for partition {token.partition!r}, survey is {expected_partition!r}")
-    if any(is_identity(p) for p in (token.u, token.cs, token.cu_prime, token.tag)):
-        raise InvalidToken("identity-point", "token contains the identity point")
-    # Keyed verification (CMZ14 §4.2): two constant-time multiplications by
-    # secret scalars replace the pairing a public verifier would need.
-    w = (secret_key._x0 + token.partition * secret_key._x2) % ORDER
-    v = secret_mul(w, token.u) + secret_mul(secret_key._x1, token.cs) - token.cu_prime
-    c = token.challenge
-    rs, rz, rr = token.responses
-    commitments = (
-        public_lincomb([rs, rz, c], [token.u, H, token.cs]),
-        public_lincomb([rz, rr, c], [public_key.x1_pub, G, v]),
-        public_lincomb([rs, c], [survey_point(ctx), token.tag]),
-    )
-    if is_identity(v) or any(is_identity(a) for a in commitments):
-        raise InvalidToken("bad-proof", "degenerate proof")
-    expected = _token_challenge(public_key, ctx, message, token, v, commitments)
-    if not _same_scalar(expected, c):
-        raise InvalidToken("bad-proof", "token proof does not verify")
-    return _tag_digest(token.statement_encodings()[3])
-
-
-def verify_token(
-    secret_key: IssuerSecretKey, ctx: bytes, message: bytes, token: bytes, *, expected_partition: int
-) -> bytes:
-    """Verify ``token`` for survey ``ctx`` and ``message`` and return the
-    32-byte digest of its tag, to be stored under a uniqueness constraint on
-    ``(survey, digest)`` (DESIGN.md §6 "Double submission").
-
-    Order: length and version, then every point (on the curve, not the
-    identity, canonical) and scalar (< q) while parsing, then key id and
-    partition, then the proof. Raises :class:`InvalidToken` whose ``reason``
-    says which check failed; callers must not echo it to the sender.
-    """
-    return verify_parsed_token(
-        secret_key, ctx, message, Token.from_bytes(token), expected_partition=expected_partition
-    )

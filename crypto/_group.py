@@ -200,6 +200,11 @@ class Transcript:
     def append(self, label: bytes, data: bytes) -> None:
         self._hash.update(length_prefixed(label, data))
 
+    def append_all(self, *items: tuple[bytes, bytes]) -> None:
+        """Append each ``(label, data)`` in order, as :meth:`append` would
+        (the same bytes reach the hash), in one update."""
+        self._hash.update(length_prefixed(*(part for item in items for part in item)))
+
     def append_point(self, label: bytes, point: Point) -> None:
         self.append(label, encode_point(point))
 
@@ -238,6 +243,19 @@ def hedged_scalars(
         if len(scalars) == count:
             return scalars
     raise RuntimeError("hedged nonce stream exhausted")  # pragma: no cover - probability 2**-1000
+
+
+SMALL_COEFFICIENT_BYTES = 16  # 128-bit batch coefficients: a bad equation survives w.p. <= 2**-128
+
+
+def small_coefficients(count: int, rng: RandomSource) -> list[int]:
+    """``count`` uniform coefficients in ``[1, 2**128]`` for a small-exponent
+    batch test (Bellare, Garay, Rabin 1998). Drawn fresh from ``rng`` (the
+    system CSPRNG by default) and never disclosed: a prover that could
+    predict them could make two bad equations cancel."""
+    data = random_bytes(rng, SMALL_COEFFICIENT_BYTES * count)
+    step = SMALL_COEFFICIENT_BYTES
+    return [int.from_bytes(data[i : i + step], "big") + 1 for i in range(0, len(data), step)]
 
 
 def random_scalar(rng: RandomSource) -> int:

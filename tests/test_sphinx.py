@@ -366,3 +366,9 @@ def test_bench_crypto_json_reports_figures_and_ratios() -> None:
             figures[name]["value"] / report["baselines_us"]["x25519_mult_us"], rel=0.02
         )
     assert figures["sphinx_packet_bytes"]["value"] == GEOMETRY.packet_size
+    # Token verification alone and per token in a batch of 256, each against one P-256 multiplication.
+    for name in ("token_verify_us", "token_verify_batch256_us"):
+        assert figures[name]["x_p256"] == pytest.approx(
+            figures[name]["value"] / report["baselines_us"]["p256_mult_us"], rel=0.02
+        )
+    assert figures["token_verify_batch256_us"]["target"] == "<= 4 × P-256"

@@ -1,7 +1,7 @@
 """One-per-survey tokens (DESIGN.md §6): behaviour and every listed pitfall.
 
 Each pitfall test is written so that it fails if the check it names is
-removed from crypto/_credential.py or crypto/_group.py.
+removed from crypto/_credential.py, crypto/_token.py or crypto/_group.py.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from scipy import stats
 
 import anonml.crypto._credential as credential_module
 import anonml.crypto._group as group_module
+import anonml.crypto._token as token_module
 from anonml.crypto import (
     TAG_DIGEST_BYTES,
     TOKEN_BYTES,
@@ -36,6 +37,7 @@ from anonml.crypto import (
     make_token,
     survey_point,
     tag_digest,
+    token_challenges,
     verify_parsed_token,
     verify_token,
 )
@@ -59,9 +61,11 @@ ROUND = hashlib.sha256(b"round under test").digest()
 CTX_A = SurveyId.data(ROUND, 3, 1).to_bytes()
 CTX_B = SurveyId.data(ROUND, 3, 2).to_bytes()
 MESSAGE = b"perturbed histogram of subset 1"
-# Token layout: version(1) kid(32) partition(2) U Cs Cu' T (33 each) c rs rz rr (32 each).
+# Token layout (version 2): version(1) kid(32) partition(2) U Cs Cu' T A (33 each) rs rz rr (32 each).
 _POINTS_AT = 35
-_SCALARS_AT = _POINTS_AT + 4 * POINT_BYTES
+_TOKEN_POINTS = 5
+_TOKEN_SCALARS = 3
+_SCALARS_AT = _POINTS_AT + _TOKEN_POINTS * POINT_BYTES
 
 
 def _issue(secret_key: IssuerSecretKey, secret: CredentialSecret, partition: int, seed: bytes) -> Credential:
@@ -200,7 +204,7 @@ def test_a_second_key_epoch_is_never_accepted(
 
 
 def test_identity_point_is_rejected_on_the_wire(secret_key: IssuerSecretKey, token_a: bytes) -> None:
-    for index in range(4):
+    for index in range(_TOKEN_POINTS):
         at = _POINTS_AT + index * POINT_BYTES
         zeroed = _replace(token_a, at, bytes(POINT_BYTES))
         assert _reason(lambda: verify_token(secret_key, CTX_A, MESSAGE, zeroed, expected_partition=3)) == "bad-point"
@@ -221,14 +225,14 @@ def test_identity_presentation_forgery_is_rejected(secret_key: IssuerSecretKey) 
     verifier_v = secret_mul(w, IDENTITY) + secret_mul(secret_key._x1, cs) - cu_prime
     assert encode_point(verifier_v) == encode_point(secret_mul(z, public_key.x1_pub) - cu_prime)
     # ...so only the identity check stands between it and acceptance.
-    forged = Token(public_key.kid, 3, IDENTITY, cs, cu_prime, tag, 1, (1, 1, 1))
+    forged = Token(public_key.kid, 3, IDENTITY, cs, cu_prime, tag, secret_mul(r, H), (1, 1, 1))
     reason = _reason(lambda: verify_parsed_token(secret_key, CTX_A, MESSAGE, forged, expected_partition=3))
     assert reason == "identity-point"
 
 
 @pytest.mark.parametrize("bad", [ORDER, ORDER + 1, 2**256 - 1])
 def test_scalars_out_of_range_are_rejected(secret_key: IssuerSecretKey, token_a: bytes, bad: int) -> None:
-    for index in range(4):
+    for index in range(_TOKEN_SCALARS):
         at = _SCALARS_AT + index * 32
         token = _replace(token_a, at, bad.to_bytes(32, "big"))
         assert _reason(lambda: verify_token(secret_key, CTX_A, MESSAGE, token, expected_partition=3)) == "scalar-range"
@@ -258,16 +262,19 @@ def _x_not_on_curve() -> bytes:
     ],
 )
 def test_bad_point_encodings_are_rejected(secret_key: IssuerSecretKey, token_a: bytes, encoding: bytes) -> None:
-    for index in range(4):
+    for index in range(_TOKEN_POINTS):
         token = _replace(token_a, _POINTS_AT + index * POINT_BYTES, encoding)
         assert _reason(lambda: verify_token(secret_key, CTX_A, MESSAGE, token, expected_partition=3)) == "bad-point"
 
 
-# The transcript DESIGN.md §6 prescribes, in order. The test below builds
-# tokens with its own prover from this list; the library must agree.
+# The transcript DESIGN.md §6 prescribes, in order (token version 2; V is
+# not hashed: it is a function of U, Cs, Cu', the partition and the key,
+# which are). "gamma-V" and "gamma-T" mark where the composite coefficients
+# are drawn. The test below builds tokens with its own prover from this
+# list; the library must agree.
 SPEC_TRANSCRIPT = [
     "version", "curve", "g", "h", "Cx0", "X1", "X2", "kid", "partition",
-    "ctx", "H(ctx)", "SHA-256(m)", "U", "Cs", "Cu'", "V", "T", "A_Cs", "A_V", "A_T",
+    "ctx", "H(ctx)", "SHA-256(m)", "U", "Cs", "Cu'", "T", "gamma-V", "gamma-T", "A",
 ]  # fmt: skip
 
 
@@ -275,7 +282,8 @@ def _independent_prover(
     secret_key: IssuerSecretKey, credential: Credential, ctx: bytes, message: bytes, omit: str | None
 ) -> bytes:
     """A second implementation of the presentation proof (CMZ14 §4.2 plus the
-    tag relation) whose transcript can leave out one element."""
+    tag relation, combined as in crypto/_token.py) whose transcript can leave
+    out one element."""
     public_key = secret_key.public_key()
     a, z, r, ks, kz, kr = (random_scalar(seeded_rng(b"independent %d" % i)) for i in range(6))
     s, hc = credential.secret._s, survey_point(ctx)
@@ -283,12 +291,11 @@ def _independent_prover(
     cs = secret_mul(s, u) + secret_mul(z, H)
     cu_prime = u_prime + secret_mul(r, G)
     tag = secret_mul(s, hc)
-    v = secret_mul(z, public_key.x1_pub) - secret_mul(r, G)
     a_cs = secret_mul(ks, u) + secret_mul(kz, H)
     a_v = secret_mul(kz, public_key.x1_pub) + secret_mul(kr, G)
     a_t = secret_mul(ks, hc)
     values = {
-        "version": b"\x01",
+        "version": b"\x02",
         "curve": b"P-256",
         "g": encode_point(G),
         "h": encode_point(H),
@@ -303,19 +310,26 @@ def _independent_prover(
         "U": encode_point(u),
         "Cs": encode_point(cs),
         "Cu'": encode_point(cu_prime),
-        "V": encode_point(v),
         "T": encode_point(tag),
-        "A_Cs": encode_point(a_cs),
-        "A_V": encode_point(a_v),
-        "A_T": encode_point(a_t),
     }
     transcript = Transcript(b"anonml/token/v1/presentation")
+    gammas: dict[str, int] = {}
+    commitment = None
     for label in SPEC_TRANSCRIPT:
+        if label.startswith("gamma"):
+            if label != omit:
+                transcript.append(b"composite", label.encode())
+            gammas[label] = transcript.challenge()
+            continue
+        if label == "A":
+            commitment = a_cs + secret_mul(gammas["gamma-V"], a_v) + secret_mul(gammas["gamma-T"], a_t)
+            values["A"] = encode_point(commitment)
         if label != omit:
             transcript.append(label.encode(), values[label])
+    assert commitment is not None
     c = transcript.challenge()
     responses = ((ks - c * s) % ORDER, (kz - c * z) % ORDER, (kr + c * r) % ORDER)
-    return Token(public_key.kid, credential.partition, u, cs, cu_prime, tag, c, responses).to_bytes()
+    return Token(public_key.kid, credential.partition, u, cs, cu_prime, tag, commitment, responses).to_bytes()
 
 
 def test_challenge_binds_every_statement_element(secret_key: IssuerSecretKey, peer_a: Credential) -> None:
@@ -331,11 +345,13 @@ def test_challenge_binds_every_statement_element(secret_key: IssuerSecretKey, pe
         assert reason == "bad-proof", label
 
 
-def _extract_secret(first: Token, second: Token) -> int:
-    # Two Schnorr proofs with the same nonce ks and challenges c1 != c2:
-    # rs_i = ks - c_i·s, so s = (rs_1 - rs_2) / (c_2 - c_1).
-    numerator = (first.responses[0] - second.responses[0]) % ORDER
-    return numerator * pow((second.challenge - first.challenge) % ORDER, -1, ORDER) % ORDER
+def _extract_secret(public_key: IssuerPublicKey, first: tuple[bytes, Token], second: tuple[bytes, Token]) -> int:
+    # Two Schnorr proofs (of messages m_i) with the same nonce ks and
+    # challenges c1 != c2: rs_i = ks - c_i·s, so s = (rs_1 - rs_2) / (c_2 - c_1).
+    c1 = token_challenges(public_key, CTX_A, first[0], first[1])[2]
+    c2 = token_challenges(public_key, CTX_A, second[0], second[1])[2]
+    numerator = (first[1].responses[0] - second[1].responses[0]) % ORDER
+    return numerator * pow((c2 - c1) % ORDER, -1, ORDER) % ORDER
 
 
 def test_reused_nonces_would_reveal_the_secret(
@@ -343,11 +359,11 @@ def test_reused_nonces_would_reveal_the_secret(
 ) -> None:
     # The danger, demonstrated: force the same nonces into two proofs.
     fixed = [random_scalar(seeded_rng(b"fixed %d" % i)) for i in range(6)]
-    monkeypatch.setattr(credential_module, "hedged_scalars", lambda *args: list(fixed))
+    monkeypatch.setattr(token_module, "hedged_scalars", lambda *args: list(fixed))
     public_key = secret_key.public_key()
     first = Token.from_bytes(make_token(public_key, peer_a, CTX_A, b"m1"))
     second = Token.from_bytes(make_token(public_key, peer_a, CTX_A, b"m2"))
-    assert _extract_secret(first, second) == peer_a.secret._s
+    assert _extract_secret(public_key, (b"m1", first), (b"m2", second)) == peer_a.secret._s
 
 
 def test_nonces_stay_fresh_under_a_repeating_rng(secret_key: IssuerSecretKey, peer_a: Credential) -> None:
@@ -360,7 +376,7 @@ def test_nonces_stay_fresh_under_a_repeating_rng(secret_key: IssuerSecretKey, pe
     public_key = secret_key.public_key()
     first = Token.from_bytes(make_token(public_key, peer_a, CTX_A, b"m1", rng=stuck))
     second = Token.from_bytes(make_token(public_key, peer_a, CTX_A, b"m2", rng=stuck))
-    assert _extract_secret(first, second) != peer_a.secret._s
+    assert _extract_secret(public_key, (b"m1", first), (b"m2", second)) != peer_a.secret._s
     assert encode_point(first.u) != encode_point(second.u)
     # Same message, same stuck source: the very same token, which leaks nothing new.
     again = Token.from_bytes(make_token(public_key, peer_a, CTX_A, b"m1", rng=stuck))
@@ -392,7 +408,7 @@ def test_survey_point_has_no_known_logarithm(
 
     honest = (normalised_tag(CTX_A), normalised_tag(CTX_B))
     assert honest[0] != honest[1]
-    monkeypatch.setattr(credential_module, "survey_point", lambda ctx: secret_mul(scalar_of(ctx), G))
+    monkeypatch.setattr(token_module, "survey_point", lambda ctx: secret_mul(scalar_of(ctx), G))
     assert normalised_tag(CTX_A) == normalised_tag(CTX_B)
 
 
@@ -422,8 +438,9 @@ def test_secret_scalars_never_reach_wsum(secret_key: IssuerSecretKey, monkeypatc
         return nonces
 
     monkeypatch.setattr(GROUP, "wsum", recording_wsum)
-    monkeypatch.setattr(credential_module, "secret_mul", recording_secret_mul)
-    monkeypatch.setattr(credential_module, "hedged_scalars", recording_hedged)
+    for module in (credential_module, token_module):
+        monkeypatch.setattr(module, "secret_mul", recording_secret_mul)
+        monkeypatch.setattr(module, "hedged_scalars", recording_hedged)
 
     public_key = secret_key.public_key()
     secret = CredentialSecret.generate(seeded_rng(b"wsum audit"))

@@ -45,8 +45,8 @@ from anonml.crypto._credential import (
     ISSUANCE_RESPONSE_BYTES,
     PUBLIC_KEY_BYTES,
     SECRET_KEY_BYTES,
-    TOKEN_BYTES,
 )
+from anonml.crypto._token import TOKEN_BYTES
 from anonml.crypto._group import (
     FIELD_PRIME,
     GROUP,

@@ -73,7 +73,7 @@ def generate() -> dict[str, Any]:
             }
         )
     return {
-        "description": "anonml one-per-survey tokens (CMZ14 MAC_GGM on P-256), DESIGN.md §6",
+        "description": "anonml one-per-survey tokens (CMZ14 MAC_GGM on P-256; token version 2: one sent commitment, batch-verifiable), DESIGN.md §6",
         "seed": SEED.hex(),
         "generators": {"g": encode_point(G).hex(), "h": encode_point(H).hex()},
         "issuer_secret_key": secret_key.to_bytes().hex(),
