@@ -64,9 +64,11 @@ class FrameRecord:
 
 @dataclass
 class AdversaryView:
-    """Everything the adversary observed in one round, besides its own store (arrivals with their times)."""
+    """Everything the adversary observed or did in one round, besides its own store (arrivals with their times)."""
 
     http: list[HttpRecord] = field(default_factory=list)
+    held: list[tuple[HttpRecord, float]] = field(default_factory=list)
+    """Requests it answered late: each with when its answer went out (inf: never)."""
     frames: list[FrameRecord] = field(default_factory=list)
 
 
@@ -143,11 +145,13 @@ class Composite(Adversary):
 
 
 class LateDocuments(Adversary):
-    """Hold the answers a target's sends depend on (thresholds, medians) until its send window has closed.
+    """Hold the answers a target's sends depend on (thresholds, medians) until its first packets can no longer go.
 
     No collusion and every document genuine: the attack of issue 24's first
-    bullet. If a peer sent its report late instead of not at all, the late
-    report would stand out in the second-chance window.
+    bullet. Each answer goes out at the phase's first check (``t_c``), after
+    every first-hop window has closed and before the second send window. A
+    peer that then sent its report late, in the second window, would be the
+    one report there among covers.
     """
 
     name = "late-documents"
@@ -157,10 +161,10 @@ class LateDocuments(Adversary):
             return HttpAction()
         schedule = self.manifest.schedule
         if record.path == PATH_MEDIANS:
-            until = schedule.data.send_end
+            until = schedule.data.t_c
         elif record.path.startswith("/v1/median/"):
             sub_round = int(record.path.rsplit("/", 1)[1]) if record.path.rsplit("/", 1)[1].isdecimal() else 0
-            until = schedule.median[min(sub_round, len(schedule.median) - 1)].send_end
+            until = schedule.median[min(sub_round, len(schedule.median) - 1)].t_c
         else:
             return HttpAction()
         return HttpAction(delay=max(0.0, until - record.at) + 1.0)
@@ -270,6 +274,8 @@ def asgi_interposer(app: ASGIApp, adversary: Adversary, view: AdversaryView, clo
         record = HttpRecord(clock(), str(client[0]), str(scope.get("method", "")), str(scope.get("path", "")))
         view.http.append(record)
         action = adversary.on_request(record)
+        if action.withhold or action.delay > 0:
+            view.held.append((record, math.inf if action.withhold else record.at + action.delay))
         if action.withhold:
             await trio.sleep(WITHHOLD_SECONDS)
         elif action.delay > 0:

@@ -27,9 +27,9 @@ def run_trial(strategy: str, config: SimulationConfig) -> TrialScore:
 
 
 def _row(verdict: StrategyVerdict) -> str:
-    figures = verdict.as_dict()
-    return (f"{verdict.strategy:<32} {len(verdict.trials):>6} {figures['estimator']:<14} {verdict.success:>8.3f} "
-            f"{verdict.chance:>7.3f} {verdict.bound:>7.3f} {verdict.standard_error:>7.3f} {verdict.detected:>8} "
+    worst = verdict.worst
+    return (f"{verdict.strategy:<30} {len(verdict.trials):>6} {worst.name:<18} {worst.reports:>7} {worst.success:>8.3f} "
+            f"{verdict.chance:>7.3f} {worst.bound:>7.3f} {worst.standard_error:>7.3f} {verdict.detected:>8} "
             f"{'holds' if verdict.holds else 'BROKEN':>7}")
 
 
@@ -74,8 +74,8 @@ def simulate(peers: int, trials: int, random_trials: int, strategies: tuple[str,
         click.echo(json.dumps(document, indent=2))
     else:
         click.echo(f"{len(plan)} simulated rounds of {peers} peers in {seconds:.0f} s")
-        click.echo(f"{'strategy':<32} {'trials':>6} {'estimator':<14} {'success':>8} {'chance':>7} {'bound':>7} "
-                   f"{'s.e.':>7} {'detected':>8} {'verdict':>7}")
+        click.echo(f"{'strategy':<30} {'trials':>6} {'worst estimator':<18} {'reports':>7} {'success':>8} {'chance':>7} "
+                   f"{'bound':>7} {'s.e.':>7} {'detected':>8} {'verdict':>7}")
         for verdict in verdicts:
             click.echo(_row(verdict))
     if not all(v.holds for v in verdicts):

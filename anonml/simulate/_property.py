@@ -1,21 +1,27 @@
 """The anonymity property, and the program that checks it against a strategy.
 
-The aggregator's best guess. From what the adversary saw — its own store
-(every accepted report with its survey and arrival time), its HTTP log and
-its colluding relays' records — linking estimators guess, for a target peer
-and each survey it answered, which report is the target's. Each estimator
-is a fixed rule; the verdict keeps the one whose mean success over the
-trials is highest (the adversary picks its best rule after the fact, which
-only favours it):
+The aggregator's best guess. From what the adversary saw and did — its own
+store (every accepted report with its survey and arrival time), its HTTP log
+with the answers it held back, and its colluding relays' records — linking
+estimators guess, for a target peer and each survey it answered, which
+report is the target's. Each is a fixed rule, and some speak only when the
+adversary's own observations say the rule applies (conditioning on what it
+saw is its right):
 
-* ``second-window``: guess among the reports that arrived in the
-  second-chance delivery window when there are any (a resend stands out
-  there if every other peer sends a cover), else among all;
-* ``uniform``: any report of the survey.
+* ``uniform``: any report of the survey;
+* ``second-window``: the reports that arrived in the second-chance delivery
+  window when there are any (a resend stands out there if every other peer
+  sends a cover), else any;
+* ``after-drop``: the second window's reports, for a phase in which a
+  colluding relay dropped one of the target's packets;
+* ``after-late-answer``: the second window's reports, for a phase whose
+  document the aggregator answered the target only after its first send
+  window had closed.
 
 A guess among a set ``C`` succeeds with probability ``1/|C|`` if the target's
-report is in ``C``; the estimator is scored by that exact probability, not by
-a drawn guess, so the figures carry no extra sampling noise.
+report is in ``C``; each report is scored by that exact probability, not by
+a drawn guess, so the figures carry no extra sampling noise. Every rule's
+mean over the reports it spoke on is checked; the verdict names the worst.
 
 The property (DESIGN.md §2): for every strategy, either the mean success over
 trials is within ``z`` standard errors of the promised bound, or the attack
@@ -36,7 +42,7 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from anonml.protocol import RoundManifest, SurveyId, SurveyKind
+from anonml.protocol import PATH_MEDIANS, PhaseTimes, RoundManifest, SurveyId, SurveyKind
 from anonml.simulate._adversary import Adversary
 from anonml.simulate._world import RoundTrace, SimulationConfig, peer_ip, simulate_round
 
@@ -46,12 +52,12 @@ Z = 3.0
 
 @dataclass(frozen=True)
 class TrialScore:
-    """One round under one strategy: the estimator's success for its target, and whether the attack was detected."""
+    """One round under one strategy: each estimator's success on the target's reports, and whether it detected the attack."""
 
     seed: int
     target: int
-    success: dict[str, float]
-    """Per estimator, its mean probability of naming the target's accepted reports (0 if none reached the aggregator)."""
+    success: dict[str, list[float]]
+    """Per estimator, its probability of naming each of the target's accepted reports it spoke on."""
     chance: float
     bound: float
     detected: str | None
@@ -60,43 +66,80 @@ class TrialScore:
     outcome: str
 
 
-def _phase(manifest: RoundManifest, survey: SurveyId) -> tuple[float, float]:
-    """The survey's phase: when its second send window opens (t_2) and when it closes for good (t_r)."""
-    if survey.kind is SurveyKind.DATA:
-        phase = manifest.schedule.data
-    else:
-        phase = manifest.schedule.median[survey.sub_round]
-    return float(phase.t_2), float(phase.t_r)
+def _phase(manifest: RoundManifest, survey: SurveyId) -> PhaseTimes:
+    return manifest.schedule.data if survey.kind is SurveyKind.DATA else manifest.schedule.median[survey.sub_round]
 
 
-def _among(candidates: Sequence[bytes], receipt: bytes) -> float:
-    """The probability that a uniform guess among ``candidates`` names ``receipt``."""
-    return 1.0 / len(candidates) if receipt in candidates else 0.0
+def _document_phase(manifest: RoundManifest, path: str) -> PhaseTimes | None:
+    """The phase whose reports depend on the document at ``path`` (thresholds or medians), if any."""
+    schedule = manifest.schedule
+    if path == PATH_MEDIANS:
+        return schedule.data
+    head, _, index = path.rpartition("/")
+    if head == "/v1/median" and index.isdecimal() and int(index) < len(schedule.median):
+        return schedule.median[int(index)]
+    return None
 
 
-ESTIMATORS: dict[str, Callable[[list[tuple[bytes, float]], float], list[bytes]]] = {
-    "uniform": lambda entries, t_2: [r for r, _ in entries],
-    "second-window": lambda entries, t_2: [r for r, at in entries if at >= t_2] or [r for r, _ in entries],
+@dataclass(frozen=True)
+class Evidence:
+    """What the adversary knows of one of the target's surveys: its reports, and what it did in that phase."""
+
+    reports: list[tuple[bytes, float]]
+    """Every accepted report of the survey: its receipt and when it arrived."""
+    second_window: float
+    dropped: bool
+    """A colluding relay dropped a packet of the target's in this phase's first send or delivery window."""
+    held: bool
+    """The aggregator answered the target a document of this phase only after the phase's first send window."""
+
+    def all(self) -> list[bytes]:
+        return [receipt for receipt, _ in self.reports]
+
+    def late(self) -> list[bytes]:
+        """The second window's reports when there are any, else all."""
+        return [receipt for receipt, arrived in self.reports if arrived >= self.second_window] or self.all()
+
+
+ESTIMATORS: dict[str, Callable[[Evidence], list[bytes] | None]] = {
+    "uniform": Evidence.all,
+    "second-window": Evidence.late,
+    "after-drop": lambda e: e.late() if e.dropped else None,
+    "after-late-answer": lambda e: e.late() if e.held else None,
 }
-"""Each estimator: from a survey's reports (receipt, arrival) and its second window's start, the set it guesses among."""
+"""Each estimator: the set of reports it guesses among, or None where it does not speak."""
 
 
-def estimate(trace: RoundTrace, target: int) -> tuple[dict[str, float], int]:
-    """Each estimator's mean probability of naming ``target``'s report, over its accepted reports; and their count."""
+def evidence(trace: RoundTrace, target: int) -> list[tuple[bytes, Evidence]]:
+    """For each accepted report of ``target``: its receipt and what the adversary knows of its survey."""
     manifest = trace.manifest.manifest
+    address = trace.peers[target].address
     by_survey: dict[SurveyId, list[tuple[bytes, float]]] = defaultdict(list)
     for survey, receipt, arrived in trace.arrivals:
         by_survey[survey].append((receipt, arrived))
-    mine = [(survey, receipt) for survey, entries in by_survey.items() for receipt, _ in entries
-            if trace.senders.get(receipt) == target]
-    if not mine:
-        return dict.fromkeys(ESTIMATORS, 0.0), 0
-    totals = dict.fromkeys(ESTIMATORS, 0.0)
-    for survey, receipt in mine:
-        t_2, _ = _phase(manifest, survey)
+    found = []
+    for survey, reports in by_survey.items():
+        for receipt, _ in reports:
+            if trace.senders.get(receipt) != target:
+                continue
+            phase = _phase(manifest, survey)
+            dropped = any(f.source == address and f.dropped and phase.t_s <= f.at < phase.t_c for f in trace.view.frames)
+            held = any(record.address == address and _document_phase(manifest, record.path) is phase
+                       and answered > phase.send_end for record, answered in trace.view.held)
+            found.append((receipt, Evidence(reports, float(phase.t_2), dropped, held)))
+    return found
+
+
+def estimate(trace: RoundTrace, target: int) -> tuple[dict[str, list[float]], int]:
+    """Per estimator, its probability of naming each of ``target``'s accepted reports it spoke on; and their count."""
+    scores: dict[str, list[float]] = {name: [] for name in ESTIMATORS}
+    found = evidence(trace, target)
+    for receipt, known in found:
         for name, rule in ESTIMATORS.items():
-            totals[name] += _among(rule(by_survey[survey], t_2), receipt)
-    return {name: total / len(mine) for name, total in totals.items()}, len(mine)
+            guess = rule(known)
+            if guess is not None:
+                scores[name].append(1.0 / len(guess) if receipt in guess else 0.0)
+    return scores, len(found)
 
 
 def score_trial(trace: RoundTrace, target: int) -> TrialScore:
@@ -117,62 +160,65 @@ def _partition_size(trace: RoundTrace, target: int) -> int:
 
 
 @dataclass(frozen=True)
+class EstimatorFigure:
+    """One estimator over a strategy's trials: its mean success on the reports it spoke on, against the bound."""
+
+    name: str
+    reports: int
+    success: float
+    bound: float
+    standard_error: float
+
+    @property
+    def margin(self) -> float:
+        """How far above its allowance (bound plus ``Z`` standard errors) the success is; positive breaks the property."""
+        return self.success - self.bound - Z * self.standard_error
+
+
+@dataclass(frozen=True)
 class StrategyVerdict:
     """A strategy's trials and whether the property held for it."""
 
     strategy: str
     trials: list[TrialScore]
 
-    @property
-    def best(self) -> str:
-        """The estimator with the highest mean success over the trials."""
-        return max(ESTIMATORS, key=lambda name: sum(t.success[name] for t in self.trials))
+    def figure(self, name: str) -> EstimatorFigure:
+        scored = [(value, trial.bound) for trial in self.trials for value in trial.success[name]]
+        n = len(scored)
+        if n == 0:
+            return EstimatorFigure(name, 0, 0.0, 0.0, 0.0)
+        mean = sum(value for value, _ in scored) / n
+        bound = sum(b for _, b in scored) / n
+        # Each value lies in [0, 1]; the Bernoulli variance mean·(1 − mean) bounds the spread from below when the
+        # sample's own is smaller (a run of identical values must not claim zero uncertainty unless it is 0 or 1).
+        spread = sum((value - mean) ** 2 for value, _ in scored) / max(1, n - 1)
+        return EstimatorFigure(name, n, mean, bound, math.sqrt(max(spread, mean * (1 - mean)) / n))
 
     @property
-    def success(self) -> float:
-        """The best estimator's mean success."""
-        best = self.best
-        return sum(t.success[best] for t in self.trials) / len(self.trials)
-
-    @property
-    def bound(self) -> float:
-        return sum(t.bound for t in self.trials) / len(self.trials)
+    def worst(self) -> EstimatorFigure:
+        """The estimator that comes closest to (or furthest past) its allowance."""
+        figures = [self.figure(name) for name in ESTIMATORS]
+        return max((f for f in figures if f.reports), key=lambda f: f.margin, default=figures[0])
 
     @property
     def chance(self) -> float:
         return sum(t.chance for t in self.trials) / len(self.trials)
 
     @property
-    def standard_error(self) -> float:
-        """Of the mean success; each trial's success lies in [0, 1], so its variance is at most mean·(1 − mean)."""
-        n = len(self.trials)
-        mean = self.success
-        best = self.best
-        spread = sum((t.success[best] - mean) ** 2 for t in self.trials) / max(1, n - 1)
-        return math.sqrt(max(spread, mean * (1 - mean) / max(1, n)) / n) if n > 1 else math.sqrt(mean * (1 - mean))
-
-    @property
     def detected(self) -> int:
         return sum(1 for t in self.trials if t.detected is not None)
 
     @property
-    def certain_links(self) -> int:
-        """Trials in which the best estimator named the target's every report for sure, undetected."""
-        best = self.best
-        return sum(1 for t in self.trials if t.success[best] >= 1.0 - 1e-9 and t.detected is None)
-
-    @property
     def holds(self) -> bool:
-        """Linking within the bound (``Z`` standard errors of slack) and never certain, or every trial detected."""
-        within = self.success <= self.bound + Z * self.standard_error and self.certain_links == 0
-        return within or self.detected == len(self.trials)
+        """Every estimator within its allowance, or the attack detected in every trial."""
+        return self.worst.margin <= 0 or self.detected == len(self.trials)
 
     def as_dict(self) -> dict[str, object]:
+        worst = self.worst
         return {
-            "strategy": self.strategy, "trials": len(self.trials), "estimator": self.best, "success": round(self.success, 4),
-            "chance": round(self.chance, 4), "bound": round(self.bound, 4),
-            "standard_error": round(self.standard_error, 4), "detected": self.detected,
-            "certain_links": self.certain_links, "holds": self.holds,
+            "strategy": self.strategy, "trials": len(self.trials), "estimator": worst.name, "reports": worst.reports,
+            "success": round(worst.success, 4), "chance": round(self.chance, 4), "bound": round(worst.bound, 4),
+            "standard_error": round(worst.standard_error, 4), "detected": self.detected, "holds": self.holds,
             "outcomes": sorted({t.outcome for t in self.trials}),
         }
 
