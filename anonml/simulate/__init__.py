@@ -22,7 +22,7 @@ from anonml.simulate._adversary import (
 )
 from anonml.simulate._command import simulate
 from anonml.simulate._property import StrategyVerdict, TrialScore, check_strategy, estimate, score_trial
-from anonml.simulate._world import RoundTrace, SimulationConfig, peer_ip, simulate_round
+from anonml.simulate._world import PeerData, RoundSetup, RoundTrace, SimulationConfig, SpecAdjustment, peer_ip, simulate_round
 
 __all__ = [
     "STRATEGIES",
@@ -34,9 +34,12 @@ __all__ = [
     "HttpRecord",
     "LateDocuments",
     "RandomStrategy",
+    "PeerData",
     "RoundContext",
+    "RoundSetup",
     "RoundTrace",
     "SimulationConfig",
+    "SpecAdjustment",
     "StrategyVerdict",
     "TrialScore",
     "check_strategy",

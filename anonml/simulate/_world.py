@@ -24,6 +24,7 @@ import hashlib
 import random
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -91,6 +92,20 @@ class SimulationConfig:
             raise ValueError(f"path_length={self.path_length!r} must be between 1 and relays={self.relays!r}")
 
 
+SpecAdjustment = Callable[[dict[str, Any]], None]
+"""Changes a simulated round's spec document in place (its features, plan, privacy, participation)."""
+PeerData = Callable[[int, np.random.Generator], dict[str, Any]]
+"""Peer ``i``'s data row (feature values and label), drawn from the generator it is given."""
+
+
+@dataclass(frozen=True)
+class RoundSetup:
+    """How a simulated round's spec and peers' data are made (the default: :func:`spec_document`, :func:`peer_row`)."""
+
+    adjust_spec: SpecAdjustment | None = None
+    peer_data: PeerData | None = None
+
+
 @dataclass
 class PeerOutcome:
     """One simulated peer: who it is on the network, and what ``join_round`` did or why it refused."""
@@ -117,6 +132,8 @@ class RoundTrace:
     senders: dict[bytes, int] = field(default_factory=dict)
     """Ground truth: receipt digest -> index of the peer that sealed it."""
     report: dict[str, Any] = field(default_factory=dict)
+    peer_store: Path | None = None
+    """The peers' shared store (identities, ledgers, sealed messages) when the caller asked to keep the files."""
 
 
 def spec_document(config: SimulationConfig, relays: list[dict[str, Any]]) -> dict[str, Any]:
@@ -146,7 +163,7 @@ def spec_document(config: SimulationConfig, relays: list[dict[str, Any]]) -> dic
     }
 
 
-def peer_row(rng: np.random.Generator) -> dict[str, str | float]:
+def peer_row(index: int, rng: np.random.Generator) -> dict[str, Any]:
     """One peer's data: the label depends on both features, so the round has something to learn."""
     age = float(rng.uniform(0, 100))
     colour = ("red", "green", "blue")[int(rng.integers(3))]
@@ -177,8 +194,9 @@ def _seed_trio_scheduler(seed: int) -> None:
 class _World:
     """The files and objects of one simulated round (see :func:`simulate_round`)."""
 
-    def __init__(self, config: SimulationConfig, adversary: Adversary, root: Path) -> None:
+    def __init__(self, config: SimulationConfig, adversary: Adversary, root: Path, setup: RoundSetup) -> None:
         self.config = config
+        self.setup = setup
         self.adversary = adversary
         self.root = root
         self.view = AdversaryView()
@@ -188,7 +206,10 @@ class _World:
         self.home.initialise(bytes(identity), generate_keypair(rng_bytes=random.Random(_seeded(config.seed, "final-hop")).randbytes)[0])
         pinned = PinnedAggregator(f"http://{AGGREGATOR_IP}:{HTTP_PORT}", bytes(identity.verify_key))
         self.relay_configs = [self._relay_config(i, pinned) for i in range(config.relays)]
-        spec = parse_round_spec(spec_document(config, [relay_descriptor(c, T0) for c in self.relay_configs]))
+        document = spec_document(config, [relay_descriptor(c, T0) for c in self.relay_configs])
+        if setup.adjust_spec is not None:
+            setup.adjust_spec(document)
+        spec = parse_round_spec(document)
         round_seed = random.Random(_seeded(config.seed, "round"))
         self.state, _ = create_round(self.home, spec, now=T0, rng_bytes=round_seed.randbytes)
         self.state.clock = lambda: T0 + trio.current_time()
@@ -215,7 +236,8 @@ class _World:
         """One peer with its own client, session and transport (so the adversary can tell peers apart)."""
         seed = self.config.seed
         rng = np.random.default_rng(_seeded(seed, "data", outcome.index))
-        vector = pipeline.vector_of(Dataset((Event(peer_row(rng), None, 1),)))
+        row = (self.setup.peer_data or peer_row)(outcome.index, rng)
+        vector = pipeline.vector_of(Dataset((Event(row, None, 1),)))
         identity = PeerIdentity(SigningKey(hashlib.sha256(f"{seed}:identity:{outcome.index}".encode()).digest()))
         outcome.key = identity.public_key
         peer = Peer(identity, self.store, vector, peer_generator(_seeded(seed, "peer", outcome.index)))
@@ -269,12 +291,18 @@ class _World:
         return str(ended)
 
 
-def simulate_round(config: SimulationConfig, adversary: Adversary | None = None) -> RoundTrace:
-    """Run one whole round under ``adversary`` (None: an honest aggregator) and return its trace."""
+def simulate_round(config: SimulationConfig, adversary: Adversary | None = None, *, setup: RoundSetup = RoundSetup(),
+                   keep: Path | None = None) -> RoundTrace:
+    """Run one whole round under ``adversary`` (None: an honest aggregator) and return its trace.
+
+    ``setup`` changes the spec and the peers' data; with ``keep`` (an empty or
+    missing folder) the round's files stay there, the peers' store among them.
+    """
     adversary = adversary if adversary is not None else Adversary()
-    root = Path(tempfile.mkdtemp(prefix="anonml-sim-", dir=_scratch()))
+    root = keep if keep is not None else Path(tempfile.mkdtemp(prefix="anonml-sim-", dir=_scratch()))
+    root.mkdir(parents=True, exist_ok=True)
     try:
-        world = _World(config, adversary, root)
+        world = _World(config, adversary, root, setup)
 
         async def main() -> str:
             with blocking_work_inline():
@@ -285,9 +313,10 @@ def simulate_round(config: SimulationConfig, adversary: Adversary | None = None)
         senders = {packet.receipt: next(o.index for o in world.peers if o.key == key)
                    for key, packet in world.store.packets(world.state.round_id)}
         return RoundTrace(config, world.state.signed, outcome, world.peers, world.view, world.state.store.arrivals(),
-                          senders, world.report)
+                          senders, world.report, root / "peers.sqlite" if keep is not None else None)
     finally:
-        shutil.rmtree(root, ignore_errors=True)
+        if keep is None:
+            shutil.rmtree(root, ignore_errors=True)
 
 
 def _scratch() -> str | None:
