@@ -19,6 +19,7 @@ from anonml.simulate._adversary import (
     LateDocuments,
     RandomStrategy,
     RoundContext,
+    TailoredLog,
 )
 from anonml.simulate._command import simulate
 from anonml.simulate._property import StrategyVerdict, TrialScore, check_strategy, estimate, score_trial
@@ -41,6 +42,7 @@ __all__ = [
     "SimulationConfig",
     "SpecAdjustment",
     "StrategyVerdict",
+    "TailoredLog",
     "TrialScore",
     "check_strategy",
     "estimate",

@@ -12,7 +12,10 @@ honest. An :class:`Adversary` gets two hooks into a simulated round:
 * :meth:`Adversary.attach` hands it the in-memory network, where it may
   stand in front of a relay's link address (:meth:`MemoryNetwork.interpose`)
   as that relay's colluding operator: record each frame's sender and time,
-  acknowledge it, and drop it or pass it on.
+  acknowledge it, and drop it or pass it on;
+* an answer it lets through may be altered (:attr:`HttpAction.alter`), and
+  re-signed with the round's own identity key (:attr:`RoundContext.signing_key`:
+  the adversary *is* the aggregator), as :class:`TailoredLog` does.
 
 What it observes goes to an :class:`AdversaryView`; the linking estimator
 (``_property``) reads only that view and the aggregator's own store.
@@ -25,21 +28,25 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import trio
-from starlette.types import ASGIApp, Receive, Scope, Send
+from nacl.signing import SigningKey
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from anonml.protocol import PATH_MEDIANS, RoundManifest
-from anonml.transport import AckStatus, Dial, LinkError, MemoryNetwork, connection_pair, serve_link
+from anonml.protocol import PATH_MEDIANS, Attempt, ReceiptSegment, RoundManifest, TreeHead, receipt_leaves_root
+from anonml.transport import AckStatus, Dial, LinkClient, LinkError, MemoryNetwork, connection_pair, serve_link
 
 Clock = Callable[[], float]
 
 # How long a withheld answer is held: past every window of a simulated round.
 WITHHOLD_SECONDS = 100_000.0
+# How long a colluding relay tries to hand a frame it passes on to its own relay.
+FORWARD_SECONDS = 30.0
 
 
 @dataclass(frozen=True)
@@ -77,7 +84,9 @@ class RoundContext:
     """What an adversary is handed when the round starts.
 
     ``relays`` are the relays' link addresses in manifest order; ``nursery``
-    runs whatever the adversary serves itself (a colluding relay's link).
+    runs whatever the adversary serves itself (a colluding relay's link);
+    ``signing_key`` is the aggregator's identity key, which signs the round's
+    documents (a malicious aggregator signs whatever it likes with it).
     """
 
     network: MemoryNetwork
@@ -86,14 +95,17 @@ class RoundContext:
     manifest: RoundManifest
     relays: Sequence[tuple[str, int]]
     nursery: trio.Nursery
+    signing_key: SigningKey
 
 
 @dataclass(frozen=True)
 class HttpAction:
-    """What to do with one request: answer after ``delay`` seconds, or never (``withhold``)."""
+    """What to do with one request: answer after ``delay`` seconds, or never (``withhold``);
+    ``alter`` rewrites the body of a successful (200) answer before it goes out."""
 
     delay: float = 0.0
     withhold: bool = False
+    alter: Callable[[bytes], bytes] | None = None
 
 
 class Adversary:
@@ -141,7 +153,9 @@ class Composite(Adversary):
 
     def on_request(self, record: HttpRecord) -> HttpAction:
         actions = [part.on_request(record) for part in self.parts]
-        return HttpAction(max((a.delay for a in actions), default=0.0), any(a.withhold for a in actions))
+        alters = [a.alter for a in actions if a.alter is not None]
+        return HttpAction(max((a.delay for a in actions), default=0.0), any(a.withhold for a in actions),
+                          functools.reduce(lambda f, g: lambda body: g(f(body)), alters) if alters else None)
 
 
 class LateDocuments(Adversary):
@@ -175,14 +189,25 @@ class DroppingRelay(Adversary):
 
     Acknowledged and dropped, a target's packet never reaches the aggregator:
     the attack of issue 24's second bullet. Every other sender's frames pass
-    through to the real relay unchanged.
+    through to the real relay unchanged. With ``attempt``, it drops only the
+    frames handed over in that send window of each phase and forwards the
+    targets' other frames to the real relay (from the relay's own address:
+    the operator hands them to its own relay), each recorded as not dropped.
     """
 
     name = "dropping-relay"
 
-    def __init__(self, targets: Sequence[str] = (), relay: int = 0) -> None:
+    def __init__(self, targets: Sequence[str] = (), relay: int = 0, attempt: Attempt | None = None) -> None:
         super().__init__(targets)
         self.relay = relay
+        self.attempt = attempt
+
+    def drops_now(self, manifest: RoundManifest, now: float) -> bool:
+        """Whether a frame handed over at ``now`` is dropped (a second's grace after each window, as clocks skew)."""
+        if self.attempt is None:
+            return True
+        windows = [phase.send_window(self.attempt) for phase in manifest.schedule.phases]
+        return any(start <= now <= end + 1 for start, end in windows)
 
     def attach(self, context: RoundContext) -> None:
         super().attach(context)
@@ -190,9 +215,13 @@ class DroppingRelay(Adversary):
         geometry = context.manifest.sphinx_geometry()
         previous = context.network.on_connect
 
-        async def on_packets_from(source: str, frames: list[bytes]) -> list[AckStatus]:
-            context.view.frames.extend(FrameRecord(context.clock(), self.relay, source, dropped=True) for _ in frames)
-            return [AckStatus.ACCEPTED] * len(frames)
+        async def on_packets_from(source: str, forward: LinkClient, frames: list[bytes]) -> list[AckStatus]:
+            dropped = self.drops_now(context.manifest, context.clock())
+            context.view.frames.extend(FrameRecord(context.clock(), self.relay, source, dropped) for _ in frames)
+            if dropped:
+                return [AckStatus.ACCEPTED] * len(frames)
+            statuses = await forward.send_batch(frames, give_up_at=trio.current_time() + FORWARD_SECONDS)
+            return [AckStatus.BUSY if status is None else status for status in statuses]
 
         async def collude(dial: Dial) -> None:
             if previous is not None:
@@ -202,17 +231,53 @@ class DroppingRelay(Adversary):
             # The colluding operator answers the target's link itself; the relay's own listener gets a
             # connection that is closed at once (as a sender that gave up would leave it).
             ours, dial.server = dial.server, await _closed_stream(dial)
-            context.nursery.start_soon(serve_colluding_link, ours, functools.partial(on_packets_from, dial.source[0]))
+            forward = LinkClient(*address, packet_size=geometry.packet_size, geometry_hash=geometry.canonical_hash(),
+                                 network=context.network, local_address=address[0])
+            context.nursery.start_soon(serve_colluding_link, ours, forward, functools.partial(on_packets_from, dial.source[0], forward))
 
-        async def serve_colluding_link(stream: trio.abc.Stream, on_packets: Callable[[list[bytes]], Awaitable[list[AckStatus]]]) -> None:
+        async def serve_colluding_link(stream: trio.abc.Stream, forward: LinkClient,
+                                       on_packets: Callable[[list[bytes]], Awaitable[list[AckStatus]]]) -> None:
             try:
                 await serve_link(stream, on_packets, packet_size=geometry.packet_size, geometry_hash=geometry.canonical_hash())
             except LinkError:
                 pass  # the sender went quiet or away, as links do
             finally:
                 await trio.aclose_forcefully(stream)
+                await forward.aclose()
 
         context.network.on_connect = collude
+
+
+class TailoredLog(Adversary):
+    """Serve the targets a first-check receipt log that leaves receipts out, under heads re-signed with the round's key.
+
+    The attack of issue 12's first bullet: a peer shown a log without its
+    receipt would resend, and the duplicate tag would name it. The aggregator
+    cannot tell whose receipts are whose, so by default it leaves out every
+    receipt (the target's among them); ``leave_out`` narrows that to the
+    digests it picks. Its mirrors get the genuine heads: a peer that compares
+    holds two signed heads for one slot, a proof of equivocation.
+    """
+
+    name = "tailored-log"
+
+    def __init__(self, targets: Sequence[str] = (), leave_out: Callable[[bytes], bool] = lambda digest: True) -> None:
+        super().__init__(targets)
+        self.leave_out = leave_out
+
+    def on_request(self, record: HttpRecord) -> HttpAction:
+        first_check = re.fullmatch(r"/v1/receipts/\w+/\d+/0", record.path) is not None
+        return HttpAction(alter=self.tailor) if first_check and record.address in self.targets else HttpAction()
+
+    def tailor(self, body: bytes) -> bytes:
+        assert self.context is not None, "attached before the round serves anything"
+        segment = ReceiptSegment.from_json(body)
+        heads, leaves = [], {}
+        for document in segment.heads:
+            head = TreeHead.from_document(document)
+            kept = leaves[head.survey] = tuple(d for d in segment.leaves[head.survey] if not self.leave_out(d))
+            heads.append(TreeHead(head.survey, head.check, len(kept), receipt_leaves_root(kept)).sign(self.context.signing_key))
+        return ReceiptSegment(tuple(heads), leaves).to_json()
 
 
 async def _closed_stream(dial: Dial) -> trio.abc.Stream:
@@ -280,9 +345,34 @@ def asgi_interposer(app: ASGIApp, adversary: Adversary, view: AdversaryView, clo
             await trio.sleep(WITHHOLD_SECONDS)
         elif action.delay > 0:
             await trio.sleep(action.delay)
-        await app(scope, receive, send)
+        await app(scope, receive, send if action.alter is None else _altering(send, action.alter))
 
     return interposed
+
+
+def _altering(send: Send, alter: Callable[[bytes], bytes]) -> Send:
+    """``send`` for an answer whose body ``alter`` rewrites if its status is 200 (its length header follows)."""
+    start: list[Message] = []
+    chunks: list[bytes] = []
+
+    async def altered(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            start.append(message)
+            return
+        if message["type"] != "http.response.body" or not start:
+            await send(message)
+            return
+        chunks.append(message.get("body", b""))
+        if message.get("more_body", False):
+            return
+        body = b"".join(chunks)
+        if start[0]["status"] == 200:
+            body = alter(body)
+        headers = [(k, v) for k, v in start[0].get("headers", []) if k.lower() != b"content-length"]
+        await send({**start[0], "headers": [*headers, (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})
+
+    return altered
 
 
 STRATEGIES: dict[str, Callable[[Sequence[str]], Adversary]] = {
@@ -290,5 +380,6 @@ STRATEGIES: dict[str, Callable[[Sequence[str]], Adversary]] = {
     "late-documents": LateDocuments,
     "dropping-relay": DroppingRelay,
     "late-documents+dropping-relay": lambda targets: Composite([LateDocuments(targets), DroppingRelay(targets)]),
+    "tailored-log": TailoredLog,
 }
 """The named strategies, each built for a set of target addresses."""
