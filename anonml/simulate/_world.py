@@ -45,10 +45,23 @@ from anonml.aggregator import (
 )
 from anonml.base.threads import blocking_work_inline
 from anonml.crypto import generate_keypair
-from anonml.peer import AggregatorClient, Peer, PeerIdentity, PeerStore, RoundPipeline, RoundSession, join_round, open_transport
-from anonml.peer._client import AggregatorError, mirror_clients
-from anonml.peer._framework import Dataset, Event
-from anonml.peer._join import JoinRefused, JoinResult, peer_generator
+from anonml.peer import (
+    AggregatorClient,
+    AggregatorError,
+    Dataset,
+    Event,
+    JoinRefused,
+    JoinResult,
+    Peer,
+    PeerIdentity,
+    PeerStore,
+    RoundPipeline,
+    RoundSession,
+    join_round,
+    mirror_clients,
+    open_transport,
+    peer_generator,
+)
 from anonml.protocol import FeatureSpec, SignedManifest, SurveyId
 from anonml.relay import KeyRing, PinnedAggregator, RelayConfig, WallClock, create_identity, relay_descriptor, serve_relay
 from anonml.simulate._adversary import Adversary, AdversaryView, RoundContext, asgi_interposer
