@@ -131,11 +131,11 @@ def round_new(data_dir: Path, spec_path: Path, start: str | None) -> None:
         raise click.ClickException(f"{spec_path}: {exc}") from None
     home = _existing_home(data_dir)
     now = int(time.time())
-    begins = _parse_start(start, now) or spec.start or now
+    begins = _parse_start(start, now) or spec.schedule.start or now
     if begins < now - 1:
         raise click.ClickException(
             f"the schedule starts at {local_time(begins)}, {duration(now - begins)} ago, so registration would already "
-            f"be {'closed' if begins + spec.register_seconds <= now else 'partly over'}: set a later [schedule] start "
+            f"be {'closed' if begins + spec.schedule.register <= now else 'partly over'}: set a later [schedule] start "
             f"in {spec_path}, or pass --start +10m"
         )
     state, codes = create_round(home, spec, now=begins)

@@ -132,7 +132,7 @@ async def test_withheld_receipts_and_dropped_packets_leave_nothing_to_link(tmp_p
     async with trio.open_nursery() as nursery:
 
         async def serve() -> None:
-            outcome.append(await serve_aggregator(AggregatorConfig(state, http_port=http_port, sink_port=spec.sink_port, linger=3.0)))
+            outcome.append(await serve_aggregator(AggregatorConfig(state, http_port=http_port, sink_port=spec.network.sink_port, linger=3.0)))
 
         nursery.start_soon(serve)
         proxy_port = free_port()

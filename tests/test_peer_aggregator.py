@@ -52,7 +52,8 @@ def spec_document(register_seconds: int = 100) -> dict[str, Any]:
         "privacy": {"eps_total": 2.0, "oracle": "grr"},
         "schedule": {"register": register_seconds, "issue": 100, "median_rounds": 2, "median_send": 10, "median_delivery": 20, "data_send": 50, "data_delivery": 60},
         "network": {"relays": relays, "path_length": 2, "http_host": "127.0.0.1", "http_port": 8080, "sink_host": "127.0.0.1", "sink_port": 8081},
-        "participation": {"min_participation": 2, "registration": "open", "purpose": "test", "max_per_client": 1000},
+        "participation": {"min_participation": 2, "registration": "open", "purpose": "test", "max_per_client": 1000,
+                          "min_anonymity_set": 1},
     }
 
 

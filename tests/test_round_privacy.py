@@ -137,7 +137,7 @@ async def run_round(tmp_path: Path, relay_processes: list[trio.Process], peers: 
     async with trio.open_nursery() as nursery:
 
         async def serve() -> None:
-            config = AggregatorConfig(state, http_port=http_port, sink_port=spec.sink_port, on_learn=on_learn, linger=5.0)
+            config = AggregatorConfig(state, http_port=http_port, sink_port=spec.network.sink_port, on_learn=on_learn, linger=5.0)
             outcome.append(await serve_aggregator(config))
 
         nursery.start_soon(serve)
