@@ -258,12 +258,12 @@ def test_a_comparison_pool_is_the_one_plans_default_and_refused_where_it_cannot_
     assert (spec.learning.comparison_pool, spec.schedule.median_rounds, spec.learning.k_p) == (0.2, 4, 2)
     # The "one" plan's default is one release per peer at the full ε_T, as in the experiments; 0 asks every peer.
     one = {"k_p": 3, "k_h": 1, "k_s": 1, "plan": "one", "learner": "logreg"}
-    assert parse_round_spec(with_median(spec_document()) | {"learning": one}).comparison_pool == 0.1
+    assert parse_round_spec(with_median(spec_document()) | {"learning": one}).learning.comparison_pool == 0.1
     every = with_median(spec_document()) | {"learning": one | {"comparison_pool": 0}}
     every["privacy"]["median_share"] = 0.3
-    assert parse_round_spec(every).comparison_pool == 0.0
-    assert parse_round_spec(spec_document() | {"learning": one}).comparison_pool == 0.0  # no numeric feature, no search
-    assert parse_round_spec(with_median(spec_document())).comparison_pool == 0.0  # the split plan
+    assert parse_round_spec(every).learning.comparison_pool == 0.0
+    assert parse_round_spec(spec_document() | {"learning": one}).learning.comparison_pool == 0.0  # no numeric feature, no search
+    assert parse_round_spec(with_median(spec_document())).learning.comparison_pool == 0.0  # the split plan
 
 
 def test_plan_auto_refuses_what_the_planner_chooses_and_says_when_no_plan_fits() -> None:
@@ -1067,3 +1067,38 @@ def test_min_reports_per_survey_defaults_to_half_a_partitions_share() -> None:
     with pytest.raises(RoundSpecError) as refused:
         parse_round_spec(spec_document(on_shortfall="ignore"))
     assert refused.value.field == "participation.on_shortfall"
+
+
+@pytest.mark.parametrize("senders", [3, 2])
+async def test_the_dashboard_claims_unlinkability_only_as_far_as_the_smallest_survey_measured(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock, senders: int
+) -> None:
+    """Issue 24: the page said "the aggregator cannot tell which peer sent which report" whatever the sets were.
+    Now it says so only once the smallest survey that closed with reports holds the signed minimum (and two at least)."""
+    from anonml.aggregator._dashboard import dashboard_data, privacy_statement
+
+    claim = "cannot tell which of the senders of a survey sent each report"
+    holds = senders >= 3
+    # 8 peers, 4 per partition; the spec promises 3 (its 6 peers at minimum participation leave 3 per partition).
+    state, outcome, _ = await short_data_round(tmp_path, senders=senders, min_reports_per_survey=0, min_participation=6, min_anonymity_set=3)
+    assert outcome == "done" and state.manifest.min_anonymity_set == 3
+    assert state.smallest_anonymity_set(state.now()) == senders
+    privacy = dashboard_data(state, None)["privacy"]
+    assert privacy["figures"]["anonymity_set_min"] == senders and privacy["figures"]["min_anonymity_set"] == 3
+    assert any(claim in sentence for sentence in privacy["sentences"]) is holds
+    below = [w for w in privacy["warnings"] if "below the round's minimum anonymity set of 3" in w]
+    assert (below == []) is holds
+    if not holds:
+        assert "closed with 2 report(s)" in below[0] and "hides among 2 senders only" in below[0]
+    # Before any survey closes nothing is measured, and nothing is claimed beyond the signed promise.
+    before = privacy_statement(state.manifest, None, None)
+    assert not any(claim in sentence for sentence in before["sentences"])
+    assert any("the round's signed minimum is 3" in sentence for sentence in before["sentences"])
+    # One report in a survey names its sender, whatever the round promised.
+    alone = privacy_statement(state.manifest, None, 1)
+    assert any("its one report names its sender" in warning for warning in alone["warnings"])
+    # `anonml aggregator report` flags a smallest set below the minimum.
+    (line,) = [line for line in summarise({"anonymity": {"messages": 5, "links": "links.json", "chance": 0.25,
+                                                          "anonymity_set_min": 2, "min_anonymity_set": 3}})
+               if line.startswith("anonymity:")]
+    assert "smallest anonymity set 2, BELOW the round's minimum 3" in line
