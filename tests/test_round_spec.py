@@ -153,3 +153,9 @@ def test_round_new_refuses_a_sink_on_the_http_port_in_one_line(agg: Path, tmp_pa
     (line,) = output.strip().splitlines()
     assert "network.sink_port" in line and f"{http_port.group(1)} is also http_port" in line
     assert not (agg / "rounds").exists() or not any((agg / "rounds").iterdir())
+
+
+def test_round_new_states_the_smallest_survey_and_the_signed_minimum(agg: Path, tmp_path: Path) -> None:  # noqa: F811
+    code, output = round_new(agg, write_spec(tmp_path / "round.toml"))  # 3 peers at minimum, k_p = 2, a minimum of 1
+    assert code == 0, output
+    assert "at its minimum participation (3 peers) the smallest survey holds 1; the signed minimum anonymity set is 1" in output
