@@ -110,7 +110,8 @@ class FullView:
 def timing_guesses(view: FullView) -> tuple[list[dict[str, Any]], int]:
     """The guess for every accepted message, and how many logged requests named an identity.
 
-    Each guess is ``{"survey", "receipt", "arrived", "guess", "candidates"}`` (hex strings).
+    Each guess is ``{"survey", "receipt", "arrived", "guess", "candidates", "reports"}`` (hex strings; ``candidates``
+    the partition's peers the guess chooses among, ``reports`` the reports its survey accepted).
     """
     # Ties broken by a generator seeded from the round: the report is reproducible.
     rng = np.random.default_rng(int.from_bytes(hashlib.sha256(b"anonml-links" + view.round_id).digest()[:8], "big"))
@@ -135,7 +136,7 @@ def timing_guesses(view: FullView) -> tuple[list[dict[str, Any]], int]:
         guesses = rank_link(observed, [arrived for _, arrived in received], rng)
         links += [
             {"survey": survey.to_bytes().hex(), "receipt": receipt.hex(), "arrived": arrived, "guess": guess.hex(),
-             "candidates": len(candidates)}
+             "candidates": len(candidates), "reports": len(received)}
             for (receipt, arrived), guess in zip(received, guesses, strict=True)
         ]
     return links, attributed
@@ -146,14 +147,16 @@ def linking_report(view: FullView, directory: Path) -> dict[str, Any]:
     links, attributed = timing_guesses(view)
     log = view.log
     (directory / LINKS_JSON).write_text(json.dumps(links))
-    sizes = [link["candidates"] for link in links]
+    # A report hides among the reports its survey accepted (a peer that sent nothing hides no one),
+    # never among more than its partition's peers: the anonymity set the report states.
+    sizes = [min(link["reports"], link["candidates"]) for link in links]
     return {
         "guess": "each survey's arrivals in order matched to its partition's peers ordered by their last "
                  "HTTP request before the send window closed (signed requests, and addresses only one identity used)",
         "messages": len(links),
         "anonymity_set_min": min(sizes, default=0),
         "anonymity_set_mean": float(np.mean(sizes)) if sizes else 0.0,
-        "chance": float(np.mean([1.0 / s for s in sizes])) if sizes else 0.0,
+        "chance": float(np.mean([1.0 / link["candidates"] for link in links])) if links else 0.0,
         "requests_logged": len(log.requests),
         "requests_not_kept": log.dropped,
         "requests_attributed": attributed,

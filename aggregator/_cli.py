@@ -120,6 +120,7 @@ def round_new(data_dir: Path, spec_path: Path, start: str | None) -> None:
     """Validate SPEC, create the round (issuer key, seed commitment, signed manifest) and print its id."""
     from anonml.aggregator._setup import create_round
     from anonml.aggregator._spec import RoundSpecError, plan_by_simulation, read_round_spec
+    from anonml.protocol import smallest_anonymity_set
 
     def planner(*args: Any) -> Any:
         click.echo(f"plan = \"auto\": simulating the round's candidate plans for {args[1]} peers (can take minutes)", err=True)
@@ -131,11 +132,11 @@ def round_new(data_dir: Path, spec_path: Path, start: str | None) -> None:
         raise click.ClickException(f"{spec_path}: {exc}") from None
     home = _existing_home(data_dir)
     now = int(time.time())
-    begins = _parse_start(start, now) or spec.start or now
+    begins = _parse_start(start, now) or spec.schedule.start or now
     if begins < now - 1:
         raise click.ClickException(
             f"the schedule starts at {local_time(begins)}, {duration(now - begins)} ago, so registration would already "
-            f"be {'closed' if begins + spec.register_seconds <= now else 'partly over'}: set a later [schedule] start "
+            f"be {'closed' if begins + spec.schedule.register <= now else 'partly over'}: set a later [schedule] start "
             f"in {spec_path}, or pass --start +10m"
         )
     state, codes = create_round(home, spec, now=begins)
@@ -150,6 +151,10 @@ def round_new(data_dir: Path, spec_path: Path, start: str | None) -> None:
     if spec.planned is not None:
         click.echo(f"  the planner chose {spec.planned.label()}, vote {spec.planned.combiner} "
                    f"(simulated AUC {spec.planned.simulated_auc:.3f})", err=True)
+    manifest = state.manifest
+    smallest = smallest_anonymity_set(manifest.min_participation, manifest.k_p, manifest.comparison_pool, manifest.median_rounds)
+    click.echo(f"  at its minimum participation ({manifest.min_participation} peers) the smallest survey holds {smallest}; "
+               f"the signed minimum anonymity set is {manifest.min_anonymity_set}", err=True)
     click.echo(f"  registration closes {local_time(schedule.t_register_end)} (in {duration(schedule.t_register_end - now)}); "
                f"data delivery ends {local_time(schedule.end)}", err=True)
     click.echo(f"  peers can register only while the aggregator serves it: start "

@@ -183,26 +183,46 @@ def _median_clause(manifest: RoundManifest) -> str:
     return f"; each median answer flips its bit at epsilon {manifest.eps_median:.3g} per numeric feature."
 
 
-def privacy_statement(manifest: RoundManifest, shuffled: list[int] | None) -> dict[str, Any]:
+def _anonymity_clause(manifest: RoundManifest, smallest: int | None) -> tuple[str, str | None]:
+    """How far the round's unlinkability claim reaches, and a warning where it does not.
+
+    The claim is made only once a survey has closed with reports, and only
+    while the smallest such survey holds at least the manifest's minimum
+    anonymity set and at least two reports (one report in a survey names its sender).
+    """
+    minimum = manifest.min_anonymity_set
+    promise = f" (the round's signed minimum is {minimum})" if minimum else ""
+    if smallest is None:
+        return f": each report will hide among the reports of its survey{promise}.", None
+    if smallest >= max(minimum, 2):
+        return (f": the aggregator cannot tell which of the senders of a survey sent each report, and the smallest "
+                f"survey closed with {smallest} reports{promise}."), None
+    short = f", below the round's minimum anonymity set of {minimum}" if smallest < minimum else ""
+    exposure = "its one report names its sender" if smallest == 1 else f"each of its reports hides among {smallest} senders only"
+    return ".", f"The smallest survey closed with {smallest} report(s){short}: {exposure}."
+
+
+def privacy_statement(manifest: RoundManifest, shuffled: list[int] | None, smallest: int | None = None) -> dict[str, Any]:
     """The privacy promise in plain words, with the figures it rests on and a warning where one is weak.
 
     ``shuffled``: the accepted reports of each data survey that has any
     (:meth:`RoundState.shuffled_reports`); the shuffle figure is stated for the fewest.
+    ``smallest``: the smallest anonymity set measured (:meth:`RoundState.smallest_anonymity_set`).
     """
+    anonymity, anonymity_warning = _anonymity_clause(manifest, smallest)
     sentences = [
         f"Each peer is promised epsilon {manifest.eps_total:.3g} in total for this round (record level: every "
         "median answer and data report it sends, added up); its own ledger refuses to send anything beyond that.",
         epsilon_in_words(manifest.eps_total),
         f"Each data report is perturbed on the peer's machine with the {manifest.oracle!r} frequency oracle at epsilon "
         f"{manifest.eps_data:.3g}" + _median_clause(manifest),
-        "Reports travel through the relays as identical fixed-size packets with anonymous tokens: the aggregator "
-        "cannot tell which peer sent which report.",
+        "Reports travel through the relays as identical fixed-size packets with anonymous tokens" + anonymity,
     ]
     figures: dict[str, Any] = {
         "eps_total": manifest.eps_total, "eps_data": manifest.eps_data, "eps_median": manifest.eps_median,
-        "oracle": manifest.oracle,
+        "oracle": manifest.oracle, "min_anonymity_set": manifest.min_anonymity_set, "anonymity_set_min": smallest,
     }
-    warnings: list[str] = []
+    warnings: list[str] = [anonymity_warning] if anonymity_warning else []
     if shuffled:
         from anonml.mechanisms import shuffle_central_privacy
 
@@ -281,7 +301,7 @@ def dashboard_data(
         "series": _series(state, status.now),
         "partition_sizes": sizes,
         "relays": relays,
-        "privacy": privacy_statement(manifest, state.shuffled_reports()),
+        "privacy": privacy_statement(manifest, state.shuffled_reports(), state.smallest_anonymity_set(status.now)),
         "report": report,
     }
 

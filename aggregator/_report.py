@@ -70,7 +70,7 @@ def learn(state: RoundState, directory: Path, *, test_file: Path | None = None) 
         "anonymity": linking_report(FullView(
             state.store.arrivals(), state.store.partitions(), lambda survey: float(manifest.schedule.phase_of(survey).send_end),
             state.requests, state.round_id,
-        ), directory),
+        ), directory) | {"min_anonymity_set": manifest.min_anonymity_set},
         "model": None,
         "utility": None,
     }
@@ -172,9 +172,11 @@ def summarise(report: dict[str, Any]) -> list[str]:
     ]
     anonymity = report.get("anonymity") or {}
     if anonymity.get("messages"):
+        smallest, minimum = anonymity["anonymity_set_min"], anonymity.get("min_anonymity_set", 0)
+        promise = f", {'BELOW ' if smallest < minimum else ''}the round's minimum {minimum}" if minimum else ""
         lines.append(
             f"anonymity: timing guesses for {anonymity['messages']} messages in {anonymity.get('links')}; chance "
-            f"{100 * anonymity['chance']:.3g}% (smallest anonymity set {anonymity['anonymity_set_min']}); whoever knows "
+            f"{100 * anonymity['chance']:.3g}% (smallest anonymity set {smallest}{promise}); whoever knows "
             "the senders scores them"
         )
     if report.get("cut_points"):

@@ -348,6 +348,17 @@ class RoundState:
                   for p in range(self.manifest.k_p) for j in range(self.manifest.k_h))
         return [n for n in counts if n > 0]
 
+    def smallest_anonymity_set(self, now: int) -> int | None:
+        """The fewest reports accepted by any survey whose phase closed by ``now`` (None before any closed with a report).
+
+        A report hides among the reports its survey holds (a peer that sent
+        nothing hides no one, as in :meth:`shuffled_reports`), median answers
+        included; a survey still open is not measured, since its count only grows.
+        """
+        schedule = self.manifest.schedule
+        closed = [n for survey, n in self.store.accepted_by_survey().items() if n > 0 and schedule.phase_of(survey).t_r <= now]
+        return min(closed, default=None)
+
     def partition_sizes(self) -> list[int]:
         """Peers per partition of the final roster (only meaningful after t_register_end)."""
         return list(self._plan().sizes)

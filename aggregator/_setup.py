@@ -33,18 +33,21 @@ def _phase(t_s: int, send: int, delivery: int, check: int, second_send: int, sec
 
 def build_schedule(spec: RoundSpec, start: int) -> RoundSchedule:
     """Absolute times from the spec's durations; ``publish_gap`` seconds before each phase that needs published results."""
-    t_register_end = start + spec.register_seconds
-    t_issue_end = t_register_end + spec.issue_seconds
+    durations = spec.schedule
+    t_register_end = start + durations.register
+    t_issue_end = t_register_end + durations.issue
     t = t_issue_end
     median = []
-    for index in range(spec.median_rounds):
+    for index in range(durations.median_rounds):
         # Sub-round 0's thresholds are public from the start; later ones need the gap.
-        t += spec.publish_gap if index else 0
-        phase = _phase(t, spec.median_send, spec.median_delivery, spec.check_seconds, spec.median_second_send, spec.median_second_delivery)
+        t += durations.publish_gap if index else 0
+        phase = _phase(t, durations.median_send, durations.median_delivery, durations.check, durations.median_second_send,
+                       durations.median_second_delivery)
         median.append(phase)
         t = phase.t_r
-    t += spec.publish_gap if median else 0
-    data = _phase(t, spec.data_send, spec.data_delivery, spec.check_seconds, spec.data_second_send, spec.data_second_delivery)
+    t += durations.publish_gap if median else 0
+    data = _phase(t, durations.data_send, durations.data_delivery, durations.check, durations.data_second_send,
+                  durations.data_second_delivery)
     return RoundSchedule(t_register_end, t_issue_end, tuple(median), data)
 
 
@@ -73,26 +76,25 @@ def create_round(
     seed = rng_bytes(32)
     issuer_key = IssuerSecretKey.generate(rng_bytes)
     issuer_public = issuer_key.public_key()
-    plan = release_plan(
-        spec.spec, spec.plan, spec.k_p, spec.k_h, spec.k_s, spec.eps_total, seed, spec.oracle, spec.median_share,
-        spec.median_rounds, spec.comparison_pool,
-    )
-    geometry = SphinxGeometry.create(max_hops=spec.max_hops, packet_size=spec.packet_size)
+    plan = release_plan(spec, seed)
+    features, learning, network, participation = spec.task.features, spec.learning, spec.network, spec.participation
+    geometry = SphinxGeometry.create(max_hops=network.max_hops, packet_size=network.packet_size)
     manifest = RoundManifest(
-        name=spec.name, label=spec.spec.label.name, features=spec.spec.to_dict(), k_p=spec.k_p, k_h=spec.k_h,
-        k_s=spec.k_s, plan=spec.plan, learner=spec.learner, vote=spec.vote, eps_median=plan.median_epsilon,
-        eps_data=plan.release_epsilon, oracle=spec.oracle,
+        name=spec.name, label=features.label.name, features=features.to_dict(), k_p=learning.k_p, k_h=learning.k_h,
+        k_s=learning.k_s, plan=learning.plan, learner=learning.learner, vote=learning.vote, eps_median=plan.median_epsilon,
+        eps_data=plan.release_epsilon, oracle=spec.privacy.oracle,
         eps_total=worst_case_epsilon(
-            spec.spec, spec.k_h, spec.k_s, plan.median_epsilon, plan.release_epsilon, spec.median_rounds,
+            features, learning.k_h, learning.k_s, plan.median_epsilon, plan.release_epsilon, spec.schedule.median_rounds,
             plan.comparison_pool > 0,
         ),
-        schedule=build_schedule(spec, now), relays=spec.relays,
-        aggregator_hop=AggregatorHop(node_id_of(final_public), spec.sink_host, spec.sink_port, final_public),
-        aggregator_url=f"http://{spec.http_host}:{spec.http_port}", path_length=spec.path_length,
+        schedule=build_schedule(spec, now), relays=network.relays,
+        aggregator_hop=AggregatorHop(node_id_of(final_public), network.sink_host, network.sink_port, final_public),
+        aggregator_url=f"http://{network.http_host}:{network.http_port}", path_length=network.path_length,
         geometry=geometry.to_dict(), token_public_key=issuer_public.to_bytes(), token_kid=issuer_public.kid,
-        seed_commitment=seed_commitment(seed), min_participation=spec.min_participation,
-        registration=spec.registration, identity_key=bytes(signing_key.verify_key), purpose=spec.purpose,
-        max_roster=spec.max_roster, comparison_pool=round(plan.comparison_pool * 1000),
+        seed_commitment=seed_commitment(seed), min_participation=participation.min_participation,
+        registration=participation.registration, identity_key=bytes(signing_key.verify_key), purpose=participation.purpose,
+        max_roster=participation.max_roster, comparison_pool=round(plan.comparison_pool * 1000),
+        min_anonymity_set=participation.min_anonymity_set,
     )
     signed = SignedManifest.sign(manifest, signing_key)
     directory = home.round_dir(signed.round_id)
@@ -101,14 +103,14 @@ def create_round(
     store.put_meta("manifest", signed.to_json())
     store.put_meta("issuer_key", issuer_key.to_bytes())
     store.put_meta("seed", seed)
-    codes = [rng_bytes(12).hex() for _ in range(spec.invitations)]
+    codes = [rng_bytes(12).hex() for _ in range(participation.invitations)]
     store.add_invitations(codes)
-    store.add_allowed(spec.allow_list)
-    store.put_meta("max_per_client", str(spec.max_per_client).encode())
+    store.add_allowed(participation.allow_list)
+    store.put_meta("max_per_client", str(participation.max_per_client).encode())
     # The aggregator's own rule for a short survey (RoundState.shortfall): not
     # in the manifest, since peers act the same whatever it says.
     store.put_meta("min_reports_per_survey", str(spec.min_reports_per_survey).encode())
-    store.put_meta("on_shortfall", spec.on_shortfall.encode())
+    store.put_meta("on_shortfall", participation.on_shortfall.encode())
     if spec.planned is not None:
         # What the planner chose for `plan = "auto"` and what it expected (the report states it).
         store.put_meta("planned", json.dumps(spec.planned.to_dict(), sort_keys=True).encode())

@@ -3,56 +3,49 @@
 :func:`parse_round_spec` turns a parsed TOML document into a :class:`RoundSpec`
 or raises :class:`RoundSpecError` naming the offending field
 (``learning.k_p``) and what it accepts; ``anonml aggregator round new``
-prints the example. Validation is complete: every name is checked against
-the registry the round will use it with (oracles, plans, learners), and the
-release plan, the frequency oracles and the packet geometry are built once
-from the spec, so a spec ``round new`` accepts cannot fail later in
-``aggregator run`` or at the peers.
+prints the example. Each TOML table is read into its own typed record
+(``aggregator._spec_tables``, fields named as the table's keys) and the spec
+is built from them by keyword. Validation is complete: every name is checked
+against the registry the round will use it with (oracles, plans, learners),
+the release plan, the frequency oracles and the packet geometry are built
+once from the spec, and the smallest survey at the minimum participation is
+held to the spec's minimum anonymity set, so a spec ``round new`` accepts
+cannot fail later in ``aggregator run`` or at the peers.
 """
 
 from __future__ import annotations
 
-import datetime
-import json
 import tomllib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from anonml.crypto import DEFAULT_MAX_HOPS, DEFAULT_PACKET_SIZE, SphinxGeometry
+from anonml.aggregator._spec_tables import (
+    MAX_SPEC_BYTES,
+    PLANNER,
+    LearningTable,
+    NetworkTable,
+    ParticipationTable,
+    PrivacyTable,
+    ScheduleTable,
+    TaskTable,
+)
 from anonml.mechanisms import ORACLE_NAMES, make_oracle
 from anonml.protocol import (
-    DEFAULT_COMPARISON_POOL,
-    DEFAULT_VOTE,
-    EPSILON_TOTAL_RANGE,
-    PLAN_KINDS,
-    MAX_QUANTILES,
-    MAX_ROSTER,
-    REGISTRATION_POLICIES,
     FeatureSpec,
-    FeatureSpecError,
+    FieldReader,
+    InvalidDocument,
     MedianPeers,
     PlanError,
-    PlanKind,
-    RegistrationPolicy,
-    RelayEntry,
     ReleasePlan,
-    RoundPurpose,
-    VOTES,
+    comparison_pool_size,
     derive_subsets,
+    smallest_anonymity_set,
 )
-from anonml.protocol import FieldReader, InvalidDocument
 
 if TYPE_CHECKING:
     from anonml.learning import PlanChoice
-
-LEARNERS = ("logreg", "tree")
-"""The partition ensemble's base learners (``learning.PartitionEnsemble(base=...)``)."""
-
-PLANNER = "auto"
-"""``[learning] plan = "auto"``: the planner chooses the plan, its partitions,
-the cut points and the combiner by simulation, and the round uses its choice."""
 
 RoundPlanner = Callable[["FeatureSpec", int, float, int, float, str], "PlanChoice"]
 """``(spec, peers, eps_total, median_rounds, median_share, oracle)`` to the plan a round runs; raises PlanError when none fits."""
@@ -66,10 +59,6 @@ def plan_by_simulation(
     from anonml.learning import choose_round_plan
 
     return choose_round_plan(spec, peers, eps_total, median_rounds=median_rounds, median_share=median_share, oracle=oracle)
-
-
-SHORTFALL_OUTCOMES = ("degraded", "fail")
-"""What a round whose survey got fewer than ``min_reports_per_survey`` reports does (``[participation] on_shortfall``)."""
 
 
 def default_min_reports(min_participation: int, k_p: int) -> int:
@@ -91,75 +80,27 @@ class RoundSpecError(InvalidDocument):
 
 @dataclass(frozen=True)
 class RoundSpec:
-    """A validated ``round.toml``; durations are seconds from the round's start.
+    """A validated ``round.toml``: one record per table, each field named as its TOML key.
 
-    ``start`` is the Unix time registration opens, if the spec fixes it
-    (``[schedule] start``); otherwise the round starts when ``round new`` runs
-    (or at its ``--start``).
+    ``task.features`` and ``learning`` hold the planner's choice when the
+    spec says ``plan = "auto"`` (``planned`` keeps it, with its simulated AUC).
     """
 
     name: str
-    spec: FeatureSpec
-    k_p: int
-    k_h: int
-    k_s: int
-    plan: str
-    learner: str
-    vote: str
-    eps_total: float
-    oracle: str
-    median_share: float
-    register_seconds: int
-    issue_seconds: int
-    median_rounds: int
-    median_send: int
-    median_delivery: int
-    data_send: int
-    data_delivery: int
-    check_seconds: int
-    median_second_send: int
-    median_second_delivery: int
-    data_second_send: int
-    data_second_delivery: int
-    publish_gap: int
-    relays: tuple[RelayEntry, ...]
-    path_length: int
-    packet_size: int
-    max_hops: int
-    http_host: str
-    http_port: int
-    sink_host: str
-    sink_port: int
-    min_participation: int
-    registration: RegistrationPolicy
-    purpose: RoundPurpose
-    max_roster: int
-    max_per_client: int
-    invitations: int
-    allow_list: tuple[bytes, ...]
-    min_reports_per_survey: int
-    on_shortfall: str
-    start: int | None = None
+    task: TaskTable
+    learning: LearningTable
+    privacy: PrivacyTable
+    schedule: ScheduleTable
+    network: NetworkTable
+    participation: ParticipationTable
     planned: PlanChoice | None = None
-    """The planner's choice, with its simulated AUC, when the spec says ``plan = "auto"``."""
-    comparison_pool: float = 0.0
-    """The share of peers reserved for the median search (0: every peer answers it), in steps of 0.001."""
 
+    @property
+    def min_reports_per_survey(self) -> int:
+        """The spec's ``min_reports_per_survey``, or :func:`default_min_reports` when it leaves it out."""
+        stated = self.participation.min_reports_per_survey
+        return default_min_reports(self.participation.min_participation, self.learning.k_p) if stated is None else stated
 
-# Windows of a real round, in seconds, when its spec leaves them out. Peers
-# are people's machines that join over minutes, not processes started
-# together, and every window must hold a relay or aggregator restart (a
-# process start, its store reopened, the peers' retries) with room to spare;
-# relay windows of minutes also mix more packets (DESIGN.md §7). The demo
-# plans seconds instead, from costs it measures (anonml.demo._schedule).
-DEFAULT_SCHEDULE = {
-    "register": 30 * 60,
-    "issue": 15 * 60,
-    "median_send": 5 * 60,
-    "median_delivery": 10 * 60,
-    "data_send": 15 * 60,
-    "data_delivery": 30 * 60,
-}
 
 ROUND_SPEC_EXAMPLE = """\
 name = "adult-income"
@@ -193,8 +134,8 @@ median_share = 0.5          # optional: share of eps_total for the median search
                             # offset it is local time); else when `round new` runs, or its --start
 register = 1800             # default 30 min: peers join over minutes; `anonml aggregator run` must be serving by then
 issue = 900                 # default 15 min
-median_rounds = 4           # partition p answers in sub-round p % median_rounds (needs <= k_p; 0 without numeric
-                            # features); with a comparison pool, pool partition k_p + s answers sub-round s
+median_rounds = 4           # 0 without numeric features; without a comparison pool partition p answers in sub-round
+                            # p % median_rounds (needs <= k_p); with one, pool partition k_p + s answers sub-round s
 median_send = 300           # default 5 min: each sub-round's send window (delta) ...
 median_delivery = 600       # default 10 min: ... then its delivery window (needs >= path_length + 1)
 data_send = 900             # default 15 min
@@ -228,66 +169,10 @@ min_reports_per_survey = 6  # optional: a survey with fewer accepted reports is 
                             # min_participation / k_p / 2 (at least 1), half a partition's share
 on_shortfall = "degraded"   # optional: a round with a short survey still learns and ends "degraded";
                             # "fail": it ends "failed" when the short survey's phase closes, without a model
+min_anonymity_set = 5       # optional (default 5), signed in the manifest: `round new` refuses a spec whose smallest
+                            # survey (data or comparison-pool partition) at min_participation holds fewer peers,
+                            # and a peer whose partition is smaller refuses to send
 """.replace("{ORACLES}", ", ".join(name for name in ORACLE_NAMES if name != "auto"))
-
-
-def _start_time(value: object, field: str, reader: FieldReader) -> int:
-    """``[schedule] start``: a TOML date-time (local time without an offset) or Unix seconds."""
-    if isinstance(value, datetime.datetime):
-        # A TOML local date-time has no offset: it means this machine's local time.
-        moment = value if value.tzinfo is not None else value.astimezone()
-        return int(moment.timestamp())
-    if isinstance(value, int) and not isinstance(value, bool) and 0 < value < 2**40:
-        return value
-    reader.fail_at(field, f"expected a date-time such as 2026-12-01T09:00:00+01:00 (or Unix seconds), got {value!r}")
-
-
-def _read_feature_spec_file(reader: FieldReader, value: str, base_dir: Path | None) -> FeatureSpec:
-    """``[task] spec_file``: the feature-spec TOML ``anonml experiment csv --spec`` reads, relative to the round spec."""
-    path = Path(value) if base_dir is None else base_dir / value
-    try:
-        with path.open("rb") as handle:
-            data = handle.read(MAX_SPEC_BYTES + 1)
-        if len(data) > MAX_SPEC_BYTES:
-            reader.fail("spec_file", f"{str(path)!r} is larger than {MAX_SPEC_BYTES} bytes")
-        return FeatureSpec.from_toml(data.decode("utf-8"))
-    except FileNotFoundError:
-        reader.fail("spec_file", f"no file {str(path)!r}")
-    except (OSError, UnicodeDecodeError) as exc:
-        reader.fail("spec_file", f"cannot read {str(path)!r} as UTF-8 text ({exc})")
-    except FeatureSpecError as exc:
-        reader.fail("spec_file", f"{str(path)!r}: {exc}")
-
-
-def _read_relay_file(reader: FieldReader, value: str, field: str, base_dir: Path | None) -> dict[str, Any]:
-    """The descriptor ``anonml relay info --json`` wrote to ``value``, checked for a current key."""
-    path = Path(value) if base_dir is None else base_dir / value
-    try:
-        descriptor = json.loads(path.read_text())
-    except FileNotFoundError:
-        reader.fail_at(field, f"no file {str(path)!r}: write it with `anonml relay info --data-dir RELAY_DIR --json > {value}`")
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        reader.fail_at(field, f"{str(path)!r} is not the JSON `anonml relay info --json` writes ({exc})")
-    if not isinstance(descriptor, dict):
-        reader.fail_at(field, f"{str(path)!r} is not the JSON `anonml relay info --json` writes")
-    if descriptor.get("public_key") is None:
-        reader.fail_at(field, f"{str(path)!r} has no key for the current epoch: start `anonml relay run` once, then run `anonml relay info --json` again")
-    return descriptor
-
-
-def _check_relay_geometry(reader: FieldReader, field: str, descriptor: dict[str, Any], geometry: SphinxGeometry) -> None:
-    """A relay whose descriptor names another packet geometry would drop every packet of the round."""
-    theirs = descriptor.get("geometry") or {}
-    if (theirs.get("max_hops"), theirs.get("packet_size")) != (geometry.max_hops, geometry.packet_size):
-        reader.fail_at(
-            field,
-            f"the relay accepts {theirs.get('max_hops')} hops of {theirs.get('packet_size')} bytes, the round uses "
-            f"{geometry.max_hops} of {geometry.packet_size}: set network.max_hops and network.packet_size to match",
-        )
-
-
-MAX_SPEC_BYTES = 1 << 20
-"""A round spec is a few kilobytes; more is refused before the TOML parser sees it."""
 
 
 def read_round_spec(data: bytes, *, base_dir: Path | None = None, planner: RoundPlanner = plan_by_simulation) -> RoundSpec:
@@ -316,228 +201,120 @@ def parse_round_spec(
     """
     reader = FieldReader(document, "", RoundSpecError)
     name = reader.text("name", max_len=128, pattern=r"[A-Za-z0-9][A-Za-z0-9 ._\-]*")
-    task = reader.child("task")
-    if task.optional("builtin"):
-        builtin = task.choice("builtin", ("adult",))
-        from anonml.learning import adult_spec
-
-        spec = adult_spec() if builtin == "adult" else None
-        assert spec is not None
-    elif task.optional("spec_file"):
-        spec = _read_feature_spec_file(task, task.text("spec_file", max_len=4096), base_dir)
-    else:
-        raw = {"features": task.items("features", max_items=256), "label": task.obj("label")}
-        try:
-            spec = FeatureSpec.from_dict(raw)
-        except FeatureSpecError as exc:
-            task.fail("features", str(exc))
-    quantiles = task.integer("quantiles", 1, MAX_QUANTILES) if task.optional("quantiles") else None
-    if quantiles is not None:
-        spec = spec.with_quantiles(quantiles)
-    task.done()
-    learning = reader.child("learning")
-    plan = learning.choice("plan", (*PLAN_KINDS, PLANNER))
-    learner = learning.choice("learner", LEARNERS)
-    expected_peers: int | None = None
-    if plan == PLANNER:
-        # Placeholders until the planner has chosen (below, once the budget and participation are read).
-        k_p = k_h = k_s = 1
-        vote = DEFAULT_VOTE
-        for chosen in ("k_p", "k_h", "k_s", "vote"):
-            if learning.optional(chosen):
-                learning.fail(chosen, f'the planner chooses it when plan = "{PLANNER}": leave it out')
-        if quantiles is not None:
-            reader.fail_at("task.quantiles", f'the planner chooses the cut points when learning.plan = "{PLANNER}": leave it out')
-        expected_peers = learning.integer("expected_peers", 1, MAX_ROSTER) if learning.optional("expected_peers") else None
-    else:
-        k_p = learning.integer("k_p", 1, 4096)
-        k_h = learning.integer("k_h", 1, 64)
-        k_s = learning.integer("k_s", 1, 16)
-        vote = learning.choice("vote", VOTES) if learning.optional("vote") else DEFAULT_VOTE
-        if learning.optional("expected_peers"):
-            learning.fail("expected_peers", f'only the planner uses it: set plan = "{PLANNER}", or leave it out')
-    # The "one" plan's default, as in the experiments: every peer makes exactly one release at the full ε_T.
-    comparison_pool = DEFAULT_COMPARISON_POOL if plan == PlanKind.ONE and spec.numeric_names else 0.0
-    if learning.optional("comparison_pool"):
-        if plan == PLANNER:
-            learning.fail("comparison_pool", f'the planner chooses it when plan = "{PLANNER}": leave it out')
-        # Whole per mille: the manifest states it as an integer; 0 is no pool.
-        comparison_pool = round(learning.number("comparison_pool", 0.0, 0.999) * 1000) / 1000
-    learning.done()
-    privacy = reader.child("privacy")
-    eps_total = privacy.number("eps_total", *EPSILON_TOTAL_RANGE)
-    oracle = privacy.choice("oracle", ORACLE_NAMES)
-    median_share = privacy.number("median_share", 0.01, 0.99) if privacy.optional("median_share") else 0.5
-    if comparison_pool and privacy.optional("median_share"):
-        privacy.fail("median_share", "a comparison pool answers the median search at the full eps_total: leave it out, "
-                     "or set learning.comparison_pool = 0 for every peer to answer it")
-    privacy.done()
-    schedule = reader.child("schedule")
-    start = _start_time(schedule.raw("start"), "schedule.start", schedule) if schedule.optional("start") else None
-
-    def seconds(name: str, low: int) -> int:
-        return schedule.integer(name, low, 10**7) if schedule.optional(name) else DEFAULT_SCHEDULE[name]
-
-    register_seconds = seconds("register", 1)
-    issue_seconds = seconds("issue", 1)
-    # With a fixed plan a sub-round needs a partition of its own; the planner only considers plans where it has one.
-    median_rounds = schedule.integer("median_rounds", 0, 64 if plan == PLANNER or comparison_pool else min(k_p, 64)) if spec.numeric_names else 0
-    if not spec.numeric_names:
-        schedule.optional("median_rounds")
-    elif median_rounds == 0:
-        schedule.fail("median_rounds", "numeric features need at least one median sub-round")
-    median_send = seconds("median_send", 1)
-    median_delivery = seconds("median_delivery", 2)
-    data_send = seconds("data_send", 1)
-    data_delivery = seconds("data_delivery", 2)
-
-    def optional(key: str, low: int, default: int) -> int:
-        return seconds(key, low) if schedule.optional(key) else default
-
-    check_seconds = optional("check", 1, 4)
-    median_second_send = optional("median_second_send", 1, median_send)
-    median_second_delivery = optional("median_second_delivery", 2, median_delivery)
-    data_second_send = optional("data_second_send", 1, data_send)
-    data_second_delivery = optional("data_second_delivery", 2, data_delivery)
-    # Thresholds of sub-round i (and the final medians) are published when the
-    # previous delivery window closes; the gap lets every peer fetch them
-    # before its send window opens.
-    publish_gap = schedule.integer("publish_gap", 0, 10**6) if schedule.optional("publish_gap") else 2
-    schedule.done()
-    network = reader.child("network")
-    # Each entry: a relay file's name (`relay info --json` output) or the five fields written out.
-    descriptors = {
-        i: _read_relay_file(network, item, f"network.relays[{i}]", base_dir)
-        for i, item in enumerate(network.items("relays", max_items=256))
-        if isinstance(item, str)
-    }
-    relays = tuple(
-        RelayEntry.read(network.nested(
-            {key: descriptors[i].get(key) for key in ("node_id", "host", "port", "public_key", "key_epoch")}
-            if i in descriptors else item,
-            f"network.relays[{i}]",
-        ))
-        for i, item in enumerate(network.items("relays", max_items=256))
-    )
-    path_length = network.integer("path_length", 1, 16)
-    if path_length > len(relays):
-        network.fail("path_length", f"{path_length} relays per path but {len(relays)} relays listed")
-    for phase_name, delivery in (
-        ("median_delivery", median_delivery), ("data_delivery", data_delivery),
-        ("median_second_delivery", median_second_delivery), ("data_second_delivery", data_second_delivery),
-    ):
-        if delivery < path_length + 1:
-            reader.fail_at(f"schedule.{phase_name}", f"{delivery} s cannot hold {path_length} relay windows and the slack slice")
-    packet_size = (
-        network.integer("packet_size", 512, 65536) if network.optional("packet_size") else DEFAULT_PACKET_SIZE
-    )
-    max_hops = network.integer("max_hops", 2, 32) if network.optional("max_hops") else DEFAULT_MAX_HOPS
-    if path_length + 1 > max_hops:
-        network.fail("max_hops", f"{max_hops} routing slots cannot hold {path_length} relays and the aggregator")
-    try:
-        geometry = SphinxGeometry.create(max_hops=max_hops, packet_size=packet_size)
-    except ValueError as exc:
-        network.fail("packet_size", f"{packet_size} bytes with {max_hops} hops is not a usable packet geometry ({exc})")
-    for i, descriptor in descriptors.items():
-        _check_relay_geometry(network, f"network.relays[{i}]", descriptor, geometry)
-    http_host = network.text("http_host", max_len=255)
-    http_port = network.integer("http_port", 1, 65535)
-    sink_host = network.text("sink_host", max_len=255)
-    sink_port = network.integer("sink_port", 1, 65535)
-    network.done()
-    participation = reader.child("participation")
-    min_participation = participation.integer("min_participation", 1, 2**31)
-    registration = RegistrationPolicy(participation.choice("registration", REGISTRATION_POLICIES))
-    purpose = RoundPurpose(participation.choice("purpose", tuple(p.value for p in RoundPurpose))) if participation.optional("purpose") else RoundPurpose.PRODUCTION
-    max_roster = participation.integer("max_roster", 1, MAX_ROSTER) if participation.optional("max_roster") else MAX_ROSTER
-    max_per_client = participation.integer("max_per_client", 1, MAX_ROSTER) if participation.optional("max_per_client") else 1
-    invitations = participation.integer("invitations", 0, MAX_ROSTER) if participation.optional("invitations") else 0
-    allow_list = tuple(
-        participation.decode_hex(item, f"participation.allow_list[{i}]", size=32)
-        for i, item in enumerate(participation.items("allow_list", max_items=10**6) if participation.optional("allow_list") else [])
-    )
-    min_reports = participation.integer("min_reports_per_survey", 0, 2**31) if participation.optional("min_reports_per_survey") else None
-    on_shortfall = participation.choice("on_shortfall", SHORTFALL_OUTCOMES) if participation.optional("on_shortfall") else "degraded"
-    participation.done()
+    task = TaskTable.read(reader.child("task"), base_dir)
+    numeric = bool(task.features.numeric_names)
+    learning = LearningTable.read(reader.child("learning"), numeric=numeric)
+    if learning.plan == PLANNER and task.quantiles is not None:
+        reader.fail_at("task.quantiles", f'the planner chooses the cut points when learning.plan = "{PLANNER}": leave it out')
+    privacy = PrivacyTable.read(reader.child("privacy"), pooled=bool(learning.comparison_pool))
+    schedule = ScheduleTable.read(reader.child("schedule"), numeric=numeric)
+    network = NetworkTable.read(reader.child("network"), base_dir)
+    for key, delivery in schedule.deliveries().items():
+        if delivery < network.path_length + 1:
+            reader.fail_at(f"schedule.{key}", f"{delivery} s cannot hold {network.path_length} relay windows and the slack slice")
+    participation = ParticipationTable.read(reader.child("participation"))
     reader.done()
-    if registration is RegistrationPolicy.INVITATION and invitations == 0:
-        reader.fail_at("participation.invitations", "the invitation policy needs invitations > 0")
-    if registration is RegistrationPolicy.ALLOW_LIST and not allow_list:
-        reader.fail_at("participation.allow_list", "the allow-list policy needs a non-empty allow_list")
-    if registration is RegistrationPolicy.OPEN and purpose is RoundPurpose.PRODUCTION:
-        reader.fail_at(
-            "participation.registration",
-            "open registration admits Sybils for free: set purpose = \"demo\" or \"test\", or use \"invitation\" or \"allow-list\"",
-        )
-    if min_participation > max_roster:
-        reader.fail_at("participation.min_participation", f"{min_participation} exceeds max_roster = {max_roster}")
-    choice: PlanChoice | None = None
-    if plan == PLANNER:
-        try:
-            choice = planner(spec, expected_peers or min_participation, eps_total, median_rounds, median_share, oracle)
-        except PlanError as exc:
-            reader.fail_at(
-                "learning.plan",
-                f"the planner found no plan for {expected_peers or min_participation} peers with {median_rounds} median "
-                f"sub-rounds ({exc}): raise learning.expected_peers or lower schedule.median_rounds",
-            )
-        spec = choice.spec_for(spec)
-        k_p, k_h, k_s, plan, vote = choice.k_p, choice.k_h, choice.k_s, choice.kind, choice.combiner
-        comparison_pool = choice.comparison_pool if choice.median_peers == MedianPeers.RESERVED else 0.0
-    if comparison_pool and not spec.numeric_names:
-        reader.fail_at("learning.comparison_pool", "a comparison pool answers the median search: the task has no numeric feature")
-    if min_reports is None:
-        min_reports = default_min_reports(min_participation, k_p)
+    spec = RoundSpec(
+        name=name, task=task, learning=learning, privacy=privacy, schedule=schedule, network=network,
+        participation=participation,
+    )
+    if learning.plan == PLANNER:
+        spec = _planned(reader, spec, planner)
+    _check_round(reader, spec)
+    return spec
+
+
+def _planned(reader: FieldReader, spec: RoundSpec, planner: RoundPlanner) -> RoundSpec:
+    """``spec`` with the planner's choice of plan, partitions, vote, pool and cut points written in."""
+    peers = spec.learning.expected_peers or spec.participation.min_participation
+    median_rounds = spec.schedule.median_rounds
     try:
-        derive_subsets(bytes(32), spec.names, plan, k_p, k_h, k_s)
+        choice = planner(spec.task.features, peers, spec.privacy.eps_total, median_rounds, spec.privacy.median_share, spec.privacy.oracle)
+    except PlanError as exc:
+        reader.fail_at(
+            "learning.plan",
+            f"the planner found no plan for {peers} peers with {median_rounds} median "
+            f"sub-rounds ({exc}): raise learning.expected_peers or lower schedule.median_rounds",
+        )
+    learning = replace(
+        spec.learning, k_p=choice.k_p, k_h=choice.k_h, k_s=choice.k_s, plan=choice.kind, vote=choice.combiner,
+        comparison_pool=choice.comparison_pool if choice.median_peers == MedianPeers.RESERVED else 0.0,
+    )
+    return replace(spec, task=replace(spec.task, features=choice.spec_for(spec.task.features)), learning=learning, planned=choice)
+
+
+def _check_round(reader: FieldReader, spec: RoundSpec) -> None:
+    """What spans tables: the median search's partitions, the subsets, the release plan, the anonymity set."""
+    learning, median_rounds = spec.learning, spec.schedule.median_rounds
+    if learning.comparison_pool and not spec.task.features.numeric_names:
+        reader.fail_at("learning.comparison_pool", "a comparison pool answers the median search: the task has no numeric feature")
+    if not learning.comparison_pool and median_rounds > learning.k_p:
+        # Without a pool, data partition p answers sub-round p % median_rounds: a sub-round needs a partition of its own.
+        reader.fail_at(
+            "schedule.median_rounds",
+            f"{median_rounds} median sub-rounds need a partition each to answer them, but learning.k_p = {learning.k_p}: "
+            "lower median_rounds, raise k_p, or set learning.comparison_pool (its partitions answer instead)",
+        )
+    try:
+        derive_subsets(bytes(32), spec.task.features.names, learning.plan, learning.k_p, learning.k_h, learning.k_s)
     except PlanError as exc:
         reader.fail_at("learning", str(exc))
-    _check_buildable(reader, spec, plan, k_p, k_h, k_s, eps_total, oracle, median_share, median_rounds, comparison_pool)
-    return RoundSpec(
-        name, spec, k_p, k_h, k_s, plan, learner, vote, eps_total, oracle, median_share, register_seconds, issue_seconds,
-        median_rounds, median_send, median_delivery, data_send, data_delivery, check_seconds, median_second_send,
-        median_second_delivery, data_second_send, data_second_delivery, publish_gap, relays, path_length,
-        packet_size, max_hops, http_host, http_port, sink_host, sink_port, min_participation, registration, purpose,
-        max_roster, max_per_client, invitations, allow_list, min_reports, on_shortfall, start, choice,
-        comparison_pool=comparison_pool,
+    _check_buildable(reader, spec)
+    _check_anonymity_set(reader, spec)
+
+
+def _check_anonymity_set(reader: FieldReader, spec: RoundSpec) -> None:
+    """Refuse a round whose smallest survey, at its minimum participation, holds fewer peers than the minimum set."""
+    peers, minimum = spec.participation.min_participation, spec.participation.min_anonymity_set
+    learning, median_rounds = spec.learning, spec.schedule.median_rounds
+    smallest = smallest_anonymity_set(peers, learning.k_p, learning.pool_per_mille, median_rounds)
+    if smallest >= minimum:
+        return
+    pool = comparison_pool_size(learning.pool_per_mille, peers, median_rounds)
+    # Name the partitions that fall short: the pool's (its peers over the sub-rounds) or the data partitions.
+    where = (
+        f"a comparison-pool partition ({pool} pool peers over {median_rounds} sub-rounds)"
+        if pool and max(1, pool // median_rounds) == smallest
+        else f"a data partition ({peers - pool} peers over k_p = {learning.k_p})"
+    )
+    reader.fail_at(
+        "participation.min_anonymity_set",
+        f"at min_participation = {peers} the smallest survey holds {smallest} peer(s), {where}, fewer than "
+        f"min_anonymity_set = {minimum}: raise min_participation, lower k_p or the sub-rounds, or state a smaller minimum",
     )
 
 
-def release_plan(
-    spec: FeatureSpec, plan: str, k_p: int, k_h: int, k_s: int, eps_total: float, seed: bytes, oracle: str,
-    median_share: float, median_rounds: int, comparison_pool: float,
-) -> ReleasePlan:
+def release_plan(spec: RoundSpec, seed: bytes) -> ReleasePlan:
     """How a round divides ``eps_total`` (:meth:`protocol.ReleasePlan.build`): with a comparison pool, one
     comparison at the full ε_T for a pool peer and ``k_h`` reports at ``ε_T / k_h`` for a data peer;
     without one, ``median_share`` of ε_T for every peer's median answer."""
-    pooled = bool(comparison_pool) and bool(spec.numeric_names)
+    features, learning, privacy = spec.task.features, spec.learning, spec.privacy
+    pooled = bool(learning.comparison_pool) and bool(features.numeric_names)
     return ReleasePlan.build(
-        kind=plan, features=spec.names, numeric_features=spec.numeric_names, k_p=k_p, k_h=k_h, k_s=k_s,
-        epsilon_total=eps_total, seed=seed, oracle=oracle, median_peers=MedianPeers.RESERVED if pooled else MedianPeers.ALL,
-        median_share=median_share, median_steps=max(median_rounds, 1),
-        **({"comparison_pool": comparison_pool} if pooled else {}),
+        kind=learning.plan, features=features.names, numeric_features=features.numeric_names, k_p=learning.k_p,
+        k_h=learning.k_h, k_s=learning.k_s, epsilon_total=privacy.eps_total, seed=seed, oracle=privacy.oracle,
+        median_peers=MedianPeers.RESERVED if pooled else MedianPeers.ALL, median_share=privacy.median_share,
+        median_steps=max(spec.schedule.median_rounds, 1),
+        **({"comparison_pool": learning.comparison_pool} if pooled else {}),
     )
 
 
-def _check_buildable(
-    reader: FieldReader, spec: FeatureSpec, plan: str, k_p: int, k_h: int, k_s: int, eps_total: float, oracle: str,
-    median_share: float, median_rounds: int, comparison_pool: float,
-) -> None:
+def _check_buildable(reader: FieldReader, spec: RoundSpec) -> None:
     """Build what the round will build from these values, so a failure shows now and names its field.
 
     The release plan (``round new``) and each data survey's frequency oracle
     (the aggregator and the peers, at the partition sizes ``"auto"`` chooses
     among) are made as they will be then.
     """
+    oracle = spec.privacy.oracle
     try:
-        release = release_plan(spec, plan, k_p, k_h, k_s, eps_total, bytes(32), oracle, median_share, median_rounds, comparison_pool)
+        release = release_plan(spec, bytes(32))
     except (PlanError, ValueError) as exc:
         reader.fail_at("privacy", f"no release plan for these values: {exc}")
-    domains = {spec.domain_size(subset) for subsets in release.subsets for subset in subsets}
+    domains = {spec.task.features.domain_size(subset) for subsets in release.subsets for subset in subsets}
     for m in sorted(domains):
         for n in (1, 1000):
             try:
                 make_oracle(oracle, release.release_epsilon, m, n=n)
             except (ValueError, ZeroDivisionError, OverflowError) as exc:
                 reader.fail_at("privacy.oracle", f"{oracle!r} cannot encode {m} values at epsilon {release.release_epsilon:g}: {exc}")
-

@@ -700,6 +700,11 @@ class PeerRound:
         if self.key not in plan.partition_of:
             raise JoinRefused("not-rostered", f"identity {self.key.hex()!r} is not on the round's roster")
         partition = plan.partition_of[self.key]
+        minimum = self.signed.manifest.min_anonymity_set
+        if plan.sizes[partition] < minimum:
+            # Before the credential: nothing this peer sends can yet be tied to the small partition.
+            raise JoinRefused("anonymity-set", f"partition {partition} has {plan.sizes[partition]} peer(s), fewer than "
+                              f"the manifest's minimum anonymity set of {minimum}: refusing to send")
         self.peer.store.set_partition(self.key, self.round_id, partition)
         self.result.partition = partition
         return partition, plan.sizes[partition], plan.subsets_of(partition)

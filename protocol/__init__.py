@@ -101,6 +101,7 @@ from anonml.protocol._manifest import (
     PROTOCOL_VERSION,
     REGISTRATION_POLICIES,
     SEED_BYTES,
+    DEFAULT_MIN_ANONYMITY_SET,
     AggregatorHop,
     InvalidManifest,
     RegistrationPolicy,
@@ -111,6 +112,7 @@ from anonml.protocol._manifest import (
     VOTES,
     check_seed,
     comparison_pool_size,
+    smallest_anonymity_set,
     seed_commitment,
 )
 from anonml.protocol._message import (
@@ -156,6 +158,7 @@ __all__ = [
     "Attempt",
     "COVER_VERSION",
     "DEFAULT_COMPARISON_POOL",
+    "DEFAULT_MIN_ANONYMITY_SET",
     "MAX_DOMAIN",
     "MAX_QUANTILES",
     "MEDIAN_PEERS",
@@ -254,6 +257,7 @@ __all__ = [
     "check_seed",
     "consistency_proof",
     "comparison_pool_size",
+    "smallest_anonymity_set",
     "costliest",
     "credential_bytes",
     "decode_median_report",

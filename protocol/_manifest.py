@@ -75,6 +75,35 @@ def comparison_pool_size(per_mille: int, peers: int, median_rounds: int) -> int:
     return min(peers, max(share, median_rounds))
 
 
+DEFAULT_MIN_ANONYMITY_SET = 5
+"""The minimum anonymity set a round spec states when it leaves ``min_anonymity_set`` out.
+
+Five: a report whose survey holds at least five reports is, by elimination
+alone, linked to its sender at most one time in five (the timing estimate
+of ``aggregator._anonymity`` is tested to stay at that chance), and the
+README's round of 100 peers in 8 partitions (12 each) meets it with room,
+while the 16-peer round with a 10% pool of issue 24 (one peer per pool
+partition) is refused. A round that wants a stronger promise states more.
+"""
+
+
+def smallest_anonymity_set(peers: int, k_p: int, pool_per_mille: int, median_rounds: int) -> int:
+    """The fewest peers in any partition that has one, when ``peers`` are dealt as
+    :class:`PartitionPlan` deals them (0 for no peers).
+
+    Every survey is answered by the peers of one partition (a data survey by
+    its data partition, a median survey by its pool partition or, without a
+    pool, by its data partition), so this is the smallest set a report can
+    hide in while every peer answers. Both deals are round-robin, so the
+    sizes differ by at most one, and the figure never shrinks as ``peers``
+    grows: a round that meets a minimum at ``min_participation`` meets it
+    at every larger roster.
+    """
+    pool = comparison_pool_size(pool_per_mille, peers, median_rounds)
+    groups = [(peers - pool, k_p), (pool, median_rounds)]
+    return min((max(1, dealt // parts) for dealt, parts in groups if dealt > 0), default=0)
+
+
 class InvalidManifest(InvalidDocument):
     """Raised when a manifest (or a signed manifest) is malformed, inconsistent, or its signature fails.
 
@@ -209,6 +238,11 @@ class RoundManifest:
     """How the ensemble combines its partitions' histograms (:class:`Combiner`); post-processing only."""
     comparison_pool: int = 0
     """Per mille of the peers reserved for the median search (0: every partition answers it)."""
+    min_anonymity_set: int = 0
+    """The fewest peers any survey may hide a report among (``participation.min_anonymity_set``): a round
+    spec states it (default :data:`DEFAULT_MIN_ANONYMITY_SET`), ``round new`` refuses a spec whose
+    smallest partition at ``min_participation`` falls below it, and a peer whose own partition is smaller
+    refuses to send. 0: none stated (manifests made before the field existed)."""
     version: int = PROTOCOL_VERSION
     _canonical: bytes = field(init=False, repr=False, compare=False)
 
@@ -339,6 +373,9 @@ class RoundManifest:
                 "registration": str(self.registration),
                 "purpose": str(self.purpose),
                 "max_roster": self.max_roster,
+                # Written only when stated, so that a manifest made before the
+                # field existed encodes (and hashes) as it did.
+                **({"min_anonymity_set": self.min_anonymity_set} if self.min_anonymity_set else {}),
             },
         }
 
@@ -427,6 +464,8 @@ class RoundManifest:
         registration = RegistrationPolicy(participation.choice("registration", REGISTRATION_POLICIES))
         purpose = RoundPurpose(participation.choice("purpose", tuple(p.value for p in RoundPurpose)))
         max_roster = participation.integer("max_roster", 1, MAX_ROSTER)
+        # 0 is written by leaving the field out: one encoding per manifest.
+        min_anonymity_set = participation.integer("min_anonymity_set", 1, MAX_ROSTER) if participation.optional("min_anonymity_set") else 0
         participation.done()
         reader.done()
         if registration is RegistrationPolicy.OPEN and purpose is RoundPurpose.PRODUCTION:
@@ -444,7 +483,8 @@ class RoundManifest:
             relays=relays, aggregator_hop=aggregator_hop, aggregator_url=aggregator_url, path_length=path_length,
             geometry=geometry, token_public_key=token_public_key, token_kid=token_kid, seed_commitment=commitment,
             min_participation=min_participation, registration=registration, identity_key=identity_key,
-            purpose=purpose, max_roster=max_roster, vote=vote, comparison_pool=comparison_pool, version=version,
+            purpose=purpose, max_roster=max_roster, vote=vote, comparison_pool=comparison_pool,
+            min_anonymity_set=min_anonymity_set, version=version,
         )
         for key, item in values.items():
             object.__setattr__(manifest, key, item)

@@ -74,7 +74,8 @@ def spec_document(**participation: Any) -> dict[str, Any]:
         "privacy": {"eps_total": 2.0, "oracle": "grr"},
         "schedule": {"register": 100, "issue": 100, "median_send": 10, "median_delivery": 20, "data_send": 50, "data_delivery": 60},
         "network": {"relays": relays, "path_length": 2, "http_host": "127.0.0.1", "http_port": 8080, "sink_host": "127.0.0.1", "sink_port": 8081},
-        "participation": {"min_participation": 2, "registration": "open", "purpose": "test", "max_per_client": 1000, **participation},
+        "participation": {"min_participation": 2, "registration": "open", "purpose": "test", "max_per_client": 1000,
+                          "min_anonymity_set": 1, **participation},
     }
 
 
@@ -221,10 +222,10 @@ def test_a_spec_with_plan_auto_makes_the_round_on_the_planners_choice(tmp_path: 
     assert choice is not None and choice.simulated_auc is not None and 0.5 < choice.simulated_auc <= 1.0
     assert choice.median_steps == 2 and choice.oracle == "grr"
     # Either every peer answers the search (a partition per sub-round) or a reserved pool does.
-    assert (choice.median_peers, spec.comparison_pool) == ("reserved", choice.comparison_pool) or (
-        choice.median_peers == "all" and choice.k_p >= 2 and spec.comparison_pool == 0)
-    assert (spec.k_p, spec.k_h, spec.k_s, spec.plan, spec.vote) == (choice.k_p, choice.k_h, choice.k_s, choice.kind, choice.combiner)
-    assert spec.spec.feature("size").n_bins == choice.quantiles + 1
+    assert (choice.median_peers, spec.learning.comparison_pool) == ("reserved", choice.comparison_pool) or (
+        choice.median_peers == "all" and choice.k_p >= 2 and spec.learning.comparison_pool == 0)
+    assert (spec.learning.k_p, spec.learning.k_h, spec.learning.k_s, spec.learning.plan, spec.learning.vote) == (choice.k_p, choice.k_h, choice.k_s, choice.kind, choice.combiner)
+    assert spec.task.features.feature("size").n_bins == choice.quantiles + 1
     assert parse_round_spec(with_median(spec_document(), median_rounds=2) | {"learning": document["learning"]}).planned == choice
     home = AggregatorHome(tmp_path / "agg")
     home.initialise(bytes(range(32)), generate_keypair()[0])
@@ -232,7 +233,7 @@ def test_a_spec_with_plan_auto_makes_the_round_on_the_planners_choice(tmp_path: 
     manifest = state.manifest
     assert (manifest.k_p, manifest.k_h, manifest.k_s, manifest.plan, manifest.vote) == (choice.k_p, choice.k_h, choice.k_s, choice.kind, choice.combiner)
     assert manifest.eps_total == pytest.approx(2.0)
-    assert manifest.comparison_pool == round(spec.comparison_pool * 1000)
+    assert manifest.comparison_pool == round(spec.learning.comparison_pool * 1000)
     assert json.loads(state.store.get_meta("planned") or b"null") == choice.to_dict()
     # `anonml aggregator report` says where the plan came from.
     (line,) = [line for line in summarise({"planned": choice.to_dict()}) if line.startswith("plan chosen by the planner")]
@@ -254,15 +255,15 @@ def test_a_comparison_pool_is_the_one_plans_default_and_refused_where_it_cannot_
         assert refused.value.field == field, refused.value
     # Its sub-rounds need no data partition of their own: four of them with k_p = 2.
     spec = parse_round_spec(with_median(spec_document(), median_rounds=4) | {"learning": pooled})
-    assert (spec.comparison_pool, spec.median_rounds, spec.k_p) == (0.2, 4, 2)
+    assert (spec.learning.comparison_pool, spec.schedule.median_rounds, spec.learning.k_p) == (0.2, 4, 2)
     # The "one" plan's default is one release per peer at the full ε_T, as in the experiments; 0 asks every peer.
     one = {"k_p": 3, "k_h": 1, "k_s": 1, "plan": "one", "learner": "logreg"}
-    assert parse_round_spec(with_median(spec_document()) | {"learning": one}).comparison_pool == 0.1
+    assert parse_round_spec(with_median(spec_document()) | {"learning": one}).learning.comparison_pool == 0.1
     every = with_median(spec_document()) | {"learning": one | {"comparison_pool": 0}}
     every["privacy"]["median_share"] = 0.3
-    assert parse_round_spec(every).comparison_pool == 0.0
-    assert parse_round_spec(spec_document() | {"learning": one}).comparison_pool == 0.0  # no numeric feature, no search
-    assert parse_round_spec(with_median(spec_document())).comparison_pool == 0.0  # the split plan
+    assert parse_round_spec(every).learning.comparison_pool == 0.0
+    assert parse_round_spec(spec_document() | {"learning": one}).learning.comparison_pool == 0.0  # no numeric feature, no search
+    assert parse_round_spec(with_median(spec_document())).learning.comparison_pool == 0.0  # the split plan
 
 
 def test_plan_auto_refuses_what_the_planner_chooses_and_says_when_no_plan_fits() -> None:
@@ -1061,8 +1062,43 @@ async def test_the_shuffle_figure_counts_the_reports_a_survey_holds_not_the_part
 
 def test_min_reports_per_survey_defaults_to_half_a_partitions_share() -> None:
     spec = parse_round_spec(spec_document(min_participation=40))  # k_p = 2: 40 / 2 / 2
-    assert (spec.min_reports_per_survey, spec.on_shortfall) == (10, "degraded")
+    assert (spec.min_reports_per_survey, spec.participation.on_shortfall) == (10, "degraded")
     assert parse_round_spec(spec_document(min_participation=2)).min_reports_per_survey == 1
     with pytest.raises(RoundSpecError) as refused:
         parse_round_spec(spec_document(on_shortfall="ignore"))
     assert refused.value.field == "participation.on_shortfall"
+
+
+@pytest.mark.parametrize("senders", [3, 2])
+async def test_the_dashboard_claims_unlinkability_only_as_far_as_the_smallest_survey_measured(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock, senders: int
+) -> None:
+    """Issue 24: the page said "the aggregator cannot tell which peer sent which report" whatever the sets were.
+    Now it says so only once the smallest survey that closed with reports holds the signed minimum (and two at least)."""
+    from anonml.aggregator._dashboard import dashboard_data, privacy_statement
+
+    claim = "cannot tell which of the senders of a survey sent each report"
+    holds = senders >= 3
+    # 8 peers, 4 per partition; the spec promises 3 (its 6 peers at minimum participation leave 3 per partition).
+    state, outcome, _ = await short_data_round(tmp_path, senders=senders, min_reports_per_survey=0, min_participation=6, min_anonymity_set=3)
+    assert outcome == "done" and state.manifest.min_anonymity_set == 3
+    assert state.smallest_anonymity_set(state.now()) == senders
+    privacy = dashboard_data(state, None)["privacy"]
+    assert privacy["figures"]["anonymity_set_min"] == senders and privacy["figures"]["min_anonymity_set"] == 3
+    assert any(claim in sentence for sentence in privacy["sentences"]) is holds
+    below = [w for w in privacy["warnings"] if "below the round's minimum anonymity set of 3" in w]
+    assert (below == []) is holds
+    if not holds:
+        assert "closed with 2 report(s)" in below[0] and "hides among 2 senders only" in below[0]
+    # Before any survey closes nothing is measured, and nothing is claimed beyond the signed promise.
+    before = privacy_statement(state.manifest, None, None)
+    assert not any(claim in sentence for sentence in before["sentences"])
+    assert any("the round's signed minimum is 3" in sentence for sentence in before["sentences"])
+    # One report in a survey names its sender, whatever the round promised.
+    alone = privacy_statement(state.manifest, None, 1)
+    assert any("its one report names its sender" in warning for warning in alone["warnings"])
+    # `anonml aggregator report` flags a smallest set below the minimum.
+    (line,) = [line for line in summarise({"anonymity": {"messages": 5, "links": "links.json", "chance": 0.25,
+                                                          "anonymity_set_min": 2, "min_anonymity_set": 3}})
+               if line.startswith("anonymity:")]
+    assert "smallest anonymity set 2, BELOW the round's minimum 3" in line

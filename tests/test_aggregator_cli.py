@@ -50,6 +50,7 @@ sink_port = {sink}
 min_participation = 3
 registration = "open"
 purpose = "test"
+min_anonymity_set = 1
 """
 
 
@@ -128,15 +129,15 @@ def test_the_documented_example_spec_is_valid() -> None:
         '{ node_id = "<hex>", host = "127.0.0.1", port = 9001, public_key = "<hex>", key_epoch = 1 },', relays
     )
     spec = parse_round_spec(tomllib.loads(text))
-    assert spec.k_p == 8 and spec.median_rounds == 4 and len(spec.relays) == 3
+    assert spec.learning.k_p == 8 and spec.schedule.median_rounds == 4 and len(spec.network.relays) == 3
     # The example shows the defaults: a spec that leaves the windows out gets the same, in minutes.
     document = tomllib.loads(text)
     for name in ("register", "issue", "median_send", "median_delivery", "data_send", "data_delivery"):
         del document["schedule"][name]
     defaults = parse_round_spec(document)
-    assert (defaults.register_seconds, defaults.issue_seconds) == (spec.register_seconds, spec.issue_seconds) == (1800, 900)
-    assert (defaults.median_send, defaults.median_delivery) == (spec.median_send, spec.median_delivery) == (300, 600)
-    assert (defaults.data_send, defaults.data_delivery) == (spec.data_send, spec.data_delivery) == (900, 1800)
+    assert (defaults.schedule.register, defaults.schedule.issue) == (spec.schedule.register, spec.schedule.issue) == (1800, 900)
+    assert (defaults.schedule.median_send, defaults.schedule.median_delivery) == (spec.schedule.median_send, spec.schedule.median_delivery) == (300, 600)
+    assert (defaults.schedule.data_send, defaults.schedule.data_delivery) == (spec.schedule.data_send, spec.schedule.data_delivery) == (900, 1800)
 
 
 def test_the_readme_round_on_a_custom_table_reads_the_experiments_feature_spec(tmp_path: Path) -> None:
@@ -154,8 +155,8 @@ def test_the_readme_round_on_a_custom_table_reads_the_experiments_feature_spec(t
     inline = ", ".join(relay % (f"{i:02x}" * 16, 9001 + i, f"{i + 16:02x}" * 32) for i in range(3))
     text = blocks["people-round.toml"].replace('["relay-1.json", "relay-2.json", "relay-3.json"]', f"[{inline}]")
     spec = parse_round_spec(tomllib.loads(text), base_dir=tmp_path)
-    hours = spec.spec.feature("hours")
-    assert spec.spec.names == ("hours", "team") and hours.n_bins == 4 and spec.median_rounds == 4
+    hours = spec.task.features.feature("hours")
+    assert spec.task.features.names == ("hours", "team") and hours.n_bins == 4 and spec.schedule.median_rounds == 4
     # A spec file that is missing or malformed is refused with the field that names it.
     for content in (None, "not toml ["):
         target = tmp_path / "other" / "people.toml"

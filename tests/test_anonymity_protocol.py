@@ -54,7 +54,7 @@ def test_open_registration_is_for_demos_and_tests_only() -> None:
     with pytest.raises(RoundSpecError) as info:
         parse_round_spec(document(registration="open", purpose="production"))
     assert info.value.field == "participation.registration"
-    assert parse_round_spec(document(registration="open", purpose="demo")).registration == "open"
+    assert parse_round_spec(document(registration="open", purpose="demo")).participation.registration == "open"
 
 
 def test_one_client_cannot_register_more_identities_than_the_sybil_cap(tmp_path: Path) -> None:

@@ -138,7 +138,8 @@ def spec_document(relays: list[dict[str, Any]], http_port: int) -> dict[str, Any
             "relays": [{k: r[k] for k in fields} for r in relays], "path_length": 2,
             "http_host": "127.0.0.1", "http_port": http_port, "sink_host": "127.0.0.1", "sink_port": free_port(),
         },
-        "participation": {"min_participation": 4, "registration": "open", "purpose": "test", "max_per_client": 1000},
+        "participation": {"min_participation": 4, "registration": "open", "purpose": "test", "max_per_client": 1000,
+                          "min_anonymity_set": 1},
     }
 
 
@@ -205,7 +206,7 @@ async def run_round(tmp_path: Path, relay_processes: list[trio.Process]) -> None
             reports["report"] = learn(s, round_dir)
             return {}
 
-        config = AggregatorConfig(state, http_host=spec.http_host, http_port=spec.http_port, sink_host=spec.sink_host, sink_port=spec.sink_port, on_learn=on_learn, linger=5.0)
+        config = AggregatorConfig(state, http_host=spec.network.http_host, http_port=spec.network.http_port, sink_host=spec.network.sink_host, sink_port=spec.network.sink_port, on_learn=on_learn, linger=5.0)
         outcome: list[str] = []
 
         async def serve() -> None:

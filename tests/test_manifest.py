@@ -373,3 +373,20 @@ def test_partition_plan_deals_the_first_of_the_seeded_order_into_the_pool_partit
     unpooled = PartitionPlan.derive(plain, spec, keys, seed, root)
     everyone = assign_partitions(partition_seed(seed, root), keys, plain.k_p)
     assert [unpooled.partition_of[key] for key in keys] == everyone.partition.tolist()
+
+
+def test_the_minimum_anonymity_set_is_signed_and_a_manifest_without_one_hashes_as_before() -> None:
+    """Issue 24: the minimum is a field of the signed manifest, written only when stated, so the
+    manifests made before it existed keep their round ids; stated, it changes the id and round-trips."""
+    assert fixed_manifest(min_anonymity_set=0).round_id.hex() == PINNED_ROUND_ID
+    assert b"min_anonymity_set" not in fixed_manifest().canonical_bytes()
+    stated = fixed_manifest(min_anonymity_set=5)
+    assert stated.round_id.hex() != PINNED_ROUND_ID
+    assert RoundManifest.from_json(stated.canonical_bytes()) == stated
+    assert stated.to_dict()["participation"]["min_anonymity_set"] == 5
+    # One encoding per manifest: 0 is written by leaving the field out.
+    document = fixed_manifest().to_dict()
+    document["participation"]["min_anonymity_set"] = 0
+    with pytest.raises(InvalidManifest) as refused:
+        RoundManifest.from_dict(document)
+    assert refused.value.field == "participation.min_anonymity_set"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +53,8 @@ def spec_document(register_seconds: int = 100) -> dict[str, Any]:
         "privacy": {"eps_total": 2.0, "oracle": "grr"},
         "schedule": {"register": register_seconds, "issue": 100, "median_rounds": 2, "median_send": 10, "median_delivery": 20, "data_send": 50, "data_delivery": 60},
         "network": {"relays": relays, "path_length": 2, "http_host": "127.0.0.1", "http_port": 8080, "sink_host": "127.0.0.1", "sink_port": 8081},
-        "participation": {"min_participation": 2, "registration": "open", "purpose": "test", "max_per_client": 1000},
+        "participation": {"min_participation": 2, "registration": "open", "purpose": "test", "max_per_client": 1000,
+                          "min_anonymity_set": 1},
     }
 
 
@@ -130,6 +132,50 @@ async def test_peers_register_agree_on_partitions_and_get_credentials_blindly(se
             assert registration is not None and registration.credential == run.credential.to_bytes()
     assert state.store.counts()["credentials"] == 5
     await client.aclose()
+
+
+async def test_a_peer_in_a_partition_below_the_manifests_minimum_anonymity_set_refuses_before_its_credential(
+    home: AggregatorHome, nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    """Issue 24: the manifest signs a minimum anonymity set; a peer whose partition (derived from the
+    seed and roster) is smaller refuses with reason "anonymity-set" before it asks for a credential.
+    ``round new`` refuses such a spec, so the round is made as an aggregator that skips the check would."""
+    spec = parse_round_spec(spec_document(register_seconds=3))
+    spec = replace(spec, participation=replace(spec.participation, min_anonymity_set=3))
+    state, _ = create_round(home, spec, now=T0)
+    clock = SettableClock(float(T0))
+    state.clock = clock
+    url = (await nursery.start(serve_aggregator, AggregatorConfig(state))).http_url
+    client = AggregatorClient(url, retry_for=5)
+    signed = await client.manifest()
+    assert signed.manifest.min_anonymity_set == 3
+    pipeline = RoundPipeline.for_spec(FeatureSpec.from_dict(dict(signed.manifest.features)))
+    store = PeerStore(tmp_path / "peers.sqlite", durable=False)
+    outcomes: dict[int, str] = {}
+    async with open_transport(packet_size=2048, geometry_hash=bytes(32)) as transport:
+        session = RoundSession(client, transport, now=clock)
+        runs = [
+            PeerRound(Peer(PeerIdentity.generate(), store, vector_for(pipeline, 30.0 + i, "red", "1"), np.random.default_rng(i)), session, signed, pipeline, lambda _: None)
+            for i in range(5)
+        ]
+        for run in runs:
+            await run.register()
+        clock.now = state.manifest.schedule.t_register_end
+        for run in runs:  # 5 peers in k_p = 2 partitions: one of 3 peers, one of 2
+            try:
+                partition, _, _ = await run.partition()
+            except JoinRefused as refused:
+                size = state.partition_sizes()[state.assignment()[run.key]]
+                assert refused.reason == "anonymity-set" and size == 2
+                assert f"has {size} peer(s), fewer than the manifest's minimum anonymity set of 3" in str(refused)
+                outcomes[size] = outcomes.get(size, "") + "r"
+                continue
+            await run.obtain_credential(partition)
+            outcomes[3] = outcomes.get(3, "") + "c"
+    assert outcomes == {2: "rr", 3: "ccc"}
+    assert state.store.counts()["credentials"] == 3  # the refusing peers asked for nothing
+    await client.aclose()
+    nursery.cancel_scope.cancel()
 
 
 @pytest.mark.parametrize("k_h", [1, 2])

@@ -44,7 +44,7 @@ async def test_a_killed_peer_join_resumes_with_its_stored_credential(tmp_path: P
     async with trio.open_nursery() as nursery:
 
         async def serve() -> None:
-            outcome.append(await serve_aggregator(AggregatorConfig(state, http_port=http_port, sink_port=spec.sink_port, linger=5.0)))
+            outcome.append(await serve_aggregator(AggregatorConfig(state, http_port=http_port, sink_port=spec.network.sink_port, linger=5.0)))
 
         nursery.start_soon(serve)
         first_log = open(tmp_path / "join-1.log", "wb")  # noqa: SIM115 - the child writes it

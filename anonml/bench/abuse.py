@@ -131,7 +131,8 @@ def _round_document(relay_node: bytes, relay_port: int, relay_public: bytes, epo
             "path_length": 1, "http_host": _HOST, "http_port": http_port, "sink_host": _HOST,
             "sink_port": sink_port, "max_hops": geometry.max_hops, "packet_size": geometry.packet_size,
         },
-        "participation": {"min_participation": 2, "registration": "open", "purpose": "test", "max_per_client": _PEERS},
+        "participation": {"min_participation": 2, "registration": "open", "purpose": "test", "max_per_client": _PEERS,
+                          "min_anonymity_set": 1},
     }
 
 

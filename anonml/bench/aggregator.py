@@ -58,7 +58,8 @@ def bench_spec(relays: list[dict[str, Any]] | None = None, schedule: dict[str, i
         "privacy": {"eps_total": 2.0, "oracle": "auto"},
         "schedule": schedule or {"register": 100, "issue": 100, "median_send": 10, "median_delivery": 20, "data_send": 50, "data_delivery": 60},
         "network": {"relays": relays, "path_length": 3, "http_host": "127.0.0.1", "http_port": 8080, "sink_host": "127.0.0.1", "sink_port": sink_port},
-        "participation": {"min_participation": 1, "registration": "open", "purpose": "test", "max_per_client": 100_000},
+        "participation": {"min_participation": 1, "registration": "open", "purpose": "test", "max_per_client": 100_000,
+                          "min_anonymity_set": 1},
     }
 
 

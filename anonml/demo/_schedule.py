@@ -19,7 +19,7 @@ import tomli_w
 from anonml.demo._calibrate import PhaseCosts
 from anonml.demo._data import DemoData
 from anonml.demo._ports import HOST
-from anonml.protocol import comparison_pool_size
+from anonml.protocol import DEFAULT_MIN_ANONYMITY_SET, comparison_pool_size, smallest_anonymity_set
 from anonml.transport import HttpLimits
 
 RELAYS = 3
@@ -216,6 +216,11 @@ def round_spec(data: DemoData, params: DemoParams, relays: list[dict[str, Any]],
     """The round spec for ``anonml aggregator round new`` (durations count from that command)."""
     relay_fields = ("node_id", "host", "port", "public_key", "key_epoch", "mirror_port")
     spec = data.spec.to_dict()
+    min_participation = max(1, params.peers // 2)
+    # The demo runs at any --peers: it signs the minimum anonymity set its own
+    # minimum participation meets (the default at most), so a small demo round
+    # states how small its surveys are instead of being refused.
+    smallest = smallest_anonymity_set(min_participation, params.k_p, round(params.comparison_pool * 1000), params.median_rounds)
     return {
         "name": f"demo-{data.name}",
         "task": {"features": spec["features"], "label": spec["label"], "quantiles": params.quantiles},
@@ -233,8 +238,8 @@ def round_spec(data: DemoData, params: DemoParams, relays: list[dict[str, Any]],
         },
         # A demo: open registration, and every peer comes from this machine's one address.
         "participation": {
-            "min_participation": max(1, params.peers // 2), "registration": "open", "purpose": "demo",
-            "max_per_client": params.peers,
+            "min_participation": min_participation, "registration": "open", "purpose": "demo",
+            "max_per_client": params.peers, "min_anonymity_set": min(DEFAULT_MIN_ANONYMITY_SET, smallest),
         },
     }
 

@@ -71,7 +71,7 @@ def spec_document(relay_public: bytes, geometry: SphinxGeometry) -> dict[str, An
             "path_length": 1, "http_host": "127.0.0.1", "http_port": 8080, "sink_host": "127.0.0.1",
             "sink_port": 8081, "max_hops": geometry.max_hops, "packet_size": geometry.packet_size,
         },
-        "participation": {"min_participation": 2, "registration": "open", "purpose": "test", "max_per_client": 8},
+        "participation": {"min_participation": 2, "registration": "open", "purpose": "test", "max_per_client": 8, "min_anonymity_set": 1},
     }
 
 

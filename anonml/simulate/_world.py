@@ -171,7 +171,7 @@ def spec_document(config: SimulationConfig, relays: list[dict[str, Any]]) -> dic
             "relays": [{k: r[k] for k in fields} for r in relays], "path_length": config.path_length,
             "http_host": AGGREGATOR_IP, "http_port": HTTP_PORT, "sink_host": AGGREGATOR_IP, "sink_port": SINK_PORT,
         },
-        "participation": {"min_participation": 2 * config.partitions, "registration": "open", "purpose": "test",
+        "participation": {"min_participation": 2 * config.partitions, "min_anonymity_set": 2, "registration": "open", "purpose": "test",
                           "max_per_client": 1},
     }
 
