@@ -53,6 +53,9 @@ def with_comparison_pool(document: dict[str, Any]) -> None:
     of two features at the full ε_T."""
     two_numeric_features(document)
     document["learning"].update({"plan": "one", "k_p": 2, "k_h": 1, "k_s": 2, "comparison_pool": 0.34})
+    # A pool partition holds one peer at the simulator's minimum participation (4): this test is about
+    # ledgers, and states the smallest set it can meet.
+    document["participation"]["min_anonymity_set"] = 1
 
 
 def row(i: int, _: np.random.Generator | None = None) -> dict[str, Any]:
