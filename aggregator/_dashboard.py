@@ -36,7 +36,7 @@ from starlette.routing import Route
 from anonml.aggregator._round import RoundState
 from anonml.base.display import epsilon_in_words
 from anonml.protocol import RelayEntry, RoundManifest, SurveyId, SurveyKind
-from anonml.transport import HELLO_REPLY_BYTES, HelloStatus, LinkError, encode_hello, parse_hello_reply
+from anonml.transport import HELLO_REPLY_BYTES, HelloStatus, LinkError, encode_hello, parse_hello_reply, receive_exactly
 
 log = logging.getLogger(__name__)
 
@@ -97,13 +97,7 @@ class RelayWatch:
                 stream = await trio.open_tcp_stream(relay.host, relay.port)
                 try:
                     await stream.send_all(self._hello)
-                    reply = b""
-                    while len(reply) < HELLO_REPLY_BYTES:
-                        chunk = await stream.receive_some(HELLO_REPLY_BYTES - len(reply))
-                        if not chunk:
-                            break
-                        reply += chunk
-                    answer = parse_hello_reply(reply)
+                    answer = parse_hello_reply(await receive_exactly(stream, HELLO_REPLY_BYTES))
                     status = {
                         HelloStatus.OK: "ok",
                         HelloStatus.GEOMETRY_MISMATCH: "refuses this round's packet geometry",

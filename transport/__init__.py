@@ -29,6 +29,7 @@ from anonml.transport._link import (
     encode_hello_reply,
     parse_acks,
     parse_hello_reply,
+    receive_exactly,
     serve_link,
 )
 
@@ -56,6 +57,7 @@ __all__ = [
     "parse_acks",
     "parse_hello_reply",
     "peer_address",
+    "receive_exactly",
     "serve_http",
     "serve_http_on",
     "serve_link",
