@@ -1,6 +1,8 @@
 """The dashboard in a real headless browser (Debian's chromium driven by Playwright)
 during a live loopback round (``anonml demo``: relay, aggregator and peer processes),
 its figures checked against the aggregator's own JSON; then the final report page.
+Both must fit a phone's 390 px width without sideways scrolling, and the ROC
+plot must show its two axis titles.
 
 ``.ci/run`` installs chromium when it is missing. Screenshots go to
 ``$ANONML_SCREENSHOTS`` when set (else the test's temporary directory).

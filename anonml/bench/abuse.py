@@ -1,4 +1,4 @@
-"""``anonml bench abuse``: honest traffic's delivery and latency under each abuse of issue 13.
+"""``anonml bench abuse``: honest traffic's delivery and latency under each abuse of a relay, the sink or the API.
 
 One relay and one aggregator run live, each in its own process (the real
 ``serve_relay`` and ``serve_aggregator``, real SQLite, loopback TCP), the
@@ -566,7 +566,8 @@ def run_benchmark(abuses: Sequence[str]) -> dict[str, Any]:
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
 @click.option("--only", type=click.Choice(ABUSES), multiple=True, help="Run only these abuses (repeatable).")
 def bench_abuse(as_json: bool, only: tuple[str, ...]) -> None:
-    """Honest delivery and p99 latency under each abuse of issue 13, beside the unloaded p99."""
+    """Honest delivery and p99 latency while the relay, the sink and the HTTP API are abused (floods, idle and
+    slow connections, far-future and late packets), each beside the unloaded p99."""
     result = run_benchmark(only or ABUSES)
     if as_json:
         click.echo(json.dumps(result, indent=2))
