@@ -106,9 +106,7 @@ class OptimizedLocalHashing(FrequencyOracle):
     def _support_counts(self, reports: np.ndarray) -> np.ndarray:
         domain = np.arange(self.m, dtype=np.int64)[None, :]
         counts = np.zeros(self.m, dtype=np.int64)
-        rows = self._block_rows()
-        for start in range(0, reports.shape[0], rows):
-            block = reports[start : start + rows]
+        for _, block in self._blocks(reports):
             hashed = self._hash(block[:, :1], domain)
             counts += (hashed == block[:, 1:2]).sum(axis=0)
         return counts

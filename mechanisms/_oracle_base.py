@@ -27,7 +27,7 @@ hash seed or Hadamard row and one bucket per report), the ``auto`` policy in
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from enum import StrEnum
 from functools import lru_cache
 from typing import ClassVar
@@ -142,6 +142,14 @@ class FrequencyOracle(ABC):
 
     def _block_rows(self) -> int:
         return max(1, min(_MAX_BLOCK_ROWS, BLOCK_ELEMENTS // self._row_elements()))
+
+    def _blocks(self, rows: np.ndarray) -> Iterator[tuple[int, np.ndarray]]:
+        """``rows`` in consecutive blocks of ``_block_rows()``, each with the
+        index of its first row: a hook that works block by block keeps its
+        temporaries within ``BLOCK_ELEMENTS``."""
+        size = self._block_rows()
+        for start in range(0, rows.shape[0], size):
+            yield start, rows[start : start + size]
 
     @abstractmethod
     def _privatize(self, values: np.ndarray, rng: np.random.Generator) -> np.ndarray:

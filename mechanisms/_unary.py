@@ -88,11 +88,8 @@ class UnaryEncoding(BitVectorOracle):
         """The ideal (p, q) for ``self.epsilon`` and ``self.m``."""
 
     def _privatize(self, values: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-        n = values.shape[0]
-        bits = np.empty((n, self.m), dtype=np.uint8)
-        rows_per_block = self._block_rows()
-        for start in range(0, n, rows_per_block):
-            block = values[start : start + rows_per_block]
+        bits = np.empty((values.shape[0], self.m), dtype=np.uint8)
+        for start, block in self._blocks(values):
             # Each 0 bit becomes 1 with probability q, the true bit stays 1
             # with probability p (thesis §7.3.3).
             bits[start : start + block.shape[0]] = bernoulli(rng, self.q, (block.shape[0], self.m))
@@ -200,11 +197,8 @@ class SubsetSelection(BitVectorOracle):
         self.p, self.q = _subset_probabilities(self.epsilon, self.m, self.k)
 
     def _privatize(self, values: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-        n = values.shape[0]
-        mask = np.zeros((n, self.m), dtype=np.uint8)
-        rows_per_block = self._block_rows()
-        for start in range(0, n, rows_per_block):
-            block = values[start : start + rows_per_block]
+        mask = np.zeros((values.shape[0], self.m), dtype=np.uint8)
+        for start, block in self._blocks(values):
             rows = np.arange(block.shape[0])
             # A uniformly random order of the m-1 other values (Fisher-Yates
             # on exact integer draws, per row); the subset is the true value
