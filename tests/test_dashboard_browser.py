@@ -55,8 +55,12 @@ PHONE = {"width": 390, "height": 844}
 def _fits_a_phone(page: Any) -> None:
     """At the phone's width nothing overflows sideways (no horizontal scrolling)."""
     page.set_viewport_size(PHONE)
-    # Plotly redraws its charts on the window's resize: wait for two frames before measuring.
-    page.evaluate("new Promise(done => requestAnimationFrame(() => requestAnimationFrame(done)))")
+    # Plotly redraws its charts a moment after the window's resize (debounced): give the page a few
+    # seconds to settle, then measure whatever it came to.
+    try:
+        page.wait_for_function(f"document.documentElement.scrollWidth <= {PHONE['width']}", timeout=5_000)
+    except Exception:  # noqa: BLE001 - Playwright's timeout: the assertion below says how wide it stayed
+        pass
     width = page.evaluate("document.documentElement.scrollWidth")
     assert width <= PHONE["width"], f"the page is {width} px wide in a {PHONE['width']} px window"
 
