@@ -44,6 +44,7 @@ from anonml.transport import (
     Network,
     encode_hello,
     parse_hello_reply,
+    receive_exactly,
 )
 
 log = logging.getLogger(__name__)
@@ -106,13 +107,7 @@ class RelayWatch:
                 stream = await self.network.connect(relay.host, relay.port)
                 try:
                     await stream.send_all(self._hello)
-                    reply = b""
-                    while len(reply) < HELLO_REPLY_BYTES:
-                        chunk = await stream.receive_some(HELLO_REPLY_BYTES - len(reply))
-                        if not chunk:
-                            break
-                        reply += chunk
-                    answer = parse_hello_reply(reply)
+                    answer = parse_hello_reply(await receive_exactly(stream, HELLO_REPLY_BYTES))
                     status = {
                         HelloStatus.OK: "ok",
                         HelloStatus.GEOMETRY_MISMATCH: "refuses this round's packet geometry",

@@ -28,21 +28,16 @@ from anonml.mechanisms._numeric import (
     one_bit_mean_variance,
     one_bit_report_variance,
 )
-from anonml.mechanisms._oracles import (
-    DEFAULT_MAX_ESTIMATE_WORK,
-    DEFAULT_MAX_REPORT_BYTES,
-    ORACLE_NAMES,
-    OracleName,
-    FrequencyOracle,
+from anonml.mechanisms._hashing import HadamardResponse, OptimizedLocalHashing
+from anonml.mechanisms._oracle_base import FrequencyOracle, OracleName
+from anonml.mechanisms._oracles import DEFAULT_MAX_ESTIMATE_WORK, DEFAULT_MAX_REPORT_BYTES, ORACLE_NAMES, make_oracle
+from anonml.mechanisms._unary import (
     GeneralizedRandomResponse,
-    HadamardResponse,
-    OptimizedLocalHashing,
     OptimizedPQEncoding,
     OptimizedUnaryEncoding,
     SubsetSelection,
     SymmetricUnaryEncoding,
     UnaryEncoding,
-    make_oracle,
     optimal_pq_p,
 )
 from anonml.mechanisms._sampling import MIN_PROBABILITY

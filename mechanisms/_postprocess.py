@@ -20,7 +20,7 @@ from enum import StrEnum
 
 import numpy as np
 
-from anonml.mechanisms._oracles import FrequencyOracle
+from anonml.mechanisms._oracle_base import FrequencyOracle
 from anonml.mechanisms._validate import check_positive_int
 
 class PostprocessMethod(StrEnum):

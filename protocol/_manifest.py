@@ -121,6 +121,17 @@ def check_seed(seed: bytes, commitment: bytes) -> bool:
     return len(seed) == SEED_BYTES and hmac.compare_digest(seed_commitment(seed), commitment)
 
 
+def _read_hop_address(reader: FieldReader) -> tuple[bytes, str, int, bytes]:
+    """(node id, host, port, X25519 public key): how every Sphinx hop of the
+    manifest, relay or aggregator, is named and reached, with the same bounds."""
+    return (
+        reader.hex("node_id", max_size=64),
+        reader.text("host", max_len=255, pattern=_HOST_PATTERN),
+        reader.integer("port", 1, _MAX_PORT),
+        reader.hex("public_key", size=32),
+    )
+
+
 @dataclass(frozen=True)
 class RelayEntry:
     """One mix node of the relay directory."""
@@ -152,10 +163,7 @@ class RelayEntry:
     @classmethod
     def read(cls, reader: FieldReader) -> RelayEntry:
         entry = cls(
-            node_id=reader.hex("node_id", max_size=64),
-            host=reader.text("host", max_len=255, pattern=_HOST_PATTERN),
-            port=reader.integer("port", 1, _MAX_PORT),
-            public_key=reader.hex("public_key", size=32),
+            *_read_hop_address(reader),
             key_epoch=reader.integer("key_epoch", 0, 2**32),
             mirror_port=reader.integer("mirror_port", 1, _MAX_PORT) if reader.raw("mirror_port", optional=True) is not None else None,
         )
@@ -177,12 +185,7 @@ class AggregatorHop:
 
     @classmethod
     def read(cls, reader: FieldReader) -> AggregatorHop:
-        hop = cls(
-            node_id=reader.hex("node_id", max_size=64),
-            host=reader.text("host", max_len=255, pattern=_HOST_PATTERN),
-            port=reader.integer("port", 1, _MAX_PORT),
-            public_key=reader.hex("public_key", size=32),
-        )
+        hop = cls(*_read_hop_address(reader))
         reader.done()
         return hop
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from process_support import running_until
 
 from anonml.cli import main
 from anonml.demo import free_port
@@ -216,12 +217,7 @@ def test_sigterm_stops_run_and_its_worker_processes_and_a_second_run_is_refused(
     assert created.exit_code == 0, created.output
     command = [sys.executable, "-c", "import sys; from anonml.cli import main; sys.exit(main())",
                "aggregator", "run", "--data-dir", str(data_dir), "--processes", "2"]
-    run = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
-    try:
-        assert run.stderr is not None
-        deadline = time.monotonic() + 120
-        while "serving" not in run.stderr.readline():
-            assert time.monotonic() < deadline and run.poll() is None
+    with running_until(command, "serving", within=120) as run:
         family = psutil.Process(run.pid).children(recursive=True)
         assert len(family) >= 2  # the two workers (and the resource tracker)
         second = subprocess.run(command, capture_output=True, text=True, timeout=120)
@@ -231,7 +227,3 @@ def test_sigterm_stops_run_and_its_worker_processes_and_a_second_run_is_refused(
         assert run.wait(timeout=60) == 143
         _, alive = psutil.wait_procs(family, timeout=30)
         assert alive == [], alive
-    finally:
-        if run.poll() is None:
-            run.kill()
-            run.wait()

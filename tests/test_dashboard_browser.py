@@ -1,6 +1,8 @@
 """The dashboard in a real headless browser (Debian's chromium driven by Playwright)
 during a live loopback round (``anonml demo``: relay, aggregator and peer processes),
 its figures checked against the aggregator's own JSON; then the final report page.
+Both must fit a phone's 390 px width without sideways scrolling, and the ROC
+plot must show its two axis titles.
 
 ``.ci/run`` installs chromium when it is missing. Screenshots go to
 ``$ANONML_SCREENSHOTS`` when set (else the test's temporary directory).
@@ -44,6 +46,31 @@ def _browser() -> Any:
 
 def _text(page: Any, figure: str) -> str:
     return str(page.evaluate(f"document.querySelector('[data-figure=\"{figure}\"]').textContent")).strip()
+
+
+PHONE = {"width": 390, "height": 844}
+"""A phone's viewport (CSS pixels): the page must fit its width."""
+
+
+def _fits_a_phone(page: Any) -> None:
+    """At the phone's width nothing overflows sideways (no horizontal scrolling)."""
+    page.set_viewport_size(PHONE)
+    # Plotly redraws its charts a moment after the window's resize (debounced): give the page a few
+    # seconds to settle, then measure whatever it came to.
+    try:
+        page.wait_for_function(f"document.documentElement.scrollWidth <= {PHONE['width']}", timeout=5_000)
+    except Exception:  # noqa: BLE001 - Playwright's timeout: the assertion below says how wide it stayed
+        pass
+    width = page.evaluate("document.documentElement.scrollWidth")
+    assert width <= PHONE["width"], f"the page is {width} px wide in a {PHONE['width']} px window"
+
+
+def _axis_titles(page: Any, chart: str) -> list[str]:
+    """The x and y axis titles the browser drew on ``chart`` (empty where one is missing)."""
+    return [
+        str(page.evaluate(f"(document.querySelector('#{chart} .{axis}title') || {{textContent: ''}}).textContent"))
+        for axis in ("x", "y")
+    ]
 
 
 def _shot(page: Any, tmp_path: Path, name: str) -> None:
@@ -114,7 +141,11 @@ def test_the_live_dashboard_shows_the_aggregators_figures_and_the_report_reuses_
         assert page.evaluate("document.getElementById('chart-rejected').hidden") == (not final["rejected"])
         assert _text(page, "auc") == f"{utility['auc']:.3f}"
         assert page.evaluate("document.getElementById('chart-roc').data[0].x.length") == len(utility["roc"]["fpr"])
+        assert _axis_titles(page, "chart-roc") == ["false positive rate", "true positive rate"]
         _shot(page, tmp_path, "dashboard-done.png")
+        _fits_a_phone(page)
+        _shot(page, tmp_path, "dashboard-phone.png")
+        page.set_viewport_size({"width": 1200, "height": 900})
         assert demo.wait(timeout=180) == 0
         # The report is the same page, readable from the file alone.
         [round_dir] = (work / "aggregator" / "rounds").iterdir()
@@ -126,6 +157,13 @@ def test_the_live_dashboard_shows_the_aggregators_figures_and_the_report_reuses_
         assert _text(page, "accepted") == str(report["counts"]["accepted"])
         assert "Unix" not in page.content() and str(report["schedule"]["t_register_end"]) not in page.inner_text("body")
         _shot(page, tmp_path, "report.png")
+        # The report read on a phone: opened at its width, not only resized to it.
+        phone = browser.new_page(viewport=PHONE)
+        phone.goto((round_dir / "report.html").as_uri())
+        phone.wait_for_selector("body[data-rendered-at]", timeout=30_000)
+        assert _axis_titles(phone, "chart-roc") == ["false positive rate", "true positive rate"]
+        _fits_a_phone(phone)
+        _shot(phone, tmp_path, "report-phone.png")
     finally:
         if demo.poll() is None:
             demo.terminate()

@@ -56,6 +56,7 @@ from anonml.protocol import SurveyId, SurveyMessage, bound_bytes, encode_median_
 from anonml.transport import AckStatus, LinkClient
 from anonml.protocol._features import FeatureSpec
 from anonml.protocol._manifest import RelayEntry, RoundManifest, SignedManifest
+from round_support import two_feature_spec
 
 pytestmark = pytest.mark.slow
 
@@ -122,25 +123,11 @@ async def aggregator_with_relays(tmp_path: Path, http_port: int, relay_processes
 
 def spec_document(relays: list[dict[str, Any]], http_port: int) -> dict[str, Any]:
     fields = ("node_id", "host", "port", "public_key", "key_epoch", "mirror_port")
-    return {
-        "name": "e2e",
-        "task": {
-            "features": [
-                {"name": "age", "type": "numeric", "low": 0, "high": 100},
-                {"name": "colour", "type": "categorical", "categories": ["red", "green", "blue"]},
-            ],
-            "label": {"name": "y", "positive": ["1"], "negative": ["0"]},
-        },
-        "learning": {"k_p": 2, "k_h": 1, "k_s": 1, "plan": "split", "learner": "logreg"},
-        "privacy": {"eps_total": 4.0, "oracle": "grr"},
-        "schedule": {"register": 4, "issue": 4, "median_rounds": 2, "median_send": 2, "median_delivery": 6, "data_send": 3, "data_delivery": 12},
-        "network": {
-            "relays": [{k: r[k] for k in fields} for r in relays], "path_length": 2,
-            "http_host": "127.0.0.1", "http_port": http_port, "sink_host": "127.0.0.1", "sink_port": free_port(),
-        },
-        "participation": {"min_participation": 4, "registration": "open", "purpose": "test", "max_per_client": 1000,
-                          "min_anonymity_set": 1},
-    }
+    return two_feature_spec(
+        name="e2e", eps_total=4.0, min_participation=4,
+        schedule={"register": 4, "issue": 4, "median_rounds": 2, "median_send": 2, "median_delivery": 6, "data_send": 3, "data_delivery": 12},
+        network={"relays": [{k: r[k] for k in fields} for r in relays], "http_port": http_port, "sink_port": free_port()},
+    )
 
 
 def vector(pipeline: RoundPipeline, i: int) -> Any:

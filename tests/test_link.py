@@ -26,6 +26,7 @@ from anonml.transport import (
     LinkSessionStats,
     RequestPacer,
     encode_hello,
+    receive_exactly,
     serve_link,
 )
 from anonml.transport._link import CONFIRM_BYTES, check_hello, parse_acks, parse_hello_reply
@@ -50,16 +51,6 @@ class Recorder:
 
 def frame(index: int, accept: bool = True) -> bytes:
     return bytes([1 if accept else 2]) + index.to_bytes(4, "big") + bytes(SIZE - 5)
-
-
-async def receive_exactly(stream: trio.abc.ReceiveStream, size: int) -> bytes:
-    data = b""
-    while len(data) < size:
-        chunk = await stream.receive_some(size - len(data))
-        if not chunk:
-            break
-        data += chunk
-    return data
 
 
 async def run_server(stream: trio.abc.Stream, recorder: Recorder) -> LinkError | None:

@@ -22,7 +22,9 @@ from anonml.mechanisms import (
     OracleName,
     make_oracle,
 )
-from anonml.mechanisms._oracles import _ORACLE_CLASSES, SubsetSelection, _pure_variance_per_report, _subset_probabilities
+from anonml.mechanisms._oracle_base import pure_variance_per_report
+from anonml.mechanisms._oracles import _ORACLE_CLASSES
+from anonml.mechanisms._unary import SubsetSelection, _subset_probabilities
 
 CONCRETE = [name for name in ORACLE_NAMES if name != "auto"]
 
@@ -67,10 +69,10 @@ def test_rounded_probabilities_never_exceed_the_stated_epsilon(name: str, epsilo
 def test_subset_size_window_finds_the_best_k_of_the_full_search() -> None:
     for m in range(2, 65):
         for epsilon in (0.1, 0.5, 1.0, 2.0, 4.0, 8.0):
-            full = min(range(1, m), key=lambda k: _pure_variance_per_report(*_subset_probabilities(epsilon, m, k), m))
+            full = min(range(1, m), key=lambda k: pure_variance_per_report(*_subset_probabilities(epsilon, m, k), m))
             oracle = make_oracle("ss", epsilon, m)
             assert isinstance(oracle, SubsetSelection)
-            best = _pure_variance_per_report(*_subset_probabilities(epsilon, m, full), m)
+            best = pure_variance_per_report(*_subset_probabilities(epsilon, m, full), m)
             assert oracle.variance(1) == pytest.approx(best, rel=1e-12), (m, epsilon, oracle.k, full)
 
 

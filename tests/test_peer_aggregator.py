@@ -31,6 +31,7 @@ from anonml.peer._transport import open_transport
 from anonml.protocol import SurveyId, derive_subsets
 from anonml.protocol._features import FeatureSpec
 from anonml.testing import SettableClock
+from round_support import two_feature_spec
 
 T0 = 1_800_000_000
 
@@ -40,22 +41,11 @@ def spec_document(register_seconds: int = 100) -> dict[str, Any]:
         {"node_id": (bytes([i + 1]) * 16).hex(), "host": "127.0.0.1", "port": 9000 + i, "public_key": generate_keypair()[1].hex(), "key_epoch": 1}
         for i in range(3)
     ]
-    return {
-        "name": "peer-test",
-        "task": {
-            "features": [
-                {"name": "age", "type": "numeric", "low": 0, "high": 100},
-                {"name": "colour", "type": "categorical", "categories": ["red", "green", "blue"]},
-            ],
-            "label": {"name": "y", "positive": ["1"], "negative": ["0"]},
-        },
-        "learning": {"k_p": 2, "k_h": 1, "k_s": 1, "plan": "split", "learner": "logreg"},
-        "privacy": {"eps_total": 2.0, "oracle": "grr"},
-        "schedule": {"register": register_seconds, "issue": 100, "median_rounds": 2, "median_send": 10, "median_delivery": 20, "data_send": 50, "data_delivery": 60},
-        "network": {"relays": relays, "path_length": 2, "http_host": "127.0.0.1", "http_port": 8080, "sink_host": "127.0.0.1", "sink_port": 8081},
-        "participation": {"min_participation": 2, "registration": "open", "purpose": "test", "max_per_client": 1000,
-                          "min_anonymity_set": 1},
-    }
+    return two_feature_spec(
+        name="peer-test", eps_total=2.0, min_participation=2,
+        schedule={"register": register_seconds, "issue": 100, "median_rounds": 2, "median_send": 10, "median_delivery": 20, "data_send": 50, "data_delivery": 60},
+        network={"relays": relays, "http_port": 8080, "sink_port": 8081},
+    )
 
 
 def make_round(home: AggregatorHome, now: int, register_seconds: int = 100) -> RoundState:

@@ -32,13 +32,12 @@ from anonml.relay import (
     DirectoryEntry,
     RelayConfig,
     RelayStarted,
-    create_identity,
     load_identity,
     render_directory_file,
     serve_relay,
 )
 from anonml.demo import free_port
-from anonml.testing import FinalHopSink, drawn_in_time, packet_seconds, seconds_for, window_seconds
+from anonml.testing import DIRECTORY_FILE, FinalHopSink, drawn_in_time, loopback_relay, packet_seconds, seconds_for, window_seconds
 
 # Real-second windows: not beside a demo (conftest.quiet_machine).
 pytestmark = pytest.mark.usefixtures("quiet_machine")
@@ -50,11 +49,7 @@ SINK_PRIVATE, SINK_PUBLIC = generate_keypair()
 
 def relay_config(data_dir: Path, next_hops: Sequence[DirectoryEntry], **overrides: Any) -> RelayConfig:
     """A new relay whose static directory file lists ``next_hops``."""
-    create_identity(data_dir)
-    (data_dir / "directory.json").write_text(render_directory_file(next_hops))
-    return RelayConfig(data_dir=data_dir, listen=("127.0.0.1", 0), max_hops=GEOMETRY.max_hops,
-                       packet_size=GEOMETRY.packet_size, synchronous="NORMAL", directory_file="directory.json",
-                       **overrides)
+    return loopback_relay(data_dir, GEOMETRY, next_hops=next_hops, synchronous="NORMAL", **overrides)
 
 
 def sink_entry(address: tuple[str, int]) -> DirectoryEntry:
@@ -333,7 +328,7 @@ async def test_silent_connections_from_one_source_cannot_take_the_slots_of_hones
         last = await nursery.start(serve_relay, relay_config(
             tmp_path / "last", [sink_entry(sink_address), first_entry], link=limits, max_connections=24,
             max_connections_per_source=6, neighbour_connections=4))
-        (tmp_path / "first" / "directory.json").write_text(render_directory_file([relay_entry(last)]))
+        (tmp_path / "first" / DIRECTORY_FILE).write_text(render_directory_file([relay_entry(last)]))
         first = await nursery.start(serve_relay, first_config)
         silent: list[trio.SocketStream] = []
         for _ in range(40):

@@ -12,6 +12,7 @@ import trio
 from click.testing import CliRunner
 
 from conftest import Tmpfs
+from process_support import running_until
 
 from anonml.cli import main
 from anonml.crypto import node_id_of
@@ -221,12 +222,7 @@ def test_a_second_run_on_a_directory_in_use_says_so_and_sigterm_stops_the_first(
     assert invoke("init", "--data-dir", str(data_dir), "--listen", "127.0.0.1:0",
                   "--aggregator", f"{'ab' * 32}@http://127.0.0.1:1")[0] == 0
     command = [sys.executable, "-m", "anonml.relay", "run", "--data-dir", str(data_dir)]
-    first = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
-    try:
-        assert first.stderr is not None
-        deadline = time.monotonic() + 60
-        while "event=listening" not in first.stderr.readline():
-            assert time.monotonic() < deadline and first.poll() is None
+    with running_until(command, "event=listening", within=60) as first:
         second = subprocess.run(command, capture_output=True, text=True, timeout=60)
         assert second.returncode == 1 and "Traceback" not in second.stderr
         assert f"in use by pid {first.pid}" in second.stderr and "relay run" in second.stderr
@@ -235,10 +231,6 @@ def test_a_second_run_on_a_directory_in_use_says_so_and_sigterm_stops_the_first(
         assert first.wait(timeout=30) == 0
         time.sleep(0.2)
         assert not [pid for pid in family if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"]
-    finally:
-        if first.poll() is None:
-            first.kill()
-            first.wait()
 
 
 def test_run_on_a_full_or_read_only_disk_says_so_in_one_line(tmpfs: Tmpfs) -> None:

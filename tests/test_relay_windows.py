@@ -29,16 +29,14 @@ from anonml.crypto import (
 from anonml.transport import AckStatus
 from anonml.relay import (
     DirectoryEntry,
-    KeyRing,
     NextHopDirectory,
-    RelayConfig,
     RelayCounters,
     RelayStore,
     WallClock,
-    create_identity,
 )
 from anonml.relay._server import PacketSender, Relay, _uniform_from
 from anonml.relay._store import STORE_FILE
+from anonml.testing import loopback_relay, relay_keyring
 
 T0 = 1_800_000_000  # the wall time at which each test starts (any value works)
 GEOMETRY = SphinxGeometry.create(max_hops=3, packet_size=1024)
@@ -89,10 +87,7 @@ class Harness:
                  seen: set[bytes] | None = None, directory: NextHopDirectory | None = None,
                  **overrides: int) -> None:
         self.data_dir = tmp_path / "relay"
-        if not self.data_dir.exists():
-            create_identity(self.data_dir)
-        self.config = RelayConfig(data_dir=self.data_dir, listen=("127.0.0.1", 0), max_hops=GEOMETRY.max_hops,
-                                  packet_size=GEOMETRY.packet_size, synchronous="NORMAL", **overrides)
+        self.config = loopback_relay(self.data_dir, GEOMETRY, synchronous="NORMAL", **overrides)
         self.clock = clock
         self.sent: list[tuple[float, int]] = []
         self.senders: list[RecordingSender] = []
@@ -102,8 +97,7 @@ class Harness:
         self.relay = Relay(
             self.config,
             geometry=GEOMETRY,
-            keyring=KeyRing(self.data_dir, epoch_seconds=self.config.key_epoch_seconds,
-                            grace_seconds=self.config.key_grace_seconds),
+            keyring=relay_keyring(self.config),
             store=self.store,
             clock=clock,
             uniform=_uniform_from(np.random.default_rng(seed)),

@@ -52,6 +52,7 @@ from anonml.transport._link import (
     encode_hello_reply,
     parse_acks,
     parse_hello_reply,
+    receive_exactly,
     serve_link,
 )
 
@@ -93,6 +94,7 @@ __all__ = [
     "parse_acks",
     "parse_hello_reply",
     "peer_address",
+    "receive_exactly",
     "serve_http",
     "serve_http_on",
     "serve_link",

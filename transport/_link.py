@@ -280,6 +280,23 @@ def parse_acks(data: bytes) -> list[AckStatus]:
         raise LinkError(LinkErrorReason.BAD_ACK, f"invalid ack bytes {data!r}") from None
 
 
+async def receive_exactly(stream: trio.abc.ReceiveStream, size: int) -> bytes:
+    """The next ``size`` bytes of ``stream``, or fewer if it ends first.
+
+    It asks for no byte beyond them, so the stream stays positioned for what
+    follows (a hello reply, then the acks); a session that reads many records
+    through one buffer uses :class:`_ExactReader` instead. Timeouts are the
+    caller's (a ``trio.fail_after`` around the call).
+    """
+    data = bytearray()
+    while len(data) < size:
+        chunk = await stream.receive_some(size - len(data))
+        if not chunk:
+            break
+        data += chunk
+    return bytes(data)
+
+
 class _ExactReader:
     """Reads fixed-size records from a stream through one bounded buffer.
 

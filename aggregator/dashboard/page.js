@@ -22,6 +22,15 @@
   function nowSeconds() { return reportNode ? data.now : Date.now() / 1000 + clockOffset; }
   function cell(row, text, cls) { var td = document.createElement("td"); td.textContent = text; if (cls) td.className = cls; row.appendChild(td); return td; }
   function clear(node) { while (node.firstChild) node.removeChild(node.firstChild); }
+  // plotly.js 3 and later take an axis title only as an object (a bare string draws no title).
+  function axisTitle(text) { return { text: text }; }
+  // Each cell names its column (data-label), so a narrow screen can show a row as a stack of labelled lines (page.css).
+  function labelCells(table) {
+    var heads = Array.prototype.map.call(table.querySelectorAll("thead th"), function (th) { return th.textContent; });
+    table.querySelectorAll("tbody tr").forEach(function (row) {
+      Array.prototype.forEach.call(row.children, function (td, i) { td.setAttribute("data-label", heads[i] || ""); });
+    });
+  }
 
   function renderSteps() {
     var now = nowSeconds(), body = document.querySelector("#steps tbody"), next = null;
@@ -34,6 +43,7 @@
       cell(row, done ? "done" : (step === next ? "in " + duration(step.at - now) : ""));
       body.appendChild(row);
     });
+    labelCells(document.getElementById("steps"));
     var ended = data.phase === "done" || data.phase === "degraded" || data.phase === "failed";
     if (ended) {
       figure("next-what", data.phase === "done" ? "The round is over: the model and this report are published." :
@@ -72,8 +82,10 @@
     var node = document.getElementById("chart-participation");
     node.hidden = !any;
     if (any && window.Plotly) {
-      Plotly.react(node, traces, { margin: { t: 10, r: 10, b: 40, l: 50 }, xaxis: { title: "local time", type: "date" },
-        yaxis: { title: "count (cumulative)", rangemode: "tozero" }, legend: { orientation: "h", y: -0.25 }, shapes: deadlineShapes() }, PLOT);
+      Plotly.react(node, traces, { margin: { t: 10, r: 10, b: 40, l: 50 }, xaxis: { title: axisTitle("local time"), type: "date", automargin: true },
+        yaxis: { title: axisTitle("count (cumulative)"), rangemode: "tozero", automargin: true },
+        // Below the axis title, hanging down (a bottom-anchored legend grew up over the axis on a phone).
+        legend: { orientation: "h", y: -0.3, yanchor: "top" }, shapes: deadlineShapes() }, PLOT);
     }
   }
 
@@ -85,7 +97,7 @@
     node.hidden = total === 0; // an empty chart says nothing: the sentence above does
     if (total > 0 && window.Plotly) {
       Plotly.react(node, [{ type: "bar", orientation: "h", y: reasons, x: reasons.map(function (r) { return data.rejected[r]; }), marker: { color: "#c0392b" } }],
-        { margin: { t: 10, r: 10, b: 30, l: 170 }, xaxis: { title: "packets", rangemode: "tozero" } }, PLOT);
+        { margin: { t: 10, r: 10, b: 30, l: 10 }, xaxis: { title: axisTitle("packets"), rangemode: "tozero" }, yaxis: { automargin: true } }, PLOT);
     }
   }
 
@@ -101,6 +113,7 @@
       cell(row, relay.checked_at ? localTime(relay.checked_at) : "–");
       body.appendChild(row);
     });
+    labelCells(document.getElementById("relay-table"));
     document.getElementById("relays").hidden = !data.relays;
   }
 
@@ -133,7 +146,7 @@
         Plotly.react(document.getElementById("chart-roc"), [
           { name: "model", type: "scatter", mode: "lines", x: utility.roc.fpr, y: utility.roc.tpr, line: { width: 3 } },
           { name: "guessing", type: "scatter", mode: "lines", x: [0, 1], y: [0, 1], line: { dash: "dot", color: "#9aa5b5" } }],
-          { margin: { t: 10, r: 10, b: 45, l: 55 }, xaxis: { title: "false positive rate", range: [0, 1] }, yaxis: { title: "true positive rate", range: [0, 1] } }, PLOT);
+          { margin: { t: 10, r: 10, b: 45, l: 55 }, xaxis: { title: axisTitle("false positive rate"), range: [0, 1] }, yaxis: { title: axisTitle("true positive rate"), range: [0, 1] } }, PLOT);
       }
     } else {
       status.textContent = report.model ? "The model is trained and published. No held-out test file was given, so its quality is not measured: run `anonml aggregator run --test-file FILE` to measure AUC." : "No packet was accepted, so no model was trained.";
@@ -143,7 +156,7 @@
     if (names.length && window.Plotly) {
       surveys.hidden = false;
       Plotly.react(document.getElementById("chart-surveys"), [{ type: "bar", x: names, y: names.map(function (n) { return bySurvey[n]; }) }],
-        { margin: { t: 10, r: 10, b: 60, l: 50 }, yaxis: { title: "accepted reports", rangemode: "tozero" } }, PLOT);
+        { margin: { t: 10, r: 10, b: 20, l: 50 }, xaxis: { automargin: true }, yaxis: { title: axisTitle("accepted reports"), rangemode: "tozero", automargin: true } }, PLOT);
     }
   }
 

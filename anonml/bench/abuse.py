@@ -1,4 +1,4 @@
-"""``anonml bench abuse``: honest traffic's delivery and latency under each abuse of issue 13.
+"""``anonml bench abuse``: honest traffic's delivery and latency under each abuse of a relay, the sink or the API.
 
 One relay and one aggregator run live, each in its own process (the real
 ``serve_relay`` and ``serve_aggregator``, real SQLite, loopback TCP), the
@@ -76,19 +76,14 @@ from anonml.crypto import (
 from anonml.protocol import PATH_HEADS, PATH_RECEIPTS, PATH_ROSTER, PATH_STATUS, SurveyId
 from anonml.transport import AckStatus, LinkClient, LinkIdentity, encode_hello
 from anonml.relay import (
-    CONFIG_FILE,
-    KeyRing,
     PinnedAggregator,
-    RelayConfig,
-    create_identity,
     load_identity,
     load_identity_key,
     parse_metrics,
-    render_config,
 )
 from anonml.bench._processes import child_processes
 from anonml.base.process import freeze_startup_heap
-from anonml.testing import SettableClock, enrol
+from anonml.testing import SettableClock, enrol, loopback_relay, relay_keyring
 
 ABUSES = ("relay-hold-fill", "relay-late-tags", "relay-idle-links", "sink-stranger", "sink-garbage",
           "http-slow-bodies", "http-polling")
@@ -192,20 +187,17 @@ def _start_system(work: Path, processes: list[subprocess.Popen[str]]) -> _System
     http_port, sink_port = _free_port(), _free_port()
     instant = int(time.time())
     relay_dir = work / "relay"
-    create_identity(relay_dir)
     geometry = SphinxGeometry.create(max_hops=2, packet_size=2048)
-    config = RelayConfig(data_dir=relay_dir, listen=(_HOST, 0), metrics=(_HOST, 0), max_hops=geometry.max_hops,
-                         packet_size=geometry.packet_size, log_level="WARNING",
-                         directory_aggregators=(PinnedAggregator(f"http://{_HOST}:{http_port}", identity),),
-                         directory_min_refresh_seconds=0.5)
-    (relay_dir / CONFIG_FILE).write_text(render_config(config))
-    KeyRing(relay_dir, epoch_seconds=config.key_epoch_seconds, grace_seconds=config.key_grace_seconds).rotate(instant)
+    config = loopback_relay(relay_dir, geometry, metrics=(_HOST, 0), log_level="WARNING",
+                            directory_aggregators=(PinnedAggregator(f"http://{_HOST}:{http_port}", identity),),
+                            directory_min_refresh_seconds=0.5)
+    keyring = relay_keyring(config)
+    keyring.rotate(instant)
     # The relay process (the relay benchmark's node, its clock pinned at the instant) fetches the manifest
     # until the aggregator serves it.
     relay = _child(processes, "anonml.bench.relay", "node", str(relay_dir), str(instant))
     relay_link = (_HOST, int(relay["link"]))
     relay_node, _ = load_identity(relay_dir)
-    keyring = KeyRing(relay_dir, epoch_seconds=config.key_epoch_seconds, grace_seconds=config.key_grace_seconds)
     relay_key = keyring.published(instant)[0]
     # The data phase runs from before the relay's pinned instant to two hours after it, in wall time.
     start = instant - 300
@@ -575,7 +567,8 @@ def run_benchmark(abuses: Sequence[str]) -> dict[str, Any]:
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
 @click.option("--only", type=click.Choice(ABUSES), multiple=True, help="Run only these abuses (repeatable).")
 def bench_abuse(as_json: bool, only: tuple[str, ...]) -> None:
-    """Honest delivery and p99 latency under each abuse of issue 13, beside the unloaded p99."""
+    """Honest delivery and p99 latency while the relay, the sink and the HTTP API are abused (floods, idle and
+    slow connections, far-future and late packets), each beside the unloaded p99."""
     result = run_benchmark(only or ABUSES)
     if as_json:
         click.echo(json.dumps(result, indent=2))

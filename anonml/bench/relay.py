@@ -51,24 +51,18 @@ from anonml.bench._processes import child_processes
 from anonml.base.process import freeze_startup_heap
 from anonml.transport import AckStatus, LinkClient
 from anonml.relay import (
-    CONFIG_FILE,
     STORE_FILE,
     DirectoryEntry,
-    KeyRing,
     PinnedClock,
-    RelayConfig,
     RelayStarted,
     RelayStore,
     WallClock,
-    create_identity,
     load_config,
     load_identity,
     parse_metrics,
-    render_config,
-    render_directory_file,
     serve_relay,
 )
-from anonml.testing import FinalHopSink
+from anonml.testing import FinalHopSink, loopback_relay, relay_keyring
 
 TARGET_PACKETS_PER_SECOND = 2000.0  # issue 5
 _RELAYS = 3
@@ -100,20 +94,14 @@ async def _run_node(data_dir: Path, pinned: int, wall: bool = False) -> None:
 # -- the parent ------------------------------------------------------------
 
 
-_DIRECTORY_FILE = "directory.json"
-
 
 def _prepare_relay(data_dir: Path, pinned: int, synchronous: str, geometry: SphinxGeometry,
                    next_hop: DirectoryEntry) -> tuple[bytes, bytes]:
     """Initialise a relay data dir whose directory holds only ``next_hop``;
     returns (node_id, epoch public key at ``pinned``)."""
-    create_identity(data_dir)
-    (data_dir / _DIRECTORY_FILE).write_text(render_directory_file([next_hop]))
-    config = RelayConfig(data_dir=data_dir, listen=("127.0.0.1", 0), metrics=("127.0.0.1", 0),
-                         max_hops=geometry.max_hops, packet_size=geometry.packet_size, synchronous=synchronous,
-                         log_level="WARNING", directory_file=_DIRECTORY_FILE)
-    (data_dir / CONFIG_FILE).write_text(render_config(config))
-    keyring = KeyRing(data_dir, epoch_seconds=config.key_epoch_seconds, grace_seconds=config.key_grace_seconds)
+    config = loopback_relay(data_dir, geometry, next_hops=[next_hop], metrics=("127.0.0.1", 0),
+                            synchronous=synchronous, log_level="WARNING")
+    keyring = relay_keyring(config)
     keyring.rotate(pinned)
     node_id, _ = load_identity(data_dir)
     return node_id, keyring.published(pinned)[0].public_key

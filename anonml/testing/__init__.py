@@ -6,13 +6,16 @@ production path uses.
 out trio's MockClock); :class:`FinalHopSink` is a recording final hop for the
 relay tests and benchmark; :func:`seconds_for` sizes a real-seconds hop window
 from the packet cost measured when it is drawn, and :func:`drawn_in_time`
-draws again with more slack when the machine slowed down meanwhile.
+draws again with more slack when the machine slowed down meanwhile;
+:func:`loopback_relay` sets up a relay's data directory on loopback and
+:func:`relay_keyring` opens its epoch keys.
 """
 
 from __future__ import annotations
 
 from anonml.testing._peer import SettableClock, SimulatedPeer, enrol
+from anonml.testing._relay import DIRECTORY_FILE, loopback_relay, relay_keyring
 from anonml.testing._schedule import drawn_in_time, packet_seconds, seconds_for, window_seconds
 from anonml.testing._sink import Arrival, FinalHopSink
 
-__all__ = ["Arrival", "FinalHopSink", "SettableClock", "SimulatedPeer", "drawn_in_time", "enrol", "packet_seconds", "seconds_for", "window_seconds"]
+__all__ = ["DIRECTORY_FILE", "Arrival", "FinalHopSink", "SettableClock", "SimulatedPeer", "drawn_in_time", "enrol", "loopback_relay", "packet_seconds", "relay_keyring", "seconds_for", "window_seconds"]
