@@ -27,13 +27,10 @@ from anonml.peer._framework import (
 )
 from anonml.peer._identity import IdentityError, PeerIdentity, init_identity, load_identity
 from anonml.peer._join import (
-    Equivocation,
-    JoinRefused,
     JoinResult,
     SentMessage,
     Peer,
     PeerRound,
-    RoundSession,
     check_manifest_unchanged,
     choose_path,
     join_round,
@@ -41,6 +38,7 @@ from anonml.peer._join import (
     planned_releases,
 )
 from anonml.peer._ledger import PeerLedger
+from anonml.peer._session import Equivocation, JoinRefused, RoundSession, mirror_quorum
 from anonml.peer._store import EquivocationProof, PeerStore, Registration, Spend, StoredPacket, StoreError
 from anonml.peer._transport import PacketTransport, open_transport
 
@@ -88,6 +86,7 @@ __all__ = [
     "join_round",
     "peer_generator",
     "load_identity",
+    "mirror_quorum",
     "mirror_clients",
     "open_transport",
     "planned_releases",

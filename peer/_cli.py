@@ -128,7 +128,8 @@ async def _join(identity: PeerIdentity, data_dir: Path, url: str, data_file: Pat
     from anonml.peer._disclosure import describe_release
     from anonml.peer._features import RoundPipeline
     from anonml.peer._framework import FeatureError, MalformedData
-    from anonml.peer._join import Peer, RoundSession, join_round, peer_generator
+    from anonml.peer._join import Peer, join_round, peer_generator
+    from anonml.peer._session import RoundSession
     from anonml.peer._store import PeerStore
     from anonml.peer._transport import open_transport
     from anonml.protocol import FeatureSpec, FeatureSpecError
