@@ -247,6 +247,10 @@ class AggregatorClient:
     async def mirrored_roster_head(self, identity: bytes) -> SignedDocument | None:
         return await self._get(mirror_path(identity, "roster/head"), _document)
 
+    async def mirrored_document(self, identity: bytes, slot: str) -> SignedDocument | None:
+        """A relay mirror's copy of a signed thresholds (``median/{i}``) or medians (``medians``) document."""
+        return await self._get(mirror_path(identity, slot), _document)
+
     async def mirrored_heads(self, identity: bytes) -> HeadsResponse | None:
         return await self._get(mirror_path(identity, "heads"), HeadsResponse.from_json)
 

@@ -403,13 +403,16 @@ class PeerRound:
 
         A document that comes late must never move a send (DESIGN.md §2): the
         aggregator controls when it answers, so the peer gives up at a time
-        the manifest fixes instead.
+        the manifest fixes instead. A document the relays' mirrors do not
+        confirm in time counts as not come (``RoundSession._confirm``).
         """
         with trio.move_on_at(trio.current_time() + max(0.0, deadline - self.session.now())):
             try:
                 return await fetch()
             except AggregatorError:
                 return None
+            except JoinRefused as refused:  # a tailored document: its proof is kept before the peer stops
+                raise self.stored(refused) from None
         return None
 
     def stored_outgoing(self, survey: SurveyId, phase: PhaseTimes) -> _Outgoing | None:

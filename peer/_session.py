@@ -315,6 +315,7 @@ class RoundSession:
         thresholds = MedianThresholds.from_document(document)
         if thresholds.sub_round != sub_round:
             raise JoinRefused("bad-thresholds", f"asked for median sub-round {sub_round}, the aggregator sent sub-round {thresholds.sub_round}")
+        await self._confirm(manifest, document, f"median/{sub_round}", DocumentKind.THRESHOLDS, phase.send_end - _MARGIN)
         return thresholds
 
     async def medians(self, manifest: RoundManifest) -> MedianResults:
@@ -322,7 +323,36 @@ class RoundSession:
             await sleep_until_wall(manifest.schedule.median[-1].t_r, self.now)
         document = await self._signed("medians", manifest, self.client.medians, manifest.schedule.data.send_end,
                                       "the medians", DocumentKind.MEDIANS)
+        await self._confirm(manifest, document, "medians", DocumentKind.MEDIANS, manifest.schedule.data.send_end - _MARGIN)
         return MedianResults.from_document(document)
+
+    async def _confirm(self, manifest: RoundManifest, document: SignedDocument, slot: str, kind: DocumentKind, until: float) -> None:
+        """Hold ``document`` up to the relays' mirrors before a report depends on it (DESIGN.md §5).
+
+        A different signed copy at any mirror is an :class:`Equivocation` (the
+        aggregator tailored this document to this peer). Fewer than a quorum
+        of mirrors holding the same copy by ``until`` raises AggregatorError:
+        the report that needed it is not made (covers go in its place). A
+        round whose manifest lists no mirror has nothing to compare with.
+        """
+        if not any(relay.mirror_url is not None for relay in manifest.relays):
+            return
+
+        async def fetch(mirror: AggregatorClient) -> SignedDocument | None:
+            mirrored = await mirror.mirrored_document(manifest.identity_key, slot)
+            if mirrored is not None:
+                mirrored.verify(manifest.identity_key, kind=kind, round_id=manifest.round_id)
+            return mirrored
+
+        async def confirm() -> bool:
+            answers = await self._from_mirrors(manifest, fetch, until)
+            for mirrored in answers:
+                if not mirrored.same_as(document):
+                    raise Equivocation(EquivocationProof(manifest.round_id, kind.value, document.to_json(), mirrored.to_json()))
+            return len(answers) >= mirror_quorum(manifest)
+
+        if not await self._cache.get(("confirmed", slot, document.to_json()), confirm):
+            raise AggregatorError(0, f"the {slot} document was not confirmed by {mirror_quorum(manifest)} relay mirrors in time")
 
     async def log_view(self, manifest: RoundManifest, kind: SurveyKind, partition: int, check: Check) -> LogView | None:
         """One partition's log segment at ``check``, verified and compared with a mirror; None if none came in time.

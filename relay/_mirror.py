@@ -6,7 +6,8 @@ aggregator could show one peer a document of its own: a manifest with a
 unique issuer key, a roster of Sybils, or a receipt log without that peer's
 receipt, whose resend would then name it (issue 12, attacks 1 and 3). Each
 relay therefore mirrors, for every aggregator it pins, the latest signed
-manifest, the signed roster head, and every signed receipt-log head:
+manifest, the signed roster head, every sub-round's signed thresholds, the
+signed medians, and every signed receipt-log head:
 
 * it fetches them on a fixed schedule (``refresh_seconds``) from the
   aggregator's public API, exactly as any peer would;
@@ -17,9 +18,14 @@ manifest, the signed roster head, and every signed receipt-log head:
   a second, different signed document for the same slot is kept beside the
   first as a conflict (served, so anyone can see the proof);
 * it serves them read-only: ``GET /v1/mirror/{identity}/manifest``,
-  ``/roster/head`` and ``/heads`` (the same bodies as the aggregator's
-  ``/v1/manifest``, ``/v1/roster/head`` and ``/v1/heads``), and
+  ``/roster/head``, ``/median/{i}``, ``/medians`` and ``/heads`` (the same
+  bodies as the aggregator's ``/v1/manifest``, ``/v1/roster/head``,
+  ``/v1/median/{i}``, ``/v1/medians`` and ``/v1/heads``), and
   ``/v1/mirror/{identity}/conflicts``.
+
+Thresholds and medians never change once signed, so each is fetched until
+the mirror holds it, then no more: a peer that was shown another copy holds
+two signed documents for one slot.
 """
 
 from __future__ import annotations
@@ -40,6 +46,8 @@ from anonml.protocol import (
     MAX_RESPONSE_BYTES,
     PATH_HEADS,
     PATH_MANIFEST,
+    PATH_MEDIAN,
+    PATH_MEDIANS,
     PATH_MIRROR,
     PATH_ROSTER_HEAD,
     Check,
@@ -68,6 +76,8 @@ class MirroredAggregator:
     pinned: PinnedAggregator
     manifest: SignedManifest | None = None
     roster_head: SignedDocument | None = None
+    published: dict[str, SignedDocument] = field(default_factory=dict)
+    """Signed thresholds (``median/{i}``) and medians (``medians``), by the path they are served under."""
     heads: dict[tuple[SurveyId, Check], SignedDocument] = field(default_factory=dict)
     sizes: dict[tuple[SurveyId, Check], TreeHead] = field(default_factory=dict)
     proofs: dict[SurveyId, tuple[bytes, ...]] = field(default_factory=dict)
@@ -77,13 +87,22 @@ class MirroredAggregator:
     def reset(self, manifest: SignedManifest) -> None:
         """A new round: its documents replace the previous round's."""
         self.manifest, self.roster_head = manifest, None
-        self.heads, self.sizes, self.proofs = {}, {}, {}
+        self.heads, self.sizes, self.proofs, self.published = {}, {}, {}, {}
 
     def keep_roster_head(self, document: SignedDocument) -> None:
         if self.roster_head is None:
             self.roster_head = document
         elif not self.roster_head.same_as(document):
             self._conflict(self.roster_head.to_json(), document.to_json())
+
+    def wanted(self) -> dict[str, tuple[str, DocumentKind]]:
+        """The thresholds and medians not held yet: mirror path -> (the aggregator's path, the document's kind)."""
+        assert self.manifest is not None
+        slots = {f"median/{i}": (PATH_MEDIAN.format(i=i), DocumentKind.THRESHOLDS)
+                 for i in range(len(self.manifest.manifest.schedule.median))}
+        if self.manifest.manifest.schedule.median:
+            slots["medians"] = (PATH_MEDIANS, DocumentKind.MEDIANS)
+        return {slot: wanted for slot, wanted in slots.items() if slot not in self.published}
 
     def keep_heads(self, response: HeadsResponse) -> None:
         """Merge verified heads: the first per slot stays; a different one is a conflict."""
@@ -138,6 +157,12 @@ async def refresh_one(client: httpx.AsyncClient, mirrored: MirroredAggregator) -
             document = SignedDocument.from_json(head, max_bytes=MAX_RESPONSE_BYTES)
             document.verify(mirrored.pinned.identity, kind=DocumentKind.ROSTER_HEAD, round_id=round_id)
             mirrored.keep_roster_head(document)
+        for slot, (path, kind) in mirrored.wanted().items():
+            body = await _get(client, base + path)
+            if body is not None:
+                document = SignedDocument.from_json(body, max_bytes=MAX_RESPONSE_BYTES)
+                document.verify(mirrored.pinned.identity, kind=kind, round_id=round_id)
+                mirrored.published[slot] = document
         heads = await _get(client, base + PATH_HEADS)
         if heads is not None:
             mirrored.keep_heads(HeadsResponse.from_json(heads))
@@ -165,6 +190,12 @@ def build_mirror_app(mirrored: Sequence[MirroredAggregator]) -> Starlette:
         m = lookup(request)
         return found(None if m is None or m.roster_head is None else m.roster_head.to_json())
 
+    async def published(request: Request) -> Response:
+        m = lookup(request)
+        slot = request.url.path.split("/", 4)[4]
+        document = None if m is None else m.published.get(slot)
+        return found(None if document is None else document.to_json())
+
     async def heads(request: Request) -> Response:
         m = lookup(request)
         return found(None if m is None or m.manifest is None else m.heads_json())
@@ -181,6 +212,8 @@ def build_mirror_app(mirrored: Sequence[MirroredAggregator]) -> Starlette:
         routes=[
             Route(prefix + "/manifest", manifest, methods=["GET"]),
             Route(prefix + "/roster/head", roster_head, methods=["GET"]),
+            Route(prefix + "/median/{i:int}", published, methods=["GET"]),
+            Route(prefix + "/medians", published, methods=["GET"]),
             Route(prefix + "/heads", heads, methods=["GET"]),
             Route(prefix + "/conflicts", conflicts, methods=["GET"]),
         ]

@@ -8,8 +8,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from pathlib import Path
+
 import pytest
 
+from anonml.peer import PeerStore
+from anonml.protocol import DocumentKind, MedianThresholds, SignedDocument
 from anonml.simulate import (
     STRATEGIES,
     DroppingRelay,
@@ -17,6 +21,7 @@ from anonml.simulate import (
     RoundTrace,
     SimulationConfig,
     StrategyVerdict,
+    TailoredThresholds,
     TrialScore,
     estimate,
     peer_ip,
@@ -91,6 +96,25 @@ def test_documents_held_past_the_send_window_cost_the_report_never_mark_it() -> 
     success, reports = estimate(trace, target)
     assert reports == result.packets - result.missing - result.unconfirmed
     assert all(value < 1.0 for values in success.values() for value in values)
+
+
+def test_thresholds_tailored_to_one_peer_are_caught_against_the_mirrors_and_proven(tmp_path: Path) -> None:
+    config = replace(SMALL, seed=4)
+    target = 4
+    trace = simulate_round(config, TailoredThresholds([peer_ip(target)]), keep=tmp_path / "round")
+    outcome = trace.peers[target]
+    assert outcome.refused is not None and outcome.refused.reason == "equivocation"
+    assert trace.peer_store is not None
+    (proof,) = PeerStore(trace.peer_store).equivocations(outcome.key)
+    assert proof.kind == "thresholds"
+    served, mirrored = (SignedDocument.from_json(d, max_bytes=1 << 20) for d in (proof.first, proof.second))
+    identity = trace.manifest.manifest.identity_key
+    for document in (served, mirrored):
+        document.verify(identity, kind=DocumentKind.THRESHOLDS, round_id=trace.manifest.round_id)
+    assert MedianThresholds.from_document(served) != MedianThresholds.from_document(mirrored)
+    _, reports = estimate(trace, target)
+    assert reports == 0  # it stopped before answering about a cut point nobody else was asked
+    assert all(p.result is not None for p in trace.peers if p.index != target)
 
 
 def _score(seed: int, values: list[float], bound: float = 0.1) -> TrialScore:

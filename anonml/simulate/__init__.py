@@ -20,6 +20,7 @@ from anonml.simulate._adversary import (
     RandomStrategy,
     RoundContext,
     TailoredLog,
+    TailoredThresholds,
 )
 from anonml.simulate._command import simulate
 from anonml.simulate._property import StrategyVerdict, TrialScore, check_strategy, estimate, score_trial
@@ -43,6 +44,7 @@ __all__ = [
     "SpecAdjustment",
     "StrategyVerdict",
     "TailoredLog",
+    "TailoredThresholds",
     "TrialScore",
     "check_strategy",
     "estimate",

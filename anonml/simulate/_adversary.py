@@ -38,7 +38,16 @@ import trio
 from nacl.signing import SigningKey
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from anonml.protocol import PATH_MEDIANS, Attempt, ReceiptSegment, RoundManifest, TreeHead, receipt_leaves_root
+from anonml.protocol import (
+    PATH_MEDIANS,
+    Attempt,
+    MedianThresholds,
+    ReceiptSegment,
+    RoundManifest,
+    SignedDocument,
+    TreeHead,
+    receipt_leaves_root,
+)
 from anonml.transport import AckStatus, Dial, LinkClient, LinkError, MemoryNetwork, connection_pair, serve_link
 
 Clock = Callable[[], float]
@@ -280,6 +289,29 @@ class TailoredLog(Adversary):
         return ReceiptSegment(tuple(heads), leaves).to_json()
 
 
+class TailoredThresholds(Adversary):
+    """Serve the targets their own thresholds: every cut point moved to the feature's lower end, re-signed.
+
+    The attack of issue 24's fifth bullet: a cut point nobody else was asked
+    about tags the target's answer. The mirrors get the genuine document, so
+    a peer that holds its thresholds up to them finds two signed documents
+    for one slot before it answers.
+    """
+
+    name = "tailored-thresholds"
+
+    def on_request(self, record: HttpRecord) -> HttpAction:
+        tailored = record.address in self.targets and re.fullmatch(r"/v1/median/\d+", record.path) is not None
+        return HttpAction(alter=self.tailor) if tailored else HttpAction()
+
+    def tailor(self, body: bytes) -> bytes:
+        assert self.context is not None, "attached before the round serves anything"
+        genuine = MedianThresholds.from_document(SignedDocument.from_json(body, max_bytes=len(body)))
+        moved = tuple(tuple(0.0 for _ in values) for values in genuine.thresholds)
+        tailored = MedianThresholds(genuine.sub_round, genuine.features, moved)
+        return tailored.sign(self.context.signing_key, self.context.manifest.round_id).to_json()
+
+
 async def _closed_stream(dial: Dial) -> trio.abc.Stream:
     """A server end whose client end is already gone."""
     client, server = connection_pair(dial.source, dial.destination)
@@ -381,5 +413,6 @@ STRATEGIES: dict[str, Callable[[Sequence[str]], Adversary]] = {
     "dropping-relay": DroppingRelay,
     "late-documents+dropping-relay": lambda targets: Composite([LateDocuments(targets), DroppingRelay(targets)]),
     "tailored-log": TailoredLog,
+    "tailored-thresholds": TailoredThresholds,
 }
 """The named strategies, each built for a set of target addresses."""
