@@ -51,6 +51,7 @@ from anonml.peer._ledger import PeerLedger
 from anonml.peer._store import EquivocationProof, PeerStore, Spend
 from anonml.peer._session import (
     _MARGIN,
+    mirror_quorum,
     Equivocation,
     JoinRefused,
     LogView,
@@ -342,6 +343,11 @@ class PeerRound:
     async def partition(self) -> tuple[int, int, tuple[tuple[str, ...], ...]]:
         try:
             if not await self.session.compare_manifest(self.signed):
+                if any(relay.mirror_url is not None for relay in self.manifest.relays):
+                    # A manifest the listed mirrors do not hold may be a round made for this peer alone:
+                    # it stops before its credential, the first thing that would tie it to that round.
+                    raise JoinRefused("manifest-unconfirmed", f"fewer than {mirror_quorum(self.manifest)} of the round's "
+                                      "relay mirrors hold this manifest; refusing a round others may not see")
                 self.emit("manifest-unmirrored")
             plan = await self.session.plan(self.signed, self.spec)
         except JoinRefused as refused:

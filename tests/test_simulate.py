@@ -15,6 +15,9 @@ import pytest
 from anonml.peer import PeerStore
 from anonml.protocol import DocumentKind, MedianThresholds, SignedDocument
 from anonml.simulate import (
+    Adversary,
+    HttpAction,
+    HttpRecord,
     STRATEGIES,
     DroppingRelay,
     LateDocuments,
@@ -115,6 +118,23 @@ def test_thresholds_tailored_to_one_peer_are_caught_against_the_mirrors_and_prov
     _, reports = estimate(trace, target)
     assert reports == 0  # it stopped before answering about a cut point nobody else was asked
     assert all(p.result is not None for p in trace.peers if p.index != target)
+
+
+class StarvedMirrors(Adversary):
+    """Answer the relays' mirror fetches of the manifest never (their own directory fetch too): no mirror can confirm it."""
+
+    name = "starved-mirrors"
+
+    def on_request(self, record: HttpRecord) -> HttpAction:
+        return HttpAction(withhold=record.address.startswith("10.0.1.") and record.path == "/v1/manifest")
+
+
+def test_a_manifest_no_quorum_of_mirrors_holds_stops_every_peer_before_its_credential() -> None:
+    trace = simulate_round(replace(SMALL, seed=5), StarvedMirrors())
+    reasons = {p.refused.reason for p in trace.peers if p.refused is not None}
+    assert reasons == {"manifest-unconfirmed"} and all(p.refused is not None for p in trace.peers)
+    assert not any(r.path == "/v1/credential" for r in trace.view.http)
+    assert trace.arrivals == []
 
 
 def _score(seed: int, values: list[float], bound: float = 0.1) -> TrialScore:
