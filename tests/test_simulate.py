@@ -28,7 +28,6 @@ from anonml.simulate import (
     TrialScore,
     estimate,
     peer_ip,
-    score_trial,
     simulate_round,
 )
 from anonml.simulate._command import run_trial

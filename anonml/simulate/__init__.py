@@ -23,7 +23,7 @@ from anonml.simulate._adversary import (
     TailoredThresholds,
 )
 from anonml.simulate._command import simulate
-from anonml.simulate._property import StrategyVerdict, TrialScore, check_strategy, estimate, score_trial
+from anonml.simulate._property import StrategyVerdict, TrialScore, estimate, score_trial
 from anonml.simulate._world import PeerData, RoundSetup, RoundTrace, SimulationConfig, SpecAdjustment, peer_ip, simulate_round
 
 __all__ = [
@@ -46,7 +46,6 @@ __all__ = [
     "TailoredLog",
     "TailoredThresholds",
     "TrialScore",
-    "check_strategy",
     "estimate",
     "peer_ip",
     "score_trial",

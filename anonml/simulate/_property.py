@@ -39,12 +39,11 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from anonml.protocol import PATH_MEDIANS, PhaseTimes, RoundManifest, SurveyId, SurveyKind
-from anonml.simulate._adversary import Adversary
-from anonml.simulate._world import RoundTrace, SimulationConfig, peer_ip, simulate_round
+from anonml.simulate._world import RoundTrace
 
 # Standard errors of slack before a strategy's mean success counts as above the bound.
 Z = 3.0
@@ -221,15 +220,3 @@ class StrategyVerdict:
             "standard_error": round(worst.standard_error, 4), "detected": self.detected, "holds": self.holds,
             "outcomes": sorted({t.outcome for t in self.trials}),
         }
-
-
-def check_strategy(name: str, build: Callable[[Sequence[str]], Adversary], config: SimulationConfig,
-                   seeds: Sequence[int]) -> StrategyVerdict:
-    """Run ``build``'s strategy once per seed, each time against one target peer drawn from the seed."""
-    trials = []
-    for seed in seeds:
-        trial_config = SimulationConfig(**{**config.__dict__, "seed": seed})
-        target = seed % trial_config.peers
-        trace = simulate_round(trial_config, build([peer_ip(target)]))
-        trials.append(score_trial(trace, target))
-    return StrategyVerdict(name, trials)
