@@ -97,7 +97,11 @@ class FullView:
 
     ``arrivals`` are ``(survey, receipt digest, arrival time)``; ``partitions``
     maps each credentialed identity to its partition (a survey's candidates);
-    ``send_end(survey)`` is when the survey's send window closes.
+    ``send_end(survey)`` is when the survey's send window closes;
+    ``second_window(survey)`` when its second send window opens (an arrival
+    from then on was sent in the second window: each peer sends each report in
+    one of the two at random, so send and arrival times correlate by window,
+    and only within a window does mixing make them independent).
     """
 
     arrivals: list[tuple[SurveyId, bytes, float]]
@@ -105,13 +109,15 @@ class FullView:
     send_end: Callable[[SurveyId], float]
     log: RequestLog
     round_id: bytes
+    second_window: Callable[[SurveyId], float] = lambda survey: math.inf
 
 
 def timing_guesses(view: FullView) -> tuple[list[dict[str, Any]], int]:
     """The guess for every accepted message, and how many logged requests named an identity.
 
-    Each guess is ``{"survey", "receipt", "arrived", "guess", "candidates", "reports"}`` (hex strings; ``candidates``
-    the partition's peers the guess chooses among, ``reports`` the reports its survey accepted).
+    Each guess is ``{"survey", "receipt", "arrived", "window", "guess", "candidates", "reports"}`` (hex strings;
+    ``window`` 1 or 2, the delivery window it arrived in; ``candidates`` the partition's peers the guess chooses among,
+    ``reports`` the reports its survey accepted).
     """
     # Ties broken by a generator seeded from the round: the report is reproducible.
     rng = np.random.default_rng(int.from_bytes(hashlib.sha256(b"anonml-links" + view.round_id).digest()[:8], "big"))
@@ -135,7 +141,8 @@ def timing_guesses(view: FullView) -> tuple[list[dict[str, Any]], int]:
         observed = {identity: last.get(identity, math.inf) for identity in candidates}
         guesses = rank_link(observed, [arrived for _, arrived in received], rng)
         links += [
-            {"survey": survey.to_bytes().hex(), "receipt": receipt.hex(), "arrived": arrived, "guess": guess.hex(),
+            {"survey": survey.to_bytes().hex(), "receipt": receipt.hex(), "arrived": arrived,
+             "window": 2 if arrived >= view.second_window(survey) else 1, "guess": guess.hex(),
              "candidates": len(candidates), "reports": len(received)}
             for (receipt, arrived), guess in zip(received, guesses, strict=True)
         ]

@@ -69,7 +69,7 @@ def learn(state: RoundState, directory: Path, *, test_file: Path | None = None) 
         "privacy": _privacy(state),
         "anonymity": linking_report(FullView(
             state.store.arrivals(), state.store.partitions(), lambda survey: float(manifest.schedule.phase_of(survey).send_end),
-            state.requests, state.round_id,
+            state.requests, state.round_id, lambda survey: float(manifest.schedule.phase_of(survey).t_2),
         ), directory) | {"min_anonymity_set": manifest.min_anonymity_set},
         "model": None,
         "utility": None,

@@ -94,11 +94,12 @@ def anonymity_figures(progress: Progress, links_path: Path) -> dict[str, Any]:
         return figures
     score = score_links([link["guess"] for link in known], [truth[link["receipt"]][0] for link in known],
                         [int(link["candidates"]) for link in known])
-    # Ranks within each survey: surveys are sent and delivered in their own
-    # phases, so times pooled across phases would correlate by phase alone.
+    # Ranks within each survey and delivery window: surveys are sent and delivered in their own
+    # phases, and each report in one of its phase's two windows (chosen at random, a cover in the
+    # other), so times pooled across phases or windows would correlate by phase or window alone.
     send, arrival = [], []
-    for survey in sorted({link["survey"] for link in known}):
-        members = [link for link in known if link["survey"] == survey]
+    for group in sorted({(link["survey"], link.get("window", 1)) for link in known}):
+        members = [link for link in known if (link["survey"], link.get("window", 1)) == group]
         send += _quantiles([truth[link["receipt"]][1] for link in members])
         arrival += _quantiles([float(link["arrived"]) for link in members])
     timing = timing_figures(send, arrival, np.random.default_rng(0))
@@ -227,7 +228,7 @@ def print_summary(console: Any, summary: dict[str, Any], params: DemoParams) -> 
             f"(±{100 * guess['standard_error_at_chance']:.2f} pp, 1 s.e.)",
         )
         table.add_row(
-            "anonymity: rank correlation send vs arrival (ranks within each survey)",
+            "anonymity: rank correlation send vs arrival (ranks within each survey and window)",
             f"{anonymity['spearman_rho']:+.3f} (±{anonymity['rho_standard_error']:.3f}, 1 s.e. if independent)",
         )
     auc = summary.get("auc")
