@@ -34,6 +34,7 @@ from anonml.learning._data import (
 from anonml.learning._ensemble import PartitionEnsemble, SubsetHistogram, estimate_histogram, exact_histogram
 from anonml.learning._experiment import experiment
 from anonml.learning._linear import LDPGradientDescent, LinearEncoding, Loss, fit_logistic_reference, harmony_group_size, loss_gradients
+from anonml.learning._mixed import MixedAnswer, MixedReport, hadamard_entries, hadamard_order, mixed_statistics
 from anonml.learning._model import MODEL_FORMAT, model_from_json, model_to_json, published_model
 from anonml.learning._planner import (
     PLANNER_MAX_PEERS,
@@ -63,6 +64,8 @@ __all__ = [
     "LearnerName",
     "LinearEncoding",
     "LinearSettings",
+    "MixedAnswer",
+    "MixedReport",
     "Loss",
     "MODEL_FORMAT",
     "ModelAveraging",
@@ -99,6 +102,8 @@ __all__ = [
     "fit_combiners",
     "fit_logistic_reference",
     "fit_regularized_logistic",
+    "hadamard_entries",
+    "hadamard_order",
     "harmony_group_size",
     "histogram_task",
     "linear_trial",
@@ -107,6 +112,7 @@ __all__ = [
     "loss_gradients",
     "mean_task",
     "mean_variance",
+    "mixed_statistics",
     "model_from_json",
     "model_to_json",
     "private_cut_points",

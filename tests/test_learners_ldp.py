@@ -20,14 +20,19 @@ from anonml.learning import (
     cdf_variances,
     count_task,
     count_variance,
+    Table,
     experiment,
     fit_regularized_logistic,
+    hadamard_entries,
+    hadamard_order,
     histogram_task,
     mean_task,
     mean_variance,
+    mixed_statistics,
     quantile_task,
     unit_ball_rows,
 )
+from anonml.protocol import FeatureSpec
 from anonml.mechanisms import (
     OneBitMean,
     OptimizedUnaryEncoding,
@@ -117,6 +122,17 @@ def test_histogram_error_within_formula() -> None:
     _within_formula(errors, formula)
 
 
+def test_the_formula_check_fails_on_a_mechanism_at_the_wrong_scale() -> None:
+    """The 1.5x check can fail: counts perturbed at ε = 0.7 but stated with
+    the ε = 1 formula (noise variance 2.1 times larger than stated)."""
+    rng = np.random.default_rng(21)
+    flags = rng.random(1_000) < 0.3
+    answers = [count_task(flags, 0.7, rng) for _ in range(TRIALS)]
+    with pytest.raises(AssertionError):
+        _within_formula([a.estimate - flags.sum() for a in answers], count_variance(1.0, flags.size))
+    _within_formula([a.estimate - flags.sum() for a in answers], count_variance(0.7, flags.size))
+
+
 def test_quantile_cdf_error_within_formula() -> None:
     rng = np.random.default_rng(24)
     values = rng.normal(40, 10, size=1_000)
@@ -133,6 +149,53 @@ def test_quantile_cdf_error_within_formula() -> None:
     formula = float(cdf_variances(OptimizedUnaryEncoding(1.0, cuts.size + 1), truth_counts)[median_bin])
     _within_formula(errors, formula)
     assert abs(np.median(answers) - np.median(values)) <= 2 * (cuts[1] - cuts[0])
+
+
+def _mixed_table(n: int, rng: np.random.Generator) -> tuple[FeatureSpec, Table]:
+    spec = FeatureSpec.from_toml(
+        '[[features]]\nname = "age"\ntype = "numeric"\nlow = 17\nhigh = 90\n'
+        '[[features]]\nname = "colour"\ntype = "categorical"\ncategories = ["red", "green", "blue"]\n'
+        '[[features]]\nname = "hours"\ntype = "numeric"\nlow = 0\nhigh = 100\n'
+        '[label]\nname = "y"\npositive = ["yes"]\nnegative = ["no"]\n'
+    )
+    columns = {
+        "age": rng.uniform(20, 70, size=n),
+        "colour": rng.choice(np.array(["red", "green", "blue"]), size=n, p=[0.6, 0.3, 0.1]),
+        "hours": rng.normal(40, 10, size=n),
+    }
+    return spec, Table(columns, np.where(rng.random(n) < 0.5, "yes", "no"))
+
+
+def test_harmony_mixed_means_and_frequencies_within_formula() -> None:
+    rng = np.random.default_rng(25)
+    spec, table = _mixed_table(2_000, rng)
+    hours = np.clip(table.column("hours"), 0, 100)
+    truth = {"age": table.column("age").mean(), "hours": hours.mean()}
+    colour_truth = np.array([np.mean(table.column("colour") == c) for c in ("red", "green", "blue")])
+    reports = [mixed_statistics(spec, table, 2.0, rng) for _ in range(TRIALS)]
+    first = reports[0]
+    for name in ("age", "hours"):
+        answer = first.answers[name]
+        assert answer.kind == "mean" and answer.worst_case_variance >= answer.variance[0]
+        _within_formula([r.answers[name].estimate[0] - truth[name] for r in reports], float(answer.variance[0]))
+    colour = first.answers["colour"]
+    assert colour.kind == "frequency" and colour.estimate.shape == (3,)
+    for bin_index in range(3):
+        _within_formula([r.answers["colour"].estimate[bin_index] - colour_truth[bin_index] for r in reports], float(colour.variance[bin_index]))
+    # One release per peer about the whole tuple, at ε: not one per attribute.
+    assert len(first.ledgers) == 2_000
+    assert all(len(ledger.releases) == 1 and ledger.spent() == 2.0 for ledger in first.ledgers)
+    # Lemma 4's scaling: the variance grows with d (three attributes here).
+    c = (math.exp(2.0) + 1) / math.expm1(2.0)
+    assert colour.worst_case_variance == pytest.approx(3 * c * c / 2_000)
+
+
+def test_hadamard_rows_are_orthogonal() -> None:
+    order = hadamard_order(5)
+    assert order == 8 and hadamard_order(1) == 1 and hadamard_order(8) == 8
+    s, v = np.meshgrid(np.arange(order), np.arange(order), indexing="ij")
+    H = hadamard_entries(s, v)
+    assert np.array_equal(H.T @ H, order * np.eye(order, dtype=np.int64))
 
 
 # --- Harmony's LDP gradient descent -----------------------------------------
