@@ -20,7 +20,7 @@ from anonml.learning._binning import (
     table_matrix,
 )
 from anonml.learning._averaging import ModelAveraging, NotConverged, OutputPerturbation, fit_regularized_logistic, unit_ball_rows
-from anonml.learning._compare import LearnerName, LinearSettings, linear_trial, run_comparison
+from anonml.learning._compare import EncodedSplit, LearnerName, LinearSettings, linear_trial, run_comparison
 from anonml.learning._data import (
     DataError,
     Table,
@@ -33,7 +33,7 @@ from anonml.learning._data import (
 )
 from anonml.learning._ensemble import PartitionEnsemble, SubsetHistogram, estimate_histogram, exact_histogram
 from anonml.learning._experiment import experiment
-from anonml.learning._linear import LDPGradientDescent, LinearEncoding, Loss, fit_logistic_reference, harmony_group_size, loss_gradients
+from anonml.learning._linear import LDPGradientDescent, LinearEncoding, Loss, fit_logistic_reference, harmony_group_size, loss_gradients, wide_range_features
 from anonml.learning._mixed import MixedAnswer, MixedReport, hadamard_entries, hadamard_order, mixed_statistics
 from anonml.learning._model import MODEL_FORMAT, model_from_json, model_to_json, published_model
 from anonml.learning._planner import (
@@ -60,6 +60,7 @@ from anonml.learning._trial import TrialResult, estimate_histograms, exact_histo
 
 __all__ = [
     "DataError",
+    "EncodedSplit",
     "LDPGradientDescent",
     "LearnerName",
     "LinearEncoding",
@@ -127,4 +128,5 @@ __all__ = [
     "synthetic_table",
     "table_matrix",
     "unit_ball_rows",
+    "wide_range_features",
 ]

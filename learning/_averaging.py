@@ -157,7 +157,8 @@ class ModelAveraging:
     ``random_state``. ``fit`` takes rows already in
     the unit ball (:func:`unit_ball_rows`) and labels in {-1, 1}.
 
-    Learned: ``coef_`` (the average), ``peer_rows_`` (each slice's size),
+    Learned: ``coef_`` (the average), ``noise_free_coef_`` (the average of
+    the unperturbed local models: an experiment's diagnostic), ``peer_rows_`` (each slice's size),
     ``perturbations_`` (each peer's :class:`OutputPerturbation`),
     ``ledgers_`` (one per peer, one model release each).
     """
@@ -187,16 +188,26 @@ class ModelAveraging:
             raise ValueError(f"need at least rows_per_peer={self.rows_per_peer} rows, got {n}")
         rng = np.random.default_rng(self.random_state)
         slices = np.array_split(rng.permutation(n), n // self.rows_per_peer)
-        models, perturbations, ledgers = [], [], []
-        for rows in slices:
-            mechanism = OutputPerturbation(self.epsilon, int(rows.size), float(lam), d)
-            local = fit_regularized_logistic(matrix[rows], target[rows], mechanism.regularization, mechanism.gradient_tolerance)
+        # Every slice holds rows_per_peer rows or one more; the bound uses
+        # rows_per_peer (2/(nλ) only shrinks with n, so a slice one row
+        # larger is still covered), which gives every peer the same public
+        # mechanism and lets the simulation draw all peers' noise at once.
+        mechanism = OutputPerturbation(self.epsilon, self.rows_per_peer, float(lam), d)
+        local = np.array([
+            fit_regularized_logistic(matrix[rows], target[rows], mechanism.regularization, mechanism.gradient_tolerance) for rows in slices
+        ])
+        models = mechanism.release(local, rng)
+        ledgers = []
+        for _ in slices:
             ledger = PrivacyLedger(self.epsilon)
             ledger.record(Release.about(ReleaseKind.MODEL, features, self.epsilon))
-            models.append(mechanism.release(local, rng))
-            perturbations.append(mechanism)
             ledgers.append(ledger)
+        perturbations = [mechanism] * len(slices)
         self.coef_ = np.mean(models, axis=0)
+        # A diagnostic of the in-process experiment, never released: the
+        # average the peers' models would have without noise (it separates
+        # the regularisation's bias from the noise's harm).
+        self.noise_free_coef_ = local.mean(axis=0)
         self.regularization_ = lam
         self.peer_rows_ = [int(rows.size) for rows in slices]
         self.perturbations_ = perturbations

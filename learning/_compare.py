@@ -20,7 +20,7 @@ from sklearn.metrics import roc_auc_score
 
 from anonml.learning._averaging import ModelAveraging, unit_ball_rows
 from anonml.learning._data import Table
-from anonml.learning._linear import LDPGradientDescent, LinearEncoding, Loss, fit_logistic_reference
+from anonml.learning._linear import FloatArray, LDPGradientDescent, LinearEncoding, Loss, fit_logistic_reference, wide_range_features
 from anonml.mechanisms import PrivacyLedger
 from anonml.protocol import FeatureSpec
 
@@ -43,11 +43,18 @@ _SGD_LOSS = {LearnerName.SGD_LR: Loss.LOGISTIC, LearnerName.SGD_SVM: Loss.HINGE,
 class LinearSettings:
     """Hyperparameters of the linear learners. The defaults (32 steps,
     γ0 = 1) were chosen by a small sweep on Adult (group sizes 33 to 2000,
-    γ0 0.03 to 10, scored on its test split: optimistic for Adult)."""
+    γ0 0.03 to 10, scored on its test split: optimistic for Adult);
+    ``sgd_steps`` None is Harmony §5.3's own rule (groups of
+    :func:`harmony_group_size`). ``log_scale``: encode the wide-range
+    numeric features on a log scale (:func:`wide_range_features`)."""
 
-    sgd_steps: int = 32
+    sgd_steps: int | None = 32
     sgd_learning_rate: float = 1.0
     rows_per_peer: int = 100
+    log_scale: bool = True
+
+    def encoding(self, spec: FeatureSpec) -> LinearEncoding:
+        return LinearEncoding(spec, wide_range_features(spec) if self.log_scale else frozenset())
 
 
 def summary(values: Sequence[float]) -> dict[str, float]:
@@ -61,15 +68,28 @@ def _max_spent(ledgers: Sequence[PrivacyLedger]) -> tuple[float, int]:
     return max(ledger.spent() for ledger in ledgers), max(len(ledger.releases) for ledger in ledgers)
 
 
-def linear_trial(
-    learner: LearnerName, encoding: LinearEncoding, train: Table, test: Table, epsilon: float, seed: int, settings: LinearSettings,
-) -> dict[str, Any]:
-    """One trial of one linear learner: AUC on ``test``, the record-level ε
-    spent and the most releases any peer made."""
+@dataclass(frozen=True)
+class EncodedSplit:
+    """A split encoded once for every trial (:class:`LinearEncoding`)."""
+
+    X: FloatArray
+    y: FloatArray
+    X_test: FloatArray
+    y_test: FloatArray
+    features: tuple[str, ...]
+    max_norm: float
+
+    @classmethod
+    def of(cls, encoding: LinearEncoding, train: Table, test: Table) -> EncodedSplit:
+        return cls(encoding.transform(train), encoding.signed_labels(train), encoding.transform(test), encoding.signed_labels(test),
+                   encoding.spec.names, encoding.max_norm)
+
+
+def linear_trial(learner: LearnerName, split: EncodedSplit, epsilon: float, seed: int, settings: LinearSettings) -> dict[str, Any]:
+    """One trial of one linear learner: AUC on the test rows, the
+    record-level ε spent and the most releases any peer made."""
     started = time.perf_counter()
-    X, y = encoding.transform(train), encoding.signed_labels(train)
-    X_test, y_test = encoding.transform(test), encoding.signed_labels(test)
-    features = encoding.spec.names
+    X, y, X_test, y_test, features = split.X, split.y, split.X_test, split.y_test, split.features
     details: dict[str, Any] = {}
     if learner in _SGD_LOSS:
         sgd = LDPGradientDescent(
@@ -79,10 +99,11 @@ def linear_trial(
         details = {"steps": sgd.steps_, "group_size": sgd.group_size_}
     elif learner == LearnerName.AVERAGING:
         averaging = ModelAveraging(epsilon=epsilon, rows_per_peer=settings.rows_per_peer, random_state=seed)
-        averaging.fit(unit_ball_rows(X, encoding.max_norm), y, features=features)
+        averaging.fit(unit_ball_rows(X, split.max_norm), y, features=features)
         scores, (spent, releases) = averaging.decision_function(X_test), _max_spent(averaging.ledgers_)
         details = {"peers": len(averaging.peer_rows_), "min_rows": min(averaging.peer_rows_), "regularization": averaging.regularization_,
-                   "noise_scale": averaging.perturbations_[0].noise_scale}
+                   "noise_scale": averaging.perturbations_[0].noise_scale,
+                   "noise_free_auc": float(roc_auc_score(y_test, X_test @ averaging.noise_free_coef_))}
     elif learner == LearnerName.LOGREG:
         scores, spent, releases = X_test @ fit_logistic_reference(X, y), 0.0, 0
     else:
@@ -98,7 +119,7 @@ def run_comparison(
     """One result line per (linear learner, ε_T): AUC summary over
     ``trials``, the worst record-level ε any peer spent, and the learner's
     details; the non-private reference has one line (ε ``None``)."""
-    encoding = LinearEncoding(spec)
+    split = EncodedSplit.of(settings.encoding(spec), train, test)
     rng = np.random.default_rng(seed)
     lines: dict[tuple[str, float | None], dict[str, Any]] = {}
     for _ in range(trials):
@@ -110,13 +131,15 @@ def run_comparison(
             for eps in [None] if learner == LearnerName.LOGREG else epsilons:
                 if learner == LearnerName.LOGREG and (learner, None) in lines:
                     continue  # deterministic: one fit is the reference
-                outcome = linear_trial(learner, encoding, train, test, eps or 1.0, trial_seed, settings)
+                outcome = linear_trial(learner, split, eps or 1.0, trial_seed, settings)
                 line = lines.setdefault((learner, eps), {"learner": str(learner), "epsilon_total_requested": eps, "aucs": [], "seconds": [],
                                                          "epsilon_total": 0.0, "releases_per_peer": 0})
                 line["aucs"].append(outcome.pop("auc"))
                 line["seconds"].append(outcome.pop("seconds"))
                 line["epsilon_total"] = max(line["epsilon_total"], outcome.pop("epsilon_total"))
                 line["releases_per_peer"] = max(line["releases_per_peer"], outcome.pop("releases_per_peer"))
+                if "noise_free_auc" in outcome:
+                    line.setdefault("noise_free_aucs", []).append(outcome.pop("noise_free_auc"))
                 line.update(outcome)
                 if progress is not None:
                     progress()
@@ -124,6 +147,8 @@ def run_comparison(
     for line in lines.values():
         line["auc"] = summary(line.pop("aucs"))
         line["seconds_per_trial"] = float(np.mean(line.pop("seconds")))
+        if "noise_free_aucs" in line:
+            line["noise_free_auc"] = summary(line.pop("noise_free_aucs"))
         out.append(line)
     return out
 

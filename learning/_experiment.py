@@ -29,6 +29,7 @@ import numpy as np
 
 from anonml.learning._binning import bin_table, exact_cut_points
 from anonml.learning._compare import LearnerName, LinearSettings, comparison_table, run_comparison, summary
+from anonml.learning._compare_report import plot_tables_comparison, print_tables_comparison
 from anonml.learning._data import DataError, Table, read_csv_table, split_table
 from anonml.learning._planner import THESIS_SPLIT, PlanChoice, candidate_choices, choose_plan
 from anonml.learning._tables import TableName, load_builtin
@@ -349,7 +350,7 @@ _DATASETS = [*(str(t) for t in TableName), CSV]
 
 
 @click.command("experiment")
-@click.argument("dataset", type=click.Choice(_DATASETS))
+@click.argument("datasets", nargs=-1, required=True, type=click.Choice(_DATASETS))
 @click.option("--data-dir", type=click.Path(path_type=Path), default=None, help="adult: the directory with adult.data and adult.test.")
 @click.option("--spec", "spec_path", type=click.Path(dir_okay=False, path_type=Path), default=None, help="csv: the feature-spec TOML file.")
 @click.option("--train", "train_path", type=click.Path(dir_okay=False, path_type=Path), default=None, help="csv: the training CSV (header: every feature and the label).")
@@ -358,9 +359,10 @@ _DATASETS = [*(str(t) for t in TableName), CSV]
 @click.option("--epsilon", "epsilons", type=ListOf(click.FloatRange(*EPSILON_TOTAL_RANGE)), multiple=True, default=("1,2,4",), show_default=True, help="Record-level ε_T values, e.g. 0.5,1,2 (every release counted, the quantile search included).")
 @click.option("--trials", type=click.IntRange(min=1), default=20, show_default=True)
 @click.option("--learner", "learners", type=ListOf(click.Choice([str(name) for name in LearnerName])), multiple=True, default=(LearnerName.ENSEMBLE.value,), show_default=True, help="Learners to compare on the same split and ε_T: ensemble (the release plans below), ldp-sgd-lr / -svm / -linreg (Harmony's LDP gradient descent, one step per peer), model-averaging (003: output-perturbed local models), logreg (non-private reference).")
-@click.option("--sgd-steps", type=click.IntRange(min=1), default=LinearSettings.sgd_steps, show_default=True, help="LDP SGD: gradient steps (the peers are dealt into this many groups).")
+@click.option("--sgd-steps", type=click.IntRange(min=0), default=LinearSettings.sgd_steps, show_default=True, help="LDP SGD: gradient steps (the peers are dealt into this many groups); 0: Harmony's rule, groups of max(2 d ln d / ε², n/1000).")
 @click.option("--sgd-learning-rate", type=click.FloatRange(min=0, min_open=True), default=LinearSettings.sgd_learning_rate, show_default=True, help="LDP SGD: γ0 (step k uses γ0/sqrt(k)).")
 @click.option("--rows-per-peer", type=click.IntRange(min=100), default=LinearSettings.rows_per_peer, show_default=True, help="Model averaging: rows each peer holds (its slice of the table).")
+@click.option("--log-scale/--no-log-scale", default=LinearSettings.log_scale, show_default=True, help="Linear learners: encode numeric features whose public range is >= 0 and spans >= 1000 units on a log scale.")
 @click.option("--plan", "plans", type=ListOf(click.Choice([PLANNER, *(str(k) for k in PlanKind)])), multiple=True, default=(f"{PlanKind.ONE},{PLANNER}",), show_default=True, help="one: the default plan, one release per peer at the full ε_T (3 cut points per numeric feature, a reserved comparison pool); planner: the planner's choice by simulation; split: the thesis's plan.")
 @click.option("--planner-trials", type=click.IntRange(min=1), default=2, show_default=True, help="Simulations per candidate plan in the planner.")
 @click.option("--kp", type=ListOf(click.IntRange(min=1)), multiple=True, help="Partitions (a sweep: several values).")
@@ -383,61 +385,95 @@ _DATASETS = [*(str(t) for t in TableName), CSV]
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Draw AUC vs ε_T (PNG).")
 @click.option("--plot-x", type=click.Choice(["eps", "kp", "ks"]), default="eps", show_default=True, help="x axis of the plot: ε_T (Figure 8-2) or a swept k_p / k_s (Figures 8-3 to 8-5).")
 def experiment(
-    dataset: str, data_dir: Path | None, spec_path: Path | None, train_path: Path | None, test_path: Path | None, test_fraction: float,
+    datasets: tuple[str, ...], data_dir: Path | None, spec_path: Path | None, train_path: Path | None, test_path: Path | None, test_fraction: float,
     epsilons: tuple[tuple[float, ...], ...], trials: int, learners: tuple[tuple[str, ...], ...], sgd_steps: int, sgd_learning_rate: float,
-    rows_per_peer: int, plans: tuple[tuple[str, ...], ...], kp: tuple[tuple[int, ...], ...],
+    rows_per_peer: int, log_scale: bool, plans: tuple[tuple[str, ...], ...], kp: tuple[tuple[int, ...], ...],
     ks: tuple[tuple[int, ...], ...], kh: tuple[tuple[int, ...], ...], quantiles: int | None, median_peers: str | None, pool: float,
     planner_trials: int, median_steps: int, combiners: tuple[tuple[str, ...], ...], base: str, scoring: str, oracle: str, postprocess: str, features: str | None,
     max_train_rows: int | None, seed: int, baselines: bool, json_path: Path | None, plot_path: Path | None, plot_x: str,
 ) -> None:
-    """The thesis's chapter-8 experiments on DATASET, in process (no
-    network): AUC against record-level ε_T for the release plans, with
-    non-private baselines on the same split."""
+    """The thesis's chapter-8 experiments on each of DATASETS, in process
+    (no network): AUC against record-level ε_T for the release plans, with
+    non-private baselines on the same split. Several tables (e.g. ``adult
+    breast-cancer affairs``) end with one comparison of every learner
+    across them; ``--json`` then holds ``{"tables": [...]}`` and ``--plot``
+    one panel per table."""
+    if CSV in datasets and len(datasets) > 1:
+        raise click.UsageError("csv runs alone (its --spec and --train name one table)")
     started = time.perf_counter()
-    try:
-        rng = np.random.default_rng(seed)
-        spec, train, test = load_tables(dataset, data_dir=data_dir, spec_path=spec_path, train_path=train_path, test_path=test_path, test_fraction=test_fraction, rng=rng)
-        spec = restrict_spec(spec, features)
-        if max_train_rows is not None and max_train_rows < train.n_rows:
-            train = train.rows(np.sort(rng.choice(train.n_rows, size=max_train_rows, replace=False)))
-        chosen_learners = _flatten(learners)
-        requests = [] if LearnerName.ENSEMBLE not in chosen_learners else plan_requests(
-            spec, _flatten(plans), _flatten(kp), _flatten(ks), _flatten(kh), quantiles=quantiles, median_peers=median_peers,
-            median_steps=median_steps, pool=pool, oracle=oracle, planner_trials=planner_trials,
-        )
-        eps_values = sorted(_flatten(epsilons))
-        linear = [name for name in chosen_learners if name != LearnerName.ENSEMBLE]
-        steps = trials * len(requests) * len(eps_values) + trials * sum(len(eps_values) for name in linear if name != LearnerName.LOGREG) + (LearnerName.LOGREG in linear)
-        done = [0]
-
-        def progress() -> None:
-            done[0] += 1
-            if done[0] % max(1, steps // 10) == 0 or done[0] == steps:
-                click.echo(f"  {done[0]}/{steps} trial runs, {time.perf_counter() - started:.1f} s", err=True)
-
-        report = run_experiment(
-            spec=spec, train=train, test=test, dataset=dataset, epsilons=eps_values, trials=trials, requests=requests,
-            combiners=_flatten(combiners), base=base, scoring=scoring, postprocess=postprocess, seed=seed, baselines=baselines,
-            progress=progress,
-        )
-        if linear:
-            settings = LinearSettings(sgd_steps=sgd_steps, sgd_learning_rate=sgd_learning_rate, rows_per_peer=rows_per_peer)
-            report["linear_settings"] = {"sgd_steps": sgd_steps, "sgd_learning_rate": sgd_learning_rate, "rows_per_peer": rows_per_peer}
-            report["learners"] = run_comparison(spec=spec, train=train, test=test, learners=linear, epsilons=eps_values, trials=trials, seed=seed,
-                                                settings=settings, progress=progress)
-    except DataError as exc:
-        raise click.UsageError(str(exc)) from None
-    except FeatureSpecError as exc:
-        raise click.UsageError(f"feature spec: {exc}") from None
-    except PlanError as exc:
-        raise click.UsageError(f"unsatisfiable plan parameters: {exc}") from None
-    report["wall_seconds"] = time.perf_counter() - started
-    print_results(report)
+    reports = []
+    for dataset in datasets:
+        try:
+            reports.append(_one_table(
+                dataset, data_dir=data_dir, spec_path=spec_path, train_path=train_path, test_path=test_path, test_fraction=test_fraction,
+                epsilons=epsilons, trials=trials, learners=learners, settings=LinearSettings(
+                    sgd_steps=sgd_steps or None, sgd_learning_rate=sgd_learning_rate, rows_per_peer=rows_per_peer, log_scale=log_scale),
+                plans=plans, kp=kp, ks=ks, kh=kh, quantiles=quantiles, median_peers=median_peers, pool=pool, planner_trials=planner_trials,
+                median_steps=median_steps, combiners=combiners, base=base, scoring=scoring, oracle=oracle, postprocess=postprocess,
+                features=features, max_train_rows=max_train_rows, seed=seed, baselines=baselines,
+            ))
+        except DataError as exc:
+            raise click.UsageError(str(exc)) from None
+        except FeatureSpecError as exc:
+            raise click.UsageError(f"feature spec: {exc}") from None
+        except PlanError as exc:
+            raise click.UsageError(f"unsatisfiable plan parameters: {exc}") from None
+        print_results(reports[-1])
+    if len(reports) > 1:
+        print_tables_comparison(reports)
+    output: dict[str, Any] = reports[0] if len(reports) == 1 else {"tables": reports, "wall_seconds": time.perf_counter() - started}
     if json_path is not None:
-        json_path.write_text(json.dumps(report, indent=2, allow_nan=False) + "\n")
+        json_path.write_text(json.dumps(output, indent=2, allow_nan=False) + "\n")
         click.echo(f"wrote {json_path}")
     if plot_path is not None:
-        plot_results(report, plot_path, plot_x)
+        if len(reports) == 1:
+            plot_results(reports[0], plot_path, plot_x)
+        else:
+            plot_tables_comparison(reports, plot_path)
         click.echo(f"wrote {plot_path}")
-    if any(not math.isfinite(r["auc"]["mean"]) for r in [*report["results"], *report.get("learners", [])]):
-        raise click.ClickException("some trials produced a non-finite AUC")
+    for report in reports:
+        if any(not math.isfinite(r["auc"]["mean"]) for r in [*report["results"], *report.get("learners", [])]):
+            raise click.ClickException("some trials produced a non-finite AUC")
+
+
+def _one_table(
+    dataset: str, *, data_dir: Path | None, spec_path: Path | None, train_path: Path | None, test_path: Path | None, test_fraction: float,
+    epsilons: tuple[tuple[float, ...], ...], trials: int, learners: tuple[tuple[str, ...], ...], settings: LinearSettings,
+    plans: tuple[tuple[str, ...], ...], kp: tuple[tuple[int, ...], ...], ks: tuple[tuple[int, ...], ...], kh: tuple[tuple[int, ...], ...],
+    quantiles: int | None, median_peers: str | None, pool: float, planner_trials: int, median_steps: int, combiners: tuple[tuple[str, ...], ...],
+    base: str, scoring: str, oracle: str, postprocess: str, features: str | None, max_train_rows: int | None, seed: int, baselines: bool,
+) -> dict[str, Any]:
+    """One table's report (see :func:`experiment`)."""
+    started = time.perf_counter()
+    rng = np.random.default_rng(seed)
+    spec, train, test = load_tables(dataset, data_dir=data_dir, spec_path=spec_path, train_path=train_path, test_path=test_path, test_fraction=test_fraction, rng=rng)
+    spec = restrict_spec(spec, features)
+    if max_train_rows is not None and max_train_rows < train.n_rows:
+        train = train.rows(np.sort(rng.choice(train.n_rows, size=max_train_rows, replace=False)))
+    chosen_learners = _flatten(learners)
+    requests = [] if LearnerName.ENSEMBLE not in chosen_learners else plan_requests(
+        spec, _flatten(plans), _flatten(kp), _flatten(ks), _flatten(kh), quantiles=quantiles, median_peers=median_peers,
+        median_steps=median_steps, pool=pool, oracle=oracle, planner_trials=planner_trials,
+    )
+    eps_values = sorted(_flatten(epsilons))
+    linear = [name for name in chosen_learners if name != LearnerName.ENSEMBLE]
+    steps = trials * len(requests) * len(eps_values) + trials * sum(len(eps_values) for name in linear if name != LearnerName.LOGREG) + (LearnerName.LOGREG in linear)
+    done = [0]
+
+    def progress() -> None:
+        done[0] += 1
+        if done[0] % max(1, steps // 10) == 0 or done[0] == steps:
+            click.echo(f"  {dataset}: {done[0]}/{steps} trial runs, {time.perf_counter() - started:.1f} s", err=True)
+
+    report = run_experiment(
+        spec=spec, train=train, test=test, dataset=dataset, epsilons=eps_values, trials=trials, requests=requests,
+        combiners=_flatten(combiners), base=base, scoring=scoring, postprocess=postprocess, seed=seed, baselines=baselines,
+        progress=progress,
+    )
+    if linear:
+        report["linear_settings"] = {"sgd_steps": settings.sgd_steps or "harmony", "sgd_learning_rate": settings.sgd_learning_rate,
+                                     "rows_per_peer": settings.rows_per_peer, "log_scaled": sorted(settings.encoding(spec).log_scaled)}
+        report["learners"] = run_comparison(spec=spec, train=train, test=test, learners=linear, epsilons=eps_values, trials=trials, seed=seed,
+                                            settings=settings, progress=progress)
+    report["wall_seconds"] = time.perf_counter() - started
+    return report

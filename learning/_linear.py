@@ -40,16 +40,49 @@ class Loss(StrEnum):
     SQUARED = "squared"  # (x'β - y)^2 (linear regression), y in [-1, 1]
 
 
+# A numeric feature whose public bounds satisfy ``low >= 0`` and
+# ``high - low >= LOG_SCALE_SPAN`` is encoded on a log scale (see LinearEncoding).
+LOG_SCALE_SPAN = 1000.0
+
+
+def wide_range_features(spec: FeatureSpec) -> frozenset[str]:
+    """The numeric features of ``spec`` whose public range is non-negative
+    and spans at least ``LOG_SCALE_SPAN`` units (amounts such as Adult's
+    capital gain, 0 to 99,999): decided from the bounds alone."""
+    return frozenset(
+        f.name for f in spec.features if isinstance(f, NumericFeature) and f.low >= 0 and f.high - f.low >= LOG_SCALE_SPAN
+    )
+
+
 @dataclass(frozen=True)
 class LinearEncoding:
     """A table as vectors in ``[-1, 1]^d`` from the public feature spec only
     (no statistic of the data): an intercept column of 1; each numeric
-    feature clipped to its public bounds and mapped linearly onto [-1, 1];
-    each categorical feature with k bins as k - 1 attributes in {-1, 1}, the
-    l-th bin a 1 on the l-th attribute and -1 on the others, the last bin -1
-    on all (Harmony §5.3's encoding)."""
+    feature clipped to its public bounds and mapped linearly onto [-1, 1]
+    (Harmony §5.1), or for the features in ``log_scaled`` mapped by
+    ``log(1 + v - low) / log(1 + high - low)`` onto [-1, 1]; each categorical
+    feature with k bins as k - 1 attributes in {-1, 1}, the l-th bin a 1 on
+    the l-th attribute and -1 on the others, the last bin -1 on all
+    (Harmony §5.3's encoding).
+
+    Why the log scale: a linear map of a public range that is generous by
+    orders of magnitude puts almost every row at -1 and leaves the model a
+    coefficient of ~16 to learn on that coordinate (Adult's capital gain in
+    the non-private fit), which LDP gradient descent's few damped steps and
+    model averaging's strong regularisation cannot reach (measured on
+    Adult: noise-free gradient descent with 32 steps, γ0 = 1, AUC 0.858
+    linear, 0.869 log). The map is a fixed function of each peer's own value
+    and the public bounds, so privacy is unchanged."""
 
     spec: FeatureSpec
+    log_scaled: frozenset[str] = frozenset()
+
+    def __post_init__(self) -> None:
+        numeric = {f.name for f in self.spec.features if isinstance(f, NumericFeature)}
+        if not self.log_scaled <= numeric:
+            raise ValueError(f"log_scaled names features that are not numeric features of the spec: {sorted(self.log_scaled - numeric)!r}")
+        if any(f.low < 0 for f in self.spec.features if isinstance(f, NumericFeature) and f.name in self.log_scaled):
+            raise ValueError("a log-scaled feature needs a lower bound >= 0")
 
     @property
     def dimension(self) -> int:
@@ -67,7 +100,11 @@ class LinearEncoding:
             raw = table.column(feature.name)
             if isinstance(feature, NumericFeature):
                 clipped, _ = feature.clip(raw)
-                columns.append((2 * (clipped - feature.low) / (feature.high - feature.low) - 1)[:, None])
+                if feature.name in self.log_scaled:
+                    unit = np.log1p(clipped - feature.low) / math.log1p(feature.high - feature.low)
+                else:
+                    unit = (clipped - feature.low) / (feature.high - feature.low)
+                columns.append((2 * unit - 1)[:, None])
                 continue
             bins = feature.bin(raw)
             block = -np.ones((table.n_rows, feature.n_bins - 1))

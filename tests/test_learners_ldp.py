@@ -302,3 +302,54 @@ def test_experiment_compares_learners_at_record_level_epsilon(tmp_path: Path) ->
         assert lines[name]["auc"]["n"] == 2
     assert lines["logreg"]["epsilon_total_requested"] is None and lines["logreg"]["auc"]["mean"] > 0.95
     assert "Learners compared" in result.output
+
+
+# --- the linear encoding's log scale -------------------------------------------
+
+
+def test_wide_range_features_are_log_scaled_from_the_bounds_alone() -> None:
+    from anonml.learning import LinearEncoding, adult_spec, wide_range_features
+
+    spec = adult_spec()
+    assert wide_range_features(spec) == {"capital-gain", "capital-loss"}
+    encoding = LinearEncoding(spec, wide_range_features(spec))
+    gains = np.array([0.0, 1.0, 100.0, 99_999.0, 200_000.0])
+    columns = {f.name: np.repeat(np.asarray(f.categories[:1] if f.kind != "numeric" else [f.low]), gains.size) for f in spec.features}
+    columns["capital-gain"] = gains
+    X = encoding.transform(Table(columns, np.repeat(np.asarray(["<=50K"]), gains.size)))
+    j = 1 + [f.name for f in spec.features].index("capital-gain")
+    assert X[0, j] == -1 and X[3, j] == 1 and X[4, j] == 1 and np.all(np.diff(X[:, j]) >= 0)
+    # A linear map would leave 100 at -0.998; the log scale spreads it out.
+    assert X[2, j] > -0.2
+    with pytest.raises(ValueError, match="not numeric"):
+        LinearEncoding(spec, frozenset({"workclass"}))
+
+
+def test_ldp_sgd_logistic_regression_reaches_its_adult_target_at_epsilon_4(adult_dir: Path) -> None:
+    """Issue 28's target, on ten seeds: AUC >= 0.86 at ε_T 4 (every peer one
+    gradient, record-level ε 4)."""
+    from anonml.learning import EncodedSplit, LearnerName, LinearSettings, linear_trial, load_adult
+    from anonml.learning import adult_spec as spec_of_adult
+
+    train, test = load_adult(adult_dir)
+    settings = LinearSettings()
+    split = EncodedSplit.of(settings.encoding(spec_of_adult()), train, test)
+    outcomes = [linear_trial(LearnerName.SGD_LR, split, 4.0, seed, settings) for seed in range(10)]
+    assert all(o["epsilon_total"] == 4.0 and o["releases_per_peer"] == 1 for o in outcomes)
+    assert np.mean([o["auc"] for o in outcomes]) >= 0.86
+
+
+def test_experiment_compares_learners_across_tables(tmp_path: Path) -> None:
+    out, plot = tmp_path / "all.json", tmp_path / "all.png"
+    result = CliRunner().invoke(experiment, [
+        "breast-cancer", "affairs", "--learner", "ensemble,ldp-sgd-lr,model-averaging,logreg", "--plan", "one", "--combiner", "naive-bayes",
+        "--epsilon", "2,4", "--trials", "2", "--no-baselines", "--json", str(out), "--plot", str(plot),
+    ])
+    assert result.exit_code == 0, result.output
+    tables = json.loads(out.read_text())["tables"]
+    assert [t["dataset"] for t in tables] == ["breast-cancer", "affairs"]
+    for table in tables:
+        assert {line["learner"] for line in table["learners"]} == {"ldp-sgd-lr", "model-averaging", "logreg"}
+        assert {line["epsilon_total_requested"] for line in table["results"]} == {2.0, 4.0}
+    assert "Every learner on 2 tables" in result.output
+    assert plot.stat().st_size > 10_000
