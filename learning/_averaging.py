@@ -54,6 +54,8 @@ GRID_STEPS = 64
 # The solver must reach ||∇F|| <= this / n; it adds 1e-6 of the bound itself.
 GRADIENT_TOLERANCE = 1e-6
 _MAX_NEWTON_STEPS = 100
+# Relative rounding error of the objective (a mean of n terms in float64).
+_PRECISION = 1e-12
 # λ = REGULARIZATION_RULE / (n ε) by default (see ModelAveraging).
 REGULARIZATION_RULE = 5.0
 
@@ -92,8 +94,13 @@ def fit_regularized_logistic(X: FloatArray, y: FloatArray, regularization: float
         hessian = (X.T * (sigma * (1 - sigma))) @ X / n + regularization * np.eye(d)
         direction = np.linalg.solve(hessian, -gradient)
         step, current = 1.0, _objective(w, X, y, regularization)
-        while _objective(w + step * direction, X, y, regularization) > current + 1e-4 * step * (gradient @ direction) and step > 1e-10:
-            step /= 2
+        # Near the minimiser the predicted decrease falls below the
+        # objective's rounding error and the Armijo test compares rounding
+        # noise: the full Newton step is taken there (quadratic convergence),
+        # else backtracking (measured: 3,000-row slices stalled at ||∇F|| ~ 1e-9).
+        if -(gradient @ direction) > _PRECISION * max(1.0, abs(current)):
+            while _objective(w + step * direction, X, y, regularization) > current + 1e-4 * step * (gradient @ direction) and step > 1e-10:
+                step /= 2
         w = w + step * direction
     raise NotConverged(f"Newton's method did not reach ||grad|| <= {tolerance!r} in {_MAX_NEWTON_STEPS} steps")
 
