@@ -32,17 +32,18 @@ def print_tables_comparison(reports: Sequence[dict[str, Any]]) -> None:
 
     epsilons = _epsilons(reports)
     table = RichTable(title=f"Every learner on {len(reports)} tables (AUC on each test split, mean ± std of {reports[0]['trials']} trials)")
-    table.add_column("table")
-    table.add_column("learner")
+    table.add_column("table", no_wrap=True)
+    table.add_column("learner", no_wrap=True)
     for eps in epsilons:
-        table.add_column(f"ε_T {eps:g}", justify="right")
+        table.add_column(f"ε_T {eps:g}", justify="right", no_wrap=True)
     for report in reports:
         for learner, cells in learner_grid(report).items():
             if None in cells:
                 table.add_row(report["dataset"], f"{learner} (non-private)", *[f"{cells[None]['mean']:.3f}"] * len(epsilons))
                 continue
             table.add_row(report["dataset"], learner, *(f"{cells[eps]['mean']:.3f} ± {cells[eps]['std']:.3f}" if eps in cells else "-" for eps in epsilons))
-    Console().print(table)
+    # Wide enough for the ensemble's plan labels: the table is for reading, not a terminal's width.
+    Console(width=max(160, Console().width)).print(table)
 
 
 def plot_tables_comparison(reports: Sequence[dict[str, Any]], path: Path) -> None:

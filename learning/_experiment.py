@@ -32,6 +32,7 @@ from anonml.learning._compare import LearnerName, LinearSettings, comparison_tab
 from anonml.learning._compare_report import plot_tables_comparison, print_tables_comparison
 from anonml.learning._data import DataError, Table, read_csv_table, split_table
 from anonml.learning._planner import THESIS_SPLIT, PlanChoice, candidate_choices, choose_plan
+from anonml.learning._statistics_report import print_statistic_errors, statistic_task_errors
 from anonml.learning._tables import TableName, load_builtin
 from anonml.learning._trial import run_trial
 from anonml.mechanisms import OracleName, PostprocessMethod
@@ -362,6 +363,7 @@ _DATASETS = [*(str(t) for t in TableName), CSV]
 @click.option("--sgd-steps", type=click.IntRange(min=0), default=LinearSettings.sgd_steps, show_default=True, help="LDP SGD: gradient steps (the peers are dealt into this many groups); 0: Harmony's rule, groups of max(2 d ln d / ε², n/1000).")
 @click.option("--sgd-learning-rate", type=click.FloatRange(min=0, min_open=True), default=LinearSettings.sgd_learning_rate, show_default=True, help="LDP SGD: γ0 (step k uses γ0/sqrt(k)).")
 @click.option("--rows-per-peer", type=click.IntRange(min=100), default=LinearSettings.rows_per_peer, show_default=True, help="Model averaging: rows each peer holds (its slice of the table).")
+@click.option("--statistics", is_flag=True, help="Also run every statistic task (count, means, histograms, medians, Harmony's mixed task) on the training rows at each ε_T, --trials times, and print each answer's measured error beside its formula.")
 @click.option("--log-scale/--no-log-scale", default=LinearSettings.log_scale, show_default=True, help="Linear learners: encode numeric features whose public range is >= 0 and spans >= 1000 units on a log scale.")
 @click.option("--plan", "plans", type=ListOf(click.Choice([PLANNER, *(str(k) for k in PlanKind)])), multiple=True, default=(f"{PlanKind.ONE},{PLANNER}",), show_default=True, help="one: the default plan, one release per peer at the full ε_T (3 cut points per numeric feature, a reserved comparison pool); planner: the planner's choice by simulation; split: the thesis's plan.")
 @click.option("--planner-trials", type=click.IntRange(min=1), default=2, show_default=True, help="Simulations per candidate plan in the planner.")
@@ -387,7 +389,7 @@ _DATASETS = [*(str(t) for t in TableName), CSV]
 def experiment(
     datasets: tuple[str, ...], data_dir: Path | None, spec_path: Path | None, train_path: Path | None, test_path: Path | None, test_fraction: float,
     epsilons: tuple[tuple[float, ...], ...], trials: int, learners: tuple[tuple[str, ...], ...], sgd_steps: int, sgd_learning_rate: float,
-    rows_per_peer: int, log_scale: bool, plans: tuple[tuple[str, ...], ...], kp: tuple[tuple[int, ...], ...],
+    rows_per_peer: int, statistics: bool, log_scale: bool, plans: tuple[tuple[str, ...], ...], kp: tuple[tuple[int, ...], ...],
     ks: tuple[tuple[int, ...], ...], kh: tuple[tuple[int, ...], ...], quantiles: int | None, median_peers: str | None, pool: float,
     planner_trials: int, median_steps: int, combiners: tuple[tuple[str, ...], ...], base: str, scoring: str, oracle: str, postprocess: str, features: str | None,
     max_train_rows: int | None, seed: int, baselines: bool, json_path: Path | None, plot_path: Path | None, plot_x: str,
@@ -410,7 +412,7 @@ def experiment(
                     sgd_steps=sgd_steps or None, sgd_learning_rate=sgd_learning_rate, rows_per_peer=rows_per_peer, log_scale=log_scale),
                 plans=plans, kp=kp, ks=ks, kh=kh, quantiles=quantiles, median_peers=median_peers, pool=pool, planner_trials=planner_trials,
                 median_steps=median_steps, combiners=combiners, base=base, scoring=scoring, oracle=oracle, postprocess=postprocess,
-                features=features, max_train_rows=max_train_rows, seed=seed, baselines=baselines,
+                features=features, max_train_rows=max_train_rows, seed=seed, baselines=baselines, statistics=statistics,
             ))
         except DataError as exc:
             raise click.UsageError(str(exc)) from None
@@ -419,6 +421,8 @@ def experiment(
         except PlanError as exc:
             raise click.UsageError(f"unsatisfiable plan parameters: {exc}") from None
         print_results(reports[-1])
+        if statistics:
+            print_statistic_errors(reports[-1]["statistics"], dataset)
     if len(reports) > 1:
         print_tables_comparison(reports)
     output: dict[str, Any] = reports[0] if len(reports) == 1 else {"tables": reports, "wall_seconds": time.perf_counter() - started}
@@ -442,6 +446,7 @@ def _one_table(
     plans: tuple[tuple[str, ...], ...], kp: tuple[tuple[int, ...], ...], ks: tuple[tuple[int, ...], ...], kh: tuple[tuple[int, ...], ...],
     quantiles: int | None, median_peers: str | None, pool: float, planner_trials: int, median_steps: int, combiners: tuple[tuple[str, ...], ...],
     base: str, scoring: str, oracle: str, postprocess: str, features: str | None, max_train_rows: int | None, seed: int, baselines: bool,
+    statistics: bool,
 ) -> dict[str, Any]:
     """One table's report (see :func:`experiment`)."""
     started = time.perf_counter()
@@ -475,5 +480,7 @@ def _one_table(
                                      "rows_per_peer": settings.rows_per_peer, "log_scaled": sorted(settings.encoding(spec).log_scaled)}
         report["learners"] = run_comparison(spec=spec, train=train, test=test, learners=linear, epsilons=eps_values, trials=trials, seed=seed,
                                             settings=settings, progress=progress)
+    if statistics:
+        report["statistics"] = statistic_task_errors(spec, train, eps_values, trials, seed)
     report["wall_seconds"] = time.perf_counter() - started
     return report
