@@ -21,6 +21,12 @@ def learner_grid(report: dict[str, Any]) -> dict[str, dict[float | None, dict[st
     return grid
 
 
+def short_name(learner: str) -> str:
+    """A learner's name without the ensemble's plan parameters (they differ
+    by table; the vote does not): ``ensemble, naive-bayes vote``."""
+    return f"ensemble, {learner.rsplit(' ', 1)[1]} vote" if learner.startswith("ensemble ") else learner
+
+
 def _epsilons(reports: Sequence[dict[str, Any]]) -> list[float]:
     return sorted({eps for report in reports for cells in learner_grid(report).values() for eps in cells if eps is not None})
 
@@ -39,9 +45,9 @@ def print_tables_comparison(reports: Sequence[dict[str, Any]]) -> None:
     for report in reports:
         for learner, cells in learner_grid(report).items():
             if None in cells:
-                table.add_row(report["dataset"], f"{learner} (non-private)", *[f"{cells[None]['mean']:.3f}"] * len(epsilons))
+                table.add_row(report["dataset"], f"{short_name(learner)} (non-private)", *[f"{cells[None]['mean']:.3f}"] * len(epsilons))
                 continue
-            table.add_row(report["dataset"], learner, *(f"{cells[eps]['mean']:.3f} ± {cells[eps]['std']:.3f}" if eps in cells else "-" for eps in epsilons))
+            table.add_row(report["dataset"], short_name(learner), *(f"{cells[eps]['mean']:.3f} ± {cells[eps]['std']:.3f}" if eps in cells else "-" for eps in epsilons))
     # Wide enough for the ensemble's plan labels: the table is for reading, not a terminal's width.
     Console(width=max(160, Console().width)).print(table)
 
@@ -55,19 +61,25 @@ def plot_tables_comparison(reports: Sequence[dict[str, Any]], path: Path) -> Non
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, axes = plt.subplots(1, len(reports), figsize=(4.2 * len(reports), 4.2), squeeze=False)
+    figure, axes = plt.subplots(1, len(reports), figsize=(4.2 * len(reports), 4.6), squeeze=False)
+    # One colour per learner on every panel.
+    names = sorted({short_name(learner) for report in reports for learner in learner_grid(report)})
+    colours = {name: f"C{index % 10}" for index, name in enumerate(names)}
+    handles: dict[str, Any] = {}
     for panel, report in zip(axes[0], reports):
         for learner, cells in sorted(learner_grid(report).items()):
+            name = short_name(learner)
             if None in cells:
-                panel.axhline(cells[None]["mean"], linestyle="--", color="grey", linewidth=1, label=f"{learner} (non-private)")
+                handles[f"{name} (non-private)"] = panel.axhline(cells[None]["mean"], linestyle="--", color="grey", linewidth=1)
                 continue
             x = sorted(eps for eps in cells if eps is not None)
-            panel.errorbar(x, [cells[eps]["mean"] for eps in x], yerr=[cells[eps]["std"] for eps in x], marker="o", capsize=3, label=learner)
+            handles[name] = panel.errorbar(x, [cells[eps]["mean"] for eps in x], yerr=[cells[eps]["std"] for eps in x], marker="o", capsize=3,
+                                           color=colours[name])
         panel.set_xscale("log", base=2)
         panel.set_xlabel("record-level ε_T")
         panel.set_title(f"{report['dataset']} ({report['trials']} trials)")
-    axes[0][0].set_ylabel("ROC AUC on the test split")
-    axes[0][-1].legend(fontsize=7, loc="lower right")
-    figure.tight_layout()
+    axes[0][0].set_ylabel("ROC AUC on the test split (mean ± std)")
+    figure.legend(list(handles.values()), list(handles), loc="lower center", ncol=4, fontsize=8)
+    figure.tight_layout(rect=(0, 0.14, 1, 1))
     figure.savefig(path, dpi=110)
     plt.close(figure)
