@@ -12,7 +12,9 @@ JMLR 2011, Corollary 8) holds under these assumptions, each enforced here:
   ``λ > 0`` on every coordinate (the intercept too);
 - ``||x_i||_2 <= 1``: rows are divided by the encoding's public norm bound
   and any row still longer is projected onto the unit ball;
-- neighbouring slices differ in one row and have the same ``n``;
+- neighbouring slices differ in one row and have the same ``n``; the bound
+  is computed at the public ``rows_per_peer``, at most any slice's ``n``
+  (``2/(nλ)`` only shrinks as ``n`` grows);
 - the released model is the exact minimiser. A numerical one is not; with
   ``||∇F(ŵ)|| <= g`` strong convexity gives ``||ŵ - w*|| <= g/λ``, so the
   bound used is ``2/(nλ) + 2g/λ`` and the solver refuses to release unless
