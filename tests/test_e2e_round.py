@@ -58,7 +58,8 @@ from anonml.protocol._features import FeatureSpec
 from anonml.protocol._manifest import RelayEntry, RoundManifest, SignedManifest
 from round_support import two_feature_spec
 
-pytestmark = pytest.mark.slow
+# System suite: relay processes and a round in wall-clock windows (a minute and more).
+pytestmark = pytest.mark.system
 
 
 N_RELAYS = 4
