@@ -16,8 +16,8 @@ ADULT_DIR = REPO_ROOT.parent / "shared" / "data" / "adult"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Slow tests first: pytest-xdist hands tests out in this order, so the
-    long rounds run beside the quick tests instead of after them. Tests that
+    """Slow and system tests first: pytest-xdist hands tests out in this order, so the
+    long ones run beside the quick tests instead of after them. Tests that
     need a quiet machine last: by then the demos are over, and a worker that
     reached one early would wait idle on :func:`quiet_machine` for a demo's
     whole round.
@@ -31,7 +31,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     def rank(item: pytest.Item) -> int:
         if "quiet_machine" in getattr(item, "fixturenames", ()):
             return 2
-        return 0 if item.get_closest_marker("slow") is not None else 1
+        long = item.get_closest_marker("slow") is not None or item.get_closest_marker("system") is not None
+        return 0 if long else 1
 
     items.sort(key=rank)
     rounds = [item for item in items if item.get_closest_marker("whole_round") is not None]

@@ -25,7 +25,8 @@ import pytest
 from anonml.base.process import anonml_command
 from anonml.demo import schedule_seconds
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("machine_share")]
+# System suite: a whole demo round and a browser.
+pytestmark = [pytest.mark.system, pytest.mark.usefixtures("machine_share")]
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 # Flags that work on this kind of machine (root, no GPU, no network beyond loopback).

@@ -19,7 +19,8 @@ import pytest
 from anonml.base.process import anonml_command
 from anonml.demo import schedule_seconds
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("machine_share")]
+# System suite: the demo's own processes, its windows in wall-clock seconds.
+pytestmark = [pytest.mark.system, pytest.mark.usefixtures("machine_share")]
 
 # Beyond the round's own schedule (which the demo sizes from what it
 # measures on this machine): starting, the report, the summary. A guard

@@ -8,6 +8,10 @@ token, an unregistered sender, a token for another partition's survey and a
 replayed message are each rejected and counted by reason in the report; an
 exact replay of a packet is dropped by the relay; and a relay stopped during
 the data phase loses nothing, because peers resend over other paths.
+
+A system test (relay processes, a minute and more of wall-clock windows): the
+fast suite makes the same forbidden submissions in a simulated round
+(``tests/test_round_forbidden.py``).
 """
 
 from __future__ import annotations
@@ -58,7 +62,8 @@ from anonml.protocol._features import FeatureSpec
 from anonml.protocol._manifest import RelayEntry, RoundManifest, SignedManifest
 from round_support import two_feature_spec
 
-pytestmark = pytest.mark.slow
+# System suite: relay processes and a round in wall-clock windows (a minute and more).
+pytestmark = pytest.mark.system
 
 
 N_RELAYS = 4

@@ -20,7 +20,8 @@ from anonml.base.process import anonml_command
 from anonml.peer._store import PeerStore
 from test_e2e_round import aggregator_with_relays, spec_document
 
-pytestmark = pytest.mark.slow
+# System suite: relay and peer processes, a round in wall-clock windows (two minutes and more).
+pytestmark = pytest.mark.system
 
 
 async def test_a_killed_peer_join_resumes_with_its_stored_credential(tmp_path: Path, relay_processes: list[trio.Process]) -> None:
