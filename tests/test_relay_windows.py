@@ -216,6 +216,39 @@ async def test_beyond_max_held_packets_are_refused_busy(
     assert len(harness.store.schedule()) == 3
 
 
+async def test_one_address_or_one_network_filling_the_hold_leaves_room_for_an_honest_peer(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    """Issue 25: in-window packets from one address were all held until the queue was full, then
+    every honest packet was BUSY for the rest of the phase. Each address holds at most 1/64 and each
+    /24 1/32 of the queue from the first packet; the refusals are counted and charged to its budget."""
+    clock = WallClock.starting_at(T0)
+    harness = Harness(tmp_path, clock, max_held_packets=640)  # 10 per address, 20 per /24
+    relay = harness.relay
+    window = ReleaseWindow(T0 + 10, T0 + 20)
+    flood = [harness.packet(i, window) for i in range(640)]  # the whole queue, in window, from one address
+    async with trio.open_nursery() as nursery:
+        harness.start(nursery)
+        statuses, charged = await relay.receive(flood, "10.0.0.1")
+        assert statuses == [AckStatus.ACCEPTED] * 10 + [AckStatus.BUSY] * 630 and charged == 630
+        # More addresses of the same /24 get its other 10, then nothing.
+        for host in range(2, 6):
+            statuses, _ = await relay.receive([harness.packet(1000 + 10 * host + i, window) for i in range(5)],
+                                              f"10.0.0.{host}")
+            assert statuses.count(AckStatus.ACCEPTED) == (5 if host <= 3 else 0)
+        assert relay.counters.dropped["source-share"] == 630 and relay.counters.dropped["prefix-share"] == 10
+        # An honest peer elsewhere is served as if nobody flooded.
+        honest = [harness.packet(2000 + i, window) for i in range(3)]
+        assert await relay.on_packets(honest, "192.0.2.7") == [AckStatus.ACCEPTED] * 3
+        # A share is given back once its packets are released: the next window's packets are taken.
+        await trio.sleep_until(clock.to_trio(window.end + 1))
+        later = ReleaseWindow(T0 + 30, T0 + 40)
+        assert await relay.on_packets([harness.packet(3000 + i, later) for i in range(10)], "10.0.0.1") == [
+            AckStatus.ACCEPTED] * 10
+        nursery.cancel_scope.cancel()
+    assert sorted(i for _, i in harness.sent) == [*range(10), *range(1020, 1025), *range(1030, 1035), 2000, 2001, 2002]
+
+
 async def test_a_restart_inside_the_window_still_releases_everything_inside_it(
     autojump_clock: trio.testing.MockClock, tmp_path: Path
 ) -> None:

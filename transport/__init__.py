@@ -12,7 +12,14 @@ All of them reach the network through a :class:`Network`: TCP
 
 from __future__ import annotations
 
-from anonml.transport._admission import ConnectionGate, GateRefusal, GateSlot, RequestPacer, peer_address
+from anonml.transport._admission import (
+    ConnectionGate,
+    GateRefusal,
+    GateSlot,
+    RequestPacer,
+    peer_address,
+    source_prefix,
+)
 from anonml.transport._http import HttpLimits, serve_http, serve_http_on, tls_context
 from anonml.transport._memory import (
     ConnectHook,
@@ -94,6 +101,7 @@ __all__ = [
     "parse_acks",
     "parse_hello_reply",
     "peer_address",
+    "source_prefix",
     "receive_exactly",
     "serve_http",
     "serve_http_on",

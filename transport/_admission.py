@@ -30,6 +30,8 @@ Counts live on the trio thread (no locks).
 from __future__ import annotations
 
 import enum
+import functools
+import ipaddress
 import math
 from collections import Counter
 from dataclasses import dataclass, field
@@ -219,6 +221,26 @@ class RequestPacer:
             return False
         await trio.sleep(wait)
         return True
+
+
+# The network an attacker's addresses share (issue 25's model: up to 64 addresses in each of up to
+# 16 /24s): an IPv4 /24, an IPv6 /48 (the usual smallest assignment to a site).
+_IPV4_PREFIX = 24
+_IPV6_PREFIX = 48
+
+
+@functools.lru_cache(maxsize=4096)  # asked per frame and per connection, of a few sources at a time
+def source_prefix(source: str) -> str:
+    """The network of an IP address (``"10.1.2.0/24"``), the unit of per-prefix caps; a
+    string that is no IP address (``"?"``, a simulated name) is its own network."""
+    try:
+        address = ipaddress.ip_address(source)
+    except ValueError:
+        return source
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    bits = _IPV4_PREFIX if address.version == 4 else _IPV6_PREFIX
+    return str(ipaddress.ip_network((address, bits), strict=False))
 
 
 def peer_address(stream: trio.abc.Stream) -> str:
