@@ -464,15 +464,18 @@ class Relay:
             return statuses
 
         try:
-            await serve_link(
-                stream,
-                on_packets,
-                packet_size=self.geometry.packet_size,
-                geometry_hash=self.geometry_hash,
-                limits=self.config.link,
-                identity=self.identity,
-                admit=admit,
-            )
+            with slot.cancel_scope:  # cancelled if the gate evicts this connection as the one idle longest
+                await serve_link(
+                    slot.watch(stream),
+                    on_packets,
+                    packet_size=self.geometry.packet_size,
+                    geometry_hash=self.geometry_hash,
+                    limits=self.config.link,
+                    identity=self.identity,
+                    admit=admit,
+                )
+            if slot.evicted:
+                counters.link_errors["evicted-idle"] += 1
         except LinkError as exc:
             counters.link_errors[exc.reason] += 1
             log_event(logger, logging.DEBUG, "link-error", peer=source, reason=exc.reason, detail=str(exc))

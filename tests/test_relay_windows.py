@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -247,6 +248,54 @@ async def test_one_address_or_one_network_filling_the_hold_leaves_room_for_an_ho
             AckStatus.ACCEPTED] * 10
         nursery.cancel_scope.cancel()
     assert sorted(i for _, i in harness.sent) == [*range(10), *range(1020, 1025), *range(1030, 1035), 2000, 2001, 2002]
+
+
+async def test_link_churn_from_eight_addresses_leaves_a_fresh_peer_connection_served(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    """Issue 25: 320 silent link connections from 8 addresses, reopened when closed, took all 224
+    public slots (the per-source cap bound only once half were taken) and an honest peer sent 1
+    packet in 8 s. Scaled over the in-memory network: 8 addresses (each in a /24 of its own) keep
+    every one of 16 public slots busy with hellos and silence; a peer's fresh connections are served."""
+    from anonml.transport import LinkClient, MemoryNetwork, encode_hello
+
+    harness = Harness(tmp_path, WallClock.starting_at(T0), max_connections=20, max_connections_per_source=2,
+                      neighbour_connections=4)
+    network = MemoryNetwork()
+    listeners = await network.listen("10.9.0.1", 9000)
+    window = ReleaseWindow(T0 + 100, T0 + 200)
+    hello = encode_hello(GEOMETRY.packet_size, GEOMETRY.canonical_hash())
+
+    async def churn(source: str) -> None:
+        while True:
+            stream = await network.connect("10.9.0.1", 9000, local_address=source)
+            try:
+                await stream.send_all(hello)
+                while await stream.receive_some():
+                    pass
+            except trio.BrokenResourceError:
+                pass
+            await trio.sleep(0.01)
+
+    async with trio.open_nursery() as nursery:
+        harness.start(nursery)
+        nursery.start_soon(partial(trio.serve_listeners, harness.relay.handle_connection, listeners,
+                                   handler_nursery=nursery))
+        for index in range(8):
+            for _ in range(3):
+                nursery.start_soon(churn, f"10.4.{index}.1")
+        await trio.sleep(1.0)
+        statuses = []
+        for index in range(10):
+            client = LinkClient("10.9.0.1", 9000, packet_size=GEOMETRY.packet_size,
+                                geometry_hash=GEOMETRY.canonical_hash(), network=network, local_address="192.0.2.7")
+            statuses += await client.send_batch([harness.packet(index, window)], give_up_at=trio.current_time() + 1)
+            await client.aclose()
+            await trio.sleep(0.5)
+        nursery.cancel_scope.cancel()
+    assert statuses == [AckStatus.ACCEPTED] * 10
+    counters = harness.relay.counters
+    assert counters.connections_refused["evicted-idle"] >= 5 and counters.connections_accepted > 16
 
 
 async def test_a_restart_inside_the_window_still_releases_everything_inside_it(

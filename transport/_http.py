@@ -31,7 +31,7 @@ from hypercorn.trio.tcp_server import TCPServer
 from hypercorn.trio.worker_context import WorkerContext
 
 from anonml.base.errors import TransportError
-from anonml.transport._admission import ConnectionGate, RequestPacer, peer_address
+from anonml.transport._admission import ConnectionGate, GateRefusal, RequestPacer, peer_address
 from anonml.transport._network import TCP_NETWORK, Listeners, Network, listening_address
 from anonml.protocol import MAX_REQUEST_BYTES, format_host_port
 from anonml.transport._link import check_positive_seconds
@@ -193,7 +193,10 @@ async def serve_http_on(
             await trio.aclose_forcefully(stream)
             return
         try:
-            await TCPServer(wrapped, config, context, {}, stream)  # type: ignore[arg-type]
+            with slot.cancel_scope:  # cancelled if the gate evicts this connection as the one idle longest
+                await TCPServer(wrapped, config, context, {}, slot.watch(stream))  # type: ignore[arg-type]
+            if slot.evicted:
+                counts[f"refused/{GateRefusal.EVICTED}"] += 1
         except Exception as exc:  # hypercorn's own failures end one connection, never the server
             if _client_left(exc):
                 counts["client-disconnected"] += 1
