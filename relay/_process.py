@@ -10,25 +10,39 @@ from __future__ import annotations
 
 import functools
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import trio
 
 from anonml.crypto import SphinxGeometry
 from anonml.protocol import format_host_port
-from anonml.transport import TCP_NETWORK, LinkIdentity, Listeners, Network, listening_address
+from anonml.transport import (
+    TCP_NETWORK,
+    HttpLimits,
+    LinkIdentity,
+    Listeners,
+    Network,
+    fit_connection_caps,
+    listening_address,
+    raise_descriptor_limit,
+)
 from anonml.relay._clock import RelayClock, WallClock
 from anonml.relay._config import RelayConfig
 from anonml.relay._directory import DirectoryError, NextHopDirectory, load_directory_file
 from anonml.relay._errors import RelayConfigError
 from anonml.relay._keys import EpochKey, KeyRing, load_identity, load_identity_key
-from anonml.relay._metrics import RelayCounters, log_event, serve_metrics
-from anonml.relay._mirror import serve_mirror
+from anonml.relay._metrics import METRICS_CONNECTIONS, RelayCounters, log_event, serve_metrics
+from anonml.relay._mirror import MIRROR_LIMITS, serve_mirror
 from anonml.relay._server import Relay, _uniform_from
 from anonml.relay._store import STORE_FILE, RelayStore
 
 logger = logging.getLogger("anonml.relay")
+
+# Descriptors a relay uses besides its listeners' connections (see _fit_to_descriptors).
+_OWN_DESCRIPTORS = 48
+# The fewest public connections a listener is worth running with.
+_MIN_PUBLIC_SLOTS = 16
 
 
 @dataclass(frozen=True)
@@ -46,7 +60,6 @@ class RelayStarted:
     keys: tuple[EpochKey, ...]
     counters: RelayCounters
     directory: NextHopDirectory | None = None
-
 
 
 async def _listen(address: tuple[str, int], what: str, config: RelayConfig, network: Network) -> Listeners:
@@ -85,6 +98,7 @@ async def serve_relay(
     ``network`` carries everything it listens on, connects to and fetches
     (the round simulator passes its in-memory network).
     """
+    config, mirror_limits = _fit_to_descriptors(config)
     node_id, _ = load_identity(config.data_dir)
     identity = LinkIdentity(load_identity_key(config.data_dir))
     directory = _initial_directory(config)
@@ -125,7 +139,8 @@ async def serve_relay(
             if config.mirror is not None:
                 try:
                     await nursery.start(functools.partial(serve_mirror, config.mirror, config.directory_aggregators,
-                                                          counts=counters.mirror_http, network=network))
+                                                          limits=mirror_limits, counts=counters.mirror_http,
+                                                          network=network))
                 except OSError as exc:  # its address cannot be bound (nothing else fails before it starts)
                     raise _cannot_listen(config.mirror, "mirror", config, exc) from None
             nursery.start_soon(functools.partial(trio.serve_listeners, relay.handle_connection, listeners,
@@ -138,6 +153,30 @@ async def serve_relay(
         store.close()
         log_event(logger, logging.INFO, "stopped", received=counters.received, forwarded=counters.forwarded,
                   held=counters.held)
+
+
+def _fit_to_descriptors(config: RelayConfig) -> tuple[RelayConfig, HttpLimits]:
+    """``config`` and the mirror's HTTP limits with their connection caps inside the open-file limit
+    (raised to the hard limit first); :class:`transport.DescriptorLimitError` when even the minimums
+    do not fit (:mod:`transport._descriptors`)."""
+    wanted = {"link": config.max_connections}
+    # A link keeps its reserved neighbour slots and at least as many public ones.
+    minimum = {"link": 2 * config.neighbour_connections or _MIN_PUBLIC_SLOTS}
+    if config.mirror is not None:
+        wanted["mirror"], minimum["mirror"] = MIRROR_LIMITS.max_connections, _MIN_PUBLIC_SLOTS
+    # The store (SQLite and its journal), the listeners, one forwarding link per next hop, the
+    # metrics endpoint's connections, directory and mirror fetches, logs: descriptors of its own.
+    reserve = _OWN_DESCRIPTORS + config.max_neighbours + METRICS_CONNECTIONS
+    caps = fit_connection_caps(wanted, minimum, reserve=reserve, limit=raise_descriptor_limit(), server="relay")
+    link = min(config.max_connections, caps["link"])
+    fitted = replace(config, max_connections=link, max_connections_per_source=min(config.max_connections_per_source, link))
+    mirror = caps.get("mirror", MIRROR_LIMITS.max_connections)
+    mirror_limits = replace(MIRROR_LIMITS, max_connections=mirror,
+                            max_connections_per_source=min(MIRROR_LIMITS.max_connections_per_source, mirror))
+    if link < config.max_connections or mirror < MIRROR_LIMITS.max_connections:
+        log_event(logger, logging.WARNING, "connections-capped-by-descriptor-limit", link=link, mirror=mirror,
+                  limit=raise_descriptor_limit())
+    return fitted, mirror_limits
 
 
 def _initial_directory(config: RelayConfig) -> NextHopDirectory | None:

@@ -12,6 +12,7 @@ All of them reach the network through a :class:`Network`: TCP
 
 from __future__ import annotations
 
+from anonml.transport._descriptors import DescriptorLimitError, fit_connection_caps, raise_descriptor_limit
 from anonml.transport._admission import (
     ConnectionGate,
     GateRefusal,
@@ -101,6 +102,9 @@ __all__ = [
     "parse_acks",
     "parse_hello_reply",
     "peer_address",
+    "DescriptorLimitError",
+    "fit_connection_caps",
+    "raise_descriptor_limit",
     "source_prefix",
     "receive_exactly",
     "serve_http",
