@@ -274,7 +274,9 @@ _KEYS: tuple[_Key, ...] = (
     _Key("limits", "max_connections", "max_connections", "Open link connections; more are closed at once and counted."),
     _Key("limits", "max_connections_per_source", "max_connections_per_source",
          "Open connections from one IP address that is not an authenticated directory\n"
-         "neighbour (peers, strangers): one client cannot take every slot."),
+         "neighbour (peers, strangers), and twice that from one /24, from the first\n"
+         "connection; when full, the connection idle longest is closed for a new one.\n"
+         "Both caps are lowered at start if RLIMIT_NOFILE cannot hold them."),
     _Key("limits", "neighbour_connections", "neighbour_connections",
          "Of max_connections, slots kept for relays and aggregators of the directory\n"
          "(they authenticate with the key their node id names): a flood of strangers\n"
