@@ -237,10 +237,14 @@ class PacketSink:
             await trio.aclose_forcefully(stream)
             return
 
+        async def on_packets(frames: list[bytes]) -> list[AckStatus]:
+            with slot.busy():
+                return await self.on_packets(frames)
+
         try:
             with slot.cancel_scope:  # cancelled if the gate evicts this connection as the one idle longest
                 await serve_link(
-                    slot.watch(stream), self.on_packets, packet_size=self.packet_size,
+                    slot.watch(stream), on_packets, packet_size=self.packet_size,
                     geometry_hash=self.geometry_hash, limits=self.limits, identity=self.identity, admit=self._admit,
                 )
             if slot.evicted:

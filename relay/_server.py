@@ -458,8 +458,9 @@ class Relay:
             wait = self.refusals.delay(source, trio.current_time())
             if wait > 0:
                 counters.throttled_batches += 1
-                await trio.sleep(wait)
-            statuses, charged = await self.receive(frames, source)
+                await trio.sleep(wait)  # idle meanwhile: an overspent source may be evicted
+            with slot.busy():
+                statuses, charged = await self.receive(frames, source)
             self.refusals.spend(source, charged, trio.current_time())
             return statuses
 

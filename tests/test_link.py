@@ -489,6 +489,24 @@ def test_a_full_gate_evicts_the_connection_idle_longest() -> None:
     assert gate.public == 4 and "10.0.1.1" not in gate.public_by_source
 
 
+def test_a_connection_the_server_is_working_for_is_never_evicted() -> None:
+    """A slow answer (a loaded machine) must not make an honest request look idle: while busy, a
+    connection is out of the eviction order, and it comes back as the most recently active."""
+    gate = ConnectionGate(max_total=2, max_per_source=2)
+    stream = trio.testing.MemoryReceiveStream()
+    first, second = gate.open("10.0.1.1"), gate.open("10.0.2.1")
+    assert first is not None and second is not None
+    first.watch(stream)
+    second.watch(stream)
+    with first.busy():
+        third = gate.open("10.0.3.1")  # the idlest is first, but it is busy: second goes
+        assert third is not None and second.evicted and not first.evicted
+        assert gate.open("10.0.4.1") is None and gate.refused["total"] == 1  # third is unwatched: nothing idle
+        third.watch(stream)
+    # first came back from busy as the most recently active: third is the idlest now.
+    assert gate.open("10.0.5.1") is not None and third.evicted and not first.evicted
+
+
 def test_a_demotion_needs_a_public_slot_but_no_new_one_of_the_total() -> None:
     """The demoted connection already holds one of max_total: a full total does not refuse it."""
     gate = ConnectionGate(max_total=4, max_per_source=3, reserved=2)  # two public slots

@@ -36,11 +36,13 @@ Counts live on the trio thread (no locks).
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import functools
 import ipaddress
 import math
 from collections import Counter, OrderedDict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import trio
@@ -181,6 +183,7 @@ class GateSlot:
         self.cancel_scope = trio.CancelScope()
         self.evicted = False
         self._watched = False
+        self._busy = 0
         self._open = True
 
     def watch(self, stream: trio.abc.Stream) -> ActiveStream:
@@ -191,8 +194,21 @@ class GateSlot:
 
     def touch(self) -> None:
         """The connection moved a byte: it is now the most recently active."""
-        if self._watched and self._open and not self.privileged:
+        if self._watched and self._open and not self.privileged and not self._busy:
             self._gate._mark_active(self)
+
+    @contextlib.contextmanager
+    def busy(self) -> Iterator[None]:
+        """While the server works on what the connection asked (a batch, a complete request), it
+        moves no byte but is not idle: it is never evicted, however long the work takes (a loaded
+        machine made an honest request wait longer than silent connections had been open)."""
+        self._busy += 1
+        self._gate._forget(self)
+        try:
+            yield
+        finally:
+            self._busy -= 1
+            self.touch()
 
     def evict(self) -> None:
         """Free the slot now and cancel the connection (its handler closes the stream)."""
