@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any, Generic, TypeVar
 
@@ -67,7 +67,16 @@ from anonml.protocol import (
     SignedDocument,
     SurveyKind,
 )
-from anonml.transport import TCP_NETWORK, HttpLimits, Network, listening_address, serve_http, serve_streams
+from anonml.transport import (
+    TCP_NETWORK,
+    HttpLimits,
+    Network,
+    fit_connection_caps,
+    listening_address,
+    raise_descriptor_limit,
+    serve_http,
+    serve_streams,
+)
 
 log = logging.getLogger(__name__)
 
@@ -534,10 +543,40 @@ async def keep_status(state: RoundState, sink: PacketSink, every: float = 1.0) -
         await trio.sleep(every)
 
 
+# Descriptors the service uses besides its listeners' connections: the round's store (SQLite and
+# its journal), the listeners, logs, the relay probes; and each worker process's pipes.
+_OWN_DESCRIPTORS = 48
+_DESCRIPTORS_PER_WORKER = 6
+_MIN_HTTP_CONNECTIONS = 32
+
+
+def fit_to_descriptors(config: AggregatorConfig) -> AggregatorConfig:
+    """``config`` with the API's and the sink's connection caps inside the open-file limit (raised to
+    the hard limit first; issue 25: the API admitted 512 connections under a limit of 256);
+    :class:`transport.DescriptorLimitError` when even their minimums do not fit."""
+    http, sink = config.http_limits, config.sink_limits
+    relays = len(config.state.manifest.relays)
+    wanted = {"HTTP": http.max_connections, "sink": sink.max_connections}
+    # Every relay of the round may deliver at once, and strangers need a few public slots beside them.
+    minimum = {"HTTP": min(http.max_connections, _MIN_HTTP_CONNECTIONS),
+               "sink": min(sink.max_connections, relays + sink.max_per_source)}
+    reserve = _OWN_DESCRIPTORS + relays + _DESCRIPTORS_PER_WORKER * config.worker_processes
+    caps = fit_connection_caps(wanted, minimum, reserve=reserve, limit=raise_descriptor_limit(), server="aggregator")
+    if caps == wanted:
+        return config
+    log.warning("connection caps lowered to fit the open-file limit: HTTP %d, sink %d", caps["HTTP"], caps["sink"])
+    fitted_http = replace(http, max_connections=caps["HTTP"],
+                          max_connections_per_source=min(http.max_connections_per_source, caps["HTTP"]))
+    fitted_sink = replace(sink, max_connections=caps["sink"], max_per_source=min(sink.max_per_source, caps["sink"]),
+                          reserved=min(sink.reserved, max(relays, caps["sink"] - sink.max_per_source)))
+    return replace(config, http_limits=fitted_http, sink_limits=fitted_sink)
+
+
 async def serve_aggregator(
     config: AggregatorConfig, *, task_status: trio.TaskStatus[BoundAddresses] = trio.TASK_STATUS_IGNORED
 ) -> RoundPhase:
     """Serve one round until it ends (plus ``config.linger`` seconds); return its outcome (``DONE``, ``DEGRADED`` or ``FAILED``)."""
+    config = fit_to_descriptors(config)
     state = config.state
     health = Health()
     workers = IssuerWorkers(state.secrets.issuer_key, config.worker_processes)

@@ -237,11 +237,18 @@ class PacketSink:
             await trio.aclose_forcefully(stream)
             return
 
+        async def on_packets(frames: list[bytes]) -> list[AckStatus]:
+            with slot.busy():
+                return await self.on_packets(frames)
+
         try:
-            await serve_link(
-                stream, self.on_packets, packet_size=self.packet_size, geometry_hash=self.geometry_hash,
-                limits=self.limits, identity=self.identity, admit=self._admit,
-            )
+            with slot.cancel_scope:  # cancelled if the gate evicts this connection as the one idle longest
+                await serve_link(
+                    slot.watch(stream), on_packets, packet_size=self.packet_size,
+                    geometry_hash=self.geometry_hash, limits=self.limits, identity=self.identity, admit=self._admit,
+                )
+            if slot.evicted:
+                self.link_errors["evicted-idle"] += 1
         except LinkError as exc:
             self.link_errors[exc.reason] += 1
             log.info("link session from %s ended: %s", source, exc)

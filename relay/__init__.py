@@ -31,7 +31,7 @@ from anonml.relay._errors import RelayConfigError, RelayDataDirError
 from anonml.relay._keys import EpochKey, KeyRing, create_identity, load_identity, load_identity_key
 from anonml.relay._metrics import DropReason, RelayCounters, parse_metrics, render_prometheus
 from anonml.relay._mirror import serve_mirror
-from anonml.relay._server import RelayStarted, serve_relay
+from anonml.relay._process import RelayStarted, serve_relay
 from anonml.relay._store import STORE_FILE, HeldPacket, RelayStore
 
 # The role's click group (``anonml relay ...``), which ``anonml.cli`` mounts.

@@ -29,7 +29,7 @@ from anonml.relay._descriptor import relay_descriptor
 from anonml.relay._errors import RelayConfigError, RelayDataDirError
 from anonml.relay._keys import IDENTITY_FILE, KeyRing, create_identity
 from anonml.relay._metrics import log_event
-from anonml.relay._server import serve_relay
+from anonml.relay._process import serve_relay
 
 logger = logging.getLogger("anonml.relay")
 

@@ -99,6 +99,11 @@ class PinnedAggregator:
         return f"{self.identity.hex()}@{self.url}"
 
 
+# Shares of max_held_packets (relay._shares): issue 25's attacker holds addresses in up to 16 /24s.
+_SOURCE_SHARES = 64
+_PREFIX_SHARES = 32
+
+
 @dataclass(frozen=True)
 class RelayConfig:
     """Everything ``serve_relay`` needs; see :func:`render_config` for each meaning."""
@@ -111,7 +116,9 @@ class RelayConfig:
     max_connections: int = 256
     max_connections_per_source: int = 32
     neighbour_connections: int = 32
-    max_held_packets: int = 100_000
+    # 2 KiB packets: about 400 MiB of disk when full. A source may hold 1/64 of it and a /24 1/32
+    # (max_held_per_source, max_held_per_prefix), from the first packet (issue 25).
+    max_held_packets: int = 200_000
     # A day: a packet is held until its window, and a round's windows come
     # minutes to hours after its packets are sent (DESIGN.md §3). Issue 13:
     # without a bound, far-future packets filled the hold queue.
@@ -187,6 +194,16 @@ class RelayConfig:
             raise RelayConfigError(f"directory.require must be true or false, got {self.require_directory!r}")
 
     @property
+    def max_held_per_source(self) -> int:
+        """Held packets one source address may hold (relay._shares)."""
+        return max(1, self.max_held_packets // _SOURCE_SHARES)
+
+    @property
+    def max_held_per_prefix(self) -> int:
+        """Held packets one /24 (or IPv6 /48) may hold: an attacker in 16 of them holds at most half."""
+        return max(1, self.max_held_packets // _PREFIX_SHARES)
+
+    @property
     def directory_path(self) -> Path | None:
         """The static directory file, resolved against the data directory."""
         return None if self.directory_file is None else self.data_dir / self.directory_file
@@ -257,14 +274,18 @@ _KEYS: tuple[_Key, ...] = (
     _Key("limits", "max_connections", "max_connections", "Open link connections; more are closed at once and counted."),
     _Key("limits", "max_connections_per_source", "max_connections_per_source",
          "Open connections from one IP address that is not an authenticated directory\n"
-         "neighbour (peers, strangers): one client cannot take every slot."),
+         "neighbour (peers, strangers), and twice that from one /24, from the first\n"
+         "connection; when full, the connection idle longest is closed for a new one.\n"
+         "Both caps are lowered at start if RLIMIT_NOFILE cannot hold them."),
     _Key("limits", "neighbour_connections", "neighbour_connections",
          "Of max_connections, slots kept for relays and aggregators of the directory\n"
          "(they authenticate with the key their node id names): a flood of strangers\n"
          "leaves these to the relays upstream."),
     _Key("limits", "max_held_packets", "max_held_packets",
          "Packets held (durably) waiting for release; beyond this, packets are\n"
-         "refused with BUSY and counted (\"capacity\")."),
+         "refused with BUSY and counted (\"capacity\"). Whatever the fill, one IP\n"
+         "address (not a directory neighbour) may hold 1/64 of it and one /24 1/32\n"
+         "(\"source-share\", \"prefix-share\"), so a flood cannot crowd out peers."),
     _Key("limits", "max_hold_seconds", "max_hold_seconds",
          "A packet is accepted only if its window ends within this many seconds\n"
          "(and, once a round manifest is known, lies inside one of its phases)."),

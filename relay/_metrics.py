@@ -61,6 +61,8 @@ class DropReason(enum.StrEnum):
     TOO_MANY_NEIGHBOURS = "too-many-neighbours"
     # The relay's own limits and failures.
     CAPACITY = "capacity"
+    SOURCE_SHARE = "source-share"  # the sending address holds its share of the held packets (relay._shares)
+    PREFIX_SHARE = "prefix-share"  # its /24 (or /48) holds its share
     REPLAY_CACHE_FULL = "replay-cache-full"
     STORE_ERROR = "store-error"
     EXPIRED_WHILE_DOWN = "expired-while-down"

@@ -16,6 +16,9 @@ Per accepted frame (DESIGN.md §5 order, §7 behaviour):
    asked for: the directory may simply be older than the round, and BUSY makes
    the sender retry instead of dropping the packet for good (issue 13: 7 of
    17 losses in one relay-crash run came from REJECTED ``unknown-next-hop``).
+   Before any of this, a full queue, or a sending address or /24 that holds
+   its share of it (:mod:`relay._shares`), is answered BUSY, and the refusal
+   is charged to the sender's budget like a rejected frame.
 3. Otherwise its release time is drawn uniformly in ``[max(now, a), b]`` for
    its window ``[a, b]`` (the thesis's staggering) and the packet, already
    encrypted for the next hop, is stored with it. The link ack goes out only
@@ -61,7 +64,6 @@ PCG64 state can be recovered from enough outputs.
 
 from __future__ import annotations
 
-import functools
 import logging
 import math
 import random
@@ -93,13 +95,11 @@ from anonml.transport import (
     LinkClient,
     LinkError,
     LinkIdentity,
-    Listeners,
     Network,
-    listening_address,
     peer_address,
     serve_link,
 )
-from anonml.relay._clock import RelayClock, WallClock
+from anonml.relay._clock import RelayClock
 from anonml.relay._config import RelayConfig
 from anonml.relay._directory import (
     DirectoryError,
@@ -110,13 +110,12 @@ from anonml.relay._directory import (
     spans_from_manifest,
     verify_manifest,
 )
-from anonml.relay._errors import RelayConfigError
 from anonml.relay._budget import RefusalBudget
+from anonml.relay._shares import HeldShares
 from anonml.relay._holdings import Holdings, Neighbour
-from anonml.relay._keys import EpochKey, KeyRing, load_identity, load_identity_key
-from anonml.relay._metrics import DropReason, RelayCounters, log_event, serve_metrics
-from anonml.relay._store import STORE_FILE, HeldPacket, RelayStore, StoredManifest
-from anonml.relay._mirror import serve_mirror
+from anonml.relay._keys import EpochKey, KeyRing
+from anonml.relay._metrics import DropReason, RelayCounters, log_event
+from anonml.relay._store import HeldPacket, RelayStore, StoredManifest
 
 logger = logging.getLogger("anonml.relay")
 
@@ -158,23 +157,6 @@ class PacketSender(Protocol):
 OpenSender = Callable[[Neighbour], PacketSender]
 
 
-@dataclass(frozen=True)
-class RelayStarted:
-    """What :func:`serve_relay` reports once it listens.
-
-    ``link`` and ``metrics`` are the bound ``(host, port)``s; ``keys`` the
-    published epoch keys (current and next); ``counters`` and ``directory``
-    (the allowed next hops; None when none is configured) are live.
-    """
-
-    link: tuple[str, int]
-    metrics: tuple[str, int] | None
-    node_id: bytes
-    keys: tuple[EpochKey, ...]
-    counters: RelayCounters
-    directory: NextHopDirectory | None = None
-
-
 def _uniform_from(rng: np.random.Generator | None) -> Uniform:
     if rng is None:
         return random.SystemRandom().uniform
@@ -191,9 +173,13 @@ class _Batch:
     """One link batch's accepted packets before its commit: nothing else changes until it commits."""
 
     now: float
+    source: str | None
+    """The sending address its packets are charged to (None: an authenticated neighbour, never charged)."""
     rows: list[tuple[float, float, str, int, bytes]] = field(default_factory=list)
     tags: list[tuple[bytes, float]] = field(default_factory=list)
     neighbours: Counter[Neighbour] = field(default_factory=Counter)
+    charged: int = 0
+    """Frames refused (REJECTED, or BUSY for capacity or a share) that the sender's refusal budget pays for."""
 
 
 class Relay:
@@ -240,6 +226,7 @@ class Relay:
         self.gate = ConnectionGate(config.max_connections, config.max_connections_per_source,
                                    config.neighbour_connections, refused=counters.connections_refused)
         self.refusals = RefusalBudget(config.refusals_per_second, config.refusal_burst)
+        self.shares = HeldShares(per_source=config.max_held_per_source, per_prefix=config.max_held_per_prefix)
         self._wakeup = trio.Event()
         self._forwarders: dict[Neighbour, trio.MemorySendChannel[HeldPacket]] = {}
         self._nursery: trio.Nursery | None = None
@@ -302,8 +289,13 @@ class Relay:
     def _intake(self, frame: bytes, batch: _Batch, keys: Sequence[EpochKey]) -> AckStatus:
         """Check one frame; an accepted one is added to ``batch`` (stored when the batch is)."""
         self.counters.received += 1
-        if self.holdings.held + self._pending_rows >= self.config.max_held_packets:
-            self.counters.drop(DropReason.CAPACITY)
+        # Before any Sphinx work: a source over its share costs the relay nothing more.
+        full = DropReason.CAPACITY if self.holdings.held + self._pending_rows >= self.config.max_held_packets else None
+        if full is None and batch.source is not None:
+            full = self.shares.refusal(batch.source)
+        if full is not None:
+            self.counters.drop(full)
+            batch.charged += 1
             return AckStatus.BUSY
 
         def is_replay(tag: bytes) -> bool:
@@ -339,6 +331,8 @@ class Relay:
         batch.rows.append((release_at, float(window.end), neighbour[0], neighbour[1], result.packet))
         batch.tags.append((result.replay_tag, float(window.end)))
         batch.neighbours[neighbour] += 1
+        if batch.source is not None:
+            self.shares.take(batch.source)
         self._pending_neighbours[neighbour] += 1
         self._pending_tags.add(result.replay_tag)
         self._pending_rows += 1
@@ -378,12 +372,19 @@ class Relay:
             return AckStatus.BUSY
         return AckStatus.ACCEPTED
 
-    async def on_packets(self, frames: list[bytes]) -> list[AckStatus]:
-        """The link's callback: statuses for ``frames``, after their durable commit."""
+    async def on_packets(self, frames: list[bytes], source: str | None = None) -> list[AckStatus]:
+        """Statuses for ``frames`` from ``source`` (None: an authenticated neighbour), after their durable commit."""
+        statuses, _ = await self.receive(frames, source)
+        return statuses
+
+    async def receive(self, frames: list[bytes], source: str | None) -> tuple[list[AckStatus], int]:
+        """The link's callback: statuses for ``frames``, after their durable commit, and how many
+        refusals ``source``'s budget pays for (REJECTED, and BUSY for capacity or its share)."""
         now = self.clock.now()
         keys = self.keyring.accepting(now)
-        batch = _Batch(now)
+        batch = _Batch(now, source)
         statuses: list[AckStatus] = []
+        committed = False
         try:
             for offset in range(0, len(frames), _INTAKE_SLICE):
                 if offset:
@@ -394,16 +395,19 @@ class Relay:
                 statuses += [self._intake(frame, batch, keys) for frame in frames[offset : offset + _INTAKE_SLICE]]
                 self.counters.intake_cpu_seconds += time.thread_time() - cpu_started
             if batch.rows:
-                statuses = self._commit(batch, statuses)
-            return statuses
+                statuses, committed = self._commit(batch, statuses)
+            return statuses, batch.charged + statuses.count(AckStatus.REJECTED)
         finally:
+            if batch.source is not None and batch.rows and not committed:
+                self.shares.give_back(batch.source, len(batch.rows))
             self._pending_tags.difference_update(tag for tag, _ in batch.tags)
             self._pending_rows -= len(batch.rows)
             self._pending_neighbours -= batch.neighbours
             self._sync_counters()
 
-    def _commit(self, batch: _Batch, statuses: list[AckStatus]) -> list[AckStatus]:
-        """Store the batch's accepted packets and tags in one transaction; BUSY for them if it fails."""
+    def _commit(self, batch: _Batch, statuses: list[AckStatus]) -> tuple[list[AckStatus], bool]:
+        """Store the batch's accepted packets and tags in one transaction; BUSY for them if it fails
+        (and whether it committed)."""
         cpu_started = time.thread_time()
         try:
             with self.store.transaction():
@@ -415,15 +419,17 @@ class Relay:
             self.counters.store_failures += 1
             self.counters.drop(DropReason.STORE_ERROR, len(batch.rows))
             log_event(logger, logging.ERROR, "store-error", error=str(exc), frames=len(statuses))
-            return [AckStatus.BUSY if s is AckStatus.ACCEPTED else s for s in statuses]
+            return [AckStatus.BUSY if s is AckStatus.ACCEPTED else s for s in statuses], False
         finally:
             self.counters.intake_cpu_seconds += time.thread_time() - cpu_started
         self.counters.store_failing = False
         self.holdings.add([HeldPacket(row_id, *row) for row_id, row in zip(row_ids, batch.rows)])
+        if batch.source is not None:
+            self.shares.own(batch.source, row_ids)
         self.replay_tags += len(batch.tags)
         self.counters.accepted += len(row_ids)
         self._wakeup.set()
-        return statuses
+        return statuses, True
 
     async def handle_connection(self, stream: trio.abc.Stream) -> None:
         """Serve one link connection; never raises (STYLE.md 2)."""
@@ -452,21 +458,25 @@ class Relay:
             wait = self.refusals.delay(source, trio.current_time())
             if wait > 0:
                 counters.throttled_batches += 1
-                await trio.sleep(wait)
-            statuses = await self.on_packets(frames)
-            self.refusals.spend(source, statuses.count(AckStatus.REJECTED), trio.current_time())
+                await trio.sleep(wait)  # idle meanwhile: an overspent source may be evicted
+            with slot.busy():
+                statuses, charged = await self.receive(frames, source)
+            self.refusals.spend(source, charged, trio.current_time())
             return statuses
 
         try:
-            await serve_link(
-                stream,
-                on_packets,
-                packet_size=self.geometry.packet_size,
-                geometry_hash=self.geometry_hash,
-                limits=self.config.link,
-                identity=self.identity,
-                admit=admit,
-            )
+            with slot.cancel_scope:  # cancelled if the gate evicts this connection as the one idle longest
+                await serve_link(
+                    slot.watch(stream),
+                    on_packets,
+                    packet_size=self.geometry.packet_size,
+                    geometry_hash=self.geometry_hash,
+                    limits=self.config.link,
+                    identity=self.identity,
+                    admit=admit,
+                )
+            if slot.evicted:
+                counters.link_errors["evicted-idle"] += 1
         except LinkError as exc:
             counters.link_errors[exc.reason] += 1
             log_event(logger, logging.DEBUG, "link-error", peer=source, reason=exc.reason, detail=str(exc))
@@ -573,6 +583,7 @@ class Relay:
         # Deleting is not urgent: a row that outlives a crash is re-sent after
         # the restart and the next hop's replay cache rejects the copy.
         self.holdings.finish(neighbour, finished)
+        self.shares.release(finished)
         self._sync_counters()
 
     async def run_housekeeping(self) -> None:
@@ -699,119 +710,3 @@ class Relay:
         while True:
             await trio.sleep_until(self.clock.to_trio(self.keyring.next_rotation(self.clock.now())))
             self.rotate_keys()
-
-
-async def _listen(address: tuple[str, int], what: str, config: RelayConfig, network: Network) -> Listeners:
-    """Open a listener, or a :class:`RelayConfigError` that names the fix."""
-    try:
-        return await network.listen(address[0], address[1])
-    except OSError as exc:
-        raise _cannot_listen(address, what, config, exc) from None
-
-
-def _cannot_listen(address: tuple[str, int], what: str, config: RelayConfig, exc: OSError) -> RelayConfigError:
-    return RelayConfigError(
-        f"cannot listen for {what} on {format_host_port(*address)}: {exc.strerror or exc}; stop the process "
-        f"using it or choose another address in {str(config.data_dir / 'relay.toml')!r}"
-    )
-
-
-async def serve_relay(
-    config: RelayConfig,
-    *,
-    clock: RelayClock | None = None,
-    rng: np.random.Generator | None = None,
-    network: Network = TCP_NETWORK,
-    task_status: trio.TaskStatus[RelayStarted] = trio.TASK_STATUS_IGNORED,
-) -> None:
-    """Run the relay of ``config.data_dir`` until cancelled.
-
-    Raises :class:`relay.RelayDataDirError` if the data directory is not
-    initialised (it never creates an identity), :class:`relay.RelayConfigError`
-    if the static directory file cannot be read, no directory source is
-    configured while ``require_directory`` is set, or an address cannot be
-    bound; :class:`~anonml.base.errors.StorageError` if the store cannot be opened.
-    Reports a :class:`RelayStarted` through ``task_status`` once listening.
-    ``clock`` defaults to :meth:`WallClock.anchored`; ``rng`` (a seeded numpy
-    Generator, for tests) replaces the CSPRNG that draws release times.
-    ``network`` carries everything it listens on, connects to and fetches
-    (the round simulator passes its in-memory network).
-    """
-    node_id, _ = load_identity(config.data_dir)
-    identity = LinkIdentity(load_identity_key(config.data_dir))
-    directory = _initial_directory(config)
-    geometry = SphinxGeometry.create(max_hops=config.max_hops, packet_size=config.packet_size)
-    keyring = KeyRing(config.data_dir, epoch_seconds=config.key_epoch_seconds, grace_seconds=config.key_grace_seconds)
-    store = RelayStore(config.data_dir / STORE_FILE, synchronous=config.synchronous)
-    counters = RelayCounters()
-    try:
-        relay = Relay(
-            config,
-            geometry=geometry,
-            keyring=keyring,
-            store=store,
-            clock=clock if clock is not None else WallClock.anchored(),
-            uniform=_uniform_from(rng),
-            counters=counters,
-            identity=identity,
-            directory=directory,
-            network=network,
-        )
-        relay.rotate_keys()
-        relay.recover()
-        if directory is not None:
-            relay.load_rounds()
-        listeners = await _listen(config.listen, "links", config, network)
-        link = listening_address(listeners)
-        async with trio.open_nursery() as nursery:
-            relay.attach(nursery)
-            metrics = None
-            if config.metrics is not None:
-                metrics_listeners = await _listen(config.metrics, "metrics", config, network)
-                metrics = await nursery.start(serve_metrics, metrics_listeners, counters)
-            nursery.start_soon(relay.run_scheduler)
-            nursery.start_soon(relay.run_key_rotation)
-            nursery.start_soon(relay.run_housekeeping)
-            if directory is not None:
-                nursery.start_soon(relay.run_directory_refresh)
-            if config.mirror is not None:
-                try:
-                    await nursery.start(functools.partial(serve_mirror, config.mirror, config.directory_aggregators,
-                                                          counts=counters.mirror_http, network=network))
-                except OSError as exc:  # its address cannot be bound (nothing else fails before it starts)
-                    raise _cannot_listen(config.mirror, "mirror", config, exc) from None
-            nursery.start_soon(functools.partial(trio.serve_listeners, relay.handle_connection, listeners,
-                                                 handler_nursery=nursery))
-            published = tuple(keyring.published(relay.clock.now()))
-            log_event(logger, logging.INFO, "listening", link=format_host_port(*link), node_id=node_id.hex(),
-                      epoch=published[0].epoch, held=counters.held)
-            task_status.started(RelayStarted(link, metrics, node_id, published, counters, directory))
-    finally:
-        store.close()
-        log_event(logger, logging.INFO, "stopped", received=counters.received, forwarded=counters.forwarded,
-                  held=counters.held)
-
-
-def _initial_directory(config: RelayConfig) -> NextHopDirectory | None:
-    """The directory at start: the static file read now (an error is fatal:
-    the operator named it); stored manifests are loaded by ``Relay.load_rounds``
-    and aggregators fetched by ``run_directory_refresh``."""
-    if not config.has_directory:
-        if config.require_directory:
-            raise RelayConfigError(
-                f"no next-hop directory in {str(config.data_dir / 'relay.toml')!r}: name the aggregator this relay "
-                "serves with `anonml relay run --aggregator IDENTITY@URL` (or [directory] aggregators = "
-                '[{ url = "...", identity = "..." }] in that file), or a static [directory] file'
-            )
-        log_event(logger, logging.WARNING, "no-directory-insecure",
-                  detail="no [directory] source configured: forwarding to ANY address a packet names "
-                         "(an open forwarder); configure aggregators or a directory file")
-        return None
-    directory = NextHopDirectory()
-    path = config.directory_path
-    if path is not None:
-        try:
-            directory.replace_source(str(path), load_directory_file(path))
-        except DirectoryError as exc:
-            raise RelayConfigError(str(exc)) from None
-    return directory

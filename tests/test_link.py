@@ -444,15 +444,17 @@ async def test_a_client_that_expects_a_node_refuses_an_impostor_at_its_address()
     assert recorder.frames == []
 
 
-def test_the_gate_caps_each_source_and_keeps_reserved_slots_for_neighbours() -> None:
-    gate = ConnectionGate(max_total=14, max_per_source=3, reserved=4)  # ten public slots
+def test_the_gate_caps_each_source_and_network_from_the_first_slot_and_keeps_reserved_slots() -> None:
+    """Issue 25: the per-source cap bound only once half the slots were taken, so 8 addresses took
+    every public slot. Now a source and a /24 are capped from the first connection."""
+    gate = ConnectionGate(max_total=14, max_per_source=3, reserved=4, max_per_prefix=5)  # ten public slots
     burst = [gate.open("10.0.0.1") for _ in range(8)]
-    # While the public slots are less than half taken a source may take more than its share ...
-    assert sum(slot is not None for slot in burst) == 5 and gate.refused["per-source"] == 3
-    crowd = [gate.open(f"10.0.1.{i}") for i in range(10)]
-    # ... then only sources under their share get in, up to the ten public slots.
-    assert sum(slot is not None for slot in crowd) == 5 and gate.refused["total"] == 5
-    assert gate.open("10.0.0.1") is None
+    assert sum(slot is not None for slot in burst) == 3 and gate.refused["per-source"] == 5
+    network = [gate.open(f"10.0.0.{i}") for i in range(2, 6)]  # the same /24: two more of its five
+    assert sum(slot is not None for slot in network) == 2 and gate.refused["per-prefix"] == 2
+    crowd = [gate.open(f"10.0.{i}.1") for i in range(1, 9)]
+    # Unwatched connections (no handler marks them active) are never evicted: the total refuses.
+    assert sum(slot is not None for slot in crowd) == 5 and gate.refused["total"] == 3
     neighbours = [gate.open("10.0.9.9", privileged=True) for _ in range(5)]
     assert sum(slot is not None for slot in neighbours) == 4
     # A privileged address that turns out not to be a neighbour needs a public slot: none is free.
@@ -461,10 +463,48 @@ def test_the_gate_caps_each_source_and_keeps_reserved_slots_for_neighbours() -> 
         if slot is not None:
             slot.close()
     assert neighbours[0].demote() and gate.public == 6 and gate.privileged == 3
-    for slot in [*burst, *neighbours]:
+    for slot in [*burst, *network, *neighbours]:
         if slot is not None:
             slot.close()
-    assert gate.open_connections == 0
+    assert gate.open_connections == 0 and not gate.public_by_prefix
+
+
+def test_a_full_gate_evicts_the_connection_idle_longest() -> None:
+    """When every public slot is taken, a new connection closes the one that moved a byte least
+    recently (cancelled, counted), not one that is active: churn from many addresses cannot keep a
+    fresh client out, and a client in the middle of an exchange is not the one closed."""
+    gate = ConnectionGate(max_total=4, max_per_source=2)
+    stream = trio.testing.MemoryReceiveStream()  # never read: watch() only wraps it
+    slots = [gate.open(f"10.0.{i}.1") for i in range(4)]
+    assert all(slot is not None for slot in slots)
+    for slot in slots:
+        assert slot is not None
+        slot.watch(stream)  # in order: slots[0] is the oldest
+    assert slots[0] is not None and slots[1] is not None
+    slots[0].touch()  # slots[0] moved a byte: now slots[1] is idle longest
+    newcomer = gate.open("192.0.2.1")
+    assert newcomer is not None and slots[1].evicted and slots[1].cancel_scope.cancel_called
+    assert not slots[0].evicted and gate.refused["evicted-idle"] == 1 and gate.public == 4
+    slots[1].close()  # its handler's own close after the cancellation changes nothing
+    assert gate.public == 4 and "10.0.1.1" not in gate.public_by_source
+
+
+def test_a_connection_the_server_is_working_for_is_never_evicted() -> None:
+    """A slow answer (a loaded machine) must not make an honest request look idle: while busy, a
+    connection is out of the eviction order, and it comes back as the most recently active."""
+    gate = ConnectionGate(max_total=2, max_per_source=2)
+    stream = trio.testing.MemoryReceiveStream()
+    first, second = gate.open("10.0.1.1"), gate.open("10.0.2.1")
+    assert first is not None and second is not None
+    first.watch(stream)
+    second.watch(stream)
+    with first.busy():
+        third = gate.open("10.0.3.1")  # the idlest is first, but it is busy: second goes
+        assert third is not None and second.evicted and not first.evicted
+        assert gate.open("10.0.4.1") is None and gate.refused["total"] == 1  # third is unwatched: nothing idle
+        third.watch(stream)
+    # first came back from busy as the most recently active: third is the idlest now.
+    assert gate.open("10.0.5.1") is not None and third.evicted and not first.evicted
 
 
 def test_a_demotion_needs_a_public_slot_but_no_new_one_of_the_total() -> None:

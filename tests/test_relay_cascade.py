@@ -191,8 +191,8 @@ async def test_late_and_replayed_packets_are_dropped_and_counted_in_the_metrics(
 async def test_idle_connections_to_the_metrics_endpoint_are_capped_and_counted(tmp_path: Path) -> None:
     """Each metrics connection held a task and a file descriptor for up to 5 s, with no cap:
     a flood of idle ones could take the descriptors the link listener needs. Now the endpoint
-    admits METRICS_CONNECTIONS at once (one source at most half of them) and counts the rest."""
-    from anonml.relay._metrics import METRICS_CONNECTIONS
+    admits METRICS_CONNECTIONS at once (one source at most METRICS_PER_SOURCE of them) and counts the rest."""
+    from anonml.relay._metrics import METRICS_CONNECTIONS, METRICS_PER_SOURCE
 
     sink = FinalHopSink(GEOMETRY, SINK_PRIVATE)
     async with trio.open_nursery() as nursery:
@@ -201,7 +201,7 @@ async def test_idle_connections_to_the_metrics_endpoint_are_capped_and_counted(t
             serve_relay, relay_config(tmp_path / "r", [sink_entry(sink_address)], metrics=("127.0.0.1", 0)))
         assert started.metrics is not None
         idle = [await trio.open_tcp_stream(*started.metrics) for _ in range(100)]
-        # One source gets half the slots; the endpoint closes the rest as it accepts them. (On a busy
+        # One source gets its share of the slots; the endpoint closes the rest as it accepts them. (On a busy
         # machine an admitted one may time out, after 5 s, and free its slot before the flood ends.)
         with trio.fail_after(30):
             while sum(started.counters.metrics_refused.values()) < 100 - METRICS_CONNECTIONS:
@@ -212,7 +212,7 @@ async def test_idle_connections_to_the_metrics_endpoint_are_capped_and_counted(t
         for stream in idle:
             await stream.aclose()
         nursery.cancel_scope.cancel()
-    assert sum(started.counters.metrics_refused.values()) <= 100 - METRICS_CONNECTIONS // 2
+    assert sum(started.counters.metrics_refused.values()) <= 100 - METRICS_PER_SOURCE
 
 
 async def test_garbage_truncated_slow_and_flooding_clients_do_not_disturb_an_honest_stream(tmp_path: Path) -> None:
@@ -302,7 +302,10 @@ async def test_garbage_truncated_slow_and_flooding_clients_do_not_disturb_an_hon
     # Whether the silent flood also met the connection limit depends on timing: on a busy
     # machine its first connections reach their 0.5 s hello timeout before the last are
     # accepted. The limit itself is the next test's subject.
-    assert errors["bad-magic"] >= 1 and errors["frame-timeout"] >= 1 and errors["hello-timeout"] >= 1
+    # A slow client is cut off at its frame timeout, or evicted first when the silent flood fills the
+    # slots (it has been idle longer than the flood's fresh connections).
+    assert errors["bad-magic"] >= 1 and errors["frame-timeout"] + errors["evicted-idle"] >= 1
+    assert errors["hello-timeout"] + errors["evicted-idle"] >= 1
     assert errors["internal"] == 0
     assert started.counters.connections_open == 0
 
@@ -312,8 +315,8 @@ async def test_silent_connections_from_one_source_cannot_take_the_slots_of_hones
     silent held max_connections = 256 slots for up to 60 s; valid packets got
     no answer for about 30 s. Now one source gets max_connections_per_source
     slots, a silent one is closed after first_frame_timeout, and an upstream
-    relay (an authenticated directory neighbour) keeps slots of its own. (One source may
-    exceed its share while the public slots are less than half taken: here 10 of 20.)"""
+    relay (an authenticated directory neighbour) keeps slots of its own. (Issue 25: the share
+    binds from the first connection; one source used to get 10 of 20 while half were free.)"""
     sink = FinalHopSink(GEOMETRY, SINK_PRIVATE)
     limits = LinkLimits(first_frame_timeout=1.0, idle_timeout=60.0)
     hello = encode_hello(GEOMETRY.packet_size, GEOMETRY.canonical_hash())
@@ -363,7 +366,7 @@ async def test_silent_connections_from_one_source_cannot_take_the_slots_of_hones
         # relay's link (kept open for reuse) must be open as an authenticated neighbour's.
         assert last.counters.neighbour_connections_open == 1
         await trio.sleep(1.5)  # past first_frame_timeout: the silent ones are closed
-        assert last.counters.link_errors["first-frame-timeout"] >= 10
+        assert last.counters.link_errors["first-frame-timeout"] >= 6
         for stream in silent:
             await stream.aclose()
         nursery.cancel_scope.cancel()

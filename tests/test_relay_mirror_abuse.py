@@ -46,13 +46,13 @@ async def test_trickling_clients_are_capped_per_source_and_cut_off_while_others_
         await stream.aclose()
 
     async with trio.open_nursery() as clients:
-        for _ in range(12):  # 8 get in (half the slots), then the source is held to its share
+        for _ in range(12):  # the source's share is 4: each newcomer takes the slot of its own idlest one
             clients.start_soon(trickle)
         await trio.sleep(0.3)
         # Another client is served meanwhile.
         async with httpx.AsyncClient(base_url=url, timeout=3) as client:
             assert (await client.get("/v1/mirror/00/manifest")).status_code == 404
-    assert counts["refused/per-source"] == 12 - 8
+    assert counts["refused/per-source"] + counts["refused/evicted-idle"] >= 12 - 4
     # ... and those let in are cut off by the read deadline, not held for as long as they trickle.
     assert closed_by_server == [True] * 12
 

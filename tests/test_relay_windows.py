@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -214,6 +215,87 @@ async def test_beyond_max_held_packets_are_refused_busy(
     assert statuses == [AckStatus.ACCEPTED] * 3 + [AckStatus.BUSY] * 2
     assert harness.relay.counters.dropped["capacity"] == 2
     assert len(harness.store.schedule()) == 3
+
+
+async def test_one_address_or_one_network_filling_the_hold_leaves_room_for_an_honest_peer(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    """Issue 25: in-window packets from one address were all held until the queue was full, then
+    every honest packet was BUSY for the rest of the phase. Each address holds at most 1/64 and each
+    /24 1/32 of the queue from the first packet; the refusals are counted and charged to its budget."""
+    clock = WallClock.starting_at(T0)
+    harness = Harness(tmp_path, clock, max_held_packets=640)  # 10 per address, 20 per /24
+    relay = harness.relay
+    window = ReleaseWindow(T0 + 10, T0 + 20)
+    flood = [harness.packet(i, window) for i in range(640)]  # the whole queue, in window, from one address
+    async with trio.open_nursery() as nursery:
+        harness.start(nursery)
+        statuses, charged = await relay.receive(flood, "10.0.0.1")
+        assert statuses == [AckStatus.ACCEPTED] * 10 + [AckStatus.BUSY] * 630 and charged == 630
+        # More addresses of the same /24 get its other 10, then nothing.
+        for host in range(2, 6):
+            statuses, _ = await relay.receive([harness.packet(1000 + 10 * host + i, window) for i in range(5)],
+                                              f"10.0.0.{host}")
+            assert statuses.count(AckStatus.ACCEPTED) == (5 if host <= 3 else 0)
+        assert relay.counters.dropped["source-share"] == 630 and relay.counters.dropped["prefix-share"] == 10
+        # An honest peer elsewhere is served as if nobody flooded.
+        honest = [harness.packet(2000 + i, window) for i in range(3)]
+        assert await relay.on_packets(honest, "192.0.2.7") == [AckStatus.ACCEPTED] * 3
+        # A share is given back once its packets are released: the next window's packets are taken.
+        await trio.sleep_until(clock.to_trio(window.end + 1))
+        later = ReleaseWindow(T0 + 30, T0 + 40)
+        assert await relay.on_packets([harness.packet(3000 + i, later) for i in range(10)], "10.0.0.1") == [
+            AckStatus.ACCEPTED] * 10
+        nursery.cancel_scope.cancel()
+    assert sorted(i for _, i in harness.sent) == [*range(10), *range(1020, 1025), *range(1030, 1035), 2000, 2001, 2002]
+
+
+async def test_link_churn_from_eight_addresses_leaves_a_fresh_peer_connection_served(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    """Issue 25: 320 silent link connections from 8 addresses, reopened when closed, took all 224
+    public slots (the per-source cap bound only once half were taken) and an honest peer sent 1
+    packet in 8 s. Scaled over the in-memory network: 8 addresses (each in a /24 of its own) keep
+    every one of 16 public slots busy with hellos and silence; a peer's fresh connections are served."""
+    from anonml.transport import LinkClient, MemoryNetwork, encode_hello
+
+    harness = Harness(tmp_path, WallClock.starting_at(T0), max_connections=20, max_connections_per_source=2,
+                      neighbour_connections=4)
+    network = MemoryNetwork()
+    listeners = await network.listen("10.9.0.1", 9000)
+    window = ReleaseWindow(T0 + 100, T0 + 200)
+    hello = encode_hello(GEOMETRY.packet_size, GEOMETRY.canonical_hash())
+
+    async def churn(source: str) -> None:
+        while True:
+            stream = await network.connect("10.9.0.1", 9000, local_address=source)
+            try:
+                await stream.send_all(hello)
+                while await stream.receive_some():
+                    pass
+            except trio.BrokenResourceError:
+                pass
+            await trio.sleep(0.01)
+
+    async with trio.open_nursery() as nursery:
+        harness.start(nursery)
+        nursery.start_soon(partial(trio.serve_listeners, harness.relay.handle_connection, listeners,
+                                   handler_nursery=nursery))
+        for index in range(8):
+            for _ in range(3):
+                nursery.start_soon(churn, f"10.4.{index}.1")
+        await trio.sleep(1.0)
+        statuses = []
+        for index in range(10):
+            client = LinkClient("10.9.0.1", 9000, packet_size=GEOMETRY.packet_size,
+                                geometry_hash=GEOMETRY.canonical_hash(), network=network, local_address="192.0.2.7")
+            statuses += await client.send_batch([harness.packet(index, window)], give_up_at=trio.current_time() + 1)
+            await client.aclose()
+            await trio.sleep(0.5)
+        nursery.cancel_scope.cancel()
+    assert statuses == [AckStatus.ACCEPTED] * 10
+    counters = harness.relay.counters
+    assert counters.connections_refused["evicted-idle"] >= 5 and counters.connections_accepted > 16
 
 
 async def test_a_restart_inside_the_window_still_releases_everything_inside_it(

@@ -190,7 +190,8 @@ async def test_the_gate_caps_connections_per_source_over_the_memory_network(
 ) -> None:
     network = MemoryNetwork()
     counts: Counter[str] = Counter()
-    # The per-source cap binds once half the gate's slots are taken (transport/_admission.py).
+    # The per-source cap binds from the first connection (transport/_admission.py): a source's third
+    # connection takes the slot of its own connection idle longest, never another source's.
     limits = HttpLimits(max_connections=4, max_connections_per_source=2)
     async with trio.open_nursery() as nursery:
         url = await nursery.start(
@@ -198,18 +199,60 @@ async def test_the_gate_caps_connections_per_source_over_the_memory_network(
                                            task_status=task_status)
         )
         held = [await network.connect("10.0.0.1", 8080, local_address=PEER_IP) for _ in range(2)]
+        await trio.sleep(0.1)
         third = await network.connect("10.0.0.1", 8080, local_address=PEER_IP)
-        assert await third.receive_some() == b""  # closed at accept, before a byte was read
-        assert trio.current_time() == 0.0  # by the gate, not by hypercorn's read timeout
+        assert await held[0].receive_some() == b""  # the oldest silent one is closed for it
+        assert trio.current_time() == 0.1  # by the gate, not by hypercorn's keep-alive timeout
         async with network.http_client(base_url=url, local_address=OTHER_PEER_IP) as other:
             assert (await other.get("/")).status_code == 200  # another source still gets in
-        await held[0].aclose()
-        # hypercorn ends a connection that never sent a request at its keep-alive timeout, then frees the slot.
-        await trio.sleep(limits.keep_alive_timeout)
         async with network.http_client(base_url=url, local_address=PEER_IP) as again:
-            assert (await again.get("/")).status_code == 200
+            assert (await again.get("/")).status_code == 200  # and so does the first, in turn
+        assert await held[1].receive_some() == b""
+        await third.aclose()
         nursery.cancel_scope.cancel()
-    assert counts["refused/per-source"] == 1, counts
+    assert counts["refused/evicted-idle"] == 2 and counts["refused/per-source"] == 0, counts
+
+
+async def test_http_churn_from_sixteen_networks_leaves_fresh_connections_answered(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Issue 25: 544 silent connections from 16 addresses, reopened when closed, took every slot, and
+    6.9% of GETs on new connections were answered. Scaled: 16 addresses (each in a /24 of its own)
+    hold every one of 32 slots and reopen at once; each honest GET opens a fresh connection."""
+    network = MemoryNetwork()
+    counts: Counter[str] = Counter()
+    limits = HttpLimits(max_connections=32, max_connections_per_source=2)
+    opened = 0
+
+    async def churn(source: str) -> None:
+        nonlocal opened
+        while True:
+            stream = await network.connect("10.0.0.1", 8080, local_address=source)
+            opened += 1
+            while await stream.receive_some():  # silent until the server closes it
+                pass
+            await trio.sleep(0.01)  # then at once again
+
+    async with trio.open_nursery() as nursery:
+        url = await nursery.start(
+            lambda task_status: serve_http(hello_app([]), "10.0.0.1", 8080, limits, counts, network=network,
+                                           task_status=task_status)
+        )
+        for index in range(16):
+            for _ in range(2):
+                nursery.start_soon(churn, f"10.3.{index}.1")
+        await trio.sleep(1.0)
+        answered = 0
+        for _ in range(20):
+            async with network.http_client(base_url=url, local_address=PEER_IP) as fresh:
+                try:
+                    answered += (await fresh.get("/")).status_code == 200
+                except httpx.HTTPError:
+                    pass
+            await trio.sleep(0.5)
+        nursery.cancel_scope.cancel()
+    assert answered == 20, counts
+    assert counts["refused/evicted-idle"] >= 20 and opened > 32
 
 
 async def test_the_connect_hook_can_refuse_and_interpose(autojump_clock: trio.testing.MockClock) -> None:

@@ -12,7 +12,15 @@ All of them reach the network through a :class:`Network`: TCP
 
 from __future__ import annotations
 
-from anonml.transport._admission import ConnectionGate, GateRefusal, GateSlot, RequestPacer, peer_address
+from anonml.transport._descriptors import DescriptorLimitError, fit_connection_caps, raise_descriptor_limit
+from anonml.transport._admission import (
+    ConnectionGate,
+    GateRefusal,
+    GateSlot,
+    RequestPacer,
+    peer_address,
+    source_prefix,
+)
 from anonml.transport._http import HttpLimits, serve_http, serve_http_on, tls_context
 from anonml.transport._memory import (
     ConnectHook,
@@ -94,6 +102,10 @@ __all__ = [
     "parse_acks",
     "parse_hello_reply",
     "peer_address",
+    "DescriptorLimitError",
+    "fit_connection_caps",
+    "raise_descriptor_limit",
+    "source_prefix",
     "receive_exactly",
     "serve_http",
     "serve_http_on",

@@ -7,10 +7,17 @@ must hear from. :class:`ConnectionGate` bounds both, per listener:
 
 - ``max_total`` open connections in all; beyond it a new connection is closed
   at once and counted;
-- ``max_per_source`` of the *public* ones from one IP address once the
-  public slots are half taken, so one client cannot take every slot (while
-  the server is half idle a burst from one address, such as many peers
-  behind one NAT or a loopback demo, is not refused);
+- ``max_per_source`` of the *public* ones from one IP address and
+  ``max_per_prefix`` from one /24 (or /48), from the first connection (issue
+  25: a cap that applied only once half the slots were taken let link churn
+  from 8 addresses take all 224 public slots);
+- when the slots are full (all of them, or the source's or its prefix's
+  share), the public connection idle longest (no byte in either direction)
+  of that pool is closed to admit the new one, so connections that sit
+  silent, or are reopened as fast as they are closed, from however many
+  addresses, cannot keep an honest client out (an active connection is
+  never the one evicted while a silent one is open), and peers behind one
+  address or network take turns instead of being refused;
 - ``reserved`` of the slots only for *privileged* sources: addresses of the
   server's directory neighbours. A connection from such an address takes a
   privileged slot at accept time; once its link handshake shows who it is, a
@@ -29,9 +36,13 @@ Counts live on the trio thread (no locks).
 
 from __future__ import annotations
 
+import contextlib
 import enum
+import functools
+import ipaddress
 import math
-from collections import Counter
+from collections import Counter, OrderedDict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import trio
@@ -40,10 +51,12 @@ from anonml.transport._network import socket_of
 
 
 class GateRefusal(enum.StrEnum):
-    """Why a connection was closed at accept (or at demotion): one counter label each."""
+    """Why a connection was closed at accept (or at demotion), or to make room: one counter label each."""
 
     TOTAL = "total"
     PER_SOURCE = "per-source"
+    PER_PREFIX = "per-prefix"
+    EVICTED = "evicted-idle"  # an open connection closed to admit a new one (the oldest idle)
 
 
 @dataclass
@@ -53,13 +66,19 @@ class ConnectionGate:
     max_total: int
     max_per_source: int
     reserved: int = 0
+    refused: Counter[GateRefusal] = field(default_factory=Counter)
+    max_per_prefix: int = 0
+    """Public connections from one /24 (or /48); 0: twice ``max_per_source``."""
     public_by_source: Counter[str] = field(default_factory=Counter)
+    public_by_prefix: Counter[str] = field(default_factory=Counter)
     public: int = 0
     """Open public connections: the sum of ``public_by_source``, kept as connections come and go
     (checked on every accepted connection, a flood's too)."""
     privileged: int = 0
-    refused: Counter[GateRefusal] = field(default_factory=Counter)
     last_refusal: GateRefusal | None = None
+    _idle_order: dict[str, OrderedDict[GateSlot, None]] = field(default_factory=dict)
+    """The public slots that may be evicted, least recently active first: all of them under ``""``,
+    and each source's and each prefix's under its own name."""
 
     def __post_init__(self) -> None:
         if not (isinstance(self.max_total, int) and self.max_total >= 1):
@@ -68,30 +87,71 @@ class ConnectionGate:
             raise ValueError(f"max_per_source must be a positive integer, got {self.max_per_source!r}")
         if not (isinstance(self.reserved, int) and 0 <= self.reserved < self.max_total):
             raise ValueError(f"reserved must be an integer in [0, max_total), got {self.reserved!r}")
+        if self.max_per_prefix == 0:
+            self.max_per_prefix = 2 * self.max_per_source
+        if not (isinstance(self.max_per_prefix, int) and self.max_per_prefix >= self.max_per_source):
+            raise ValueError(f"max_per_prefix must be an integer of at least max_per_source, got {self.max_per_prefix!r}")
 
     @property
     def open_connections(self) -> int:
         return self.public + self.privileged
 
     def _public_refusal(self, source: str, *, demoting: bool) -> GateRefusal | None:
-        """Why ``source`` may not take one more public slot (None: it may). A demoted connection
-        already holds one of the ``max_total``, so only a new one is checked against the total."""
-        public_slots = self.max_total - self.reserved
-        if self.public >= public_slots or (not demoting and self.open_connections >= self.max_total):
-            return GateRefusal.TOTAL
-        if self.public_by_source[source] >= self.max_per_source and 2 * self.public >= public_slots:
+        """Why ``source`` may not take one more public slot (None: it may, perhaps after an
+        eviction). A demoted connection already holds one of the ``max_total``, so only a new one
+        needs room in the total."""
+        prefix = source_prefix(source)
+        if self.public_by_source[source] >= self.max_per_source and not self._evict_oldest_idle(source):
             return GateRefusal.PER_SOURCE
+        if self.public_by_prefix[prefix] >= self.max_per_prefix and not self._evict_oldest_idle(prefix):
+            return GateRefusal.PER_PREFIX
+        full = self.public >= self.max_total - self.reserved or (not demoting and self.open_connections >= self.max_total)
+        if full and not self._evict_oldest_idle(""):
+            return GateRefusal.TOTAL
         return None
+
+    def _evict_oldest_idle(self, pool: str) -> bool:
+        """Close the public connection of ``pool`` (a source, a prefix, or ``""``: all) that has been
+        idle longest (counted); False if none may be."""
+        order = self._idle_order.get(pool)
+        if not order:
+            return False
+        oldest = next(iter(order))
+        oldest.evict()
+        self.refused[GateRefusal.EVICTED] += 1
+        return True
+
+    def _mark_active(self, slot: GateSlot) -> None:
+        for pool in ("", slot.source, slot.prefix):
+            order = self._idle_order.setdefault(pool, OrderedDict())
+            order[slot] = None
+            order.move_to_end(slot)
+
+    def _forget(self, slot: GateSlot) -> None:
+        for pool in ("", slot.source, slot.prefix):
+            order = self._idle_order.get(pool)
+            if order is not None:
+                order.pop(slot, None)
+                if not order and pool:
+                    del self._idle_order[pool]
 
     def _take_public(self, source: str) -> None:
         self.public_by_source[source] += 1
+        self.public_by_prefix[source_prefix(source)] += 1
         self.public += 1
+
+    def _release_public(self, source: str) -> None:
+        self.public -= 1
+        for counter, key in ((self.public_by_source, source), (self.public_by_prefix, source_prefix(source))):
+            counter[key] -= 1
+            if counter[key] <= 0:
+                del counter[key]
 
     def open(self, source: str, *, privileged: bool = False) -> GateSlot | None:
         """A slot for a new connection from ``source`` (an IP address), or None (counted) to close it."""
         self.last_refusal = None
         if privileged:
-            if self.open_connections >= self.max_total:
+            if self.open_connections >= self.max_total and not self._evict_oldest_idle(""):
                 self.refused[GateRefusal.TOTAL] += 1
                 self.last_refusal = GateRefusal.TOTAL
                 return None
@@ -107,13 +167,54 @@ class ConnectionGate:
 
 
 class GateSlot:
-    """One admitted connection; :meth:`close` it when the connection ends."""
+    """One admitted connection; :meth:`close` it when the connection ends.
+
+    A handler that runs its connection inside :attr:`cancel_scope` and reads
+    and writes through :meth:`watch`'s stream makes its connection evictable:
+    when the gate is full, the public connection idle longest (no byte in
+    either direction) is cancelled to admit a new one.
+    """
 
     def __init__(self, gate: ConnectionGate, source: str, *, privileged: bool) -> None:
         self._gate = gate
         self.source = source
+        self.prefix = source_prefix(source)
         self.privileged = privileged
+        self.cancel_scope = trio.CancelScope()
+        self.evicted = False
+        self._watched = False
+        self._busy = 0
         self._open = True
+
+    def watch(self, stream: trio.abc.Stream) -> ActiveStream:
+        """``stream``, each byte through which marks this connection active (and evictable when idle)."""
+        self._watched = True
+        self.touch()
+        return ActiveStream(stream, self)
+
+    def touch(self) -> None:
+        """The connection moved a byte: it is now the most recently active."""
+        if self._watched and self._open and not self.privileged and not self._busy:
+            self._gate._mark_active(self)
+
+    @contextlib.contextmanager
+    def busy(self) -> Iterator[None]:
+        """While the server works on what the connection asked (a batch, a complete request), it
+        moves no byte but is not idle: it is never evicted, however long the work takes (a loaded
+        machine made an honest request wait longer than silent connections had been open)."""
+        self._busy += 1
+        self._gate._forget(self)
+        try:
+            yield
+        finally:
+            self._busy -= 1
+            self.touch()
+
+    def evict(self) -> None:
+        """Free the slot now and cancel the connection (its handler closes the stream)."""
+        self.evicted = True
+        self.cancel_scope.cancel()
+        self.close()
 
     def demote(self) -> bool:
         """Move a privileged slot to a public one; False (counted) if no public slot is free."""
@@ -128,6 +229,7 @@ class GateSlot:
         gate.privileged -= 1
         gate._take_public(self.source)
         self.privileged = False
+        self.touch()
         return True
 
     def close(self) -> None:
@@ -138,10 +240,38 @@ class GateSlot:
         if self.privileged:
             gate.privileged -= 1
         else:
-            gate.public -= 1
-            gate.public_by_source[self.source] -= 1
-            if gate.public_by_source[self.source] <= 0:
-                del gate.public_by_source[self.source]
+            gate._forget(self)
+            gate._release_public(self.source)
+
+
+class ActiveStream(trio.abc.HalfCloseableStream):
+    """A connection's stream that tells its :class:`GateSlot` whenever a byte moves (hypercorn reads
+    the socket's addresses from ``.socket``, which it passes through)."""
+
+    def __init__(self, stream: trio.abc.Stream, slot: GateSlot) -> None:
+        self._stream = stream
+        self._slot = slot
+        self.socket = getattr(stream, "socket", None)
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        self._slot.touch()
+        await self._stream.send_all(data)
+        self._slot.touch()
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await self._stream.wait_send_all_might_not_block()
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
+        data = await self._stream.receive_some(max_bytes)
+        self._slot.touch()
+        return data
+
+    async def send_eof(self) -> None:
+        if isinstance(self._stream, trio.abc.HalfCloseableStream):
+            await self._stream.send_eof()
+
+    async def aclose(self) -> None:
+        await self._stream.aclose()
 
 
 @dataclass
@@ -219,6 +349,26 @@ class RequestPacer:
             return False
         await trio.sleep(wait)
         return True
+
+
+# The network an attacker's addresses share (issue 25's model: up to 64 addresses in each of up to
+# 16 /24s): an IPv4 /24, an IPv6 /48 (the usual smallest assignment to a site).
+_IPV4_PREFIX = 24
+_IPV6_PREFIX = 48
+
+
+@functools.lru_cache(maxsize=4096)  # asked per frame and per connection, of a few sources at a time
+def source_prefix(source: str) -> str:
+    """The network of an IP address (``"10.1.2.0/24"``), the unit of per-prefix caps; a
+    string that is no IP address (``"?"``, a simulated name) is its own network."""
+    try:
+        address = ipaddress.ip_address(source)
+    except ValueError:
+        return source
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    bits = _IPV4_PREFIX if address.version == 4 else _IPV6_PREFIX
+    return str(ipaddress.ip_network((address, bits), strict=False))
 
 
 def peer_address(stream: trio.abc.Stream) -> str:

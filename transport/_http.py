@@ -15,6 +15,7 @@ its own trio worker runs per connection) from ours.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import ssl
@@ -31,7 +32,7 @@ from hypercorn.trio.tcp_server import TCPServer
 from hypercorn.trio.worker_context import WorkerContext
 
 from anonml.base.errors import TransportError
-from anonml.transport._admission import ConnectionGate, RequestPacer, peer_address
+from anonml.transport._admission import ConnectionGate, GateRefusal, GateSlot, RequestPacer, peer_address
 from anonml.transport._network import TCP_NETWORK, Listeners, Network, listening_address
 from anonml.protocol import MAX_REQUEST_BYTES, format_host_port
 from anonml.transport._link import check_positive_seconds
@@ -137,6 +138,40 @@ def paced(app: Any, pacer: RequestPacer, counts: Counter[str]) -> Any:
     return wrapped
 
 
+def busy_while_answering(app: Any) -> Any:
+    """``app`` with its connection's :class:`GateSlot` (``scope["state"]["gate_slot"]``) marked busy
+    from the end of each request's body to the end of its response, so a request the server is
+    slow to answer is never evicted as idle; a body still trickling in leaves the connection idle."""
+
+    async def wrapped(scope: Any, receive: Any, send: Any) -> None:
+        slot = scope.get("state", {}).get("gate_slot") if scope["type"] == "http" else None
+        if not isinstance(slot, GateSlot):
+            await app(scope, receive, send)
+            return
+        with contextlib.ExitStack() as answering:
+            complete = False
+
+            def request_complete() -> None:
+                nonlocal complete
+                if not complete:
+                    complete = True
+                    answering.enter_context(slot.busy())
+
+            headers = {name.lower() for name, _ in scope.get("headers", [])}
+            if b"content-length" not in headers and b"transfer-encoding" not in headers:
+                request_complete()  # no body: the request is complete
+
+            async def receive_then_busy() -> Any:
+                message = await receive()
+                if message["type"] == "http.request" and not message.get("more_body", False):
+                    request_complete()
+                return message
+
+            await app(scope, receive_then_busy, send)
+
+    return wrapped
+
+
 def _client_left(error: BaseException) -> bool:
     """Whether ``error`` (from hypercorn's connection handler) only says the client went away.
 
@@ -183,7 +218,9 @@ async def serve_http_on(
     gate = ConnectionGate(limits.max_connections, limits.max_connections_per_source)
     pacer = limits.pacer()
     context = WorkerContext(None)
-    wrapped = ASGIWrapper(paced(counting_disconnects(app, counts), pacer, counts))
+    # Busy inside the pacer: a request waiting for its turn is idle (a client polling over its share
+    # from every slot could otherwise hold them all unevictable).
+    wrapped = ASGIWrapper(paced(busy_while_answering(counting_disconnects(app, counts)), pacer, counts))
 
     async def handle(stream: trio.abc.Stream) -> None:
         source = peer_address(stream)
@@ -193,7 +230,12 @@ async def serve_http_on(
             await trio.aclose_forcefully(stream)
             return
         try:
-            await TCPServer(wrapped, config, context, {}, stream)  # type: ignore[arg-type]
+            with slot.cancel_scope:  # cancelled if the gate evicts this connection as the one idle longest
+                # hypercorn copies this state into each request's scope (busy_while_answering reads it).
+                state = {"gate_slot": slot}
+                await TCPServer(wrapped, config, context, state, slot.watch(stream))  # type: ignore[arg-type]
+            if slot.evicted:
+                counts[f"refused/{GateRefusal.EVICTED}"] += 1
         except Exception as exc:  # hypercorn's own failures end one connection, never the server
             if _client_left(exc):
                 counts["client-disconnected"] += 1

@@ -4,49 +4,59 @@ One relay and one aggregator run live, each in its own process (the real
 ``serve_relay`` and ``serve_aggregator``, real SQLite, loopback TCP), the
 relay's directory and known round fetched from the aggregator's signed
 manifest; this process makes the round and its peers' credentials, then
-sends honest traffic through three probes at a steady rate:
+sends honest traffic through five probes at a steady rate, each from
+127.0.0.1:
 
-- ``peer``: a peer sends packets to the relay (latency: until the relay's
-  durable ack); the relay forwards them to the aggregator;
+- ``peer``: a peer sends packets to the relay on one kept-alive link
+  (latency: until the relay's durable ack); the relay forwards them to the
+  aggregator; ``peer-fresh``: the same on a new connection per packet;
 - ``relay``: a last-hop relay (authenticated with the relay's key, which the
   manifest lists) delivers final-hop packets to the aggregator's sink
   (latency: until the sink's durable ack, the final Sphinx layer checked);
-- ``http``: ``GET /v1/manifest`` on the API (latency: the whole response).
+- ``http``: ``GET /v1/manifest`` on the API on one kept-alive connection
+  (latency: the whole response); ``http-fresh``: on a new connection each.
 
-Each abuse runs in a fourth process (``python -m anonml.bench.abuse attack
-SPEC``), from other loopback addresses (127.0.0.2 and up, so per-source
-limits apply as they would to a remote attacker), bounded in count and time;
-it builds whatever it sends before it starts, so its own CPU competes with
-the services only as a remote attacker's network load would. For each it prints every probe's delivery (packets the
-aggregator accepted after the round's verification, or HTTP 200s) and p99
-latency beside the unloaded p99 measured in the same run (right
-before it, so that both see the same machine load), and the target: 100%
-delivered and p99 within 3x the unloaded p99. The relay's clock
-is pinned (``relay.PinnedClock``) inside the round's data phase with
-zero-length hop windows, so latency is processing, not a release draw.
+Each abuse runs in a fourth process (:mod:`anonml.bench._abuse_attacks`),
+as the README's attacker model: up to 64 addresses in each of 16 /24s of
+127.0.0.0/8, one core, at the scale of the cap it targets (the relay holds
+at most ``_MAX_HELD`` packets here, so filling it takes seconds, not
+minutes), reopening each connection as soon as it is closed. It builds what
+it sends before it starts. For each abuse the bench prints every probe's
+delivery (packets the aggregator accepted after the round's verification, or
+HTTP 200s) and p99 latency beside the unloaded p99 measured right before it
+(both see the same machine load), and the target: at least 99.9% delivered
+and p99 within 3x the unloaded p99. It exits 1 if any abuse misses it.
+The relay's clock is pinned (``relay.PinnedClock``) inside the round's data
+phase with zero-length hop windows for the probes, so latency is processing,
+not a release draw. ``--nofile N`` runs the relay and the aggregator with
+``RLIMIT_NOFILE`` N (soft and hard), as on a host with a low default.
 
-Abuses: ``relay-hold-fill`` (packets for windows ten days ahead: a full hold
-queue used to refuse honest packets BUSY), ``relay-late-tags`` (late
-packets: their replay tags used to fill the cache), ``relay-idle-links``
-(300 connections that send the hello and stay silent), ``sink-stranger``
-(a stranger floods the sink: refused in the handshake), ``sink-garbage`` (a
-compromised relay floods the sink with random frames: refused before
-anything is stored), ``http-slow-bodies`` (300 clients sending a request body
-a byte at a time), ``http-polling`` (8 clients polling the public
-snapshots, roster, receipt log, heads and status, as fast as they are
-answered: they used to be rebuilt per request on the event loop).
+Abuses: ``relay-hold-fill`` (packets inside the data phase from all 1,024
+addresses, 1.25x the hold queue: a full queue refused honest packets BUSY),
+``relay-hold-fill-one`` (the same from one address), ``relay-late-tags``
+(late packets from every address), ``relay-link-churn`` (1.1x the link slots
+in silent connections that sent the hello), ``sink-stranger`` (strangers
+flood the sink: refused in the handshake), ``sink-garbage`` (a compromised
+relay floods the sink with random frames: refused before anything is
+stored), ``http-churn`` (1.1x the HTTP slots in silent connections),
+``http-slow-bodies`` (1.1x the HTTP slots sending a request body a byte a
+second), ``http-polling`` (16 clients in 16 /24s polling the public
+snapshots, roster, receipt log, heads and status as fast as they are
+answered).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import resource
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from functools import partial
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -70,13 +80,13 @@ from anonml.crypto import (
     PathHop,
     ReleaseWindow,
     SphinxGeometry,
-    build_packet,
     generate_keypair,
 )
-from anonml.protocol import PATH_HEADS, PATH_RECEIPTS, PATH_ROSTER, PATH_STATUS, SurveyId
-from anonml.transport import AckStatus, LinkClient, LinkIdentity, encode_hello
+from anonml.protocol import SurveyId
+from anonml.transport import AckStatus, HttpLimits, LinkClient, LinkIdentity
 from anonml.relay import (
     PinnedAggregator,
+    RelayConfig,
     load_identity,
     load_identity_key,
     parse_metrics,
@@ -85,16 +95,23 @@ from anonml.bench._processes import child_processes
 from anonml.base.process import freeze_startup_heap
 from anonml.testing import SettableClock, enrol, loopback_relay, relay_keyring
 
-ABUSES = ("relay-hold-fill", "relay-late-tags", "relay-idle-links", "sink-stranger", "sink-garbage",
-          "http-slow-bodies", "http-polling")
+# The relay's hold-filling abuses come last: on a relay that fails them the queue stays full (its
+# clock is pinned, so nothing is released) and would fail every later scenario too.
+ABUSES = ("relay-late-tags", "relay-link-churn", "sink-stranger", "sink-garbage", "http-churn", "http-slow-bodies",
+          "http-polling", "relay-hold-fill-one", "relay-hold-fill")
 TARGET_P99_RATIO = 3.0  # issue 13
+TARGET_DELIVERY = 0.999  # issue 25
 # Seconds between a probe's requests: 200 per scenario. With 100, a p99 was the second-largest
 # latency, and two of the rare 40-70 ms stalls of a durable commit (as common unloaded as under
 # abuse) decided a ratio alone; with 200 it takes three.
 _PROBE_INTERVAL = 0.04
 _SCENARIO_SECONDS = 8.0
 _ATTACK_LEAD = 1.0  # the abuse starts this long before the probes
-_PEERS = 720  # 8 surveys each, half per probe: 2880 packets per probe, 200 per scenario (14 scenarios)
+# 8 surveys each, half through the relay (peer 200 and peer-fresh 100 per scenario), half straight to
+# the sink (relay 200 per scenario): 18 scenarios (9 abuses, each after an unloaded run).
+_PEERS = 1400
+_FRESH_INTERVAL = 0.08  # a new connection per request costs a handshake: half as many
+_MAX_HELD = 1280  # the relay's hold queue: 20 packets per address, 40 per /24
 _SUBSETS = 8  # k_h: each peer answers this many data surveys, so it has this many packets
 _HOST = "127.0.0.1"
 _ROUTE_TIMEOUT = 120.0  # seconds for the relay to fetch its directory and the first packet to be accepted
@@ -148,6 +165,7 @@ class _System:
     instant: int  # the relay's pinned clock: every hop window is [instant, instant]
     via_relay: list[bytes]  # honest packets for the peer probe (relay, then the aggregator)
     direct: list[bytes]  # honest final-hop packets for the relay probe
+    nofile: int | None  # the services' RLIMIT_NOFILE (None: inherited)
 
 
 def _honest_packets(state: RoundState, clock: SettableClock, via: list[PathHop]) -> tuple[list[bytes], list[bytes]]:
@@ -168,9 +186,16 @@ def _honest_packets(state: RoundState, clock: SettableClock, via: list[PathHop])
     return via_relay, direct
 
 
-def _child(processes: list[subprocess.Popen[str]], *args: str) -> dict[str, Any]:
-    """Start ``python -m MODULE ARGS``; its first stdout line (JSON) once it serves. It exits when its stdin closes."""
-    process = subprocess.Popen([sys.executable, "-m", *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+def _child(processes: list[subprocess.Popen[str]], nofile: int | None, *args: str) -> dict[str, Any]:
+    """Start ``python -m MODULE ARGS`` (with RLIMIT_NOFILE ``nofile``, soft and hard, unless None); its first
+    stdout line (JSON) once it serves. It exits when its stdin closes."""
+
+    def limit() -> None:
+        if nofile is not None:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
+
+    process = subprocess.Popen([sys.executable, "-m", *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                               preexec_fn=limit)
     processes.append(process)
     assert process.stdout is not None
     line = process.stdout.readline()
@@ -180,7 +205,7 @@ def _child(processes: list[subprocess.Popen[str]], *args: str) -> dict[str, Any]
     return ready
 
 
-def _start_system(work: Path, processes: list[subprocess.Popen[str]]) -> _System:
+def _start_system(work: Path, processes: list[subprocess.Popen[str]], nofile: int | None) -> _System:
     home = AggregatorHome(work / "aggregator")
     home.initialise(os.urandom(32), generate_keypair()[0])
     identity = bytes(home.signing_key().verify_key)
@@ -190,12 +215,12 @@ def _start_system(work: Path, processes: list[subprocess.Popen[str]]) -> _System
     geometry = SphinxGeometry.create(max_hops=2, packet_size=2048)
     config = loopback_relay(relay_dir, geometry, metrics=(_HOST, 0), log_level="WARNING",
                             directory_aggregators=(PinnedAggregator(f"http://{_HOST}:{http_port}", identity),),
-                            directory_min_refresh_seconds=0.5)
+                            directory_min_refresh_seconds=0.5, max_held_packets=_MAX_HELD)
     keyring = relay_keyring(config)
     keyring.rotate(instant)
     # The relay process (the relay benchmark's node, its clock pinned at the instant) fetches the manifest
     # until the aggregator serves it.
-    relay = _child(processes, "anonml.bench.relay", "node", str(relay_dir), str(instant))
+    relay = _child(processes, nofile, "anonml.bench.relay", "node", str(relay_dir), str(instant))
     relay_link = (_HOST, int(relay["link"]))
     relay_node, _ = load_identity(relay_dir)
     relay_key = keyring.published(instant)[0]
@@ -213,10 +238,10 @@ def _start_system(work: Path, processes: list[subprocess.Popen[str]]) -> _System
     via_relay, direct = _honest_packets(state, clock, via)
     manifest = state.manifest
     state.store.close()
-    aggregator = _child(processes, "anonml.bench.abuse", "aggregator", str(home.root), state.round_id.hex())
+    aggregator = _child(processes, nofile, "anonml.bench.abuse", "aggregator", str(home.root), state.round_id.hex())
     return _System(processes, geometry, manifest, relay_link, relay_node, relay_key.public_key,
                    LinkIdentity(load_identity_key(relay_dir)), int(relay["metrics"]), str(aggregator["http"]),
-                   (_HOST, sink_port), instant, via_relay, direct)
+                   (_HOST, sink_port), instant, via_relay, direct, nofile)
 
 
 async def _serve_aggregator(root: str, round_id: str) -> None:
@@ -241,30 +266,50 @@ async def _serve_aggregator(root: str, round_id: str) -> None:
 
 @dataclass
 class _Probe:
-    latencies: list[float]
+    latencies: list[float] = field(default_factory=list)
     sent: int = 0
     ok: int = 0
 
 
-async def _packet_probe(client: LinkClient, packets: Sequence[bytes], probe: _Probe, until: float) -> None:
-    for packet in packets:
-        if trio.current_time() >= until:
-            return
-        started = trio.current_time()
-        [status] = await client.send_batch([packet], give_up_at=started + 30)
-        probe.sent += 1
-        if status is AckStatus.ACCEPTED:
-            probe.ok += 1
-            probe.latencies.append(trio.current_time() - started)
-        await trio.sleep_until(started + _PROBE_INTERVAL)
+PROBES = ("peer", "peer-fresh", "relay", "http", "http-fresh")
 
 
-async def _http_probe(url: str, probe: _Probe, until: float) -> None:
-    async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+async def _packet_probe(open_client: Callable[[], LinkClient], fresh: bool, packets: Sequence[bytes], probe: _Probe,
+                        until: float) -> None:
+    """Send ``packets`` one at a time on one link (or a new link each when ``fresh``) until ``until``."""
+    interval = _FRESH_INTERVAL if fresh else _PROBE_INTERVAL
+    client = open_client()
+    try:
+        for packet in packets:
+            if trio.current_time() >= until:
+                return
+            started = trio.current_time()
+            [status] = await client.send_batch([packet], give_up_at=started + 30)
+            probe.sent += 1
+            if status is AckStatus.ACCEPTED:
+                probe.ok += 1
+                probe.latencies.append(trio.current_time() - started)
+            if fresh:
+                await client.aclose()
+                client = open_client()
+            await trio.sleep_until(started + interval)
+    finally:
+        await client.aclose()
+
+
+async def _http_probe(url: str, fresh: bool, probe: _Probe, until: float) -> None:
+    """``GET /v1/manifest`` on one kept-alive connection (or a new connection each when ``fresh``)."""
+    interval = _FRESH_INTERVAL if fresh else _PROBE_INTERVAL
+    kept = httpx.AsyncClient(base_url=url, timeout=30)
+    try:
         while trio.current_time() < until:
             started = trio.current_time()
             try:
-                response = await client.get("/v1/manifest")
+                if fresh:
+                    async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+                        response = await client.get("/v1/manifest")
+                else:
+                    response = await kept.get("/v1/manifest")
                 ok = response.status_code == 200
             except httpx.HTTPError:
                 ok = False
@@ -272,7 +317,9 @@ async def _http_probe(url: str, probe: _Probe, until: float) -> None:
             if ok:
                 probe.ok += 1
                 probe.latencies.append(trio.current_time() - started)
-            await trio.sleep_until(started + _PROBE_INTERVAL)
+            await trio.sleep_until(started + interval)
+    finally:
+        await kept.aclose()
 
 
 def _p99(latencies: Sequence[float]) -> float | None:
@@ -280,15 +327,29 @@ def _p99(latencies: Sequence[float]) -> float | None:
 
 
 async def _status(url: str) -> dict[str, Any]:
-    async with httpx.AsyncClient(base_url=url, timeout=30) as client:
-        status: dict[str, Any] = (await client.get("/v1/status")).json()["body"]  # a signed document
-    return status
+    """The aggregator's status; retried for a minute while an abuse keeps the bench's own request out
+    (on a server that fails the abuse, the connection is refused like the probes')."""
+    with trio.fail_after(60):
+        while True:
+            try:
+                async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+                    status: dict[str, Any] = (await client.get("/v1/status")).json()["body"]  # a signed document
+                return status
+            except httpx.HTTPError:
+                await trio.sleep(0.25)
 
 
 def _peer_client(system: _System) -> LinkClient:
     """A peer's link to the relay (no identity: a peer is not a neighbour)."""
     return LinkClient(*system.relay_link, packet_size=system.geometry.packet_size,
                       geometry_hash=system.geometry.canonical_hash())
+
+
+def _relay_client(system: _System) -> LinkClient:
+    """The last-hop relay's link to the sink (authenticated: the manifest lists the relay)."""
+    return LinkClient(*system.sink, packet_size=system.geometry.packet_size,
+                      geometry_hash=system.geometry.canonical_hash(), identity=system.relay_identity,
+                      expect_node_id=system.manifest.aggregator_hop.node_id)
 
 
 async def _wait_for_relay_route(system: _System, offsets: dict[str, int]) -> None:
@@ -317,43 +378,46 @@ async def _scenario(system: _System, abuse: str | None, work: Path, offsets: dic
     if attacker is not None:
         await trio.sleep(_ATTACK_LEAD)
     accepted_before = int((await _status(system.http_url))["counts"]["accepted"])
-    count = int(_SCENARIO_SECONDS / _PROBE_INTERVAL)
-    peer_packets = system.via_relay[offsets["peer"] : offsets["peer"] + count]
-    direct_packets = system.direct[offsets["relay"] : offsets["relay"] + count]
-    geometry = system.geometry
-    peer_client = _peer_client(system)
-    relay_client = LinkClient(*system.sink, packet_size=geometry.packet_size,
-                              geometry_hash=geometry.canonical_hash(), identity=system.relay_identity,
-                              expect_node_id=system.manifest.aggregator_hop.node_id)
-    probes = {"peer": _Probe([]), "relay": _Probe([]), "http": _Probe([])}
+    kept_count = int(_SCENARIO_SECONDS / _PROBE_INTERVAL)
+    fresh_count = int(_SCENARIO_SECONDS / _FRESH_INTERVAL)
+    start = offsets["peer"]
+    peer_packets = system.via_relay[start : start + kept_count]
+    fresh_packets = system.via_relay[start + kept_count : start + kept_count + fresh_count]
+    direct_packets = system.direct[offsets["relay"] : offsets["relay"] + kept_count]
+    probes = {name: _Probe() for name in PROBES}
     services = [psutil.Process(process.pid) for process in system.processes]
     for service in services:
         service.cpu_percent()
     until = trio.current_time() + _SCENARIO_SECONDS
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(_packet_probe, peer_client, peer_packets, probes["peer"], until)
-        nursery.start_soon(_packet_probe, relay_client, direct_packets, probes["relay"], until)
-        nursery.start_soon(_http_probe, system.http_url, probes["http"], until)
+        nursery.start_soon(_packet_probe, partial(_peer_client, system), False, peer_packets, probes["peer"], until)
+        nursery.start_soon(_packet_probe, partial(_peer_client, system), True, fresh_packets, probes["peer-fresh"],
+                           until)
+        nursery.start_soon(_packet_probe, partial(_relay_client, system), False, direct_packets, probes["relay"], until)
+        nursery.start_soon(_http_probe, system.http_url, False, probes["http"], until)
+        nursery.start_soon(_http_probe, system.http_url, True, probes["http-fresh"], until)
     service_cpu = [round(service.cpu_percent(), 1) for service in services]
-    await peer_client.aclose()
-    await relay_client.aclose()
-    offsets["peer"] += probes["peer"].sent
-    offsets["relay"] += probes["relay"].sent
+    # Every packet of the slices is spent, sent or not: a packet a relay took but did not acknowledge
+    # may still arrive, and must not be sent again in a later scenario (a replay).
+    offsets["peer"] += kept_count + fresh_count
+    offsets["relay"] += kept_count
     attack_summary = await trio.to_thread.run_sync(_stop_attacker, attacker) if attacker is not None else None
     # Every honest packet the relay and the sink acknowledged must end up accepted.
-    expected = probes["peer"].ok + probes["relay"].ok
+    expected = probes["peer"].ok + probes["peer-fresh"].ok + probes["relay"].ok
     accepted = 0
     with trio.move_on_after(120):
         while (accepted := int((await _status(system.http_url))["counts"]["accepted"]) - accepted_before) < expected:
             await trio.sleep(0.5)
-    packets_sent = probes["peer"].sent + probes["relay"].sent
+    packets_sent = probes["peer"].sent + probes["peer-fresh"].sent + probes["relay"].sent
+    http_sent = probes["http"].sent + probes["http-fresh"].sent
     return {
         "abuse": abuse or "none",
         "attack": attack_summary,
         "packets_sent": packets_sent,
         "packets_accepted": accepted,
         "delivered": accepted / packets_sent if packets_sent else None,
-        "http_ok": probes["http"].ok / probes["http"].sent if probes["http"].sent else None,
+        "http_ok": (probes["http"].ok + probes["http-fresh"].ok) / http_sent if http_sent else None,
+        "acked": {name: f"{probe.ok}/{probe.sent}" for name, probe in probes.items()},
         "p99_ms": {name: _p99(probe.latencies) for name, probe in probes.items()},
         "cpu_percent_relay_aggregator": service_cpu,
         "load_average": [round(x, 2) for x in os.getloadavg()],
@@ -367,6 +431,7 @@ def _start_attacker(system: _System, abuse: str, work: Path) -> subprocess.Popen
     """Start the abuse's process; return once it has built what it sends and is about to start."""
     geometry = system.geometry
     hop = system.manifest.aggregator_hop
+    relay_defaults, http_defaults = RelayConfig(data_dir=work, listen=(_HOST, 0)), HttpLimits()
     spec = {
         "abuse": abuse, "seconds": _SCENARIO_SECONDS + _ATTACK_LEAD,
         "relay": list(system.relay_link), "relay_node": system.relay_node.hex(),
@@ -376,10 +441,13 @@ def _start_attacker(system: _System, abuse: str, work: Path) -> subprocess.Popen
         "max_hops": geometry.max_hops, "packet_size": geometry.packet_size,
         # A compromised relay's key (the sink-garbage abuse authenticates with it).
         "relay_identity": system.relay_identity.private_key.hex(),
+        # The caps each abuse is sized against (the services' defaults; --nofile may lower them).
+        "max_held_packets": _MAX_HELD, "link_slots": relay_defaults.max_connections,
+        "http_slots": http_defaults.max_connections,
     }
     path = work / f"attack-{abuse}.json"
     path.write_text(json.dumps(spec))
-    process = subprocess.Popen([sys.executable, "-m", "anonml.bench.abuse", "attack", str(path)],
+    process = subprocess.Popen([sys.executable, "-m", "anonml.bench._abuse_attacks", str(path)],
                                stdout=subprocess.PIPE, text=True)
     assert process.stdout is not None
     process.stdout.readline()  # "ready"
@@ -399,112 +467,23 @@ def _stop_attacker(process: subprocess.Popen[str]) -> dict[str, Any]:
     return summary
 
 
-async def _attack(spec: dict[str, Any]) -> dict[str, Any]:
-    abuse = spec["abuse"]
-    geometry = SphinxGeometry.create(max_hops=spec["max_hops"], packet_size=spec["packet_size"])
-    relay = (spec["relay"][0], int(spec["relay"][1]))
-    sink = (spec["sink"][0], int(spec["sink"][1]))
-    counts = {"connections": 0, "frames": 0, "refused": 0}
-
-    def relay_packets(window: ReleaseWindow, count: int) -> list[bytes]:
-        relay_hop = PathHop(bytes.fromhex(spec["relay_node"]), NodeAddress(*relay), bytes.fromhex(spec["relay_key"]),
-                            window)
-        final = PathHop(bytes.fromhex(spec["sink_node"]), NodeAddress(*sink), bytes.fromhex(spec["sink_key"]), window)
-        return [build_packet(geometry, [relay_hop, final], os.urandom(16)) for _ in range(count)]
-
-    async def send_frames(target: tuple[str, int], frames: list[bytes], source: str, identity: LinkIdentity | None
-                          ) -> None:
-        client = LinkClient(*target, packet_size=geometry.packet_size, geometry_hash=geometry.canonical_hash(),
-                            identity=identity, local_address=source, connect_timeout=2, ack_timeout=5)
-        for offset in range(0, len(frames), 64):
-            if trio.current_time() >= until:
-                break
-            statuses = await client.send_batch(frames[offset : offset + 64], give_up_at=trio.current_time())
-            counts["frames"] += len(statuses)
-            counts["refused"] += sum(s is not AckStatus.ACCEPTED for s in statuses)
-        await client.aclose()
-
-    # Build what is sent first (a remote attacker's CPU is not ours), then say so and start.
-    instant = int(spec["instant"])
-    prepared: list[bytes] = []
-    if abuse == "relay-hold-fill":
-        prepared = relay_packets(ReleaseWindow(instant + 10 * 86400, instant + 10 * 86400 + 60), 2000)
-    elif abuse == "relay-late-tags":
-        prepared = relay_packets(ReleaseWindow(instant - 120, instant - 60), 2000)
-    elif abuse in ("sink-stranger", "sink-garbage"):
-        prepared = [os.urandom(geometry.packet_size) for _ in range(640)]
-    print(json.dumps({"ready": True}), flush=True)
-    until = trio.current_time() + float(spec["seconds"])
-
-    if abuse in ("relay-hold-fill", "relay-late-tags"):
-        await send_frames(relay, prepared, "127.0.0.2", None)
-    elif abuse == "relay-idle-links":
-        hello = encode_hello(geometry.packet_size, geometry.canonical_hash())
-        streams = []
-        for index in range(300):
-            try:
-                stream = await trio.open_tcp_stream(*relay, local_address=f"127.0.0.{2 + index % 3}")
-                await stream.send_all(hello)
-                streams.append(stream)
-                counts["connections"] += 1
-            except (OSError, trio.BrokenResourceError):
-                counts["refused"] += 1
-        await trio.sleep_until(until)
-        for stream in streams:
-            await trio.aclose_forcefully(stream)
-    elif abuse in ("sink-stranger", "sink-garbage"):
-        identity = LinkIdentity(bytes.fromhex(spec["relay_identity"])) if abuse == "sink-garbage" else None
-        while trio.current_time() < until:
-            await send_frames(sink, prepared, "127.0.0.2", identity)
-            counts["connections"] += 1
-            if identity is None:
-                await trio.sleep(0.01)  # each attempt ends at the handshake: do not spin
-    elif abuse == "http-slow-bodies":
-        host, port = spec["http"].removeprefix("http://").rsplit(":", 1)
-        head = (b"POST /v1/register HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                b"Content-Length: 4096\r\n\r\n")
-
-        async def slow(index: int) -> None:
-            try:
-                stream = await trio.open_tcp_stream(host, int(port), local_address=f"127.0.0.{2 + index % 4}")
-                counts["connections"] += 1
-                await stream.send_all(head)
-                while trio.current_time() < until:
-                    await stream.send_all(b"{")
-                    await trio.sleep(5)
-            except (OSError, trio.BrokenResourceError, trio.ClosedResourceError):
-                counts["refused"] += 1
-
-        async with trio.open_nursery() as nursery:
-            for index in range(300):
-                nursery.start_soon(slow, index)
-    elif abuse == "http-polling":
-        paths = [PATH_ROSTER, PATH_RECEIPTS.format(kind="data", partition=0, check=0), PATH_HEADS, PATH_STATUS]
-
-        async def poll(index: int) -> None:
-            transport = httpx.AsyncHTTPTransport(local_address=f"127.0.0.{2 + index % 4}")
-            async with httpx.AsyncClient(base_url=spec["http"], timeout=10, transport=transport) as client:
-                while trio.current_time() < until:
-                    try:
-                        await client.get(paths[counts["frames"] % len(paths)])
-                        counts["frames"] += 1  # requests answered
-                    except httpx.HTTPError:
-                        counts["refused"] += 1
-
-        async with trio.open_nursery() as nursery:
-            for index in range(8):
-                nursery.start_soon(poll, index)
-    else:
-        raise SystemExit(f"unknown abuse {abuse!r}")
-    return counts
-
-
-def _attack_main(path: str) -> None:
-    spec = json.loads(Path(path).read_text())
-    print(json.dumps(trio.run(_attack, spec)), flush=True)
-
-
 # -- the command ----------------------------------------------------------------
+
+
+def _judge(result: dict[str, Any]) -> None:
+    """Each probe's p99 against the paired unloaded run's, and the verdict (module docstring)."""
+    base = result["unloaded_p99_ms"]
+    ratios = {name: (value / base[name] if value is not None and base[name] else None)
+              for name, value in result["p99_ms"].items()}
+    result["p99_x_unloaded"] = {name: round(r, 2) if r is not None else None for name, r in ratios.items()}
+    missed = []
+    if result["delivered"] is None or result["delivered"] < TARGET_DELIVERY:
+        missed.append("delivery")
+    if result["http_ok"] is None or result["http_ok"] < TARGET_DELIVERY:
+        missed.append("http")
+    missed += [f"p99 {name}" for name, r in ratios.items() if r is None or r > TARGET_P99_RATIO]
+    result["missed"] = missed
+    result["meets_target"] = not missed
 
 
 async def _run(system: _System, work: Path, abuses: Sequence[str]) -> dict[str, Any]:
@@ -518,6 +497,8 @@ async def _run(system: _System, work: Path, abuses: Sequence[str]) -> dict[str, 
         paired = unloaded if not results else await _scenario(system, None, work, offsets)
         result = await _scenario(system, abuse, work, offsets)
         result["unloaded_p99_ms"] = paired["p99_ms"]
+        result["unloaded_delivered"] = paired["delivered"]
+        _judge(result)
         results.append(result)
     stream = await trio.open_tcp_stream(_HOST, system.relay_metrics)
     await stream.send_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
@@ -527,18 +508,11 @@ async def _run(system: _System, work: Path, abuses: Sequence[str]) -> dict[str, 
     await stream.aclose()
     relay_metrics = parse_metrics(response.partition(b"\r\n\r\n")[2].decode())
     status = await _status(system.http_url)
-    for result in results:
-        base = result["unloaded_p99_ms"]
-        ratios = {name: (value / base[name] if value is not None and base[name] else None)
-                  for name, value in result["p99_ms"].items()}
-        result["p99_x_unloaded"] = {name: round(r, 2) if r is not None else None for name, r in ratios.items()}
-        result["meets_target"] = bool(
-            result["delivered"] == 1.0 and result["http_ok"] == 1.0
-            and all(r is not None and r <= TARGET_P99_RATIO for r in ratios.values())
-        )
     return {
         "setup": f"a relay and the aggregator in a process each, the abuses in another, the probes here; loopback; "
-                 f"{os.cpu_count()} CPUs; each probe every {_PROBE_INTERVAL} s for {_SCENARIO_SECONDS} s",
+                 f"{os.cpu_count()} CPUs; each kept-alive probe every {_PROBE_INTERVAL} s and each fresh one every "
+                 f"{_FRESH_INTERVAL} s for {_SCENARIO_SECONDS} s; RLIMIT_NOFILE "
+                 f"{system.nofile if system.nofile is not None else 'as inherited'}",
         "unloaded": unloaded,
         "abuses": results,
         "relay_drops": {k.removeprefix("packets_dropped/"): v for k, v in relay_metrics.items()
@@ -549,14 +523,14 @@ async def _run(system: _System, work: Path, abuses: Sequence[str]) -> dict[str, 
                               if k.startswith("link_errors/")},
         "aggregator_counts": {k: v for k, v in status["counts"].items() if "/" in k},
         "aggregator_rejected": status["rejected"],
-        "target": f"100% delivered and p99 <= {TARGET_P99_RATIO}x unloaded",
+        "target": f"at least {TARGET_DELIVERY:.1%} delivered and p99 <= {TARGET_P99_RATIO}x unloaded",
         "all_meet_target": all(result["meets_target"] for result in results),
     }
 
 
-def run_benchmark(abuses: Sequence[str]) -> dict[str, Any]:
+def run_benchmark(abuses: Sequence[str], nofile: int | None = None) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="anonml-bench-abuse-") as work, child_processes() as processes:
-        system = _start_system(Path(work), processes)
+        system = _start_system(Path(work), processes, nofile)
         # The probes' own process: a collection walking its start-up heap (the round, 2,880 prepared
         # packets) stalled all three probes at once by 40-50 ms, in unloaded runs as often as under abuse.
         freeze_startup_heap()
@@ -566,26 +540,28 @@ def run_benchmark(abuses: Sequence[str]) -> dict[str, Any]:
 @click.command("abuse")
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
 @click.option("--only", type=click.Choice(ABUSES), multiple=True, help="Run only these abuses (repeatable).")
-def bench_abuse(as_json: bool, only: tuple[str, ...]) -> None:
-    """Honest delivery and p99 latency while the relay, the sink and the HTTP API are abused (floods, idle and
-    slow connections, far-future and late packets), each beside the unloaded p99."""
-    result = run_benchmark(only or ABUSES)
+@click.option("--nofile", type=click.IntRange(min=64), default=None,
+              help="Run the relay and the aggregator with this RLIMIT_NOFILE (soft and hard).")
+def bench_abuse(as_json: bool, only: tuple[str, ...], nofile: int | None) -> None:
+    """Honest delivery and p99 latency while the relay, the sink and the HTTP API are abused (floods, churn,
+    idle and slow connections, filling the hold queue), each beside the unloaded p99; exits 1 if one misses."""
+    result = run_benchmark(only or ABUSES, nofile)
     if as_json:
         click.echo(json.dumps(result, indent=2))
-        return
-    click.echo(result["setup"])
-    for entry in result["abuses"]:
-        p99 = ", ".join(f"{k} {v:.1f} vs {entry['unloaded_p99_ms'][k]:.1f} ({entry['p99_x_unloaded'][k]}x)"
-                        for k, v in entry["p99_ms"].items() if v is not None)
-        verdict = "ok" if entry["meets_target"] else "MISSES"
-        click.echo(f"{entry['abuse']:18} delivered {entry['delivered']:.0%} http {entry['http_ok']:.0%}  "
-                   f"p99 ms: {p99}  [{verdict}]  load {entry['load_average']}")
+    else:
+        click.echo(result["setup"])
+        for entry in result["abuses"]:
+            p99 = ", ".join(f"{k} {v:.1f} vs {entry['unloaded_p99_ms'][k]:.1f} ({entry['p99_x_unloaded'][k]}x)"
+                            for k, v in entry["p99_ms"].items() if v is not None and entry["unloaded_p99_ms"][k])
+            verdict = "ok" if entry["meets_target"] else "MISSES " + ", ".join(entry["missed"])
+            click.echo(f"{entry['abuse']:20} delivered {entry['delivered']:.1%} http {entry['http_ok']:.1%}  "
+                       f"p99 ms: {p99}  [{verdict}]  load {entry['load_average']}")
+    if not result["all_meet_target"]:
+        raise SystemExit(1)
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "attack":
-        _attack_main(sys.argv[2])
-    elif len(sys.argv) == 4 and sys.argv[1] == "aggregator":
+    if len(sys.argv) == 4 and sys.argv[1] == "aggregator":
         trio.run(_serve_aggregator, sys.argv[2], sys.argv[3])
     else:
-        raise SystemExit("usage: python -m anonml.bench.abuse attack SPEC.json | aggregator ROOT ROUND_ID")
+        raise SystemExit("usage: python -m anonml.bench.abuse aggregator ROOT ROUND_ID")

@@ -1,0 +1,96 @@
+"""Relay and aggregator under a low open-file limit (issue 25): the soft limit is raised to the hard
+one at start, the connection caps fit what is left, and below the minimum the process refuses to
+start with one line. Each runs as a child process whose RLIMIT_NOFILE is set before it starts."""
+
+from __future__ import annotations
+
+import resource
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from test_aggregator_cli import write_spec
+
+from anonml.cli import main
+from anonml.crypto import SphinxGeometry
+from anonml.testing import loopback_relay
+from anonml.transport import DescriptorLimitError, fit_connection_caps
+
+COMMAND = [sys.executable, "-c", "import sys; from anonml.cli import main; sys.exit(main())"]
+
+
+def limited(soft: int, hard: int) -> Callable[[], None]:
+    def apply() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+    return apply
+
+
+def run_limited(args: list[str], soft: int, hard: int) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*COMMAND, *args], capture_output=True, text=True, timeout=60,
+                          preexec_fn=limited(soft, hard))
+
+
+def test_caps_share_what_the_limit_leaves_after_each_minimum() -> None:
+    wanted, minimum = {"link": 256, "mirror": 128}, {"link": 64, "mirror": 16}
+    assert fit_connection_caps(wanted, minimum, reserve=128, limit=20_000, server="relay") == wanted
+    # 256 - 128 - 80 = 48 spare, shared 192 : 112.
+    assert fit_connection_caps(wanted, minimum, reserve=128, limit=256, server="relay") == {"link": 94, "mirror": 33}
+    with pytest.raises(DescriptorLimitError, match=r"^relay: the open-file limit \(RLIMIT_NOFILE\) is 200, below the 208"):
+        fit_connection_caps(wanted, minimum, reserve=128, limit=200, server="relay")
+
+
+def test_a_relay_raises_its_soft_limit_and_refuses_a_hard_limit_below_its_minimum(tmp_path: Path) -> None:
+    geometry = SphinxGeometry.create(max_hops=2, packet_size=1024)
+    data_dir = tmp_path / "relay"
+    loopback_relay(data_dir, geometry, next_hops=[], mirror=("127.0.0.1", 0))
+    refused = run_limited(["relay", "run", "--data-dir", str(data_dir)], 150, 150)
+    assert refused.returncode == 1 and "Traceback" not in refused.stderr
+    [line] = [line for line in refused.stderr.splitlines() if "RLIMIT_NOFILE" in line]
+    assert "is 150, below the 208 it needs" in line and "ulimit -n" in line
+    # A soft limit of 64 (a process could not even hold its slots) with room under the hard one: it serves.
+    command = [*COMMAND, "relay", "run", "--data-dir", str(data_dir)]
+    child = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, preexec_fn=limited(64, 4096))
+    try:
+        assert child.stderr is not None
+        lines = []
+        while not any("event=listening" in line for line in lines):
+            line = child.stderr.readline()
+            assert line, "".join(lines)
+            lines.append(line)
+        limits = open(f"/proc/{child.pid}/limits").read()
+        assert [row for row in limits.splitlines() if row.startswith("Max open files")][0].split()[3:5] == ["4096", "4096"]
+        assert not any("connections-capped-by-descriptor-limit" in line for line in lines)
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_an_aggregator_refuses_a_limit_below_its_minimum_and_serves_with_caps_that_fit(tmp_path: Path) -> None:
+    runner = CliRunner()
+    data_dir = tmp_path / "agg"
+    assert runner.invoke(main, ["aggregator", "init", "--data-dir", str(data_dir)]).exit_code == 0
+    write_spec(tmp_path / "round.toml", register=600)
+    created = runner.invoke(main, ["aggregator", "round", "new", "--data-dir", str(data_dir),
+                                   "--spec", str(tmp_path / "round.toml")])
+    assert created.exit_code == 0, created.output
+    refused = run_limited(["aggregator", "run", "--data-dir", str(data_dir)], 60, 60)
+    assert refused.returncode == 1 and "Traceback" not in refused.stderr
+    assert "aggregator: the open-file limit (RLIMIT_NOFILE) is 60, below the" in refused.stderr
+    # The issue's 256: served, with the API's and the sink's caps lowered to fit.
+    command = [*COMMAND, "aggregator", "run", "--data-dir", str(data_dir)]
+    child = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, preexec_fn=limited(256, 256))
+    try:
+        assert child.stderr is not None
+        lines = []
+        while not any("serving" in line for line in lines):
+            line = child.stderr.readline()
+            assert line, "".join(lines)
+            lines.append(line)
+        assert any("connection caps lowered to fit the open-file limit" in line for line in lines), lines
+    finally:
+        child.kill()
+        child.wait()
