@@ -131,10 +131,6 @@ def redact(url: str) -> str:
     return re.sub(r"(://[^:/@]*):[^@/]*@", r"\1:***@", url)
 
 
-def is_postgres_url(text: str) -> bool:
-    return text.startswith(("postgresql://", "postgres://"))
-
-
 class _PostgresSession:
     """psycopg's connection with ``?`` placeholders (the shared dialect) turned into ``%s``."""
 

@@ -34,7 +34,7 @@ import trio
 from anonml.aggregator._health import Health, Part
 from anonml.aggregator._rejections import RejectionReason
 from anonml.aggregator._round import RoundState
-from anonml.aggregator._store import BatchTaken
+from anonml.aggregator._store import CLAIM_SECONDS, BatchTaken
 from anonml.aggregator._verify import (
     Delivered,
     JudgedBatch,
@@ -81,6 +81,7 @@ class PacketSink:
         health: Health | None = None,
         retry_wait: tenacity.wait.wait_base = tenacity.wait_exponential(multiplier=0.05, max=5.0),
         worker: str = "main",
+        claim_seconds: float = CLAIM_SECONDS,
     ) -> None:
         self.state = state
         self.workers = workers
@@ -100,6 +101,7 @@ class PacketSink:
                                    min(connections.reserved, connections.max_connections - 1))
         self._retry_wait = retry_wait
         self.worker = worker
+        self.claim_seconds = claim_seconds
         """The name this sink's verifier claims inbox rows under (unique among the processes sharing a store)."""
         # A shared store also fills from other workers' intake, and a killed worker's claims lapse
         # without waking anyone: an idle verifier looks again each second. Alone on its SQLite
@@ -223,7 +225,8 @@ class PacketSink:
             # A claim is a commit too: on a failing store it is retried like the batch's.
             async for attempt in self._retrying():
                 with attempt:
-                    rows = await run_blocking(store.claim_inbox, self.worker, self.verify_batch, self.state.clock())
+                    rows = await run_blocking(store.claim_inbox, self.worker, self.verify_batch, self.state.clock(),
+                                              self.claim_seconds)
             self.health.recover(Part.VERIFIER)
             if not rows:
                 await self._count_refusals()

@@ -157,8 +157,32 @@ CREATE TABLE leases (name TEXT PRIMARY KEY, holder TEXT NOT NULL, expires DOUBLE
 )
 """The PostgreSQL schema's history: entry ``i`` takes a round's schema from version ``i`` to ``i + 1``."""
 
+ROSTER_FINAL = "roster_final"
+"""The meta key the round driver sets once every registration is stored and the roster frozen:
+ingest workers derive the partition plan and verify only from then on."""
+
 CLAIM_SECONDS = 30.0
 """How long a worker's claim on inbox rows lasts unless it decides them: then any worker may take them over."""
+
+
+_TABLE_COLUMNS: dict[str, tuple[str, ...]] = {
+    "meta": ("key", "value"),
+    "invitations": ("code", "used_by"),
+    "allow_list": ("identity_key",),
+    "registrations": ("identity_key", "invitation", "registered_at", "nonce", "signature"),
+    "client_registrations": ("client", "count"),
+    "credentials": ("identity_key", "partition", "response", "issued_at"),
+    "packets": ("survey", "tag_digest", "message_hash", "report", "receipt", "accepted_at", "position", "arrived"),
+    "rejections": ("reason", "count"),
+    "covers": ("reason", "count"),
+    "heads": ("survey", "check_index", "size", "document"),
+    "replay_tags": ("tag",),
+    "results": ("key", "value"),
+    "inbox": ("tag", "message", "arrived"),
+    "log_sizes": ("survey", "size"),
+    "leases": ("name", "holder", "expires"),
+}
+"""Every table of the current version and its columns: what :meth:`RoundStore.copy_from` moves."""
 
 
 class BatchTaken(Exception):
@@ -639,6 +663,34 @@ class RoundStore:
         with self._engine.read() as db:
             rows = db.execute("SELECT identity_key, partition FROM credentials").fetchall()
         return {bytes(key): int(partition) for key, partition in rows}
+
+
+    # -- moving a round to another engine -------------------------------------------
+
+    def copy_from(self, source: RoundStore) -> int:
+        """Copy every row of ``source`` into this empty store, in one transaction; how many rows.
+
+        How a round created on SQLite (``round new``) moves to PostgreSQL the
+        first time ``aggregator run --store`` opens it there. Inbox rows get
+        new ids in their old order; frames of a store before version 4 must
+        have been admitted first (``PacketSink.admit_legacy_frames``).
+        """
+        if source.legacy_frames():
+            raise ConfigError("the round holds frames of an older release: run it once on SQLite before moving it")
+        copied = 0
+        with self._engine.transaction() as target:
+            if target.execute("SELECT 1 FROM meta LIMIT 1").fetchone() is not None:
+                raise ConfigError(f"the round store {self._engine.where} is not empty: nothing copied")
+            for table, columns in _TABLE_COLUMNS.items():
+                with source._engine.read() as db:
+                    rows = db.execute(f"SELECT {', '.join(columns)} FROM {table} ORDER BY 1").fetchall()
+                if rows:
+                    target.executemany(
+                        f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})",
+                        [tuple(row) for row in rows])
+                copied += len(rows)
+        self.inbox_count = source.inbox_count
+        return copied
 
 
 def is_cover(reason: str) -> bool:
