@@ -439,6 +439,11 @@ class RoundStore:
         self.inbox_count = int(waiting)
         return sorted((int(i), bytes(t), bytes(m), float(a)) for i, t, m, a in rows)
 
+    def claimed(self, worker: str) -> int:
+        """Inbox rows ``worker`` holds claimed and has not decided."""
+        with self._engine.read() as db:
+            return int(db.execute("SELECT COUNT(*) FROM inbox WHERE claimed_by = ?", (worker,)).fetchone()[0])
+
     def release_claims(self, worker: str) -> int:
         """Give back every claim ``worker`` holds (a restarted worker's, before it claims anew); how many."""
         with self._engine.transaction() as db:

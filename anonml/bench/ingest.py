@@ -38,6 +38,7 @@ import click
 import numpy as np
 import trio
 
+from anonml.base.threads import run_blocking
 from anonml.aggregator import ROSTER_FINAL, AggregatorHome, PostgresLocation, RoundStore, create_round, parse_round_spec
 from anonml.bench.aggregator import bench_spec
 from anonml.protocol import SurveyId
@@ -74,6 +75,8 @@ class RunResult:
     doubled: int
     killed_after: float | None = None
     resent: int = 0
+    claimed_at_kill: int = 0
+    """Inbox rows the killed worker held claimed and undecided when it died (taken over after the claim lapsed)."""
     lost: int = field(init=False)
 
     def __post_init__(self) -> None:
@@ -175,7 +178,7 @@ def run_config(prepared: PreparedRound, work: Path, label: str, store: str | Non
     observer = RoundStore(location)
     try:
         began = time.perf_counter()
-        unacknowledged, resent, killed_after = trio.run(_deliver, prepared, children, kill_at)
+        unacknowledged, resent, killed_after, held = trio.run(_deliver, prepared, children, kill_at, observer)
         deadline = time.monotonic() + timeout
         while True:
             # Every acknowledged frame is in the inbox or decided: an empty inbox means all are decided.
@@ -194,22 +197,24 @@ def run_config(prepared: PreparedRound, work: Path, label: str, store: str | Non
         leaves = [leaf for log in receipts.values() for leaf in log]
         doubled = (len(leaves) - len(set(leaves))) + rejections.get("duplicate", 0) + rejections.get("double-submission", 0)
         return RunResult("sqlite" if store is None else "postgresql", workers, len(prepared.frames), seconds,
-                         counts["accepted"], rejections, unacknowledged, doubled, killed_after, resent)
+                         counts["accepted"], rejections, unacknowledged, doubled, killed_after, resent, held)
     finally:
         observer.close()
         _stop(children)
 
 
 async def _deliver(prepared: PreparedRound, children: list[tuple[subprocess.Popen[bytes], int]],
-                   kill_at: float | None) -> tuple[int, int, float | None]:
+                   kill_at: float | None, observer: RoundStore) -> tuple[int, int, float | None, int]:
     """Send every frame, batches spread over the workers; kill worker 0 after ``kill_at`` seconds if given.
-    Returns (frames never acknowledged, frames resent to another worker, when the kill happened)."""
+    Returns (frames never acknowledged, frames resent to another worker, when the kill happened,
+    inbox rows the killed worker held claimed)."""
     batches = [prepared.frames[i : i + LINK_BATCH] for i in range(0, len(prepared.frames), LINK_BATCH)]
     clients = [LinkClient("127.0.0.1", port, packet_size=prepared.packet_size, geometry_hash=prepared.geometry_hash,
                           identity=prepared.relays[index % len(prepared.relays)], connect_timeout=2.0, ack_timeout=10.0)
                for index, (_, port) in enumerate(children)]
     unacknowledged: list[bytes] = []
     killed: list[float] = []
+    held: list[int] = []
     began = trio.current_time()
 
     async def relay(index: int) -> None:
@@ -219,8 +224,13 @@ async def _deliver(prepared: PreparedRound, children: list[tuple[subprocess.Pope
 
     async def kill_later(delay: float) -> None:
         await trio.sleep(delay)
+        # The moment that matters most: worker 0 holds claimed rows it has not decided (up to 5 s more).
+        with trio.move_on_after(5.0):
+            while not await run_blocking(observer.claimed, "w0"):
+                await trio.sleep(0.005)
         children[0][0].send_signal(signal.SIGKILL)
         killed.append(trio.current_time() - began)
+        held.append(await run_blocking(observer.claimed, "w0"))
 
     async with trio.open_nursery() as nursery:
         if kill_at is not None:
@@ -238,7 +248,7 @@ async def _deliver(prepared: PreparedRound, children: list[tuple[subprocess.Pope
             still += [frame for frame, status in zip(batch, statuses) if status is None or status is AckStatus.BUSY]
     else:
         still = unacknowledged
-    return len(still), resent, (killed[0] if killed else None)
+    return len(still), resent, (killed[0] if killed else None), (held[0] if held else 0)
 
 
 def run_bench(n_packets: int, seed: int, kills: int) -> dict[str, Any]:
@@ -274,7 +284,7 @@ def _figures(result: RunResult) -> dict[str, Any]:
         "engine": result.engine, "workers": result.workers, "seconds": result.seconds,
         "accepted_per_second": result.per_second, "accepted": result.accepted, "lost": result.lost,
         "doubled": result.doubled, "unacknowledged": result.unacknowledged, "rejected": result.rejected,
-        "killed_after_seconds": result.killed_after, "resent": result.resent,
+        "killed_after_seconds": result.killed_after, "resent": result.resent, "claimed_at_kill": result.claimed_at_kill,
     }
 
 
@@ -297,7 +307,8 @@ def bench_ingest(packets: int, kills: int, seed: int, as_json: bool) -> None:
         click.echo(f"  PostgreSQL 2 workers / 1 worker: x{figures['ratio_pg2_to_pg1']:.2f}; "
                    f"PostgreSQL / SQLite with 1 worker: x{figures['ratio_pg1_to_sqlite1']:.2f}")
         for index, run in enumerate(figures["kills"]):
-            click.echo(f"  kill {index + 1}: worker killed after {run['killed_after_seconds']:.2f} s, {run['resent']} resent; "
+            click.echo(f"  kill {index + 1}: worker killed after {run['killed_after_seconds']:.2f} s holding {run['claimed_at_kill']} "
+                       f"claimed rows, {run['resent']} resent; "
                        f"accepted {run['accepted']}, lost {run['lost']}, doubled {run['doubled']}, "
                        f"never acknowledged {run['unacknowledged']}; rejected {run['rejected']}")
     bad = [run for run in [*figures["runs"].values(), *figures["kills"]] if run["lost"] or run["doubled"]]
