@@ -439,10 +439,11 @@ class RoundStore:
         self.inbox_count = int(waiting)
         return sorted((int(i), bytes(t), bytes(m), float(a)) for i, t, m, a in rows)
 
-    def claimed(self, worker: str) -> int:
-        """Inbox rows ``worker`` holds claimed and has not decided."""
+    def claims(self) -> dict[str, int]:
+        """Undecided inbox rows per worker holding them claimed (``""``: unclaimed)."""
         with self._engine.read() as db:
-            return int(db.execute("SELECT COUNT(*) FROM inbox WHERE claimed_by = ?", (worker,)).fetchone()[0])
+            rows = db.execute("SELECT COALESCE(claimed_by, ''), COUNT(*) FROM inbox GROUP BY 1").fetchall()
+        return {str(worker): int(count) for worker, count in rows}
 
     def release_claims(self, worker: str) -> int:
         """Give back every claim ``worker`` holds (a restarted worker's, before it claims anew); how many."""

@@ -189,7 +189,9 @@ def run_config(prepared: PreparedRound, work: Path, label: str, store: str | Non
                     log_text = (home / f"worker-{index}.log").read_text(errors="replace")
                     raise RuntimeError(f"{label}: worker {index} exited ({child.returncode}): {log_text[-3000:]}")
             if time.monotonic() > deadline:
-                raise RuntimeError(f"{label}: frames still undecided after {timeout:.0f} s: {observer.counts()}")
+                logs = "; ".join(path.read_text(errors="replace")[-800:] for path in sorted(home.glob("worker-*.log")))
+                raise RuntimeError(f"{label}: frames still undecided after {timeout:.0f} s: {observer.counts()}, "
+                                   f"claims {observer.claims()} at {time.time():.1f}; worker logs: {logs}")
             time.sleep(0.05)
         seconds = time.perf_counter() - began
         counts, rejections = observer.counts(), observer.rejections()
@@ -226,11 +228,11 @@ async def _deliver(prepared: PreparedRound, children: list[tuple[subprocess.Pope
         await trio.sleep(delay)
         # The moment that matters most: worker 0 holds claimed rows it has not decided (up to 5 s more).
         with trio.move_on_after(5.0):
-            while not await run_blocking(observer.claimed, "w0"):
+            while not (await run_blocking(observer.claims)).get("w0"):
                 await trio.sleep(0.005)
         children[0][0].send_signal(signal.SIGKILL)
         killed.append(trio.current_time() - began)
-        held.append(await run_blocking(observer.claimed, "w0"))
+        held.append((await run_blocking(observer.claims)).get("w0", 0))
 
     async with trio.open_nursery() as nursery:
         if kill_at is not None:
