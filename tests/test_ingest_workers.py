@@ -72,7 +72,7 @@ def test_a_worker_killed_mid_round_loses_nothing_and_counts_nothing_twice(tmp_pa
     prepared = prepare_round(tmp_path / "prepared", 400, seed=3)
     for kill in range(2):
         result = run_config(prepared, tmp_path, f"kill{kill}", postgres_server.create_database(f"kill{kill}"), 2,
-                            kill_at=0.3 + kill, claim_seconds=2.0)
+                            kill_at=0.2 * kill, claim_seconds=2.0)
         assert result.killed_after is not None and result.claimed_at_kill > 0  # it died holding undecided rows
         assert result.lost == 0 and result.doubled == 0 and result.unacknowledged == 0, result
         assert result.accepted == len(prepared.frames)
