@@ -28,7 +28,7 @@ from anonml.aggregator._round import RoundState
 from anonml.aggregator._sink import PacketSink
 from anonml.aggregator._store import CLAIM_SECONDS, ROSTER_FINAL, RoundStore
 from anonml.aggregator._workers import IssuerWorkers
-from anonml.base.errors import StorageError
+from anonml.base.errors import AnonMLError, StorageError
 from anonml.base.threads import run_blocking
 from anonml.transport import TCP_NETWORK, listening_address, serve_streams
 
@@ -39,7 +39,7 @@ LEASE_SECONDS = 15.0
 """How long a driver's lease lasts unless renewed (renewed every third of it)."""
 
 
-class LeaseLost(Exception):
+class LeaseLost(AnonMLError):
     """Another driver holds the round's lease: this one must stop driving."""
 
 

@@ -33,7 +33,7 @@ from pathlib import Path
 from nacl.signing import SigningKey
 
 from anonml.aggregator._engines import PostgresLocation, Session, open_engine
-from anonml.base.errors import ConfigError
+from anonml.base.errors import AnonMLError, ConfigError
 from anonml.protocol import Check, RegistrationPolicy, RosterEntry, SurveyId
 from anonml.base.storage import (
     Database,
@@ -185,8 +185,10 @@ _TABLE_COLUMNS: dict[str, tuple[str, ...]] = {
 """Every table of the current version and its columns: what :meth:`RoundStore.copy_from` moves."""
 
 
-class BatchTaken(Exception):
-    """Some inbox rows of a batch were decided by another worker (its claim had lapsed): nothing was stored."""
+class BatchTaken(AnonMLError):
+    """Some inbox rows of a batch were decided by another worker (its claim had lapsed): nothing was stored.
+
+    Not a StorageError: trying the same batch again cannot succeed (its rows are gone)."""
 
 
 class Registered(enum.Enum):

@@ -22,11 +22,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from anonml.base.errors import ConfigError
+
 SERVER_DIRS = (Path("/usr/lib/postgresql/15/bin"), Path("/usr/lib/postgresql/16/bin"), Path("/usr/lib/postgresql/17/bin"))
 """Where Debian installs the server binaries (``initdb`` is not on PATH there)."""
 
 
-class PostgresUnavailable(RuntimeError):
+class PostgresUnavailable(ConfigError):
     """No PostgreSQL server binaries on this machine, or the driver is not installed: says which."""
 
 
