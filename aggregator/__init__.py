@@ -17,7 +17,8 @@ from anonml.aggregator._service import (
 from anonml.aggregator._setup import create_round, open_round
 from anonml.aggregator._sink import PacketSink
 from anonml.aggregator._spec import RoundSpec, RoundSpecError, parse_round_spec, read_round_spec
-from anonml.aggregator._store import AggregatorHome, RoundStore
+from anonml.aggregator._engines import PostgresLocation
+from anonml.aggregator._store import ROSTER_FINAL, AggregatorHome, BatchTaken, RoundStore, VerifiedPacket
 from anonml.aggregator._rejections import REJECTION_REASONS, RejectionReason
 from anonml.aggregator._verify import process_batch
 from anonml.aggregator._workers import IssuerWorkers
@@ -32,6 +33,10 @@ __all__ = [
     "RejectionReason",
     "AggregatorConfig",
     "AggregatorHome",
+    "BatchTaken",
+    "ROSTER_FINAL",
+    "PostgresLocation",
+    "VerifiedPacket",
     "ApiRefused",
     "BoundAddresses",
     "FullView",

@@ -37,6 +37,12 @@ _data_dir = click.option(
 )
 
 
+_store_option = click.option(
+    "--store", envvar="ANONML_AGGREGATOR_STORE", default=None, metavar="URL",
+    help="Run the round on PostgreSQL: a postgresql:// URL (or set ANONML_AGGREGATOR_STORE, which keeps a password "
+         "out of the process list). The round's SQLite store is copied there the first time. Default: SQLite.")
+
+
 @click.group()
 def aggregator() -> None:
     """Run rounds: announce, register peers, issue credentials, collect, learn."""
@@ -228,14 +234,19 @@ def rounds(data_dir: Path, as_json: bool) -> None:
 @click.option("--linger", type=float, default=0.0, help="Keep serving this many seconds after the round ends.")
 @click.option("--processes", type=click.IntRange(0, 64), default=0,
               help="Worker processes for blind issuance and token verification (0: in a thread of the service).")
-def run(data_dir: Path, round_id: str | None, test_file: Path | None, linger: float, processes: int) -> None:
+@_store_option
+def run(data_dir: Path, round_id: str | None, test_file: Path | None, linger: float, processes: int, store: str | None) -> None:
     """Serve the round through all its phases, then learn and write the report.
 
     While it runs, its live dashboard is at http://HOST:PORT/dashboard.
     """
     import trio
 
+    import os
+    import socket
+
     from anonml.aggregator._dashboard import dashboard_data
+    from anonml.aggregator._ingest import LeaseLost, hold_lease
     from anonml.aggregator._progress import watch_round
     from anonml.aggregator._report import learn, summarise, write_report
     from anonml.aggregator._round import RoundState
@@ -246,7 +257,7 @@ def run(data_dir: Path, round_id: str | None, test_file: Path | None, linger: fl
     chosen = resolve_round(home, round_id)
     lock = lock_data_dir(data_dir, command="anonml aggregator run")
     lock.__enter__()  # held until this process exits (the kernel releases it however it ends)
-    state = open_round(home, chosen)
+    state = open_round(home, chosen, store_url=store)
     directory = home.round_dir(state.round_id)
     manifest = state.manifest
     _refuse_missed_registration(state, data_dir)
@@ -277,11 +288,22 @@ def run(data_dir: Path, round_id: str | None, test_file: Path | None, linger: fl
                         stopped_by.append(signal.Signals(signum).name)
                         nursery.cancel_scope.cancel()
 
+                async def hold_driver_lease(scope: trio.CancelScope, task_status: trio.TaskStatus[None]) -> None:
+                    try:
+                        await hold_lease(state.store, f"{socket.gethostname()}:{os.getpid()}", task_status=task_status)
+                    except LeaseLost as exc:
+                        click.echo(f"stopping: {exc}", err=True)
+                        stopped_by.append("lease lost")
+                        scope.cancel()
+
                 async def serve_then_stop(task_status: trio.TaskStatus[Any]) -> None:
                     await serve_aggregator(config, task_status=task_status)
                     nursery.cancel_scope.cancel()  # the round is over: stop watching it
 
                 nursery.start_soon(stop_on_signal)
+                if state.store.engine == "postgresql":
+                    # One driver per round: wait for the lease, and stop if another process takes it.
+                    await nursery.start(hold_driver_lease, nursery.cancel_scope)
                 addresses = await nursery.start(serve_then_stop)
                 click.echo(f"round {manifest.name!r} ({state.round_id.hex()[:SHORT_ID]}) serving {addresses.http_url}, "
                            f"packet sink {addresses.sink[0]}:{addresses.sink[1]}", err=True)
@@ -320,6 +342,50 @@ def run(data_dir: Path, round_id: str | None, test_file: Path | None, linger: fl
         detail = json.loads(state.store.get_result("outcome") or b"{}")
         click.echo(f"round DEGRADED: {detail.get('reason', 'a survey fell short')}", err=True)
         sys.exit(EXIT_DEGRADED)
+
+
+@aggregator.command()
+@_data_dir
+@click.option("--round", "round_id", default=None, help="Round id or a unique prefix of it (default: the newest round).")
+@_store_option
+@click.option("--name", required=True, help="This worker's name, unique among the round's workers (a restart reuses it).")
+@click.option("--host", default=None, help="Address to take packets at (default: the manifest's sink host).")
+@click.option("--port", type=click.IntRange(0, 65535), default=0, show_default=True, help="Port (0: a free one, printed).")
+@click.option("--processes", type=click.IntRange(0, 64), default=0, help="Token verification processes (0: a thread).")
+@click.option("--claim-seconds", type=click.FloatRange(0.5, 3600), default=30.0, show_default=True,
+              help="How long inbox rows this worker claimed stay its own if it stops deciding them (then others take them).")
+def worker(data_dir: Path, round_id: str | None, store: str | None, name: str, host: str | None, port: int,
+           processes: int, claim_seconds: float) -> None:
+    """Take and verify a round's packets beside `aggregator run`, sharing its store (--store: PostgreSQL).
+
+    Relays may deliver to any worker; one killed at any moment loses nothing and counts nothing twice.
+    Workers on one SQLite file follow the same rules but take turns at its write lock.
+    """
+    import trio
+
+    from anonml.aggregator._ingest import serve_ingest
+    from anonml.aggregator._setup import open_round
+
+    home = _existing_home(data_dir)
+    chosen = resolve_round(home, round_id)
+    state = open_round(home, chosen, store_url=store)
+    bind = host or state.manifest.aggregator_hop.host
+
+    async def main() -> None:
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async with trio.open_nursery() as nursery:
+                address = await nursery.start(lambda task_status: serve_ingest(
+                    state, host=bind, port=port, worker=name, processes=processes, claim_seconds=claim_seconds,
+                    task_status=task_status))
+                click.echo(f"worker {name} of round {chosen[:SHORT_ID]} taking packets at {address[0]}:{address[1]}", err=True)
+                async for _ in signals:
+                    nursery.cancel_scope.cancel()
+
+    freeze_startup_heap()
+    try:
+        trio.run(main)
+    finally:
+        state.store.close()
 
 
 def _first_leaf(group: BaseExceptionGroup[BaseException]) -> BaseException:

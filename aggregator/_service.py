@@ -37,7 +37,7 @@ from anonml.aggregator._round import (
 )
 from anonml.aggregator._health import Health, Part, render_metrics
 from anonml.aggregator._sink import PacketSink, SinkLimits
-from anonml.aggregator._store import Refusal, Registered, Registration
+from anonml.aggregator._store import ROSTER_FINAL, Refusal, Registered, Registration
 from anonml.aggregator._workers import IssuerWorkers
 from anonml.crypto import IssueJob, JobRefused
 from anonml.base.errors import StorageError
@@ -499,6 +499,8 @@ async def drive_round(
             state.close_registration()
             # Signing, hashing and encoding every entry: off the event loop.
             await run_blocking(state.freeze_roster)
+            # Ingest workers verify from here on (every registration is stored: the batcher drained).
+            await run_blocking(state.store.put_meta, ROSTER_FINAL, b"1")
             state.rebuild_log_snapshots()
     minimum, on_shortfall = state.shortfall_rule()
     for index, phase in enumerate(schedule.phases):

@@ -6,10 +6,13 @@ import json
 import os
 import time
 from collections.abc import Callable
+from pathlib import Path
 
+from anonml.aggregator._engines import PostgresLocation, redact
 from anonml.aggregator._round import Clock, RoundSecrets, RoundState
 from anonml.aggregator._spec import RoundSpec, release_plan
 from anonml.aggregator._store import AggregatorHome, RoundStore
+from anonml.base.errors import ConfigError
 from anonml.crypto import IssuerSecretKey, SphinxGeometry, node_id_of, public_key_of
 from anonml.mechanisms import total_epsilon
 from anonml.protocol import (
@@ -118,12 +121,23 @@ def create_round(
     return RoundState(store, signed, secrets), codes
 
 
-def open_round(home: AggregatorHome, round_id_hex: str, *, clock: Clock = time.time) -> RoundState:
-    """Load a round created by :func:`create_round` (raises FileNotFoundError for an unknown round)."""
+def postgres_location(url: str, round_id_hex: str) -> PostgresLocation:
+    """Where a round lives on the PostgreSQL server ``url``: its own schema, named by its id."""
+    return PostgresLocation(url, f"round_{round_id_hex[:32]}")
+
+
+def open_round(home: AggregatorHome, round_id_hex: str, *, clock: Clock = time.time, store_url: str | None = None) -> RoundState:
+    """Load a round created by :func:`create_round` (raises FileNotFoundError for an unknown round).
+
+    ``store_url``: a ``postgresql://`` URL to run the round on that server (in its
+    own schema). The first time, the round's SQLite store is copied there in
+    one transaction and marked moved: from then on the round is opened only
+    with that URL, so its two copies never both take packets.
+    """
     directory = home.root / "rounds" / round_id_hex
     if not (directory / "round.sqlite").is_file():
         raise FileNotFoundError(f"no round {round_id_hex!r} in {str(home.root)!r}")
-    store = RoundStore(directory / "round.sqlite")
+    store = _open_store(directory / "round.sqlite", round_id_hex, store_url)
     signing_key = home.signing_key()
     manifest_json, issuer, seed = (store.get_meta(k) for k in ("manifest", "issuer_key", "seed"))
     # The issuer key is erased when the round ends (RoundState.finish); before that it must be there.
@@ -133,3 +147,32 @@ def open_round(home: AggregatorHome, round_id_hex: str, *, clock: Clock = time.t
     issuer_key = IssuerSecretKey.from_bytes(issuer) if issuer is not None else None
     secrets = RoundSecrets(signing_key, issuer_key, seed, home.read_key(home.final_hop_path))
     return RoundState(store, signed, secrets, clock=clock)
+
+
+MOVED = "moved_to"
+"""The meta key of a SQLite store whose round moved to PostgreSQL: the server (without password) and schema."""
+
+
+def _open_store(path: Path, round_id_hex: str, url: str | None) -> RoundStore:
+    """The round's store: its SQLite file, or its schema on PostgreSQL (moved there the first time)."""
+    local = RoundStore(path)
+    moved = local.get_meta(MOVED)
+    if url is None:
+        if moved is not None:
+            local.close()
+            raise ConfigError(f"round {round_id_hex[:16]} runs on PostgreSQL ({moved.decode()}): pass its --store URL")
+        return local
+    location = postgres_location(url, round_id_hex)
+    remote = RoundStore(location)
+    try:
+        if remote.get_meta("manifest") is None:
+            if moved is not None:
+                raise ConfigError(f"round {round_id_hex[:16]} moved to {moved.decode()}, and {redact(url)} does not hold it")
+            remote.copy_from(local)
+            local.put_meta(MOVED, f"{redact(url)} schema {location.schema}".encode())
+    except BaseException:
+        remote.close()
+        raise
+    finally:
+        local.close()
+    return remote

@@ -24,6 +24,7 @@ with backoff, and both mark themselves unhealthy until a commit succeeds.
 from __future__ import annotations
 
 import logging
+import math
 from collections import Counter
 from dataclasses import dataclass
 
@@ -33,6 +34,7 @@ import trio
 from anonml.aggregator._health import Health, Part
 from anonml.aggregator._rejections import RejectionReason
 from anonml.aggregator._round import RoundState
+from anonml.aggregator._store import CLAIM_SECONDS, BatchTaken
 from anonml.aggregator._verify import (
     Delivered,
     JudgedBatch,
@@ -78,6 +80,8 @@ class PacketSink:
         connections: SinkLimits = SinkLimits(),
         health: Health | None = None,
         retry_wait: tenacity.wait.wait_base = tenacity.wait_exponential(multiplier=0.05, max=5.0),
+        worker: str = "main",
+        claim_seconds: float = CLAIM_SECONDS,
     ) -> None:
         self.state = state
         self.workers = workers
@@ -96,6 +100,13 @@ class PacketSink:
         self.gate = ConnectionGate(connections.max_connections, connections.max_per_source,
                                    min(connections.reserved, connections.max_connections - 1))
         self._retry_wait = retry_wait
+        self.worker = worker
+        self.claim_seconds = claim_seconds
+        """The name this sink's verifier claims inbox rows under (unique among the processes sharing a store)."""
+        # A shared store also fills from other workers' intake, and a killed worker's claims lapse
+        # without waking anyone: an idle verifier looks again each second. Alone on its SQLite
+        # file, only its own intake adds rows, and it wakes this verifier.
+        self.idle_poll = 1.0 if state.store.engine == "postgresql" else math.inf
         self._wakeup = trio.Event()
         self._refused: Counter[str] = Counter()
         """Frames refused at intake and not yet counted in the store (they ride on its next commit)."""
@@ -172,6 +183,10 @@ class PacketSink:
         stored; batches are stored in arrival order, so the first of two
         submissions stays the one accepted.
         """
+        # What this worker claimed before a restart is its own to verify again, at once.
+        async for attempt in self._retrying():
+            with attempt:
+                await run_blocking(self.state.store.release_claims, self.worker)
         judged_send, judged_receive = trio.open_memory_channel[JudgedBatch](0)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._judge_forever, judged_send)
@@ -179,31 +194,45 @@ class PacketSink:
                 await self._store_until_done(judged)
 
     async def _store_until_done(self, judged: JudgedBatch) -> None:
-        """Commit a judged batch, retrying with backoff while the store fails (the service stays up)."""
-        retrying = tenacity.AsyncRetrying(retry=tenacity.retry_if_exception_type(StorageError),
-                                          wait=self._retry_wait, sleep=trio.sleep, reraise=True,
-                                          before_sleep=lambda state: self._failed(state))
-        async for attempt in retrying:
-            with attempt:
-                await run_blocking(store_judged, self.state, judged)
+        """Commit a judged batch, retrying with backoff while the store fails (the service stays up).
+
+        A batch another worker decided meanwhile (this worker's claim lapsed) is dropped: its
+        rows were decided there, and whatever of it nobody decided is claimed again later."""
+        try:
+            async for attempt in self._retrying():
+                with attempt:
+                    await run_blocking(store_judged, self.state, judged)
+        except BatchTaken as exc:
+            self.link_errors["batch-taken"] += 1
+            log.warning("a verified batch was dropped: %s", exc)
         self.health.recover(Part.VERIFIER)
+
+    def _retrying(self) -> tenacity.AsyncRetrying:
+        """Retries with backoff while the store fails, the verifier marked unhealthy meanwhile."""
+        return tenacity.AsyncRetrying(retry=tenacity.retry_if_exception_type(StorageError), wait=self._retry_wait,
+                                      sleep=trio.sleep, reraise=True, before_sleep=lambda state: self._failed(state))
 
     def _failed(self, retry_state: tenacity.RetryCallState) -> None:
         error = retry_state.outcome.exception() if retry_state.outcome is not None else None
         self.health.fail(Part.VERIFIER, error if error is not None else StorageError("commit failed"))
 
     async def _judge_forever(self, judged: trio.MemorySendChannel[JudgedBatch]) -> None:
-        store, last_id = self.state.store, 0
+        store = self.state.store
         while True:
             # A fresh event before looking, so a message stored after the look still wakes us.
             self._wakeup = trio.Event()
-            # Off the event loop: the read waits for the store's lock, which a commit holds through its fsync.
-            rows = await run_blocking(store.inbox_batch, self.verify_batch, last_id)
+            # Off the event loop: the claim waits for the store's lock, which a commit holds through its fsync.
+            # A claim is a commit too: on a failing store it is retried like the batch's.
+            async for attempt in self._retrying():
+                with attempt:
+                    rows = await run_blocking(store.claim_inbox, self.worker, self.verify_batch, self.state.clock(),
+                                              self.claim_seconds)
+            self.health.recover(Part.VERIFIER)
             if not rows:
                 await self._count_refusals()
-                await self._wakeup.wait()
+                with trio.move_on_after(self.idle_poll):
+                    await self._wakeup.wait()
                 continue
-            last_id = rows[-1][0]
             batch = await run_blocking(open_batch, self.state, rows)
             await judged.send(await run_blocking(judge_batch, self.state, batch, self.workers))
 

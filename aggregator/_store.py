@@ -1,4 +1,4 @@
-"""The aggregator's durable state for one round: SQLite in WAL mode (DESIGN.md §10).
+"""The aggregator's durable state for one round, on SQLite (the default) or PostgreSQL (DESIGN.md §10).
 
 Registrations, invitations, the allow-list, credentials issued, the inbox of
 received messages, accepted packets (unique per survey and tag digest,
@@ -9,14 +9,22 @@ DESIGN.md §5) and :meth:`RoundStore.enqueue` has committed the message it
 carries, under its replay tag; verification then moves it from the inbox to
 the packets or the rejection counts in one transaction.
 
-One connection per store, used from the event loop and from verification
-threads; a lock serialises access (SQLite connections are not thread-safe).
+The SQL is written once for both engines (:mod:`aggregator._engines`), and
+every rule holds the same way on both, including when several ingest workers
+share one PostgreSQL store: a replay tag is taken by a unique constraint
+when its message enters the inbox; a packet is accepted once per survey and
+tag digest by the table's primary key (``INSERT … ON CONFLICT DO NOTHING``,
+never a check-then-insert); a worker claims inbox rows before verifying them
+(a claim lapses after a lease, so a killed worker's rows are taken over) and
+decides them by deleting them in the commit that stores their outcome, so
+a row is decided exactly once; and a survey's receipt log grows from
+committed rows, its positions handed out by a per-survey counter row that
+the committing transaction holds locked (dense, in commit order).
 """
 
 from __future__ import annotations
 
 import enum
-import sqlite3
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -24,7 +32,8 @@ from pathlib import Path
 
 from nacl.signing import SigningKey
 
-from anonml.base.errors import ConfigError
+from anonml.aggregator._engines import PostgresLocation, Session, open_engine
+from anonml.base.errors import AnonMLError, ConfigError
 from anonml.protocol import Check, RegistrationPolicy, RosterEntry, SurveyId
 from anonml.base.storage import (
     Database,
@@ -37,7 +46,7 @@ from anonml.base.storage import (
 SCHEMA = Schema(
     name="round",
     application_id=0x414E4103,  # "ANA\x03"
-    version=4,
+    version=5,
     tables="""
 CREATE TABLE meta (key TEXT PRIMARY KEY, value BLOB NOT NULL);
 CREATE TABLE invitations (code TEXT PRIMARY KEY, used_by BLOB);
@@ -64,7 +73,9 @@ CREATE TABLE replay_tags (tag BLOB PRIMARY KEY);
 CREATE TABLE results (key TEXT PRIMARY KEY, value BLOB NOT NULL);
 CREATE TABLE inbox (
     id INTEGER PRIMARY KEY AUTOINCREMENT, tag BLOB NOT NULL UNIQUE, message BLOB NOT NULL,
-    arrived REAL NOT NULL);
+    arrived REAL NOT NULL, claimed_by TEXT, claimed_at REAL);
+CREATE TABLE log_sizes (survey BLOB PRIMARY KEY, size INTEGER NOT NULL);
+CREATE TABLE leases (name TEXT PRIMARY KEY, holder TEXT NOT NULL, expires REAL NOT NULL);
 """,
     migrations={
         # Version 2 (issue 12): roster entries carry the peer's nonce and
@@ -94,10 +105,90 @@ CREATE TABLE inbox (
     id INTEGER PRIMARY KEY AUTOINCREMENT, tag BLOB NOT NULL UNIQUE, message BLOB NOT NULL,
     arrived REAL NOT NULL)
 """,
+        # Version 5 (issue 27): the rules several ingest workers share. Inbox
+        # rows are claimed before verification; each survey's log size is a
+        # counter row; a message's replay tag is taken when it enters the inbox;
+        # the round driver holds a lease.
+        4: """
+ALTER TABLE inbox ADD COLUMN claimed_by TEXT;
+ALTER TABLE inbox ADD COLUMN claimed_at REAL;
+CREATE TABLE log_sizes (survey BLOB PRIMARY KEY, size INTEGER NOT NULL);
+INSERT INTO log_sizes SELECT survey, COUNT(*) FROM packets GROUP BY survey;
+INSERT OR IGNORE INTO replay_tags SELECT tag FROM inbox;
+CREATE TABLE leases (name TEXT PRIMARY KEY, holder TEXT NOT NULL, expires REAL NOT NULL)
+""",
     },
     # Rounds from before stores were versioned wrote the version-1 tables.
     unversioned=1,
 )
+
+POSTGRES_MIGRATIONS: tuple[str, ...] = (
+    # Version 1: the tables of SQLite's version 5 (PostgreSQL stores began there).
+    """
+CREATE TABLE meta (key TEXT PRIMARY KEY, value BYTEA NOT NULL);
+CREATE TABLE invitations (code TEXT PRIMARY KEY, used_by BYTEA);
+CREATE TABLE allow_list (identity_key BYTEA PRIMARY KEY);
+CREATE TABLE registrations (
+    identity_key BYTEA PRIMARY KEY, invitation TEXT, registered_at BIGINT NOT NULL,
+    nonce BYTEA, signature BYTEA);
+CREATE TABLE client_registrations (client TEXT PRIMARY KEY, count BIGINT NOT NULL);
+CREATE TABLE credentials (
+    identity_key BYTEA PRIMARY KEY, partition BIGINT NOT NULL, response BYTEA NOT NULL,
+    issued_at BIGINT NOT NULL);
+CREATE TABLE packets (
+    survey BYTEA NOT NULL, tag_digest BYTEA NOT NULL, message_hash BYTEA NOT NULL,
+    report BYTEA NOT NULL, receipt BYTEA NOT NULL, accepted_at BIGINT NOT NULL,
+    position BIGINT, arrived DOUBLE PRECISION,
+    PRIMARY KEY (survey, tag_digest));
+CREATE UNIQUE INDEX packets_log ON packets (survey, position);
+CREATE TABLE rejections (reason TEXT PRIMARY KEY, count BIGINT NOT NULL);
+CREATE TABLE covers (reason TEXT PRIMARY KEY, count BIGINT NOT NULL);
+CREATE TABLE heads (
+    survey BYTEA NOT NULL, check_index BIGINT NOT NULL, size BIGINT NOT NULL, document BYTEA NOT NULL,
+    PRIMARY KEY (survey, check_index));
+CREATE TABLE replay_tags (tag BYTEA PRIMARY KEY);
+CREATE TABLE results (key TEXT PRIMARY KEY, value BYTEA NOT NULL);
+CREATE TABLE inbox (
+    id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY, tag BYTEA NOT NULL UNIQUE, message BYTEA NOT NULL,
+    arrived DOUBLE PRECISION NOT NULL, claimed_by TEXT, claimed_at DOUBLE PRECISION);
+CREATE TABLE log_sizes (survey BYTEA PRIMARY KEY, size BIGINT NOT NULL);
+CREATE TABLE leases (name TEXT PRIMARY KEY, holder TEXT NOT NULL, expires DOUBLE PRECISION NOT NULL)
+""",
+)
+"""The PostgreSQL schema's history: entry ``i`` takes a round's schema from version ``i`` to ``i + 1``."""
+
+ROSTER_FINAL = "roster_final"
+"""The meta key the round driver sets once every registration is stored and the roster frozen:
+ingest workers derive the partition plan and verify only from then on."""
+
+CLAIM_SECONDS = 30.0
+"""How long a worker's claim on inbox rows lasts unless it decides them: then any worker may take them over."""
+
+
+_TABLE_COLUMNS: dict[str, tuple[str, ...]] = {
+    "meta": ("key", "value"),
+    "invitations": ("code", "used_by"),
+    "allow_list": ("identity_key",),
+    "registrations": ("identity_key", "invitation", "registered_at", "nonce", "signature"),
+    "client_registrations": ("client", "count"),
+    "credentials": ("identity_key", "partition", "response", "issued_at"),
+    "packets": ("survey", "tag_digest", "message_hash", "report", "receipt", "accepted_at", "position", "arrived"),
+    "rejections": ("reason", "count"),
+    "covers": ("reason", "count"),
+    "heads": ("survey", "check_index", "size", "document"),
+    "replay_tags": ("tag",),
+    "results": ("key", "value"),
+    "inbox": ("tag", "message", "arrived"),
+    "log_sizes": ("survey", "size"),
+    "leases": ("name", "holder", "expires"),
+}
+"""Every table of the current version and its columns: what :meth:`RoundStore.copy_from` moves."""
+
+
+class BatchTaken(AnonMLError):
+    """Some inbox rows of a batch were decided by another worker (its claim had lapsed): nothing was stored.
+
+    Not a StorageError: trying the same batch again cannot succeed (its rows are gone)."""
 
 
 class Registered(enum.Enum):
@@ -138,63 +229,59 @@ class VerifiedPacket:
 
 
 class RoundStore:
-    """One round's SQLite database."""
+    """One round's database: a SQLite file (a path), or a schema on a PostgreSQL server (a :class:`PostgresLocation`)."""
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        # Durable (a commit is on disk before the link acknowledges, DESIGN.md
-        # §10) and private: the file holds the issuer's secret key and the seed.
-        self._database = Database(path, SCHEMA, private=True)
-        with self._database.read() as db:
-            # Deleted content is overwritten, not left in free pages: the issuer key is erased
-            # when the round ends (:meth:`erase_meta`).
-            db.execute("PRAGMA secure_delete = ON")
+    def __init__(self, location: Path | PostgresLocation) -> None:
+        self.location = location
+        self._engine = open_engine(location, SCHEMA, POSTGRES_MIGRATIONS)
+        self.engine = self._engine.dialect
+        """``"sqlite"`` or ``"postgresql"``."""
+        with self._engine.read() as db:
             self.inbox_count = int(db.execute("SELECT COUNT(*) FROM inbox").fetchone()[0])
-            """Frames waiting for verification (kept in memory: the sink checks it per batch)."""
-            rows = db.execute("SELECT survey, COUNT(*) FROM packets GROUP BY survey").fetchall()
-        self._log_sizes: dict[bytes, int] = {bytes(survey): int(count) for survey, count in rows}
-        """Leaves per survey's receipt log: the next accepted packet's position."""
+            """Frames waiting for verification: kept in memory (the sink checks it per batch),
+            counted again from the table at each claim (other workers enqueue and decide too)."""
 
     def close(self) -> None:
-        self._database.close()
+        self._engine.close()
 
     # -- metadata and results ------------------------------------------------
 
     def put_meta(self, key: str, value: bytes) -> None:
-        with self._database.transaction() as db:
-            db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, value))
+        with self._engine.transaction() as db:
+            db.execute("INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                       (key, value))
 
     def get_meta(self, key: str) -> bytes | None:
-        with self._database.read() as db:
+        with self._engine.read() as db:
             row = db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
         return None if row is None else bytes(row[0])
 
     def erase_meta(self, key: str) -> None:
-        """Delete ``key`` so that its bytes are gone from the file: overwritten in the database
-        (``secure_delete``) and the WAL, which held the page's old image, checkpointed and truncated."""
-        with self._database.transaction() as db:
+        """Delete ``key`` so that its bytes are gone from the store's files: on SQLite overwritten in the
+        database (``secure_delete``) and the WAL checkpointed and truncated; on PostgreSQL vacuumed."""
+        with self._engine.transaction() as db:
             db.execute("DELETE FROM meta WHERE key = ?", (key,))
-        with self._database.read() as db:
-            db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        self._engine.scrub("meta")
 
     def put_result(self, key: str, value: bytes) -> None:
-        with self._database.transaction() as db:
-            db.execute("INSERT OR REPLACE INTO results VALUES (?, ?)", (key, value))
+        with self._engine.transaction() as db:
+            db.execute("INSERT INTO results (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                       (key, value))
 
     def get_result(self, key: str) -> bytes | None:
-        with self._database.read() as db:
+        with self._engine.read() as db:
             row = db.execute("SELECT value FROM results WHERE key = ?", (key,)).fetchone()
         return None if row is None else bytes(row[0])
 
     # -- registration ----------------------------------------------------------
 
     def add_invitations(self, codes: Iterable[str]) -> None:
-        with self._database.transaction() as db:
-            db.executemany("INSERT OR IGNORE INTO invitations (code) VALUES (?)", [(c,) for c in codes])
+        with self._engine.transaction() as db:
+            db.executemany("INSERT INTO invitations (code) VALUES (?) ON CONFLICT DO NOTHING", [(c,) for c in codes])
 
     def add_allowed(self, keys: Iterable[bytes]) -> None:
-        with self._database.transaction() as db:
-            db.executemany("INSERT OR IGNORE INTO allow_list VALUES (?)", [(k,) for k in keys])
+        with self._engine.transaction() as db:
+            db.executemany("INSERT INTO allow_list (identity_key) VALUES (?) ON CONFLICT DO NOTHING", [(k,) for k in keys])
 
     def register_many(
         self, items: Sequence[Registration], policy: RegistrationPolicy, *, max_roster: int, max_per_client: int
@@ -205,10 +292,12 @@ class RoundStore:
         allow-list, a full roster (``max_roster``: every client must be able
         to read the roster), or, under the open policy, a client that has
         registered ``max_per_client`` identities already (a Sybil cap).
-        Re-registering the same key is idempotent.
+        Re-registering the same key is idempotent. Registrations are served
+        by the round driver alone (one process); the roster's size is read
+        inside the transaction.
         """
         outcomes: list[Registered | Refusal] = []
-        with self._database.transaction() as db:
+        with self._engine.transaction() as db:
             (size,) = db.execute("SELECT COUNT(*) FROM registrations").fetchone()
             for item in items:
                 key = item.entry.identity_key
@@ -225,18 +314,19 @@ class RoundStore:
                     db.execute("UPDATE invitations SET used_by = ? WHERE code = ?", (key, item.invitation))
                 elif policy is RegistrationPolicy.OPEN:
                     db.execute(
-                        "INSERT INTO client_registrations VALUES (?, 1) ON CONFLICT(client) DO UPDATE SET count = count + 1",
+                        "INSERT INTO client_registrations (client, count) VALUES (?, 1) "
+                        "ON CONFLICT (client) DO UPDATE SET count = client_registrations.count + 1",
                         (item.client,),
                     )
                 db.execute(
-                    "INSERT INTO registrations VALUES (?, ?, ?, ?, ?)",
+                    "INSERT INTO registrations (identity_key, invitation, registered_at, nonce, signature) VALUES (?, ?, ?, ?, ?)",
                     (key, item.invitation, item.now, item.entry.nonce, item.entry.signature),
                 )
                 size += 1
                 outcomes.append(Registered.NEW)
         return outcomes
 
-    def _policy_refusal(self, db: sqlite3.Connection, item: Registration, policy: RegistrationPolicy, max_per_client: int) -> str | None:
+    def _policy_refusal(self, db: Session, item: Registration, policy: RegistrationPolicy, max_per_client: int) -> str | None:
         if policy is RegistrationPolicy.INVITATION:
             if item.invitation is None:
                 return "an invitation code is required"
@@ -256,25 +346,25 @@ class RoundStore:
 
     def roster_entries(self) -> list[RosterEntry]:
         """Every registration as a signed roster entry, in key order."""
-        with self._database.read() as db:
+        with self._engine.read() as db:
             rows = db.execute(
                 "SELECT identity_key, nonce, signature FROM registrations WHERE nonce IS NOT NULL ORDER BY identity_key"
             ).fetchall()
         return [RosterEntry(bytes(k), bytes(n), bytes(s)) for k, n, s in rows]
 
     def roster(self) -> list[bytes]:
-        with self._database.read() as db:
+        with self._engine.read() as db:
             rows = db.execute("SELECT identity_key FROM registrations ORDER BY identity_key").fetchall()
         return [bytes(row[0]) for row in rows]
 
     def is_registered(self, identity_key: bytes) -> bool:
-        with self._database.read() as db:
+        with self._engine.read() as db:
             return db.execute("SELECT 1 FROM registrations WHERE identity_key = ?", (identity_key,)).fetchone() is not None
 
     # -- credentials -----------------------------------------------------------
 
     def credential_issued(self, identity_key: bytes) -> bool:
-        with self._database.read() as db:
+        with self._engine.read() as db:
             return db.execute("SELECT 1 FROM credentials WHERE identity_key = ?", (identity_key,)).fetchone() is not None
 
     def record_credential(self, identity_key: bytes, partition: int, response: bytes, now: int) -> bool:
@@ -287,13 +377,13 @@ class RoundStore:
         Per item False if that peer already had one (the first stays: one credential per peer per round).
         """
         outcomes: list[bool] = []
-        with self._database.transaction() as db:
+        with self._engine.transaction() as db:
             for item in items:
-                cursor = db.execute("INSERT OR IGNORE INTO credentials VALUES (?, ?, ?, ?)", item)
+                cursor = db.execute(
+                    "INSERT INTO credentials (identity_key, partition, response, issued_at) VALUES (?, ?, ?, ?) "
+                    "ON CONFLICT DO NOTHING", item)
                 outcomes.append(cursor.rowcount == 1)
         return outcomes
-
-    # -- packets ----------------------------------------------------------------
 
     # -- the inbox: authentic messages received and durable, not yet verified ----------
 
@@ -301,54 +391,79 @@ class RoundStore:
                 refusals: Mapping[str, int] | None = None) -> list[int | None]:
         """Make received ``(replay tag, message)`` pairs durable with their arrival time (the
         link acknowledges after this): per pair its inbox row id, or None if its tag was
-        seen before (a replay: nothing stored). ``refusals`` (frames refused at the link,
-        by reason) are counted in the same commit."""
+        seen before (a replay: nothing stored). The replay cache's primary key decides,
+        in this commit, whichever worker the copy reached. ``refusals`` (frames refused
+        at the link, by reason) are counted in the same commit."""
         row_ids: list[int | None] = []
-        with self._database.transaction() as db:
+        with self._engine.transaction() as db:
             for tag, message in messages:
-                if db.execute("SELECT 1 FROM replay_tags WHERE tag = ?", (tag,)).fetchone() is not None:
+                if db.execute("INSERT INTO replay_tags (tag) VALUES (?) ON CONFLICT DO NOTHING", (tag,)).rowcount != 1:
                     row_ids.append(None)
                     continue
-                cursor = db.execute("INSERT OR IGNORE INTO inbox (tag, message, arrived) VALUES (?, ?, ?)",
-                                    (tag, message, arrived))
-                row_ids.append(cursor.lastrowid if cursor.rowcount == 1 else None)
+                (row_id,) = db.execute("INSERT INTO inbox (tag, message, arrived) VALUES (?, ?, ?) RETURNING id",
+                                       (tag, message, arrived)).fetchone()
+                row_ids.append(int(row_id))
             self._count_rejections(db, refusals or {})
         self.inbox_count += sum(row_id is not None for row_id in row_ids)
         return row_ids
 
     def count_rejections(self, counts: Mapping[str, int]) -> None:
         """Add ``counts`` to the rejection counters (one commit)."""
-        with self._database.transaction() as db:
+        with self._engine.transaction() as db:
             self._count_rejections(db, counts)
 
     @staticmethod
-    def _count_rejections(db: sqlite3.Connection, counts: Mapping[str, int]) -> None:
+    def _count_rejections(db: Session, counts: Mapping[str, int]) -> None:
         """Add ``counts`` to the rejection counters, or to the cover counters for reasons naming a cover."""
         for table, covers in (("rejections", False), ("covers", True)):
-            db.executemany(
-                f"INSERT INTO {table} VALUES (?, ?) ON CONFLICT(reason) DO UPDATE SET count = count + excluded.count",
-                sorted((str(reason), count) for reason, count in counts.items() if count and is_cover(reason) is covers),
-            )
+            rows = sorted((str(reason), count) for reason, count in counts.items() if count and is_cover(reason) is covers)
+            if rows:
+                db.executemany(
+                    f"INSERT INTO {table} (reason, count) VALUES (?, ?) "
+                    f"ON CONFLICT (reason) DO UPDATE SET count = {table}.count + excluded.count",
+                    rows,
+                )
 
-    def inbox_batch(self, limit: int, after: int = 0) -> list[tuple[int, bytes, bytes, float]]:
-        """The oldest ``limit`` unverified messages with ids above ``after``, as ``(id, tag, message, arrived)``."""
-        with self._database.read() as db:
+    def claim_inbox(self, worker: str, limit: int, now: float, claim_seconds: float = CLAIM_SECONDS) -> list[tuple[int, bytes, bytes, float]]:
+        """Claim for ``worker`` the oldest ``limit`` messages nobody holds (or whose claim lapsed
+        ``claim_seconds`` before ``now``), as ``(id, tag, message, arrived)`` in arrival order.
+
+        Workers sharing a store skip each other's locked rows, so two claims never overlap.
+        """
+        with self._engine.transaction() as db:
             rows = db.execute(
-                "SELECT id, tag, message, arrived FROM inbox WHERE id > ? ORDER BY id LIMIT ?", (after, limit)
+                "UPDATE inbox SET claimed_by = ?, claimed_at = ? WHERE id IN ("
+                "SELECT id FROM inbox WHERE claimed_by IS NULL OR claimed_at < ? ORDER BY id LIMIT ?"
+                f"{self._engine.skip_locked}) RETURNING id, tag, message, arrived",
+                (worker, now, now - claim_seconds, limit),
             ).fetchall()
-        return [(int(i), bytes(t), bytes(m), float(a)) for i, t, m, a in rows]
+            (waiting,) = db.execute("SELECT COUNT(*) FROM inbox").fetchone()
+        self.inbox_count = int(waiting)
+        return sorted((int(i), bytes(t), bytes(m), float(a)) for i, t, m, a in rows)
+
+    def claims(self) -> dict[str, int]:
+        """Undecided inbox rows per worker holding them claimed (``""``: unclaimed)."""
+        with self._engine.read() as db:
+            rows = db.execute("SELECT COALESCE(claimed_by, ''), COUNT(*) FROM inbox GROUP BY 1").fetchall()
+        return {str(worker): int(count) for worker, count in rows}
+
+    def release_claims(self, worker: str) -> int:
+        """Give back every claim ``worker`` holds (a restarted worker's, before it claims anew); how many."""
+        with self._engine.transaction() as db:
+            return int(db.execute("UPDATE inbox SET claimed_by = NULL, claimed_at = NULL WHERE claimed_by = ?",
+                                  (worker,)).rowcount)
 
     def legacy_frames(self) -> list[tuple[int, bytes, float]]:
         """Frames a store before version 4 received but had not verified, as ``(id, frame, arrived)``."""
-        with self._database.read() as db:
-            if db.execute("SELECT 1 FROM sqlite_master WHERE name = 'inbox_frames_v1'").fetchone() is None:
-                return []
+        if not self._engine.has_table("inbox_frames_v1"):
+            return []
+        with self._engine.read() as db:
             rows = db.execute("SELECT id, frame, arrived FROM inbox_frames_v1 ORDER BY id").fetchall()
         return [(int(i), bytes(f), float(a)) for i, f, a in rows]
 
     def drop_legacy_frames(self) -> None:
         """Forget the frames of a store before version 4 once they are admitted (or refused)."""
-        with self._database.transaction() as db:
+        with self._engine.transaction() as db:
             db.execute("DROP TABLE IF EXISTS inbox_frames_v1")
 
     def inbox_size(self) -> int:
@@ -356,7 +471,7 @@ class RoundStore:
 
     def inbox_pending_before(self, when: int) -> bool:
         """Whether a frame that arrived before ``when`` still awaits its verdict."""
-        with self._database.read() as db:
+        with self._engine.read() as db:
             return db.execute("SELECT 1 FROM inbox WHERE arrived < ? LIMIT 1", (when,)).fetchone() is not None
 
     def store_batch(
@@ -371,50 +486,96 @@ class RoundStore:
 
         Returns one outcome per packet: ``"accepted"``, ``"duplicate"`` (same
         survey, tag and message as a stored packet: counted once) or
-        ``"double-submission"`` (same tag, another message: the first is kept,
-        DESIGN.md §6). Duplicates and double submissions are counted as
-        rejections by that reason; reasons naming a cover (``cover``,
-        ``cover/...``) are counted as covers. An accepted packet's receipt
-        becomes the next leaf of its survey's log as the commit makes it
-        durable (DESIGN.md §5: leaves in acceptance order).
+        ``"double-submission"`` (same tag, another message: the first
+        committed is kept, DESIGN.md §6). The packets' primary key decides,
+        whichever worker stored the other copy. Duplicates and double
+        submissions are counted as rejections by that reason; reasons naming a
+        cover (``cover``, ``cover/...``) are counted as covers. An accepted
+        packet's receipt becomes the next leaf of its survey's log as the
+        commit makes it durable (DESIGN.md §5: leaves in acceptance order).
+
+        The batch's inbox rows (``done_inbox_ids``) are deleted first: if any
+        is gone (another worker decided it after this worker's claim lapsed,
+        or a retried commit had in fact committed), nothing is stored and
+        :class:`BatchTaken` is raised, so each message is decided once.
         """
         outcomes: list[str] = []
         counted: Counter[str] = Counter(rejections)
-        sizes = dict(self._log_sizes)
-        with self._database.transaction() as db:
+        with self._engine.transaction() as db:
+            ids = sorted(set(done_inbox_ids))
+            deleted = sum(
+                db.execute(f"DELETE FROM inbox WHERE id IN ({', '.join('?' * len(chunk))})", chunk).rowcount
+                for chunk in (ids[i : i + 500] for i in range(0, len(ids), 500))
+            )
+            if deleted != len(ids):
+                raise BatchTaken(f"{len(ids) - deleted} of {len(ids)} inbox rows were decided elsewhere")
+            accepted: dict[bytes, list[bytes]] = {}
             for packet in packets:
                 survey = packet.survey.to_bytes()
-                row = db.execute(
-                    "SELECT message_hash FROM packets WHERE survey = ? AND tag_digest = ?", (survey, packet.tag_digest)
-                ).fetchone()
-                if row is None:
-                    position = sizes.get(survey, 0)
-                    sizes[survey] = position + 1
-                    db.execute(
-                        "INSERT INTO packets VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                        (survey, packet.tag_digest, packet.message_hash, packet.report, packet.receipt, now, position,
-                         packet.arrived),
-                    )
+                inserted = db.execute(
+                    "INSERT INTO packets (survey, tag_digest, message_hash, report, receipt, accepted_at, arrived) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (survey, tag_digest) DO NOTHING",
+                    (survey, packet.tag_digest, packet.message_hash, packet.report, packet.receipt, now, packet.arrived),
+                ).rowcount == 1
+                if inserted:
+                    accepted.setdefault(survey, []).append(packet.tag_digest)
                     outcomes.append("accepted")
                     continue
-                outcome = "duplicate" if bytes(row[0]) == packet.message_hash else "double-submission"
+                (stored_hash,) = db.execute(
+                    "SELECT message_hash FROM packets WHERE survey = ? AND tag_digest = ?", (survey, packet.tag_digest)
+                ).fetchone()
+                outcome = "duplicate" if bytes(stored_hash) == packet.message_hash else "double-submission"
                 outcomes.append(outcome)
                 counted[outcome] += 1
-            # The inbox rows go in the same transaction: each frame is decided exactly once.
-            deleted = db.executemany("DELETE FROM inbox WHERE id = ?", [(i,) for i in done_inbox_ids]).rowcount
-            # Replay tags commit with the batch: one fsync per batch, not per packet.
-            db.executemany("INSERT OR IGNORE INTO replay_tags VALUES (?)", [(t,) for t in replay_tags])
+            # Log positions last, surveys in one order (no two workers wait on each other's counter
+            # rows): each counter row stays locked until the commit, so positions are dense and in commit order.
+            for survey in sorted(accepted):
+                digests = accepted[survey]
+                (end,) = db.execute(
+                    "INSERT INTO log_sizes (survey, size) VALUES (?, ?) "
+                    "ON CONFLICT (survey) DO UPDATE SET size = log_sizes.size + excluded.size RETURNING size",
+                    (survey, len(digests)),
+                ).fetchone()
+                first = int(end) - len(digests)
+                db.executemany("UPDATE packets SET position = ? WHERE survey = ? AND tag_digest = ?",
+                               [(first + offset, survey, digest) for offset, digest in enumerate(digests)])
+            if replay_tags:
+                db.executemany("INSERT INTO replay_tags (tag) VALUES (?) ON CONFLICT DO NOTHING", [(t,) for t in replay_tags])
             self._count_rejections(db, counted)
-        self._log_sizes = sizes
-        self.inbox_count -= max(deleted, 0)
+        self.inbox_count = max(self.inbox_count - deleted, 0)
         return outcomes
 
     def accepted_count(self, survey: SurveyId) -> int:
-        """Packets accepted for ``survey`` so far (its receipt log's size)."""
-        return self._log_sizes.get(survey.to_bytes(), 0)
+        """Packets accepted for ``survey`` so far (its receipt log's size, committed by any worker)."""
+        with self._engine.read() as db:
+            row = db.execute("SELECT size FROM log_sizes WHERE survey = ?", (survey.to_bytes(),)).fetchone()
+        return 0 if row is None else int(row[0])
+
+    # -- the round driver's lease --------------------------------------------------
+
+    def take_lease(self, name: str, holder: str, now: float, seconds: float) -> bool:
+        """Take or renew lease ``name`` for ``holder`` until ``now + seconds``; False while another holds it.
+
+        One upsert: the row changes only if it is ``holder``'s or has expired,
+        so two contenders never both hold it.
+        """
+        with self._engine.transaction() as db:
+            cursor = db.execute(
+                "INSERT INTO leases (name, holder, expires) VALUES (?, ?, ?) "
+                "ON CONFLICT (name) DO UPDATE SET holder = excluded.holder, expires = excluded.expires "
+                "WHERE leases.holder = excluded.holder OR leases.expires < ?",
+                (name, holder, now + seconds, now),
+            )
+            return cursor.rowcount == 1
+
+    def lease_holder(self, name: str, now: float) -> str | None:
+        """Who holds lease ``name`` at ``now`` (None: nobody, or it expired)."""
+        with self._engine.read() as db:
+            row = db.execute("SELECT holder FROM leases WHERE name = ? AND expires >= ?", (name, now)).fetchone()
+        return None if row is None else str(row[0])
 
     def reports(self, survey: SurveyId) -> list[bytes]:
-        with self._database.read() as db:
+        with self._engine.read() as db:
             rows = db.execute(
                 "SELECT report FROM packets WHERE survey = ? ORDER BY tag_digest", (survey.to_bytes(),)
             ).fetchall()
@@ -422,7 +583,7 @@ class RoundStore:
 
     def log_leaves(self, survey: SurveyId, size: int | None = None) -> list[bytes]:
         """The first ``size`` (default: all) receipt digests of ``survey``'s log, in acceptance order."""
-        with self._database.read() as db:
+        with self._engine.read() as db:
             rows = db.execute(
                 "SELECT receipt FROM packets WHERE survey = ? AND position < ? ORDER BY position",
                 (survey.to_bytes(), 2**62 if size is None else size),
@@ -431,7 +592,7 @@ class RoundStore:
 
     def receipts(self) -> dict[SurveyId, list[bytes]]:
         """Every survey's receipt log, leaves in acceptance order (the audit of ``anonml bench faults``)."""
-        with self._database.read() as db:
+        with self._engine.read() as db:
             rows = db.execute("SELECT survey, receipt FROM packets ORDER BY survey, position").fetchall()
         log: dict[SurveyId, list[bytes]] = {}
         for survey, receipt in rows:
@@ -444,8 +605,9 @@ class RoundStore:
         Exactly one head per survey per check (DESIGN.md §5): a restarted
         aggregator serves the head it signed before, never a second one.
         """
-        with self._database.transaction() as db:
-            db.execute("INSERT OR IGNORE INTO heads VALUES (?, ?, ?, ?)", (survey.to_bytes(), int(check), size, document))
+        with self._engine.transaction() as db:
+            db.execute("INSERT INTO heads (survey, check_index, size, document) VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                       (survey.to_bytes(), int(check), size, document))
             (stored,) = db.execute(
                 "SELECT document FROM heads WHERE survey = ? AND check_index = ?", (survey.to_bytes(), int(check))
             ).fetchone()
@@ -453,24 +615,24 @@ class RoundStore:
 
     def heads(self) -> list[tuple[SurveyId, Check, int, bytes]]:
         """Every signed head recorded, as ``(survey, check, size, document)``."""
-        with self._database.read() as db:
+        with self._engine.read() as db:
             rows = db.execute("SELECT survey, check_index, size, document FROM heads ORDER BY survey, check_index").fetchall()
         return [(SurveyId.from_bytes(bytes(s)), Check(int(c)), int(n), bytes(d)) for s, c, n, d in rows]
 
     def covers(self) -> dict[str, int]:
-        with self._database.read() as db:
+        with self._engine.read() as db:
             rows = db.execute("SELECT reason, count FROM covers ORDER BY reason").fetchall()
         return {str(reason): int(count) for reason, count in rows}
 
     def counts(self) -> dict[str, int]:
-        with self._database.read() as db:
+        with self._engine.read() as db:
             registered = db.execute("SELECT COUNT(*) FROM registrations").fetchone()[0]
             credentials = db.execute("SELECT COUNT(*) FROM credentials").fetchone()[0]
             accepted = db.execute("SELECT COUNT(*) FROM packets").fetchone()[0]
         return {"registered": int(registered), "credentials": int(credentials), "accepted": int(accepted)}
 
     def accepted_by_survey(self) -> dict[SurveyId, int]:
-        with self._database.read() as db:
+        with self._engine.read() as db:
             rows = db.execute("SELECT survey, COUNT(*) FROM packets GROUP BY survey").fetchall()
         return {SurveyId.from_bytes(bytes(survey)): int(count) for survey, count in rows}
 
@@ -483,7 +645,7 @@ class RoundStore:
         """
         bucket = max(1, int(bucket_seconds))
         timeline: dict[str, list[tuple[int, int]]] = {}
-        with self._database.read() as db:
+        with self._engine.read() as db:
             for key, table, column in (("registered", "registrations", "registered_at"), ("credentials", "credentials", "issued_at")):
                 rows = db.execute(f"SELECT {column} / ? * ?, COUNT(*) FROM {table} GROUP BY 1 ORDER BY 1", (bucket, bucket)).fetchall()
                 timeline[key] = [(int(t), int(n)) for t, n in rows]
@@ -495,20 +657,48 @@ class RoundStore:
         return timeline
 
     def rejections(self) -> dict[str, int]:
-        with self._database.read() as db:
+        with self._engine.read() as db:
             rows = db.execute("SELECT reason, count FROM rejections ORDER BY reason").fetchall()
         return {str(reason): int(count) for reason, count in rows}
 
     def arrivals(self) -> list[tuple[SurveyId, bytes, float]]:
         """Every accepted packet as ``(survey, receipt digest, arrival time)``, in log order."""
-        with self._database.read() as db:
+        with self._engine.read() as db:
             rows = db.execute("SELECT survey, receipt, COALESCE(arrived, accepted_at) FROM packets ORDER BY survey, position").fetchall()
         return [(SurveyId.from_bytes(bytes(s)), bytes(r), float(a)) for s, r, a in rows]
 
     def partitions(self) -> dict[bytes, int]:
-        with self._database.read() as db:
+        with self._engine.read() as db:
             rows = db.execute("SELECT identity_key, partition FROM credentials").fetchall()
         return {bytes(key): int(partition) for key, partition in rows}
+
+
+    # -- moving a round to another engine -------------------------------------------
+
+    def copy_from(self, source: RoundStore) -> int:
+        """Copy every row of ``source`` into this empty store, in one transaction; how many rows.
+
+        How a round created on SQLite (``round new``) moves to PostgreSQL the
+        first time ``aggregator run --store`` opens it there. Inbox rows get
+        new ids in their old order; frames of a store before version 4 must
+        have been admitted first (``PacketSink.admit_legacy_frames``).
+        """
+        if source.legacy_frames():
+            raise ConfigError("the round holds frames of an older release: run it once on SQLite before moving it")
+        copied = 0
+        with self._engine.transaction() as target:
+            if target.execute("SELECT 1 FROM meta LIMIT 1").fetchone() is not None:
+                raise ConfigError(f"the round store {self._engine.where} is not empty: nothing copied")
+            for table, columns in _TABLE_COLUMNS.items():
+                with source._engine.read() as db:
+                    rows = db.execute(f"SELECT {', '.join(columns)} FROM {table} ORDER BY 1").fetchall()
+                if rows:
+                    target.executemany(
+                        f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})",
+                        [tuple(row) for row in rows])
+                copied += len(rows)
+        self.inbox_count = source.inbox_count
+        return copied
 
 
 def is_cover(reason: str) -> bool:

@@ -98,6 +98,12 @@ def _bench_aggregator() -> click.Command:
     return bench_aggregator
 
 
+def _bench_ingest() -> click.Command:
+    from anonml.bench.ingest import bench_ingest
+
+    return bench_ingest
+
+
 def _bench_crypto() -> click.Command:
     from anonml.bench.crypto import bench_crypto
 
@@ -145,6 +151,7 @@ def _bench_demo() -> click.Command:
 BENCH_COMMANDS: dict[str, tuple[CommandLoader, str]] = {
     "abuse": (_bench_abuse, "Honest delivery and latency under each abuse scenario, beside an unloaded baseline."),
     "aggregator": (_bench_aggregator, "Token verification and packet processing at the aggregator."),
+    "ingest": (_bench_ingest, "Accepted reports/s through ingest workers: SQLite, PostgreSQL with 1 and 2; SIGKILL audits."),
     "crypto": (_bench_crypto, "Sphinx packets and tokens beside one X25519 / P-256 multiplication."),
     "mechanisms": (_bench_mechanisms, "Oracle error against its formula, and throughput."),
     "relay": (_bench_relay, "Relay forwarding throughput."),

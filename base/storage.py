@@ -37,7 +37,7 @@ from pathlib import Path
 
 from anonml.base.errors import ConfigError, StorageError
 
-__all__ = ["Database", "Schema", "lock_data_dir", "make_private_dir", "read_secret_file", "write_secret_file"]
+__all__ = ["Database", "Schema", "lock_data_dir", "split_statements", "make_private_dir", "read_secret_file", "write_secret_file"]
 
 LOCK_FILE = ".lock"
 
@@ -127,11 +127,11 @@ class Database:
                     f"release's {schema.version}: upgrade anonml"
                 )
             if version == 0:
-                for statement in _statements(schema.tables):
+                for statement in split_statements(schema.tables):
                     db.execute(statement)
             else:
                 for step in range(version, schema.version):
-                    for statement in _statements(schema.migrations[step]):
+                    for statement in split_statements(schema.migrations[step]):
                         db.execute(statement)
             db.execute(f"PRAGMA application_id = {schema.application_id}")
             db.execute(f"PRAGMA user_version = {schema.version}")
@@ -184,7 +184,7 @@ class Database:
             self._db.close()
 
 
-def _statements(script: str) -> list[str]:
+def split_statements(script: str) -> list[str]:
     """The statements of a DDL script, one per ``;`` (the schemas hold no ``;`` inside a statement)."""
     return [part.strip() for part in script.split(";") if part.strip()]
 

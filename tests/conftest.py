@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -129,3 +131,28 @@ def tmpfs(tmp_path: Path) -> Iterator[Tmpfs]:
         yield Tmpfs(mount)
     finally:
         subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+REQUIRE_POSTGRES = "ANONML_REQUIRE_POSTGRES"
+"""Set to 1 by ``.ci/run``: CI installs PostgreSQL, so a PostgreSQL test that would skip fails instead."""
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[Any]:
+    """A private PostgreSQL server for this test session (``anonml.testing.private_postgres``):
+    started in a temporary directory with initdb and pg_ctl, stopped and removed at the end.
+    Without PostgreSQL's server binaries or the psycopg driver the test skips, saying which,
+    unless ``ANONML_REQUIRE_POSTGRES=1`` (CI), where it fails."""
+    from anonml.testing import PostgresUnavailable, private_postgres
+
+    server = private_postgres()
+    try:
+        running = server.__enter__()
+    except PostgresUnavailable as exc:
+        if os.environ.get(REQUIRE_POSTGRES) == "1":
+            pytest.fail(f"PostgreSQL is required here ({REQUIRE_POSTGRES}=1) but unavailable: {exc}")
+        pytest.skip(f"PostgreSQL unavailable: {exc}")
+    try:
+        yield running
+    finally:
+        server.__exit__(None, None, None)

@@ -585,7 +585,7 @@ def test_a_replay_is_refused_whether_its_first_copy_waits_in_the_inbox_or_is_ver
     assert isinstance(opened, Delivered)
     first = state.store.enqueue([(opened.tag, opened.message)], state.now())
     assert first[0] is not None and state.store.enqueue([(opened.tag, opened.message)], state.now()) == [None]
-    rows = state.store.inbox_batch(10)
+    rows = state.store.claim_inbox("test", 10, state.now())
     judged = judge_batch(state, open_batch(state, rows), IssuerWorkers(state.secrets.issuer_key))
     assert store_judged(state, judged) == ["accepted"]
     assert state.store.enqueue([(opened.tag, opened.message)], state.now()) == [None]

@@ -48,7 +48,7 @@ T0 = 1_800_000_000
 
 def fill_disk(disk: Tmpfs, state: RoundState) -> None:
     """Fill ``disk`` to the last byte once the store's WAL is empty: its next commit must grow it."""
-    with state.store._database.read() as db:  # the store's connection
+    with state.store._engine.read() as db:  # the store's connection
         db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     disk.fill()
 

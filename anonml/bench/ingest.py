@@ -1,0 +1,319 @@
+"""``anonml bench ingest``: accepted reports per second through ingest workers, SQLite beside PostgreSQL.
+
+One round is made once (real identities, blind credentials, tokens and Sphinx
+packets); each configuration then gets a fresh copy of it before any packet:
+SQLite with one ``anonml aggregator worker`` process, PostgreSQL (a private
+server in a temporary directory, or ``--store``'s) with one, and with two.
+The bench acts as the round's last relays: it delivers link batches over TCP
+on loopback, spread over the workers, and times from the first frame sent
+until every frame is decided in the store (accepted or rejected, the inbox
+empty). The ratio PostgreSQL-2 / PostgreSQL-1 is the scale-out figure; the
+machine's load average is printed beside it (DESIGN.md §11: ratios, because
+absolute times drift on shared machines).
+
+``--kills N``: N more PostgreSQL runs with two workers, in each of which one
+worker is killed (SIGKILL) at a random moment of the delivery; the relay
+resends what the dead worker had not acknowledged to the survivor. Each run
+is audited: accepted reports lost, counted twice (a receipt twice in the log,
+or a duplicate counted), frames never acknowledged. Exits 1 if any run lost
+or doubled anything.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import click
+import numpy as np
+import trio
+
+from anonml.base.threads import run_blocking
+from anonml.aggregator import ROSTER_FINAL, AggregatorHome, PostgresLocation, RoundStore, create_round, parse_round_spec
+from anonml.bench.aggregator import bench_spec
+from anonml.protocol import SurveyId
+from anonml.testing import PostgresServer, SettableClock, enrol, private_postgres
+from anonml.transport import AckStatus, LinkClient, LinkIdentity
+
+LINK_BATCH = 128
+"""Frames per link batch (a relay's release batch)."""
+
+
+@dataclass
+class PreparedRound:
+    """A round before any packet: its home (copied per run), its id, the frames and the relays' link keys."""
+
+    home: Path
+    round_id: str
+    frames: list[bytes]
+    relays: list[LinkIdentity]
+    packet_size: int
+    geometry_hash: bytes
+
+
+@dataclass
+class RunResult:
+    """One configuration's figures and audit."""
+
+    engine: str
+    workers: int
+    frames: int
+    seconds: float
+    accepted: int
+    rejected: dict[str, int]
+    unacknowledged: int
+    doubled: int
+    killed_after: float | None = None
+    resent: int = 0
+    claimed_at_kill: int = 0
+    """Inbox rows the killed worker held claimed and undecided when it died (taken over after the claim lapsed)."""
+    lost: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        # Every frame is a valid report of a distinct peer: each must end accepted exactly once.
+        self.lost = self.frames - self.accepted
+
+    @property
+    def per_second(self) -> float:
+        return self.accepted / self.seconds if self.seconds else 0.0
+
+
+def prepare_round(work: Path, n_packets: int, seed: int) -> PreparedRound:
+    """A round whose data window is open now (in real time, which the workers read) and ``n_packets`` frames for it."""
+    rng = np.random.default_rng(seed)
+    relays = [LinkIdentity(os.urandom(32)) for _ in range(3)]
+    spec_relays = [{"node_id": r.node_id.hex(), "host": "127.0.0.1", "port": 9000 + i, "public_key": r.public_key.hex(),
+                    "key_epoch": 1} for i, r in enumerate(relays)]
+    schedule = {"register": 100, "issue": 100, "median_send": 10, "median_delivery": 20, "data_send": 10,
+                "data_delivery": 3600}
+    spec = parse_round_spec(bench_spec(spec_relays, schedule))
+    # Started in the past, so that now is early in the data phase's delivery (its acceptance window).
+    start = int(time.time()) - 100 - 100 - 30
+    home = AggregatorHome(work / "agg")
+    from anonml.crypto import generate_keypair
+
+    home.initialise(os.urandom(32), generate_keypair()[0])
+    clock = SettableClock(start + 1)
+    state, _ = create_round(home, spec, now=start)
+    state.clock = clock
+    peers = enrol(state, clock, [rng.bytes(32) for _ in range(n_packets)])
+    data = state.manifest.schedule.data
+    if not data.t_s + data.delta < time.time() < data.t_s + data.delta + 3000:
+        raise RuntimeError("the bench round's data window is not open now: the set-up took too long")
+    frames = []
+    for peer in peers:
+        oracle = state.data_oracle(peer.partition, 0)
+        report = oracle.encode_report(oracle.privatize(np.array([int(rng.integers(0, 12))]), rng)[0])
+        frames.append(peer.packet(SurveyId.data(state.round_id, peer.partition, 0), report))
+    # What the round driver does once every registration is stored: the workers verify from then on.
+    state.store.put_meta(ROSTER_FINAL, b"1")
+    geometry = state.geometry
+    round_id = state.round_id.hex()
+    state.store.close()
+    return PreparedRound(home.root, round_id, frames, relays, geometry.packet_size, geometry.canonical_hash())
+
+
+def _start_workers(home: Path, round_id: str, store: str | None, count: int, claim_seconds: float,
+                   *, within: float = 120.0) -> list[tuple[subprocess.Popen[bytes], int]]:
+    """``count`` ``anonml aggregator worker`` processes, each once it printed its port (stderr goes to a file
+    beside the round, so a worker that logs much never blocks on a full pipe)."""
+    started = []
+    environment = {**os.environ, **({"ANONML_AGGREGATOR_STORE": store} if store else {})}
+    anonml = Path(sys.executable).with_name("anonml")
+    for index in range(count):
+        log_path = home / f"worker-{index}.log"
+        command = [str(anonml), "aggregator", "worker", "--data-dir", str(home), "--round", round_id,
+                   "--name", f"w{index}", "--host", "127.0.0.1", "--claim-seconds", str(claim_seconds)]
+        with log_path.open("wb") as log_file:
+            child = subprocess.Popen(command, stderr=log_file, env=environment)
+        deadline = time.monotonic() + within
+        while (port := _announced_port(log_path)) is None:
+            if child.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"worker {index} did not start: {log_path.read_text()[-2000:]}")
+            time.sleep(0.05)
+        started.append((child, port))
+    return started
+
+
+def _announced_port(log_path: Path) -> int | None:
+    for line in log_path.read_text(errors="replace").splitlines():
+        if "taking packets at" in line:
+            return int(line.rsplit(":", 1)[1])
+    return None
+
+
+def _stop(workers: list[tuple[subprocess.Popen[bytes], int]]) -> None:
+    for child, _ in workers:
+        if child.poll() is None:
+            child.send_signal(signal.SIGTERM)
+    for child, _ in workers:
+        try:
+            child.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+
+
+def run_config(prepared: PreparedRound, work: Path, label: str, store: str | None, workers: int, *,
+               kill_at: float | None = None, claim_seconds: float = 30.0, timeout: float = 600.0) -> RunResult:
+    """Deliver every frame through ``workers`` worker processes on a fresh copy of the round; audit the store."""
+    home = work / label
+    shutil.copytree(prepared.home, home)
+    location: Path | PostgresLocation
+    if store is None:
+        location = home / "rounds" / prepared.round_id / "round.sqlite"
+    else:
+        location = PostgresLocation(store, f"round_{prepared.round_id[:32]}")
+    children = _start_workers(home, prepared.round_id, store, workers, claim_seconds)
+    observer = RoundStore(location)
+    try:
+        began = time.perf_counter()
+        unacknowledged, resent, killed_after, held = trio.run(_deliver, prepared, children, kill_at, observer)
+        deadline = time.monotonic() + timeout
+        while True:
+            # Every acknowledged frame is in the inbox or decided: an empty inbox means all are decided.
+            if not observer.inbox_pending_before(2**62):
+                break
+            for index, (child, _) in enumerate(children):
+                if child.poll() is not None and not (killed_after is not None and index == 0):
+                    log_text = (home / f"worker-{index}.log").read_text(errors="replace")
+                    raise RuntimeError(f"{label}: worker {index} exited ({child.returncode}): {log_text[-3000:]}")
+            if time.monotonic() > deadline:
+                logs = "; ".join(path.read_text(errors="replace")[-800:] for path in sorted(home.glob("worker-*.log")))
+                raise RuntimeError(f"{label}: frames still undecided after {timeout:.0f} s: {observer.counts()}, "
+                                   f"claims {observer.claims()} at {time.time():.1f}; worker logs: {logs}")
+            time.sleep(0.05)
+        seconds = time.perf_counter() - began
+        counts, rejections = observer.counts(), observer.rejections()
+        receipts = observer.receipts()
+        leaves = [leaf for log in receipts.values() for leaf in log]
+        doubled = (len(leaves) - len(set(leaves))) + rejections.get("duplicate", 0) + rejections.get("double-submission", 0)
+        return RunResult("sqlite" if store is None else "postgresql", workers, len(prepared.frames), seconds,
+                         counts["accepted"], rejections, unacknowledged, doubled, killed_after, resent, held)
+    finally:
+        observer.close()
+        _stop(children)
+
+
+async def _deliver(prepared: PreparedRound, children: list[tuple[subprocess.Popen[bytes], int]],
+                   kill_at: float | None, observer: RoundStore) -> tuple[int, int, float | None, int]:
+    """Send every frame, batches spread over the workers; kill worker 0 after ``kill_at`` seconds if given.
+    Returns (frames never acknowledged, frames resent to another worker, when the kill happened,
+    inbox rows the killed worker held claimed)."""
+    batches = [prepared.frames[i : i + LINK_BATCH] for i in range(0, len(prepared.frames), LINK_BATCH)]
+    clients = [LinkClient("127.0.0.1", port, packet_size=prepared.packet_size, geometry_hash=prepared.geometry_hash,
+                          identity=prepared.relays[index % len(prepared.relays)], connect_timeout=2.0, ack_timeout=10.0)
+               for index, (_, port) in enumerate(children)]
+    unacknowledged: list[bytes] = []
+    killed: list[float] = []
+    held: list[int] = []
+    began = trio.current_time()
+
+    async def relay(index: int) -> None:
+        for batch in batches[index :: len(clients)]:
+            statuses = await clients[index].send_batch(batch, give_up_at=trio.current_time() + 1.0)
+            unacknowledged.extend(frame for frame, status in zip(batch, statuses) if status is None)
+
+    async def kill_later(delay: float) -> None:
+        await trio.sleep(delay)
+        # The moment that matters most: worker 0 holds claimed rows it has not decided (up to 5 s more).
+        with trio.move_on_after(5.0):
+            while not (await run_blocking(observer.claims)).get("w0"):
+                await trio.sleep(0.005)
+        children[0][0].send_signal(signal.SIGKILL)
+        killed.append(trio.current_time() - began)
+        held.append((await run_blocking(observer.claims)).get("w0", 0))
+
+    async with trio.open_nursery() as nursery:
+        if kill_at is not None:
+            nursery.start_soon(kill_later, kill_at)
+        for index in range(len(clients)):
+            nursery.start_soon(relay, index)
+    resent = len(unacknowledged)
+    still: list[bytes] = []
+    if unacknowledged and len(clients) > 1:
+        # The relay delivers what the dead worker never acknowledged to a live one (any worker takes any packet).
+        survivor = clients[-1]
+        for offset in range(0, len(unacknowledged), LINK_BATCH):
+            batch = unacknowledged[offset : offset + LINK_BATCH]
+            statuses = await survivor.send_batch(batch, give_up_at=trio.current_time() + 5.0)
+            still += [frame for frame, status in zip(batch, statuses) if status is None or status is AckStatus.BUSY]
+    else:
+        still = unacknowledged
+    return len(still), resent, (killed[0] if killed else None), (held[0] if held else 0)
+
+
+def run_bench(n_packets: int, seed: int, kills: int) -> dict[str, Any]:
+    """The three configurations and ``kills`` kill runs, each on a fresh copy of one round (and a fresh database)."""
+    with tempfile.TemporaryDirectory(prefix="anonml-bench-ingest-") as tmp, private_postgres() as server:
+        work = Path(tmp)
+        prepared = prepare_round(work / "prepared", n_packets, seed)
+        runs = {
+            "sqlite, 1 worker": run_config(prepared, work, "sqlite1", None, 1),
+            "postgresql, 1 worker": run_config(prepared, work, "pg1", _fresh_database(server, "pg1"), 1),
+            "postgresql, 2 workers": run_config(prepared, work, "pg2", _fresh_database(server, "pg2"), 2),
+        }
+        one = runs["postgresql, 1 worker"].seconds
+        rng = random.Random(seed)
+        # Kill moments spread over the delivery and the verification after it (two workers take about half as long).
+        killed = [run_config(prepared, work, f"kill{k}", _fresh_database(server, f"kill{k}"), 2,
+                             kill_at=rng.uniform(0.05, 0.9) * one / 2, claim_seconds=3.0) for k in range(kills)]
+    figures: dict[str, Any] = {"frames": len(prepared.frames), "load_average": os.getloadavg(),
+                               "cpus": os.cpu_count(), "runs": {k: _figures(v) for k, v in runs.items()}}
+    base, sqlite = runs["postgresql, 1 worker"].per_second, runs["sqlite, 1 worker"].per_second
+    figures["ratio_pg2_to_pg1"] = runs["postgresql, 2 workers"].per_second / base if base else 0.0
+    figures["ratio_pg1_to_sqlite1"] = base / sqlite if sqlite else 0.0
+    figures["kills"] = [_figures(k) for k in killed]
+    return figures
+
+
+def _fresh_database(server: PostgresServer, name: str) -> str:
+    return server.create_database(f"bench_{name}")
+
+
+def _figures(result: RunResult) -> dict[str, Any]:
+    return {
+        "engine": result.engine, "workers": result.workers, "seconds": result.seconds,
+        "accepted_per_second": result.per_second, "accepted": result.accepted, "lost": result.lost,
+        "doubled": result.doubled, "unacknowledged": result.unacknowledged, "rejected": result.rejected,
+        "killed_after_seconds": result.killed_after, "resent": result.resent, "claimed_at_kill": result.claimed_at_kill,
+    }
+
+
+@click.command(name="ingest")
+@click.option("--packets", type=click.IntRange(10, 100_000), default=1500, show_default=True)
+@click.option("--kills", type=click.IntRange(0, 100), default=0, show_default=True,
+              help="Also run this many PostgreSQL rounds with two workers, killing one (SIGKILL) at a random moment of each.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
+def bench_ingest(packets: int, kills: int, seed: int, as_json: bool) -> None:
+    """Accepted reports/s through ingest workers: SQLite 1 worker, PostgreSQL 1 and 2; SIGKILL audits."""
+    figures = run_bench(packets, seed, kills)
+    if as_json:
+        click.echo(json.dumps(figures, indent=2))
+    else:
+        click.echo(f"{figures['frames']} frames; load average {figures['load_average'][0]:.2f} on {figures['cpus']} CPUs")
+        for name, run in figures["runs"].items():
+            click.echo(f"  {name:24} {run['accepted_per_second']:8.0f} accepted/s  ({run['accepted']} in {run['seconds']:.2f} s; "
+                       f"lost {run['lost']}, doubled {run['doubled']})")
+        click.echo(f"  PostgreSQL 2 workers / 1 worker: x{figures['ratio_pg2_to_pg1']:.2f}; "
+                   f"PostgreSQL / SQLite with 1 worker: x{figures['ratio_pg1_to_sqlite1']:.2f}")
+        for index, run in enumerate(figures["kills"]):
+            click.echo(f"  kill {index + 1}: worker killed after {run['killed_after_seconds']:.2f} s holding {run['claimed_at_kill']} "
+                       f"claimed rows, {run['resent']} resent; "
+                       f"accepted {run['accepted']}, lost {run['lost']}, doubled {run['doubled']}, "
+                       f"never acknowledged {run['unacknowledged']}; rejected {run['rejected']}")
+    bad = [run for run in [*figures["runs"].values(), *figures["kills"]] if run["lost"] or run["doubled"]]
+    if bad:
+        raise SystemExit(1)
+

@@ -1,0 +1,78 @@
+"""Scaling out on PostgreSQL: a round moved to the server, ingest worker processes sharing it, one killed.
+
+The workers are real ``anonml aggregator worker`` processes taking link
+batches over TCP on loopback from this test acting as the round's relays
+(``anonml bench ingest``'s machinery), on a private PostgreSQL server.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from anonml.aggregator import AggregatorHome, create_round, open_round, parse_round_spec
+from anonml.aggregator._ingest import hold_lease
+from anonml.base.errors import ConfigError
+from anonml.bench.aggregator import bench_spec
+from anonml.bench.ingest import prepare_round, run_config
+from anonml.crypto import generate_keypair
+from anonml.testing import PostgresServer
+
+T0 = 1_800_000_000
+
+
+def test_a_round_moves_to_postgresql_once_and_its_sqlite_copy_then_refuses_to_run(tmp_path: Path, postgres_server: PostgresServer) -> None:
+    home = AggregatorHome(tmp_path / "agg")
+    home.initialise(os.urandom(32), generate_keypair()[0])
+    state, _ = create_round(home, parse_round_spec(bench_spec()), now=T0)
+    round_id = state.round_id.hex()
+    registered_key = state.store.get_meta("seed")
+    state.store.close()
+    url = postgres_server.create_database("moved")
+    moved = open_round(home, round_id, store_url=url)
+    assert moved.store.engine == "postgresql" and moved.store.get_meta("seed") == registered_key
+    assert moved.manifest == state.manifest and moved.secrets.issuer_key is not None
+    moved.store.put_result("marker", b"on the server")
+    moved.store.close()
+    again = open_round(home, round_id, store_url=url)  # opened again, not copied again
+    assert again.store.get_result("marker") == b"on the server"
+    again.store.close()
+    with pytest.raises(ConfigError, match="runs on PostgreSQL"):
+        open_round(home, round_id)
+    with pytest.raises(ConfigError, match="does not hold it"):
+        open_round(home, round_id, store_url=postgres_server.create_database("elsewhere"))
+
+
+async def test_a_second_driver_waits_for_the_lease(tmp_path: Path, postgres_server: PostgresServer) -> None:
+    import trio
+
+    home = AggregatorHome(tmp_path / "agg")
+    home.initialise(os.urandom(32), generate_keypair()[0])
+    state, _ = create_round(home, parse_round_spec(bench_spec()), now=T0)
+    url = postgres_server.create_database("lease")
+    first = open_round(home, state.round_id.hex(), store_url=url)
+    second = open_round(home, state.round_id.hex(), store_url=url)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(lambda task_status: hold_lease(first.store, "first", seconds=1.5, task_status=task_status))
+        with trio.move_on_after(2.5) as waited:
+            await nursery.start(lambda task_status: hold_lease(second.store, "second", seconds=1.5, task_status=task_status))
+        assert waited.cancelled_caught  # the first renews: the second never gets it
+        nursery.cancel_scope.cancel()
+    with trio.fail_after(5):  # the first stopped renewing: the second takes over once its lease expires
+        async with trio.open_nursery() as nursery:
+            await nursery.start(lambda task_status: hold_lease(second.store, "second", seconds=1.5, task_status=task_status))
+            nursery.cancel_scope.cancel()
+    assert second.store.lease_holder("driver", __import__("time").time()) == "second"
+
+
+@pytest.mark.slow
+def test_a_worker_killed_mid_round_loses_nothing_and_counts_nothing_twice(tmp_path: Path, postgres_server: PostgresServer) -> None:
+    prepared = prepare_round(tmp_path / "prepared", 400, seed=3)
+    for kill in range(2):
+        result = run_config(prepared, tmp_path, f"kill{kill}", postgres_server.create_database(f"kill{kill}"), 2,
+                            kill_at=0.2 * kill, claim_seconds=2.0)
+        assert result.killed_after is not None and result.claimed_at_kill > 0  # it died holding undecided rows
+        assert result.lost == 0 and result.doubled == 0 and result.unacknowledged == 0, result
+        assert result.accepted == len(prepared.frames)

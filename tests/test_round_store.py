@@ -1,0 +1,185 @@
+"""The round store's contract, on both engines: SQLite (the default) and PostgreSQL (a private server).
+
+Every rule the aggregator relies on holds the same way on both, including
+between two store objects on one database (two ingest workers): a replay tag
+is taken once, a survey's report is accepted once by the packets' primary
+key, each inbox row is decided once, and the receipt log is dense and built
+from committed rows.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import sqlite3
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from anonml.aggregator import BatchTaken, PostgresLocation, RoundStore, VerifiedPacket
+from anonml.aggregator._store import POSTGRES_MIGRATIONS, SCHEMA
+from anonml.protocol import SurveyId
+
+ROUND = hashlib.sha256(b"round").digest()
+_schemas = itertools.count()
+
+Opener = Callable[[], RoundStore]
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def open_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Opener]:
+    """Opens one round's store (each call a new store object on the same database: another worker)."""
+    if request.param == "sqlite":
+        location: Path | PostgresLocation = tmp_path / "round.sqlite"
+    else:
+        server = request.getfixturevalue("postgres_server")
+        location = PostgresLocation(server.url, f"test_{next(_schemas)}_{tmp_path.name[-12:].lower()}"
+                                    .replace("-", "_"))
+    opened: list[RoundStore] = []
+
+    def opener() -> RoundStore:
+        opened.append(RoundStore(location))
+        return opened[-1]
+
+    yield opener
+    for store in opened:
+        store.close()
+
+
+def packet(survey: SurveyId, n: int, message: bytes = b"m") -> VerifiedPacket:
+    tag = hashlib.sha256(b"tag%d" % n).digest()
+    return VerifiedPacket(survey, tag, hashlib.sha256(message).digest(), b"report%d" % n,
+                          hashlib.sha256(b"receipt%d" % n).digest(), arrived=1000.5 + n)
+
+
+SURVEY = SurveyId.data(ROUND, 0, 0)
+OTHER = SurveyId.data(ROUND, 1, 0)
+
+
+def test_a_new_store_is_at_the_current_version_and_reopening_applies_nothing_twice(open_store: Opener) -> None:
+    store = open_store()
+    store.put_meta("k", b"v")
+    again = open_store()
+    assert again.get_meta("k") == b"v"
+    if store.engine == "postgresql":
+        engine: Any = again._engine
+        assert engine.schema_versions() == list(range(1, len(POSTGRES_MIGRATIONS) + 1))
+    else:
+        with again._engine.read() as db:
+            assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA.version
+
+
+def test_a_sqlite_store_of_version_4_is_migrated_keeping_its_log_and_replay_tags(tmp_path: Path) -> None:
+    path = tmp_path / "round.sqlite"
+    store = RoundStore(path)
+    store.store_batch([packet(SURVEY, 0), packet(SURVEY, 1)], [], 1000)
+    [waiting] = store.enqueue([(b"t" * 32, b"waiting")], 1001.0)
+    assert waiting is not None
+    store.close()
+    # Back to version 4's layout: no claims, counter rows, leases; the inbox's tag not yet a replay tag.
+    db = sqlite3.connect(path)
+    db.executescript("""
+        ALTER TABLE inbox DROP COLUMN claimed_by; ALTER TABLE inbox DROP COLUMN claimed_at;
+        DROP TABLE log_sizes; DROP TABLE leases; DELETE FROM replay_tags; PRAGMA user_version = 4;""")
+    db.close()
+    store = RoundStore(path)
+    assert store.accepted_count(SURVEY) == 2
+    assert store.enqueue([(b"t" * 32, b"waiting")], 1002.0) == [None]  # still a replay
+    assert store.store_batch([packet(SURVEY, 2)], [], 1003) == ["accepted"]
+    assert store.log_leaves(SURVEY) == [packet(SURVEY, n).receipt for n in range(3)]
+    store.close()
+
+
+def test_each_report_is_accepted_once_and_the_log_is_dense_in_commit_order(open_store: Opener) -> None:
+    store = open_store()
+    first = [packet(SURVEY, 0), packet(OTHER, 1), packet(SURVEY, 2)]
+    assert store.store_batch(first, ["expired"], 1000) == ["accepted"] * 3
+    resent = [packet(SURVEY, 2), packet(SURVEY, 0, b"another message"), packet(SURVEY, 3)]
+    assert store.store_batch(resent, [], 1001) == ["duplicate", "double-submission", "accepted"]
+    assert store.accepted_count(SURVEY) == 3 and store.accepted_count(OTHER) == 1
+    assert store.log_leaves(SURVEY) == [packet(SURVEY, n).receipt for n in (0, 2, 3)]
+    assert store.log_leaves(SURVEY, 2) == [packet(SURVEY, n).receipt for n in (0, 2)]
+    assert store.rejections() == {"double-submission": 1, "duplicate": 1, "expired": 1}
+    assert store.counts()["accepted"] == 4
+    assert store.reports(OTHER) == [b"report1"]
+    assert [a for _, _, a in store.arrivals()] == [1000.5, 1002.5, 1003.5, 1001.5]
+
+
+def test_a_replay_tag_is_taken_once_whichever_worker_the_copy_reaches(open_store: Opener) -> None:
+    one, two = open_store(), open_store()
+    [row] = one.enqueue([(b"a" * 32, b"x")], 1000.0, {"bad-packet": 2, "cover/expired": 1})
+    assert row is not None
+    assert two.enqueue([(b"a" * 32, b"x"), (b"b" * 32, b"y")], 1000.0)[0] is None
+    assert one.rejections() == {"bad-packet": 2} and one.covers() == {"cover/expired": 1}
+
+
+def test_claims_never_overlap_a_lapsed_claim_is_taken_over_and_each_row_is_decided_once(open_store: Opener) -> None:
+    one, two = open_store(), open_store()
+    ids = one.enqueue([(bytes([n]) * 32, b"m%d" % n) for n in range(6)], 1000.0)
+    mine = one.claim_inbox("one", 4, now=2000.0)
+    theirs = two.claim_inbox("two", 4, now=2000.0)
+    assert [r[0] for r in mine] == ids[:4] and [r[0] for r in theirs] == ids[4:]
+    assert two.claim_inbox("two", 4, now=2001.0) == []  # nothing free while the claims hold
+    # "one" stalls past its claim: "two" takes its rows over and decides them first.
+    taken = two.claim_inbox("two", 4, now=2000.0 + 31)
+    assert [r[0] for r in taken] == ids[:4]
+    assert two.store_batch([packet(SURVEY, 0)], ["expired"] * 3, 2031, done_inbox_ids=[r[0] for r in taken]) == ["accepted"]
+    with pytest.raises(BatchTaken):
+        one.store_batch([packet(SURVEY, 0)], ["expired"] * 3, 2032, done_inbox_ids=[r[0] for r in mine])
+    assert one.counts()["accepted"] == 1 and one.rejections() == {"expired": 3}
+    assert one.release_claims("two") == 2  # a restarted "two" gets its remaining rows back at once
+    assert [r[0] for r in one.claim_inbox("one", 10, now=2033.0)] == ids[4:]
+    assert one.inbox_size() == 2
+
+
+def test_two_workers_storing_at_once_accept_each_report_once_with_a_dense_log(open_store: Opener) -> None:
+    """Two store objects (two workers) commit overlapping batches from threads at once."""
+    stores = [open_store(), open_store()]
+    batches = [[packet(SURVEY if n % 3 else OTHER, n) for n in range(start, start + 60)] for start in (0, 30)]
+    outcomes: list[list[str]] = [[], []]
+
+    def work(index: int) -> None:
+        for offset in range(0, 60, 10):
+            outcomes[index] += stores[index].store_batch(batches[index][offset : offset + 10], [], 1000)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    flat = outcomes[0] + outcomes[1]
+    assert flat.count("accepted") == 90 and flat.count("duplicate") == 30
+    store = stores[0]
+    assert store.counts()["accepted"] == 90 and store.rejections() == {"duplicate": 30}
+    logs = store.receipts()
+    assert sum(map(len, logs.values())) == 90
+    for survey, leaves in logs.items():
+        assert len(set(leaves)) == len(leaves) == store.accepted_count(survey)
+    with store._engine.read() as db:
+        positions = db.execute("SELECT survey, position FROM packets ORDER BY survey, position").fetchall()
+    by_survey: dict[bytes, list[int]] = {}
+    for survey, position in positions:
+        by_survey.setdefault(bytes(survey), []).append(int(position))
+    assert all(found == list(range(len(found))) for found in by_survey.values())
+
+
+def test_a_lease_has_one_holder_until_it_expires(open_store: Opener) -> None:
+    one, two = open_store(), open_store()
+    assert one.take_lease("driver", "a", now=100.0, seconds=10)
+    assert not two.take_lease("driver", "b", now=105.0, seconds=10)
+    assert one.take_lease("driver", "a", now=108.0, seconds=10)  # renewed
+    assert two.lease_holder("driver", now=117.0) == "a"
+    assert two.take_lease("driver", "b", now=118.5, seconds=10)  # expired: taken over
+    assert not one.take_lease("driver", "a", now=119.0, seconds=10)
+    assert one.lease_holder("driver", now=119.0) == "b"
+
+
+def test_an_erased_secret_is_gone_from_the_table(open_store: Opener) -> None:
+    store = open_store()
+    store.put_meta("issuer_key", b"secret" * 4)
+    store.put_result("outcome", b"done")
+    store.erase_meta("issuer_key")
+    assert store.get_meta("issuer_key") is None and store.get_result("outcome") == b"done"
