@@ -173,7 +173,8 @@ async def follow_round(children: Children, network: Network, workers: list[Child
                         ended_at = trio.current_time() if ended_at is None else ended_at
                         if all(w.finished for w in workers) or trio.current_time() - ended_at > PEER_GRACE_SECONDS:
                             break
-                    await trio.sleep(0.25)
+                    # Twice a second: the board changes at most every few seconds, and each status costs the aggregator a request.
+                    await trio.sleep(0.5)
             for worker in workers:
                 children.stop(worker)
             readers.cancel_scope.cancel()

@@ -13,8 +13,8 @@ times :data:`HEADROOM` — not a serial per-peer cost times a slack factor.
   uniformly random time of their slice, and no slice opens before the send
   window has closed, so arrival is independent of send time whatever the
   slice's length (``protocol.hop_windows``).
-* The check holds one mirror refresh and the peers' polls for the log and
-  the mirrors' heads (one request each per worker process).
+* The check holds the mirrors' poll for the signed heads and the peers' polls
+  for the log and the mirrors' heads (one request each per worker process).
 * Registration and issuance hold their work and one restart of the
   aggregator (:func:`recovery_seconds`): nothing after them repairs a peer
   that missed them. A query phase does not pad every window with a restart:
@@ -49,12 +49,15 @@ HEADROOM = 2.0
 # The peers' HTTP client waits up to this long between retries of a request
 # to an aggregator that is down (peer._client.retry_delay's cap).
 PEER_RETRY_GAP = 2.0
-# How often each relay's mirror fetches the aggregator's documents (relay._mirror.serve_mirror).
-MIRROR_REFRESH_SECONDS = 1.0
+# A relay's mirror refreshes at each scheduled publication and then this often until it holds the
+# document (relay._mirror.DUE_POLL_SECONDS).
+MIRROR_POLL_SECONDS = 0.2
+# A peer's first two polls for a document not served yet (peer._client.retry_delay(0) + retry_delay(1)).
+PEER_POLL_SECONDS = 0.25 + 0.375
 # Requests a worker process makes in a check, one after another: the log segment and each mirror's heads (polled).
 CHECK_REQUESTS = 2 + 2 * RELAYS
-# The shortest check: heads signed at t_c, one mirror refresh, a poll by the peers, with headroom.
-MIN_CHECK_SECONDS = 3
+# The shortest check: heads signed at t_c, the mirrors' poll, the peers' polls.
+MIN_CHECK_SECONDS = 2
 # The shortest gap before a phase that needs a published document (the spec's default).
 MIN_PUBLISH_GAP = 2
 
@@ -200,7 +203,7 @@ def plan_round(data: DemoData, peers: int, epsilon: float, workers: int, seed: i
     data_messages = peers * k_h
     # A published document (the log heads at a check; thresholds and medians in the gap before the
     # phase that needs them) reaches every peer through one mirror refresh and a poll.
-    publication = MIRROR_REFRESH_SECONDS + seconds(CHECK_REQUESTS * costs.http, 1)
+    publication = HEADROOM * (MIRROR_POLL_SECONDS + PEER_POLL_SECONDS) + seconds(CHECK_REQUESTS * costs.http, 1)
     return DemoParams(
         peers=peers, epsilon=epsilon, workers=workers, seed=seed, k_p=k_p, k_h=k_h, k_s=k_s, plan=plan,
         vote=vote, median_rounds=median_rounds, quantiles=quantiles, comparison_pool=pool,
