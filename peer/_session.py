@@ -310,6 +310,10 @@ class RoundSession:
 
     async def thresholds(self, manifest: RoundManifest, sub_round: int) -> MedianThresholds:
         phase = manifest.schedule.median[sub_round]
+        if sub_round:
+            # Published once the previous sub-round has ended: polling before then only asks in vain,
+            # and a poll backed off by then would reach the document seconds late.
+            await sleep_until_wall(manifest.schedule.median[sub_round - 1].t_r, self.now)
         document = await self._signed(("median", sub_round), manifest, lambda: self.client.median(sub_round), phase.send_end,
                                       f"median sub-round {sub_round}", DocumentKind.THRESHOLDS)
         thresholds = MedianThresholds.from_document(document)

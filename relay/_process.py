@@ -140,7 +140,7 @@ async def serve_relay(
                 try:
                     await nursery.start(functools.partial(serve_mirror, config.mirror, config.directory_aggregators,
                                                           limits=mirror_limits, counts=counters.mirror_http,
-                                                          network=network))
+                                                          network=network, now=relay.clock.now))
                 except OSError as exc:  # its address cannot be bound (nothing else fails before it starts)
                     raise _cannot_listen(config.mirror, "mirror", config, exc) from None
             nursery.start_soon(functools.partial(trio.serve_listeners, relay.handle_connection, listeners,

@@ -1,8 +1,9 @@
 """``anonml demo``: one complete round of the whole system on loopback.
 
 Three relays and the aggregator run as separate processes, started with their
-own operators' commands (``anonml relay init/info/run``, ``anonml aggregator
-init / round new / run``) in a work directory; N peers run as concurrent
+own operators' commands (``anonml relay init/run``, each descriptor read as
+``relay info`` reads it, ``anonml aggregator init / round new / run``) in a
+work directory; N peers run as concurrent
 ``peer.join_round`` tasks in a few worker processes (``._swarm``), each with
 its own identity, credential, ledger and randomness. Before the round opens
 the demo measures what each phase costs on this machine and sizes the

@@ -163,6 +163,24 @@ class Children:
                 found.extend(p.pid for p in psutil.Process(pid).children(recursive=True))
         return found
 
+    def cpu_seconds(self) -> dict[tuple[str, int], float]:
+        """CPU seconds (user and system) used so far by each live child process, its descendants included,
+        keyed by the child's name and process id (a restarted child is a new key)."""
+        used: dict[tuple[str, int], float] = {}
+        for child in self.children:
+            pid = child.pid
+            if pid is None:
+                continue
+            with suppress(psutil.Error):
+                process = psutil.Process(pid)
+                total = 0.0
+                for one in (process, *process.children(recursive=True)):
+                    with suppress(psutil.Error):
+                        times = one.cpu_times()
+                        total += times.user + times.system
+                used[(child.name, pid)] = total
+        return used
+
     async def stop_all(self) -> None:
         """SIGTERM every child's process group, SIGKILL what is left after the grace period, then sweep."""
         for child in self.children:

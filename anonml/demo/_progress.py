@@ -30,6 +30,15 @@ class Progress:
     peak_rss_mb: float = 0.0  # all demo processes together, sampled
     relays: dict[int, dict[str, float]] = field(default_factory=dict)  # last metrics scraped from each relay
     exits: list[str] = field(default_factory=list)  # children that died and were restarted, as "name (code)"
+    cpu: dict[tuple[str, int], float] = field(default_factory=dict)  # CPU seconds by (child, pid), last sampled
+
+    def cpu_by_role(self) -> dict[str, float]:
+        """CPU seconds sampled per role: the peers' workers, the relays, the aggregator (its issuer processes included)."""
+        roles: dict[str, float] = {}
+        for (name, _), seconds in self.cpu.items():
+            role = "peers" if name.startswith("worker-") else "relays" if name.startswith("relay-") else name
+            roles[role] = roles.get(role, 0.0) + seconds
+        return {role: round(seconds, 1) for role, seconds in sorted(roles.items())}
 
     def relay_drops(self) -> Counter[str]:
         total: Counter[str] = Counter()

@@ -89,7 +89,9 @@ async def init_aggregator(children: Children, agg_dir: Path) -> tuple[str, float
 
 
 async def start_relays(children: Children, work: Path, network: Network, identity: str) -> list[dict[str, Any]]:
-    """Each relay operator's ``relay init``, ``relay info`` and ``relay run``; the descriptors."""
+    """Each relay operator's ``relay init`` and ``relay run``; the descriptors (``relay info``'s)."""
+    from anonml.relay import load_config, relay_descriptor
+
     descriptors: list[dict[str, Any]] = [{} for _ in range(RELAYS)]
 
     async def one(i: int) -> None:
@@ -103,7 +105,8 @@ async def start_relays(children: Children, work: Path, network: Network, identit
             # The relay forwards only to next hops a manifest signed by that identity lists.
             "--aggregator", f"{identity}@{network.url}",
         )
-        descriptors[i] = json.loads(await children.run(f"relay-{i}-info", "relay", "info", "--data-dir", str(relay_dir), "--json"))
+        # What `anonml relay info --json` prints, read in this process: one process start less per relay.
+        descriptors[i] = json.loads(json.dumps(await trio.to_thread.run_sync(relay_descriptor, load_config(relay_dir), time.time())))
         await children.start(f"relay-{i}", anonml_command("relay", "run", "--data-dir", str(relay_dir)), restart=True)
 
     async with trio.open_nursery() as nursery:
@@ -117,7 +120,7 @@ async def open_round(children: Children, work: Path, agg_dir: Path, data: DemoDa
     """``aggregator round new`` with the planned spec, then ``aggregator run`` (restarted if it dies)."""
     spec_path = work / "round.toml"
     spec_path.write_text(to_toml(round_spec(data, params, descriptors, network.http_port, network.sink_port)))
-    # The schedule starts once `aggregator run` can be serving: its start-up, measured, with slack.
+    # The schedule starts once `aggregator run` can be serving: its start-up, measured, with headroom.
     out = await children.run(
         "aggregator-round-new", "aggregator", "round", "new", "--data-dir", str(agg_dir), "--spec", str(spec_path),
         "--start", f"+{params.start_seconds}",
@@ -160,18 +163,21 @@ async def follow_round(children: Children, network: Network, workers: list[Child
                     except Exception:  # noqa: BLE001 - the aggregator may be restarting; keep the last status
                         pass
                     if trio.current_time() >= next_scrape:
+                        # Relay metrics and every process's memory: a few system calls per process, not each tick.
                         next_scrape = trio.current_time() + 2.0
                         for i, port in enumerate(network.metrics_ports):
                             progress.relays[i] = await scrape_relay(scraper, port) or progress.relays.get(i, {})
+                        progress.peak_rss_mb = max(progress.peak_rss_mb, resident_mb([*children.pids(), os.getpid()]))
+                        progress.cpu.update(children.cpu_seconds())
                     board.update(phase_rows(progress, progress.peers), key=progress.status.phase if progress.status else "starting")
-                    progress.peak_rss_mb = max(progress.peak_rss_mb, resident_mb([*children.pids(), os.getpid()]))
                     ended = progress.status is not None and progress.status.phase in ("done", "degraded", "failed")
                     if ended or aggregator.finished:
                         # Peers finish before t_r; after the round nothing is left for them to do.
                         ended_at = trio.current_time() if ended_at is None else ended_at
                         if all(w.finished for w in workers) or trio.current_time() - ended_at > PEER_GRACE_SECONDS:
                             break
-                    await trio.sleep(0.25)
+                    # Twice a second: the board changes at most every few seconds, and each status costs the aggregator a request.
+                    await trio.sleep(0.5)
             for worker in workers:
                 children.stop(worker)
             readers.cancel_scope.cancel()
@@ -253,5 +259,6 @@ def describe_plan(costs: PhaseCosts, params: DemoParams) -> str:
         f"verify {1e3 * costs.verify:.1f} ms; process start {costs.process_start:.1f} s -> windows (s): "
         f"register {params.register_seconds}, issue {params.issue_seconds}, "
         f"median {params.median_rounds}x({params.send_window}+{params.delivery_window}), "
-        f"data {params.data_send_window}+{params.data_delivery_window}; round {params.total_seconds()} s"
+        f"data {params.data_send_window}+{params.data_delivery_window}, check {params.check_seconds}, "
+        f"gap {params.publish_gap}; round {params.total_seconds()} s"
     )

@@ -1,15 +1,31 @@
-"""The demo's round: its parameters, its windows sized from measured costs, its spec.
+"""The demo's round: its parameters, its windows sized from what each must achieve, its spec.
 
-Every window is the phase's measured work (:class:`PhaseCosts` times the
-number of units) times :data:`SLACK`, plus :func:`recovery_seconds`: the time
-to notice that a relay or the aggregator died, start it again and let the
-peers' retries reach it. A round planned this way finishes on a loaded
-machine and survives a restart inside any phase.
+The rule (:func:`plan_round`; README "Before it opens the round"): a window is
+as long as its work at the throughput measured now, across the machine's cores,
+times :data:`HEADROOM` — not a serial per-peer cost times a slack factor.
+
+* A send window holds the phase's messages (token and Sphinx packet, made by
+  the peers' workers on every core) at that rate. A first relay that is down
+  costs no window time: the peer hands its packet to another first relay.
+* Each relay's slice of a delivery window holds every packet of the phase at
+  one relay's measured Sphinx rate; the last slice holds the aggregator's
+  verification on its worker processes. Relays release each packet at a
+  uniformly random time of their slice, and no slice opens before the send
+  window has closed, so arrival is independent of send time whatever the
+  slice's length (``protocol.hop_windows``).
+* The check holds the mirrors' poll for the signed heads and the peers' polls
+  for the log and the mirrors' heads (one request each per worker process).
+* Registration and issuance hold their work and one restart of the
+  aggregator (:func:`recovery_seconds`): nothing after them repairs a peer
+  that missed them. A query phase does not pad every window with a restart:
+  a packet lost to a restart in the first attempt is missing at the first
+  check and its peer resends it in the second attempt.
 """
 
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 from collections.abc import Mapping
 from typing import Any, NamedTuple
@@ -24,17 +40,31 @@ from anonml.transport import HttpLimits
 
 RELAYS = 3
 AGGREGATOR_PROCESSES = 2
-# Measured work is multiplied by this. The costs are timed one call after
-# another in one process, under the machine's load at the time; in the round
-# the same work is spread over the peers' worker processes, the aggregator
-# and its issuer processes, so the serial figure already overstates the
-# round's wall time on two cores. The factor covers the load rising during
-# the round (measured here: one credential took 9 ms at load 4 and 114 ms
-# at load 16, with four CPU hogs and other tests running).
-SLACK = 2.0
+# The costs are timed one call after another under the machine's load at the
+# time; in the round the same work is spread over the cores. Windows hold the
+# work at half the measured rate, so the round still fits when the load
+# doubles while it runs (measured here: one credential took 9 ms at load 4
+# and 114 ms at load 16; the planner measures just before the round).
+HEADROOM = 2.0
 # The peers' HTTP client waits up to this long between retries of a request
 # to an aggregator that is down (peer._client.retry_delay's cap).
 PEER_RETRY_GAP = 2.0
+# A relay's mirror refreshes at each scheduled publication and then this often until it holds the
+# document (relay._mirror.DUE_POLL_SECONDS).
+MIRROR_POLL_SECONDS = 0.2
+# A peer's first two polls for a document not served yet (peer._client.retry_delay(0) + retry_delay(1)).
+PEER_POLL_SECONDS = 0.25 + 0.375
+# Requests a worker process makes in a check, one after another: the log segment and each mirror's heads (polled).
+CHECK_REQUESTS = 2 + 2 * RELAYS
+# The shortest check: heads signed at t_c, the mirrors' poll, the peers' polls.
+MIN_CHECK_SECONDS = 2
+# The shortest gap before a phase that needs a published document (the spec's default).
+MIN_PUBLISH_GAP = 2
+
+
+def cores() -> int:
+    """The cores this process may run on (the peers' workers, relays and aggregator share them)."""
+    return max(1, len(os.sched_getaffinity(0))) if hasattr(os, "sched_getaffinity") else max(1, os.cpu_count() or 1)
 
 
 @dataclass(frozen=True)
@@ -65,6 +95,8 @@ class DemoParams:
     data_delivery_window: int
     check_seconds: int
     """After each delivery window: the aggregator signs the log heads, relays mirror them, peers compare."""
+    publish_gap: int
+    """Before each phase that needs a published document (thresholds, medians): mirrors copy it, peers confirm it."""
 
     def total_seconds(self) -> int:
         """From ``round new`` until the data phase's second delivery window closes (publish gaps included).
@@ -76,10 +108,10 @@ class DemoParams:
 
 
 def recovery_seconds(costs: PhaseCosts) -> float:
-    """Time for one restart inside a phase: the supervisor notices and waits
-    its restart delay (a second), the process starts again and the
-    aggregator then starts its issuer processes (each as long as an operator
-    command took, measured), and the peers' next retry reaches it."""
+    """Time for one restart of the aggregator: the supervisor notices and waits
+    its restart delay (a second), the process starts again and then starts
+    its issuer processes (each as long as an operator command took,
+    measured), and the peers' next retry reaches it."""
     return 1.0 + 2 * costs.process_start + PEER_RETRY_GAP
 
 
@@ -128,28 +160,37 @@ def learning_parameters(data: DemoData) -> DemoLearning:
     return DemoLearning(k_p=12, k_h=1, k_s=1, plan="one", median_rounds=4, vote="naive-bayes", quantiles=3, comparison_pool=0.1)
 
 
-def plan_round(data: DemoData, peers: int, epsilon: float, workers: int, seed: int, costs: PhaseCosts) -> DemoParams:
-    """The demo's round with every window sized from ``costs`` (see the module docstring)."""
+def plan_round(data: DemoData, peers: int, epsilon: float, workers: int, seed: int, costs: PhaseCosts,
+               n_cores: int | None = None) -> DemoParams:
+    """The demo's round with every window sized by the rule of the module docstring from ``costs``."""
     k_p, k_h, k_s, plan, median_rounds, vote, quantiles, pool = learning_parameters(data)
     recovery = recovery_seconds(costs)
-
-    def window(units: float, per_unit: float, *, floor: float = 1.0) -> int:
-        return math.ceil(max(floor, units * per_unit * SLACK) + recovery)
-
-    def delivery(messages: float) -> int:
-        # Each relay has its own slice of the delivery window, and the last
-        # slice carries the final hop and the aggregator's verification
-        # (protocol.hop_windows): each slice must hold its work and a restart.
-        per_slice = max(window(messages, costs.relay_hop), window(messages, costs.verify))
-        return per_slice * (RELAYS + 1)
-
+    spread = n_cores or cores()
     # Every peer here comes from one address, which the aggregator's HTTP server
     # (and each relay's mirror) paces to HttpLimits.request_rate requests a second.
-    http = max(costs.http, 1 / HttpLimits().request_rate)
-    # One HTTP exchange per peer to register, two to fetch the roster and
-    # get the credential; the workers start while registration is open.
-    register = math.ceil(costs.process_start) + window(peers, costs.register + http)
-    issue = window(peers, costs.issue + 2 * http)
+    request_rate = HttpLimits().request_rate
+
+    def seconds(work: float, parallel: int, requests: float = 0.0) -> float:
+        """``work`` CPU seconds on ``parallel`` processes (at most the cores), or ``requests`` at the
+        pacing rate if that is slower, with headroom."""
+        return HEADROOM * max(work / max(1, min(parallel, spread)), requests / request_rate)
+
+    def send(messages: int) -> int:
+        return math.ceil(max(1.0, seconds(messages * costs.token, workers)))
+
+    def delivery(messages: int) -> int:
+        # protocol.hop_windows cuts the window into RELAYS + 1 equal slices: each relay's
+        # (one process each) and the last, where the aggregator verifies on its processes.
+        # ``costs.verify`` is every hop of a path and the token check; the aggregator does the last hop and the check.
+        relay_slice = seconds(messages * costs.relay_hop, 1)
+        final_slice = seconds(messages * max(costs.relay_hop, costs.verify - RELAYS * costs.relay_hop), AGGREGATOR_PROCESSES)
+        return math.ceil(max(1.0, relay_slice, final_slice)) * (RELAYS + 1)
+
+    # One HTTP exchange per peer to register (the peer signs in its worker, the aggregator checks).
+    register = seconds(peers * (costs.register + costs.http), workers, peers) + recovery
+    # One exchange per peer for its credential, issued on the aggregator's processes (each worker
+    # process fetches the roster once for all its peers: peer.RoundSession).
+    issue = seconds(peers * (costs.issue + costs.http), AGGREGATOR_PROCESSES, peers) + recovery
     # A median sub-round asks its pool partition, or without a pool every partition p with
     # p % median_rounds equal to its index (at most ceil(k_p / median_rounds) of them);
     # the data phase every peer k_h times.
@@ -160,22 +201,24 @@ def plan_round(data: DemoData, peers: int, epsilon: float, workers: int, seed: i
     else:
         median_messages = math.ceil(peers / k_p) * math.ceil(k_p / median_rounds)
     data_messages = peers * k_h
+    # A published document (the log heads at a check; thresholds and medians in the gap before the
+    # phase that needs them) reaches every peer through one mirror refresh and a poll.
+    publication = HEADROOM * (MIRROR_POLL_SECONDS + PEER_POLL_SECONDS) + seconds(CHECK_REQUESTS * costs.http, 1)
     return DemoParams(
         peers=peers, epsilon=epsilon, workers=workers, seed=seed, k_p=k_p, k_h=k_h, k_s=k_s, plan=plan,
         vote=vote, median_rounds=median_rounds, quantiles=quantiles, comparison_pool=pool,
         # `aggregator run` starts, then starts its issuer processes, before it
-        # takes registrations: both after `round new`, measured, with slack.
-        start_seconds=math.ceil(2 * costs.process_start * SLACK) + 1,
-        register_seconds=register,
-        issue_seconds=issue,
-        # A sender fetches the thresholds, makes its token and packet, and hands it to a relay.
-        send_window=window(median_messages, costs.token + http),
+        # takes registrations: both after `round new`, measured. A slower start
+        # is held by the registration window's room for a restart.
+        start_seconds=math.ceil(2 * costs.process_start) + 1,
+        register_seconds=math.ceil(register),
+        issue_seconds=math.ceil(issue),
+        send_window=send(median_messages),
         delivery_window=delivery(median_messages),
-        data_send_window=window(data_messages, costs.token + http),
+        data_send_window=send(data_messages),
         data_delivery_window=delivery(data_messages),
-        # The verification backlog is inside the last delivery slice; the check itself is the heads'
-        # signing, one mirror refresh (1 s) and every peer's fetch of its partition's segment.
-        check_seconds=window(peers, http, floor=3.0),
+        check_seconds=max(MIN_CHECK_SECONDS, math.ceil(publication)),
+        publish_gap=max(MIN_PUBLISH_GAP, math.ceil(publication)),
     )
 
 
@@ -190,6 +233,7 @@ def round_spec_schedule(params: DemoParams) -> dict[str, int]:
         "data_send": params.data_send_window,
         "data_delivery": params.data_delivery_window,
         "check": params.check_seconds,
+        "publish_gap": params.publish_gap,
     }
 
 

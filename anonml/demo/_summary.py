@@ -74,6 +74,8 @@ def summarise(data: DemoData, params: DemoParams, progress: Progress, report: di
         "peak_rss_mb_children": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024.0,
         "peak_rss_mb_total": progress.peak_rss_mb,
         "restarted": list(progress.exits),
+        # Sampled every 2 s while the round ran: what each role's processes cost, the demo's own beside them.
+        "cpu_seconds": {**progress.cpu_by_role(), "demo": round(sum(resource.getrusage(resource.RUSAGE_SELF)[:2]), 1)},
     }
 
 
@@ -241,5 +243,6 @@ def print_summary(console: Any, summary: dict[str, Any], params: DemoParams) -> 
         "peak memory (all processes / demo / largest child)",
         f"{summary['peak_rss_mb_total']:.0f} MB / {summary['peak_rss_mb_demo']:.0f} MB / {summary['peak_rss_mb_children']:.0f} MB",
     )
+    table.add_row("CPU seconds by role (sampled)", ", ".join(f"{role} {seconds:.1f}" for role, seconds in summary["cpu_seconds"].items()))
     table.add_row("report", summary.get("report_path", summary["work_dir"]))
     console.print(table)
