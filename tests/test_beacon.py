@@ -231,9 +231,11 @@ class _TamperedReveal(Adversary):
         async def tamper(dial: Dial) -> None:
             if dial.destination != (relay.host, relay.mirror_port) or dial.source[0] not in peers:
                 return
+            # (As in test_anonymity_round's Wiretap: the dialler's bytes come out of ``dial.server``, the listener's
+            # answers out of ``ours``.)
             ours, theirs = connection_pair(dial.source, dial.destination)
-            context.nursery.start_soon(_pump, dial.server, ours, flip)
-            context.nursery.start_soon(_pump, ours, dial.server, lambda data: data)
+            context.nursery.start_soon(_pump, dial.server, ours, lambda data: data)
+            context.nursery.start_soon(_pump, ours, dial.server, flip)
             dial.server = theirs
 
         context.network.on_connect = tamper
