@@ -64,7 +64,7 @@ def grind_sybils(manifest: RoundManifest, spec: FeatureSpec, seed: bytes, honest
 class GrindPartitions(Adversary):
     """An aggregator that, a second before registration closes, stores ``sybils`` ground Sybil registrations.
 
-    ``aimed`` is how many Sybils its own computation put beside ``target_key``;
+    ``aimed`` is how many Sybils its own computation put beside ``target_key`` (after ``tried`` draws);
     ``achieved`` and ``mates`` are what the round's real plan did, once derived.
     """
 
@@ -77,6 +77,7 @@ class GrindPartitions(Adversary):
         self.tries = tries
         self.rng = random.Random(seed)
         self.aimed: int | None = None
+        self.tried: int | None = None
         self.achieved: int | None = None
         self.mates: int | None = None
 
@@ -92,7 +93,7 @@ class GrindPartitions(Adversary):
         now = int(context.clock())
         state.store.register_many([Registration(entry, None, f"sybil-{i}", now) for i, entry in enumerate(result.entries)],
                                   **state.registration_rules())
-        self.aimed = result.beside
+        self.aimed, self.tried = result.beside, result.tries
         while state.plan is None and state.outcome() is None:
             await trio.sleep(1.0)
         if state.plan is not None:
