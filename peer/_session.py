@@ -60,7 +60,9 @@ class JoinRefused(AnonMLError):
     manifest changed under it, the seed does not open its commitment, it is
     not on the roster, the aggregator disagrees about its partition, a signed
     document fails to verify, the aggregator equivocated (``"equivocation"``,
-    both documents stored), or a release would exceed its budget. ``reason``
+    both documents stored), the relays' beacon does not give unbiased
+    partitions (``"beacon-incomplete"``, ``"beacon-mismatch"``,
+    ``"beacon-unrevealed"``: ``peer._beacon``), or a release would exceed its budget. ``reason``
     is a short machine-readable name (counted by the demo)."""
 
     def __init__(self, reason: str, message: str) -> None:

@@ -87,7 +87,7 @@ class GrindPartitions(Adversary):
 
     async def _grind(self, context: RoundContext) -> None:
         state = context.state
-        await trio.sleep(state.manifest.schedule.t_register_end - 1 - context.clock())
+        await trio.sleep(max(0.0, state.manifest.schedule.t_register_end - 1 - context.clock()))
         result = grind_sybils(state.manifest, state.spec, state.secrets.seed, state.store.roster_entries(), self.sybils,
                               self.target_key, self.tries, self.rng)
         now = int(context.clock())
