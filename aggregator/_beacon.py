@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import logging
-from collections import Counter
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
@@ -68,13 +67,13 @@ def stored_reveals(store: RoundStore) -> dict[bytes, bytes]:
 
 
 class BeaconCollector:
-    """Collects the listed mirrors' commitments, then their reveals, over ``network``; ``counts`` says what it refused."""
+    """Collects the listed mirrors' commitments, then their reveals, over ``network``; what it refuses is counted
+    in ``state.beacon_refused`` (the status shows it)."""
 
     def __init__(self, state: RoundState, network: Network = TCP_NETWORK) -> None:
         self.state = state
         self.network = network
         self.mirrors = tuple(relay for relay in state.manifest.relays if relay.mirror_url is not None)
-        self.refused: Counter[str] = Counter()
 
     async def _statement(self, client: httpx.AsyncClient, relay: RelayEntry) -> BeaconStatement | None:
         """The relay's statement for this round, or None (unreachable, not yet, or not about this relay and round)."""
@@ -88,10 +87,10 @@ class BeaconCollector:
         except (httpx.HTTPError, OSError):
             return None
         except InvalidDocument:
-            self.refused["malformed"] += 1
+            self.state.beacon_refused["malformed"] += 1
             return None
         if statement.node_id != relay.node_id or statement.round_id != self.state.round_id:
-            self.refused["another-relay-or-round"] += 1
+            self.state.beacon_refused["another-relay-or-round"] += 1
             return None
         return statement
 
@@ -128,7 +127,7 @@ class BeaconCollector:
                     if statement is None or statement.reveal is None:
                         continue
                     if statement.commitment != entry.commitment or not statement.opened():
-                        self.refused["reveal-mismatch"] += 1
+                        self.state.beacon_refused["reveal-mismatch"] += 1
                         continue
                     revealed[entry.node_id] = statement.reveal
                     _store(self.state.store, _REVEALS_KEY, revealed)

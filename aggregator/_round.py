@@ -160,6 +160,8 @@ class RoundState:
         """Set by the driver when the data phase's delivery window has closed."""
         self.link_errors: Counter[str] = Counter()
         """Packet-sink connections that ended in a link error, by reason (reported in the status counts)."""
+        self.beacon_refused: Counter[str] = Counter()
+        """Relay beacon statements refused, by reason (``aggregator._beacon``; reported in the status counts)."""
         self.requests = RequestLog()
         """Every HTTP request served, as a logging adversary keeps it (the anonymity report, DESIGN.md §11)."""
 
@@ -245,6 +247,7 @@ class RoundState:
         all_counts = self.store.counts()
         all_counts["awaiting-verification"] = self.store.inbox_size()
         all_counts.update({f"link/{reason}": count for reason, count in sorted(self.link_errors.items())})
+        all_counts.update({f"beacon-refused/{reason}": count for reason, count in sorted(self.beacon_refused.items())})
         all_counts.update({reason if reason.startswith("cover/") else "cover/counted": count
                            for reason, count in self.store.covers().items()})
         all_counts.update(counts or {})
