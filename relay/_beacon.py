@@ -23,6 +23,8 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
+
 from anonml.base.storage import make_private_dir, read_secret_file, write_secret_file
 from anonml.protocol import (
     BEACON_BYTES,
@@ -117,6 +119,15 @@ class RelayBeacon:
         value = self._values[key]
         return BeaconStatement(self.node_id, signed.round_id, beacon_commitment(signed.round_id, value),
                                value if key in self._revealed else None)
+
+
+def relay_beacon(data_dir: Path, node_id: bytes, now: Callable[[], float], rng: np.random.Generator | None) -> RelayBeacon:
+    """The relay's beacon: values from the CSPRNG, or from a generator spawned off ``rng`` (the simulator's
+    seeded one, so one seed gives one trace), which leaves ``rng``'s own draws (release times) as they were."""
+    if rng is None:
+        return RelayBeacon(data_dir, node_id, now=now, draw=lambda: os.urandom(BEACON_BYTES))
+    generator = rng.spawn(1)[0]
+    return RelayBeacon(data_dir, node_id, now=now, draw=lambda: generator.bytes(BEACON_BYTES))
 
 
 def _sync_directory(path: Path) -> None:

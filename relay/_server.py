@@ -64,7 +64,6 @@ from __future__ import annotations
 import functools
 import logging
 import math
-import os
 import random
 import time
 from collections import Counter
@@ -86,7 +85,7 @@ from anonml.crypto import (
 )
 from anonml.base.errors import StorageError
 from anonml.base.threads import run_blocking
-from anonml.protocol import BEACON_BYTES, SignedManifest, format_host_port
+from anonml.protocol import SignedManifest, format_host_port
 from anonml.transport import (
     TCP_NETWORK,
     AckStatus,
@@ -118,7 +117,7 @@ from anonml.relay._keys import EpochKey, KeyRing, load_identity, load_identity_k
 from anonml.relay._metrics import DropReason, RelayCounters, log_event, serve_metrics
 from anonml.relay._store import STORE_FILE, HeldPacket, RelayStore, StoredManifest
 from anonml.relay._mirror import serve_mirror
-from anonml.relay._beacon import RelayBeacon
+from anonml.relay._beacon import relay_beacon
 
 logger = logging.getLogger("anonml.relay")
 
@@ -175,15 +174,6 @@ class RelayStarted:
     keys: tuple[EpochKey, ...]
     counters: RelayCounters
     directory: NextHopDirectory | None = None
-
-
-def _beacon(config: RelayConfig, node_id: bytes, clock: RelayClock, rng: np.random.Generator | None) -> RelayBeacon:
-    """The mirror's share of each round's partition seed; its values come from the CSPRNG, or from a
-    generator spawned off ``rng`` (the simulator's seed), which leaves ``rng``'s own draws as they were."""
-    if rng is None:
-        return RelayBeacon(config.data_dir, node_id, now=clock.now, draw=lambda: os.urandom(BEACON_BYTES))
-    generator = rng.spawn(1)[0]
-    return RelayBeacon(config.data_dir, node_id, now=clock.now, draw=lambda: generator.bytes(BEACON_BYTES))
 
 
 def _uniform_from(rng: np.random.Generator | None) -> Uniform:
@@ -789,7 +779,7 @@ async def serve_relay(
                 try:
                     await nursery.start(functools.partial(serve_mirror, config.mirror, config.directory_aggregators,
                                                           counts=counters.mirror_http, network=network,
-                                                          beacon=_beacon(config, node_id, relay.clock, rng)))
+                                                          beacon=relay_beacon(config.data_dir, node_id, relay.clock.now, rng)))
                 except OSError as exc:  # its address cannot be bound (nothing else fails before it starts)
                     raise _cannot_listen(config.mirror, "mirror", config, exc) from None
             nursery.start_soon(functools.partial(trio.serve_listeners, relay.handle_connection, listeners,
