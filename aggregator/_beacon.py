@@ -61,6 +61,13 @@ def stored_commitments(store: RoundStore, relays: tuple[RelayEntry, ...]) -> tup
     return tuple(BeaconCommitment(relay.node_id, commitments[relay.node_id]) for relay in relays if relay.node_id in commitments)
 
 
+def store_commitment(store: RoundStore, node_id: bytes, commitment: bytes) -> None:
+    """Keep a relay's commitment (its first: a later one for the same relay is ignored) before the head is signed."""
+    committed = _stored(store, _COMMITMENTS_KEY)
+    committed.setdefault(node_id, commitment)
+    _store(store, _COMMITMENTS_KEY, committed)
+
+
 def stored_reveals(store: RoundStore) -> dict[bytes, bytes]:
     """Node id → revealed value, each checked against its commitment before it was stored."""
     return _stored(store, _REVEALS_KEY)
@@ -99,16 +106,14 @@ class BeaconCollector:
         schedule = self.state.manifest.schedule
         async with self.network.http_client(timeout=httpx.Timeout(_TIMEOUT_SECONDS), verify=tls_context()) as client:
             while True:
-                store = self.state.store
-                committed = _stored(store, _COMMITMENTS_KEY)
                 for relay in self.mirrors:
-                    if relay.node_id in committed:
+                    if relay.node_id in _stored(self.state.store, _COMMITMENTS_KEY):
                         continue
                     statement = await self._statement(client, relay)
                     # A commitment that comes after registration closed is not in the head: never store it.
                     if statement is not None and self.state.now() < schedule.t_register_end:
-                        committed[relay.node_id] = statement.commitment
-                        _store(store, _COMMITMENTS_KEY, committed)
+                        store_commitment(self.state.store, relay.node_id, statement.commitment)
+                committed = _stored(self.state.store, _COMMITMENTS_KEY)
                 if len(committed) == len(self.mirrors) or self.state.now() >= schedule.t_register_end:
                     return
                 await trio.sleep(POLL_SECONDS)

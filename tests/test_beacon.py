@@ -20,7 +20,8 @@ import pytest
 import trio
 
 from anonml.aggregator import AggregatorHome, RoundState
-from anonml.aggregator._setup import create_round
+from anonml.aggregator._beacon import store_commitment
+from anonml.aggregator._setup import create_round, open_round
 from anonml.aggregator._spec import parse_round_spec
 from anonml.crypto import generate_keypair
 from anonml.protocol import (
@@ -99,6 +100,25 @@ def test_the_signed_head_carries_the_commitments_and_refuses_a_relay_listed_twic
     twice = SignedDocument.create(state.secrets.signing_key, DocumentKind.ROSTER_HEAD, state.round_id, body)
     with pytest.raises(InvalidApiMessage, match="twice"):
         RosterHead.from_document(twice)
+
+
+def test_a_restarted_aggregator_signs_the_same_head_with_the_stored_commitments(state: RoundState) -> None:
+    relays = state.manifest.relays
+    for index, relay in enumerate(relays[::-1]):  # collected in any order, listed in the manifest's
+        store_commitment(state.store, relay.node_id, bytes([index]) * 32)
+    store_commitment(state.store, relays[0].node_id, bytes([9]) * 32)  # a second one for a relay is ignored
+    home = AggregatorHome(state.store.path.parent.parent.parent)
+    clock = [float(state.manifest.schedule.t_register_end)]
+    state.clock = lambda: clock[0]
+    state.prepare()
+    head = RosterHead.from_document(state.final_roster.head)  # type: ignore[union-attr]
+    assert [entry.node_id for entry in head.beacon] == [relay.node_id for relay in relays]
+    assert head.beacon[0].commitment == bytes([2]) * 32
+    assert state.plan is None  # the partitions wait for the reveals
+    state.store.close()
+    again = open_round(home, state.round_id.hex(), clock=lambda: clock[0])
+    again.prepare()
+    assert again.final_roster is not None and again.final_roster.head.same_as(state.final_roster.head)  # type: ignore[union-attr]
 
 
 # --- the relay ------------------------------------------------------------------------------------------
