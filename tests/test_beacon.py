@@ -232,6 +232,24 @@ def test_a_head_without_a_listed_relays_commitment_is_refused_by_every_peer_and_
     assert trace.outcome == "failed" and not trace.arrivals
 
 
+class _StarveOneMirror(Adversary):
+    """An aggregator that never lets relay 0's mirror have the signed roster head: that relay never reveals."""
+
+    name = "starve-one-mirror"
+
+    def on_request(self, record: HttpRecord) -> HttpAction:
+        assert self.context is not None
+        relay = self.context.manifest.relays[0]
+        return HttpAction(withhold=record.address == relay.host and record.path == "/v1/roster/head")
+
+
+@pytest.mark.slow
+def test_a_relay_that_never_reveals_stops_every_peer_before_its_credential_and_fails_the_round() -> None:
+    trace = simulate_round(SimulationConfig(peers=4, seed=2), _StarveOneMirror())
+    assert [p.refused.reason if p.refused else p.error for p in trace.peers] == ["beacon-unrevealed"] * 4
+    assert trace.outcome == "failed" and not trace.arrivals
+
+
 REVEAL = re.compile(rb'"reveal":"([0-9a-f])')
 
 
