@@ -9,6 +9,7 @@ refusing a head without a listed relay's commitment or a reveal that does not op
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import time
@@ -18,6 +19,7 @@ from typing import Any
 
 import pytest
 import trio
+from nacl.signing import SigningKey
 
 from anonml.aggregator import AggregatorHome, RoundState
 from anonml.aggregator._beacon import store_commitment
@@ -178,10 +180,7 @@ def _without_mirrors(document: dict[str, Any]) -> None:
 
 
 def _target_key(config: SimulationConfig, index: int) -> bytes:
-    import hashlib
-
-    from nacl.signing import SigningKey
-
+    """Simulated peer ``index``'s identity key, as the simulator derives it from the seed."""
     return bytes(SigningKey(hashlib.sha256(f"{config.seed}:identity:{index}".encode()).digest()).verify_key)
 
 
