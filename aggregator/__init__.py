@@ -18,7 +18,7 @@ from anonml.aggregator._setup import create_round, open_round
 from anonml.aggregator._sink import PacketSink
 from anonml.aggregator._spec import RoundSpec, RoundSpecError, parse_round_spec, read_round_spec
 from anonml.aggregator._engines import PostgresLocation
-from anonml.aggregator._store import ROSTER_FINAL, AggregatorHome, BatchTaken, RoundStore, VerifiedPacket
+from anonml.aggregator._store import ROSTER_FINAL, AggregatorHome, BatchTaken, Registration, RoundStore, VerifiedPacket
 from anonml.aggregator._rejections import REJECTION_REASONS, RejectionReason
 from anonml.aggregator._verify import process_batch
 from anonml.aggregator._workers import IssuerWorkers
@@ -48,6 +48,7 @@ __all__ = [
     "RoundSpecError",
     "RoundState",
     "RequestLog",
+    "Registration",
     "RoundStore",
     "build_app",
     "create_round",

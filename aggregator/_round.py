@@ -23,6 +23,7 @@ import numpy as np
 from nacl.signing import SigningKey
 
 from anonml.aggregator._anonymity import RequestLog
+from anonml.aggregator._beacon import stored_commitments
 from anonml.aggregator._store import Refusal, Registered, Registration, RoundStore
 from anonml.crypto import (
     IssueJob,
@@ -149,14 +150,18 @@ class RoundState:
         self._manifest_json = signed.to_json()
         self.roster_final = False
         """Set when registration has closed and every admitted registration is stored."""
+        self.final_roster: RosterResponse | None = None
+        """The roster signed when registration closed (set by :meth:`freeze_roster`)."""
         self.plan: PartitionPlan | None = None
-        """Partitions, subsets and oracles, derived from the final roster (set by :meth:`prepare`)."""
+        """Partitions, subsets and oracles, derived from the final roster and the relays' beacon values."""
         self.snapshots = Snapshots()
         """Encoded, signed responses built off the event loop (issue 13): served as they are."""
         self.learning_started_at: int | None = None
         """Set by the driver when the data phase's delivery window has closed."""
         self.link_errors: Counter[str] = Counter()
         """Packet-sink connections that ended in a link error, by reason (reported in the status counts)."""
+        self.beacon_refused: Counter[str] = Counter()
+        """Relay beacon statements refused, by reason (``aggregator._beacon``; reported in the status counts)."""
         self.requests = RequestLog()
         """Every HTTP request served, as a logging adversary keeps it (the anonymity report, DESIGN.md §11)."""
 
@@ -242,6 +247,7 @@ class RoundState:
         all_counts = self.store.counts()
         all_counts["awaiting-verification"] = self.store.inbox_size()
         all_counts.update({f"link/{reason}": count for reason, count in sorted(self.link_errors.items())})
+        all_counts.update({f"beacon-refused/{reason}": count for reason, count in sorted(self.beacon_refused.items())})
         all_counts.update({reason if reason.startswith("cover/") else "cover/counted": count
                            for reason, count in self.store.covers().items()})
         all_counts.update(counts or {})
@@ -302,18 +308,29 @@ class RoundState:
         return self.roster_final and now >= self.manifest.schedule.t_register_end
 
     def roster(self) -> RosterResponse:
-        """The signed roster: every entry and the head committing to them, with the seed once revealed."""
-        seed = self.secrets.seed if self.roster_final else None
-        return RosterResponse.create(self.secrets.signing_key, self.round_id, self.store.roster_entries(), seed)
+        """The signed roster: every entry and the head committing to them, with the seed and the relays'
+        beacon commitments once final."""
+        if not self.roster_final:
+            return RosterResponse.create(self.secrets.signing_key, self.round_id, self.store.roster_entries(), None)
+        return RosterResponse.create(self.secrets.signing_key, self.round_id, self.store.roster_entries(), self.secrets.seed,
+                                     stored_commitments(self.store, self.manifest.relays))
 
-    def freeze_roster(self) -> PartitionPlan:
-        """Build the final roster, its snapshots and the partition plan (once; in a thread: it signs and hashes every entry)."""
-        if self.plan is None:
-            roster = self.roster()  # entries verified one by one at registration
-            head = RosterHead.from_document(roster.head)
-            self.snapshots.roster = roster.to_json()
-            self.snapshots.roster_head = roster.head.to_json()
-            self.plan = PartitionPlan.derive(self.manifest, self.spec, roster.keys, self.secrets.seed, head.root)
+    def freeze_roster(self) -> PartitionPlan | None:
+        """Build the final roster and its snapshots (once; in a thread: it signs and hashes every entry), and the
+        partition plan unless the head carries beacon commitments (then :meth:`derive_plan` follows the reveals)."""
+        if self.final_roster is None:
+            self.final_roster = self.roster()  # entries verified one by one at registration
+            self.snapshots.roster = self.final_roster.to_json()
+            self.snapshots.roster_head = self.final_roster.head.to_json()
+        if self.plan is None and not RosterHead.from_document(self.final_roster.head).beacon:
+            self.derive_plan(())
+        return self.plan
+
+    def derive_plan(self, reveals: Sequence[bytes]) -> PartitionPlan:
+        """The partition plan from the signed roster and the relays' revealed beacon values, in the head's order."""
+        assert self.final_roster is not None
+        head = RosterHead.from_document(self.final_roster.head)
+        self.plan = PartitionPlan.derive(self.manifest, self.spec, self.final_roster.keys, self.secrets.seed, head.root, reveals)
         return self.plan
 
     def assignment(self) -> dict[bytes, int]:
@@ -385,6 +402,9 @@ class RoundState:
         now = self.now()
         if not self.seed_revealed(now):
             raise ApiRefused(409, "credentials are issued after registration closes")
+        if self.plan is None:
+            # Retried by the peer's client: the partitions follow the relays' beacon reveals within seconds.
+            raise ApiRefused(503, "the partitions are derived once the relays have revealed their beacon values")
         if now >= self.manifest.schedule.t_issue_end:
             raise ApiRefused(403, "credential issuance has closed")
         partition = self.assignment().get(request.identity_key)

@@ -26,6 +26,7 @@ from starlette.middleware import Middleware
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from anonml.aggregator._beacon import BeaconCollector, stored_reveals
 from anonml.aggregator._dashboard import RelayWatch, dashboard_routes
 from anonml.aggregator._round import (
     ALREADY_ISSUED,
@@ -63,6 +64,7 @@ from anonml.protocol import (
     InvalidApiMessage,
     RegisterRequest,
     RegisterResponse,
+    RosterHead,
     RoundPhase,
     SignedDocument,
     SurveyKind,
@@ -461,11 +463,28 @@ async def _settle(state: RoundState, when: int) -> None:
         await trio.sleep(0.05)
 
 
+async def _beacon_plan(state: RoundState, beacon: BeaconCollector | None) -> bool:
+    """Wait for the reveals of every relay the signed head lists and derive the partitions; False (the round
+    failed) if one did not reveal by ``t_issue_end``: the partitions cannot be derived without it."""
+    assert state.final_roster is not None
+    commitments = RosterHead.from_document(state.final_roster.head).beacon
+    reveals = None if beacon is None else await beacon.collect_reveals(commitments)
+    if reveals is None:
+        missing = len(commitments) - len(stored_reveals(state.store))
+        reason = f"{missing} of the {len(commitments)} relays listed in the roster head did not reveal their beacon values"
+        log.warning("round %s failed: %s", state.round_id.hex()[:12], reason)
+        state.finish(RoundPhase.FAILED, {"reason": reason, "counts": state.store.counts()})
+        return False
+    await run_blocking(state.derive_plan, reveals)
+    return True
+
+
 async def drive_round(
     state: RoundState,
     on_learn: Callable[[RoundState], dict[str, Any]] | None = None,
     registrations: RegistrationBatcher | None = None,
     credentials: CredentialBatcher | None = None,
+    beacon: BeaconCollector | None = None,
 ) -> RoundPhase:
     """Take the round through its phases by the schedule; return ``DONE``, ``DEGRADED`` or ``FAILED``.
 
@@ -476,6 +495,8 @@ async def drive_round(
     "fail"``) or makes it end ``DEGRADED`` after learning (the default).
     At each phase's two checks (``t_c`` and ``t_r``) the receipt-log heads
     are signed once every frame that arrived before is stored (DESIGN.md §5).
+    When the signed roster head carries relays' beacon commitments the
+    partitions wait for ``beacon``'s reveals (``aggregator._beacon``).
     ``on_learn(state)`` runs in a worker thread after the data phase.
     """
     outcome = state.outcome()
@@ -499,6 +520,8 @@ async def drive_round(
             state.close_registration()
             # Signing, hashing and encoding every entry: off the event loop.
             await run_blocking(state.freeze_roster)
+            if state.plan is None and not await _beacon_plan(state, beacon):
+                return RoundPhase.FAILED
             # Ingest workers verify from here on (every registration is stored: the batcher drained).
             await run_blocking(state.store.put_meta, ROSTER_FINAL, b"1")
             state.rebuild_log_snapshots()
@@ -601,10 +624,12 @@ async def serve_aggregator(
             nursery.start_soon(registrations.run)
             nursery.start_soon(credentials.run)
             nursery.start_soon(relays.probe_forever)
+            beacon = BeaconCollector(state, config.network)
+            nursery.start_soon(beacon.collect_commitments)
             await run_blocking(state.refresh_status, state.now())
             nursery.start_soon(keep_status, state, sink)
             task_status.started(BoundAddresses(http_url, (config.sink_host, sink_port)))
-            outcome = await drive_round(state, config.on_learn, registrations, credentials)
+            outcome = await drive_round(state, config.on_learn, registrations, credentials, beacon)
             await trio.sleep(config.linger)
             nursery.cancel_scope.cancel()
     finally:

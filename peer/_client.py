@@ -38,6 +38,7 @@ from anonml.protocol import (
     PATH_ROSTER,
     PATH_ROSTER_HEAD,
     PATH_STATUS,
+    BeaconStatement,
     Check,
     CredentialRequest,
     CredentialResponse,
@@ -250,6 +251,10 @@ class AggregatorClient:
     async def mirrored_document(self, identity: bytes, slot: str) -> SignedDocument | None:
         """A relay mirror's copy of a signed thresholds (``median/{i}``) or medians (``medians``) document."""
         return await self._get(mirror_path(identity, slot), _document)
+
+    async def mirrored_beacon(self, identity: bytes) -> BeaconStatement | None:
+        """A relay's beacon commitment for the round it mirrors and, once revealed, its value (``protocol._beacon``)."""
+        return await self._get(mirror_path(identity, "beacon"), BeaconStatement.from_json)
 
     async def mirrored_heads(self, identity: bytes) -> HeadsResponse | None:
         return await self._get(mirror_path(identity, "heads"), HeadsResponse.from_json)

@@ -21,6 +21,7 @@ import trio
 
 from anonml.base.errors import AnonMLError
 from anonml.crypto import IssuerPublicKey, SphinxGeometry
+from anonml.peer._beacon import BeaconRefused, check_commitments, collect_reveals
 from anonml.peer._client import AggregatorClient, AggregatorError, mirror_clients, retry_delay
 from anonml.peer._store import EquivocationProof
 from anonml.peer._transport import PacketTransport
@@ -59,7 +60,9 @@ class JoinRefused(AnonMLError):
     manifest changed under it, the seed does not open its commitment, it is
     not on the roster, the aggregator disagrees about its partition, a signed
     document fails to verify, the aggregator equivocated (``"equivocation"``,
-    both documents stored), or a release would exceed its budget. ``reason``
+    both documents stored), the relays' beacon does not give unbiased
+    partitions (``"beacon-incomplete"``, ``"beacon-mismatch"``,
+    ``"beacon-unrevealed"``: ``peer._beacon``), or a release would exceed its budget. ``reason``
     is a short machine-readable name (counted by the demo)."""
 
     def __init__(self, reason: str, message: str) -> None:
@@ -285,17 +288,28 @@ class RoundSession:
                 mirrored.verify(manifest.identity_key, kind=DocumentKind.ROSTER_HEAD, round_id=round_id)
                 if not mirrored.same_as(roster.head):
                     raise Equivocation(EquivocationProof(round_id, "roster-head", roster.head.to_json(), mirrored.to_json()))
+            # After the comparison: a head tailored to this peer is worth its stored proof more than a refusal.
+            try:
+                check_commitments(manifest, head)
+            except BeaconRefused as refused:
+                raise JoinRefused(refused.reason, str(refused)) from None
             return roster, head
 
         return await self._cache.get("roster-checked", check)
 
     async def plan(self, signed: SignedManifest, spec: FeatureSpec) -> PartitionPlan:
-        """Partitions, subsets and oracles as everyone derives them (``protocol.PartitionPlan``)."""
+        """Partitions, subsets and oracles as everyone derives them (``protocol.PartitionPlan``), from the
+        relays' beacon values revealed after the head was signed (``peer._beacon``)."""
         roster, head = await self.roster(signed)
         assert head.seed is not None
 
         async def derive() -> PartitionPlan:
-            return PartitionPlan.derive(signed.manifest, spec, roster.keys, head.seed or b"", head.root)
+            try:
+                reveals = await collect_reveals(signed.manifest, head, self._mirror_clients(signed.manifest), self.now,
+                                                signed.manifest.schedule.t_issue_end - _MARGIN)
+            except BeaconRefused as refused:
+                raise JoinRefused(refused.reason, str(refused)) from None
+            return PartitionPlan.derive(signed.manifest, spec, roster.keys, head.seed or b"", head.root, reveals)
 
         return await self._cache.get("plan", derive)
 

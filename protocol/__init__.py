@@ -85,6 +85,13 @@ from anonml.protocol._api import (
     roster_entry_bytes,
     roster_root,
 )
+from anonml.protocol._beacon import (
+    BEACON_BYTES,
+    BeaconCommitment,
+    BeaconStatement,
+    InvalidBeacon,
+    beacon_commitment,
+)
 from anonml.protocol._merkle import (
     EMPTY_ROOT,
     consistency_proof,
@@ -234,6 +241,11 @@ __all__ = [
     "ReleasePlan",
     "RosterEntry",
     "RosterHead",
+    "BEACON_BYTES",
+    "BeaconCommitment",
+    "BeaconStatement",
+    "InvalidBeacon",
+    "beacon_commitment",
     "RosterResponse",
     "RoundManifest",
     "RoundPhase",

@@ -18,6 +18,8 @@ such input with a 4xx ``{"error": reason}``. Byte strings are lowercase hex.
 ``GET /v1/report``                          the signed round report (404 until the round has ended)
 ==========================================  ==========================================================
 
+A relay's mirror serves ``mirror_path(identity, "beacon")``: its :class:`protocol.BeaconStatement` for the round.
+
 Signed documents travel in :class:`protocol.SignedDocument` envelopes; the
 ``from_body`` of each typed document reads a verified envelope's body.
 """
@@ -32,6 +34,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from anonml.protocol._beacon import BEACON_BYTES, BeaconCommitment, read_commitments
 from anonml.protocol._canonical import FieldReader, InvalidDocument, canonical_json, parse_json_object
 from anonml.protocol._features import MAX_FEATURES, MAX_QUANTILES
 from anonml.protocol._merkle import HASH_BYTES, consistency_proof, root_of_hashes, leaf_hash, verify_consistency
@@ -128,7 +131,7 @@ def roster_entry_bytes(round_id: bytes, identity_key: bytes, nonce: bytes) -> by
     """What a peer signs to register, and what its roster entry proves: ``domain ‖ round_id ‖ key ‖ nonce``.
 
     The nonce is fresh per registration: the roster's Merkle root, and with
-    it the partition seed ``H(seed ‖ root)``, depends on values nobody knew
+    it the partition seed (``partition_seed``), depends on values nobody knew
     when the aggregator committed to its seed (DESIGN.md §3 step 3).
     """
     return b"".join((_ROSTER_ENTRY_DOMAIN, round_id, identity_key, nonce))
@@ -228,40 +231,39 @@ def roster_root(entries: Sequence[RosterEntry]) -> bytes:
     return root_of_hashes([leaf_hash(entry.leaf()) for entry in entries])
 
 
-def partition_seed(seed: bytes, root: bytes) -> bytes:
-    """``H(seed ‖ roster root)``: what orders peers into partitions (DESIGN.md §3 step 3).
+def partition_seed(seed: bytes, root: bytes, reveals: Sequence[bytes] = ()) -> bytes:
+    """``H(seed ‖ roster root ‖ r_1 ‖ … ‖ r_m)``: what orders peers into partitions (DESIGN.md §3 step 3).
 
     The aggregator committed to ``seed`` before registration opened and the
     root depends on every peer's fresh nonce, so no registrant can predict the
     partitions, and the aggregator cannot pick a seed after seeing the keys.
+    But after registration closes the aggregator knows ``seed`` and every
+    honest entry, and may add entries of Sybil identities it controls, signed
+    over nonces of its choosing, before it signs the roster head: every nonce
+    gives another root, so another assignment (issue 24 measured a target
+    isolated among 4 Sybils after 176 tries, 0.01 s). ``reveals`` closes that:
+    each relay listed as a mirror committed to a fresh value ``r_i`` that the
+    signed head carries (``protocol._beacon``) and reveals it only once it
+    holds that head, so every root the aggregator could still choose is
+    fixed before any ``r_i`` is known; one honest relay suffices. A relay
+    that withholds its reveal aborts the round (a colluding relay gives the
+    aggregator at most the choice between this assignment and none).
 
-    Known gap (issue 12): the aggregator can still grind the root. After
-    registration closes it knows ``seed`` and every honest entry, and may add
-    entries of Sybil identities it controls, signed over nonces of its
-    choosing, before it signs the roster head; every nonce gives another
-    root, so another assignment. A try costs one root and one assignment
-    (measured 0.24 s at 10,000 entries with this module's functions at load
-    average 21; an incremental grinder needs O(log n) hashes for the root and
-    n for the order), and the head is due by ``t_issue_end``. Grinding picks
-    the best of T assignments: it shifts the number of its S Sybils in a
-    target's partition by about sqrt(2 ln T) standard deviations of that
-    count (sqrt(S / k_p) roughly), so it cannot isolate a target unless its
-    Sybils already fill the partition (registration policies and caps bound
-    S); each Sybil is on the signed roster for everyone to count. Closing it
-    needs a contribution the aggregator learns only after signing the head:
-    each relay commits to a random value in its signed descriptor before
-    registration and reveals it once it mirrors the signed roster head, the
-    seed becoming ``H(seed ‖ root ‖ r_1 ‖ … ‖ r_m)`` (one honest relay
-    suffices; a colluding relay that withholds its reveal aborts the round,
-    leaving at most m + 1 tries), or a public beacon round fixed in the
-    manifest for a time after ``t_register_end``.
+    Without reveals (a round whose manifest lists no mirror) the seed is the
+    weaker ``H(seed ‖ root)`` of protocol v1, which the aggregator can grind.
+    Each ``r_i`` is :data:`BEACON_BYTES` long, so the concatenation is unambiguous.
     """
-    return hashlib.sha256(b"anonml/partition-seed/v1" + seed + root).digest()
+    if not reveals:
+        return hashlib.sha256(b"anonml/partition-seed/v1" + seed + root).digest()
+    if any(len(value) != BEACON_BYTES for value in reveals):
+        raise ValueError(f"every beacon value is {BEACON_BYTES} bytes")
+    return hashlib.sha256(b"anonml/partition-seed/v2" + seed + root + b"".join(reveals)).digest()
 
 
 @dataclass(frozen=True)
 class RosterHead:
-    """The signed summary of a roster: its size, Merkle root and, once revealed, the aggregator's seed.
+    """The signed summary of a roster: its size, Merkle root, once revealed the aggregator's seed, and the
+    relays' beacon commitments (``protocol._beacon``; the field is left out when there are none).
 
     Relays mirror it; a peer compares the head it was served with a
     mirror's before it derives its partition (DESIGN.md §5).
@@ -270,9 +272,13 @@ class RosterHead:
     size: int
     root: bytes
     seed: bytes | None
+    beacon: tuple[BeaconCommitment, ...] = ()
 
     def to_body(self) -> dict[str, Any]:
-        return {"size": self.size, "root": self.root.hex(), "seed": None if self.seed is None else self.seed.hex()}
+        body: dict[str, Any] = {"size": self.size, "root": self.root.hex(), "seed": None if self.seed is None else self.seed.hex()}
+        if self.beacon:
+            body["beacon"] = [entry.to_dict() for entry in self.beacon]
+        return body
 
     def sign(self, signing_key: SigningKey, round_id: bytes) -> SignedDocument:
         return SignedDocument.create(signing_key, DocumentKind.ROSTER_HEAD, round_id, self.to_body())
@@ -280,7 +286,8 @@ class RosterHead:
     @classmethod
     def from_document(cls, document: SignedDocument) -> RosterHead:
         reader = document.fields(InvalidApiMessage)
-        head = cls(reader.integer("size", 0, MAX_ROSTER), reader.hex("root", size=HASH_BYTES), reader.hex_bytes("seed", size=32, nullable=True))
+        head = cls(reader.integer("size", 0, MAX_ROSTER), reader.hex("root", size=HASH_BYTES), reader.hex_bytes("seed", size=32, nullable=True),
+                   read_commitments(reader, "beacon") if reader.optional("beacon") else ())
         reader.done()
         return head
 
@@ -298,9 +305,10 @@ class RosterResponse:
     entries: tuple[RosterEntry, ...]
 
     @classmethod
-    def create(cls, signing_key: SigningKey, round_id: bytes, entries: Sequence[RosterEntry], seed: bytes | None) -> RosterResponse:
+    def create(cls, signing_key: SigningKey, round_id: bytes, entries: Sequence[RosterEntry], seed: bytes | None,
+               beacon: Sequence[BeaconCommitment] = ()) -> RosterResponse:
         ordered = tuple(sorted(entries, key=lambda entry: entry.identity_key))
-        head = RosterHead(len(ordered), roster_root(ordered), seed)
+        head = RosterHead(len(ordered), roster_root(ordered), seed, tuple(beacon))
         return cls(head.sign(signing_key, round_id), ordered)
 
     @property

@@ -1,7 +1,7 @@
 """The round's rules every role must compute identically, written once (issue 10).
 
 :class:`PartitionPlan` is what follows from a manifest and its final roster:
-the partition seed ``H(seed ‖ roster root)`` (DESIGN.md §3 step 3), each
+the partition seed ``H(seed ‖ roster root ‖ r_1 ‖ … ‖ r_m)`` (DESIGN.md §3 step 3), each
 peer's partition, the partition sizes, the feature subsets per partition and
 the frequency oracle of each data survey. The peer and the aggregator both
 build it; if they disagreed, every report would be rejected as malformed.
@@ -39,7 +39,7 @@ class PartitionPlan:
     manifest: RoundManifest
     spec: FeatureSpec
     seed: bytes
-    """The partition seed, ``H(revealed seed ‖ roster root)``."""
+    """The partition seed, ``H(revealed seed ‖ roster root ‖ relays' beacon values)`` (``protocol.partition_seed``)."""
     keys: tuple[bytes, ...]
     partition_of: dict[bytes, int] = field(repr=False)
     sizes: tuple[int, ...]
@@ -47,14 +47,18 @@ class PartitionPlan:
     subsets: tuple[tuple[tuple[str, ...], ...], ...]
 
     @classmethod
-    def derive(cls, manifest: RoundManifest, spec: FeatureSpec, keys: Sequence[bytes], revealed_seed: bytes, root: bytes) -> PartitionPlan:
+    def derive(cls, manifest: RoundManifest, spec: FeatureSpec, keys: Sequence[bytes], revealed_seed: bytes, root: bytes,
+               reveals: Sequence[bytes] = ()) -> PartitionPlan:
         """Order ``keys`` (the roster) by ``H(partition seed ‖ key)``, deal them into partitions, cut the subsets.
+
+        ``reveals`` are the relays' beacon values in the signed head's order
+        (none for a round whose manifest lists no mirror).
 
         With a comparison pool the first ``comparison_pool_size`` peers of the
         order are dealt round-robin into the pool partitions ``k_p …`` (one per
         median sub-round) and the rest into the ``k_p`` data partitions.
         """
-        seed = partition_seed(revealed_seed, root)
+        seed = partition_seed(revealed_seed, root, reveals)
         ordered = tuple(keys)
         assignment = assign_partitions(seed, list(ordered), manifest.k_p, pool=manifest.comparison_pool_size(len(ordered)))
         partitions = np.where(

@@ -21,7 +21,10 @@ signed medians, and every signed receipt-log head:
   ``/roster/head``, ``/median/{i}``, ``/medians`` and ``/heads`` (the same
   bodies as the aggregator's ``/v1/manifest``, ``/v1/roster/head``,
   ``/v1/median/{i}``, ``/v1/medians`` and ``/v1/heads``), and
-  ``/v1/mirror/{identity}/conflicts``.
+  ``/v1/mirror/{identity}/conflicts``;
+* with a :class:`relay._beacon.RelayBeacon`, it commits to a fresh value for
+  each round it mirrors and reveals it once the signed roster head carries
+  the commitment (``GET /v1/mirror/{identity}/beacon``, DESIGN.md §3 step 3).
 
 Thresholds and medians never change once signed, so each is fetched until
 the mirror holds it, then no more: a peer that was shown another copy holds
@@ -71,6 +74,7 @@ from anonml.protocol import (
     canonical_json,
 )
 from anonml.transport import TCP_NETWORK, HttpLimits, Network, serve_http_on, tls_context
+from anonml.relay._beacon import RelayBeacon
 from anonml.relay._config import PinnedAggregator
 from anonml.relay._metrics import log_event
 
@@ -234,8 +238,8 @@ async def refresh_one(client: httpx.AsyncClient, mirrored: MirroredAggregator, n
         log_event(logger, logging.DEBUG, "mirror-fetch-failed", aggregator=mirrored.pinned.url, error=str(exc)[:200])
 
 
-def build_mirror_app(mirrored: Sequence[MirroredAggregator]) -> Starlette:
-    """The read-only HTTP face of the mirror."""
+def build_mirror_app(mirrored: Sequence[MirroredAggregator], beacon: RelayBeacon | None = None) -> Starlette:
+    """The read-only HTTP face of the mirror (and of the relay's beacon, if it has one)."""
     by_identity = {m.pinned.identity.hex(): m for m in mirrored}
 
     def found(body: bytes | None) -> Response:
@@ -271,9 +275,15 @@ def build_mirror_app(mirrored: Sequence[MirroredAggregator]) -> Starlette:
         pairs = [[first.decode(), second.decode()] for first, second in m.conflicts]
         return found(canonical_json({"conflicts": pairs}))
 
+    async def beacon_statement(request: Request) -> Response:
+        m = lookup(request)
+        statement = None if m is None or beacon is None else beacon.statement(m.pinned.identity, m.manifest)
+        return found(None if statement is None else statement.to_json())
+
     prefix = PATH_MIRROR
     return Starlette(
         routes=[
+            Route(prefix + "/beacon", beacon_statement, methods=["GET"]),
             Route(prefix + "/manifest", manifest, methods=["GET"]),
             Route(prefix + "/roster/head", roster_head, methods=["GET"]),
             Route(prefix + "/median/{i:int}", published, methods=["GET"]),
@@ -294,6 +304,7 @@ async def serve_mirror(
     counts: Counter[str] | None = None,
     network: Network = TCP_NETWORK,
     now: Callable[[], float] = time.time,
+    beacon: RelayBeacon | None = None,
     task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Mirror every pinned aggregator, refreshing every ``refresh_seconds``; report the mirror's base URL.
@@ -305,7 +316,7 @@ async def serve_mirror(
     ``counts`` gets the HTTP server's refusals and departed clients. An
     address that cannot be bound raises a plain ``OSError`` (the listener is
     opened before any task starts), which ``serve_relay`` turns into a
-    one-line config error.
+    one-line config error. ``beacon`` (if any) is updated after each refresh.
     """
     mirrored = [MirroredAggregator(pinned) for pinned in aggregators]
     counts = counts if counts is not None else Counter()
@@ -315,11 +326,13 @@ async def serve_mirror(
         network.http_client(timeout=httpx.Timeout(timeout), verify=tls_context()) as client,
         trio.open_nursery() as nursery,
     ):
-        url = await nursery.start(serve_http_on, build_mirror_app(mirrored), listeners, limits, counts)
+        url = await nursery.start(serve_http_on, build_mirror_app(mirrored, beacon), listeners, limits, counts)
 
         async def refresh_forever(m: MirroredAggregator) -> None:
             while True:
                 await refresh_one(client, m, now())
+                if beacon is not None:
+                    beacon.update(m.pinned.identity, m.manifest, m.roster_head)
                 await trio.sleep(m.next_refresh(now(), refresh_seconds))
 
         for m in mirrored:

@@ -33,6 +33,7 @@ from anonml.relay._directory import DirectoryError, NextHopDirectory, load_direc
 from anonml.relay._errors import RelayConfigError
 from anonml.relay._keys import EpochKey, KeyRing, load_identity, load_identity_key
 from anonml.relay._metrics import METRICS_CONNECTIONS, RelayCounters, log_event, serve_metrics
+from anonml.relay._beacon import relay_beacon
 from anonml.relay._mirror import MIRROR_LIMITS, serve_mirror
 from anonml.relay._server import Relay, _uniform_from
 from anonml.relay._store import STORE_FILE, RelayStore
@@ -140,7 +141,8 @@ async def serve_relay(
                 try:
                     await nursery.start(functools.partial(serve_mirror, config.mirror, config.directory_aggregators,
                                                           limits=mirror_limits, counts=counters.mirror_http,
-                                                          network=network, now=relay.clock.now))
+                                                          network=network, now=relay.clock.now,
+                                                          beacon=relay_beacon(config.data_dir, node_id, relay.clock.now, rng)))
                 except OSError as exc:  # its address cannot be bound (nothing else fails before it starts)
                     raise _cannot_listen(config.mirror, "mirror", config, exc) from None
             nursery.start_soon(functools.partial(trio.serve_listeners, relay.handle_connection, listeners,

@@ -16,7 +16,7 @@ TARGET_NAMES: tuple[str, ...] = (
     "link-session", "link-client", "sphinx", "token", "message", "manifest", "manifest-body", "signed-document",
     "roster-head", "thresholds", "medians", "tree-head", "status", "http-register", "http-credential",
     "issuance-request", "issuance-response", "register-response", "credential-response", "roster-response",
-    "receipt-segment", "heads-response", "error-response", "peer-csv", "round-spec", "relay-directory",
+    "receipt-segment", "heads-response", "error-response", "beacon-statement", "peer-csv", "round-spec", "relay-directory",
 )
 """Every target :func:`anonml.fuzz._targets.build_targets` builds (kept here so listing them imports nothing)."""
 

@@ -37,6 +37,7 @@ from anonml.fuzz._world import World, build_world, relay_hop, spec_document
 from anonml.peer import RoundPipeline
 from anonml.protocol import (
     Check,
+    BeaconStatement,
     CredentialRequest,
     CredentialResponse,
     DocumentKind,
@@ -57,6 +58,7 @@ from anonml.protocol import (
     SurveyId,
     SurveyMessage,
     TreeHead,
+    beacon_commitment,
     canonical_json,
     parse_message,
 )
@@ -293,6 +295,8 @@ def build_targets(work: Path) -> dict[str, Target]:
             world.identity, state.round_id, Check.FIRST)),
         Target("heads-response", [heads], lambda data: HeadsResponse.from_json(data).verify(world.identity, state.round_id)),
         Target("error-response", [ErrorResponse("registration has closed").to_json()], ErrorResponse.from_json),
+        Target("beacon-statement", [BeaconStatement(bytes(16), state.round_id, beacon_commitment(state.round_id, bytes(32)),
+                                                    bytes(32)).to_json()], BeaconStatement.from_json),
         Target("peer-csv", [b"colour,age,y\nred,31,1\n", b"y,age,colour\n0,55.5,blue\n"], peer_csv),
         Target("round-spec", [spec_seed], lambda data: read_round_spec(data, base_dir=work)),
         Target("relay-directory", [directory], parse_directory_file),

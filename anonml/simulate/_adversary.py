@@ -37,6 +37,7 @@ import trio
 from nacl.signing import SigningKey
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from anonml.aggregator import RoundState
 from anonml.protocol import (
     PATH_MEDIANS,
     Attempt,
@@ -104,6 +105,8 @@ class RoundContext:
     relays: Sequence[tuple[str, int]]
     nursery: trio.Nursery
     signing_key: SigningKey
+    state: RoundState
+    """The aggregator's round itself: its store, secrets and plan (the adversary *is* the aggregator)."""
 
 
 @dataclass(frozen=True)

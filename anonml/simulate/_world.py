@@ -287,7 +287,8 @@ class _World:
                                   app_middleware=lambda app: asgi_interposer(app, self.adversary, self.view, self.state.clock))
         async with trio.open_nursery() as nursery:
             self.adversary.attach(RoundContext(self.network, self.view, self.state.clock, manifest,
-                                               [c.listen for c in self.relay_configs], nursery, self.home.signing_key()))
+                                               [c.listen for c in self.relay_configs], nursery, self.home.signing_key(),
+                                               self.state))
             await nursery.start(functools.partial(serve_aggregator, config))
             for index, relay_config in enumerate(self.relay_configs):
                 rng = np.random.default_rng(_seeded(self.config.seed, "relay", index))

@@ -1,0 +1,146 @@
+"""The aggregator's side of the relays' commit–reveal (DESIGN.md §3 step 3; ``protocol._beacon``).
+
+While registration is open the aggregator asks every relay mirror the
+manifest lists for its beacon commitment and stores each one (the store's
+``meta``, so a restarted aggregator signs the same roster head). The head
+it signs at ``t_register_end`` carries them in manifest order. Then it asks
+the mirrors for their reveals, stores each value that opens its commitment,
+and derives the partitions once every committed relay has revealed; until
+then a credential request is answered 503 (the peer's client retries it).
+
+A relay that never reveals leaves the round without partitions: it fails
+at ``t_issue_end`` with that relay named (DESIGN accepts this: a relay can
+abort a round, never bias one).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+import httpx
+import trio
+
+from anonml.protocol import (
+    MAX_RESPONSE_BYTES,
+    BeaconCommitment,
+    BeaconStatement,
+    InvalidDocument,
+    RelayEntry,
+    mirror_path,
+)
+from anonml.transport import TCP_NETWORK, Network, tls_context
+
+if TYPE_CHECKING:
+    from anonml.aggregator._round import RoundState
+    from anonml.aggregator._store import RoundStore
+
+log = logging.getLogger("anonml.aggregator")
+
+_COMMITMENTS_KEY = "beacon/commitments"
+_REVEALS_KEY = "beacon/reveals"
+POLL_SECONDS = 1.0
+"""Between rounds of asking the mirrors (a relay refreshes its mirror about once a second)."""
+_TIMEOUT_SECONDS = 5.0
+
+
+def _stored(store: RoundStore, key: str) -> dict[bytes, bytes]:
+    raw = store.get_meta(key)
+    return {} if raw is None else {bytes.fromhex(k): bytes.fromhex(v) for k, v in json.loads(raw).items()}
+
+
+def _store(store: RoundStore, key: str, values: Mapping[bytes, bytes]) -> None:
+    store.put_meta(key, json.dumps({k.hex(): v.hex() for k, v in sorted(values.items())}).encode())
+
+
+def stored_commitments(store: RoundStore, relays: tuple[RelayEntry, ...]) -> tuple[BeaconCommitment, ...]:
+    """The commitments collected so far, in the manifest's relay order (the order the head lists them in)."""
+    commitments = _stored(store, _COMMITMENTS_KEY)
+    return tuple(BeaconCommitment(relay.node_id, commitments[relay.node_id]) for relay in relays if relay.node_id in commitments)
+
+
+def store_commitment(store: RoundStore, node_id: bytes, commitment: bytes) -> None:
+    """Keep a relay's commitment (its first: a later one for the same relay is ignored) before the head is signed."""
+    committed = _stored(store, _COMMITMENTS_KEY)
+    committed.setdefault(node_id, commitment)
+    _store(store, _COMMITMENTS_KEY, committed)
+
+
+def stored_reveals(store: RoundStore) -> dict[bytes, bytes]:
+    """Node id → revealed value, each checked against its commitment before it was stored."""
+    return _stored(store, _REVEALS_KEY)
+
+
+class BeaconCollector:
+    """Collects the listed mirrors' commitments, then their reveals, over ``network``; what it refuses is counted
+    in ``state.beacon_refused`` (the status shows it)."""
+
+    def __init__(self, state: RoundState, network: Network = TCP_NETWORK) -> None:
+        self.state = state
+        self.network = network
+        self.mirrors = tuple(relay for relay in state.manifest.relays if relay.mirror_url is not None)
+
+    async def _statement(self, client: httpx.AsyncClient, relay: RelayEntry) -> BeaconStatement | None:
+        """The relay's statement for this round, or None (unreachable, not yet, or not about this relay and round)."""
+        assert relay.mirror_url is not None
+        url = relay.mirror_url + mirror_path(self.state.manifest.identity_key, "beacon")
+        try:
+            response = await client.get(url)
+            if response.status_code != 200 or len(response.content) > MAX_RESPONSE_BYTES:
+                return None
+            statement = BeaconStatement.from_json(response.content)
+        except (httpx.HTTPError, OSError):
+            return None
+        except InvalidDocument:
+            self.state.beacon_refused["malformed"] += 1
+            return None
+        if statement.node_id != relay.node_id or statement.round_id != self.state.round_id:
+            self.state.beacon_refused["another-relay-or-round"] += 1
+            return None
+        return statement
+
+    async def collect_commitments(self) -> None:
+        """Until registration closes, ask each listed mirror that has not committed yet; store each first commitment."""
+        schedule = self.state.manifest.schedule
+        async with self.network.http_client(timeout=httpx.Timeout(_TIMEOUT_SECONDS), verify=tls_context()) as client:
+            while True:
+                for relay in self.mirrors:
+                    if relay.node_id in _stored(self.state.store, _COMMITMENTS_KEY):
+                        continue
+                    statement = await self._statement(client, relay)
+                    # A commitment that comes after registration closed is not in the head: never store it.
+                    if statement is not None and self.state.now() < schedule.t_register_end:
+                        store_commitment(self.state.store, relay.node_id, statement.commitment)
+                committed = _stored(self.state.store, _COMMITMENTS_KEY)
+                if len(committed) == len(self.mirrors) or self.state.now() >= schedule.t_register_end:
+                    return
+                await trio.sleep(POLL_SECONDS)
+
+    async def collect_reveals(self, commitments: tuple[BeaconCommitment, ...]) -> tuple[bytes, ...] | None:
+        """Each committed relay's value in the head's order, stored as it comes; None if one is missing at ``t_issue_end``."""
+        until = self.state.manifest.schedule.t_issue_end
+        revealed = stored_reveals(self.state.store)
+        async with self.network.http_client(timeout=httpx.Timeout(_TIMEOUT_SECONDS), verify=tls_context()) as client:
+            while True:
+                for entry in commitments:
+                    if entry.node_id in revealed:
+                        continue
+                    relay = next(r for r in self.mirrors if r.node_id == entry.node_id)
+                    statement = await self._statement(client, relay)
+                    if statement is None or statement.reveal is None:
+                        continue
+                    if statement.commitment != entry.commitment or not statement.opened():
+                        self.state.beacon_refused["reveal-mismatch"] += 1
+                        continue
+                    revealed[entry.node_id] = statement.reveal
+                    _store(self.state.store, _REVEALS_KEY, revealed)
+                if all(entry.node_id in revealed for entry in commitments):
+                    return tuple(revealed[entry.node_id] for entry in commitments)
+                if self.state.now() >= until:
+                    missing = [entry.node_id.hex()[:16] for entry in commitments if entry.node_id not in revealed]
+                    log.warning("round %s: relays %s did not reveal their beacon values by t_issue_end",
+                                self.state.round_id.hex()[:12], ", ".join(missing))
+                    return None
+                await trio.sleep(POLL_SECONDS)
