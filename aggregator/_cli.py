@@ -12,16 +12,21 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from anonml.aggregator._spec import ROUND_SPEC_EXAMPLE
-from anonml.aggregator._store import AggregatorHome
+from anonml.aggregator._spec_example import ROUND_SPEC_EXAMPLE
 from anonml.base.display import duration, local_time
 from anonml.base.errors import ConfigError
 from anonml.base.process import freeze_startup_heap
 from anonml.base.storage import lock_data_dir, write_secret_file
+
+if TYPE_CHECKING:
+    from anonml.aggregator._store import AggregatorHome
+
+# The aggregator's own modules are imported by the commands that use them, so
+# `anonml aggregator round new --help` loads click alone (issue 29).
 
 EXIT_MIN_PARTICIPATION = 3
 """``run``'s exit code when the round failed: minimum participation missed, or a short survey with ``on_shortfall = "fail"``."""
@@ -48,6 +53,7 @@ def init(data_dir: Path) -> None:
     """Create the Ed25519 identity and the X25519 final-hop key (never overwrites)."""
     import os
 
+    from anonml.aggregator._store import AggregatorHome
     from anonml.crypto import generate_keypair
 
     home = AggregatorHome(data_dir)
@@ -62,6 +68,8 @@ def init(data_dir: Path) -> None:
 
 def _existing_home(data_dir: Path) -> AggregatorHome:
     """The aggregator's home, or a message naming the command that creates it."""
+    from anonml.aggregator._store import AggregatorHome
+
     home = AggregatorHome(data_dir)
     if not data_dir.is_dir():
         raise ConfigError(f"no aggregator data directory {str(data_dir)!r}: create one with `anonml aggregator init --data-dir {data_dir}`")

@@ -10,52 +10,61 @@ are in; ``anonml experiment`` runs it alone, with no network.
 
 from __future__ import annotations
 
-from anonml.learning._binning import (
-    QuantileBinner,
-    SpecBinner,
-    balanced_cuts,
-    bin_table,
-    exact_cut_points,
-    private_cut_points,
-    table_matrix,
-)
-from anonml.learning._averaging import ModelAveraging, NotConverged, OutputPerturbation, fit_regularized_logistic, unit_ball_rows
-from anonml.learning._compare import LearnerName, LinearSettings, linear_trial, run_comparison
-from anonml.learning._data import (
-    DataError,
-    Table,
-    clip_table,
-    finite_number,
-    load_adult,
-    read_adult_file,
-    read_csv_table,
-    split_table,
-)
-from anonml.learning._ensemble import PartitionEnsemble, SubsetHistogram, estimate_histogram, exact_histogram
-from anonml.learning._experiment import experiment
-from anonml.learning._linear import LDPGradientDescent, LinearEncoding, Loss, fit_logistic_reference, harmony_group_size, loss_gradients
-from anonml.learning._model import MODEL_FORMAT, model_from_json, model_to_json, published_model
-from anonml.learning._planner import (
-    PLANNER_MAX_PEERS,
-    PlanChoice,
-    candidate_choices,
-    choose_plan,
-    choose_round_plan,
-    round_candidates,
-    synthetic_table,
-)
-from anonml.learning._statistics import (
-    StatisticAnswer,
-    cdf_variances,
-    count_task,
-    count_variance,
-    histogram_task,
-    mean_task,
-    mean_variance,
-    quantile_task,
-)
-from anonml.learning._tables import TableName, adult_spec, builtin_spec, load_builtin
-from anonml.learning._trial import TrialResult, estimate_histograms, exact_histograms, fit_combiners, run_trial
+from typing import TYPE_CHECKING
+
+# Each name's module is imported when the name is first used (anonml.base.lazy).
+if TYPE_CHECKING:
+    from anonml.learning._binning import (
+        QuantileBinner,
+        SpecBinner,
+        balanced_cuts,
+        bin_table,
+        exact_cut_points,
+        private_cut_points,
+        table_matrix,
+    )
+    from anonml.learning._averaging import ModelAveraging, NotConverged, OutputPerturbation, fit_regularized_logistic, unit_ball_rows
+    from anonml.learning._compare import linear_trial, run_comparison
+    from anonml.learning._data import (
+        DataError,
+        Table,
+        clip_table,
+        finite_number,
+        load_adult,
+        read_adult_file,
+        read_csv_table,
+        split_table,
+    )
+    from anonml.learning._ensemble import PartitionEnsemble, SubsetHistogram, estimate_histogram, exact_histogram
+    from anonml.learning._command import experiment
+    from anonml.learning._linear import LDPGradientDescent, LinearEncoding, Loss, fit_logistic_reference, harmony_group_size, loss_gradients
+    from anonml.learning._model import MODEL_FORMAT, model_from_json, model_to_json, published_model
+    from anonml.learning._planner import (
+        PLANNER_MAX_PEERS,
+        PlanChoice,
+        candidate_choices,
+        choose_plan,
+        choose_round_plan,
+        round_candidates,
+        synthetic_table,
+    )
+    from anonml.learning._statistics import (
+        StatisticAnswer,
+        cdf_variances,
+        count_task,
+        count_variance,
+        histogram_task,
+        mean_task,
+        mean_variance,
+        quantile_task,
+    )
+    from anonml.learning._tables import adult_spec, builtin_spec, load_builtin
+    from anonml.learning._vocabulary import LearnerName, LinearSettings, TableName
+    from anonml.learning._trial import TrialResult, estimate_histograms, exact_histograms, fit_combiners, run_trial
+else:
+    from anonml.base.lazy import lazy_exports
+
+    __getattr__, __dir__ = lazy_exports(__name__, __file__)
 
 __all__ = [
     "DataError",

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from enum import StrEnum
 from typing import Any
 
 import numpy as np
@@ -20,34 +18,13 @@ from sklearn.metrics import roc_auc_score
 
 from anonml.learning._averaging import ModelAveraging, unit_ball_rows
 from anonml.learning._data import Table
+from anonml.learning._vocabulary import LearnerName, LinearSettings
 from anonml.learning._linear import LDPGradientDescent, LinearEncoding, Loss, fit_logistic_reference
 from anonml.mechanisms import PrivacyLedger
 from anonml.protocol import FeatureSpec
 
 
-class LearnerName(StrEnum):
-    """What ``--learner`` accepts."""
-
-    ENSEMBLE = "ensemble"  # the partition ensemble (the release plans of the experiment)
-    SGD_LR = "ldp-sgd-lr"
-    SGD_SVM = "ldp-sgd-svm"
-    SGD_LINREG = "ldp-sgd-linreg"
-    AVERAGING = "model-averaging"
-    LOGREG = "logreg"  # non-private reference
-
-
 _SGD_LOSS = {LearnerName.SGD_LR: Loss.LOGISTIC, LearnerName.SGD_SVM: Loss.HINGE, LearnerName.SGD_LINREG: Loss.SQUARED}
-
-
-@dataclass(frozen=True)
-class LinearSettings:
-    """Hyperparameters of the linear learners. The defaults (32 steps,
-    γ0 = 1) were chosen by a small sweep on Adult (group sizes 33 to 2000,
-    γ0 0.03 to 10, scored on its test split: optimistic for Adult)."""
-
-    sgd_steps: int = 32
-    sgd_learning_rate: float = 1.0
-    rows_per_peer: int = 100
 
 
 def summary(values: Sequence[float]) -> dict[str, float]:

@@ -18,61 +18,21 @@ from __future__ import annotations
 
 import json
 import math
-import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import click
 import numpy as np
 
 from anonml.learning._binning import bin_table, exact_cut_points
-from anonml.learning._compare import LearnerName, LinearSettings, comparison_table, run_comparison, summary
+from anonml.learning._compare import comparison_table, summary
 from anonml.learning._data import DataError, Table, read_csv_table, split_table
 from anonml.learning._planner import THESIS_SPLIT, PlanChoice, candidate_choices, choose_plan
-from anonml.learning._tables import TableName, load_builtin
+from anonml.learning._tables import load_builtin
+from anonml.learning._vocabulary import CSV, PLANNER
 from anonml.learning._trial import run_trial
-from anonml.mechanisms import OracleName, PostprocessMethod
-from anonml.protocol import (
-    DEFAULT_COMPARISON_POOL,
-    DEFAULT_MEDIAN_STEPS,
-    EPSILON_TOTAL_RANGE,
-    MAX_MEDIAN_STEPS,
-    Combiner,
-    FeatureSpec,
-    FeatureSpecError,
-    Learner,
-    MedianPeers,
-    PlanError,
-    PlanKind,
-)
-
-PLANNER = "planner"
-CSV = "csv"
-
-
-class ListOf(click.ParamType):  # type: ignore[type-arg]
-    """A comma- or space-separated list of values of ``item`` in one
-    argument (``--epsilon 0.5,1,2`` or ``--epsilon "0.5 1 2"``); with
-    ``multiple=True`` the flag may also repeat."""
-
-    def __init__(self, item: click.ParamType) -> None:  # type: ignore[type-arg]
-        self.item = item
-        self.name = f"list of {item.name}"
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        if isinstance(value, tuple):
-            return value
-        parts = [part for part in str(value).replace(",", " ").split() if part]
-        if not parts:
-            self.fail(f"expected at least one value, got {value!r}", param, ctx)
-        return tuple(self.item.convert(part, param, ctx) for part in parts)
-
-
-def _flatten(values: Sequence[tuple[Any, ...]]) -> list[Any]:
-    return list(dict.fromkeys(v for group in values for v in group))
-
+from anonml.protocol import DEFAULT_MEDIAN_STEPS, Combiner, FeatureSpec, MedianPeers, PlanKind
 
 @dataclass(frozen=True)
 class PlanRequest:
@@ -343,101 +303,3 @@ def plot_results(report: dict[str, Any], path: Path, x_axis: str = "eps") -> Non
     figure.tight_layout()
     figure.savefig(path, dpi=120)
     plt.close(figure)
-
-
-_DATASETS = [*(str(t) for t in TableName), CSV]
-
-
-@click.command("experiment")
-@click.argument("dataset", type=click.Choice(_DATASETS))
-@click.option("--data-dir", type=click.Path(path_type=Path), default=None, help="adult: the directory with adult.data and adult.test.")
-@click.option("--spec", "spec_path", type=click.Path(dir_okay=False, path_type=Path), default=None, help="csv: the feature-spec TOML file.")
-@click.option("--train", "train_path", type=click.Path(dir_okay=False, path_type=Path), default=None, help="csv: the training CSV (header: every feature and the label).")
-@click.option("--test", "test_path", type=click.Path(dir_okay=False, path_type=Path), default=None, help="csv: a test CSV (default: split the training CSV).")
-@click.option("--test-fraction", type=click.FloatRange(0.05, 0.95), default=0.3, show_default=True, help="Held-out share for tables without a test split (seeded, stratified).")
-@click.option("--epsilon", "epsilons", type=ListOf(click.FloatRange(*EPSILON_TOTAL_RANGE)), multiple=True, default=("1,2,4",), show_default=True, help="Record-level ε_T values, e.g. 0.5,1,2 (every release counted, the quantile search included).")
-@click.option("--trials", type=click.IntRange(min=1), default=20, show_default=True)
-@click.option("--learner", "learners", type=ListOf(click.Choice([str(name) for name in LearnerName])), multiple=True, default=(LearnerName.ENSEMBLE.value,), show_default=True, help="Learners to compare on the same split and ε_T: ensemble (the release plans below), ldp-sgd-lr / -svm / -linreg (Harmony's LDP gradient descent, one step per peer), model-averaging (003: output-perturbed local models), logreg (non-private reference).")
-@click.option("--sgd-steps", type=click.IntRange(min=1), default=LinearSettings.sgd_steps, show_default=True, help="LDP SGD: gradient steps (the peers are dealt into this many groups).")
-@click.option("--sgd-learning-rate", type=click.FloatRange(min=0, min_open=True), default=LinearSettings.sgd_learning_rate, show_default=True, help="LDP SGD: γ0 (step k uses γ0/sqrt(k)).")
-@click.option("--rows-per-peer", type=click.IntRange(min=100), default=LinearSettings.rows_per_peer, show_default=True, help="Model averaging: rows each peer holds (its slice of the table).")
-@click.option("--plan", "plans", type=ListOf(click.Choice([PLANNER, *(str(k) for k in PlanKind)])), multiple=True, default=(f"{PlanKind.ONE},{PLANNER}",), show_default=True, help="one: the default plan, one release per peer at the full ε_T (3 cut points per numeric feature, a reserved comparison pool); planner: the planner's choice by simulation; split: the thesis's plan.")
-@click.option("--planner-trials", type=click.IntRange(min=1), default=2, show_default=True, help="Simulations per candidate plan in the planner.")
-@click.option("--kp", type=ListOf(click.IntRange(min=1)), multiple=True, help="Partitions (a sweep: several values).")
-@click.option("--ks", type=ListOf(click.IntRange(min=1)), multiple=True, help="Features per subset (a sweep: several values).")
-@click.option("--kh", type=ListOf(click.IntRange(min=1)), multiple=True, help="Subsets per partition for the split plan.")
-@click.option("--quantiles", type=click.IntRange(min=1, max=8), default=None, help="Cut points per numeric feature for fixed plans (default: 3 with a reserved comparison pool, else the median).")
-@click.option("--median-peers", type=click.Choice([str(m) for m in MedianPeers]), default=None, help="Who answers the quantile search (default: one=reserved, split=all as the thesis).")
-@click.option("--pool", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=DEFAULT_COMPARISON_POOL, show_default=True, help="Share of peers in a reserved comparison pool.")
-@click.option("--median-steps", type=click.IntRange(1, MAX_MEDIAN_STEPS), default=DEFAULT_MEDIAN_STEPS, show_default=True, help="Steps of the quantile search (thesis Algorithm 1); each answering peer answers one.")
-@click.option("--combiner", "--vote", "combiners", type=ListOf(click.Choice([str(c) for c in Combiner])), multiple=True, default=(",".join(Combiner),), show_default=True)
-@click.option("--base", type=click.Choice([str(v) for v in Learner]), default=Learner.LOGREG.value, show_default=True)
-@click.option("--scoring", type=click.Choice(["f1", "roc_auc", "accuracy"]), default="f1", show_default=True)
-@click.option("--oracle", type=click.Choice([str(o) for o in OracleName]), default=OracleName.AUTO.value, show_default=True)
-@click.option("--postprocess", type=click.Choice([str(m) for m in PostprocessMethod]), default=PostprocessMethod.NORM_SUB.value, show_default=True)
-@click.option("--features", default=None, help="Comma-separated subset of the features to use.")
-@click.option("--max-train-rows", type=click.IntRange(min=50), default=None, help="Subsample the training peers (for smoke tests).")
-@click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--baselines/--no-baselines", default=True, show_default=True)
-@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Write all results as JSON.")
-@click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Draw AUC vs ε_T (PNG).")
-@click.option("--plot-x", type=click.Choice(["eps", "kp", "ks"]), default="eps", show_default=True, help="x axis of the plot: ε_T (Figure 8-2) or a swept k_p / k_s (Figures 8-3 to 8-5).")
-def experiment(
-    dataset: str, data_dir: Path | None, spec_path: Path | None, train_path: Path | None, test_path: Path | None, test_fraction: float,
-    epsilons: tuple[tuple[float, ...], ...], trials: int, learners: tuple[tuple[str, ...], ...], sgd_steps: int, sgd_learning_rate: float,
-    rows_per_peer: int, plans: tuple[tuple[str, ...], ...], kp: tuple[tuple[int, ...], ...],
-    ks: tuple[tuple[int, ...], ...], kh: tuple[tuple[int, ...], ...], quantiles: int | None, median_peers: str | None, pool: float,
-    planner_trials: int, median_steps: int, combiners: tuple[tuple[str, ...], ...], base: str, scoring: str, oracle: str, postprocess: str, features: str | None,
-    max_train_rows: int | None, seed: int, baselines: bool, json_path: Path | None, plot_path: Path | None, plot_x: str,
-) -> None:
-    """The thesis's chapter-8 experiments on DATASET, in process (no
-    network): AUC against record-level ε_T for the release plans, with
-    non-private baselines on the same split."""
-    started = time.perf_counter()
-    try:
-        rng = np.random.default_rng(seed)
-        spec, train, test = load_tables(dataset, data_dir=data_dir, spec_path=spec_path, train_path=train_path, test_path=test_path, test_fraction=test_fraction, rng=rng)
-        spec = restrict_spec(spec, features)
-        if max_train_rows is not None and max_train_rows < train.n_rows:
-            train = train.rows(np.sort(rng.choice(train.n_rows, size=max_train_rows, replace=False)))
-        chosen_learners = _flatten(learners)
-        requests = [] if LearnerName.ENSEMBLE not in chosen_learners else plan_requests(
-            spec, _flatten(plans), _flatten(kp), _flatten(ks), _flatten(kh), quantiles=quantiles, median_peers=median_peers,
-            median_steps=median_steps, pool=pool, oracle=oracle, planner_trials=planner_trials,
-        )
-        eps_values = sorted(_flatten(epsilons))
-        linear = [name for name in chosen_learners if name != LearnerName.ENSEMBLE]
-        steps = trials * len(requests) * len(eps_values) + trials * sum(len(eps_values) for name in linear if name != LearnerName.LOGREG) + (LearnerName.LOGREG in linear)
-        done = [0]
-
-        def progress() -> None:
-            done[0] += 1
-            if done[0] % max(1, steps // 10) == 0 or done[0] == steps:
-                click.echo(f"  {done[0]}/{steps} trial runs, {time.perf_counter() - started:.1f} s", err=True)
-
-        report = run_experiment(
-            spec=spec, train=train, test=test, dataset=dataset, epsilons=eps_values, trials=trials, requests=requests,
-            combiners=_flatten(combiners), base=base, scoring=scoring, postprocess=postprocess, seed=seed, baselines=baselines,
-            progress=progress,
-        )
-        if linear:
-            settings = LinearSettings(sgd_steps=sgd_steps, sgd_learning_rate=sgd_learning_rate, rows_per_peer=rows_per_peer)
-            report["linear_settings"] = {"sgd_steps": sgd_steps, "sgd_learning_rate": sgd_learning_rate, "rows_per_peer": rows_per_peer}
-            report["learners"] = run_comparison(spec=spec, train=train, test=test, learners=linear, epsilons=eps_values, trials=trials, seed=seed,
-                                                settings=settings, progress=progress)
-    except DataError as exc:
-        raise click.UsageError(str(exc)) from None
-    except FeatureSpecError as exc:
-        raise click.UsageError(f"feature spec: {exc}") from None
-    except PlanError as exc:
-        raise click.UsageError(f"unsatisfiable plan parameters: {exc}") from None
-    report["wall_seconds"] = time.perf_counter() - started
-    print_results(report)
-    if json_path is not None:
-        json_path.write_text(json.dumps(report, indent=2, allow_nan=False) + "\n")
-        click.echo(f"wrote {json_path}")
-    if plot_path is not None:
-        plot_results(report, plot_path, plot_x)
-        click.echo(f"wrote {plot_path}")
-    if any(not math.isfinite(r["auc"]["mean"]) for r in [*report["results"], *report.get("learners", [])]):
-        raise click.ClickException("some trials produced a non-finite AUC")

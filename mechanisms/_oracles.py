@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from anonml.mechanisms._errors import EpsilonOutOfRange
 from anonml.mechanisms._hashing import HadamardResponse, OptimizedLocalHashing
-from anonml.mechanisms._oracle_base import FrequencyOracle, OracleName
+from anonml.mechanisms._names import OracleName
+from anonml.mechanisms._oracle_base import FrequencyOracle
 from anonml.mechanisms._unary import (
     GeneralizedRandomResponse,
     OptimizedPQEncoding,

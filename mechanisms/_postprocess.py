@@ -16,21 +16,12 @@ Estimation with Consistency", NDSS 2020, compare them):
 
 from __future__ import annotations
 
-from enum import StrEnum
 
 import numpy as np
 
+from anonml.mechanisms._names import PostprocessMethod
 from anonml.mechanisms._oracle_base import FrequencyOracle
 from anonml.mechanisms._validate import check_positive_int
-
-class PostprocessMethod(StrEnum):
-    """The post-processing methods of the module docstring."""
-
-    CLIP = "clip"
-    NORM_SUB = "norm-sub"
-    PROJECT = "project"
-    IBU = "ibu"
-
 
 POSTPROCESS_METHODS: tuple[str, ...] = tuple(PostprocessMethod)
 

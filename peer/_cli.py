@@ -7,12 +7,17 @@ import sys
 from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
-import trio
 
 from anonml.base.errors import ConfigError
-from anonml.peer._identity import PeerIdentity, init_identity, load_identity
+
+if TYPE_CHECKING:
+    from anonml.peer._identity import PeerIdentity
+
+# trio and the peer's own modules are imported by the commands that use them,
+# so `anonml peer join --help` loads click alone (issue 29).
 
 STORE_FILE = "peer.sqlite"
 
@@ -26,6 +31,8 @@ def peer() -> None:
 @click.option("--data-dir", type=click.Path(path_type=Path), required=True, help="Where the identity and ledger live.")
 def init(data_dir: Path) -> None:
     """Create this peer's Ed25519 identity (owner-only files; never overwrites)."""
+    from anonml.peer._identity import init_identity
+
     try:
         identity = init_identity(data_dir)
     except ConfigError as exc:
@@ -41,6 +48,7 @@ def init(data_dir: Path) -> None:
 def budget(data_dir: Path, lifetime: float | None) -> None:
     """Show what this peer's ledger holds per round against its lifetime budget (and set that budget)."""
     from anonml.mechanisms import record_level_epsilon
+    from anonml.peer._identity import load_identity
     from anonml.peer._ledger import releases_by_round
     from anonml.peer._store import PeerStore
 
@@ -73,7 +81,10 @@ def budget(data_dir: Path, lifetime: float | None) -> None:
 @click.option("--yes", is_flag=True, help="Do not ask before spending privacy budget.")
 def join(data_dir: Path, url: str, data_file: Path, invitation: str | None, dry_run: bool, yes: bool) -> None:
     """Join the round the aggregator is running, from the data in FILE.csv."""
+    import trio
+
     from anonml.peer._client import check_aggregator_url
+    from anonml.peer._identity import load_identity
 
     check_aggregator_url(url)
     if not data_file.is_file():

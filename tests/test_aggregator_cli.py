@@ -122,7 +122,8 @@ def test_round_missing_participation_exits_with_a_clear_status(tmp_path: Path) -
 def test_the_documented_example_spec_is_valid() -> None:
     import tomllib
 
-    from anonml.aggregator._spec import ROUND_SPEC_EXAMPLE, parse_round_spec
+    from anonml.aggregator._spec import parse_round_spec
+    from anonml.aggregator._spec_example import ROUND_SPEC_EXAMPLE
 
     relay = '{ node_id = "%s", host = "127.0.0.1", port = %d, public_key = "%s", key_epoch = 1 },'
     relays = "\n".join(relay % (f"{i:02x}" * 16, 9001 + i, f"{i + 16:02x}" * 32) for i in range(3))

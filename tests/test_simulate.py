@@ -19,6 +19,7 @@ from anonml.simulate import (
     HttpAction,
     HttpRecord,
     STRATEGIES,
+    StrategyName,
     DroppingRelay,
     LateDocuments,
     RoundTrace,
@@ -161,3 +162,8 @@ def test_every_named_strategy_and_a_random_search_keep_the_property() -> None:
     verdicts.append(StrategyVerdict("random", [run_trial("random", replace(config, seed=s)) for s in range(4)]))
     broken = [v.as_dict() for v in verdicts if not v.holds]
     assert broken == []
+
+
+def test_every_strategy_name_has_its_strategy() -> None:
+    """`anonml simulate --strategy` offers the names without loading the world; each must build a strategy."""
+    assert set(STRATEGIES) == set(StrategyName)

@@ -12,49 +12,57 @@ All of them reach the network through a :class:`Network`: TCP
 
 from __future__ import annotations
 
-from anonml.transport._admission import ConnectionGate, GateRefusal, GateSlot, RequestPacer, peer_address
-from anonml.transport._http import HttpLimits, serve_http, serve_http_on, tls_context
-from anonml.transport._memory import (
-    ConnectHook,
-    Dial,
-    MemoryHost,
-    MemoryListener,
-    MemoryNetwork,
-    MemorySocket,
-    MemoryStream,
-    connection_pair,
-)
-from anonml.transport._network import (
-    TCP_NETWORK,
-    Listeners,
-    Network,
-    SocketAddresses,
-    TcpNetwork,
-    listening_address,
-    serve_streams,
-    socket_of,
-)
-from anonml.transport._link import (
-    HELLO_BYTES,
-    HELLO_REPLY_BYTES,
-    LINK_VERSION,
-    AckStatus,
-    AuthVerdict,
-    HelloStatus,
-    LinkClient,
-    LinkError,
-    LinkErrorReason,
-    LinkIdentity,
-    LinkLimits,
-    LinkSessionStats,
-    check_positive_seconds,
-    encode_hello,
-    encode_hello_reply,
-    parse_acks,
-    parse_hello_reply,
-    receive_exactly,
-    serve_link,
-)
+from typing import TYPE_CHECKING
+
+# Each name's module is imported when the name is first used (anonml.base.lazy).
+if TYPE_CHECKING:
+    from anonml.transport._admission import ConnectionGate, GateRefusal, GateSlot, RequestPacer, peer_address
+    from anonml.transport._http import HttpLimits, serve_http, serve_http_on, tls_context
+    from anonml.transport._memory import (
+        ConnectHook,
+        Dial,
+        MemoryHost,
+        MemoryListener,
+        MemoryNetwork,
+        MemorySocket,
+        MemoryStream,
+        connection_pair,
+    )
+    from anonml.transport._network import (
+        TCP_NETWORK,
+        Listeners,
+        Network,
+        SocketAddresses,
+        TcpNetwork,
+        listening_address,
+        serve_streams,
+        socket_of,
+    )
+    from anonml.transport._link import (
+        HELLO_BYTES,
+        HELLO_REPLY_BYTES,
+        LINK_VERSION,
+        AckStatus,
+        AuthVerdict,
+        HelloStatus,
+        LinkClient,
+        LinkError,
+        LinkErrorReason,
+        LinkIdentity,
+        LinkLimits,
+        LinkSessionStats,
+        check_positive_seconds,
+        encode_hello,
+        encode_hello_reply,
+        parse_acks,
+        parse_hello_reply,
+        receive_exactly,
+        serve_link,
+    )
+else:
+    from anonml.base.lazy import lazy_exports
+
+    __getattr__, __dir__ = lazy_exports(__name__, __file__)
 
 __all__ = [
     "HELLO_BYTES",

@@ -50,7 +50,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import click
 import httpx
 import numpy as np
 import psutil
@@ -85,8 +84,6 @@ from anonml.bench._processes import child_processes
 from anonml.base.process import freeze_startup_heap
 from anonml.testing import SettableClock, enrol, loopback_relay, relay_keyring
 
-ABUSES = ("relay-hold-fill", "relay-late-tags", "relay-idle-links", "sink-stranger", "sink-garbage",
-          "http-slow-bodies", "http-polling")
 TARGET_P99_RATIO = 3.0  # issue 13
 # Seconds between a probe's requests: 200 per scenario. With 100, a p99 was the second-largest
 # latency, and two of the rare 40-70 ms stalls of a durable commit (as common unloaded as under
@@ -561,25 +558,6 @@ def run_benchmark(abuses: Sequence[str]) -> dict[str, Any]:
         # packets) stalled all three probes at once by 40-50 ms, in unloaded runs as often as under abuse.
         freeze_startup_heap()
         return trio.run(_run, system, Path(work), abuses)
-
-
-@click.command("abuse")
-@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
-@click.option("--only", type=click.Choice(ABUSES), multiple=True, help="Run only these abuses (repeatable).")
-def bench_abuse(as_json: bool, only: tuple[str, ...]) -> None:
-    """Honest delivery and p99 latency while the relay, the sink and the HTTP API are abused (floods, idle and
-    slow connections, far-future and late packets), each beside the unloaded p99."""
-    result = run_benchmark(only or ABUSES)
-    if as_json:
-        click.echo(json.dumps(result, indent=2))
-        return
-    click.echo(result["setup"])
-    for entry in result["abuses"]:
-        p99 = ", ".join(f"{k} {v:.1f} vs {entry['unloaded_p99_ms'][k]:.1f} ({entry['p99_x_unloaded'][k]}x)"
-                        for k, v in entry["p99_ms"].items() if v is not None)
-        verdict = "ok" if entry["meets_target"] else "MISSES"
-        click.echo(f"{entry['abuse']:18} delivered {entry['delivered']:.0%} http {entry['http_ok']:.0%}  "
-                   f"p99 ms: {p99}  [{verdict}]  load {entry['load_average']}")
 
 
 if __name__ == "__main__":

@@ -13,9 +13,17 @@ draws again with more slack when the machine slowed down meanwhile;
 
 from __future__ import annotations
 
-from anonml.testing._peer import SettableClock, SimulatedPeer, enrol
-from anonml.testing._relay import DIRECTORY_FILE, loopback_relay, relay_keyring
-from anonml.testing._schedule import drawn_in_time, packet_seconds, seconds_for, window_seconds
-from anonml.testing._sink import Arrival, FinalHopSink
+from typing import TYPE_CHECKING
+
+# Each name's module is imported when the name is first used (anonml.base.lazy).
+if TYPE_CHECKING:
+    from anonml.testing._peer import SettableClock, SimulatedPeer, enrol
+    from anonml.testing._relay import DIRECTORY_FILE, loopback_relay, relay_keyring
+    from anonml.testing._schedule import drawn_in_time, packet_seconds, seconds_for, window_seconds
+    from anonml.testing._sink import Arrival, FinalHopSink
+else:
+    from anonml.base.lazy import lazy_exports
+
+    __getattr__, __dir__ = lazy_exports(__name__, __file__)
 
 __all__ = ["DIRECTORY_FILE", "Arrival", "FinalHopSink", "SettableClock", "SimulatedPeer", "drawn_in_time", "enrol", "loopback_relay", "packet_seconds", "relay_keyring", "seconds_for", "window_seconds"]
