@@ -84,6 +84,8 @@ class AggregatorConfig:
     """Processes for blind issuance and token verification (0: in a thread of the service)."""
     linger: float = 0.0
     on_learn: Callable[[RoundState], dict[str, Any]] | None = None
+    # Called with the outcome when the round ends, before the linger: `aggregator run` prints its summary here.
+    on_end: Callable[[RoundPhase], None] | None = None
     http_limits: HttpLimits = field(default_factory=HttpLimits)
     sink_limits: SinkLimits = field(default_factory=SinkLimits)
     commit_retry_seconds: float = 20.0
@@ -564,6 +566,8 @@ async def serve_aggregator(
             nursery.start_soon(keep_status, state, sink)
             task_status.started(BoundAddresses(http_url, (config.sink_host, sink_port)))
             outcome = await drive_round(state, config.on_learn, registrations, credentials)
+            if config.on_end is not None:
+                config.on_end(outcome)
             await trio.sleep(config.linger)
             nursery.cancel_scope.cancel()
     finally:
