@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from anonml.peer._client import AggregatorClient, AggregatorError, mirror_clients
     from anonml.peer._disclosure import describe_release
+    from anonml.peer._events import EVENT_WORDS, MISSING_REASONS, MessageOutcome, PeerEvent
     from anonml.peer._features import RoundPipeline
     from anonml.peer._framework import (
         CsvImporter,
@@ -55,6 +56,10 @@ else:
 
 __all__ = [
     "command",
+    "EVENT_WORDS",
+    "MISSING_REASONS",
+    "MessageOutcome",
+    "PeerEvent",
     "AggregatorClient",
     "AggregatorError",
     "CsvImporter",

@@ -8,6 +8,7 @@ import signal
 import sys
 import time
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -20,6 +21,7 @@ from anonml.base.storage import lock_data_dir, write_secret_file
 
 if TYPE_CHECKING:
     from anonml.relay._config import PinnedAggregator, RelayConfig
+    from anonml.relay._metrics import RelayCounters
 
 # The relay's own modules (and trio, the server, the keys) are imported by the
 # commands that use them, so `anonml relay run --help` loads click alone (issue 29).
@@ -162,15 +164,24 @@ def _directory_summary(config: RelayConfig) -> str:
     return "NONE configured: forwards to ANY address (insecure; set [directory] in the config)"
 
 
+def relay_heartbeat(counters: RelayCounters) -> str:
+    """What ``relay run`` says each minute: packets held, taken in, forwarded and dropped since it started."""
+    dropped = sum(counters.dropped.values())
+    return (f"relay alive: holding {counters.held} packet(s); since start received {counters.received}, "
+            f"forwarded {counters.forwarded}, dropped {dropped}; {counters.connections_open} link connection(s) open")
+
+
 async def _run_until_signalled(config: RelayConfig) -> None:
     import trio
 
+    from anonml.base.heartbeat import heartbeat
     from anonml.relay._metrics import log_event
     from anonml.relay._server import serve_relay
 
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with trio.open_nursery() as nursery:
-            await nursery.start(serve_relay, config)
+            started = await nursery.start(serve_relay, config)
+            nursery.start_soon(heartbeat, partial(relay_heartbeat, started.counters), logger.info)
             async for signum in signals:
                 log_event(logger, logging.INFO, "shutdown", signal=signal.Signals(signum).name)
                 nursery.cancel_scope.cancel()
