@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from anonml.base.display import one_of
 from anonml.mechanisms._names import PostprocessMethod
 from anonml.mechanisms._oracle_base import FrequencyOracle
 from anonml.mechanisms._validate import check_positive_int
@@ -161,4 +162,4 @@ def postprocess(
         if reports is not None:
             return _ibu_from_reports(oracle, reports, n)
         return _ibu_from_estimate(oracle, checked, n)
-    raise ValueError(f"method must be one of {POSTPROCESS_METHODS!r}, got {method!r}")
+    raise ValueError(f"method must be one of {one_of(POSTPROCESS_METHODS)}, got {method!r}")

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from anonml.peer._client import AggregatorClient, AggregatorError, mirror_clients
     from anonml.peer._disclosure import describe_release
-    from anonml.peer._events import EVENT_WORDS, MISSING_REASONS, MessageOutcome, PeerEvent
+    from anonml.peer._events import EVENT_WORDS, MISSING_REASONS, MessageOutcome, PeerEvent, RefusalReason
     from anonml.peer._features import RoundPipeline
     from anonml.peer._framework import (
         CsvImporter,
@@ -60,6 +60,7 @@ __all__ = [
     "MISSING_REASONS",
     "MessageOutcome",
     "PeerEvent",
+    "RefusalReason",
     "AggregatorClient",
     "AggregatorError",
     "CsvImporter",

@@ -23,6 +23,24 @@ MISSING_REASONS = (MessageOutcome.NEVER_SENT, MessageOutcome.NO_RECEIPT_AFTER_SE
 """Why a message's receipt is not in the final log."""
 
 
+class RefusalReason(StrEnum):
+    """Why a peer stops before the end of a round (:class:`JoinRefused`'s ``reason``; the demo counts them)."""
+
+    MANIFEST_CHANGED = "manifest-changed"
+    MANIFEST_UNCONFIRMED = "manifest-unconfirmed"
+    SEED_MISMATCH = "seed-mismatch"
+    NOT_ROSTERED = "not-rostered"
+    BAD_ROSTER = "bad-roster"
+    ANONYMITY_SET = "anonymity-set"
+    PARTITION_MISMATCH = "partition-mismatch"
+    BAD_SIGNATURE = "bad-signature"
+    BAD_THRESHOLDS = "bad-thresholds"
+    BAD_LOG = "bad-log"
+    NO_MEDIAN = "no-median"
+    BUDGET = "budget"
+    EQUIVOCATION = "equivocation"
+
+
 class PeerEvent(StrEnum):
     """Each step or warning of a peer's run through a round."""
 

@@ -43,7 +43,7 @@ from anonml.crypto import (
     finish_issuance,
 )
 from anonml.mechanisms import BudgetExceeded, answer_is_greater
-from anonml.peer._events import MISSING_REASONS, MessageOutcome, PeerEvent
+from anonml.peer._events import MISSING_REASONS, MessageOutcome, PeerEvent, RefusalReason
 from anonml.peer._client import AggregatorError
 from anonml.peer._features import RoundPipeline
 from anonml.peer._framework import FeatureVector
@@ -206,13 +206,13 @@ def check_thresholds(thresholds: MedianThresholds, spec: FeatureSpec) -> None:
     make the peer reveal something it was never asked to accept.
     """
     if thresholds.features != spec.numeric_names:
-        raise JoinRefused("bad-thresholds", f"median sub-round {thresholds.sub_round} asks about {list(thresholds.features)!r}, "
+        raise JoinRefused(RefusalReason.BAD_THRESHOLDS, f"median sub-round {thresholds.sub_round} asks about {list(thresholds.features)!r}, "
                           f"not once about each numeric feature {list(spec.numeric_names)!r}")
     for name, values in zip(thresholds.features, thresholds.thresholds, strict=True):
         feature = spec.feature(name)
         assert isinstance(feature, NumericFeature)
         if len(values) != feature.quantiles:
-            raise JoinRefused("bad-thresholds", f"median sub-round {thresholds.sub_round} gives {len(values)} thresholds "
+            raise JoinRefused(RefusalReason.BAD_THRESHOLDS, f"median sub-round {thresholds.sub_round} gives {len(values)} thresholds "
                               f"for {name!r}, whose spec has {feature.quantiles} cut points")
 
 
@@ -226,7 +226,7 @@ def check_manifest_unchanged(peer: Peer, signed: SignedManifest, aggregator: str
     if first is not None:
         proof = EquivocationProof(signed.round_id, "manifest", first, signed.to_json())
         peer.store.record_equivocation(peer.identity.public_key, proof)
-        raise JoinRefused("manifest-changed", f"round {signed.manifest.name!r} at {aggregator} now has manifest hash "
+        raise JoinRefused(RefusalReason.MANIFEST_CHANGED, f"round {signed.manifest.name!r} at {aggregator} now has manifest hash "
                           f"{signed.round_id.hex()!r}, not the one this peer registered under; both are stored")
 
 
@@ -343,19 +343,19 @@ class PeerRound:
                 if any(relay.mirror_url is not None for relay in self.manifest.relays):
                     # A manifest the listed mirrors do not hold may be a round made for this peer alone:
                     # it stops before its credential, the first thing that would tie it to that round.
-                    raise JoinRefused("manifest-unconfirmed", f"fewer than {mirror_quorum(self.manifest)} of the round's "
+                    raise JoinRefused(RefusalReason.MANIFEST_UNCONFIRMED, f"fewer than {mirror_quorum(self.manifest)} of the round's "
                                       "relay mirrors hold this manifest; refusing a round others may not see")
                 self.emit(PeerEvent.MANIFEST_UNMIRRORED)
             plan = await self.session.plan(self.signed, self.spec)
         except JoinRefused as refused:
             raise self.stored(refused) from None
         if self.key not in plan.partition_of:
-            raise JoinRefused("not-rostered", f"identity {self.key.hex()!r} is not on the round's roster")
+            raise JoinRefused(RefusalReason.NOT_ROSTERED, f"identity {self.key.hex()!r} is not on the round's roster")
         partition = plan.partition_of[self.key]
         minimum = self.signed.manifest.min_anonymity_set
         if plan.sizes[partition] < minimum:
             # Before the credential: nothing this peer sends can yet be tied to the small partition.
-            raise JoinRefused("anonymity-set", f"partition {partition} has {plan.sizes[partition]} peer(s), fewer than "
+            raise JoinRefused(RefusalReason.ANONYMITY_SET, f"partition {partition} has {plan.sizes[partition]} peer(s), fewer than "
                               f"the manifest's minimum anonymity set of {minimum}: refusing to send")
         self.peer.store.set_partition(self.key, self.round_id, partition)
         self.result.partition = partition
@@ -373,7 +373,7 @@ class PeerRound:
             body = CredentialRequest.create(self.peer.identity.signing_key, self.round_id, request.to_bytes())
             response = await self.session.client.credential(body)
             if response.partition != partition:
-                raise JoinRefused("partition-mismatch", f"the aggregator says partition {response.partition!r}, the seed says {partition!r}")
+                raise JoinRefused(RefusalReason.PARTITION_MISMATCH, f"the aggregator says partition {response.partition!r}, the seed says {partition!r}")
             credential = finish_issuance(state, response.response)
         self.peer.store.set_credential(self.key, self.round_id, credential.to_bytes())
         self.emit(PeerEvent.CREDENTIAL)
@@ -596,7 +596,7 @@ class PeerRound:
             if isinstance(feature, NumericFeature):
                 published = medians.cut_points.get(feature.name, ())
                 if len(published) != feature.quantiles:
-                    raise JoinRefused("no-median", f"{len(published)} published cut points for {feature.name!r}, "
+                    raise JoinRefused(RefusalReason.NO_MEDIAN, f"{len(published)} published cut points for {feature.name!r}, "
                                       f"whose spec has {feature.quantiles}")
                 cut_points[feature.name] = list(published)
         bins = self.pipeline.bins(self.peer.vector, cut_points)
@@ -646,7 +646,7 @@ async def join_round(
         try:
             run.ledger.check(medians=medians, subsets=subsets)
         except BudgetExceeded as exc:
-            raise JoinRefused("budget", str(exc)) from None
+            raise JoinRefused(RefusalReason.BUDGET, str(exc)) from None
     await run.register()
     partition, _, my_subsets = await run.partition()
     run.credential = await run.obtain_credential(partition)

@@ -46,6 +46,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from anonml.base.display import one_of
 from anonml.base.errors import InputError
 from anonml.protocol._features import MAX_FEATURES, FeatureSpec
 from anonml.protocol._vocabulary import DEFAULT_COMPARISON_POOL, DEFAULT_MEDIAN_STEPS, MAX_MEDIAN_STEPS, MAX_PARTITIONS, MEDIAN_PEERS, PLAN_KINDS, MedianPeers
@@ -128,7 +129,7 @@ def derive_subsets(seed: bytes, features: Sequence[str], kind: str, k_p: int, k_
     names = list(features)
     k_f = len(names)
     if kind not in PLAN_KINDS:
-        raise PlanError(f"kind: expected one of {[str(k) for k in PLAN_KINDS]!r}, got {kind!r}")
+        raise PlanError(f"kind: expected one of {one_of(PLAN_KINDS)}, got {kind!r}")
     if len(set(names)) != k_f or not 1 <= k_f <= MAX_FEATURES:
         raise PlanError(f"features: expected 1 to {MAX_FEATURES} distinct names, got {names!r}")
     _check_int("k_p", k_p, 1, MAX_PARTITIONS)
@@ -299,7 +300,7 @@ class ReleasePlan:
         if eps_t <= 0:
             raise PlanError(f"epsilon_total: must be positive, got {epsilon_total!r}")
         if median_peers not in MEDIAN_PEERS:
-            raise PlanError(f"median_peers: expected one of {[str(m) for m in MEDIAN_PEERS]!r}, got {median_peers!r}")
+            raise PlanError(f"median_peers: expected one of {one_of(MEDIAN_PEERS)}, got {median_peers!r}")
         share = _check_epsilon("median_share", median_share)
         pool = _check_epsilon("comparison_pool", comparison_pool) if numeric_features and median_peers == MedianPeers.RESERVED else 0.0
         if numeric_features and median_peers != MedianPeers.RESERVED and not 0 < share < 1:
@@ -331,7 +332,7 @@ class ReleasePlan:
 
     def validate(self) -> None:
         if self.kind not in PLAN_KINDS:
-            raise PlanError(f"kind: expected one of {PLAN_KINDS!r}, got {self.kind!r}")
+            raise PlanError(f"kind: expected one of {one_of(PLAN_KINDS)}, got {self.kind!r}")
         if not isinstance(self.seed, bytes) or not 1 <= len(self.seed) <= 64:
             raise PlanError(f"seed: expected 1 to 64 bytes, got {self.seed!r}")
         if self.subsets != derive_subsets(self.seed, self.features, self.kind, self.k_p, self.k_h, self.k_s):
@@ -342,7 +343,7 @@ class ReleasePlan:
         _check_epsilon("release_epsilon", self.release_epsilon)
         _check_epsilon("median_epsilon", self.median_epsilon)
         if self.median_peers not in MEDIAN_PEERS:
-            raise PlanError(f"median_peers: expected one of {[str(m) for m in MEDIAN_PEERS]!r}, got {self.median_peers!r}")
+            raise PlanError(f"median_peers: expected one of {one_of(MEDIAN_PEERS)}, got {self.median_peers!r}")
         _check_int("median_steps", self.median_steps, 1, MAX_MEDIAN_STEPS)
         pool = _check_epsilon("comparison_pool", self.comparison_pool)
         if pool >= 1 or (pool > 0) != (self.median_peers == MedianPeers.RESERVED and bool(self.numeric_features)):

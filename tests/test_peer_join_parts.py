@@ -181,3 +181,32 @@ def test_joining_a_round_that_has_ended_is_refused_with_a_clear_line() -> None:
     with pytest.raises(click.ClickException) as refused:
         _refuse_ended_round("r", ends=1_000, now=1_000.0)
     assert "ended at" in refused.value.message and "nothing can be sent" in refused.value.message
+
+
+def test_every_refusal_a_peer_raises_is_a_named_reason() -> None:
+    """The reasons the demo counts are one vocabulary: every `JoinRefused(...)` in the peer names a RefusalReason."""
+    import ast
+    from pathlib import Path
+
+    import anonml.peer
+    from anonml.peer import RefusalReason
+
+    folder = Path(anonml.peer.__file__).parent
+    raised = set()
+    for path in folder.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "JoinRefused" and node.args:
+                first = node.args[0]
+                raised.add(first.value if isinstance(first, ast.Constant) else ast.unparse(first).rsplit(".", 1)[-1].lower().replace("_", "-"))
+    assert raised and raised <= {str(reason) for reason in RefusalReason}, raised - {str(r) for r in RefusalReason}
+
+
+def test_a_choice_names_its_options_by_value_not_by_enum_repr() -> None:
+    """Issue 29: `name must be one of (<OracleName.GRR: 'grr'>, ...)`."""
+    import pytest
+
+    from anonml.mechanisms import make_oracle
+
+    with pytest.raises(ValueError) as refused:
+        make_oracle("nope", 4, 1.0)
+    assert "one of grr, sue, pq" in str(refused.value) and "<" not in str(refused.value)
