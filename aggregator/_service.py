@@ -418,6 +418,12 @@ def build_app(
         Route("/metrics", _guarded(metrics), methods=["GET"]),
     ]
     app = Starlette(routes=routes, middleware=[Middleware(_RecordRequests, state=state)])
+    _answer_errors(app, health)
+    return app
+
+
+def _answer_errors(app: Starlette, health: Health) -> None:
+    """Unknown paths and methods answered as the API's own errors; a client gone mid-request counted, not logged."""
 
     async def http_error(request: Request, exc: Exception) -> Response:
         code = getattr(exc, "status_code", 404)
@@ -431,7 +437,6 @@ def build_app(
     app.add_exception_handler(404, http_error)
     app.add_exception_handler(405, http_error)
     app.add_exception_handler(ClientDisconnect, disconnected)
-    return app
 
 
 async def wait_until(clock: Clock, when: float) -> None:

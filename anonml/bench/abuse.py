@@ -211,9 +211,10 @@ def _start_system(work: Path, processes: list[subprocess.Popen[str]]) -> _System
     manifest = state.manifest
     state.store.close()
     aggregator = _child(processes, "anonml.bench.abuse", "aggregator", str(home.root), state.round_id.hex())
-    return _System(processes, geometry, manifest, relay_link, relay_node, relay_key.public_key,
-                   LinkIdentity(load_identity_key(relay_dir)), int(relay["metrics"]), str(aggregator["http"]),
-                   (_HOST, sink_port), instant, via_relay, direct)
+    return _System(processes=processes, geometry=geometry, manifest=manifest, relay_link=relay_link, relay_node=relay_node,
+                   relay_public=relay_key.public_key, relay_identity=LinkIdentity(load_identity_key(relay_dir)),
+                   relay_metrics=int(relay["metrics"]), http_url=str(aggregator["http"]), sink=(_HOST, sink_port),
+                   instant=instant, via_relay=via_relay, direct=direct)
 
 
 async def _serve_aggregator(root: str, round_id: str) -> None:

@@ -89,6 +89,26 @@ def _make_round(home: AggregatorHome, relays: list[dict[str, Any]], sink_port: i
     return state, clock
 
 
+async def _start_cascade(work: Path, now: int, geometry: SphinxGeometry, next_hop: DirectoryEntry,
+                         children: list[subprocess.Popen[str]]) -> list[dict[str, Any]]:
+    """The relays as processes, last hop first (each forwards to the one started before it): their descriptors, in path order."""
+    relays: list[dict[str, Any]] = []
+    for index in reversed(range(RELAYS)):
+        node_id, public, link_port, _ = await trio.to_thread.run_sync(
+            lambda: _start_relay(work, index, now, "NORMAL", geometry, next_hop, children, wall=True))
+        relays.insert(0, {"node_id": node_id.hex(), "host": "127.0.0.1", "port": link_port, "public_key": public.hex(), "key_epoch": 1})
+        next_hop = DirectoryEntry(node_id, "127.0.0.1", link_port)
+    return relays
+
+
+async def _seconds_per_peer(state: RoundState, clock: SettableClock, rng: np.random.Generator) -> float:
+    """The setup cost of one peer (registration, credential, sealing) measured on a calibration round, then closed."""
+    started = time.perf_counter()
+    await trio.to_thread.run_sync(_setup_peers, state, clock, _CALIBRATION_PEERS, rng)
+    state.store.close()
+    return (time.perf_counter() - started) / _CALIBRATION_PEERS
+
+
 async def _run(peers: int, send_window: int, delivery_window: int, processes: int, seed: int, work: Path,
                children: list[subprocess.Popen[str]]) -> dict[str, Any]:
     load_before = os.getloadavg()
@@ -100,22 +120,11 @@ async def _run(peers: int, send_window: int, delivery_window: int, processes: in
     listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
     sink_port = int(listeners[0].socket.getsockname()[1])
     now = int(time.time())
-    next_hop = DirectoryEntry(node_id_of(sink_public), "127.0.0.1", sink_port)
-    relays: list[dict[str, Any]] = []
-    for index in reversed(range(RELAYS)):
-        node_id, public, link_port, _ = await trio.to_thread.run_sync(
-            lambda: _start_relay(work, index, now, "NORMAL", geometry, next_hop, children, wall=True))
-        relays.insert(0, {"node_id": node_id.hex(), "host": "127.0.0.1", "port": link_port, "public_key": public.hex(), "key_epoch": 1})
-        next_hop = DirectoryEntry(node_id, "127.0.0.1", link_port)
+    relays = await _start_cascade(work, now, geometry, DirectoryEntry(node_id_of(sink_public), "127.0.0.1", sink_port), children)
     rng = np.random.default_rng(seed)
-
     # Calibrate: the per-peer setup cost now, on this machine's load, decides when the send window opens.
     calibration, calibration_clock = _make_round(home, relays, sink_port, now, send_window, delivery_window)
-    started = time.perf_counter()
-    await trio.to_thread.run_sync(_setup_peers, calibration, calibration_clock, _CALIBRATION_PEERS, rng)
-    per_peer = (time.perf_counter() - started) / _CALIBRATION_PEERS
-    calibration.store.close()
-    planned_setup = 1.5 * per_peer * peers + 30
+    planned_setup = 1.5 * await _seconds_per_peer(calibration, calibration_clock, rng) * peers + 30
     t_s = int(time.time() + planned_setup)
     state, clock = _make_round(home, relays, sink_port, t_s - _REGISTER - _ISSUE, send_window, delivery_window)
     started = time.perf_counter()

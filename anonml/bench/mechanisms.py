@@ -169,12 +169,14 @@ def render(console: Console, n: int, reps: int, rows: list[dict[str, Any]], spee
         scale_table.add_column(column, justify="left" if column in ("oracle", "excluded because") else "right")
     for row in speed:
         if "excluded" in row:
-            scale_table.add_row(f"{row['m']:,}", row["oracle"], "", str(row.get("report_bytes", "")), "", "", "", "", row["excluded"])
+            excluded_cells = [f"{row['m']:,}", row["oracle"], "", str(row.get("report_bytes", "")), "", "", "", "", row["excluded"]]
+            scale_table.add_row(*excluded_cells)
             continue
         baseline = "oracle" in row and row["oracle"].startswith("baseline")
-        scale_table.add_row(
+        scale_cells = [
             f"{row['m']:,}", row["oracle"], "" if baseline else ("yes" if row["auto_picks"] else ""),
             "" if baseline else str(row["report_bytes"]), f"{row['seconds']:.3f}", "1" if baseline else f"{row['time_ratio']:.0f}",
             f"{row['peak_bytes'] / 2**20:.1f}", "1" if baseline else f"{row['memory_ratio']:.1f}", "",
-        )
+        ]
+        scale_table.add_row(*scale_cells)
     console.print(scale_table)
