@@ -124,7 +124,7 @@ def test_bad_inputs_fail_fast_and_name_their_fix(tmp_path: Path) -> None:
     refused(anonml("aggregator", "report", "--data-dir", str(agg)), "no rounds", "round new")
     spec = write_spec(tmp_path / "round.toml")
     spec.write_text(spec.read_text().replace('oracle = "auto"', 'oracle = "magic"'))
-    refused(anonml("aggregator", "round", "new", "--data-dir", str(agg), "--spec", str(spec)), "privacy.oracle", "'grr'")
+    refused(anonml("aggregator", "round", "new", "--data-dir", str(agg), "--spec", str(spec)), "privacy.oracle", "one of grr, sue")
 
 
 @pytest.mark.parametrize("debug", [False, True])
