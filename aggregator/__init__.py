@@ -3,28 +3,37 @@ trains the learner (``anonml.learning``) on them."""
 
 from __future__ import annotations
 
-from anonml.aggregator._anonymity import LINKS_JSON, FullView, RequestLog, linking_report, timing_guesses
-from anonml.aggregator._linking import LinkScore, rank_link, score_links, timing_figures
-from anonml.aggregator._report import learn, write_report
-from anonml.aggregator._round import ApiRefused, RoundSecrets, RoundState
-from anonml.aggregator._service import (
-    AggregatorConfig,
-    BoundAddresses,
-    build_app,
-    drive_round,
-    serve_aggregator,
-)
-from anonml.aggregator._setup import create_round, open_round
-from anonml.aggregator._sink import PacketSink
-from anonml.aggregator._spec import RoundSpec, RoundSpecError, parse_round_spec, read_round_spec
-from anonml.aggregator._engines import PostgresLocation
-from anonml.aggregator._store import ROSTER_FINAL, AggregatorHome, BatchTaken, Registration, RoundStore, VerifiedPacket
-from anonml.aggregator._rejections import REJECTION_REASONS, RejectionReason
-from anonml.aggregator._verify import process_batch
-from anonml.aggregator._workers import IssuerWorkers
+from typing import TYPE_CHECKING
 
-# The role's click group (``anonml aggregator ...``), which ``anonml.cli`` mounts.
-from anonml.aggregator._cli import aggregator as command
+# Each name's module is imported when the name is first used (anonml.base.lazy).
+if TYPE_CHECKING:
+    from anonml.aggregator._anonymity import LINKS_JSON, FullView, RequestLog, linking_report, timing_guesses
+    from anonml.aggregator._linking import LinkScore, rank_link, score_links, timing_figures
+    from anonml.aggregator._report import learn, write_report
+    from anonml.aggregator._round import ApiRefused, RoundSecrets, RoundState
+    from anonml.aggregator._service import AggregatorConfig, BoundAddresses, build_app, drive_round, serve_aggregator
+    from anonml.aggregator._setup import create_round, open_round
+    from anonml.aggregator._sink import PacketSink
+    from anonml.aggregator._spec import RoundSpec, RoundSpecError, parse_round_spec, read_round_spec
+    from anonml.aggregator._store import (
+        AggregatorHome,
+        RoundStore,
+        ROSTER_FINAL,
+        BatchTaken,
+        Registration,
+        VerifiedPacket,
+    )
+    from anonml.aggregator._rejections import REJECTION_REASONS, RejectionReason
+    from anonml.aggregator._verify import process_batch
+    from anonml.aggregator._workers import IssuerWorkers
+    # The role's click group (``anonml aggregator ...``), which ``anonml.cli`` mounts.
+    from anonml.aggregator._cli import aggregator as command
+    from anonml.aggregator._engines import PostgresLocation
+else:
+    from anonml.base.lazy import lazy_exports
+
+    __getattr__, __dir__ = lazy_exports(__name__, __file__)
+
 
 __all__ = [
     "command",
@@ -33,10 +42,6 @@ __all__ = [
     "RejectionReason",
     "AggregatorConfig",
     "AggregatorHome",
-    "BatchTaken",
-    "ROSTER_FINAL",
-    "PostgresLocation",
-    "VerifiedPacket",
     "ApiRefused",
     "BoundAddresses",
     "FullView",
@@ -48,7 +53,6 @@ __all__ = [
     "RoundSpecError",
     "RoundState",
     "RequestLog",
-    "Registration",
     "RoundStore",
     "build_app",
     "create_round",
@@ -65,4 +69,9 @@ __all__ = [
     "timing_guesses",
     "timing_figures",
     "write_report",
+    "BatchTaken",
+    "ROSTER_FINAL",
+    "PostgresLocation",
+    "VerifiedPacket",
+    "Registration",
 ]

@@ -12,16 +12,21 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from anonml.aggregator._spec import ROUND_SPEC_EXAMPLE
-from anonml.aggregator._store import AggregatorHome
+from anonml.aggregator._spec_example import ROUND_SPEC_EXAMPLE
 from anonml.base.display import duration, local_time
 from anonml.base.errors import ConfigError
 from anonml.base.process import freeze_startup_heap
 from anonml.base.storage import lock_data_dir, write_secret_file
+
+if TYPE_CHECKING:
+    from anonml.aggregator._store import AggregatorHome
+
+# The aggregator's own modules are imported by the commands that use them, so
+# `anonml aggregator round new --help` loads click alone (issue 29).
 
 EXIT_MIN_PARTICIPATION = 3
 """``run``'s exit code when the round failed: minimum participation missed, or a short survey with ``on_shortfall = "fail"``."""
@@ -54,6 +59,7 @@ def init(data_dir: Path) -> None:
     """Create the Ed25519 identity and the X25519 final-hop key (never overwrites)."""
     import os
 
+    from anonml.aggregator._store import AggregatorHome
     from anonml.crypto import generate_keypair
 
     home = AggregatorHome(data_dir)
@@ -68,6 +74,8 @@ def init(data_dir: Path) -> None:
 
 def _existing_home(data_dir: Path) -> AggregatorHome:
     """The aggregator's home, or a message naming the command that creates it."""
+    from anonml.aggregator._store import AggregatorHome
+
     home = AggregatorHome(data_dir)
     if not data_dir.is_dir():
         raise ConfigError(f"no aggregator data directory {str(data_dir)!r}: create one with `anonml aggregator init --data-dir {data_dir}`")
@@ -76,13 +84,25 @@ def _existing_home(data_dir: Path) -> AggregatorHome:
     return home
 
 
+def _created(home: AggregatorHome, round_id: str) -> int:
+    """When ``round new`` made the round (recorded in its database, which listing does not change)."""
+    from anonml.aggregator._setup import round_created
+    from anonml.aggregator._store import RoundStore
+
+    store = RoundStore(home.root / "rounds" / round_id / "round.sqlite")
+    try:
+        return round_created(store)
+    finally:
+        store.close()
+
+
 def resolve_round(home: AggregatorHome, text: str | None) -> str:
     """The full id of the round ``text`` names (a unique prefix of its id); the newest round if None."""
     rounds = home.rounds()
     if not rounds:
         raise ConfigError(f"no rounds in {str(home.root)!r} yet: create one with `anonml aggregator round new --data-dir {home.root} --spec round.toml`")
     if text is None:
-        return max(rounds, key=lambda r: (home.root / "rounds" / r).stat().st_mtime)
+        return max(rounds, key=lambda r: (_created(home, r), r))
     wanted = text.strip().lower().rstrip("…")
     matches = [r for r in rounds if r.startswith(wanted)] if wanted else []
     if len(matches) == 1:
@@ -170,6 +190,7 @@ def round_new(data_dir: Path, spec_path: Path, start: str | None) -> None:
 
 def round_status(home: AggregatorHome, round_id: str, now: int) -> dict[str, Any]:
     """What ``rounds`` shows of one round: name, status, times, counts (read without the keys)."""
+    from anonml.aggregator._setup import round_created
     from anonml.aggregator._store import RoundStore
     from anonml.protocol import SignedManifest, phase_at
 
@@ -178,19 +199,24 @@ def round_status(home: AggregatorHome, round_id: str, now: int) -> dict[str, Any
         manifest_json = store.get_meta("manifest")
         outcome = store.get_result("outcome")
         counts = store.counts()
+        created = round_created(store)
     finally:
         store.close()
     if manifest_json is None:
-        return {"round_id": round_id, "name": "?", "status": "incomplete", "counts": counts}
+        return {"round_id": round_id, "name": "?", "status": "incomplete", "counts": counts, "created": created}
     manifest = SignedManifest.from_json(manifest_json).manifest
     schedule = manifest.schedule
     if outcome is not None:
         status = json.loads(outcome)["phase"]
+    elif registration_missed(schedule.t_register_end, now, counts.get("registered", 0)):
+        status = "never served: registration closed with no peer (make a new round)"
+    elif counts.get("registered", 0) == 0:
+        status = "waiting: start `aggregator run` before registration closes"
     else:
         phase, _ = phase_at(schedule, now)
-        status = "not run: resume with `aggregator run`" if phase == "learning" else f"{phase} (not finished)"
+        status = f"{phase}: running, or stopped (`aggregator run` resumes it)"
     return {
-        "round_id": round_id, "name": manifest.name, "status": status, "counts": counts,
+        "round_id": round_id, "name": manifest.name, "status": status, "counts": counts, "created": created,
         "registration_closes": schedule.t_register_end, "ends": schedule.end,
     }
 
@@ -202,7 +228,7 @@ def rounds(data_dir: Path, as_json: bool) -> None:
     """List the rounds in DATA_DIR with their status and short ids (any unique prefix names a round)."""
     home = _existing_home(data_dir)
     now = int(time.time())
-    listed = [round_status(home, r, now) for r in sorted(home.rounds(), key=lambda r: (home.root / "rounds" / r).stat().st_mtime)]
+    listed = sorted((round_status(home, r, now) for r in home.rounds()), key=lambda item: (item["created"], item["round_id"]))
     if as_json:
         click.echo(json.dumps(listed, indent=2))
         return
@@ -248,7 +274,7 @@ def run(data_dir: Path, round_id: str | None, test_file: Path | None, linger: fl
     from anonml.aggregator._dashboard import dashboard_data
     from anonml.aggregator._ingest import LeaseLost, hold_lease
     from anonml.aggregator._progress import watch_round
-    from anonml.aggregator._report import learn, summarise, write_report
+    from anonml.aggregator._report import learn
     from anonml.aggregator._round import RoundState
     from anonml.aggregator._service import AggregatorConfig, serve_aggregator
     from anonml.aggregator._setup import open_round
@@ -269,10 +295,19 @@ def run(data_dir: Path, round_id: str | None, test_file: Path | None, linger: fl
         report = learn(s, directory, test_file=test_file)
         return {"report": str(directory / "report.json"), "accepted": report["counts"]["accepted"]}
 
+    ended: list[str] = []  # the outcome, once the round ended and its summary was printed
+
+    def on_end(outcome: str) -> None:
+        _print_outcome(state, directory, outcome)  # before the linger, not after it
+        ended.append(outcome)
+        if linger > 0:
+            click.echo(f"the round is over; its dashboard stays up {duration(linger)} (--linger); SIGINT or SIGTERM ends it now",
+                       err=True)
+
     config = AggregatorConfig(
         state, http_host=url.host, http_port=url.port or 80, sink_host=manifest.aggregator_hop.host,
         sink_port=manifest.aggregator_hop.port, worker_processes=processes, linger=linger,
-        on_learn=on_learn,
+        on_learn=on_learn, on_end=on_end,
     )
 
     stopped_by: list[str] = []
@@ -323,25 +358,32 @@ def run(data_dir: Path, round_id: str | None, test_file: Path | None, linger: fl
         if address_errors is None:
             raise
         raise click.ClickException(_address_problem(_first_leaf(address_errors), manifest.aggregator_url)) from None
-    if stopped_by:
+    if stopped_by and not ended:
         click.echo(f"stopped ({stopped_by[0]}); `anonml aggregator run --data-dir {data_dir} --round "
                    f"{chosen[:SHORT_ID]}` resumes the round", err=True)
         sys.exit(130 if stopped_by[0] == "SIGINT" else 143)
+    if stopped_by:
+        click.echo(f"stopped ({stopped_by[0]}) while lingering after the round ended ({ended[0]})", err=True)
+    sys.exit({"failed": EXIT_MIN_PARTICIPATION, "degraded": EXIT_DEGRADED}.get(outcome, 0))
+
+
+def _print_outcome(state: Any, directory: Path, outcome: str) -> None:
+    """The round's summary (and the failed round's report), printed when the round ends."""
+    from anonml.aggregator._dashboard import dashboard_data
+    from anonml.aggregator._report import summarise, write_report
+
+    detail = json.loads(state.store.get_result("outcome") or b"{}")
     if outcome == "failed":
-        detail = json.loads(state.store.get_result("outcome") or b"{}")
-        report = {"round_id": state.round_id.hex(), "name": manifest.name, "status": "failed", **detail,
+        report = {"round_id": state.round_id.hex(), "name": state.manifest.name, "status": "failed", **detail,
                   "rejected": state.store.rejections()}
         write_report(report, directory, dashboard_data(state, None, report))
         click.echo(f"round FAILED: {detail.get('reason', 'unknown')}", err=True)
-        sys.exit(EXIT_MIN_PARTICIPATION)
-    report_json = json.loads((directory / "report.json").read_text())
-    for line in summarise(report_json):
+        return
+    for line in summarise(json.loads((directory / "report.json").read_text())):
         click.echo(line)
     click.echo(f"report: {directory / 'report.html'}")
     if outcome == "degraded":
-        detail = json.loads(state.store.get_result("outcome") or b"{}")
         click.echo(f"round DEGRADED: {detail.get('reason', 'a survey fell short')}", err=True)
-        sys.exit(EXIT_DEGRADED)
 
 
 @aggregator.command()
@@ -406,11 +448,16 @@ def _address_problem(error: BaseException, url: str) -> str:
     return f"cannot serve the round: {text}; check network.http_host and network.sink_host in the round spec"
 
 
+def registration_missed(registration_closes: int, now: float, registered: int) -> bool:
+    """Whether registration closed before any peer registered: such a round can only fail, and `run` refuses it."""
+    return now >= registration_closes and registered == 0
+
+
 def _refuse_missed_registration(state: Any, data_dir: Path) -> None:
     """A round whose registration closed before it was ever served can only fail: say so, and what to do."""
     schedule = state.manifest.schedule
     now = state.now()
-    if state.outcome() is None and now >= schedule.t_register_end and state.store.counts()["registered"] == 0:
+    if state.outcome() is None and registration_missed(schedule.t_register_end, now, state.store.counts()["registered"]):
         raise click.ClickException(
             f"registration for this round closed at {local_time(schedule.t_register_end)} ({duration(now - schedule.t_register_end)} "
             f"ago) before any peer registered, so it can only fail: create a new round with "

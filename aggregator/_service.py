@@ -95,6 +95,8 @@ class AggregatorConfig:
     """Processes for blind issuance and token verification (0: in a thread of the service)."""
     linger: float = 0.0
     on_learn: Callable[[RoundState], dict[str, Any]] | None = None
+    # Called with the outcome when the round ends, before the linger: `aggregator run` prints its summary here.
+    on_end: Callable[[RoundPhase], None] | None = None
     http_limits: HttpLimits = field(default_factory=HttpLimits)
     sink_limits: SinkLimits = field(default_factory=SinkLimits)
     commit_retry_seconds: float = 20.0
@@ -427,6 +429,12 @@ def build_app(
         Route("/metrics", _guarded(metrics), methods=["GET"]),
     ]
     app = Starlette(routes=routes, middleware=[Middleware(_RecordRequests, state=state)])
+    _answer_errors(app, health)
+    return app
+
+
+def _answer_errors(app: Starlette, health: Health) -> None:
+    """Unknown paths and methods answered as the API's own errors; a client gone mid-request counted, not logged."""
 
     async def http_error(request: Request, exc: Exception) -> Response:
         code = getattr(exc, "status_code", 404)
@@ -440,7 +448,6 @@ def build_app(
     app.add_exception_handler(404, http_error)
     app.add_exception_handler(405, http_error)
     app.add_exception_handler(ClientDisconnect, disconnected)
-    return app
 
 
 async def wait_until(clock: Clock, when: float) -> None:
@@ -630,6 +637,8 @@ async def serve_aggregator(
             nursery.start_soon(keep_status, state, sink)
             task_status.started(BoundAddresses(http_url, (config.sink_host, sink_port)))
             outcome = await drive_round(state, config.on_learn, registrations, credentials, beacon)
+            if config.on_end is not None:
+                config.on_end(outcome)
             await trio.sleep(config.linger)
             nursery.cancel_scope.cancel()
     finally:

@@ -69,6 +69,16 @@ def worst_case_epsilon(
     return float(total_epsilon(medians, subsets))
 
 
+CREATED_AT = "created_at"
+"""The round store's meta key holding the Unix time ``round new`` made the round."""
+
+
+def round_created(store: RoundStore) -> int:
+    """When ``round new`` made the round in ``store`` (0 for a round made before this was recorded)."""
+    created = store.get_meta(CREATED_AT)
+    return int(created) if created is not None else 0
+
+
 def create_round(
     home: AggregatorHome, spec: RoundSpec, *, now: int, rng_bytes: Callable[[int], bytes] = os.urandom
 ) -> tuple[RoundState, list[str]]:
@@ -104,6 +114,9 @@ def create_round(
     directory.mkdir(mode=0o700, parents=True, exist_ok=False)
     store = RoundStore(directory / "round.sqlite")
     store.put_meta("manifest", signed.to_json())
+    # When the round was made: `aggregator rounds` sorts by it and `run`/`report` default to the newest
+    # (the directory's own time changes whenever the database is opened).
+    store.put_meta(CREATED_AT, str(now).encode())
     store.put_meta("issuer_key", issuer_key.to_bytes())
     store.put_meta("seed", seed)
     codes = [rng_bytes(12).hex() for _ in range(participation.invitations)]

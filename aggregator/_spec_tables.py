@@ -15,6 +15,7 @@ from __future__ import annotations
 import datetime
 import json
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -41,15 +42,15 @@ from anonml.protocol import (
     RoundPurpose,
 )
 
-LEARNERS = tuple(str(learner) for learner in Learner)
-"""The partition ensemble's base learners (``learning.PartitionEnsemble(base=...)``)."""
-
 PLANNER = "auto"
 """``[learning] plan = "auto"``: the planner chooses the plan, its partitions,
 the cut points and the combiner by simulation, and the round uses its choice."""
 
-SHORTFALL_OUTCOMES = ("degraded", "fail")
-"""What a round whose survey got fewer than ``min_reports_per_survey`` reports does (``[participation] on_shortfall``)."""
+class ShortfallAction(StrEnum):
+    """What a round whose survey got fewer than ``min_reports_per_survey`` reports does (``[participation] on_shortfall``)."""
+
+    DEGRADED = "degraded"  # it still learns and publishes, and says which surveys fell short
+    FAIL = "fail"  # it fails when that phase closes: no model
 
 MAX_SPEC_BYTES = 1 << 20
 """A round spec is a few kilobytes; more is refused before the TOML parser sees it."""
@@ -118,7 +119,7 @@ class LearningTable:
     def read(cls, table: FieldReader, *, numeric: bool) -> LearningTable:
         """``numeric``: whether the task has a numeric feature (a comparison pool answers its median search)."""
         plan = table.choice("plan", (*PLAN_KINDS, PLANNER))
-        learner = table.choice("learner", LEARNERS)
+        learner = table.choice("learner", tuple(Learner))
         if plan == PLANNER:
             for chosen in ("k_p", "k_h", "k_s", "vote", "comparison_pool"):
                 if table.optional(chosen):
@@ -300,7 +301,7 @@ class ParticipationTable:
     allow_list: tuple[bytes, ...]
     min_reports_per_survey: int | None
     """A survey with fewer accepted reports is short (None: ``aggregator._spec.default_min_reports``)."""
-    on_shortfall: str
+    on_shortfall: ShortfallAction
     min_anonymity_set: int
     """The fewest peers any survey may hide a report among, signed in the manifest
     (``RoundManifest.min_anonymity_set``; default :data:`protocol.DEFAULT_MIN_ANONYMITY_SET`)."""
@@ -324,7 +325,7 @@ class ParticipationTable:
             invitations=optional("invitations", 0, MAX_ROSTER, 0),
             allow_list=allow_list,
             min_reports_per_survey=table.integer("min_reports_per_survey", 0, 2**31) if table.optional("min_reports_per_survey") else None,
-            on_shortfall=table.choice("on_shortfall", SHORTFALL_OUTCOMES) if table.optional("on_shortfall") else "degraded",
+            on_shortfall=ShortfallAction(table.choice("on_shortfall", tuple(ShortfallAction))) if table.optional("on_shortfall") else ShortfallAction.DEGRADED,
             min_anonymity_set=optional("min_anonymity_set", 1, MAX_ROSTER, DEFAULT_MIN_ANONYMITY_SET),
         )
         table.done()

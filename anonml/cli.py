@@ -16,7 +16,6 @@ what to do, exit status 1, and no traceback. ``--debug`` (or
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Callable
 from typing import Any, NoReturn
 
@@ -87,13 +86,13 @@ ROLE_COMMANDS: dict[str, tuple[CommandLoader, str]] = {
 
 
 def _bench_abuse() -> click.Command:
-    from anonml.bench.abuse import bench_abuse
+    from anonml.bench.commands import bench_abuse
 
     return bench_abuse
 
 
 def _bench_aggregator() -> click.Command:
-    from anonml.bench.aggregator import bench_aggregator
+    from anonml.bench.commands import bench_aggregator
 
     return bench_aggregator
 
@@ -105,25 +104,25 @@ def _bench_ingest() -> click.Command:
 
 
 def _bench_crypto() -> click.Command:
-    from anonml.bench.crypto import bench_crypto
+    from anonml.bench.commands import bench_crypto
 
     return bench_crypto
 
 
 def _bench_mechanisms() -> click.Command:
-    from anonml.bench.mechanisms import bench_mechanisms
+    from anonml.bench.commands import bench_mechanisms
 
     return bench_mechanisms
 
 
 def _bench_relay() -> click.Command:
-    from anonml.bench.relay import bench_relay
+    from anonml.bench.commands import bench_relay
 
     return bench_relay
 
 
 def _bench_anonymity() -> click.Command:
-    from anonml.bench.anonymity import bench_anonymity
+    from anonml.bench.commands import bench_anonymity
 
     return bench_anonymity
 
@@ -135,13 +134,13 @@ def _bench_startup() -> click.Command:
 
 
 def _bench_faults() -> click.Command:
-    from anonml.bench.faults import bench_faults
+    from anonml.bench.commands import bench_faults
 
     return bench_faults
 
 
 def _bench_demo() -> click.Command:
-    from anonml.bench.demo import bench_demo
+    from anonml.bench.commands import bench_demo
 
     return bench_demo
 

@@ -13,12 +13,17 @@ import datetime
 import math
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import IO, Any
 
 __all__ = ["StatusBoard", "clock_time", "duration", "epsilon_in_words", "local_time"]
 
 Rows = Sequence[tuple[str, str]]
+
+
+def one_of(options: Iterable[object]) -> str:
+    """Options as a reader types them (``grr, sue, pq``): an enum's values, never its reprs (``<OracleName.GRR: 'grr'>``)."""
+    return ", ".join(str(option) for option in options)
 
 
 def local_time(unix_seconds: float) -> str:

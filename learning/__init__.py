@@ -10,63 +10,83 @@ are in; ``anonml experiment`` runs it alone, with no network.
 
 from __future__ import annotations
 
-from anonml.learning._binning import (
-    QuantileBinner,
-    SpecBinner,
-    balanced_cuts,
-    bin_table,
-    exact_cut_points,
-    private_cut_points,
-    table_matrix,
-)
-from anonml.learning._averaging import ModelAveraging, NotConverged, OutputPerturbation, fit_regularized_logistic, unit_ball_rows
-from anonml.learning._compare import EncodedSplit, LearnerName, LinearSettings, linear_trial, run_comparison
-from anonml.learning._data import (
-    DataError,
-    Table,
-    clip_table,
-    finite_number,
-    load_adult,
-    read_adult_file,
-    read_csv_table,
-    split_table,
-)
-from anonml.learning._ensemble import PartitionEnsemble, SubsetHistogram, estimate_histogram, exact_histogram
-from anonml.learning._experiment import experiment
-from anonml.learning._linear import LDPGradientDescent, LinearEncoding, Loss, fit_logistic_reference, harmony_group_size, loss_gradients, wide_range_features
-from anonml.learning._mixed import MixedAnswer, MixedReport, hadamard_entries, hadamard_order, mixed_statistics
-from anonml.learning._model import MODEL_FORMAT, model_from_json, model_to_json, published_model
-from anonml.learning._planner import (
-    PLANNER_MAX_PEERS,
-    PlanChoice,
-    candidate_choices,
-    choose_plan,
-    choose_round_plan,
-    round_candidates,
-    synthetic_table,
-)
-from anonml.learning._statistics import (
-    StatisticAnswer,
-    cdf_variances,
-    count_task,
-    count_variance,
-    histogram_task,
-    mean_task,
-    mean_variance,
-    quantile_task,
-)
-from anonml.learning._tables import TableName, adult_spec, builtin_spec, load_builtin
-from anonml.learning._trial import TrialResult, estimate_histograms, exact_histograms, fit_combiners, run_trial
+from typing import TYPE_CHECKING
+
+# Each name's module is imported when the name is first used (anonml.base.lazy).
+if TYPE_CHECKING:
+    from anonml.learning._binning import (
+        QuantileBinner,
+        SpecBinner,
+        balanced_cuts,
+        bin_table,
+        exact_cut_points,
+        private_cut_points,
+        table_matrix,
+    )
+    from anonml.learning._averaging import (
+        ModelAveraging,
+        NotConverged,
+        OutputPerturbation,
+        fit_regularized_logistic,
+        unit_ball_rows,
+    )
+    from anonml.learning._compare import EncodedSplit, linear_encoding, linear_trial, run_comparison
+    from anonml.learning._data import (
+        DataError,
+        Table,
+        clip_table,
+        finite_number,
+        load_adult,
+        read_adult_file,
+        read_csv_table,
+        split_table,
+    )
+    from anonml.learning._ensemble import PartitionEnsemble, SubsetHistogram, estimate_histogram, exact_histogram
+    from anonml.learning._command import experiment
+    from anonml.learning._linear import (
+        LDPGradientDescent,
+        LinearEncoding,
+        Loss,
+        fit_logistic_reference,
+        harmony_group_size,
+        loss_gradients,
+        wide_range_features,
+    )
+    from anonml.learning._model import MODEL_FORMAT, model_from_json, model_to_json, published_model
+    from anonml.learning._planner import (
+        PLANNER_MAX_PEERS,
+        PlanChoice,
+        candidate_choices,
+        choose_plan,
+        choose_round_plan,
+        round_candidates,
+        synthetic_table,
+    )
+    from anonml.learning._statistics import (
+        StatisticAnswer,
+        cdf_variances,
+        count_task,
+        count_variance,
+        histogram_task,
+        mean_task,
+        mean_variance,
+        quantile_task,
+    )
+    from anonml.learning._tables import adult_spec, builtin_spec, load_builtin
+    from anonml.learning._vocabulary import LearnerName, LinearSettings, TableName
+    from anonml.learning._trial import TrialResult, estimate_histograms, exact_histograms, fit_combiners, run_trial
+    from anonml.learning._mixed import MixedAnswer, MixedReport, hadamard_entries, hadamard_order, mixed_statistics
+else:
+    from anonml.base.lazy import lazy_exports
+
+    __getattr__, __dir__ = lazy_exports(__name__, __file__)
 
 __all__ = [
     "DataError",
-    "EncodedSplit",
     "LDPGradientDescent",
     "LearnerName",
     "LinearEncoding",
     "LinearSettings",
-    "MixedAnswer",
-    "MixedReport",
     "Loss",
     "MODEL_FORMAT",
     "ModelAveraging",
@@ -103,17 +123,15 @@ __all__ = [
     "fit_combiners",
     "fit_logistic_reference",
     "fit_regularized_logistic",
-    "hadamard_entries",
-    "hadamard_order",
     "harmony_group_size",
     "histogram_task",
+    "linear_encoding",
     "linear_trial",
     "load_adult",
     "load_builtin",
     "loss_gradients",
     "mean_task",
     "mean_variance",
-    "mixed_statistics",
     "model_from_json",
     "model_to_json",
     "private_cut_points",
@@ -128,5 +146,11 @@ __all__ = [
     "synthetic_table",
     "table_matrix",
     "unit_ball_rows",
+    "EncodedSplit",
+    "MixedAnswer",
+    "MixedReport",
+    "hadamard_entries",
+    "hadamard_order",
+    "mixed_statistics",
     "wide_range_features",
 ]

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from enum import StrEnum
 from typing import Any
 
 import numpy as np
@@ -21,40 +19,17 @@ from sklearn.metrics import roc_auc_score
 from anonml.learning._averaging import ModelAveraging, unit_ball_rows
 from anonml.learning._data import Table
 from anonml.learning._linear import FloatArray, LDPGradientDescent, LinearEncoding, Loss, fit_logistic_reference, wide_range_features
+from anonml.learning._vocabulary import LearnerName, LinearSettings
 from anonml.mechanisms import PrivacyLedger
 from anonml.protocol import FeatureSpec
-
-
-class LearnerName(StrEnum):
-    """What ``--learner`` accepts."""
-
-    ENSEMBLE = "ensemble"  # the partition ensemble (the release plans of the experiment)
-    SGD_LR = "ldp-sgd-lr"
-    SGD_SVM = "ldp-sgd-svm"
-    SGD_LINREG = "ldp-sgd-linreg"
-    AVERAGING = "model-averaging"
-    LOGREG = "logreg"  # non-private reference
 
 
 _SGD_LOSS = {LearnerName.SGD_LR: Loss.LOGISTIC, LearnerName.SGD_SVM: Loss.HINGE, LearnerName.SGD_LINREG: Loss.SQUARED}
 
 
-@dataclass(frozen=True)
-class LinearSettings:
-    """Hyperparameters of the linear learners. The defaults (32 steps,
-    γ0 = 1) were chosen by a small sweep on Adult (group sizes 33 to 2000,
-    γ0 0.03 to 10, scored on its test split: optimistic for Adult);
-    ``sgd_steps`` None is Harmony §5.3's own rule (groups of
-    :func:`harmony_group_size`). ``log_scale``: encode the wide-range
-    numeric features on a log scale (:func:`wide_range_features`)."""
-
-    sgd_steps: int | None = 32
-    sgd_learning_rate: float = 1.0
-    rows_per_peer: int = 100
-    log_scale: bool = True
-
-    def encoding(self, spec: FeatureSpec) -> LinearEncoding:
-        return LinearEncoding(spec, wide_range_features(spec) if self.log_scale else frozenset())
+def linear_encoding(settings: LinearSettings, spec: FeatureSpec) -> LinearEncoding:
+    """The linear learners' encoding of ``spec``: its wide-range numeric features on a log scale if ``settings`` say so."""
+    return LinearEncoding(spec, wide_range_features(spec) if settings.log_scale else frozenset())
 
 
 def summary(values: Sequence[float]) -> dict[str, float]:
@@ -119,7 +94,7 @@ def run_comparison(
     """One result line per (linear learner, ε_T): AUC summary over
     ``trials``, the worst record-level ε any peer spent, and the learner's
     details; the non-private reference has one line (ε ``None``)."""
-    split = EncodedSplit.of(settings.encoding(spec), train, test)
+    split = EncodedSplit.of(linear_encoding(settings, spec), train, test)
     rng = np.random.default_rng(seed)
     lines: dict[tuple[str, float | None], dict[str, Any]] = {}
     for _ in range(trials):

@@ -8,7 +8,6 @@ and have no published split, so they are split here (seeded, stratified).
 
 from __future__ import annotations
 
-from enum import StrEnum
 from importlib import resources
 from pathlib import Path
 
@@ -16,15 +15,8 @@ import numpy as np
 import numpy.typing as npt
 
 from anonml.learning._data import DataError, Table, load_adult, split_table
+from anonml.learning._vocabulary import TableName
 from anonml.protocol import FeatureSpec
-
-
-class TableName(StrEnum):
-    """The built-in tables."""
-
-    ADULT = "adult"
-    BREAST_CANCER = "breast-cancer"
-    AFFAIRS = "affairs"
 
 
 def builtin_spec(name: TableName | str) -> FeatureSpec:

@@ -9,7 +9,8 @@ import math
 
 import numpy as np
 
-from anonml.mechanisms._oracle_base import FrequencyOracle, OracleName, pure_variance_per_report
+from anonml.mechanisms._names import OracleName
+from anonml.mechanisms._oracle_base import FrequencyOracle, pure_variance_per_report
 from anonml.mechanisms._sampling import bernoulli, floor_dyadic
 from anonml.mechanisms._wire import bytes_for, pack_fields, unpack_fields
 

@@ -28,13 +28,13 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
-from enum import StrEnum
 from functools import lru_cache
 from typing import ClassVar
 
 import numpy as np
 
 from anonml.mechanisms._errors import InvalidReport
+from anonml.mechanisms._names import OracleName
 from anonml.mechanisms._sampling import epsilon_range, in_range, refuse
 from anonml.mechanisms._validate import check_counts, check_epsilon, check_positive_int, check_values
 from anonml.mechanisms._wire import check_blobs, join_blobs, pack_bits, unpack_bits
@@ -45,19 +45,6 @@ from anonml.mechanisms._wire import check_blobs, join_blobs, pack_bits, unpack_b
 # n >= 65,536 with m = 1e6).
 BLOCK_ELEMENTS = 1 << 22
 _MAX_BLOCK_ROWS = 1 << 16
-
-class OracleName(StrEnum):
-    """The frequency oracles by their wire name; ``AUTO`` lets :func:`make_oracle` choose."""
-
-    GRR = "grr"
-    SUE = "sue"
-    PQ = "pq"
-    OUE = "oue"
-    OLH = "olh"
-    SS = "ss"
-    HR = "hr"
-    AUTO = "auto"
-
 
 def _check_rng(rng: np.random.Generator) -> np.random.Generator:
     if not isinstance(rng, np.random.Generator):

@@ -7,9 +7,11 @@ contract in ``_oracle_base``.
 
 from __future__ import annotations
 
+from anonml.base.display import one_of
 from anonml.mechanisms._errors import EpsilonOutOfRange
 from anonml.mechanisms._hashing import HadamardResponse, OptimizedLocalHashing
-from anonml.mechanisms._oracle_base import FrequencyOracle, OracleName
+from anonml.mechanisms._names import OracleName
+from anonml.mechanisms._oracle_base import FrequencyOracle
 from anonml.mechanisms._unary import (
     GeneralizedRandomResponse,
     OptimizedPQEncoding,
@@ -68,7 +70,7 @@ def make_oracle(
     try:
         chosen = OracleName(name)
     except ValueError:
-        raise ValueError(f"name must be one of {ORACLE_NAMES!r}, got {name!r}") from None
+        raise ValueError(f"name must be one of {one_of(ORACLE_NAMES)}, got {name!r}") from None
     if chosen != OracleName.AUTO:
         return _ORACLE_CLASSES[chosen](epsilon, m)
     if n is None:

@@ -16,21 +16,13 @@ Estimation with Consistency", NDSS 2020, compare them):
 
 from __future__ import annotations
 
-from enum import StrEnum
 
 import numpy as np
 
+from anonml.base.display import one_of
+from anonml.mechanisms._names import PostprocessMethod
 from anonml.mechanisms._oracle_base import FrequencyOracle
 from anonml.mechanisms._validate import check_positive_int
-
-class PostprocessMethod(StrEnum):
-    """The post-processing methods of the module docstring."""
-
-    CLIP = "clip"
-    NORM_SUB = "norm-sub"
-    PROJECT = "project"
-    IBU = "ibu"
-
 
 POSTPROCESS_METHODS: tuple[str, ...] = tuple(PostprocessMethod)
 
@@ -170,4 +162,4 @@ def postprocess(
         if reports is not None:
             return _ibu_from_reports(oracle, reports, n)
         return _ibu_from_estimate(oracle, checked, n)
-    raise ValueError(f"method must be one of {POSTPROCESS_METHODS!r}, got {method!r}")
+    raise ValueError(f"method must be one of {one_of(POSTPROCESS_METHODS)}, got {method!r}")

@@ -11,7 +11,8 @@ from abc import abstractmethod
 
 import numpy as np
 
-from anonml.mechanisms._oracle_base import BitVectorOracle, FrequencyOracle, OracleName, pure_variance_per_report
+from anonml.mechanisms._names import OracleName
+from anonml.mechanisms._oracle_base import BitVectorOracle, FrequencyOracle, pure_variance_per_report
 from anonml.mechanisms._sampling import bernoulli, ceil_dyadic, floor_dyadic
 from anonml.mechanisms._validate import check_epsilon, check_positive_int
 from anonml.mechanisms._wire import bytes_for, pack_fields, unpack_fields

@@ -8,45 +8,59 @@ init`` and ``anonml peer join`` wrap it for a person with one data file.
 
 from __future__ import annotations
 
-from anonml.peer._client import AggregatorClient, AggregatorError, mirror_clients
-from anonml.peer._disclosure import describe_release
-from anonml.peer._features import RoundPipeline
-from anonml.peer._framework import (
-    CsvImporter,
-    Dataset,
-    EntityIsPeerInstancer,
-    Event,
-    FeatureError,
-    FeatureFunction,
-    FeatureVector,
-    Featurizer,
-    Importer,
-    Instancer,
-    MalformedData,
-    TrainingExample,
-)
-from anonml.peer._identity import IdentityError, PeerIdentity, init_identity, load_identity
-from anonml.peer._join import (
-    JoinResult,
-    SentMessage,
-    Peer,
-    PeerRound,
-    check_manifest_unchanged,
-    choose_path,
-    join_round,
-    peer_generator,
-    planned_releases,
-)
-from anonml.peer._ledger import PeerLedger
-from anonml.peer._session import Equivocation, JoinRefused, RoundSession, mirror_quorum
-from anonml.peer._store import EquivocationProof, PeerStore, Registration, Spend, StoredPacket, StoreError
-from anonml.peer._transport import PacketTransport, open_transport
+from typing import TYPE_CHECKING
 
-# The role's click group (``anonml peer ...``), which ``anonml.cli`` mounts.
-from anonml.peer._cli import peer as command
+# Each name's module is imported when the name is first used (anonml.base.lazy).
+if TYPE_CHECKING:
+    from anonml.peer._client import AggregatorClient, AggregatorError, mirror_clients
+    from anonml.peer._disclosure import describe_release
+    from anonml.peer._events import EVENT_WORDS, MISSING_REASONS, MessageOutcome, PeerEvent, RefusalReason
+    from anonml.peer._features import RoundPipeline
+    from anonml.peer._framework import (
+        CsvImporter,
+        Dataset,
+        EntityIsPeerInstancer,
+        Event,
+        FeatureError,
+        FeatureFunction,
+        FeatureVector,
+        Featurizer,
+        Importer,
+        Instancer,
+        MalformedData,
+        TrainingExample,
+    )
+    from anonml.peer._identity import IdentityError, PeerIdentity, init_identity, load_identity
+    from anonml.peer._join import (
+        JoinResult,
+        SentMessage,
+        Peer,
+        PeerRound,
+        check_manifest_unchanged,
+        choose_path,
+        join_round,
+        peer_generator,
+        planned_releases,
+    )
+    from anonml.peer._ledger import PeerLedger
+    from anonml.peer._session import Equivocation, JoinRefused, RoundSession, mirror_quorum
+    from anonml.peer._store import EquivocationProof, PeerStore, Registration, Spend, StoredPacket, StoreError
+    from anonml.peer._transport import PacketTransport, open_transport
+    # The role's click group (``anonml peer ...``), which ``anonml.cli`` mounts.
+    from anonml.peer._cli import peer as command
+else:
+    from anonml.base.lazy import lazy_exports
+
+    __getattr__, __dir__ = lazy_exports(__name__, __file__)
+
 
 __all__ = [
     "command",
+    "EVENT_WORDS",
+    "MISSING_REASONS",
+    "MessageOutcome",
+    "PeerEvent",
+    "RefusalReason",
     "AggregatorClient",
     "AggregatorError",
     "CsvImporter",

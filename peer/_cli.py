@@ -4,15 +4,24 @@ from __future__ import annotations
 
 import math
 import sys
+import time
 from collections import Counter
 from collections.abc import Mapping
+from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
-import trio
 
+from anonml.base.display import local_time
 from anonml.base.errors import ConfigError
-from anonml.peer._identity import PeerIdentity, init_identity, load_identity
+
+if TYPE_CHECKING:
+    from anonml.peer._identity import PeerIdentity
+    from anonml.protocol import RoundSchedule
+
+# trio and the peer's own modules are imported by the commands that use them,
+# so `anonml peer join --help` loads click alone (issue 29).
 
 STORE_FILE = "peer.sqlite"
 
@@ -26,6 +35,8 @@ def peer() -> None:
 @click.option("--data-dir", type=click.Path(path_type=Path), required=True, help="Where the identity and ledger live.")
 def init(data_dir: Path) -> None:
     """Create this peer's Ed25519 identity (owner-only files; never overwrites)."""
+    from anonml.peer._identity import init_identity
+
     try:
         identity = init_identity(data_dir)
     except ConfigError as exc:
@@ -41,6 +52,7 @@ def init(data_dir: Path) -> None:
 def budget(data_dir: Path, lifetime: float | None) -> None:
     """Show what this peer's ledger holds per round against its lifetime budget (and set that budget)."""
     from anonml.mechanisms import record_level_epsilon
+    from anonml.peer._identity import load_identity
     from anonml.peer._ledger import releases_by_round
     from anonml.peer._store import PeerStore
 
@@ -73,7 +85,10 @@ def budget(data_dir: Path, lifetime: float | None) -> None:
 @click.option("--yes", is_flag=True, help="Do not ask before spending privacy budget.")
 def join(data_dir: Path, url: str, data_file: Path, invitation: str | None, dry_run: bool, yes: bool) -> None:
     """Join the round the aggregator is running, from the data in FILE.csv."""
+    import trio
+
     from anonml.peer._client import check_aggregator_url
+    from anonml.peer._identity import load_identity
 
     check_aggregator_url(url)
     if not data_file.is_file():
@@ -85,7 +100,6 @@ def join(data_dir: Path, url: str, data_file: Path, invitation: str | None, dry_
 
 def _windows(manifest: object) -> list[str]:
     """When this peer's packets leave and arrive, in local time (told before anything is sent)."""
-    from anonml.base.display import local_time
     from anonml.protocol import RoundManifest
 
     assert isinstance(manifest, RoundManifest)
@@ -102,18 +116,20 @@ def _windows(manifest: object) -> list[str]:
     return lines
 
 
-_EVENT_WORDS = {
-    "registered": "registered: your key is on the roster",
-    "resumed": "resumed: registered with a credential before (stored here); continuing with them",
-    "credential": "credential received (blind: the aggregator cannot link it to you)",
-    "sent": "a packet left for its first relay",
-    "acknowledged": "receipt found: a packet was counted",
-    "resent": "a receipt was missing: the same message was resent over another path",
-    "first-hop-failed": "a first relay did not answer; trying another path",
-    "missing": "a packet was not counted (its receipt is missing after the round)",
-    "unconfirmed": "the receipt log could not be read: a packet may or may not have counted",
-    "median-missed": "the median thresholds were not published in time: no median answer was sent",
-}
+def peer_heartbeat(schedule: RoundSchedule, events: Mapping[str, int], now: float | None = None) -> str:
+    """What a quiet ``peer join`` says each minute: the round's phase and this peer's packets so far."""
+    from anonml.protocol import phase_at
+
+    phase, _ = phase_at(schedule, int(time.time() if now is None else now))
+    return (f"still in the round ({phase} phase, ends {local_time(schedule.end)}): "
+            f"{events.get('sent', 0) + events.get('resent', 0)} packet(s) sent, {events.get('acknowledged', 0)} receipt(s) found")
+
+
+def _refuse_ended_round(name: str, ends: int, now: float) -> None:
+    """A round that has ended takes nothing more: say so instead of going through its steps and exiting 0."""
+    if now >= ends:
+        raise click.ClickException(f"round {name!r} ended at {local_time(ends)}: nothing can be sent to it any more; "
+                                   "ask the aggregator operator for the next round")
 
 
 def _reasons(reasons: Mapping[str, int]) -> str:
@@ -122,9 +138,13 @@ def _reasons(reasons: Mapping[str, int]) -> str:
 
 
 async def _join(identity: PeerIdentity, data_dir: Path, url: str, data_file: Path, invitation: str | None, dry_run: bool, yes: bool) -> int:
+    import trio
+
     from anonml.base.display import StatusBoard
+    from anonml.base.heartbeat import heartbeat
     from anonml.mechanisms import over_budget
     from anonml.peer._client import AggregatorClient
+    from anonml.peer._events import EVENT_WORDS, PeerEvent
     from anonml.peer._disclosure import describe_release
     from anonml.peer._features import RoundPipeline
     from anonml.peer._framework import FeatureError, MalformedData
@@ -141,11 +161,14 @@ async def _join(identity: PeerIdentity, data_dir: Path, url: str, data_file: Pat
         manifest = signed.manifest
         spec = FeatureSpec.from_dict(dict(manifest.features))
         pipeline = RoundPipeline.for_spec(spec)
+        _refuse_ended_round(manifest.name, manifest.schedule.end, time.time())
         try:
-            vector = pipeline.vector_from_file(data_file)
+            dataset = pipeline.importer.import_file(data_file)
+            vector = pipeline.vector_of(dataset)
+            label_value = dataset.latest(spec.label.name).fields[spec.label.name]
         except (MalformedData, FeatureError, FeatureSpecError) as exc:
             raise click.ClickException(f"{data_file}: {exc}") from None
-        disclosure = describe_release(signed, spec, vector, store, identity.public_key)
+        disclosure = describe_release(signed, spec, vector, store, identity.public_key, label_value=label_value)
         click.echo(disclosure.text)
         click.echo("\nWhen:")
         for line in _windows(manifest):
@@ -167,9 +190,9 @@ async def _join(identity: PeerIdentity, data_dir: Path, url: str, data_file: Pat
         with StatusBoard(f"round {manifest.name}") as board:
             client.on_retry = board.note
 
-            def heard(event: str) -> None:
+            def heard(event: PeerEvent) -> None:
                 events[event] += 1
-                board.note(_EVENT_WORDS.get(event, event))
+                board.note(EVENT_WORDS[event])
                 # A resumed join was registered and given its credential by the run before it.
                 board.update([
                     ("registered", "yes" if events["registered"] or events["resumed"] else "not yet"),
@@ -181,7 +204,10 @@ async def _join(identity: PeerIdentity, data_dir: Path, url: str, data_file: Pat
             async with open_transport(packet_size=geometry.packet_size, geometry_hash=geometry.canonical_hash()) as transport:
                 session = RoundSession(client, transport)
                 peer = Peer(identity, store, vector, peer_generator(), invitation)
-                result = await join_round(peer, session, signed, pipeline, listener=heard)
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(heartbeat, partial(peer_heartbeat, manifest.schedule, events), board.note)
+                    result = await join_round(peer, session, signed, pipeline, listener=heard)
+                    nursery.cancel_scope.cancel()
         click.echo(
             f"done: partition {result.partition}, {result.packets} packet(s): {result.acknowledged} acknowledged, "
             f"{result.missing} missing{_reasons(result.missing_reasons)}, {result.unconfirmed} unconfirmed "

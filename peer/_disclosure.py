@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 from anonml.base.display import epsilon_in_words, local_time
 from anonml.mechanisms import over_budget, per_attribute_epsilon, releases_from
-from anonml.peer._framework import FeatureVector
+from anonml.peer._framework import FeatureVector, FieldValue
 from anonml.peer._join import releases_still_to_make
 from anonml.peer._ledger import PeerLedger
 from anonml.peer._store import PeerStore
@@ -83,7 +83,27 @@ class Disclosure(NamedTuple):
     lifetime_epsilon: float
 
 
-def describe_release(signed: SignedManifest, spec: FeatureSpec, vector: FeatureVector, store: PeerStore, peer: bytes) -> Disclosure:
+def _value_words(spec: FeatureSpec, name: str, value: FieldValue) -> str:
+    """A feature's value as computed, and the value it is binned as when the spec's range clips it."""
+    feature = spec.feature(name)
+    if isinstance(feature, NumericFeature) and isinstance(value, float):
+        clipped = min(max(value, feature.low), feature.high)
+        if clipped != value:
+            return f"{value!r} (clipped to {clipped:g}, the end of the round's range {feature.low:g} to {feature.high:g})"
+    return repr(value)
+
+
+def _label_words(spec: FeatureSpec, label: int, value: FieldValue | None) -> str:
+    """The label as sent; a value the spec does not name is said to be unknown, not passed off as a known class."""
+    positive, negative = spec.label.positive, spec.label.negative
+    if value is None or str(value) in positive or (negative is not None and str(value) in negative):
+        return f"your label is {label}" + ("" if value is None else f" ({value!r})")
+    return (f"your label value {value!r} is unknown to this round (its positive values: {', '.join(map(repr, positive))}); "
+            f"it is sent as {label}, like every value that is not positive")
+
+
+def describe_release(signed: SignedManifest, spec: FeatureSpec, vector: FeatureVector, store: PeerStore, peer: bytes, *,
+                     label_value: FieldValue | None = None) -> Disclosure:
     """The text shown before consent, the worst-case record-level epsilon of
     the round, and where that would leave the peer's lifetime budget.
 
@@ -102,13 +122,13 @@ def describe_release(signed: SignedManifest, spec: FeatureSpec, vector: FeatureV
     earlier = ledger.earlier_rounds()
     lines = [
         f"Round {manifest.name!r} ({signed.round_id.hex()[:16]}…) at {manifest.aggregator_url}",
-        f"  task: predict {manifest.label!r}; your label is {vector.label} (computed here from your file).",
+        f"  task: predict {manifest.label!r}; {_label_words(spec, vector.label, label_value)} (computed here from your file).",
         f"  registration: your public identity key {peer.hex()[:16]}… goes on the round's public roster.",
         "",
         "Computed on this machine from your file (the file itself never leaves it):",
     ]
     for name in spec.names:
-        lines.append(f"  - {name} = {vector.features[name]!r}, shared only as {_binning(spec, name)}")
+        lines.append(f"  - {name} = {_value_words(spec, name, vector.features[name])}, shared only as {_binning(spec, name)}")
     lines += ["", "What leaves this machine, each as one fixed-size packet "
               f"({geometry.packet_size} bytes) through {manifest.path_length} relays, unlinkable to you:"]
     if ledger.releases():

@@ -43,6 +43,7 @@ from anonml.crypto import (
     finish_issuance,
 )
 from anonml.mechanisms import BudgetExceeded, answer_is_greater
+from anonml.peer._events import MISSING_REASONS, MessageOutcome, PeerEvent, RefusalReason
 from anonml.peer._client import AggregatorError
 from anonml.peer._features import RoundPipeline
 from anonml.peer._framework import FeatureVector
@@ -147,10 +148,10 @@ class JoinResult:
     sent: list[SentMessage] = field(default_factory=list)
 
 
-Listener = Callable[[str], None]
+Listener = Callable[[PeerEvent], None]
 
 
-def _ignore(_: str) -> None:
+def _ignore(_: PeerEvent) -> None:
     pass
 
 
@@ -205,13 +206,13 @@ def check_thresholds(thresholds: MedianThresholds, spec: FeatureSpec) -> None:
     make the peer reveal something it was never asked to accept.
     """
     if thresholds.features != spec.numeric_names:
-        raise JoinRefused("bad-thresholds", f"median sub-round {thresholds.sub_round} asks about {list(thresholds.features)!r}, "
+        raise JoinRefused(RefusalReason.BAD_THRESHOLDS, f"median sub-round {thresholds.sub_round} asks about {list(thresholds.features)!r}, "
                           f"not once about each numeric feature {list(spec.numeric_names)!r}")
     for name, values in zip(thresholds.features, thresholds.thresholds, strict=True):
         feature = spec.feature(name)
         assert isinstance(feature, NumericFeature)
         if len(values) != feature.quantiles:
-            raise JoinRefused("bad-thresholds", f"median sub-round {thresholds.sub_round} gives {len(values)} thresholds "
+            raise JoinRefused(RefusalReason.BAD_THRESHOLDS, f"median sub-round {thresholds.sub_round} gives {len(values)} thresholds "
                               f"for {name!r}, whose spec has {feature.quantiles} cut points")
 
 
@@ -225,7 +226,7 @@ def check_manifest_unchanged(peer: Peer, signed: SignedManifest, aggregator: str
     if first is not None:
         proof = EquivocationProof(signed.round_id, "manifest", first, signed.to_json())
         peer.store.record_equivocation(peer.identity.public_key, proof)
-        raise JoinRefused("manifest-changed", f"round {signed.manifest.name!r} at {aggregator} now has manifest hash "
+        raise JoinRefused(RefusalReason.MANIFEST_CHANGED, f"round {signed.manifest.name!r} at {aggregator} now has manifest hash "
                           f"{signed.round_id.hex()!r}, not the one this peer registered under; both are stored")
 
 
@@ -269,19 +270,15 @@ class _Outgoing:
     """A first relay acknowledged this message (not a cover) durably, in either window."""
 
 
-MISSING_REASONS = ("never-sent", "no-receipt-after-second-chance")
-"""Why a message's receipt is not in the final log: no first relay took it in either window, or one did and it was lost after."""
-
-
-def message_outcome(out: _Outgoing, final: LogView | None) -> str:
+def message_outcome(out: _Outgoing, final: LogView | None) -> MessageOutcome:
     """What the final check says of one report: ``acknowledged``, ``unconfirmed`` (no final log to read) or one of
     :data:`MISSING_REASONS`."""
     assert out.sealed is not None, "a survey answered with covers only has no report to look for"
     if final is None:
-        return "unconfirmed"
+        return MessageOutcome.UNCONFIRMED
     if final.contains(out.survey, out.sealed.receipt):
-        return "acknowledged"
-    return "no-receipt-after-second-chance" if out.left else "never-sent"
+        return MessageOutcome.ACKNOWLEDGED
+    return MessageOutcome.NO_RECEIPT_AFTER_SECOND_CHANCE if out.left else MessageOutcome.NEVER_SENT
 
 
 class PeerRound:
@@ -311,7 +308,7 @@ class PeerRound:
         self.result = JoinResult()
         self.credential: Credential | None = None
 
-    def emit(self, event: str) -> None:
+    def emit(self, event: PeerEvent) -> None:
         self.result.events.append(event)
         self.listener(event)
 
@@ -319,7 +316,7 @@ class PeerRound:
         """Keep an equivocation's two signed documents in this peer's store before it stops."""
         if isinstance(refused, Equivocation):
             self.peer.store.record_equivocation(self.key, refused.proof)
-            self.emit("equivocation")
+            self.emit(PeerEvent.EQUIVOCATION)
         return refused
 
     async def recheck_manifest(self, phase: str) -> None:
@@ -332,13 +329,13 @@ class PeerRound:
         registration = self.peer.store.registration(self.key, self.round_id)
         if registration is not None and registration.credential is not None:
             self.result.resumed = True
-            self.emit("resumed")
+            self.emit(PeerEvent.RESUMED)
             return
         # The nonce comes from the peer's own CSPRNG, so a seeded run (the simulator) registers alike every time.
         nonce = self.peer.rng.bytes(NONCE_BYTES)
         request = RegisterRequest.create(self.peer.identity.signing_key, self.round_id, self.peer.invitation, nonce=nonce)
         await self.session.client.register(request)
-        self.emit("registered")
+        self.emit(PeerEvent.REGISTERED)
 
     async def partition(self) -> tuple[int, int, tuple[tuple[str, ...], ...]]:
         try:
@@ -346,19 +343,19 @@ class PeerRound:
                 if any(relay.mirror_url is not None for relay in self.manifest.relays):
                     # A manifest the listed mirrors do not hold may be a round made for this peer alone:
                     # it stops before its credential, the first thing that would tie it to that round.
-                    raise JoinRefused("manifest-unconfirmed", f"fewer than {mirror_quorum(self.manifest)} of the round's "
+                    raise JoinRefused(RefusalReason.MANIFEST_UNCONFIRMED, f"fewer than {mirror_quorum(self.manifest)} of the round's "
                                       "relay mirrors hold this manifest; refusing a round others may not see")
-                self.emit("manifest-unmirrored")
+                self.emit(PeerEvent.MANIFEST_UNMIRRORED)
             plan = await self.session.plan(self.signed, self.spec)
         except JoinRefused as refused:
             raise self.stored(refused) from None
         if self.key not in plan.partition_of:
-            raise JoinRefused("not-rostered", f"identity {self.key.hex()!r} is not on the round's roster")
+            raise JoinRefused(RefusalReason.NOT_ROSTERED, f"identity {self.key.hex()!r} is not on the round's roster")
         partition = plan.partition_of[self.key]
         minimum = self.signed.manifest.min_anonymity_set
         if plan.sizes[partition] < minimum:
             # Before the credential: nothing this peer sends can yet be tied to the small partition.
-            raise JoinRefused("anonymity-set", f"partition {partition} has {plan.sizes[partition]} peer(s), fewer than "
+            raise JoinRefused(RefusalReason.ANONYMITY_SET, f"partition {partition} has {plan.sizes[partition]} peer(s), fewer than "
                               f"the manifest's minimum anonymity set of {minimum}: refusing to send")
         self.peer.store.set_partition(self.key, self.round_id, partition)
         self.result.partition = partition
@@ -376,10 +373,10 @@ class PeerRound:
             body = CredentialRequest.create(self.peer.identity.signing_key, self.round_id, request.to_bytes())
             response = await self.session.client.credential(body)
             if response.partition != partition:
-                raise JoinRefused("partition-mismatch", f"the aggregator says partition {response.partition!r}, the seed says {partition!r}")
+                raise JoinRefused(RefusalReason.PARTITION_MISMATCH, f"the aggregator says partition {response.partition!r}, the seed says {partition!r}")
             credential = finish_issuance(state, response.response)
         self.peer.store.set_credential(self.key, self.round_id, credential.to_bytes())
-        self.emit("credential")
+        self.emit(PeerEvent.CREDENTIAL)
         return credential
 
     def prepare(self, survey: SurveyId, report: bytes, features: Sequence[str], phase: PhaseTimes) -> _Outgoing:
@@ -398,7 +395,7 @@ class PeerRound:
         """The send window of a report: either, with probability one half (independent of everything else)."""
         return Attempt.FIRST if self.peer.rng.random() < 0.5 else Attempt.SECOND
 
-    def without_report(self, survey: SurveyId, phase: PhaseTimes, missed: str) -> _Outgoing:
+    def without_report(self, survey: SurveyId, phase: PhaseTimes, missed: PeerEvent) -> _Outgoing:
         """A survey whose report cannot be made in time: covers in both windows, nothing spent."""
         self.result.missed_documents += 1
         self.emit(missed)
@@ -445,7 +442,7 @@ class PeerRound:
             self.peer.store.count_send(self.key, survey.to_bytes())
             if status is AckStatus.ACCEPTED:
                 return True
-            self.emit("first-hop-failed")
+            self.emit(PeerEvent.FIRST_HOP_FAILED)
         return False
 
     async def send_in_window(self, survey: SurveyId, message: bytes, phase: PhaseTimes, attempt: Attempt, tried: set[bytes]) -> float | None:
@@ -472,7 +469,7 @@ class PeerRound:
             out.left = True
             if attempt is Attempt.FIRST or out.window is Attempt.SECOND:
                 self.result.sent.append(SentMessage(out.survey, out.sealed.receipt, sent_at))
-        self.emit("sent")
+        self.emit(PeerEvent.SENT)
 
     async def send_first(self, out: _Outgoing) -> None:
         """The first window's packet: the report if it goes there, else a cover."""
@@ -500,7 +497,7 @@ class PeerRound:
         except JoinRefused as refused:
             raise self.stored(refused) from None
         if view is None or not view.compared:
-            self.emit("log-unverified")
+            self.emit(PeerEvent.LOG_UNVERIFIED)
         async with trio.open_nursery() as nursery:
             for out in outgoing:
                 if out.sealed is not None and out.window is Attempt.SECOND:
@@ -508,7 +505,7 @@ class PeerRound:
                     nursery.start_soon(self.send_report, out, Attempt.SECOND)
                 elif out.sealed is not None and view is not None and view.compared and not view.contains(out.survey, out.sealed.receipt):
                     self.result.resends += 1
-                    self.emit("resent")
+                    self.emit(PeerEvent.RESENT)
                     nursery.start_soon(self.send_report, out, Attempt.SECOND)
                 else:
                     self.result.covers += 1
@@ -523,15 +520,15 @@ class PeerRound:
             if out.sealed is None:
                 continue
             outcome = message_outcome(out, final)
-            if outcome == "unconfirmed":
+            if outcome is MessageOutcome.UNCONFIRMED:
                 self.result.unconfirmed += 1
-            elif outcome == "acknowledged":
+            elif outcome is MessageOutcome.ACKNOWLEDGED:
                 self.peer.store.acknowledge(self.key, out.survey.to_bytes())
                 self.result.acknowledged += 1
             else:
                 self.result.missing += 1
                 self.result.missing_reasons[outcome] += 1
-            self.emit("missing" if outcome in MISSING_REASONS else outcome)
+            self.emit(PeerEvent.MISSING if outcome in MISSING_REASONS else PeerEvent(outcome))
 
     def _check_grew(self, first: LogView, final: LogView) -> None:
         """The final log must extend the first (append-only); two signed heads that disagree are a proof."""
@@ -563,7 +560,7 @@ class PeerRound:
         if thresholds is None:
             # Not in hand by the end of the send window: this peer's answer is missing from the
             # search (nothing is spent), and it sends covers where the answer would have gone.
-            return [self.without_report(survey, phase, "median-missed")]
+            return [self.without_report(survey, phase, PeerEvent.MEDIAN_MISSED)]
         check_thresholds(thresholds, self.spec)
         rng = self.peer.rng
 
@@ -593,13 +590,13 @@ class PeerRound:
         medians = (await self.by_deadline(phase.send_end - _MARGIN, lambda: self.session.medians(self.manifest))
                    if self.spec.numeric_names else MedianResults({}))
         if medians is None:
-            return [self.without_report(survey, phase, "medians-missed") for survey in surveys]
+            return [self.without_report(survey, phase, PeerEvent.MEDIANS_MISSED) for survey in surveys]
         cut_points: dict[str, list[float]] = {}
         for feature in self.spec.features:
             if isinstance(feature, NumericFeature):
                 published = medians.cut_points.get(feature.name, ())
                 if len(published) != feature.quantiles:
-                    raise JoinRefused("no-median", f"{len(published)} published cut points for {feature.name!r}, "
+                    raise JoinRefused(RefusalReason.NO_MEDIAN, f"{len(published)} published cut points for {feature.name!r}, "
                                       f"whose spec has {feature.quantiles}")
                 cut_points[feature.name] = list(published)
         bins = self.pipeline.bins(self.peer.vector, cut_points)
@@ -649,7 +646,7 @@ async def join_round(
         try:
             run.ledger.check(medians=medians, subsets=subsets)
         except BudgetExceeded as exc:
-            raise JoinRefused("budget", str(exc)) from None
+            raise JoinRefused(RefusalReason.BUDGET, str(exc)) from None
     await run.register()
     partition, _, my_subsets = await run.partition()
     run.credential = await run.obtain_credential(partition)

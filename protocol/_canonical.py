@@ -14,6 +14,7 @@ import math
 import re
 from typing import Any, NoReturn
 
+from anonml.base.display import one_of
 from anonml.base.errors import InputError
 
 MAX_JSON_DEPTH = 16
@@ -161,7 +162,7 @@ class FieldReader:
     def choice(self, key: str, options: tuple[str, ...]) -> str:
         value = self.raw(key)
         if value not in options:
-            self.fail(key, f"{value!r} is not one of {options!r}")
+            self.fail(key, f"{value!r} is not one of {one_of(options)}")
         assert isinstance(value, str)
         return value
 

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from anonml.crypto import NodeAddress, PathHop, ReleaseWindow, SphinxGeometry, build_packet
 from anonml.protocol._api import MAX_ROSTER, format_host_port
 from anonml.protocol._canonical import FieldReader, InvalidDocument, canonical_json, format_epsilon, parse_json_object
-from anonml.protocol._plan import Combiner
+from anonml.protocol._vocabulary import Combiner
 from anonml.protocol._schedule import Attempt, RoundSchedule, acceptance_window, hop_windows
 from anonml.protocol._survey import ROUND_ID_BYTES, SurveyId
 

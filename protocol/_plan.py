@@ -46,54 +46,11 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from anonml.base.display import one_of
 from anonml.base.errors import InputError
 from anonml.protocol._features import MAX_FEATURES, FeatureSpec
+from anonml.protocol._vocabulary import DEFAULT_COMPARISON_POOL, DEFAULT_MEDIAN_STEPS, MAX_MEDIAN_STEPS, MAX_PARTITIONS, MEDIAN_PEERS, PLAN_KINDS, MedianPeers
 
-class PlanKind(StrEnum):
-    """How subsets are dealt to partitions (module docstring)."""
-
-    SPLIT = "split"
-    ONE = "one"
-
-
-class MedianPeers(StrEnum):
-    """Who answers the quantile search (module docstring)."""
-
-    RESERVED = "reserved"
-    ALL = "all"
-    DISJOINT = "disjoint"
-
-
-class Learner(StrEnum):
-    """The partition classifier of the ensemble (thesis §8.3)."""
-
-    LOGREG = "logreg"
-    TREE = "tree"
-
-
-class Combiner(StrEnum):
-    """How the ensemble combines its histograms: eq. 6.2's weighted hard vote,
-    the weighted soft vote, or naive Bayes over the same noisy histograms."""
-
-    WEIGHTED = "weighted"
-    SOFT = "soft"
-    NAIVE_BAYES = "naive-bayes"
-
-
-PLAN_KINDS = tuple(PlanKind)
-EPSILON_TOTAL_RANGE = (1e-6, 20.0)
-"""The record-level ε_T a round or an experiment may promise. At ε = 1e-300 a
-randomised response's two probabilities are the same float; 1e-6 keeps them
-apart. The top is where the mechanisms stay randomised in floating point: a
-plan may put all of ε_T on one comparison bit, whose range ends at 22.18
-(``mechanisms.comparison_epsilon_range``); 20 is inside every oracle's range
-for the domains a round allows."""
-MEDIAN_PEERS = tuple(MedianPeers)
-# The default share of peers answering the quantile search in a reserved pool.
-DEFAULT_COMPARISON_POOL = 0.1
-MAX_PARTITIONS = 4096
-MAX_MEDIAN_STEPS = 64
-DEFAULT_MEDIAN_STEPS = 10  # steps of Algorithm 1 in the experiments: 1/2**11 of the public range
 SEED_BYTES = 32
 
 IntArray = npt.NDArray[np.int64]
@@ -172,7 +129,7 @@ def derive_subsets(seed: bytes, features: Sequence[str], kind: str, k_p: int, k_
     names = list(features)
     k_f = len(names)
     if kind not in PLAN_KINDS:
-        raise PlanError(f"kind: expected one of {[str(k) for k in PLAN_KINDS]!r}, got {kind!r}")
+        raise PlanError(f"kind: expected one of {one_of(PLAN_KINDS)}, got {kind!r}")
     if len(set(names)) != k_f or not 1 <= k_f <= MAX_FEATURES:
         raise PlanError(f"features: expected 1 to {MAX_FEATURES} distinct names, got {names!r}")
     _check_int("k_p", k_p, 1, MAX_PARTITIONS)
@@ -343,7 +300,7 @@ class ReleasePlan:
         if eps_t <= 0:
             raise PlanError(f"epsilon_total: must be positive, got {epsilon_total!r}")
         if median_peers not in MEDIAN_PEERS:
-            raise PlanError(f"median_peers: expected one of {[str(m) for m in MEDIAN_PEERS]!r}, got {median_peers!r}")
+            raise PlanError(f"median_peers: expected one of {one_of(MEDIAN_PEERS)}, got {median_peers!r}")
         share = _check_epsilon("median_share", median_share)
         pool = _check_epsilon("comparison_pool", comparison_pool) if numeric_features and median_peers == MedianPeers.RESERVED else 0.0
         if numeric_features and median_peers != MedianPeers.RESERVED and not 0 < share < 1:
@@ -375,7 +332,7 @@ class ReleasePlan:
 
     def validate(self) -> None:
         if self.kind not in PLAN_KINDS:
-            raise PlanError(f"kind: expected one of {PLAN_KINDS!r}, got {self.kind!r}")
+            raise PlanError(f"kind: expected one of {one_of(PLAN_KINDS)}, got {self.kind!r}")
         if not isinstance(self.seed, bytes) or not 1 <= len(self.seed) <= 64:
             raise PlanError(f"seed: expected 1 to 64 bytes, got {self.seed!r}")
         if self.subsets != derive_subsets(self.seed, self.features, self.kind, self.k_p, self.k_h, self.k_s):
@@ -386,7 +343,7 @@ class ReleasePlan:
         _check_epsilon("release_epsilon", self.release_epsilon)
         _check_epsilon("median_epsilon", self.median_epsilon)
         if self.median_peers not in MEDIAN_PEERS:
-            raise PlanError(f"median_peers: expected one of {[str(m) for m in MEDIAN_PEERS]!r}, got {self.median_peers!r}")
+            raise PlanError(f"median_peers: expected one of {one_of(MEDIAN_PEERS)}, got {self.median_peers!r}")
         _check_int("median_steps", self.median_steps, 1, MAX_MEDIAN_STEPS)
         pool = _check_epsilon("comparison_pool", self.comparison_pool)
         if pool >= 1 or (pool > 0) != (self.median_peers == MedianPeers.RESERVED and bool(self.numeric_features)):

@@ -7,35 +7,43 @@ operator's interface (:mod:`relay._cli`).
 
 from __future__ import annotations
 
-from anonml.relay._clock import PinnedClock, RelayClock, WallClock
-from anonml.relay._config import (
-    CONFIG_FILE,
-    PinnedAggregator,
-    RelayConfig,
-    load_config,
-    parse_host_port,
-    render_config,
-)
-from anonml.relay._descriptor import relay_descriptor
-from anonml.relay._directory import (
-    DirectoryEntry,
-    DirectoryError,
-    NextHopDirectory,
-    entries_from_manifest,
-    fetch_manifest,
-    load_directory_file,
-    parse_directory_file,
-    render_directory_file,
-)
-from anonml.relay._errors import RelayConfigError, RelayDataDirError
-from anonml.relay._keys import EpochKey, KeyRing, create_identity, load_identity, load_identity_key
-from anonml.relay._metrics import DropReason, RelayCounters, parse_metrics, render_prometheus
-from anonml.relay._mirror import serve_mirror
-from anonml.relay._process import RelayStarted, serve_relay
-from anonml.relay._store import STORE_FILE, HeldPacket, RelayStore
+from typing import TYPE_CHECKING
 
-# The role's click group (``anonml relay ...``), which ``anonml.cli`` mounts.
-from anonml.relay._cli import relay as command
+# Each name's module is imported when the name is first used (anonml.base.lazy).
+if TYPE_CHECKING:
+    from anonml.relay._clock import PinnedClock, RelayClock, WallClock
+    from anonml.relay._config import (
+        CONFIG_FILE,
+        PinnedAggregator,
+        RelayConfig,
+        load_config,
+        parse_host_port,
+        render_config,
+    )
+    from anonml.relay._descriptor import relay_descriptor
+    from anonml.relay._directory import (
+        DirectoryEntry,
+        DirectoryError,
+        NextHopDirectory,
+        entries_from_manifest,
+        fetch_manifest,
+        load_directory_file,
+        parse_directory_file,
+        render_directory_file,
+    )
+    from anonml.relay._errors import RelayConfigError, RelayDataDirError
+    from anonml.relay._keys import EpochKey, KeyRing, create_identity, load_identity, load_identity_key
+    from anonml.relay._metrics import DropReason, RelayCounters, parse_metrics, render_prometheus
+    from anonml.relay._mirror import serve_mirror
+    from anonml.relay._store import STORE_FILE, HeldPacket, RelayStore
+    # The role's click group (``anonml relay ...``), which ``anonml.cli`` mounts.
+    from anonml.relay._cli import relay as command
+    from anonml.relay._process import RelayStarted, serve_relay
+else:
+    from anonml.base.lazy import lazy_exports
+
+    __getattr__, __dir__ = lazy_exports(__name__, __file__)
+
 
 __all__ = [
     "command",

@@ -8,28 +8,23 @@ import signal
 import sys
 import time
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
-import trio
 
 from anonml.crypto import DEFAULT_MAX_HOPS, DEFAULT_PACKET_SIZE
 from anonml.base.errors import AnonMLError, ConfigError, StorageError, explain
 from anonml.base.process import freeze_startup_heap
 from anonml.base.storage import lock_data_dir, write_secret_file
-from anonml.relay._config import (
-    CONFIG_FILE,
-    PinnedAggregator,
-    RelayConfig,
-    load_config,
-    parse_host_port,
-    render_config,
-)
-from anonml.relay._descriptor import relay_descriptor
-from anonml.relay._errors import RelayConfigError, RelayDataDirError
-from anonml.relay._keys import IDENTITY_FILE, KeyRing, create_identity
-from anonml.relay._metrics import log_event
-from anonml.relay._process import serve_relay
+
+if TYPE_CHECKING:
+    from anonml.relay._config import PinnedAggregator, RelayConfig
+    from anonml.relay._metrics import RelayCounters
+
+# The relay's own modules (and trio, the server, the keys) are imported by the
+# commands that use them, so `anonml relay run --help` loads click alone (issue 29).
 
 logger = logging.getLogger("anonml.relay")
 
@@ -49,6 +44,9 @@ def relay() -> None:
 def _pinned_aggregators(
     ctx: click.Context, param: click.Parameter, values: tuple[str, ...]
 ) -> tuple[PinnedAggregator, ...]:
+    from anonml.relay._config import PinnedAggregator
+    from anonml.relay._errors import RelayConfigError
+
     try:
         return tuple(PinnedAggregator.parse(value) for value in values)
     except RelayConfigError as exc:
@@ -64,6 +62,9 @@ _AGGREGATOR = click.option(
 
 
 def _address(value: str, what: str) -> tuple[str, int]:
+    from anonml.relay._config import parse_host_port
+    from anonml.relay._errors import RelayConfigError
+
     try:
         return parse_host_port(value, what=what)
     except RelayConfigError as exc:
@@ -87,6 +88,9 @@ def _address(value: str, what: str) -> tuple[str, int]:
 def init(data_dir: Path, listen: str, advertise: str | None, metrics: str | None, mirror: str | None, max_hops: int,
          packet_size: int, aggregators: tuple[PinnedAggregator, ...], directory_file: str | None) -> None:
     """Create the relay's identity key and a commented config (never overwrites)."""
+    from anonml.relay._config import CONFIG_FILE, RelayConfig, render_config
+    from anonml.relay._keys import IDENTITY_FILE, KeyRing, create_identity
+
     if (data_dir / IDENTITY_FILE).exists() or (data_dir / CONFIG_FILE).exists():
         raise click.ClickException(f"{str(data_dir)!r} is already initialised; refusing to overwrite it")
     try:
@@ -125,6 +129,9 @@ def init(data_dir: Path, listen: str, advertise: str | None, metrics: str | None
 @click.option("--json", "as_json", is_flag=True, help="Print the descriptor as JSON.")
 def info(data_dir: Path, as_json: bool) -> None:
     """Print the descriptor an aggregator needs: id, address, public key, key epoch."""
+    from anonml.relay._config import load_config
+    from anonml.relay._descriptor import relay_descriptor
+
     try:
         config = load_config(data_dir)
         descriptor = relay_descriptor(config, time.time())
@@ -157,10 +164,24 @@ def _directory_summary(config: RelayConfig) -> str:
     return "NONE configured: forwards to ANY address (insecure; set [directory] in the config)"
 
 
+def relay_heartbeat(counters: RelayCounters) -> str:
+    """What ``relay run`` says each minute: packets held, taken in, forwarded and dropped since it started."""
+    dropped = sum(counters.dropped.values())
+    return (f"relay alive: holding {counters.held} packet(s); since start received {counters.received}, "
+            f"forwarded {counters.forwarded}, dropped {dropped}; {counters.connections_open} link connection(s) open")
+
+
 async def _run_until_signalled(config: RelayConfig) -> None:
+    import trio
+
+    from anonml.base.heartbeat import heartbeat
+    from anonml.relay._metrics import log_event
+    from anonml.relay._process import serve_relay
+
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with trio.open_nursery() as nursery:
-            await nursery.start(serve_relay, config)
+            started = await nursery.start(serve_relay, config)
+            nursery.start_soon(heartbeat, partial(relay_heartbeat, started.counters), logger.info)
             async for signum in signals:
                 log_event(logger, logging.INFO, "shutdown", signal=signal.Signals(signum).name)
                 nursery.cancel_scope.cancel()
@@ -172,6 +193,10 @@ async def _run_until_signalled(config: RelayConfig) -> None:
 @_AGGREGATOR
 def run(data_dir: Path, aggregators: tuple[PinnedAggregator, ...]) -> None:
     """Serve until SIGINT/SIGTERM; held packets stay durable across restarts."""
+    import trio
+
+    from anonml.relay._config import load_config
+
     try:
         config = load_config(data_dir)
         extra = tuple(a for a in aggregators if a not in config.directory_aggregators)

@@ -12,6 +12,7 @@ import pytest
 from click.testing import CliRunner
 from process_support import running_until
 
+from anonml.base.process import anonml_command
 from anonml.cli import main
 from anonml.demo import free_port
 
@@ -122,7 +123,8 @@ def test_round_missing_participation_exits_with_a_clear_status(tmp_path: Path) -
 def test_the_documented_example_spec_is_valid() -> None:
     import tomllib
 
-    from anonml.aggregator._spec import ROUND_SPEC_EXAMPLE, parse_round_spec
+    from anonml.aggregator._spec import parse_round_spec
+    from anonml.aggregator._spec_example import ROUND_SPEC_EXAMPLE
 
     relay = '{ node_id = "%s", host = "127.0.0.1", port = %d, public_key = "%s", key_epoch = 1 },'
     relays = "\n".join(relay % (f"{i:02x}" * 16, 9001 + i, f"{i + 16:02x}" * 32) for i in range(3))
@@ -227,3 +229,25 @@ def test_sigterm_stops_run_and_its_worker_processes_and_a_second_run_is_refused(
         assert run.wait(timeout=60) == 143
         _, alive = psutil.wait_procs(family, timeout=30)
         assert alive == [], alive
+
+
+def test_a_lingering_run_prints_its_summary_before_the_linger_and_sigterm_then_offers_no_resume(tmp_path: Path) -> None:
+    """Issue 29: `--linger` held the summary back until it ended, and a SIGTERM to the finished round said
+    `aggregator run` "resumes the round" (which has nothing left to do)."""
+    import signal
+
+    runner = CliRunner()
+    data_dir = tmp_path / "agg"
+    assert runner.invoke(main, ["aggregator", "init", "--data-dir", str(data_dir)]).exit_code == 0
+    # Nobody registers: the round fails when registration closes (its minimum participation unmet).
+    write_spec(tmp_path / "round.toml", register=20)
+    created = runner.invoke(main, ["aggregator", "round", "new", "--data-dir", str(data_dir), "--spec", str(tmp_path / "round.toml")])
+    assert created.exit_code == 0, created.output
+    command = [*anonml_command("aggregator", "run", "--data-dir", str(data_dir), "--linger", "120")]
+    with running_until(command, "round FAILED", within=300) as run:
+        assert run.stderr is not None
+        assert "dashboard stays up" in run.stderr.readline()  # the summary came first; the linger follows
+        run.send_signal(signal.SIGTERM)
+        rest = run.stderr.read()
+        assert run.wait(timeout=60) == 3
+    assert "while lingering after the round ended (failed)" in rest and "resumes" not in rest

@@ -359,11 +359,11 @@ def test_newton_reaches_the_tolerance_on_large_slices(adult_dir: Path) -> None:
     """3,000-row Adult slices: the bound's tolerance 1e-6/n lies near the
     objective's rounding error, where backtracking alone stalled (seed 29
     of 40 raised NotConverged before the full-step rule)."""
-    from anonml.learning import EncodedSplit, LinearSettings, load_adult
+    from anonml.learning import EncodedSplit, LinearSettings, linear_encoding, load_adult
     from anonml.learning import adult_spec as spec_of_adult
 
     train, test = load_adult(adult_dir)
-    split = EncodedSplit.of(LinearSettings().encoding(spec_of_adult()), train, test)
+    split = EncodedSplit.of(linear_encoding(LinearSettings(), spec_of_adult()), train, test)
     rows = unit_ball_rows(split.X, split.max_norm)
     model = ModelAveraging(epsilon=1.0, rows_per_peer=3_000, random_state=29).fit(rows, split.y)
     assert len(model.ledgers_) == 10 and model.perturbations_[0].gradient_tolerance == pytest.approx(1e-6 / 3_000)

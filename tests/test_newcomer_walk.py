@@ -39,8 +39,11 @@ def refused(result: subprocess.CompletedProcess[str], *fix: str) -> str:
 
 def test_help_and_the_startup_benchmark() -> None:
     assert "aggregator" in anonml("--help").stdout
-    figures = json.loads(anonml("bench", "startup", "--repetitions", "2", "--json").stdout)
-    assert figures["anonml_help_median_s"] > 0 and figures["python_pass_median_s"] > 0
+    run = anonml("bench", "startup", "--repetitions", "2", "--command", "", "--command", "relay run", "--json")
+    figures = json.loads(run.stdout)
+    assert [row["command"] for row in figures["commands"]] == ["anonml --help", "anonml relay run --help"]
+    assert all(row["help_median_s"] > 0 and row["python_pass_median_s"] > 0 for row in figures["commands"])
+    assert run.returncode == (1 if any(row["ratio"] > figures["max_ratio"] for row in figures["commands"]) else 0)
 
 
 # Slow: about twenty CLI processes in a row (72 s at load 8-19; the slowest non-slow test).
@@ -121,7 +124,7 @@ def test_bad_inputs_fail_fast_and_name_their_fix(tmp_path: Path) -> None:
     refused(anonml("aggregator", "report", "--data-dir", str(agg)), "no rounds", "round new")
     spec = write_spec(tmp_path / "round.toml")
     spec.write_text(spec.read_text().replace('oracle = "auto"', 'oracle = "magic"'))
-    refused(anonml("aggregator", "round", "new", "--data-dir", str(agg), "--spec", str(spec)), "privacy.oracle", "'grr'")
+    refused(anonml("aggregator", "round", "new", "--data-dir", str(agg), "--spec", str(spec)), "privacy.oracle", "one of grr, sue")
 
 
 @pytest.mark.parametrize("debug", [False, True])

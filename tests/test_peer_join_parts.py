@@ -142,3 +142,71 @@ def test_the_peer_answers_only_thresholds_asking_once_about_each_numeric_feature
     check_thresholds(asking("age", "size", cut_points=3), spec.with_quantiles(3))
     with pytest.raises(JoinRefused):
         check_thresholds(asking("age", "size", cut_points=2), spec.with_quantiles(3))
+
+
+def test_the_consent_shows_clipped_values_and_unknown_labels_as_such() -> None:
+    """Issue 29: `age = 500.0` was shown although the round bins it as 90, and an income of "maybe" as "your label is 0"."""
+    from anonml.peer._disclosure import _label_words, _value_words
+    from anonml.protocol import FeatureSpec
+
+    spec = FeatureSpec.from_dict({
+        "features": [{"name": "age", "type": "numeric", "low": 17, "high": 90},
+                     {"name": "colour", "type": "categorical", "categories": ["red", "blue"]}],
+        "label": {"name": "income", "positive": [">50K"]},
+    })
+    assert _value_words(spec, "age", 500.0).startswith("500.0 (clipped to 90")
+    assert _value_words(spec, "age", 3.0).startswith("3.0 (clipped to 17")
+    assert _value_words(spec, "age", 40.0) == "40.0" and _value_words(spec, "colour", "red") == "'red'"
+    unknown = _label_words(spec, 0, "maybe")
+    assert "'maybe' is unknown" in unknown and "your label is 0" not in unknown
+    assert _label_words(spec, 1, ">50K") == "your label is 1 ('>50K')"
+
+
+def test_every_peer_event_prints_in_words() -> None:
+    """Issue 29: `manifest-unmirrored`, `log-unverified` and `equivocation` were printed as raw tokens."""
+    from anonml.peer import EVENT_WORDS, PeerEvent
+
+    assert set(EVENT_WORDS) == set(PeerEvent)
+    for event, words in EVENT_WORDS.items():
+        assert len(words.split()) >= 5 and ("-" not in event.value or event.value not in words), (event, words)
+
+
+def test_joining_a_round_that_has_ended_is_refused_with_a_clear_line() -> None:
+    import click
+    import pytest
+
+    from anonml.peer._cli import _refuse_ended_round
+
+    _refuse_ended_round("r", ends=1_000, now=999.0)
+    with pytest.raises(click.ClickException) as refused:
+        _refuse_ended_round("r", ends=1_000, now=1_000.0)
+    assert "ended at" in refused.value.message and "nothing can be sent" in refused.value.message
+
+
+def test_every_refusal_a_peer_raises_is_a_named_reason() -> None:
+    """The reasons the demo counts are one vocabulary: every `JoinRefused(...)` in the peer names a RefusalReason."""
+    import ast
+    from pathlib import Path
+
+    import anonml.peer
+    from anonml.peer import RefusalReason
+
+    folder = Path(anonml.peer.__file__).parent
+    raised = set()
+    for path in folder.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "JoinRefused" and node.args:
+                first = node.args[0]
+                raised.add(first.value if isinstance(first, ast.Constant) else ast.unparse(first).rsplit(".", 1)[-1].lower().replace("_", "-"))
+    assert raised and raised <= {str(reason) for reason in RefusalReason}, raised - {str(r) for r in RefusalReason}
+
+
+def test_a_choice_names_its_options_by_value_not_by_enum_repr() -> None:
+    """Issue 29: `name must be one of (<OracleName.GRR: 'grr'>, ...)`."""
+    import pytest
+
+    from anonml.mechanisms import make_oracle
+
+    with pytest.raises(ValueError) as refused:
+        make_oracle("nope", 4, 1.0)
+    assert "one of grr, sue, pq" in str(refused.value) and "<" not in str(refused.value)

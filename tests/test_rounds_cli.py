@@ -40,7 +40,7 @@ def test_an_unknown_oracle_is_refused_at_round_new_naming_the_choices(agg: Path,
     spec.write_text(spec.read_text().replace('oracle = "auto"', 'oracle = "magic"'))
     code, output = round_new(agg, spec)
     assert code == 1
-    assert "privacy.oracle" in output and "'magic'" in output and "'grr'" in output
+    assert "privacy.oracle" in output and "'magic'" in output and "one of grr, sue, pq" in output
     assert "Traceback" not in output
     assert not (agg / "rounds").exists() or not any((agg / "rounds").iterdir())
 
@@ -94,17 +94,24 @@ def test_a_schedule_that_has_started_is_refused_and_start_can_be_set(agg: Path, 
     assert f"registration closes {local}" in output and "aggregator run" in output
 
 
-def test_rounds_are_listed_and_a_unique_short_id_names_a_round(agg: Path, tmp_path: Path) -> None:
+def new_rounds(agg: Path, tmp_path: Path, count: int, pause: float = 0.0) -> list[str]:
+    """The ids of ``count`` rounds made one after the other (``pause`` seconds after each), registration open a minute."""
     ids = []
-    for i in range(2):
+    for i in range(count):
         code, output = round_new(agg, write_spec(tmp_path / f"round{i}.toml", register=60))
         assert code == 0, output
         ids.append(output.strip().splitlines()[-1])
+        time.sleep(pause)
+    return ids
+
+
+def test_rounds_are_listed_and_a_unique_short_id_names_a_round(agg: Path, tmp_path: Path) -> None:
+    ids = new_rounds(agg, tmp_path, 2)
     code, listing = invoke("aggregator", "rounds", "--data-dir", str(agg), "--json")
     assert code == 0
     listed = json.loads(listing)
     assert {item["round_id"] for item in listed} == set(ids)
-    assert all(item["status"] == "registration (not finished)" for item in listed)
+    assert all(item["status"].startswith("waiting: start `aggregator run`") for item in listed)
     code, table = invoke("aggregator", "rounds", "--data-dir", str(agg))
     assert code == 0 and all(round_id[:16] in table for round_id in ids)
     # A short id is enough for `report`; a round without a report says what finishes it.
@@ -127,6 +134,25 @@ def test_run_refuses_a_round_whose_registration_closed_before_it_was_served(agg:
     code, output = round_new(agg, write_spec(tmp_path / "round.toml", register=1))
     assert code == 0
     time.sleep(1.5)
+    code, listing = invoke("aggregator", "rounds", "--data-dir", str(agg), "--json")
+    [item] = json.loads(listing)
+    # The listing says so, and does not send the operator to a `run` that refuses the round.
+    assert item["status"].startswith("never served") and "resume" not in item["status"]
     code, output = invoke("aggregator", "run", "--data-dir", str(agg))
     assert code == 1
     assert "registration for this round closed" in output and "--start" in output
+
+
+def test_rounds_keep_the_order_they_were_made_in_and_the_newest_is_the_default(agg: Path, tmp_path: Path) -> None:
+    """Sorted by the time `round new` recorded, not the directory's time (which opening a database changes)."""
+    import os
+
+    ids = new_rounds(agg, tmp_path, 2, pause=1.1)  # creation times are whole seconds
+    # The older round's directory and database look newer, as after a listing or a run opened them.
+    for path in (agg / "rounds" / ids[0], agg / "rounds" / ids[0] / "round.sqlite"):
+        os.utime(path, (time.time() + 60, time.time() + 60))
+    for _ in range(2):
+        code, listing = invoke("aggregator", "rounds", "--data-dir", str(agg), "--json")
+        assert code == 0 and [item["round_id"] for item in json.loads(listing)] == ids
+    code, output = invoke("aggregator", "report", "--data-dir", str(agg))
+    assert code == 1 and ids[1][:16] in output and ids[0][:16] not in output

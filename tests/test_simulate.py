@@ -19,6 +19,7 @@ from anonml.simulate import (
     HttpAction,
     HttpRecord,
     STRATEGIES,
+    StrategyName,
     DroppingRelay,
     LateDocuments,
     RoundTrace,
@@ -159,3 +160,8 @@ def test_every_named_strategy_and_a_random_search_keep_the_property(strategy: st
     config = SimulationConfig(peers=16)
     verdict = StrategyVerdict(strategy, [run_trial(strategy, replace(config, seed=s)) for s in range(trials)])
     assert verdict.holds, verdict.as_dict()
+
+
+def test_every_strategy_name_has_its_strategy() -> None:
+    """`anonml simulate --strategy` offers the names without loading the world; each must build a strategy."""
+    assert set(STRATEGIES) == set(StrategyName)

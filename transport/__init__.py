@@ -12,57 +12,65 @@ All of them reach the network through a :class:`Network`: TCP
 
 from __future__ import annotations
 
-from anonml.transport._descriptors import DescriptorLimitError, fit_connection_caps, raise_descriptor_limit
-from anonml.transport._admission import (
-    ConnectionGate,
-    GateRefusal,
-    GateSlot,
-    RequestPacer,
-    peer_address,
-    source_prefix,
-)
-from anonml.transport._http import HttpLimits, serve_http, serve_http_on, tls_context
-from anonml.transport._memory import (
-    ConnectHook,
-    Dial,
-    MemoryHost,
-    MemoryListener,
-    MemoryNetwork,
-    MemorySocket,
-    MemoryStream,
-    connection_pair,
-)
-from anonml.transport._network import (
-    TCP_NETWORK,
-    Listeners,
-    Network,
-    SocketAddresses,
-    TcpNetwork,
-    listening_address,
-    serve_streams,
-    socket_of,
-)
-from anonml.transport._link import (
-    HELLO_BYTES,
-    HELLO_REPLY_BYTES,
-    LINK_VERSION,
-    AckStatus,
-    AuthVerdict,
-    HelloStatus,
-    LinkClient,
-    LinkError,
-    LinkErrorReason,
-    LinkIdentity,
-    LinkLimits,
-    LinkSessionStats,
-    check_positive_seconds,
-    encode_hello,
-    encode_hello_reply,
-    parse_acks,
-    parse_hello_reply,
-    receive_exactly,
-    serve_link,
-)
+from typing import TYPE_CHECKING
+
+# Each name's module is imported when the name is first used (anonml.base.lazy).
+if TYPE_CHECKING:
+    from anonml.transport._admission import (
+        ConnectionGate,
+        GateRefusal,
+        GateSlot,
+        RequestPacer,
+        peer_address,
+        source_prefix,
+    )
+    from anonml.transport._http import HttpLimits, serve_http, serve_http_on, tls_context
+    from anonml.transport._memory import (
+        ConnectHook,
+        Dial,
+        MemoryHost,
+        MemoryListener,
+        MemoryNetwork,
+        MemorySocket,
+        MemoryStream,
+        connection_pair,
+    )
+    from anonml.transport._network import (
+        TCP_NETWORK,
+        Listeners,
+        Network,
+        SocketAddresses,
+        TcpNetwork,
+        listening_address,
+        serve_streams,
+        socket_of,
+    )
+    from anonml.transport._link import (
+        HELLO_BYTES,
+        HELLO_REPLY_BYTES,
+        LINK_VERSION,
+        AckStatus,
+        AuthVerdict,
+        HelloStatus,
+        LinkClient,
+        LinkError,
+        LinkErrorReason,
+        LinkIdentity,
+        LinkLimits,
+        LinkSessionStats,
+        check_positive_seconds,
+        encode_hello,
+        encode_hello_reply,
+        parse_acks,
+        parse_hello_reply,
+        receive_exactly,
+        serve_link,
+    )
+    from anonml.transport._descriptors import DescriptorLimitError, fit_connection_caps, raise_descriptor_limit
+else:
+    from anonml.base.lazy import lazy_exports
+
+    __getattr__, __dir__ = lazy_exports(__name__, __file__)
 
 __all__ = [
     "HELLO_BYTES",
@@ -102,10 +110,6 @@ __all__ = [
     "parse_acks",
     "parse_hello_reply",
     "peer_address",
-    "DescriptorLimitError",
-    "fit_connection_caps",
-    "raise_descriptor_limit",
-    "source_prefix",
     "receive_exactly",
     "serve_http",
     "serve_http_on",
@@ -113,4 +117,8 @@ __all__ = [
     "serve_streams",
     "socket_of",
     "tls_context",
+    "DescriptorLimitError",
+    "fit_connection_caps",
+    "raise_descriptor_limit",
+    "source_prefix",
 ]

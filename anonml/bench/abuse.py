@@ -60,7 +60,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import click
 import httpx
 import numpy as np
 import psutil
@@ -95,10 +94,6 @@ from anonml.bench._processes import child_processes
 from anonml.base.process import freeze_startup_heap
 from anonml.testing import SettableClock, enrol, loopback_relay, relay_keyring
 
-# The relay's hold-filling abuses come last: on a relay that fails them the queue stays full (its
-# clock is pinned, so nothing is released) and would fail every later scenario too.
-ABUSES = ("relay-late-tags", "relay-link-churn", "sink-stranger", "sink-garbage", "http-churn", "http-slow-bodies",
-          "http-polling", "relay-hold-fill-one", "relay-hold-fill")
 TARGET_P99_RATIO = 3.0  # issue 13
 TARGET_DELIVERY = 0.999  # issue 25
 # Seconds between a probe's requests: 200 per scenario. With 100, a p99 was the second-largest
@@ -239,9 +234,10 @@ def _start_system(work: Path, processes: list[subprocess.Popen[str]], nofile: in
     manifest = state.manifest
     state.store.close()
     aggregator = _child(processes, nofile, "anonml.bench.abuse", "aggregator", str(home.root), state.round_id.hex())
-    return _System(processes, geometry, manifest, relay_link, relay_node, relay_key.public_key,
-                   LinkIdentity(load_identity_key(relay_dir)), int(relay["metrics"]), str(aggregator["http"]),
-                   (_HOST, sink_port), instant, via_relay, direct, nofile)
+    return _System(processes=processes, geometry=geometry, manifest=manifest, relay_link=relay_link, relay_node=relay_node,
+                   relay_public=relay_key.public_key, relay_identity=LinkIdentity(load_identity_key(relay_dir)),
+                   relay_metrics=int(relay["metrics"]), http_url=str(aggregator["http"]), sink=(_HOST, sink_port),
+                   instant=instant, via_relay=via_relay, direct=direct, nofile=nofile)
 
 
 async def _serve_aggregator(root: str, round_id: str) -> None:
@@ -535,29 +531,6 @@ def run_benchmark(abuses: Sequence[str], nofile: int | None = None) -> dict[str,
         # packets) stalled all three probes at once by 40-50 ms, in unloaded runs as often as under abuse.
         freeze_startup_heap()
         return trio.run(_run, system, Path(work), abuses)
-
-
-@click.command("abuse")
-@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
-@click.option("--only", type=click.Choice(ABUSES), multiple=True, help="Run only these abuses (repeatable).")
-@click.option("--nofile", type=click.IntRange(min=64), default=None,
-              help="Run the relay and the aggregator with this RLIMIT_NOFILE (soft and hard).")
-def bench_abuse(as_json: bool, only: tuple[str, ...], nofile: int | None) -> None:
-    """Honest delivery and p99 latency while the relay, the sink and the HTTP API are abused (floods, churn,
-    idle and slow connections, filling the hold queue), each beside the unloaded p99; exits 1 if one misses."""
-    result = run_benchmark(only or ABUSES, nofile)
-    if as_json:
-        click.echo(json.dumps(result, indent=2))
-    else:
-        click.echo(result["setup"])
-        for entry in result["abuses"]:
-            p99 = ", ".join(f"{k} {v:.1f} vs {entry['unloaded_p99_ms'][k]:.1f} ({entry['p99_x_unloaded'][k]}x)"
-                            for k, v in entry["p99_ms"].items() if v is not None and entry["unloaded_p99_ms"][k])
-            verdict = "ok" if entry["meets_target"] else "MISSES " + ", ".join(entry["missed"])
-            click.echo(f"{entry['abuse']:20} delivered {entry['delivered']:.1%} http {entry['http_ok']:.1%}  "
-                       f"p99 ms: {p99}  [{verdict}]  load {entry['load_average']}")
-    if not result["all_meet_target"]:
-        raise SystemExit(1)
 
 
 if __name__ == "__main__":

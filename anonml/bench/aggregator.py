@@ -13,14 +13,12 @@ alone (DESIGN.md §11: ratios, because absolute times drift on shared machines).
 
 from __future__ import annotations
 
-import json
 import os
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-import click
 import numpy as np
 
 from anonml.aggregator import AggregatorHome, IssuerWorkers, create_round, parse_round_spec, process_batch
@@ -122,32 +120,3 @@ def run_bench(n_packets: int, batch: int, processes: int, seed: int) -> dict[str
             }
         state.store.close()
     return figures
-
-
-@click.command(name="aggregator")
-@click.option("--packets", type=click.IntRange(10, 100_000), default=400, show_default=True)
-@click.option("--batch", type=click.IntRange(1, 1024), default=128, show_default=True, help="Packets per link batch.")
-@click.option("--processes", type=click.IntRange(0, 64), default=2, show_default=True, help="Verification pool size (0: threads only).")
-@click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
-def bench_aggregator(packets: int, batch: int, processes: int, seed: int, as_json: bool) -> None:
-    """Packet-sink cost per packet (final hop, token, durable store) vs X25519 and token baselines."""
-    figures = run_bench(packets, batch, processes, seed)
-    if as_json:
-        click.echo(json.dumps(figures, indent=2))
-        return
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title=f"aggregator packet sink: {packets} packets, batches of {batch}")
-    for column in ("path", "µs/packet", "packets/s", "x X25519", "x verify_token", "accepted"):
-        table.add_column(column, justify="right" if column != "path" else "left")
-    table.add_row("baseline: X25519 scalar mult", f"{figures['x25519_seconds'] * 1e6:.0f}", "", "1", "", "")
-    table.add_row("baseline: verify_token alone", f"{figures['verify_token_seconds'] * 1e6:.0f}", "", f"{figures['verify_token_seconds'] / figures['x25519_seconds']:.1f}", "1", "")
-    for key, row in figures.items():
-        if key.startswith("processes="):
-            table.add_row(
-                f"sink, {key}", f"{row['seconds_per_packet'] * 1e6:.0f}", f"{row['packets_per_second']:.0f}",
-                f"{row['x_x25519']:.1f}", f"{row['x_verify_token']:.2f}", str(row["accepted"]),
-            )
-    Console().print(table)

@@ -32,7 +32,6 @@ delay), which links every packet.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import tempfile
@@ -55,7 +54,7 @@ from anonml.aggregator import score_links, timing_figures
 from anonml.relay import DirectoryEntry
 from anonml.testing import SettableClock, SimulatedPeer
 
-_RELAYS = 3
+RELAYS = 3
 _REGISTER = _ISSUE = 10  # seconds of round time: setup runs on a settable clock, only the data phase is on the wall clock
 _CALIBRATION_PEERS = 40
 
@@ -90,6 +89,26 @@ def _make_round(home: AggregatorHome, relays: list[dict[str, Any]], sink_port: i
     return state, clock
 
 
+async def _start_cascade(work: Path, now: int, geometry: SphinxGeometry, next_hop: DirectoryEntry,
+                         children: list[subprocess.Popen[str]]) -> list[dict[str, Any]]:
+    """The relays as processes, last hop first (each forwards to the one started before it): their descriptors, in path order."""
+    relays: list[dict[str, Any]] = []
+    for index in reversed(range(RELAYS)):
+        node_id, public, link_port, _ = await trio.to_thread.run_sync(
+            lambda: _start_relay(work, index, now, "NORMAL", geometry, next_hop, children, wall=True))
+        relays.insert(0, {"node_id": node_id.hex(), "host": "127.0.0.1", "port": link_port, "public_key": public.hex(), "key_epoch": 1})
+        next_hop = DirectoryEntry(node_id, "127.0.0.1", link_port)
+    return relays
+
+
+async def _seconds_per_peer(state: RoundState, clock: SettableClock, rng: np.random.Generator) -> float:
+    """The setup cost of one peer (registration, credential, sealing) measured on a calibration round, then closed."""
+    started = time.perf_counter()
+    await trio.to_thread.run_sync(_setup_peers, state, clock, _CALIBRATION_PEERS, rng)
+    state.store.close()
+    return (time.perf_counter() - started) / _CALIBRATION_PEERS
+
+
 async def _run(peers: int, send_window: int, delivery_window: int, processes: int, seed: int, work: Path,
                children: list[subprocess.Popen[str]]) -> dict[str, Any]:
     load_before = os.getloadavg()
@@ -101,22 +120,11 @@ async def _run(peers: int, send_window: int, delivery_window: int, processes: in
     listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
     sink_port = int(listeners[0].socket.getsockname()[1])
     now = int(time.time())
-    next_hop = DirectoryEntry(node_id_of(sink_public), "127.0.0.1", sink_port)
-    relays: list[dict[str, Any]] = []
-    for index in reversed(range(_RELAYS)):
-        node_id, public, link_port, _ = await trio.to_thread.run_sync(
-            lambda: _start_relay(work, index, now, "NORMAL", geometry, next_hop, children, wall=True))
-        relays.insert(0, {"node_id": node_id.hex(), "host": "127.0.0.1", "port": link_port, "public_key": public.hex(), "key_epoch": 1})
-        next_hop = DirectoryEntry(node_id, "127.0.0.1", link_port)
+    relays = await _start_cascade(work, now, geometry, DirectoryEntry(node_id_of(sink_public), "127.0.0.1", sink_port), children)
     rng = np.random.default_rng(seed)
-
     # Calibrate: the per-peer setup cost now, on this machine's load, decides when the send window opens.
     calibration, calibration_clock = _make_round(home, relays, sink_port, now, send_window, delivery_window)
-    started = time.perf_counter()
-    await trio.to_thread.run_sync(_setup_peers, calibration, calibration_clock, _CALIBRATION_PEERS, rng)
-    per_peer = (time.perf_counter() - started) / _CALIBRATION_PEERS
-    calibration.store.close()
-    planned_setup = 1.5 * per_peer * peers + 30
+    planned_setup = 1.5 * await _seconds_per_peer(calibration, calibration_clock, rng) * peers + 30
     t_s = int(time.time() + planned_setup)
     state, clock = _make_round(home, relays, sink_port, t_s - _REGISTER - _ISSUE, send_window, delivery_window)
     started = time.perf_counter()
@@ -184,7 +192,7 @@ async def _run(peers: int, send_window: int, delivery_window: int, processes: in
         "partitions": state.manifest.k_p,
         "send_window_s": send_window,
         "delivery_window_s": delivery_window,
-        "relays": _RELAYS,
+        "relays": RELAYS,
         "aggregator_guess": aggregator_guess(arrivals),
         **figures,
         "baseline_no_mixing": {
@@ -210,29 +218,3 @@ def run_bench(peers: int, send_window: int, delivery_window: int, processes: int
                 if child.stdin is not None:
                     child.stdin.close()
                 child.wait(timeout=30)
-
-
-@click.command(name="anonymity")
-@click.option("--peers", type=click.IntRange(100, 100_000), default=10_000, show_default=True)
-@click.option("--send-window", type=click.IntRange(2, 3600), default=30, show_default=True, help="Seconds (δ).")
-@click.option("--delivery-window", type=click.IntRange(8, 3600), default=60, show_default=True, help="Seconds (t_c - t_s - δ).")
-@click.option("--processes", type=click.IntRange(0, 8), default=1, show_default=True, help="Token verification processes at the sink.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seeds identities, reports and send times (ChaCha20).")
-@click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
-def bench_anonymity(peers: int, send_window: int, delivery_window: int, processes: int, seed: int, as_json: bool) -> None:
-    """Send-vs-arrival rank correlation and the aggregator's timing-linking accuracy through 3 real relays, vs chance."""
-    result = run_bench(peers, send_window, delivery_window, processes, seed)
-    if as_json:
-        click.echo(json.dumps(result, indent=2))
-        return
-    guess, base = result["aggregator_guess"], result["baseline_no_mixing"]
-    click.echo(f"{result['delivered_and_accepted']}/{peers} reports accepted through {_RELAYS} relays into the aggregator's sink; "
-               f"send window {send_window} s, delivery window {delivery_window} s; load average "
-               f"{result['load_average_before']} before, {result['load_average_after']} after")
-    click.echo(f"Spearman rho(send, arrival) = {result['spearman_rho']:+.4f} (1 standard error under independence: "
-               f"{result['rho_standard_error']:.4f}); without mixing: {base['spearman_rho']:+.4f}")
-    click.echo(f"aggregator's guess of each sender from its full view: {100 * guess['accuracy']:.3f}% (chance "
-               f"{100 * guess['chance']:.3f}%, {guess['above_chance_percentage_points']:+.3f} pp; without mixing "
-               f"{100 * base['aggregator_guess']['accuracy']:.1f}%)")
-    click.echo(f"sent in the first half, guessed from arrival: {100 * result['half_link_accuracy']:.2f}% (chance 50%, "
-               f"1 s.e. {100 * result['half_link_standard_error']:.2f} pp; without mixing {100 * base['half_link_accuracy']:.1f}%)")

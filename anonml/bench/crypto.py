@@ -14,16 +14,12 @@ the aggregator.
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import click
 from petlib.ec import EcGroup
-from rich.console import Console
-from rich.table import Table
 
 from anonml.crypto import (
     CredentialSecret,
@@ -199,32 +195,3 @@ def run_benchmark(repeat: int) -> dict[str, Any]:
         "baselines_us": {name: round(value, 2) for name, value in baselines.items()},
         "figures": figures,
     }
-
-
-@click.command("crypto")
-@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
-@click.option("--repeat", default=500, show_default=True, type=click.IntRange(min=1), help="Calls per figure.")
-def bench_crypto(as_json: bool, repeat: int) -> None:
-    """Sphinx and token costs, as µs and as ratios to X25519 and P-256 multiplications."""
-    report = run_benchmark(repeat)
-    if as_json:
-        click.echo(json.dumps(report, indent=2, sort_keys=True))
-        return
-    console = Console()
-    baselines = report["baselines_us"]
-    console.print(
-        f"baselines: X25519 mult {baselines['x25519_mult_us']:.1f} µs, P-256 mult {baselines['p256_mult_us']:.1f} µs"
-    )
-    table = Table(title="anonml bench crypto")
-    for column in ("figure", "value", "× X25519", "× P-256", "target", "ok"):
-        table.add_column(column, justify="left" if column == "figure" else "right")
-    for name, entry in report["figures"].items():
-        table.add_row(
-            name,
-            f"{entry['value']:g}",
-            f"{entry['x_x25519']:g}" if "x_x25519" in entry else "",
-            f"{entry['x_p256']:g}" if "x_p256" in entry else "",
-            entry.get("target", ""),
-            ("yes" if entry["meets_target"] else "NO") if "meets_target" in entry else "",
-        )
-    console.print(table)

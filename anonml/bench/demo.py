@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -21,7 +20,7 @@ import click
 import trio
 
 from anonml.base.process import anonml_command
-from anonml.demo import open_children, until_signalled
+from anonml.demo import open_children
 
 HOG = "while True: pass"
 
@@ -59,31 +58,3 @@ async def run_acceptance(runs: int, hogs: int, peers: int | None, work: Path) ->
             click.echo(json.dumps(records[-1]), err=True)
     passed = [r for r in records if r["exit_code"] == 0 and (r.get("accepted_fraction") or 0) >= 0.99]
     return {"runs": runs, "hogs": hogs, "passed": len(passed), "records": records, "work_dir": str(work)}
-
-
-@click.command("demo")
-@click.option("--runs", type=click.IntRange(min=1), default=10, show_default=True)
-@click.option("--hogs", type=click.IntRange(min=0), default=4, show_default=True, help="CPU-bound processes competing for the cores.")
-@click.option("--peers", type=click.IntRange(min=4), default=None, help="Peers per demo (default: the demo's default).")
-@click.option("--work-dir", type=click.Path(path_type=Path), default=None)
-@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
-def bench_demo(runs: int, hogs: int, peers: int | None, work_dir: Path | None, as_json: bool) -> None:
-    """Run `anonml demo` RUNS times with HOGS busy processes; exit codes and accepted fractions."""
-    work = work_dir or Path(tempfile.mkdtemp(prefix="anonml-bench-demo-"))
-    work.mkdir(parents=True, exist_ok=True)
-    report = trio.run(until_signalled, run_acceptance, runs, hogs, peers, work)
-    if isinstance(report, int):
-        click.echo(f"stopped by signal {report}; the hogs and any demo were stopped", err=True)
-        sys.exit(128 + report)
-    if as_json:
-        click.echo(json.dumps(report, indent=2))
-    else:
-        for record in report["records"]:
-            click.echo(
-                f"run {record['run']}: exit {record['exit_code']}, accepted {record.get('accepted')} of "
-                f"{record.get('prepared')} ({record.get('accepted_fraction')}), restarts {record.get('restarted')}, "
-                f"{record['wall_seconds']} s"
-            )
-        click.echo(f"{report['passed']} of {runs} runs exited 0 with >= 99% accepted, with {hogs} CPU hogs")
-    if report["passed"] != runs:
-        sys.exit(1)

@@ -20,16 +20,13 @@ messages (loss as a fraction of them).
 
 from __future__ import annotations
 
-import json
 import random
 import signal
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import click
 import trio
 
 from anonml.bench._proxy import LinkFaults, LossyProxy, serve_lossy_proxy
@@ -53,7 +50,6 @@ from anonml.demo import (
     plan_round,
     start_relays,
     start_workers,
-    until_signalled,
 )
 
 
@@ -157,42 +153,3 @@ async def run_faults(peers: int, plan: FaultPlan, work: Path, console: Any) -> d
         "wall_seconds": round(time.monotonic() - started, 1),
         "work_dir": str(work),
     }
-
-
-@click.command("faults")
-@click.option("--peers", type=click.IntRange(min=8), default=100, show_default=True)
-@click.option("--events", type=click.IntRange(min=0), default=20, show_default=True, help="Kill-and-restart events (relays and the aggregator).")
-@click.option("--downtime", type=click.FloatRange(min=0), default=1.0, show_default=True, help="Seconds a killed process stays down.")
-@click.option("--drop", type=click.FloatRange(0, 1), default=0.05, show_default=True, help="Share of relay connections black-holed.")
-@click.option("--reset", type=click.FloatRange(0, 1), default=0.05, show_default=True, help="Share of relay connections reset mid-stream.")
-@click.option("--delay", type=click.FloatRange(min=0), default=0.2, show_default=True, help="Largest delay per chunk on relay links (s).")
-@click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--work-dir", type=click.Path(path_type=Path), default=None)
-@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
-def bench_faults(peers: int, events: int, downtime: float, drop: float, reset: float, delay: float, seed: int,
-                 work_dir: Path | None, as_json: bool) -> None:
-    """A round under SIGKILLed relays and aggregator and lossy links; audits every message."""
-    from rich.console import Console
-
-    if drop + reset > 1:
-        raise click.UsageError("--drop and --reset are shares of connections: together at most 1")
-    console = Console(stderr=True, quiet=as_json)
-    work = work_dir or Path(tempfile.mkdtemp(prefix="anonml-faults-"))
-    work.mkdir(parents=True, exist_ok=True)
-    plan = FaultPlan(events, seed, downtime, LinkFaults(drop=drop, reset=reset, delay=delay))
-    result = trio.run(until_signalled, run_faults, peers, plan, work, console)
-    if isinstance(result, int):
-        click.echo(f"stopped by signal {result}; every child process was stopped; files in {work}", err=True)
-        raise SystemExit(128 + result)
-    if as_json:
-        click.echo(json.dumps(result, indent=2, sort_keys=True))
-        return
-    found = result["audit"]
-    click.echo(f"{result['peers']} peers, {len(result['kills'])} kills, links {result['links']}, restarts {len(result['restarts'])}")
-    click.echo(f"prepared {found['prepared']}, accepted {found['accepted']}, lost {found['lost']} "
-               f"({100 * result['lost_fraction']:.2f}%), counted twice {found['counted_twice']}, "
-               f"accepted but prepared by no peer {found['unknown_accepted']}")
-    click.echo(f"lost by kind {found['lost_by_kind']}, by reason {found['lost_by_reason']}")
-    click.echo(f"round reported: {result['round']}; peers reported: {result['peers_reported']}")
-    click.echo(f"relay drops {result['relay_drops']}; proxies {result['proxies']}")
-    click.echo(f"work directory: {result['work_dir']}")

@@ -15,14 +15,12 @@ which counts numpy's buffers) beside a same-run baseline: a non-private
 
 from __future__ import annotations
 
-import json
 import math
 import time
 import tracemalloc
 from collections.abc import Callable
 from typing import Any
 
-import click
 import numpy as np
 from rich.console import Console
 from rich.table import Table
@@ -118,7 +116,7 @@ def scale(n: int, seed: int) -> list[dict[str, Any]]:
     return rows
 
 
-def _auto_vs_pq(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def auto_vs_pq(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     by_key = {(row["m"], row["epsilon"], row["oracle"]): row for row in rows}
     summary = []
     for m in DOMAIN_SIZES:
@@ -136,7 +134,7 @@ def _auto_vs_pq(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return summary
 
 
-def _render(console: Console, n: int, reps: int, rows: list[dict[str, Any]], speed: list[dict[str, Any]], n_scale: int) -> None:
+def render(console: Console, n: int, reps: int, rows: list[dict[str, Any]], speed: list[dict[str, Any]], n_scale: int) -> None:
     by_key = {(row["m"], row["epsilon"], row["oracle"]): row for row in rows}
     exact = Table(title=f"Exact total squared error sum_i E[(n̂_i - n_i)^2] / n (n={n})")
     ratios = Table(title=f"Empirical / exact total squared error ({reps} reps, n={n}; red: outside 4 sd)")
@@ -171,40 +169,14 @@ def _render(console: Console, n: int, reps: int, rows: list[dict[str, Any]], spe
         scale_table.add_column(column, justify="left" if column in ("oracle", "excluded because") else "right")
     for row in speed:
         if "excluded" in row:
-            scale_table.add_row(f"{row['m']:,}", row["oracle"], "", str(row.get("report_bytes", "")), "", "", "", "", row["excluded"])
+            excluded_cells = [f"{row['m']:,}", row["oracle"], "", str(row.get("report_bytes", "")), "", "", "", "", row["excluded"]]
+            scale_table.add_row(*excluded_cells)
             continue
         baseline = "oracle" in row and row["oracle"].startswith("baseline")
-        scale_table.add_row(
+        scale_cells = [
             f"{row['m']:,}", row["oracle"], "" if baseline else ("yes" if row["auto_picks"] else ""),
             "" if baseline else str(row["report_bytes"]), f"{row['seconds']:.3f}", "1" if baseline else f"{row['time_ratio']:.0f}",
             f"{row['peak_bytes'] / 2**20:.1f}", "1" if baseline else f"{row['memory_ratio']:.1f}", "",
-        )
+        ]
+        scale_table.add_row(*scale_cells)
     console.print(scale_table)
-
-
-@click.command("mechanisms")
-@click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON instead of tables.")
-@click.option("--n", "n", default=10_000, show_default=True, help="Reports per histogram in the error table.")
-@click.option("--reps", default=20, show_default=True, help="Repetitions per (m, epsilon, oracle).")
-@click.option("--seed", default=20240601, show_default=True, help="Seed of the numpy generator.")
-@click.option("--scale-n", default=100_000, show_default=True, help="Reports per domain size in the scale table (m up to 1e6).")
-def bench_mechanisms(as_json: bool, n: int, reps: int, seed: int, scale_n: int) -> None:
-    """Histogram error of every frequency oracle (empirical vs exact), what
-    `auto` picks, and time and peak memory of every oracle up to m = 1e6."""
-    if n < 1 or reps < 1 or scale_n < 1:
-        raise click.BadParameter(f"n, reps and scale-n must be >= 1, got {n!r}, {reps!r}, {scale_n!r}")
-    rows = error_table(n, reps, seed)
-    speed = scale(scale_n, seed + 1)
-    if as_json:
-        click.echo(
-            json.dumps(
-                {"n": n, "reps": reps, "seed": seed, "errors": rows, "auto_vs_pq": _auto_vs_pq(rows), "scale_n": scale_n, "scale": speed},
-                indent=2,
-            )
-        )
-        return
-    console = Console()
-    if not console.is_terminal:
-        # Piped output would otherwise be wrapped at 80 columns.
-        console = Console(width=160)
-    _render(console, n, reps, rows, speed, scale_n)

@@ -32,7 +32,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import click
 import trio
 
 from anonml.crypto import (
@@ -66,7 +65,7 @@ from anonml.testing import FinalHopSink, loopback_relay, relay_keyring
 
 TARGET_PACKETS_PER_SECOND = 2000.0  # issue 5
 _RELAYS = 3
-_SEND_BATCH = 128
+SEND_BATCH = 128
 _SEND_PIPELINE = 4
 _METRICS = ("packets_received", "packets_forwarded", "intake_cpu_seconds", "store_seconds", "process_cpu_seconds")
 
@@ -162,11 +161,11 @@ async def _drive(
                             geometry_hash=geometry.canonical_hash())
         before = [await _scrape(port) for port in metrics_ports]
         started, cpu_started = time.perf_counter(), time.process_time()
-        offsets = iter(range(0, packets_count, _SEND_BATCH))
+        offsets = iter(range(0, packets_count, SEND_BATCH))
 
         async def send_batches() -> None:
             for offset in offsets:  # shared iterator: each batch is sent once
-                batch = packets[offset : offset + _SEND_BATCH]
+                batch = packets[offset : offset + SEND_BATCH]
                 statuses = await client.send_batch(batch, give_up_at=trio.current_time() + 30)
                 if statuses != [AckStatus.ACCEPTED] * len(batch):
                     raise RuntimeError(f"first relay did not accept the batch at {offset}: {statuses[:5]!r}...")
@@ -314,43 +313,6 @@ def run_benchmark(packets_count: int, synchronous: str, repeat: int) -> dict[str
         "build_packet_us": round(run["build_us"], 1),
         "per_relay": per_relay,
     }
-
-
-@click.command("relay")
-@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
-@click.option("--packets", default=3000, show_default=True, type=click.IntRange(min=_SEND_BATCH),
-              help="Packets sent through the cascade.")
-@click.option("--synchronous", type=click.Choice(["FULL", "NORMAL"]), default="FULL", show_default=True,
-              help="The relays' SQLite synchronous mode (FULL survives power loss).")
-@click.option("--repeat", default=500, show_default=True, type=click.IntRange(min=10),
-              help="Calls per isolated crypto figure.")
-def bench_relay(as_json: bool, packets: int, synchronous: str, repeat: int) -> None:
-    """Packets/s through 3 relays on loopback with zero-length windows, and where the time goes."""
-    result = run_benchmark(packets, synchronous, repeat)
-    if as_json:
-        click.echo(json.dumps(result, indent=2))
-        return
-    click.echo(result["setup"])
-    verdict = "meets" if result["meets_target"] else "MISSES"
-    click.echo(f"end to end: {result['packets_per_second']:.0f} packets/s ({result['delivered']}/{result['packets']} "
-               f"in {result['elapsed_s']} s; {verdict} the {result['target_packets_per_second']:.0f}/s target)")
-    click.echo(f"baseline: one X25519 multiplication {result['baseline_x25519_us']} µs")
-    click.echo(f"isolated process_packet (bench crypto): {result['isolated_process_hop_us']} µs per hop "
-               f"= {result['isolated_process_hop_x_x25519']} x X25519; final hop {result['isolated_process_final_us']} µs")
-    click.echo(f"sink (final layer, in run): {result['sink_process_us']} CPU µs per packet")
-    click.echo(f"CPU per packet, all 4 processes: {result['cpu_us_per_packet_all_processes']} µs "
-               f"(driver incl. sink and sender {result['driver_cpu_us_per_packet']} µs) -> CPU-bound capacity "
-               f"{result['cpu_bound_capacity_packets_per_second']:.0f} packets/s on {os.cpu_count()} idle cores")
-    click.echo("per relay, CPU µs per packet: process = intake (Sphinx + SQLite writes) + rest (link I/O, "
-               "scheduler, forwarding)")
-    for figures in result["per_relay"]:
-        click.echo(f"  relay {figures['relay']}: {figures['cpu_us']:6.1f} = {figures['intake_cpu_us']:6.1f} + "
-                   f"{figures['forward_link_cpu_us']:6.1f}   (received {figures['received']}, "
-                   f"forwarded {figures['forwarded']})")
-    split = result["intake_split_cpu_us"]
-    click.echo(f"intake split, same run, measured apart (CPU µs per packet): Sphinx {split['sphinx_us']} | "
-               f"replay tag {split['replay_tag_us']} | held insert {split['held_insert_us']} | "
-               f"commit {split['commit_us']} (one per 64 packets)")
 
 
 def _node_main(argv: list[str]) -> None:

@@ -20,16 +20,24 @@ set), ``_command`` (the click command).
 
 from __future__ import annotations
 
-from anonml.demo._audit import Audit, audit, audit_round
-from anonml.demo._calibrate import measure_costs
-from anonml.demo._children import Child, ChildFailed, Children, open_children, resident_mb, until_signalled
-from anonml.demo._command import demo
-from anonml.demo._data import breast_cancer_data
-from anonml.demo._ports import HOST, free_port
-from anonml.demo._progress import Progress
-from anonml.demo._run import Network, collect_report, follow_round, init_aggregator, open_round, start_relays, start_workers
-from anonml.demo._schedule import RELAYS, plan_round, schedule_seconds
-from anonml.demo._summary import peer_totals
+from typing import TYPE_CHECKING
+
+# Each name's module is imported when the name is first used (anonml.base.lazy).
+if TYPE_CHECKING:
+    from anonml.demo._audit import Audit, audit, audit_round
+    from anonml.demo._calibrate import measure_costs
+    from anonml.demo._children import Child, ChildFailed, Children, open_children, resident_mb, until_signalled
+    from anonml.demo._command import demo
+    from anonml.demo._data import breast_cancer_data
+    from anonml.demo._ports import HOST, free_port
+    from anonml.demo._progress import Progress
+    from anonml.demo._run import Network, collect_report, follow_round, init_aggregator, open_round, start_relays, start_workers
+    from anonml.demo._schedule import RELAYS, plan_round, schedule_seconds
+    from anonml.demo._summary import peer_totals
+else:
+    from anonml.base.lazy import lazy_exports
+
+    __getattr__, __dir__ = lazy_exports(__name__, __file__)
 
 # The pieces ``anonml bench faults`` builds its round from, besides the command itself.
 __all__ = [

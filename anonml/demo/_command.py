@@ -11,13 +11,11 @@ import json
 import signal
 import tempfile
 from pathlib import Path
-import click
-import trio
 
-from anonml.demo._data import adult_data, breast_cancer_data, write_experiment_files
-from anonml.demo._children import until_signalled
-from anonml.demo._run import run_demo
-from anonml.demo._summary import exit_code, experiment_command, print_summary
+import click
+
+# The demo's modules (trio, the roles, scipy) are imported when it runs, so
+# `anonml demo --help` loads click alone (issue 29).
 
 
 @click.command("demo")
@@ -39,7 +37,13 @@ def demo(peers: int | None, dataset: str, data_dir: Path | None, epsilon: float,
     round ended degraded (a survey got fewer reports than the round's
     minimum), and 128 + N when signal N stopped it.
     """
+    import trio
     from rich.console import Console
+
+    from anonml.demo._children import until_signalled
+    from anonml.demo._data import adult_data, breast_cancer_data, write_experiment_files
+    from anonml.demo._run import run_demo
+    from anonml.demo._summary import exit_code, experiment_command, print_summary
 
     console = Console()
     if dataset == "adult":

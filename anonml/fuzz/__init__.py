@@ -9,6 +9,14 @@ and exits 1 if there is any untyped error or crash.
 
 from __future__ import annotations
 
-from anonml.fuzz._command import TARGET_NAMES, fuzz
+from typing import TYPE_CHECKING
+
+# Each name's module is imported when the name is first used (anonml.base.lazy).
+if TYPE_CHECKING:
+    from anonml.fuzz._command import TARGET_NAMES, fuzz
+else:
+    from anonml.base.lazy import lazy_exports
+
+    __getattr__, __dir__ = lazy_exports(__name__, __file__)
 
 __all__ = ["TARGET_NAMES", "fuzz"]

@@ -180,6 +180,36 @@ def _spec_seed(world: World) -> bytes:
     return tomli_w.dumps(spec_document(world.relay_public, world.state.geometry)).encode()
 
 
+def _credential_targets(world: World) -> list[Target]:
+    """The credential request over HTTP, the blind issuance's two messages, and the response: for the applicant
+    on the roster without a credential, with the round's clock inside the issuance phase."""
+    state, applicant = world.state, world.applicant
+    issuer = state.secrets.issuer_key
+    assert issuer is not None
+    applicant_partition = state.assignment()[applicant.identity]
+    request, issuance = begin_issuance(applicant.public, applicant.secret, applicant_partition)
+    credential = CredentialRequest.create(applicant.key, state.round_id, request.to_bytes()).to_json()
+    issuance_response = issue_credential(issuer, request.to_bytes(), applicant_partition).to_bytes()
+    issued = CredentialResponse(issuance_response, applicant_partition).to_json()
+
+    def credential_request(data: bytes) -> None:
+        # The HTTP path short of its commit: recorded, the applicant's credential would stop every
+        # later input at 'already issued', before the issuer.
+        world.clock.now = state.manifest.schedule.t_issue_end - 1  # issuance is open only in its phase
+        parsed = CredentialRequest.from_json(data)
+        partition, _ = state.admit_credential(parsed)
+        issue_credential(issuer, parsed.request, partition)
+
+    return [
+        Target("http-credential", [credential], credential_request),
+        # Behind the request's signature, which the applicant makes over any bytes it likes.
+        Target("issuance-request", [request.to_bytes()],
+               lambda data: issue_credential(issuer, data, applicant_partition)),
+        Target("issuance-response", [issuance_response], lambda data: finish_issuance(issuance, data)),
+        Target("credential-response", [issued], CredentialResponse.from_json),
+    ]
+
+
 def build_targets(work: Path) -> dict[str, Target]:
     """Every target, over one round built in ``work``."""
     world = build_world(work)
@@ -227,20 +257,6 @@ def build_targets(work: Path) -> dict[str, Target]:
     tree = HeadsResponse.from_json(heads).heads[0]
     registering = world.registering
     register = RegisterRequest.create(SigningKey(b"\x77" * 32), registering.round_id).to_json()
-    applicant = world.applicant
-    applicant_partition = state.assignment()[applicant.identity]
-    request, issuance = begin_issuance(applicant.public, applicant.secret, applicant_partition)
-    credential = CredentialRequest.create(applicant.key, state.round_id, request.to_bytes()).to_json()
-    issuance_response = issue_credential(issuer, request.to_bytes(), applicant_partition).to_bytes()
-    issued = CredentialResponse(issuance_response, applicant_partition).to_json()
-
-    def credential_request(data: bytes) -> None:
-        # The HTTP path short of its commit: recorded, the applicant's credential would stop every
-        # later input at 'already issued', before the issuer.
-        parsed = CredentialRequest.from_json(data)
-        partition, _ = state.admit_credential(parsed)
-        issue_credential(issuer, parsed.request, partition)
-
     pipeline = RoundPipeline.for_spec(FeatureSpec.from_dict(dict(manifest.features)))
     cut_points = {"age": [42.5]}
 
@@ -251,17 +267,6 @@ def build_targets(work: Path) -> dict[str, Target]:
     spec_seed = _spec_seed(world)
     directory = render_directory_file(
         [DirectoryEntry(relay.node_id, relay.host, relay.port) for relay in manifest.relays]).encode()
-
-    schedule = manifest.schedule
-
-    def at(when: int, run: Callable[[bytes], object]) -> Callable[[bytes], object]:
-        """``run`` with the round's clock at ``when`` (issuance is open only in its phase)."""
-
-        def timed(data: bytes) -> object:
-            world.clock.now = when
-            return run(data)
-
-        return timed
 
     targets = [
         Target("link-session", [hello, hello + frames, hello + frames * 3],
@@ -282,13 +287,8 @@ def build_targets(work: Path) -> dict[str, Target]:
         _body_target("status", DocumentKind.STATUS, world, SignedDocument.from_json(status, max_bytes=len(status)),
                      RoundStatus.from_document),
         Target("http-register", [register], lambda data: registering.register(RegisterRequest.from_json(data), "fuzz")),
-        Target("http-credential", [credential], at(schedule.t_issue_end - 1, credential_request)),
-        # Behind the request's signature, which the applicant makes over any bytes it likes.
-        Target("issuance-request", [request.to_bytes()],
-               lambda data: issue_credential(issuer, data, applicant_partition)),
-        Target("issuance-response", [issuance_response], lambda data: finish_issuance(issuance, data)),
+        *_credential_targets(world),
         Target("register-response", [RegisterResponse(True).to_json()], RegisterResponse.from_json),
-        Target("credential-response", [issued], CredentialResponse.from_json),
         Target("roster-response", [roster], lambda data: RosterResponse.from_json(data).verify(world.identity,
                                                                                                 state.round_id)),
         Target("receipt-segment", [segment], lambda data: ReceiptSegment.from_json(data).verify(

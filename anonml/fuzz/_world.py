@@ -97,8 +97,9 @@ def build_world(work: Path) -> World:
     signing_key = home.signing_key()
     registering, _ = create_round(home, parse_round_spec(spec_document(relay_public, geometry)), now=start)
     registering.clock = SettableClock(start + 1)
-    return World(state, clock, peers, applicant, relay_private, relay_public, signing_key, bytes(signing_key.verify_key),
-                 survey, report, registering)
+    return World(state=state, clock=clock, peers=peers, applicant=applicant, relay_private=relay_private,
+                 relay_public=relay_public, signing_key=signing_key, identity=bytes(signing_key.verify_key), survey=survey,
+                 report=report, registering=registering)
 
 
 def relay_hop(world: World) -> PathHop:

@@ -8,26 +8,36 @@ not beat are in ``_property``; ``_command`` is the click command.
 
 from __future__ import annotations
 
-from anonml.simulate._adversary import (
-    STRATEGIES,
-    Adversary,
-    AdversaryView,
-    Composite,
-    DroppingRelay,
-    HttpAction,
-    HttpRecord,
-    LateDocuments,
-    RandomStrategy,
-    RoundContext,
-    TailoredLog,
-    TailoredThresholds,
-)
-from anonml.simulate._command import simulate
-from anonml.simulate._property import StrategyVerdict, TrialScore, estimate, score_trial
-from anonml.simulate._world import PeerData, RoundSetup, RoundTrace, SimulationConfig, SpecAdjustment, peer_ip, simulate_round
+from typing import TYPE_CHECKING
+
+# Each name's module is imported when the name is first used (anonml.base.lazy).
+if TYPE_CHECKING:
+    from anonml.simulate._adversary import (
+        STRATEGIES,
+        Adversary,
+        AdversaryView,
+        Composite,
+        DroppingRelay,
+        HttpAction,
+        HttpRecord,
+        LateDocuments,
+        RandomStrategy,
+        RoundContext,
+        TailoredLog,
+        TailoredThresholds,
+    )
+    from anonml.simulate._command import simulate
+    from anonml.simulate._names import StrategyName
+    from anonml.simulate._property import StrategyVerdict, TrialScore, estimate, score_trial
+    from anonml.simulate._world import PeerData, RoundSetup, RoundTrace, SimulationConfig, SpecAdjustment, peer_ip, simulate_round
+else:
+    from anonml.base.lazy import lazy_exports
+
+    __getattr__, __dir__ = lazy_exports(__name__, __file__)
 
 __all__ = [
     "STRATEGIES",
+    "StrategyName",
     "Adversary",
     "AdversaryView",
     "Composite",

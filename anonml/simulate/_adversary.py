@@ -48,6 +48,7 @@ from anonml.protocol import (
     TreeHead,
     receipt_leaves_root,
 )
+from anonml.simulate._names import StrategyName
 from anonml.transport import AckStatus, Dial, LinkClient, LinkError, MemoryNetwork, connection_pair, serve_link
 
 Clock = Callable[[], float]
@@ -409,12 +410,12 @@ def _altering(send: Send, alter: Callable[[bytes], bytes]) -> Send:
     return altered
 
 
-STRATEGIES: dict[str, Callable[[Sequence[str]], Adversary]] = {
-    "honest": Adversary,
-    "late-documents": LateDocuments,
-    "dropping-relay": DroppingRelay,
-    "late-documents+dropping-relay": lambda targets: Composite([LateDocuments(targets), DroppingRelay(targets)]),
-    "tailored-log": TailoredLog,
-    "tailored-thresholds": TailoredThresholds,
+STRATEGIES: dict[StrategyName, Callable[[Sequence[str]], Adversary]] = {
+    StrategyName.HONEST: Adversary,
+    StrategyName.LATE_DOCUMENTS: LateDocuments,
+    StrategyName.DROPPING_RELAY: DroppingRelay,
+    StrategyName.LATE_DOCUMENTS_DROPPING_RELAY: lambda targets: Composite([LateDocuments(targets), DroppingRelay(targets)]),
+    StrategyName.TAILORED_LOG: TailoredLog,
+    StrategyName.TAILORED_THRESHOLDS: TailoredThresholds,
 }
-"""The named strategies, each built for a set of target addresses."""
+"""The named strategies, each built for a set of target addresses (one per :class:`StrategyName`)."""

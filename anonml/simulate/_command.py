@@ -8,21 +8,29 @@ import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from anonml.simulate._adversary import STRATEGIES, RandomStrategy
-from anonml.simulate._property import StrategyVerdict, TrialScore, score_trial
-from anonml.simulate._world import SimulationConfig, peer_ip, simulate_round
+from anonml.simulate._names import StrategyName
+
+if TYPE_CHECKING:
+    from anonml.simulate._property import StrategyVerdict, TrialScore
+    from anonml.simulate._world import SimulationConfig
+
+# The simulated world is imported when a round runs, so `anonml simulate --help` loads click alone (issue 29).
 
 
 def run_trial(strategy: str, config: SimulationConfig) -> TrialScore:
     """One round under ``strategy`` against the target the seed names (``random``: a strategy drawn from the seed)."""
+    from anonml.simulate._adversary import STRATEGIES, RandomStrategy
+    from anonml.simulate._property import score_trial
+    from anonml.simulate._world import peer_ip, simulate_round
+
     logging.disable(logging.WARNING)  # the roles log every refused connection; the verdict is what matters here
     target = config.seed % config.peers
     targets = [peer_ip(target)]
-    adversary = RandomStrategy(targets, config.seed) if strategy == "random" else STRATEGIES[strategy](targets)
+    adversary = RandomStrategy(targets, config.seed) if strategy == "random" else STRATEGIES[StrategyName(strategy)](targets)
     return score_trial(simulate_round(config, adversary), target)
 
 
@@ -39,7 +47,7 @@ def _row(verdict: StrategyVerdict) -> str:
               help="Rounds per named strategy (each with its own seed and target).")
 @click.option("--random", "random_trials", type=click.IntRange(min=0), default=12, show_default=True,
               help="Randomly drawn strategies (one round each), checked together.")
-@click.option("--strategy", "strategies", multiple=True, type=click.Choice(sorted(STRATEGIES)),
+@click.option("--strategy", "strategies", multiple=True, type=click.Choice(sorted(StrategyName)),
               help="Only these named strategies (repeatable; default: all).")
 @click.option("--seed", type=int, default=0, show_default=True, help="The first seed; trial i uses seed + i.")
 @click.option("--workers", type=click.IntRange(min=1), default=2, show_default=True, help="Processes running rounds.")
@@ -55,9 +63,12 @@ def simulate(peers: int, trials: int, random_trials: int, strategies: tuple[str,
     set allows (within 3 standard errors), or the target detected the
     attack. Exits 1 if any strategy breaks it.
     """
+    from anonml.simulate._property import StrategyVerdict
+    from anonml.simulate._world import SimulationConfig
+
     base = SimulationConfig(peers=peers)
     plan: list[tuple[str, SimulationConfig]] = []
-    for name in strategies or tuple(STRATEGIES):
+    for name in strategies or tuple(StrategyName):
         plan += [(name, replace(base, seed=seed + i)) for i in range(trials)]
     plan += [("random", replace(base, seed=seed + i)) for i in range(random_trials)]
     started = time.monotonic()

@@ -326,8 +326,9 @@ def simulate_round(config: SimulationConfig, adversary: Adversary | None = None,
         outcome = trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
         senders = {packet.receipt: next(o.index for o in world.peers if o.key == key)
                    for key, packet in world.store.packets(world.state.round_id)}
-        return RoundTrace(config, world.state.signed, outcome, world.peers, world.view, world.state.store.arrivals(),
-                          senders, world.report, root / "peers.sqlite" if keep is not None else None)
+        return RoundTrace(config=config, manifest=world.state.signed, outcome=outcome, peers=world.peers, view=world.view,
+                          arrivals=world.state.store.arrivals(), senders=senders, report=world.report,
+                          peer_store=root / "peers.sqlite" if keep is not None else None)
     finally:
         if keep is None:
             shutil.rmtree(root, ignore_errors=True)

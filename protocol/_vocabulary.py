@@ -1,0 +1,55 @@
+"""The plan's vocabulary and bounds, without numpy: what a command's help lists (``anonml experiment --help``).
+
+:mod:`protocol._plan` builds release plans from them.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class PlanKind(StrEnum):
+    """How subsets are dealt to partitions (module docstring)."""
+
+    SPLIT = "split"
+    ONE = "one"
+
+
+class MedianPeers(StrEnum):
+    """Who answers the quantile search (module docstring)."""
+
+    RESERVED = "reserved"
+    ALL = "all"
+    DISJOINT = "disjoint"
+
+
+class Learner(StrEnum):
+    """The partition classifier of the ensemble (thesis §8.3)."""
+
+    LOGREG = "logreg"
+    TREE = "tree"
+
+
+class Combiner(StrEnum):
+    """How the ensemble combines its histograms: eq. 6.2's weighted hard vote,
+    the weighted soft vote, or naive Bayes over the same noisy histograms."""
+
+    WEIGHTED = "weighted"
+    SOFT = "soft"
+    NAIVE_BAYES = "naive-bayes"
+
+
+PLAN_KINDS = tuple(PlanKind)
+EPSILON_TOTAL_RANGE = (1e-6, 20.0)
+"""The record-level ε_T a round or an experiment may promise. At ε = 1e-300 a
+randomised response's two probabilities are the same float; 1e-6 keeps them
+apart. The top is where the mechanisms stay randomised in floating point: a
+plan may put all of ε_T on one comparison bit, whose range ends at 22.18
+(``mechanisms.comparison_epsilon_range``); 20 is inside every oracle's range
+for the domains a round allows."""
+MEDIAN_PEERS = tuple(MedianPeers)
+# The default share of peers answering the quantile search in a reserved pool.
+DEFAULT_COMPARISON_POOL = 0.1
+MAX_PARTITIONS = 4096
+MAX_MEDIAN_STEPS = 64
+DEFAULT_MEDIAN_STEPS = 10  # steps of Algorithm 1 in the experiments: 1/2**11 of the public range
