@@ -10,6 +10,7 @@ ledger, read back after the trial (each peer releases once, at ε)."""
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -22,7 +23,6 @@ from anonml.learning._linear import FloatArray, LDPGradientDescent, LinearEncodi
 from anonml.learning._vocabulary import LearnerName, LinearSettings
 from anonml.mechanisms import PrivacyLedger
 from anonml.protocol import FeatureSpec
-
 
 _SGD_LOSS = {LearnerName.SGD_LR: Loss.LOGISTIC, LearnerName.SGD_SVM: Loss.HINGE, LearnerName.SGD_LINREG: Loss.SQUARED}
 
