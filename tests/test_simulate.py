@@ -153,12 +153,16 @@ def test_the_checker_fails_a_strategy_that_links_and_passes_one_at_chance() -> N
 
 
 # One test per strategy, so the two xdist workers share the sweep (it was one test of 150 s at load 5).
+# Two rounds each (three before, four random: a round costs about 9 s of CPU whatever its size, and 22
+# of them were 40% of the README's test command). The allowance is re-derived for the count: the
+# verdict's standard error is sqrt(variance / n) over the values the trials give (StrategyVerdict.figure).
+# `anonml simulate` is the full search (6 rounds a strategy, 12 random, 40 peers).
 @pytest.mark.slow
-@pytest.mark.parametrize(("strategy", "trials"), [*((name, 3) for name in STRATEGIES), ("random", 4)])
-def test_every_named_strategy_and_a_random_search_keep_the_property(strategy: str, trials: int) -> None:
+@pytest.mark.parametrize("strategy", [*STRATEGIES, "random"])
+def test_every_named_strategy_and_a_random_search_keep_the_property(strategy: str) -> None:
     """What CI runs of the simulator: each named strategy over seeds, and randomly drawn ones."""
     config = SimulationConfig(peers=16)
-    verdict = StrategyVerdict(strategy, [run_trial(strategy, replace(config, seed=s)) for s in range(trials)])
+    verdict = StrategyVerdict(strategy, [run_trial(strategy, replace(config, seed=s)) for s in range(2)])
     assert verdict.holds, verdict.as_dict()
 
 
