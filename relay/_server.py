@@ -510,6 +510,9 @@ class Relay:
                 await trio.lowlevel.checkpoint()
 
     def _dispatch(self, row_ids: list[int]) -> None:
+        # Released: their senders' shares are free again, while they are forwarded (a slow next hop
+        # must not hold an honest sender to its share: bench abuse refused 65 of its probe's packets).
+        self.shares.release(row_ids)
         packets, stored_only = self.holdings.take_resident(row_ids)
         packets.extend(self.store.load(stored_only))
         for packet in packets:
@@ -583,7 +586,6 @@ class Relay:
         # Deleting is not urgent: a row that outlives a crash is re-sent after
         # the restart and the next hop's replay cache rejects the copy.
         self.holdings.finish(neighbour, finished)
-        self.shares.release(finished)
         self._sync_counters()
 
     async def run_housekeeping(self) -> None:

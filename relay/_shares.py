@@ -8,8 +8,9 @@ accepted in 16 s, then every honest packet answered BUSY until the phase
 ended). Each source address may therefore hold at most ``per_source``
 packets and each network (:func:`transport.source_prefix`, a /24 or a /48)
 at most ``per_prefix``, whatever the queue's fill, until they are released
-(a share is given back as its packets leave, so it renews with each release
-window). With the defaults (:class:`relay.RelayConfig`), an attacker with
+(a share is given back when its packets' release times come, before they are
+forwarded, so it renews with each release window and a slow next hop does not
+hold an honest sender to it). With the defaults (:class:`relay.RelayConfig`), an attacker with
 addresses in 16 networks holds at most half of ``max_held_packets``.
 
 Packets from an authenticated directory neighbour are not charged: a relay
@@ -66,7 +67,7 @@ class HeldShares:
             self._owner[row_id] = source
 
     def release(self, row_ids: Iterable[int]) -> None:
-        """Rows forwarded or dropped: their sources' shares are free again."""
+        """Rows released to their forwarders: their sources' shares are free again."""
         released: Counter[str] = Counter()
         for row_id in row_ids:
             source = self._owner.pop(row_id, None)

@@ -183,12 +183,14 @@ class GateSlot:
         self.cancel_scope = trio.CancelScope()
         self.evicted = False
         self._watched = False
+        self._stream: trio.abc.Stream | None = None
         self._busy = 0
         self._open = True
 
     def watch(self, stream: trio.abc.Stream) -> ActiveStream:
         """``stream``, each byte through which marks this connection active (and evictable when idle)."""
         self._watched = True
+        self._stream = stream
         self.touch()
         return ActiveStream(stream, self)
 
@@ -211,9 +213,16 @@ class GateSlot:
             self.touch()
 
     def evict(self) -> None:
-        """Free the slot now and cancel the connection (its handler closes the stream)."""
+        """Free the slot now, close the socket now and cancel the connection's handler.
+
+        The socket is closed here, not when the cancelled handler gets to it: the slot goes to the
+        newcomer at once, and a descriptor still open behind a freed slot would let a fast churn
+        hold more descriptors than the gate admits (the caps fit RLIMIT_NOFILE).
+        """
         self.evicted = True
         self.cancel_scope.cancel()
+        if isinstance(self._stream, trio.SocketStream):
+            self._stream.socket.close()  # trio wakes a task blocked on it with ClosedResourceError
         self.close()
 
     def demote(self) -> bool:
