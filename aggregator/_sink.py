@@ -197,7 +197,7 @@ class PacketSink:
         """Commit a judged batch, retrying with backoff while the store fails (the service stays up).
 
         A batch another worker decided meanwhile (this worker's claim lapsed) is dropped: its
-        rows were decided there, and whatever of it nobody decided is claimed again later."""
+        rows were decided there, and whatever of it nobody decided is given back to be claimed again."""
         try:
             async for attempt in self._retrying():
                 with attempt:
@@ -205,6 +205,10 @@ class PacketSink:
         except BatchTaken as exc:
             self.link_errors["batch-taken"] += 1
             log.warning("a verified batch was dropped: %s", exc)
+            # Its rows nobody decided are claimed again at once (by this worker or another).
+            async for attempt in self._retrying():
+                with attempt:
+                    await run_blocking(self.state.store.release_claims, self.worker, judged.batch.inbox_ids)
         self.health.recover(Part.VERIFIER)
 
     def _retrying(self) -> tenacity.AsyncRetrying:

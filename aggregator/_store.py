@@ -425,17 +425,19 @@ class RoundStore:
                 )
 
     def claim_inbox(self, worker: str, limit: int, now: float, claim_seconds: float = CLAIM_SECONDS) -> list[tuple[int, bytes, bytes, float]]:
-        """Claim for ``worker`` the oldest ``limit`` messages nobody holds (or whose claim lapsed
-        ``claim_seconds`` before ``now``), as ``(id, tag, message, arrived)`` in arrival order.
+        """Claim for ``worker`` the oldest ``limit`` messages nobody holds (or whose claim by another
+        worker lapsed ``claim_seconds`` before ``now``), as ``(id, tag, message, arrived)`` in arrival order.
 
-        Workers sharing a store skip each other's locked rows, so two claims never overlap.
+        Workers sharing a store skip each other's locked rows, so two claims never overlap. A worker
+        never takes back its own rows (a slow batch of its own is still in flight); it gives back
+        what it will not decide (:meth:`release_claims`).
         """
         with self._engine.transaction() as db:
             rows = db.execute(
                 "UPDATE inbox SET claimed_by = ?, claimed_at = ? WHERE id IN ("
-                "SELECT id FROM inbox WHERE claimed_by IS NULL OR claimed_at < ? ORDER BY id LIMIT ?"
+                "SELECT id FROM inbox WHERE claimed_by IS NULL OR (claimed_at < ? AND claimed_by <> ?) ORDER BY id LIMIT ?"
                 f"{self._engine.skip_locked}) RETURNING id, tag, message, arrived",
-                (worker, now, now - claim_seconds, limit),
+                (worker, now, now - claim_seconds, worker, limit),
             ).fetchall()
             (waiting,) = db.execute("SELECT COUNT(*) FROM inbox").fetchone()
         self.inbox_count = int(waiting)
@@ -447,11 +449,19 @@ class RoundStore:
             rows = db.execute("SELECT COALESCE(claimed_by, ''), COUNT(*) FROM inbox GROUP BY 1").fetchall()
         return {str(worker): int(count) for worker, count in rows}
 
-    def release_claims(self, worker: str) -> int:
-        """Give back every claim ``worker`` holds (a restarted worker's, before it claims anew); how many."""
+    def release_claims(self, worker: str, ids: Sequence[int] | None = None) -> int:
+        """Give back the claims ``worker`` holds on rows ``ids`` (default: all of them, as a restarted
+        worker does before it claims anew); how many."""
         with self._engine.transaction() as db:
-            return int(db.execute("UPDATE inbox SET claimed_by = NULL, claimed_at = NULL WHERE claimed_by = ?",
-                                  (worker,)).rowcount)
+            if ids is None:
+                return int(db.execute("UPDATE inbox SET claimed_by = NULL, claimed_at = NULL WHERE claimed_by = ?",
+                                      (worker,)).rowcount)
+            chosen = sorted(set(ids))
+            return sum(
+                int(db.execute("UPDATE inbox SET claimed_by = NULL, claimed_at = NULL WHERE claimed_by = ? AND id IN "
+                               f"({', '.join('?' * len(chunk))})", (worker, *chunk)).rowcount)
+                for chunk in (chosen[i : i + 500] for i in range(0, len(chosen), 500))
+            )
 
     def legacy_frames(self) -> list[tuple[int, bytes, float]]:
         """Frames a store before version 4 received but had not verified, as ``(id, frame, arrived)``."""

@@ -133,6 +133,9 @@ def test_claims_never_overlap_a_lapsed_claim_is_taken_over_and_each_row_is_decid
     assert one.release_claims("two") == 2  # a restarted "two" gets its remaining rows back at once
     assert [r[0] for r in one.claim_inbox("one", 10, now=2033.0)] == ids[4:]
     assert one.inbox_size() == 2
+    # A worker never takes back its own rows (a slow batch still in flight), however old; another does.
+    assert one.claim_inbox("one", 10, now=2100.0) == []
+    assert [r[0] for r in two.claim_inbox("two", 10, now=2100.0)] == ids[4:]
 
 
 def test_two_workers_storing_at_once_accept_each_report_once_with_a_dense_log(open_store: Opener) -> None:
