@@ -46,7 +46,7 @@ from anonml.protocol import (
     SurveyId,
     SurveyMessage,
 )
-from anonml.transport import LinkClient, LinkIdentity
+from anonml.transport import HttpLimits, LinkClient, LinkIdentity
 from anonml.testing import SettableClock, SimulatedPeer
 
 T0 = 1_800_000_000
@@ -915,7 +915,10 @@ async def test_concurrent_registrations_are_group_committed(served: Any) -> None
     state, addresses, _ = served
     keys = [SigningKey(bytes([i]) * 32) for i in range(1, 41)]
     codes: list[int] = []
-    async with httpx.AsyncClient(base_url=addresses.http_url) as client:
+    # One address may hold HttpLimits().max_connections_per_source connections (issue 25): an honest
+    # client keeps its pool within that, and its 40 requests queue for the pool's connections.
+    pool = httpx.Limits(max_connections=HttpLimits().max_connections_per_source)
+    async with httpx.AsyncClient(base_url=addresses.http_url, limits=pool) as client:
 
         async def register(key: SigningKey) -> None:
             body = RegisterRequest.create(key, state.round_id).to_json()
