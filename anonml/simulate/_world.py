@@ -257,7 +257,13 @@ class _World:
         network = self.network.node(outcome.address)
         client = AggregatorClient(self.state.manifest.aggregator_url, network=network,
                                   jitter=random.Random(_seeded(seed, "jitter", outcome.index)))
-        signed = await client.manifest()
+        try:
+            signed = await client.manifest()
+        except AggregatorError as failed:
+            # The manifest withheld from it (random strategy 8): it never learnt of the round, so sent nothing.
+            outcome.error = str(failed)
+            await client.aclose()
+            return
         geometry = signed.manifest.sphinx_geometry()
         async with open_transport(packet_size=geometry.packet_size, geometry_hash=geometry.canonical_hash(),
                                   network=self.network, local_address=outcome.address) as transport:
