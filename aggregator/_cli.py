@@ -23,6 +23,9 @@ from anonml.base.process import freeze_startup_heap
 from anonml.base.storage import lock_data_dir, write_secret_file
 
 if TYPE_CHECKING:
+    import trio
+
+    from anonml.aggregator._round import RoundState
     from anonml.aggregator._store import AggregatorHome
 
 # The aggregator's own modules are imported by the commands that use them, so
@@ -268,11 +271,6 @@ def run(data_dir: Path, round_id: str | None, test_file: Path | None, linger: fl
     """
     import trio
 
-    import os
-    import socket
-
-    from anonml.aggregator._dashboard import dashboard_data
-    from anonml.aggregator._ingest import LeaseLost, hold_lease
     from anonml.aggregator._progress import watch_round
     from anonml.aggregator._report import learn
     from anonml.aggregator._round import RoundState
@@ -323,14 +321,6 @@ def run(data_dir: Path, round_id: str | None, test_file: Path | None, linger: fl
                         stopped_by.append(signal.Signals(signum).name)
                         nursery.cancel_scope.cancel()
 
-                async def hold_driver_lease(scope: trio.CancelScope, task_status: trio.TaskStatus[None]) -> None:
-                    try:
-                        await hold_lease(state.store, f"{socket.gethostname()}:{os.getpid()}", task_status=task_status)
-                    except LeaseLost as exc:
-                        click.echo(f"stopping: {exc}", err=True)
-                        stopped_by.append("lease lost")
-                        scope.cancel()
-
                 async def serve_then_stop(task_status: trio.TaskStatus[Any]) -> None:
                     await serve_aggregator(config, task_status=task_status)
                     nursery.cancel_scope.cancel()  # the round is over: stop watching it
@@ -338,7 +328,7 @@ def run(data_dir: Path, round_id: str | None, test_file: Path | None, linger: fl
                 nursery.start_soon(stop_on_signal)
                 if state.store.engine == "postgresql":
                     # One driver per round: wait for the lease, and stop if another process takes it.
-                    await nursery.start(hold_driver_lease, nursery.cancel_scope)
+                    await nursery.start(_hold_driver_lease, state, nursery.cancel_scope, stopped_by)
                 addresses = await nursery.start(serve_then_stop)
                 click.echo(f"round {manifest.name!r} ({state.round_id.hex()[:SHORT_ID]}) serving {addresses.http_url}, "
                            f"packet sink {addresses.sink[0]}:{addresses.sink[1]}", err=True)
@@ -365,6 +355,22 @@ def run(data_dir: Path, round_id: str | None, test_file: Path | None, linger: fl
     if stopped_by:
         click.echo(f"stopped ({stopped_by[0]}) while lingering after the round ended ({ended[0]})", err=True)
     sys.exit({"failed": EXIT_MIN_PARTICIPATION, "degraded": EXIT_DEGRADED}.get(outcome, 0))
+
+
+async def _hold_driver_lease(state: RoundState, scope: trio.CancelScope, stopped_by: list[str],
+                             task_status: trio.TaskStatus[None]) -> None:
+    """Hold the round's driver lease (PostgreSQL: one driver per round); cancel ``scope`` if another process takes it."""
+    import os
+    import socket
+
+    from anonml.aggregator._ingest import LeaseLost, hold_lease
+
+    try:
+        await hold_lease(state.store, f"{socket.gethostname()}:{os.getpid()}", task_status=task_status)
+    except LeaseLost as exc:
+        click.echo(f"stopping: {exc}", err=True)
+        stopped_by.append("lease lost")
+        scope.cancel()
 
 
 def _print_outcome(state: Any, directory: Path, outcome: str) -> None:

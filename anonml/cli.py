@@ -98,7 +98,7 @@ def _bench_aggregator() -> click.Command:
 
 
 def _bench_ingest() -> click.Command:
-    from anonml.bench.ingest import bench_ingest
+    from anonml.bench.commands import bench_ingest
 
     return bench_ingest
 

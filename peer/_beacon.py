@@ -17,13 +17,14 @@ import trio
 
 from anonml.base.errors import AnonMLError
 from anonml.peer._client import AggregatorClient, AggregatorError, retry_delay
+from anonml.peer._events import RefusalReason
 from anonml.protocol import BeaconCommitment, InvalidDocument, RelayEntry, RosterHead, RoundManifest
 
 
 class BeaconRefused(AnonMLError):
     """The peer refuses the round's partitions; ``reason`` is ``beacon-incomplete``, ``-mismatch`` or ``-unrevealed``."""
 
-    def __init__(self, reason: str, message: str) -> None:
+    def __init__(self, reason: RefusalReason, message: str) -> None:
         self.reason = reason
         super().__init__(message)
 
@@ -34,7 +35,7 @@ def check_commitments(manifest: RoundManifest, head: RosterHead) -> None:
     carried = [entry.node_id for entry in head.beacon]
     if carried != listed:
         missing = sum(1 for node_id in listed if node_id not in carried)
-        raise BeaconRefused("beacon-incomplete", f"the signed roster head lacks the beacon commitments of {missing} of the "
+        raise BeaconRefused(RefusalReason.BEACON_INCOMPLETE, f"the signed roster head lacks the beacon commitments of {missing} of the "
                                                  f"{len(listed)} listed relay mirrors (or lists others); refusing the round")
 
 
@@ -56,14 +57,14 @@ async def collect_reveals(manifest: RoundManifest, head: RosterHead, mirrors: Se
             if statement.node_id != entry.node_id or statement.round_id != manifest.round_id:
                 continue  # not this relay's statement for this round: it proves nothing either way
             if statement.commitment != entry.commitment or not statement.opened():
-                raise BeaconRefused("beacon-mismatch", f"relay {entry.node_id.hex()[:16]} revealed a value that does not open "
+                raise BeaconRefused(RefusalReason.BEACON_MISMATCH, f"relay {entry.node_id.hex()[:16]} revealed a value that does not open "
                                                        "its commitment in the signed roster head; refusing the round")
             revealed[entry.node_id] = statement.reveal
             pending.remove(entry)
         if not pending:
             break
         if now() > until:
-            raise BeaconRefused("beacon-unrevealed", f"{len(pending)} of {len(head.beacon)} relays did not reveal their beacon "
+            raise BeaconRefused(RefusalReason.BEACON_UNREVEALED, f"{len(pending)} of {len(head.beacon)} relays did not reveal their beacon "
                                                      "values in time; the partitions cannot be derived, refusing the round")
         await trio.sleep(retry_delay(attempt))
         attempt += 1

@@ -39,6 +39,9 @@ class RefusalReason(StrEnum):
     NO_MEDIAN = "no-median"
     BUDGET = "budget"
     EQUIVOCATION = "equivocation"
+    BEACON_INCOMPLETE = "beacon-incomplete"
+    BEACON_MISMATCH = "beacon-mismatch"
+    BEACON_UNREVEALED = "beacon-unrevealed"
 
 
 class PeerEvent(StrEnum):

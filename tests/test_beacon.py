@@ -104,12 +104,12 @@ def test_the_signed_head_carries_the_commitments_and_refuses_a_relay_listed_twic
         RosterHead.from_document(twice)
 
 
-def test_a_restarted_aggregator_signs_the_same_head_with_the_stored_commitments(state: RoundState) -> None:
+def test_a_restarted_aggregator_signs_the_same_head_with_the_stored_commitments(state: RoundState, tmp_path: Path) -> None:
     relays = state.manifest.relays
     for index, relay in enumerate(relays[::-1]):  # collected in any order, listed in the manifest's
         store_commitment(state.store, relay.node_id, bytes([index]) * 32)
     store_commitment(state.store, relays[0].node_id, bytes([9]) * 32)  # a second one for a relay is ignored
-    home = AggregatorHome(state.store.path.parent.parent.parent)
+    home = AggregatorHome(tmp_path / "agg")  # the fixture's
     clock = [float(state.manifest.schedule.t_register_end)]
     state.clock = lambda: clock[0]
     state.prepare()

@@ -328,12 +328,12 @@ def test_wide_range_features_are_log_scaled_from_the_bounds_alone() -> None:
 def test_ldp_sgd_logistic_regression_reaches_its_adult_target_at_epsilon_4(adult_dir: Path) -> None:
     """Issue 28's target, on ten seeds: AUC >= 0.86 at ε_T 4 (every peer one
     gradient, record-level ε 4)."""
-    from anonml.learning import EncodedSplit, LearnerName, LinearSettings, linear_trial, load_adult
+    from anonml.learning import EncodedSplit, LearnerName, LinearSettings, linear_encoding, linear_trial, load_adult
     from anonml.learning import adult_spec as spec_of_adult
 
     train, test = load_adult(adult_dir)
     settings = LinearSettings()
-    split = EncodedSplit.of(settings.encoding(spec_of_adult()), train, test)
+    split = EncodedSplit.of(linear_encoding(settings, spec_of_adult()), train, test)
     outcomes = [linear_trial(LearnerName.SGD_LR, split, 4.0, seed, settings) for seed in range(10)]
     assert all(o["epsilon_total"] == 4.0 and o["releases_per_peer"] == 1 for o in outcomes)
     assert np.mean([o["auc"] for o in outcomes]) >= 0.86

@@ -21,7 +21,6 @@ or doubled anything.
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import shutil
@@ -34,7 +33,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import click
 import numpy as np
 import trio
 
@@ -198,8 +196,9 @@ def run_config(prepared: PreparedRound, work: Path, label: str, store: str | Non
         receipts = observer.receipts()
         leaves = [leaf for log in receipts.values() for leaf in log]
         doubled = (len(leaves) - len(set(leaves))) + rejections.get("duplicate", 0) + rejections.get("double-submission", 0)
-        return RunResult("sqlite" if store is None else "postgresql", workers, len(prepared.frames), seconds,
-                         counts["accepted"], rejections, unacknowledged, doubled, killed_after, resent, held)
+        return RunResult(engine="sqlite" if store is None else "postgresql", workers=workers, frames=len(prepared.frames),
+                         seconds=seconds, accepted=counts["accepted"], rejected=rejections, unacknowledged=unacknowledged,
+                         doubled=doubled, killed_after=killed_after, resent=resent, claimed_at_kill=held)
     finally:
         observer.close()
         _stop(children)
@@ -288,32 +287,3 @@ def _figures(result: RunResult) -> dict[str, Any]:
         "doubled": result.doubled, "unacknowledged": result.unacknowledged, "rejected": result.rejected,
         "killed_after_seconds": result.killed_after, "resent": result.resent, "claimed_at_kill": result.claimed_at_kill,
     }
-
-
-@click.command(name="ingest")
-@click.option("--packets", type=click.IntRange(10, 100_000), default=1500, show_default=True)
-@click.option("--kills", type=click.IntRange(0, 100), default=0, show_default=True,
-              help="Also run this many PostgreSQL rounds with two workers, killing one (SIGKILL) at a random moment of each.")
-@click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
-def bench_ingest(packets: int, kills: int, seed: int, as_json: bool) -> None:
-    """Accepted reports/s through ingest workers: SQLite 1 worker, PostgreSQL 1 and 2; SIGKILL audits."""
-    figures = run_bench(packets, seed, kills)
-    if as_json:
-        click.echo(json.dumps(figures, indent=2))
-    else:
-        click.echo(f"{figures['frames']} frames; load average {figures['load_average'][0]:.2f} on {figures['cpus']} CPUs")
-        for name, run in figures["runs"].items():
-            click.echo(f"  {name:24} {run['accepted_per_second']:8.0f} accepted/s  ({run['accepted']} in {run['seconds']:.2f} s; "
-                       f"lost {run['lost']}, doubled {run['doubled']})")
-        click.echo(f"  PostgreSQL 2 workers / 1 worker: x{figures['ratio_pg2_to_pg1']:.2f}; "
-                   f"PostgreSQL / SQLite with 1 worker: x{figures['ratio_pg1_to_sqlite1']:.2f}")
-        for index, run in enumerate(figures["kills"]):
-            click.echo(f"  kill {index + 1}: worker killed after {run['killed_after_seconds']:.2f} s holding {run['claimed_at_kill']} "
-                       f"claimed rows, {run['resent']} resent; "
-                       f"accepted {run['accepted']}, lost {run['lost']}, doubled {run['doubled']}, "
-                       f"never acknowledged {run['unacknowledged']}; rejected {run['rejected']}")
-    bad = [run for run in [*figures["runs"].values(), *figures["kills"]] if run["lost"] or run["doubled"]]
-    if bad:
-        raise SystemExit(1)
-
