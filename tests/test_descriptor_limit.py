@@ -34,6 +34,17 @@ def run_limited(args: list[str], soft: int, hard: int) -> subprocess.CompletedPr
                           preexec_fn=limited(soft, hard))
 
 
+def read_until(child: subprocess.Popen[str], needle: str) -> list[str]:
+    """The child's stderr lines up to the first that contains ``needle`` (fails if it exits first)."""
+    assert child.stderr is not None
+    lines: list[str] = []
+    while not any(needle in line for line in lines):
+        line = child.stderr.readline()
+        assert line, "".join(lines)
+        lines.append(line)
+    return lines
+
+
 def test_caps_share_what_the_limit_leaves_after_each_minimum() -> None:
     wanted, minimum = {"link": 256, "mirror": 128}, {"link": 64, "mirror": 16}
     assert fit_connection_caps(wanted, minimum, reserve=128, limit=20_000, server="relay") == wanted
@@ -55,12 +66,7 @@ def test_a_relay_raises_its_soft_limit_and_refuses_a_hard_limit_below_its_minimu
     command = [*COMMAND, "relay", "run", "--data-dir", str(data_dir)]
     child = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, preexec_fn=limited(64, 4096))
     try:
-        assert child.stderr is not None
-        lines = []
-        while not any("event=listening" in line for line in lines):
-            line = child.stderr.readline()
-            assert line, "".join(lines)
-            lines.append(line)
+        lines = read_until(child, "event=listening")
         limits = open(f"/proc/{child.pid}/limits").read()
         assert [row for row in limits.splitlines() if row.startswith("Max open files")][0].split()[3:5] == ["4096", "4096"]
         assert not any("connections-capped-by-descriptor-limit" in line for line in lines)
@@ -84,12 +90,7 @@ def test_an_aggregator_refuses_a_limit_below_its_minimum_and_serves_with_caps_th
     command = [*COMMAND, "aggregator", "run", "--data-dir", str(data_dir)]
     child = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, preexec_fn=limited(256, 256))
     try:
-        assert child.stderr is not None
-        lines = []
-        while not any("serving" in line for line in lines):
-            line = child.stderr.readline()
-            assert line, "".join(lines)
-            lines.append(line)
+        lines = read_until(child, "serving")
         assert any("connection caps lowered to fit the open-file limit" in line for line in lines), lines
     finally:
         child.kill()
