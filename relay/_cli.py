@@ -85,8 +85,13 @@ def _address(value: str, what: str) -> tuple[str, int]:
 @click.option("--directory-file", default=None, metavar="PATH",
               help="Static next-hop directory JSON (relative to the data directory), instead of or beside "
                    "--aggregator.")
+@click.option("--source-shares", default=64, show_default=True, type=click.IntRange(1),
+              help="One IP address may hold 1/N of the held packets (1: the whole queue, for peers behind one address).")
+@click.option("--prefix-shares", default=32, show_default=True, type=click.IntRange(1),
+              help="One /24 may hold 1/N of the held packets (at most --source-shares).")
 def init(data_dir: Path, listen: str, advertise: str | None, metrics: str | None, mirror: str | None, max_hops: int,
-         packet_size: int, aggregators: tuple[PinnedAggregator, ...], directory_file: str | None) -> None:
+         packet_size: int, aggregators: tuple[PinnedAggregator, ...], directory_file: str | None,
+         source_shares: int, prefix_shares: int) -> None:
     """Create the relay's identity key and a commented config (never overwrites)."""
     from anonml.relay._config import CONFIG_FILE, RelayConfig, render_config
     from anonml.relay._keys import IDENTITY_FILE, KeyRing, create_identity
@@ -105,6 +110,8 @@ def init(data_dir: Path, listen: str, advertise: str | None, metrics: str | None
             packet_size=packet_size,
             directory_aggregators=aggregators,
             directory_file=directory_file,
+            source_shares=source_shares,
+            prefix_shares=prefix_shares,
         )
         create_identity(data_dir)
     except (ConfigError, StorageError) as exc:

@@ -99,11 +99,6 @@ class PinnedAggregator:
         return f"{self.identity.hex()}@{self.url}"
 
 
-# Shares of max_held_packets (relay._shares): issue 25's attacker holds addresses in up to 16 /24s.
-_SOURCE_SHARES = 64
-_PREFIX_SHARES = 32
-
-
 @dataclass(frozen=True)
 class RelayConfig:
     """Everything ``serve_relay`` needs; see :func:`render_config` for each meaning."""
@@ -119,6 +114,11 @@ class RelayConfig:
     # 2 KiB packets: about 400 MiB of disk when full. A source may hold 1/64 of it and a /24 1/32
     # (max_held_per_source, max_held_per_prefix), from the first packet (issue 25).
     max_held_packets: int = 200_000
+    # Shares of max_held_packets (relay._shares): issue 25's attacker holds addresses in up to 16
+    # /24s, so 32 prefix shares leave it half the queue. 1 and 1: one source may take the queue
+    # (the loopback demo, whose thousands of peers all send from 127.0.0.1).
+    source_shares: int = 64
+    prefix_shares: int = 32
     # A day: a packet is held until its window, and a round's windows come
     # minutes to hours after its packets are sent (DESIGN.md §3). Issue 13:
     # without a bound, far-future packets filled the hold queue.
@@ -155,7 +155,7 @@ class RelayConfig:
 
     def __post_init__(self) -> None:
         for name in ("max_hops", "packet_size", "max_connections", "max_connections_per_source", "max_held_packets",
-                     "max_hold_seconds", "max_replay_tags", "max_neighbours", "forward_batch", "key_epoch_seconds"):
+                     "source_shares", "prefix_shares", "max_hold_seconds", "max_replay_tags", "max_neighbours", "forward_batch", "key_epoch_seconds"):
             value = getattr(self, name)
             if type(value) is not int or value < 1:
                 raise RelayConfigError(f"{name} must be a positive integer, got {value!r}")
@@ -167,6 +167,9 @@ class RelayConfig:
             raise RelayConfigError(
                 f"key_grace_seconds must be an integer in [0, key_epoch_seconds), got {self.key_grace_seconds!r}"
             )
+        if self.prefix_shares > self.source_shares:
+            raise RelayConfigError(f"prefix_shares ({self.prefix_shares}) must not exceed source_shares "
+                                   f"({self.source_shares}): a network may hold at least what one of its addresses may")
         if type(self.refusal_burst) is not int or self.refusal_burst < 1:
             raise RelayConfigError(f"refusal_burst must be a positive integer, got {self.refusal_burst!r}")
         for name in ("connect_timeout", "ack_timeout", "directory_min_refresh_seconds", "directory_fetch_timeout",
@@ -196,12 +199,12 @@ class RelayConfig:
     @property
     def max_held_per_source(self) -> int:
         """Held packets one source address may hold (relay._shares)."""
-        return max(1, self.max_held_packets // _SOURCE_SHARES)
+        return max(1, self.max_held_packets // self.source_shares)
 
     @property
     def max_held_per_prefix(self) -> int:
         """Held packets one /24 (or IPv6 /48) may hold: an attacker in 16 of them holds at most half."""
-        return max(1, self.max_held_packets // _PREFIX_SHARES)
+        return max(1, self.max_held_packets // self.prefix_shares)
 
     @property
     def directory_path(self) -> Path | None:
@@ -286,6 +289,13 @@ _KEYS: tuple[_Key, ...] = (
          "refused with BUSY and counted (\"capacity\"). Whatever the fill, one IP\n"
          "address (not a directory neighbour) may hold 1/64 of it and one /24 1/32\n"
          "(\"source-share\", \"prefix-share\"), so a flood cannot crowd out peers."),
+    _Key("limits", "source_shares", "source_shares",
+         "One IP address (not a directory neighbour) may hold max_held_packets /\n"
+         "source_shares packets at once. 1 gives one address the whole queue: only for\n"
+         "a relay whose peers all send from one address (the loopback demo)."),
+    _Key("limits", "prefix_shares", "prefix_shares",
+         "One /24 (or IPv6 /48) may hold max_held_packets / prefix_shares packets at\n"
+         "once; at most source_shares."),
     _Key("limits", "max_hold_seconds", "max_hold_seconds",
          "A packet is accepted only if its window ends within this many seconds\n"
          "(and, once a round manifest is known, lies inside one of its phases)."),

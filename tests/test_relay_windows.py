@@ -31,6 +31,8 @@ from anonml.transport import AckStatus
 from anonml.relay import (
     DirectoryEntry,
     NextHopDirectory,
+    RelayConfig,
+    RelayConfigError,
     RelayCounters,
     RelayStore,
     WallClock,
@@ -215,6 +217,21 @@ async def test_beyond_max_held_packets_are_refused_busy(
     assert statuses == [AckStatus.ACCEPTED] * 3 + [AckStatus.BUSY] * 2
     assert harness.relay.counters.dropped["capacity"] == 2
     assert len(harness.store.schedule()) == 3
+
+
+async def test_with_one_share_one_address_may_fill_the_queue(autojump_clock: trio.testing.MockClock, tmp_path: Path) -> None:
+    """The loopback demo's peers all send from one address: its relays give that address the whole queue
+    (`relay init --source-shares 1 --prefix-shares 1`), and the queue's own cap still holds."""
+    harness = Harness(tmp_path, WallClock.starting_at(T0), max_held_packets=20, source_shares=1, prefix_shares=1)
+    window = ReleaseWindow(T0 + 10, T0 + 20)
+    statuses = await harness.relay.on_packets([harness.packet(i, window) for i in range(25)], "127.0.0.1")
+    assert statuses == [AckStatus.ACCEPTED] * 20 + [AckStatus.BUSY] * 5
+    assert harness.relay.counters.dropped["capacity"] == 5 and "source-share" not in harness.relay.counters.dropped
+
+
+def test_a_network_share_smaller_than_an_address_share_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(RelayConfigError, match="prefix_shares"):
+        RelayConfig(data_dir=tmp_path, listen=("127.0.0.1", 9000), source_shares=8, prefix_shares=16)
 
 
 async def test_one_address_or_one_network_filling_the_hold_leaves_room_for_an_honest_peer(

@@ -104,6 +104,9 @@ async def start_relays(children: Children, work: Path, network: Network, identit
             "--mirror", f"{HOST}:{free_port()}",
             # The relay forwards only to next hops a manifest signed by that identity lists.
             "--aggregator", f"{identity}@{network.url}",
+            # Every demo peer sends from 127.0.0.1: one address may hold the whole queue here (issue 25's
+            # per-address share, 1/64 by default, would refuse all but ~3,000 of an Adult round's packets).
+            "--source-shares", "1", "--prefix-shares", "1",
         )
         # What `anonml relay info --json` prints, read in this process: one process start less per relay.
         descriptors[i] = json.loads(json.dumps(await trio.to_thread.run_sync(relay_descriptor, load_config(relay_dir), time.time())))
