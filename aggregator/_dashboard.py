@@ -276,9 +276,9 @@ def dashboard_data(
     if report is None:
         stored = state.store.get_result("report")
         report = json.loads(stored) if stored is not None else None
-    # Partitions exist once the roster is final (after registration closes with anyone on it).
-    closed = status.now >= manifest.schedule.t_register_end and status.counts.get("registered", 0) > 0
-    sizes = state.partition_sizes() if closed else None
+    # Partitions exist once the roster is final and every listed relay has revealed its beacon value
+    # (DESIGN.md §3 step 3): between the two the page shows none.
+    sizes = state.partition_sizes() if state.plan is not None else None
     # The report is written while the round is "learning"; the page it becomes shows how the round ended.
     phase = str(report.get("status", status.phase)) if report is not None else status.phase
     return {

@@ -32,6 +32,7 @@ from anonml.protocol import (
     DocumentKind,
     InvalidApiMessage,
     InvalidBeacon,
+    RegisterRequest,
     RosterHead,
     RosterResponse,
     SignedDocument,
@@ -293,3 +294,19 @@ def test_a_reveal_that_does_not_open_its_commitment_is_refused() -> None:
     trace = simulate_round(SimulationConfig(peers=4, seed=2), _TamperedReveal())
     assert [p.refused.reason if p.refused else p.error for p in trace.peers] == ["beacon-mismatch"] * 4
     assert not trace.arrivals
+
+
+def test_the_dashboard_shows_no_partitions_while_the_reveals_are_awaited(state: RoundState) -> None:
+    """Between the signed head and the relays' reveals there is no plan: the live page must still render
+    (it answered 500 on every poll of that interval)."""
+    from anonml.aggregator._dashboard import dashboard_data
+
+    for index, relay in enumerate(state.manifest.relays):
+        store_commitment(state.store, relay.node_id, bytes([index]) * 32)
+    clock = [float(state.manifest.schedule.t_register_end - 10)]
+    state.clock = lambda: clock[0]
+    assert state.register(RegisterRequest.create(SigningKey(bytes(32)), state.round_id))
+    clock[0] = state.manifest.schedule.t_register_end
+    state.prepare()
+    assert state.plan is None
+    assert dashboard_data(state, None)["partition_sizes"] is None
