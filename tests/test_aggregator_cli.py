@@ -62,6 +62,17 @@ def write_spec(path: Path, eps: str = "2.0", register: int = 1) -> Path:
     return path
 
 
+def new_round(tmp_path: Path, register: int) -> Path:
+    """`aggregator init` and `round new` with :func:`write_spec`'s round (registration open ``register`` s); the data dir."""
+    runner = CliRunner()
+    data_dir = tmp_path / "agg"
+    assert runner.invoke(main, ["aggregator", "init", "--data-dir", str(data_dir)]).exit_code == 0
+    write_spec(tmp_path / "round.toml", register=register)
+    created = runner.invoke(main, ["aggregator", "round", "new", "--data-dir", str(data_dir), "--spec", str(tmp_path / "round.toml")])
+    assert created.exit_code == 0, created.output
+    return data_dir
+
+
 def test_init_refuses_to_overwrite(tmp_path: Path) -> None:
     runner = CliRunner()
     first = runner.invoke(main, ["aggregator", "init", "--data-dir", str(tmp_path / "agg")])
@@ -210,13 +221,7 @@ def test_sigterm_stops_run_and_its_worker_processes_and_a_second_run_is_refused(
 
     import psutil
 
-    runner = CliRunner()
-    data_dir = tmp_path / "agg"
-    assert runner.invoke(main, ["aggregator", "init", "--data-dir", str(data_dir)]).exit_code == 0
-    write_spec(tmp_path / "round.toml", register=600)
-    created = runner.invoke(main, ["aggregator", "round", "new", "--data-dir", str(data_dir),
-                                   "--spec", str(tmp_path / "round.toml")])
-    assert created.exit_code == 0, created.output
+    data_dir = new_round(tmp_path, register=600)
     command = [sys.executable, "-c", "import sys; from anonml.cli import main; sys.exit(main())",
                "aggregator", "run", "--data-dir", str(data_dir), "--processes", "2"]
     with running_until(command, "serving", within=120) as run:
@@ -236,13 +241,8 @@ def test_a_lingering_run_prints_its_summary_before_the_linger_and_sigterm_then_o
     `aggregator run` "resumes the round" (which has nothing left to do)."""
     import signal
 
-    runner = CliRunner()
-    data_dir = tmp_path / "agg"
-    assert runner.invoke(main, ["aggregator", "init", "--data-dir", str(data_dir)]).exit_code == 0
     # Nobody registers: the round fails when registration closes (its minimum participation unmet).
-    write_spec(tmp_path / "round.toml", register=20)
-    created = runner.invoke(main, ["aggregator", "round", "new", "--data-dir", str(data_dir), "--spec", str(tmp_path / "round.toml")])
-    assert created.exit_code == 0, created.output
+    data_dir = new_round(tmp_path, register=20)
     command = [*anonml_command("aggregator", "run", "--data-dir", str(data_dir), "--linger", "120")]
     with running_until(command, "round FAILED", within=300) as run:
         assert run.stderr is not None

@@ -11,10 +11,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
-from test_aggregator_cli import write_spec
+from test_aggregator_cli import new_round
 
-from anonml.cli import main
 from anonml.crypto import SphinxGeometry
 from anonml.testing import loopback_relay
 from anonml.transport import DescriptorLimitError, fit_connection_caps
@@ -76,13 +74,7 @@ def test_a_relay_raises_its_soft_limit_and_refuses_a_hard_limit_below_its_minimu
 
 
 def test_an_aggregator_refuses_a_limit_below_its_minimum_and_serves_with_caps_that_fit(tmp_path: Path) -> None:
-    runner = CliRunner()
-    data_dir = tmp_path / "agg"
-    assert runner.invoke(main, ["aggregator", "init", "--data-dir", str(data_dir)]).exit_code == 0
-    write_spec(tmp_path / "round.toml", register=600)
-    created = runner.invoke(main, ["aggregator", "round", "new", "--data-dir", str(data_dir),
-                                   "--spec", str(tmp_path / "round.toml")])
-    assert created.exit_code == 0, created.output
+    data_dir = new_round(tmp_path, register=600)
     refused = run_limited(["aggregator", "run", "--data-dir", str(data_dir)], 60, 60)
     assert refused.returncode == 1 and "Traceback" not in refused.stderr
     assert "aggregator: the open-file limit (RLIMIT_NOFILE) is 60, below the" in refused.stderr
