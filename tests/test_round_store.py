@@ -186,3 +186,19 @@ def test_an_erased_secret_is_gone_from_the_table(open_store: Opener) -> None:
     store.put_result("outcome", b"done")
     store.erase_meta("issuer_key")
     assert store.get_meta("issuer_key") is None and store.get_result("outcome") == b"done"
+
+
+def test_the_move_to_postgresql_copies_every_table_and_column_of_the_current_schema(tmp_path: Path) -> None:
+    """`RoundStore.copy_from` lists what it moves: a table or column a migration adds must be listed too,
+    or moving a round would silently leave it behind. Only the inbox's own bookkeeping stays: its rows get
+    new ids on the server and no worker holds a claim there yet."""
+    from anonml.aggregator._store import _TABLE_COLUMNS
+
+    RoundStore(tmp_path / "round.sqlite").close()
+    db = sqlite3.connect(tmp_path / "round.sqlite")
+    tables = {name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")} - {"sqlite_sequence"}
+    columns = {table: {row[1] for row in db.execute(f"PRAGMA table_info({table})")} for table in tables}
+    db.close()
+    assert tables == set(_TABLE_COLUMNS)
+    left_behind = {table: columns[table] - set(listed) for table, listed in _TABLE_COLUMNS.items() if columns[table] - set(listed)}
+    assert left_behind == {"inbox": {"id", "claimed_by", "claimed_at"}}
