@@ -86,8 +86,9 @@ class Children:
         self.on_restart = on_restart
         self.children: list[Child] = []
 
-    async def run(self, name: str, *args: str) -> str:
-        """Run one ``anonml`` operator command to completion; its stdout, or ChildFailed naming its log."""
+    async def run(self, name: str, args: Sequence[str]) -> str:
+        """Run one ``anonml`` operator command (``args``: the words after ``anonml``) to completion; its stdout, or
+        ChildFailed naming its log."""
         log = self.logs / f"{name}.log"
         result = await trio.run_process(anonml_command(*args), capture_stdout=True, capture_stderr=True, check=False)
         log.write_bytes(result.stdout + result.stderr)

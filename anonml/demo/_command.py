@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import signal
 import tempfile
+from functools import partial
 from pathlib import Path
 
 import click
@@ -60,7 +61,8 @@ def demo(peers: int | None, dataset: str, data_dir: Path | None, epsilon: float,
     n = min(peers or len(data.train_rows), len(data.train_rows))
     work = work_dir or Path(tempfile.mkdtemp(prefix="anonml-demo-"))
     work.mkdir(parents=True, exist_ok=True)
-    result = trio.run(until_signalled, run_demo, data, n, epsilon, workers, seed, work, console, linger)
+    result = trio.run(until_signalled, partial(run_demo, data, peers=n, epsilon=epsilon, workers=workers, seed=seed, work=work,
+                                               console=console, linger=linger))
     if isinstance(result, int):
         console.print(f"stopped by {signal.Signals(result).name}; every child process was stopped; files in {work}")
         raise SystemExit(128 + result)

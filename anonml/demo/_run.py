@@ -81,7 +81,7 @@ async def start_workers(children: Children, data: DemoData, rows: list[list[str]
 async def init_aggregator(children: Children, agg_dir: Path) -> tuple[str, float]:
     """``anonml aggregator init``; the identity relays pin, and the seconds the command took."""
     started = time.monotonic()
-    await children.run("aggregator-init", "aggregator", "init", "--data-dir", str(agg_dir))
+    await children.run("aggregator-init", ["aggregator", "init", "--data-dir", str(agg_dir)])
     seconds = time.monotonic() - started
     from anonml.aggregator import AggregatorHome
 
@@ -96,8 +96,8 @@ async def start_relays(children: Children, work: Path, network: Network, identit
 
     async def one(i: int) -> None:
         relay_dir = work / f"relay-{i}"
-        await children.run(
-            f"relay-{i}-init", "relay", "init", "--data-dir", str(relay_dir),
+        await children.run(f"relay-{i}-init", [
+            "relay", "init", "--data-dir", str(relay_dir),
             "--listen", f"{HOST}:{network.listen_port(i)}", "--advertise", f"{HOST}:{network.relay_ports[i]}",
             "--metrics", f"{HOST}:{network.metrics_ports[i]}",
             # Peers compare the aggregator's signed documents with this mirror's copies (DESIGN.md §5).
@@ -107,7 +107,7 @@ async def start_relays(children: Children, work: Path, network: Network, identit
             # Every demo peer sends from 127.0.0.1: one address may hold the whole queue here (issue 25's
             # per-address share, 1/64 by default, would refuse all but ~3,000 of an Adult round's packets).
             "--source-shares", "1", "--prefix-shares", "1",
-        )
+        ])
         # What `anonml relay info --json` prints, read in this process: one process start less per relay.
         descriptors[i] = json.loads(json.dumps(await trio.to_thread.run_sync(relay_descriptor, load_config(relay_dir), time.time())))
         await children.start(f"relay-{i}", anonml_command("relay", "run", "--data-dir", str(relay_dir)), restart=True)
@@ -124,22 +124,21 @@ async def open_round(children: Children, work: Path, agg_dir: Path, data: DemoDa
     spec_path = work / "round.toml"
     spec_path.write_text(to_toml(round_spec(data, params, descriptors, network.http_port, network.sink_port)))
     # The schedule starts once `aggregator run` can be serving: its start-up, measured, with headroom.
-    out = await children.run(
-        "aggregator-round-new", "aggregator", "round", "new", "--data-dir", str(agg_dir), "--spec", str(spec_path),
+    out = await children.run("aggregator-round-new", [
+        "aggregator", "round", "new", "--data-dir", str(agg_dir), "--spec", str(spec_path),
         "--start", f"+{params.start_seconds}",
-    )
+    ])
     round_id = out.strip().splitlines()[-1]
     # Blind issuance and token verification in worker processes: the
     # aggregator's one interpreter then only serves HTTP and the sink.
+    run_aggregator = [
+        "aggregator", "run", "--data-dir", str(agg_dir), "--round", round_id,
+        "--linger", f"{max(LINGER_SECONDS, linger + 5):g}", "--processes", str(AGGREGATOR_PROCESSES),
+        # The report then carries the AUC on the held-out rows.
+        "--test-file", str(write_test_file(data, work)),
+    ]
     aggregator = await children.start(
-        "aggregator",
-        anonml_command(
-            "aggregator", "run", "--data-dir", str(agg_dir), "--round", round_id,
-            "--linger", f"{max(LINGER_SECONDS, linger + 5):g}", "--processes", str(AGGREGATOR_PROCESSES),
-            # The report then carries the AUC on the held-out rows.
-            "--test-file", str(write_test_file(data, work)),
-        ),
-        restart=True, done=lambda code: code in AGGREGATOR_ENDS,
+        "aggregator", anonml_command(*run_aggregator), restart=True, done=lambda code: code in AGGREGATOR_ENDS,
     )
     return round_id, aggregator
 
@@ -203,7 +202,7 @@ async def collect_report(aggregator: Child, round_dir: Path, children: Children,
     return json.loads(report_path.read_text()) if report_path.is_file() else {}
 
 
-async def run_demo(data: DemoData, peers: int, epsilon: float, workers: int, seed: int, work: Path, console: Any,
+async def run_demo(data: DemoData, *, peers: int, epsilon: float, workers: int, seed: int, work: Path, console: Any,
                    linger: float = 0.0) -> tuple[dict[str, Any], DemoParams]:
     """Run one complete round; returns the summary figures and the round's parameters."""
     started = time.monotonic()
@@ -241,7 +240,7 @@ async def run_demo(data: DemoData, peers: int, epsilon: float, workers: int, see
         report = await collect_report(aggregator, round_dir, children, console, network.url, linger)
         if report:
             # What the aggregator's operator reads at the end of a round.
-            out = await children.run("aggregator-report", "aggregator", "report", "--data-dir", str(agg_dir), round_id)
+            out = await children.run("aggregator-report", ["aggregator", "report", "--data-dir", str(agg_dir), round_id])
             for line in out.splitlines():
                 console.print(f"    {line}")
     step(6, "auditing every prepared message against the accepted set; evaluating the published model on the held-out rows")
