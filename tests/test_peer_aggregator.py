@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,7 @@ import trio
 from anonml.aggregator._round import RoundState
 from anonml.aggregator._service import AggregatorConfig, serve_aggregator
 from anonml.aggregator._setup import create_round
-from anonml.aggregator._spec import parse_round_spec
+from anonml.aggregator._spec import RoundSpec, parse_round_spec
 from anonml.aggregator._store import AggregatorHome
 from anonml.crypto import generate_keypair
 from anonml.peer import PeerLedger, PeerRound, planned_releases
@@ -69,12 +70,17 @@ async def served(home: AggregatorHome, nursery: trio.Nursery) -> AsyncIterator[t
     can close before the test has done what it needs inside it, however long
     a loaded machine takes to start a CLI or answer a request.
     """
+    yield await serve_at_rest(home, nursery, parse_round_spec(spec_document(register_seconds=3)))
+    nursery.cancel_scope.cancel()
+
+
+async def serve_at_rest(home: AggregatorHome, nursery: trio.Nursery, spec: RoundSpec) -> tuple[RoundState, str, SettableClock]:
+    """The round of ``spec`` served on loopback, its clock standing at ``T0`` until the caller moves it."""
     clock = SettableClock(float(T0))
-    state, _ = create_round(home, parse_round_spec(spec_document(register_seconds=3)), now=T0)
+    state, _ = create_round(home, spec, now=T0)
     state.clock = clock
     addresses = await nursery.start(serve_aggregator, AggregatorConfig(state))
-    yield state, addresses.http_url, clock
-    nursery.cancel_scope.cancel()
+    return state, addresses.http_url, clock
 
 
 async def serve_round(home: AggregatorHome, nursery: trio.Nursery, register_seconds: int) -> tuple[RoundState, str]:
@@ -94,20 +100,31 @@ def vector_for(pipeline: RoundPipeline, age: float, colour: str, label: str) -> 
     return pipeline.vector_of(Dataset((Event({"age": age, "colour": colour, "y": label}, None, 2),)))
 
 
+@asynccontextmanager
+async def registered_peers(url: str, clock: SettableClock, store: PeerStore, count: int = 5) -> AsyncIterator[list[PeerRound]]:
+    """``count`` peers of the round served at ``url``, each registered, sharing one session whose transport stays
+    open while the caller uses them."""
+    client = AggregatorClient(url, retry_for=5)
+    try:
+        signed = await client.manifest()
+        pipeline = RoundPipeline.for_spec(FeatureSpec.from_dict(dict(signed.manifest.features)))
+        async with open_transport(packet_size=2048, geometry_hash=bytes(32)) as transport:
+            session = RoundSession(client, transport, now=clock)
+            runs = [
+                PeerRound(Peer(PeerIdentity.generate(), store, vector_for(pipeline, 30.0 + i, "red", "1"), np.random.default_rng(i)), session, signed, pipeline, lambda _: None)
+                for i in range(count)
+            ]
+            for run in runs:
+                await run.register()
+            yield runs
+    finally:
+        await client.aclose()
+
+
 async def test_peers_register_agree_on_partitions_and_get_credentials_blindly(served: Any, tmp_path: Path) -> None:
     state, url, clock = served
-    client = AggregatorClient(url, retry_for=5)
-    signed = await client.manifest()
-    pipeline = RoundPipeline.for_spec(FeatureSpec.from_dict(dict(signed.manifest.features)))
     store = PeerStore(tmp_path / "peers.sqlite", durable=False)
-    async with open_transport(packet_size=2048, geometry_hash=bytes(32)) as transport:
-        session = RoundSession(client, transport, now=clock)
-        runs = [
-            PeerRound(Peer(PeerIdentity.generate(), store, vector_for(pipeline, 30.0 + i, "red", "1"), np.random.default_rng(i)), session, signed, pipeline, lambda _: None)
-            for i in range(5)
-        ]
-        for run in runs:
-            await run.register()
+    async with registered_peers(url, clock, store) as runs:
         assert state.store.counts()["registered"] == 5
         # Registration closes only now; partition() waits for the seed to be revealed.
         clock.now = state.manifest.schedule.t_register_end
@@ -118,10 +135,9 @@ async def test_peers_register_agree_on_partitions_and_get_credentials_blindly(se
             assert len(subsets) == 1 and len(subsets[0]) == 1
             run.credential = await run.obtain_credential(partition)
             assert run.credential.partition == partition
-            registration = store.registration(run.key, signed.round_id)
+            registration = store.registration(run.key, run.round_id)
             assert registration is not None and registration.credential == run.credential.to_bytes()
     assert state.store.counts()["credentials"] == 5
-    await client.aclose()
 
 
 async def test_a_peer_in_a_partition_below_the_manifests_minimum_anonymity_set_refuses_before_its_credential(
@@ -132,24 +148,11 @@ async def test_a_peer_in_a_partition_below_the_manifests_minimum_anonymity_set_r
     ``round new`` refuses such a spec, so the round is made as an aggregator that skips the check would."""
     spec = parse_round_spec(spec_document(register_seconds=3))
     spec = replace(spec, participation=replace(spec.participation, min_anonymity_set=3))
-    state, _ = create_round(home, spec, now=T0)
-    clock = SettableClock(float(T0))
-    state.clock = clock
-    url = (await nursery.start(serve_aggregator, AggregatorConfig(state))).http_url
-    client = AggregatorClient(url, retry_for=5)
-    signed = await client.manifest()
-    assert signed.manifest.min_anonymity_set == 3
-    pipeline = RoundPipeline.for_spec(FeatureSpec.from_dict(dict(signed.manifest.features)))
+    state, url, clock = await serve_at_rest(home, nursery, spec)
     store = PeerStore(tmp_path / "peers.sqlite", durable=False)
     outcomes: dict[int, str] = {}
-    async with open_transport(packet_size=2048, geometry_hash=bytes(32)) as transport:
-        session = RoundSession(client, transport, now=clock)
-        runs = [
-            PeerRound(Peer(PeerIdentity.generate(), store, vector_for(pipeline, 30.0 + i, "red", "1"), np.random.default_rng(i)), session, signed, pipeline, lambda _: None)
-            for i in range(5)
-        ]
-        for run in runs:
-            await run.register()
+    async with registered_peers(url, clock, store) as runs:
+        assert runs[0].manifest.min_anonymity_set == 3
         clock.now = state.manifest.schedule.t_register_end
         for run in runs:  # 5 peers in k_p = 2 partitions: one of 3 peers, one of 2
             try:
@@ -164,7 +167,6 @@ async def test_a_peer_in_a_partition_below_the_manifests_minimum_anonymity_set_r
             outcomes[3] = outcomes.get(3, "") + "c"
     assert outcomes == {2: "rr", 3: "ccc"}
     assert state.store.counts()["credentials"] == 3  # the refusing peers asked for nothing
-    await client.aclose()
     nursery.cancel_scope.cancel()
 
 
