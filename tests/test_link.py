@@ -5,7 +5,8 @@ client's connection reuse and retry."""
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
 
 import pytest
 import trio
@@ -367,30 +368,32 @@ def admit_only(*node_ids: bytes) -> Callable[[bytes | None], bool]:
     return lambda node_id: node_id in node_ids
 
 
-async def serve_authenticating(
-    admit: Callable[[bytes | None], bool], stats: list[LinkSessionStats], recorder: Recorder,
-    *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
-) -> None:
+@asynccontextmanager
+async def neighbour_only_server() -> AsyncIterator[tuple[int, Recorder, list[LinkSessionStats]]]:
+    """A link server on loopback, as ``SERVER``, admitting ``NEIGHBOUR`` alone; its port, the frames it
+    received and each session's stats, while the block runs."""
+    recorder, stats = Recorder(), []
+
     async def handler(stream: trio.SocketStream) -> None:
         session = LinkSessionStats()
         stats.append(session)
         try:
             await serve_link(stream, recorder, packet_size=SIZE, geometry_hash=GEOMETRY, limits=LIMITS,
-                             stats=session, identity=SERVER, admit=admit)
+                             stats=session, identity=SERVER, admit=admit_only(NEIGHBOUR.node_id))
         except LinkError:
             pass
         finally:
             await stream.aclose()
 
     listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
-    task_status.started(listeners[0].socket.getsockname()[1])
-    await trio.serve_listeners(handler, listeners)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(trio.serve_listeners, handler, listeners)
+        yield listeners[0].socket.getsockname()[1], recorder, stats
+        nursery.cancel_scope.cancel()
 
 
 async def test_an_authenticated_neighbour_is_known_by_its_node_id_and_strangers_are_refused() -> None:
-    recorder, stats = Recorder(), []
-    async with trio.open_nursery() as nursery:
-        port = await nursery.start(serve_authenticating, admit_only(NEIGHBOUR.node_id), stats, recorder)
+    async with neighbour_only_server() as (port, recorder, stats):
         neighbour = LinkClient("127.0.0.1", port, packet_size=SIZE, geometry_hash=GEOMETRY, identity=NEIGHBOUR,
                                expect_node_id=SERVER.node_id)
         assert await neighbour.send_batch([frame(1)], give_up_at=trio.current_time() + 5) == [AckStatus.ACCEPTED]
@@ -403,7 +406,6 @@ async def test_an_authenticated_neighbour_is_known_by_its_node_id_and_strangers_
             assert await client.send_batch([frame(2)], give_up_at=trio.current_time() + 0.2) == [None]
             assert client.connects == 0 and client.failures >= 1
         await neighbour.aclose()
-        nursery.cancel_scope.cancel()
     assert [f[1:5] for f in recorder.frames] == [(1).to_bytes(4, "big")]
 
 
@@ -434,13 +436,10 @@ async def test_a_proof_made_for_another_session_or_key_is_refused(autojump_clock
 
 
 async def test_a_client_that_expects_a_node_refuses_an_impostor_at_its_address() -> None:
-    recorder, stats = Recorder(), []
-    async with trio.open_nursery() as nursery:
-        port = await nursery.start(serve_authenticating, admit_only(NEIGHBOUR.node_id), stats, recorder)
+    async with neighbour_only_server() as (port, recorder, _):
         client = LinkClient("127.0.0.1", port, packet_size=SIZE, geometry_hash=GEOMETRY, identity=NEIGHBOUR,
                             expect_node_id=STRANGER.node_id)
         assert await client.send_batch([frame(1)], give_up_at=trio.current_time() + 0.2) == [None]
-        nursery.cancel_scope.cancel()
     assert recorder.frames == []
 
 
