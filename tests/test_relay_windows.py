@@ -137,6 +137,12 @@ class Harness:
         ]
         return build_packet(GEOMETRY, path, index.to_bytes(4, "big"))
 
+    async def offer_ahead(self, count: int, source: str | None = None) -> list[AckStatus]:
+        """The statuses of ``count`` distinct packets for the window 10 to 20 s after ``T0``, offered
+        in one batch from ``source`` (None: an authenticated neighbour)."""
+        window = ReleaseWindow(T0 + 10, T0 + 20)
+        return await self.relay.on_packets([self.packet(i, window) for i in range(count)], source)
+
 
 def rho_bound(n: int) -> float:
     """4 standard deviations of Spearman's rho under independence (var = 1/(n-1))."""
@@ -212,8 +218,7 @@ async def test_beyond_max_held_packets_are_refused_busy(
     autojump_clock: trio.testing.MockClock, tmp_path: Path
 ) -> None:
     harness = Harness(tmp_path, WallClock.starting_at(T0), max_held_packets=3)
-    window = ReleaseWindow(T0 + 10, T0 + 20)
-    statuses = await harness.relay.on_packets([harness.packet(i, window) for i in range(5)])
+    statuses = await harness.offer_ahead(5)
     assert statuses == [AckStatus.ACCEPTED] * 3 + [AckStatus.BUSY] * 2
     assert harness.relay.counters.dropped["capacity"] == 2
     assert len(harness.store.schedule()) == 3
@@ -223,8 +228,7 @@ async def test_with_one_share_one_address_may_fill_the_queue(autojump_clock: tri
     """The loopback demo's peers all send from one address: its relays give that address the whole queue
     (`relay init --source-shares 1 --prefix-shares 1`), and the queue's own cap still holds."""
     harness = Harness(tmp_path, WallClock.starting_at(T0), max_held_packets=20, source_shares=1, prefix_shares=1)
-    window = ReleaseWindow(T0 + 10, T0 + 20)
-    statuses = await harness.relay.on_packets([harness.packet(i, window) for i in range(25)], "127.0.0.1")
+    statuses = await harness.offer_ahead(25, "127.0.0.1")
     assert statuses == [AckStatus.ACCEPTED] * 20 + [AckStatus.BUSY] * 5
     assert harness.relay.counters.dropped["capacity"] == 5 and "source-share" not in harness.relay.counters.dropped
 
@@ -355,7 +359,7 @@ async def test_packets_whose_window_closed_while_down_are_dropped_and_counted(
 ) -> None:
     clock = WallClock.starting_at(T0)
     first = Harness(tmp_path, clock)
-    await first.relay.on_packets([first.packet(i, ReleaseWindow(T0 + 10, T0 + 20)) for i in range(5)])
+    await first.offer_ahead(5)
     await trio.sleep_until(clock.to_trio(T0 + 30))
     second = Harness(tmp_path, clock)
     assert second.relay.counters.dropped["expired-while-down"] == 5
@@ -470,8 +474,7 @@ async def test_a_full_replay_cache_refuses_busy_instead_of_forgetting(
     autojump_clock: trio.testing.MockClock, tmp_path: Path
 ) -> None:
     harness = Harness(tmp_path, WallClock.starting_at(T0), max_replay_tags=2)
-    window = ReleaseWindow(T0 + 10, T0 + 20)
-    statuses = await harness.relay.on_packets([harness.packet(i, window) for i in range(3)])
+    statuses = await harness.offer_ahead(3)
     assert statuses == [AckStatus.ACCEPTED, AckStatus.ACCEPTED, AckStatus.BUSY]
     assert harness.relay.counters.dropped["replay-cache-full"] == 1
 
