@@ -317,6 +317,17 @@ class _ExactReader:
         self._buffer += chunk
         return bool(chunk)
 
+    async def _await_first_byte(self, deadline: float, reason: LinkErrorReason) -> bool:
+        """Whether the buffer holds a byte (read by ``deadline``, trio time, if it was empty); False at a clean end
+        of stream before any byte; ``LinkError(reason)`` when the deadline passes first."""
+        if not self._buffer:
+            with trio.move_on_at(deadline):
+                if not await self._fill():
+                    return False
+            if not self._buffer:
+                raise LinkError(reason, f"nothing received before the deadline ({reason})")
+        return True
+
     async def read_exactly(
         self,
         size: int,
@@ -332,12 +343,8 @@ class _ExactReader:
         ``LinkError(idle_reason)``; the rest within ``complete_timeout`` seconds,
         else ``LinkError(slow_reason)``.
         """
-        if not self._buffer:
-            with trio.move_on_at(first_byte_deadline):
-                if not await self._fill():
-                    return None
-            if not self._buffer:
-                raise LinkError(idle_reason, f"nothing received before the deadline ({idle_reason})")
+        if not await self._await_first_byte(first_byte_deadline, idle_reason):
+            return None
         with trio.move_on_after(complete_timeout):
             while len(self._buffer) < size:
                 if not await self._fill():
@@ -369,12 +376,8 @@ class _ExactReader:
 
     async def read_available(self, max_size: int, *, deadline: float, reason: LinkErrorReason) -> bytes | None:
         """Between 1 and ``max_size`` bytes by ``deadline``; None at end of stream."""
-        if not self._buffer:
-            with trio.move_on_at(deadline):
-                if not await self._fill():
-                    return None
-            if not self._buffer:
-                raise LinkError(reason, f"nothing received before the deadline ({reason})")
+        if not await self._await_first_byte(deadline, reason):
+            return None
         record = bytes(self._buffer[:max_size])
         del self._buffer[: len(record)]
         return record
