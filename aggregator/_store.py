@@ -43,40 +43,48 @@ from anonml.base.storage import (
     write_secret_file,
 )
 
+def _version_5_tables(*, blob: str, integer: str, real: str, row_id: str) -> str:
+    """Every table of the round schema's version 5 in one engine's column types: SQLite's tables for a new store,
+    and PostgreSQL's version 1 (its stores began there). Written once so the two engines cannot drift apart. A
+    later version must leave this text as it is and add its change after it on both engines (SQLite's tables and
+    migrations, PostgreSQL's migrations)."""
+    return f"""
+CREATE TABLE meta (key TEXT PRIMARY KEY, value {blob} NOT NULL);
+CREATE TABLE invitations (code TEXT PRIMARY KEY, used_by {blob});
+CREATE TABLE allow_list (identity_key {blob} PRIMARY KEY);
+CREATE TABLE registrations (
+    identity_key {blob} PRIMARY KEY, invitation TEXT, registered_at {integer} NOT NULL,
+    nonce {blob}, signature {blob});
+CREATE TABLE client_registrations (client TEXT PRIMARY KEY, count {integer} NOT NULL);
+CREATE TABLE credentials (
+    identity_key {blob} PRIMARY KEY, partition {integer} NOT NULL, response {blob} NOT NULL,
+    issued_at {integer} NOT NULL);
+CREATE TABLE packets (
+    survey {blob} NOT NULL, tag_digest {blob} NOT NULL, message_hash {blob} NOT NULL,
+    report {blob} NOT NULL, receipt {blob} NOT NULL, accepted_at {integer} NOT NULL,
+    position {integer}, arrived {real},
+    PRIMARY KEY (survey, tag_digest));
+CREATE UNIQUE INDEX packets_log ON packets (survey, position);
+CREATE TABLE rejections (reason TEXT PRIMARY KEY, count {integer} NOT NULL);
+CREATE TABLE covers (reason TEXT PRIMARY KEY, count {integer} NOT NULL);
+CREATE TABLE heads (
+    survey {blob} NOT NULL, check_index {integer} NOT NULL, size {integer} NOT NULL, document {blob} NOT NULL,
+    PRIMARY KEY (survey, check_index));
+CREATE TABLE replay_tags (tag {blob} PRIMARY KEY);
+CREATE TABLE results (key TEXT PRIMARY KEY, value {blob} NOT NULL);
+CREATE TABLE inbox (
+    id {row_id}, tag {blob} NOT NULL UNIQUE, message {blob} NOT NULL,
+    arrived {real} NOT NULL, claimed_by TEXT, claimed_at {real});
+CREATE TABLE log_sizes (survey {blob} PRIMARY KEY, size {integer} NOT NULL);
+CREATE TABLE leases (name TEXT PRIMARY KEY, holder TEXT NOT NULL, expires {real} NOT NULL);
+"""
+
+
 SCHEMA = Schema(
     name="round",
     application_id=0x414E4103,  # "ANA\x03"
     version=5,
-    tables="""
-CREATE TABLE meta (key TEXT PRIMARY KEY, value BLOB NOT NULL);
-CREATE TABLE invitations (code TEXT PRIMARY KEY, used_by BLOB);
-CREATE TABLE allow_list (identity_key BLOB PRIMARY KEY);
-CREATE TABLE registrations (
-    identity_key BLOB PRIMARY KEY, invitation TEXT, registered_at INTEGER NOT NULL,
-    nonce BLOB, signature BLOB);
-CREATE TABLE client_registrations (client TEXT PRIMARY KEY, count INTEGER NOT NULL);
-CREATE TABLE credentials (
-    identity_key BLOB PRIMARY KEY, partition INTEGER NOT NULL, response BLOB NOT NULL,
-    issued_at INTEGER NOT NULL);
-CREATE TABLE packets (
-    survey BLOB NOT NULL, tag_digest BLOB NOT NULL, message_hash BLOB NOT NULL,
-    report BLOB NOT NULL, receipt BLOB NOT NULL, accepted_at INTEGER NOT NULL,
-    position INTEGER, arrived REAL,
-    PRIMARY KEY (survey, tag_digest));
-CREATE UNIQUE INDEX packets_log ON packets (survey, position);
-CREATE TABLE rejections (reason TEXT PRIMARY KEY, count INTEGER NOT NULL);
-CREATE TABLE covers (reason TEXT PRIMARY KEY, count INTEGER NOT NULL);
-CREATE TABLE heads (
-    survey BLOB NOT NULL, check_index INTEGER NOT NULL, size INTEGER NOT NULL, document BLOB NOT NULL,
-    PRIMARY KEY (survey, check_index));
-CREATE TABLE replay_tags (tag BLOB PRIMARY KEY);
-CREATE TABLE results (key TEXT PRIMARY KEY, value BLOB NOT NULL);
-CREATE TABLE inbox (
-    id INTEGER PRIMARY KEY AUTOINCREMENT, tag BLOB NOT NULL UNIQUE, message BLOB NOT NULL,
-    arrived REAL NOT NULL, claimed_by TEXT, claimed_at REAL);
-CREATE TABLE log_sizes (survey BLOB PRIMARY KEY, size INTEGER NOT NULL);
-CREATE TABLE leases (name TEXT PRIMARY KEY, holder TEXT NOT NULL, expires REAL NOT NULL);
-""",
+    tables=_version_5_tables(blob="BLOB", integer="INTEGER", real="REAL", row_id="INTEGER PRIMARY KEY AUTOINCREMENT"),
     migrations={
         # Version 2 (issue 12): roster entries carry the peer's nonce and
         # signature; accepted packets their place in their survey's receipt
@@ -124,36 +132,9 @@ CREATE TABLE leases (name TEXT PRIMARY KEY, holder TEXT NOT NULL, expires REAL N
 
 POSTGRES_MIGRATIONS: tuple[str, ...] = (
     # Version 1: the tables of SQLite's version 5 (PostgreSQL stores began there).
-    """
-CREATE TABLE meta (key TEXT PRIMARY KEY, value BYTEA NOT NULL);
-CREATE TABLE invitations (code TEXT PRIMARY KEY, used_by BYTEA);
-CREATE TABLE allow_list (identity_key BYTEA PRIMARY KEY);
-CREATE TABLE registrations (
-    identity_key BYTEA PRIMARY KEY, invitation TEXT, registered_at BIGINT NOT NULL,
-    nonce BYTEA, signature BYTEA);
-CREATE TABLE client_registrations (client TEXT PRIMARY KEY, count BIGINT NOT NULL);
-CREATE TABLE credentials (
-    identity_key BYTEA PRIMARY KEY, partition BIGINT NOT NULL, response BYTEA NOT NULL,
-    issued_at BIGINT NOT NULL);
-CREATE TABLE packets (
-    survey BYTEA NOT NULL, tag_digest BYTEA NOT NULL, message_hash BYTEA NOT NULL,
-    report BYTEA NOT NULL, receipt BYTEA NOT NULL, accepted_at BIGINT NOT NULL,
-    position BIGINT, arrived DOUBLE PRECISION,
-    PRIMARY KEY (survey, tag_digest));
-CREATE UNIQUE INDEX packets_log ON packets (survey, position);
-CREATE TABLE rejections (reason TEXT PRIMARY KEY, count BIGINT NOT NULL);
-CREATE TABLE covers (reason TEXT PRIMARY KEY, count BIGINT NOT NULL);
-CREATE TABLE heads (
-    survey BYTEA NOT NULL, check_index BIGINT NOT NULL, size BIGINT NOT NULL, document BYTEA NOT NULL,
-    PRIMARY KEY (survey, check_index));
-CREATE TABLE replay_tags (tag BYTEA PRIMARY KEY);
-CREATE TABLE results (key TEXT PRIMARY KEY, value BYTEA NOT NULL);
-CREATE TABLE inbox (
-    id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY, tag BYTEA NOT NULL UNIQUE, message BYTEA NOT NULL,
-    arrived DOUBLE PRECISION NOT NULL, claimed_by TEXT, claimed_at DOUBLE PRECISION);
-CREATE TABLE log_sizes (survey BYTEA PRIMARY KEY, size BIGINT NOT NULL);
-CREATE TABLE leases (name TEXT PRIMARY KEY, holder TEXT NOT NULL, expires DOUBLE PRECISION NOT NULL)
-""",
+    _version_5_tables(
+        blob="BYTEA", integer="BIGINT", real="DOUBLE PRECISION", row_id="BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY"
+    ),
 )
 """The PostgreSQL schema's history: entry ``i`` takes a round's schema from version ``i`` to ``i + 1``."""
 
