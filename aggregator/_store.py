@@ -29,6 +29,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from nacl.signing import SigningKey
 
@@ -166,6 +167,10 @@ _TABLE_COLUMNS: dict[str, tuple[str, ...]] = {
 """Every table of the current version and its columns: what :meth:`RoundStore.copy_from` moves."""
 
 
+_KeyValueTable = Literal["meta", "results"]
+"""The store's two tables of bytes by text key: the round's own state, and what it published."""
+
+
 class BatchTaken(AnonMLError):
     """Some inbox rows of a batch were decided by another worker (its claim had lapsed): nothing was stored.
 
@@ -227,15 +232,21 @@ class RoundStore:
 
     # -- metadata and results ------------------------------------------------
 
-    def put_meta(self, key: str, value: bytes) -> None:
+    def _put(self, table: _KeyValueTable, key: str, value: bytes) -> None:
         with self._engine.transaction() as db:
-            db.execute("INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+            db.execute(f"INSERT INTO {table} (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
                        (key, value))
 
-    def get_meta(self, key: str) -> bytes | None:
+    def _get(self, table: _KeyValueTable, key: str) -> bytes | None:
         with self._engine.read() as db:
-            row = db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+            row = db.execute(f"SELECT value FROM {table} WHERE key = ?", (key,)).fetchone()
         return None if row is None else bytes(row[0])
+
+    def put_meta(self, key: str, value: bytes) -> None:
+        self._put("meta", key, value)
+
+    def get_meta(self, key: str) -> bytes | None:
+        return self._get("meta", key)
 
     def erase_meta(self, key: str) -> None:
         """Delete ``key`` so that its bytes are gone from the store's files: on SQLite overwritten in the
@@ -245,14 +256,10 @@ class RoundStore:
         self._engine.scrub("meta")
 
     def put_result(self, key: str, value: bytes) -> None:
-        with self._engine.transaction() as db:
-            db.execute("INSERT INTO results (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-                       (key, value))
+        self._put("results", key, value)
 
     def get_result(self, key: str) -> bytes | None:
-        with self._engine.read() as db:
-            row = db.execute("SELECT value FROM results WHERE key = ?", (key,)).fetchone()
-        return None if row is None else bytes(row[0])
+        return self._get("results", key)
 
     # -- registration ----------------------------------------------------------
 
