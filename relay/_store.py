@@ -38,6 +38,18 @@ from anonml.base.storage import Database, Schema
 
 STORE_FILE = "relay.sqlite3"
 
+# What version 2 has after its replay_tags table: the tags' expiry index (version 1 had none) and the
+# manifests table, created the same way in a new store and by the migration from version 1.
+_EXPIRY_INDEX_AND_MANIFESTS = """
+CREATE INDEX replay_tags_expiry ON replay_tags (expires_at);
+CREATE TABLE manifests (
+    round_id BLOB PRIMARY KEY,
+    source TEXT NOT NULL,
+    signed BLOB NOT NULL,
+    ends_at REAL NOT NULL
+);
+"""
+
 SCHEMA = Schema(
     name="relay",
     application_id=0x414E5201,  # "ANR\x01"
@@ -52,14 +64,8 @@ CREATE TABLE held (
     packet BLOB NOT NULL
 );
 CREATE TABLE replay_tags (tag BLOB PRIMARY KEY, expires_at REAL NOT NULL) WITHOUT ROWID;
-CREATE INDEX replay_tags_expiry ON replay_tags (expires_at);
-CREATE TABLE manifests (
-    round_id BLOB PRIMARY KEY,
-    source TEXT NOT NULL,
-    signed BLOB NOT NULL,
-    ends_at REAL NOT NULL
-);
-""",
+"""
+    + _EXPIRY_INDEX_AND_MANIFESTS,
     migrations={
         # Version 1 kept tags per key epoch until the key was erased (at most
         # an epoch plus its grace: 8 days by default): keep each that long.
@@ -68,14 +74,8 @@ CREATE TABLE replay_tags_v2 (tag BLOB PRIMARY KEY, expires_at REAL NOT NULL) WIT
 INSERT OR IGNORE INTO replay_tags_v2 SELECT tag, CAST(strftime('%s', 'now') AS REAL) + 691200 FROM replay_tags;
 DROP TABLE replay_tags;
 ALTER TABLE replay_tags_v2 RENAME TO replay_tags;
-CREATE INDEX replay_tags_expiry ON replay_tags (expires_at);
-CREATE TABLE manifests (
-    round_id BLOB PRIMARY KEY,
-    source TEXT NOT NULL,
-    signed BLOB NOT NULL,
-    ends_at REAL NOT NULL
-)
-""",
+"""
+        + _EXPIRY_INDEX_AND_MANIFESTS,
     },
     # Relays from before stores were versioned wrote version 1's tables.
     unversioned=1,
