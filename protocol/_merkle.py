@@ -74,26 +74,36 @@ def inclusion_proof(leaves: Sequence[bytes], index: int) -> list[bytes]:
     return path
 
 
+def _sibling_sides(fn: int, sn: int, count: int) -> list[bool] | None:
+    """The walk up the tree both of RFC 9162's verifications make (§2.1.3.2 and §2.1.4.2) from node ``fn``, ``sn``
+    the last node's index, over ``count`` path entries: for each entry whether it is the left sibling; None when
+    the path does not end exactly at the root."""
+    sides: list[bool] = []
+    for _ in range(count):
+        if sn == 0:
+            return None
+        left = bool(fn & 1) or fn == sn
+        sides.append(left)
+        if left and not fn & 1:
+            while fn and not fn & 1:
+                fn >>= 1
+                sn >>= 1
+        fn >>= 1
+        sn >>= 1
+    return sides if sn == 0 else None
+
+
 def verify_inclusion(leaf: bytes, index: int, size: int, path: Sequence[bytes], root: bytes) -> bool:
     """RFC 9162 §2.1.3.2: whether ``leaf`` is leaf ``index`` of the tree of ``size`` with ``root``."""
     if not 0 <= index < size:
         return False
-    fn, sn = index, size - 1
+    sides = _sibling_sides(index, size - 1, len(path))
+    if sides is None:
+        return False
     r = leaf_hash(leaf)
-    for p in path:
-        if sn == 0:
-            return False
-        if fn & 1 or fn == sn:
-            r = node_hash(p, r)
-            if not fn & 1:
-                while fn and not fn & 1:
-                    fn >>= 1
-                    sn >>= 1
-        else:
-            r = node_hash(r, p)
-        fn >>= 1
-        sn >>= 1
-    return sn == 0 and hmac.compare_digest(r, root)
+    for p, left in zip(path, sides):
+        r = node_hash(p, r) if left else node_hash(r, p)
+    return hmac.compare_digest(r, root)
 
 
 def consistency_proof(leaves: Sequence[bytes], first: int) -> list[bytes]:
@@ -141,19 +151,12 @@ def verify_consistency(first: int, second: int, first_root: bytes, second_root: 
     while fn & 1:
         fn >>= 1
         sn >>= 1
+    sides = _sibling_sides(fn, sn, len(path) - 1)
+    if sides is None:
+        return False
     fr = sr = path[0]
-    for c in path[1:]:
-        if sn == 0:
-            return False
-        if fn & 1 or fn == sn:
+    for c, left in zip(path[1:], sides):
+        if left:
             fr = node_hash(c, fr)
-            sr = node_hash(c, sr)
-            if not fn & 1:
-                while fn and not fn & 1:
-                    fn >>= 1
-                    sn >>= 1
-        else:
-            sr = node_hash(sr, c)
-        fn >>= 1
-        sn >>= 1
-    return sn == 0 and hmac.compare_digest(fr, first_root) and hmac.compare_digest(sr, second_root)
+        sr = node_hash(c, sr) if left else node_hash(sr, c)
+    return hmac.compare_digest(fr, first_root) and hmac.compare_digest(sr, second_root)
