@@ -363,8 +363,9 @@ async def test_packet_sink_accepts_and_rejects_by_reason(served: Any) -> None:
         "accepted": good,
         "replay": good,
         "wrong-partition": c.packet(own, report(0, 1)),
-        "unregistered": outsider.packet(own, report(0, 0), credential=rogue_credential, public=rogue_key.public_key()),
-        "forged": b.packet(own, report(0, 0), tamper=True),
+        "unregistered": outsider.packet_carrying(
+            own, outsider.message(own, report(0, 0), credential=rogue_credential, public=rogue_key.public_key())),
+        "forged": b.packet_carrying(own, b.message(own, report(0, 0), tamper=True)),
         # The same report again in a fresh packet with a fresh token: a duplicate delivery.
         "duplicate": a.packet(own, report_a),
         # The same peer and survey, another report: a double submission; the first is kept.

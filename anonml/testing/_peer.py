@@ -82,19 +82,14 @@ class SimulatedPeer:
             token = token[:-1] + bytes([token[-1] ^ 1])
         return SurveyMessage(survey, token, report).to_bytes(size)
 
-    def packet(
-        self,
-        survey: SurveyId,
-        report: bytes,
-        *,
-        credential: Credential | None = None,
-        public: IssuerPublicKey | None = None,
-        tamper: bool = False,
-        via: Sequence[PathHop] = (),
-    ) -> bytes:
-        """A Sphinx packet carrying :meth:`message`, through the relay hops ``via`` (none: straight
-        to the aggregator)."""
-        message = self.message(survey, report, credential=credential, public=public, tamper=tamper)
+    def packet(self, survey: SurveyId, report: bytes, *, via: Sequence[PathHop] = ()) -> bytes:
+        """A Sphinx packet carrying this peer's honest :meth:`message` for ``report``, through the relay
+        hops ``via`` (none: straight to the aggregator)."""
+        return self.packet_carrying(survey, self.message(survey, report), via=via)
+
+    def packet_carrying(self, survey: SurveyId, message: bytes, *, via: Sequence[PathHop] = ()) -> bytes:
+        """A Sphinx packet for ``survey`` carrying ``message`` (say one :meth:`message` forged), through
+        the relay hops ``via`` (none: straight to the aggregator)."""
         if not via:
             return self.state.manifest.packet([], survey, message)
         hop = self.state.manifest.aggregator_hop
