@@ -126,6 +126,13 @@ from anonml.crypto._primitives import ct_equal
 
 TOKEN_VERSION = 2
 TOKEN_BYTES = _HEADER.size + 5 * POINT_BYTES + 3 * SCALAR_BYTES
+BATCH_POINTS_PER_TOKEN = (5, 7)
+"""The group work per token of a batch verification, as ``(decompressed,
+summed)`` points: the token's five points are decompressed; ``U, Cs, Cu', T,
+A`` enter the proofs' multi-scalar multiplication, and ``U`` and ``Cs`` enter
+it once more in the sums the key multiplies (the key never enters the
+variable-time sum itself). ``anonml bench crypto`` prices this as the floor
+of ``token_verify_batch256_us``; tests/test_tokens_batch.py counts it."""
 _TRANSCRIPT_LABEL = b"presentation"
 
 
@@ -139,8 +146,13 @@ def survey_point(ctx: bytes) -> Point:
 
 
 @lru_cache(maxsize=4096)
-def _survey_point_encoding(ctx: bytes) -> bytes:
-    return encode_point(survey_point(ctx))
+def _survey_transcript(public_key: IssuerPublicKey, ctx: bytes, partition: int) -> Transcript:
+    """The transcript's part shared by every token of one survey (head,
+    partition, ``ctx``, ``H(ctx)``), hashed once and forked per token: the
+    aggregator verifies many tokens per survey. Callers must :meth:`~Transcript.copy` it."""
+    transcript = public_key.transcript(_TRANSCRIPT_LABEL, partition, version=TOKEN_VERSION)
+    transcript.append_all((b"ctx", ctx), (b"H(ctx)", encode_point(survey_point(ctx))))
+    return transcript
 
 
 def _tag_digest(tag_encoding: bytes) -> bytes:
@@ -203,11 +215,9 @@ def _statement_transcript(
     """The transcript through the statement (DESIGN.md §6: head, partition,
     ctx, H(ctx), SHA-256(m), U, Cs, Cu', T) and the composite coefficients
     ``γV, γT`` drawn from it before any commitment."""
-    transcript = public_key.transcript(_TRANSCRIPT_LABEL, partition, version=TOKEN_VERSION)
+    transcript = _survey_transcript(public_key, ctx, partition).copy()
     u, cs, cu_prime, tag = statement
     transcript.append_all(
-        (b"ctx", ctx),
-        (b"H(ctx)", _survey_point_encoding(ctx)),
         (b"SHA-256(m)", hashlib.sha256(message).digest()),
         (b"U", u),
         (b"Cs", cs),
