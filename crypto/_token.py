@@ -63,9 +63,19 @@ For tokens ``1..n`` the verifier draws fresh uniform ``ρ_i`` in
 ``ρ_i`` mod the prime ``q`` makes the sum vanish, so a batch holding a bad
 token passes with probability at most ``2^-128``. An honest batch always
 passes (completeness is exact). The whole sum is one multi-scalar
-multiplication (OpenSSL's interleaved windowed method, ``EC_POINTs_mul``,
-≈ 0.32 multiplication per point at batch size) over ``U, Cs, Cu', T, A`` per
-token, with ``g, h, X1`` and each ``H(ctx)`` once per batch. The key enters
+multiplication (OpenSSL's interleaved windowed method, ``EC_POINTs_mul``)
+over ``U, Cs, Cu', T, A`` per token, with ``g, h, X1`` and each ``H(ctx)``
+once per batch.
+
+The floor of a batch (``BATCH_POINTS_PER_TOKEN``; ``anonml bench crypto``
+prices it in each run): five decompressions per token (≈ 0.37 of a P-256
+multiplication each: OpenSSL takes the square root with a generic
+``BN_mod_exp``) and seven summed points (≈ 0.34 each: for P-256 OpenSSL's
+``EC_POINTs_mul`` is the constant-time nistz256 window, whatever the
+scalars' size), ≈ 4.2 multiplications per token before any hashing. The
+five summed once are the format's minimum (the MAC needs ``U, Cs, Cu'``, the
+survey ``T``, the batchable proof ``A``); the two summed again keep the key
+out of the variable-time sum (DESIGN.md §6). The key enters
 only as ``w_j·Σ_{i∈j} ρ_i c_i γV_i·U_i`` and ``x1·Σ ρ_i c_i γV_i·Cs_i``:
 secret scalars go through :func:`~crypto._group.secret_mul` once per partition
 and once per batch, never into the variable-time sum. A failing batch is
