@@ -68,6 +68,7 @@ if TYPE_CHECKING:
         issue_credential,
     )
     from anonml.crypto._token import (
+        BATCH_POINTS_PER_TOKEN,
         TOKEN_BYTES,
         TOKEN_VERSION,
         Token,
@@ -138,6 +139,7 @@ __all__ += [
 
 
 __all__ += [
+    "BATCH_POINTS_PER_TOKEN",
     "REJECTION_REASONS",
     "TAG_DIGEST_BYTES",
     "TOKEN_BYTES",

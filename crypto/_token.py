@@ -63,9 +63,19 @@ For tokens ``1..n`` the verifier draws fresh uniform ``ρ_i`` in
 ``ρ_i`` mod the prime ``q`` makes the sum vanish, so a batch holding a bad
 token passes with probability at most ``2^-128``. An honest batch always
 passes (completeness is exact). The whole sum is one multi-scalar
-multiplication (OpenSSL's interleaved windowed method, ``EC_POINTs_mul``,
-≈ 0.32 multiplication per point at batch size) over ``U, Cs, Cu', T, A`` per
-token, with ``g, h, X1`` and each ``H(ctx)`` once per batch. The key enters
+multiplication (OpenSSL's interleaved windowed method, ``EC_POINTs_mul``)
+over ``U, Cs, Cu', T, A`` per token, with ``g, h, X1`` and each ``H(ctx)``
+once per batch.
+
+The floor of a batch (``BATCH_POINTS_PER_TOKEN``; ``anonml bench crypto``
+prices it in each run): five decompressions per token (≈ 0.37 of a P-256
+multiplication each: OpenSSL takes the square root with a generic
+``BN_mod_exp``) and seven summed points (≈ 0.34 each: for P-256 OpenSSL's
+``EC_POINTs_mul`` is the constant-time nistz256 window, whatever the
+scalars' size), ≈ 4.2 multiplications per token before any hashing. The
+five summed once are the format's minimum (the MAC needs ``U, Cs, Cu'``, the
+survey ``T``, the batchable proof ``A``); the two summed again keep the key
+out of the variable-time sum (DESIGN.md §6). The key enters
 only as ``w_j·Σ_{i∈j} ρ_i c_i γV_i·U_i`` and ``x1·Σ ρ_i c_i γV_i·Cs_i``:
 secret scalars go through :func:`~crypto._group.secret_mul` once per partition
 and once per batch, never into the variable-time sum. A failing batch is
@@ -126,6 +136,13 @@ from anonml.crypto._primitives import ct_equal
 
 TOKEN_VERSION = 2
 TOKEN_BYTES = _HEADER.size + 5 * POINT_BYTES + 3 * SCALAR_BYTES
+BATCH_POINTS_PER_TOKEN = (5, 7)
+"""The group work per token of a batch verification, as ``(decompressed,
+summed)`` points: the token's five points are decompressed; ``U, Cs, Cu', T,
+A`` enter the proofs' multi-scalar multiplication, and ``U`` and ``Cs`` enter
+it once more in the sums the key multiplies (the key never enters the
+variable-time sum itself). ``anonml bench crypto`` prices this as the floor
+of ``token_verify_batch256_us``; tests/test_tokens_batch.py counts it."""
 _TRANSCRIPT_LABEL = b"presentation"
 
 
@@ -139,8 +156,13 @@ def survey_point(ctx: bytes) -> Point:
 
 
 @lru_cache(maxsize=4096)
-def _survey_point_encoding(ctx: bytes) -> bytes:
-    return encode_point(survey_point(ctx))
+def _survey_transcript(public_key: IssuerPublicKey, ctx: bytes, partition: int) -> Transcript:
+    """The transcript's part shared by every token of one survey (head,
+    partition, ``ctx``, ``H(ctx)``), hashed once and forked per token: the
+    aggregator verifies many tokens per survey. Callers must :meth:`~Transcript.copy` it."""
+    transcript = public_key.transcript(_TRANSCRIPT_LABEL, partition, version=TOKEN_VERSION)
+    transcript.append_all((b"ctx", ctx), (b"H(ctx)", encode_point(survey_point(ctx))))
+    return transcript
 
 
 def _tag_digest(tag_encoding: bytes) -> bytes:
@@ -203,11 +225,9 @@ def _statement_transcript(
     """The transcript through the statement (DESIGN.md §6: head, partition,
     ctx, H(ctx), SHA-256(m), U, Cs, Cu', T) and the composite coefficients
     ``γV, γT`` drawn from it before any commitment."""
-    transcript = public_key.transcript(_TRANSCRIPT_LABEL, partition, version=TOKEN_VERSION)
+    transcript = _survey_transcript(public_key, ctx, partition).copy()
     u, cs, cu_prime, tag = statement
     transcript.append_all(
-        (b"ctx", ctx),
-        (b"H(ctx)", _survey_point_encoding(ctx)),
         (b"SHA-256(m)", hashlib.sha256(message).digest()),
         (b"U", u),
         (b"Cs", cs),

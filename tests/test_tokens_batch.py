@@ -211,3 +211,37 @@ def test_the_key_meets_secret_mul_once_per_partition_and_never_wsum(
     assert _refused(verify_tokens(secret_key, good_jobs[:64])) == {}
     assert sorted(secret_calls) == sorted(key_scalars)
     assert key_scalars.isdisjoint(wsum_scalars)
+
+
+def test_a_batch_costs_the_group_work_the_bench_prices_as_its_floor(
+    secret_key: IssuerSecretKey, good_jobs: list[TokenJob], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # ``anonml bench crypto`` prices BATCH_POINTS_PER_TOKEN as the floor of a
+    # batched verification: count the decompressions and the points summed.
+    from anonml.crypto import BATCH_POINTS_PER_TOKEN
+    from anonml.crypto._group import GROUP
+
+    import petlib.ec
+
+    decoded: list[bytes] = []
+    summed: list[int] = []
+    original_from_binary, original_wsum = petlib.ec.EcPt.from_binary, GROUP.wsum
+
+    def counting_from_binary(data: bytes, group: object) -> object:
+        decoded.append(data)
+        return original_from_binary(data, group)
+
+    def counting_wsum(weights: list[object], points: list[object]) -> object:
+        summed.append(len(points))
+        return original_wsum(weights, points)
+
+    monkeypatch.setattr(petlib.ec.EcPt, "from_binary", staticmethod(counting_from_binary))
+    monkeypatch.setattr(GROUP, "wsum", counting_wsum)
+    jobs = good_jobs[:64]
+    assert _refused(verify_tokens(secret_key, jobs)) == {}
+    per_token_decoded, per_token_summed = BATCH_POINTS_PER_TOKEN
+    assert len(decoded) == per_token_decoded * len(jobs)
+    # Besides the tokens' points, one term per batch for each of g, h, X1, each
+    # survey's H(ctx), each partition's key product and x1's.
+    surveys = len({job.ctx for job in jobs})
+    assert sum(summed) == per_token_summed * len(jobs) + 3 + surveys + len(PARTITIONS) + 1
