@@ -61,6 +61,10 @@ from anonml.transport import TCP_NETWORK, Network, tls_context
 T = TypeVar("T")
 
 _RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+# The first retry's jitter bound (doubled per retry up to 2 s). What is retried is mostly a service
+# a second or so from ready (503 for credentials until the partitions follow the relays' beacon
+# reveals): starting at 50 ms took seven requests per peer to wait out one second.
+_FIRST_BACKOFF = 0.25
 
 
 class AggregatorError(TransportError):
@@ -163,7 +167,7 @@ class AggregatorClient:
     async def _call(self, method: str, path: str, body: bytes | None = None) -> httpx.Response | None:
         """The response, or None for 404 (a document not published yet)."""
         deadline = trio.current_time() + self._retry_for
-        backoff = 0.05
+        backoff = _FIRST_BACKOFF
         while True:
             self.requests += 1
             try:
@@ -189,7 +193,7 @@ class AggregatorClient:
                     raise failure
             if trio.current_time() + backoff > deadline:
                 raise failure
-            if backoff == 0.05 or backoff >= 2.0 and self.retries % 5 == 0:
+            if backoff == _FIRST_BACKOFF or backoff >= 2.0 and self.retries % 5 == 0:
                 left = deadline - trio.current_time()
                 self.on_retry(f"{method} {path}: {failure}; retrying for up to {left:.0f} s")
             self.retries += 1

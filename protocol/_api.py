@@ -39,7 +39,7 @@ from anonml.protocol._canonical import FieldReader, InvalidDocument, canonical_j
 from anonml.protocol._features import MAX_FEATURES, MAX_QUANTILES
 from anonml.protocol._merkle import HASH_BYTES, consistency_proof, root_of_hashes, leaf_hash, verify_consistency
 from anonml.protocol._schedule import PHASES, Check, RoundPhase, RoundSchedule
-from anonml.protocol._signed import DocumentKind, SignedDocument
+from anonml.protocol._signed import DocumentKind, SignedDocument, ed25519_holds
 from anonml.protocol._survey import ROUND_ID_BYTES, SURVEY_ID_BYTES, InvalidSurveyId, SurveyId
 
 if TYPE_CHECKING:
@@ -113,12 +113,7 @@ def receipt_digest(tag_digest: bytes) -> bytes:
 
 
 def _verify_ed25519(key: bytes, message: bytes, signature: bytes, field: str) -> None:
-    from nacl.exceptions import BadSignatureError
-    from nacl.signing import VerifyKey
-
-    try:
-        VerifyKey(key).verify(message, signature)
-    except (BadSignatureError, ValueError, TypeError):
+    if not ed25519_holds(key, message, signature):
         raise InvalidApiMessage(field, "signature does not verify") from None
 
 

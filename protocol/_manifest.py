@@ -23,6 +23,7 @@ from anonml.crypto import NodeAddress, PathHop, ReleaseWindow, SphinxGeometry, b
 from anonml.protocol._api import MAX_ROSTER, format_host_port
 from anonml.protocol._canonical import FieldReader, InvalidDocument, canonical_json, format_epsilon, parse_json_object
 from anonml.protocol._vocabulary import Combiner
+from anonml.protocol._signed import ed25519_holds
 from anonml.protocol._schedule import Attempt, RoundSchedule, acceptance_window, hop_windows
 from anonml.protocol._survey import ROUND_ID_BYTES, SurveyId
 
@@ -521,14 +522,9 @@ class SignedManifest:
 
         Raises InvalidManifest (field ``"signature"`` or ``"identity_key"``).
         """
-        from nacl.exceptions import BadSignatureError
-        from nacl.signing import VerifyKey
-
         if expected_identity is not None and not hmac.compare_digest(expected_identity, self.manifest.identity_key):
             raise InvalidManifest("identity_key", f"signed by {self.manifest.identity_key.hex()!r}, expected {expected_identity.hex()!r}")
-        try:
-            VerifyKey(self.manifest.identity_key).verify(_signed_bytes(self.round_id), self.signature)
-        except (BadSignatureError, ValueError, TypeError):
+        if not ed25519_holds(self.manifest.identity_key, _signed_bytes(self.round_id), self.signature):
             raise InvalidManifest("signature", "the manifest signature does not verify") from None
 
     def to_dict(self) -> dict[str, Any]:

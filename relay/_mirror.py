@@ -103,15 +103,41 @@ class MirroredAggregator:
     """Pairs of different signed documents for one slot: proofs of equivocation."""
     checked: dict[str, bytes] = field(default_factory=dict)
     """The last body fetched from each aggregator path and fully checked: the same bytes again hold nothing new."""
+    bodies: dict[str, bytes | None] = field(default_factory=dict)
+    """What each mirror path serves, encoded once after each change (every peer asks for each document)."""
 
     def reset(self, manifest: SignedManifest) -> None:
         """A new round: its documents replace the previous round's."""
         self.manifest, self.roster_head = manifest, None
         self.heads, self.sizes, self.proofs, self.published, self.checked = {}, {}, {}, {}, {}
+        self.bodies.clear()
+
+    def body(self, slot: str) -> bytes | None:
+        """The body served at mirror path ``slot`` (``manifest``, ``roster/head``, ``heads``, ``median/{i}``,
+        ``medians``), None while not held."""
+        if slot not in self.bodies:
+            self.bodies[slot] = self._encode(slot)
+        return self.bodies[slot]
+
+    def _encode(self, slot: str) -> bytes | None:
+        if self.manifest is None:
+            return None
+        if slot == "manifest":
+            return self.manifest.to_json()
+        if slot == "heads":
+            return self.heads_json()
+        document = self.roster_head if slot == "roster/head" else self.published.get(slot)
+        return None if document is None else document.to_json()
+
+    def keep_published(self, slot: str, document: SignedDocument) -> None:
+        """Signed thresholds (``median/{i}``) or medians (``medians``), checked by the caller."""
+        self.published[slot] = document
+        self.bodies.pop(slot, None)
 
     def keep_roster_head(self, document: SignedDocument) -> None:
         if self.roster_head is None:
             self.roster_head = document
+            self.bodies.pop("roster/head", None)
         elif not self.roster_head.same_as(document):
             self._conflict(self.roster_head.to_json(), document.to_json())
 
@@ -176,6 +202,7 @@ class MirroredAggregator:
             elif not kept.same_as(document):
                 self._conflict(kept.to_json(), document.to_json())
         self.proofs.update({survey: proof for survey, proof in response.proofs.items() if (survey, Check.FINAL) in self.heads})
+        self.bodies.pop("heads", None)
 
     def _conflict(self, first: bytes, second: bytes) -> None:
         if (first, second) not in self.conflicts:
@@ -229,7 +256,7 @@ async def refresh_one(client: httpx.AsyncClient, mirrored: MirroredAggregator, n
             if body is not None:
                 document = SignedDocument.from_json(body, max_bytes=MAX_RESPONSE_BYTES)
                 document.verify(mirrored.pinned.identity, kind=kind, round_id=round_id)
-                mirrored.published[slot] = document
+                mirrored.keep_published(slot, document)
         heads = await changed(PATH_HEADS)
         if heads is not None:
             mirrored.keep_heads(HeadsResponse.from_json(heads))
@@ -250,23 +277,10 @@ def build_mirror_app(mirrored: Sequence[MirroredAggregator], beacon: RelayBeacon
     def lookup(request: Request) -> MirroredAggregator | None:
         return by_identity.get(str(request.path_params["identity"]))
 
-    async def manifest(request: Request) -> Response:
+    async def document(request: Request) -> Response:
+        """Any held document, by its path below ``/v1/mirror/{identity}/``."""
         m = lookup(request)
-        return found(None if m is None or m.manifest is None else m.manifest.to_json())
-
-    async def roster_head(request: Request) -> Response:
-        m = lookup(request)
-        return found(None if m is None or m.roster_head is None else m.roster_head.to_json())
-
-    async def published(request: Request) -> Response:
-        m = lookup(request)
-        slot = request.url.path.split("/", 4)[4]
-        document = None if m is None else m.published.get(slot)
-        return found(None if document is None else document.to_json())
-
-    async def heads(request: Request) -> Response:
-        m = lookup(request)
-        return found(None if m is None or m.manifest is None else m.heads_json())
+        return found(None if m is None else m.body(request.url.path.split("/", 4)[4]))
 
     async def conflicts(request: Request) -> Response:
         m = lookup(request)
@@ -284,11 +298,11 @@ def build_mirror_app(mirrored: Sequence[MirroredAggregator], beacon: RelayBeacon
     return Starlette(
         routes=[
             Route(prefix + "/beacon", beacon_statement, methods=["GET"]),
-            Route(prefix + "/manifest", manifest, methods=["GET"]),
-            Route(prefix + "/roster/head", roster_head, methods=["GET"]),
-            Route(prefix + "/median/{i:int}", published, methods=["GET"]),
-            Route(prefix + "/medians", published, methods=["GET"]),
-            Route(prefix + "/heads", heads, methods=["GET"]),
+            Route(prefix + "/manifest", document, methods=["GET"]),
+            Route(prefix + "/roster/head", document, methods=["GET"]),
+            Route(prefix + "/median/{i:int}", document, methods=["GET"]),
+            Route(prefix + "/medians", document, methods=["GET"]),
+            Route(prefix + "/heads", document, methods=["GET"]),
             Route(prefix + "/conflicts", conflicts, methods=["GET"]),
         ]
     )

@@ -93,3 +93,34 @@ async def client_get(client: httpx.AsyncClient, url: str) -> bytes:
     response = await client.get(url)
     response.raise_for_status()
     return response.content
+
+
+async def test_a_mirror_serves_each_document_once_held_and_what_it_holds_after_every_change(
+    served: Any,  # noqa: F811 - the imported fixture
+) -> None:
+    """The mirror encodes what it serves once per change (``MirroredAggregator.body``): a document it
+    comes to hold replaces the 404 it served before, and a new round's manifest the last round's documents."""
+    state, url, _ = served
+    identity = state.manifest.identity_key
+    mirrored = MirroredAggregator(PinnedAggregator(url, identity))
+    app = mirror_module.build_mirror_app([mirrored])
+    base = f"http://mirror/v1/mirror/{identity.hex()}"
+    async with httpx.AsyncClient() as aggregator, httpx.AsyncClient(transport=httpx.ASGITransport(app=app)) as peer:
+        assert (await peer.get(base + "/manifest")).status_code == 404
+        await refresh_one(aggregator, mirrored, float(T0))
+        assert (await peer.get(base + "/manifest")).content == state.signed.to_json()
+        thresholds = mirrored.published["median/0"]
+        assert (await peer.get(base + "/median/0")).content == thresholds.to_json()
+        assert (await peer.get(base + "/heads")).content == mirrored.heads_json()
+        # Stand-ins for documents the mirror comes to hold (only which bytes are served matters here).
+        for path in ("/roster/head", "/median/1", "/medians"):
+            assert (await peer.get(base + path)).status_code == 404
+        mirrored.keep_roster_head(thresholds)
+        mirrored.keep_published("median/1", thresholds)
+        mirrored.keep_published("medians", thresholds)
+        for path in ("/roster/head", "/median/1", "/medians"):
+            assert (await peer.get(base + path)).content == thresholds.to_json()
+        # A new round: nothing of the last one is served any more.
+        mirrored.reset(state.signed)
+        for path in ("/roster/head", "/median/0", "/median/1", "/medians"):
+            assert (await peer.get(base + path)).status_code == 404
