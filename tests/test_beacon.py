@@ -188,11 +188,11 @@ def _target_key(config: SimulationConfig, index: int) -> bytes:
 @pytest.mark.slow
 def test_sybil_grinding_isolates_a_target_under_the_old_seed_and_not_once_relays_reveal_after_the_head() -> None:
     # The issue's setting: 6 honest peers, 2 partitions, 4 Sybils ground to fill the target's partition.
-    old = GrindPartitions(_target_key(GRIND, 0), sybils=4)
+    old = GrindPartitions(target_key=_target_key(GRIND, 0), sybils=4)
     simulate_round(GRIND, old, setup=RoundSetup(adjust_spec=_without_mirrors))
     assert old.aimed == old.achieved == old.mates == 4, (old.aimed, old.achieved, old.mates)  # only Sybils beside it
 
-    new = GrindPartitions(_target_key(GRIND, 0), sybils=4)
+    new = GrindPartitions(target_key=_target_key(GRIND, 0), sybils=4)
     trace = simulate_round(GRIND, new)
     assert new.aimed == 4 and new.mates is not None  # it found the same isolation in what it could compute...
     assert new.achieved is not None and new.achieved < new.mates  # ...and the relays' values, revealed after, undid it
