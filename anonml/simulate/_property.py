@@ -37,8 +37,10 @@ a cover in the other, so a resend is one report among those of the second
 window). The bound used is ``1 / floor(|partition| / 2)``; plain chance,
 ``1 / |partition|``, is printed beside it. ``|partition|`` counts honest
 peers only, and is their even share (the round's honest peers over its
-partitions), not the size the target's partition came to: Sybil registrations the adversary ground into it must show as a
-success above the bound, not as a smaller promise.
+partitions), not the size the target's partition came to: Sybil
+registrations the adversary ground into it must show as a success above the
+bound, not as a smaller promise. (An even share assumes partitions of one
+size: a round with a comparison pool would need each partition's own share.)
 """
 
 from __future__ import annotations
