@@ -1,7 +1,9 @@
 """The aggregator's side of the relays' commit–reveal (DESIGN.md §3 step 3; ``protocol._beacon``).
 
 While registration is open the aggregator asks every relay mirror the
-manifest lists for its beacon commitment and stores each one (the store's
+manifest lists for its beacon commitment (a statement the relay signed with
+the beacon key the manifest lists for it; any other is refused and counted)
+and stores each one (the store's
 ``meta``, so a restarted aggregator signs the same roster head). The head
 it signs at ``t_register_end`` carries them in manifest order. Then it asks
 the mirrors for their reveals, stores each value that opens its commitment,
@@ -98,6 +100,10 @@ class BeaconCollector:
             return None
         if statement.node_id != relay.node_id or statement.round_id != self.state.round_id:
             self.state.beacon_refused["another-relay-or-round"] += 1
+            return None
+        if relay.beacon_key is not None and not statement.signed_by(relay.beacon_key):
+            # Not the relay's word: whoever answered at its mirror's address cannot commit or reveal in its name.
+            self.state.beacon_refused["unsigned"] += 1
             return None
         return statement
 

@@ -256,7 +256,7 @@ class NetworkTable:
         }
         relays = tuple(
             RelayEntry.read(table.nested(
-                {key: descriptors[i].get(key) for key in ("node_id", "host", "port", "public_key", "key_epoch")}
+                {key: descriptors[i].get(key) for key in ("node_id", "host", "port", "public_key", "key_epoch", "beacon_key")}
                 if i in descriptors else item,
                 f"{table.name('relays')}[{i}]",
             ))

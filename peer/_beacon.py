@@ -4,7 +4,9 @@ The signed roster head must carry a commitment from every relay mirror the
 manifest lists (else ``beacon-incomplete``: a head without an honest
 relay's commitment is one the aggregator may have ground). Each relay's
 reveal, fetched from that relay's own mirror, must open its commitment
-(else ``beacon-mismatch``) and must come by ``until`` (else
+(else ``beacon-mismatch``), must be signed with the beacon key the manifest
+lists for the relay (a statement that is not is ignored: it is not the
+relay's word), and must come by ``until`` (else
 ``beacon-unrevealed``: the round cannot have unbiased partitions, so the
 peer stops before its credential, the first thing that ties it to them).
 """
@@ -43,6 +45,7 @@ async def collect_reveals(manifest: RoundManifest, head: RosterHead, mirrors: Se
                           now: Callable[[], float], until: float) -> tuple[bytes, ...]:
     """Every relay's value in the head's order, each from its own mirror, polled until ``until``; raises BeaconRefused."""
     by_node = {relay.node_id: mirror for relay, mirror in mirrors}
+    keys = {relay.node_id: relay.beacon_key for relay, _ in mirrors}
     revealed: dict[bytes, bytes] = {}
     pending: list[BeaconCommitment] = list(head.beacon)
     attempt = 0
@@ -56,6 +59,9 @@ async def collect_reveals(manifest: RoundManifest, head: RosterHead, mirrors: Se
                 continue
             if statement.node_id != entry.node_id or statement.round_id != manifest.round_id:
                 continue  # not this relay's statement for this round: it proves nothing either way
+            key = keys[entry.node_id]
+            if key is not None and not statement.signed_by(key):
+                continue  # not signed by the relay: whoever answered at its mirror cannot reveal in its name
             if statement.commitment != entry.commitment or not statement.opened():
                 raise BeaconRefused(RefusalReason.BEACON_MISMATCH, f"relay {entry.node_id.hex()[:16]} revealed a value that does not open "
                                                        "its commitment in the signed roster head; refusing the round")

@@ -11,8 +11,12 @@ The partition seed becomes ``H(seed ‖ root ‖ r_1 ‖ … ‖ r_m)`` in the h
 order: whatever the aggregator chose before signing, one honest relay's
 value, unknown to it then, decides the partitions.
 
-``GET /v1/mirror/{identity}/beacon`` serves a :class:`BeaconStatement`; the
-signed roster head carries the :class:`BeaconCommitment` list.
+``GET /v1/mirror/{identity}/beacon`` serves a :class:`BeaconStatement`,
+signed with the relay's beacon key (the manifest's ``RelayEntry.beacon_key``,
+from the relay's descriptor): a commitment or reveal the relay did not sign
+is refused by the aggregator and by peers, so whoever stands between them
+and a relay's mirror cannot put a value of its choosing in the relay's name.
+The signed roster head carries the :class:`BeaconCommitment` list.
 """
 
 from __future__ import annotations
@@ -22,6 +26,9 @@ import hmac
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from nacl.exceptions import BadSignatureError
+from nacl.signing import SigningKey, VerifyKey
 
 from anonml.protocol._canonical import FieldReader, InvalidDocument, canonical_json, parse_json_object
 from anonml.protocol._survey import ROUND_ID_BYTES
@@ -33,9 +40,13 @@ MAX_NODE_ID_BYTES = 64
 MAX_BEACON_COMMITMENTS = 256
 """At most one per listed relay (the manifest lists at most this many)."""
 MAX_BEACON_STATEMENT_BYTES = 1024
-"""A statement's JSON is under 400 bytes."""
+"""A statement's JSON is under 550 bytes."""
+
+BEACON_SIGNATURE_BYTES = 64
+"""An Ed25519 signature."""
 
 _COMMITMENT_DOMAIN = b"anonml/beacon-commitment/v1"
+_STATEMENT_DOMAIN = b"anonml/beacon-statement/v1"
 
 
 class InvalidBeacon(InvalidDocument):
@@ -82,27 +93,51 @@ def read_commitments(reader: FieldReader, key: str) -> tuple[BeaconCommitment, .
 
 @dataclass(frozen=True)
 class BeaconStatement:
-    """``GET /v1/mirror/{identity}/beacon``: one relay's commitment for one round and, once revealed, its value.
+    """``GET /v1/mirror/{identity}/beacon``: one relay's commitment for one round and, once revealed, its value,
+    signed with the relay's beacon key.
 
-    Parsing checks only the shape; whether ``reveal`` opens ``commitment``
-    (:meth:`opened`) is the reader's decision, counted as its own reason.
+    Parsing checks only the shape; whether the relay signed it
+    (:meth:`signed_by`) and whether ``reveal`` opens ``commitment``
+    (:meth:`opened`) are the reader's decisions, each counted as its own reason.
     """
 
     node_id: bytes
     round_id: bytes
     commitment: bytes
     reveal: bytes | None
+    signature: bytes | None = None
 
     def opened(self) -> bool:
         return self.reveal is not None and opens(self.commitment, self.round_id, self.reveal)
 
-    def to_json(self) -> bytes:
-        return canonical_json({
+    def _fields(self) -> dict[str, str | None]:
+        return {
             "node_id": self.node_id.hex(),
             "round_id": self.round_id.hex(),
             "commitment": self.commitment.hex(),
             "reveal": None if self.reveal is None else self.reveal.hex(),
-        })
+        }
+
+    def signed_bytes(self) -> bytes:
+        """What the relay signs: a domain, then the statement's canonical JSON without its signature."""
+        return _STATEMENT_DOMAIN + canonical_json(self._fields())
+
+    def sign(self, key: SigningKey) -> BeaconStatement:
+        return BeaconStatement(self.node_id, self.round_id, self.commitment, self.reveal, key.sign(self.signed_bytes()).signature)
+
+    def signed_by(self, beacon_key: bytes) -> bool:
+        """Whether the relay whose beacon key is ``beacon_key`` signed exactly this statement."""
+        if self.signature is None:
+            return False
+        try:
+            VerifyKey(beacon_key).verify(self.signed_bytes(), self.signature)
+        except (BadSignatureError, ValueError, TypeError):
+            return False
+        return True
+
+    def to_json(self) -> bytes:
+        fields = self._fields()
+        return canonical_json(fields if self.signature is None else {**fields, "signature": self.signature.hex()})
 
     @classmethod
     def from_json(cls, data: bytes | str | Mapping[str, Any]) -> BeaconStatement:
@@ -113,6 +148,8 @@ class BeaconStatement:
             reader.hex("round_id", size=ROUND_ID_BYTES),
             reader.hex("commitment", size=BEACON_BYTES),
             reader.hex_bytes("reveal", size=BEACON_BYTES, nullable=True),
+            # Absent from a relay the manifest lists no beacon key for; a reader that has the key requires it.
+            reader.hex("signature", size=BEACON_SIGNATURE_BYTES) if reader.raw("signature", optional=True) is not None else None,
         )
         reader.done()
         return statement

@@ -144,9 +144,11 @@ class RelayEntry:
     key_epoch: int
     mirror_port: int | None = None
     """Where the relay serves its read-only mirror of the aggregator's signed documents (``relay._mirror``), if it does."""
+    beacon_key: bytes | None = None
+    """The Ed25519 key that verifies the relay's signed beacon statements (``protocol._beacon``), from its descriptor."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        entry = {
             "node_id": self.node_id.hex(),
             "host": self.host,
             "port": self.port,
@@ -154,6 +156,8 @@ class RelayEntry:
             "key_epoch": self.key_epoch,
             "mirror_port": self.mirror_port,
         }
+        # Written only when present: a manifest without beacon keys keeps the canonical bytes (and round id) it had.
+        return entry if self.beacon_key is None else {**entry, "beacon_key": self.beacon_key.hex()}
 
     @property
     def mirror_url(self) -> str | None:
@@ -167,6 +171,7 @@ class RelayEntry:
             *_read_hop_address(reader),
             key_epoch=reader.integer("key_epoch", 0, 2**32),
             mirror_port=reader.integer("mirror_port", 1, _MAX_PORT) if reader.raw("mirror_port", optional=True) is not None else None,
+            beacon_key=reader.hex("beacon_key", size=32) if reader.raw("beacon_key", optional=True) is not None else None,
         )
         reader.done()
         return entry

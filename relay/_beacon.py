@@ -13,10 +13,15 @@ the commitment at once, and reveals ``r`` only when all of these hold:
 
 Until then every round's current reason for withholding is counted once
 when it changes (``withheld/<reason>``) and logged, so an operator sees why.
+
+Every statement it serves is signed with its beacon key, an Ed25519 key
+derived from its identity key (:func:`beacon_signing_key`) whose public half
+its descriptor publishes (``beacon_key``) for the manifest to list.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 from collections import Counter
@@ -24,6 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+from nacl.signing import SigningKey
 
 from anonml.base.storage import make_private_dir, read_secret_file, write_secret_file
 from anonml.protocol import (
@@ -36,24 +42,35 @@ from anonml.protocol import (
     SignedManifest,
     beacon_commitment,
 )
+from anonml.relay._keys import load_identity_key
 from anonml.relay._metrics import log_event
 
 logger = logging.getLogger("anonml.relay")
 
 BEACON_DIR = "beacon"
 """Under the relay's data directory: one file per mirrored round, named by aggregator identity and round id."""
+_BEACON_KEY_DOMAIN = b"anonml/relay-beacon-key/v1"
+
+
+def beacon_signing_key(identity_private: bytes) -> SigningKey:
+    """The relay's beacon key: Ed25519, derived from its X25519 identity key (one secret to keep, the same
+    key after a restart), under a domain of its own so it signs nothing but beacon statements."""
+    return SigningKey(hashlib.sha256(_BEACON_KEY_DOMAIN + identity_private).digest())
 
 
 class RelayBeacon:
     """One relay's beacon values, one per ``(aggregator identity, round)``, durable in ``data_dir``.
 
     ``draw`` gives a fresh value (the CSPRNG; a seeded generator in the
-    simulator); ``now`` is the relay's wall clock (UTC seconds).
+    simulator); ``now`` is the relay's wall clock (UTC seconds); ``signing_key``
+    signs every statement (:func:`beacon_signing_key`).
     """
 
-    def __init__(self, data_dir: Path, node_id: bytes, *, now: Callable[[], float], draw: Callable[[], bytes]) -> None:
+    def __init__(self, data_dir: Path, node_id: bytes, signing_key: SigningKey, *, now: Callable[[], float],
+                 draw: Callable[[], bytes]) -> None:
         self.directory = data_dir / BEACON_DIR
         self.node_id = node_id
+        self.signing_key = signing_key
         self.now = now
         self.draw = draw
         self.counts: Counter[str] = Counter()
@@ -117,17 +134,20 @@ class RelayBeacon:
             return None
         key = (identity, signed.round_id)
         value = self._values[key]
-        return BeaconStatement(self.node_id, signed.round_id, beacon_commitment(signed.round_id, value),
-                               value if key in self._revealed else None)
+        statement = BeaconStatement(self.node_id, signed.round_id, beacon_commitment(signed.round_id, value),
+                                    value if key in self._revealed else None)
+        return statement.sign(self.signing_key)
 
 
 def relay_beacon(data_dir: Path, node_id: bytes, now: Callable[[], float], rng: np.random.Generator | None) -> RelayBeacon:
     """The relay's beacon: values from the CSPRNG, or from a generator spawned off ``rng`` (the simulator's
-    seeded one, so one seed gives one trace), which leaves ``rng``'s own draws (release times) as they were."""
+    seeded one, so one seed gives one trace), which leaves ``rng``'s own draws (release times) as they were;
+    statements signed with the key derived from the relay's identity in ``data_dir``."""
+    key = beacon_signing_key(load_identity_key(data_dir))
     if rng is None:
-        return RelayBeacon(data_dir, node_id, now=now, draw=lambda: os.urandom(BEACON_BYTES))
+        return RelayBeacon(data_dir, node_id, key, now=now, draw=lambda: os.urandom(BEACON_BYTES))
     generator = rng.spawn(1)[0]
-    return RelayBeacon(data_dir, node_id, now=now, draw=lambda: generator.bytes(BEACON_BYTES))
+    return RelayBeacon(data_dir, node_id, key, now=now, draw=lambda: generator.bytes(BEACON_BYTES))
 
 
 def _sync_directory(path: Path) -> None:

@@ -2,7 +2,8 @@
 
 ``anonml relay info`` prints it; it holds the node id, the advertised address,
 the Sphinx public key of the current key epoch (and the next one, published
-ahead), the epoch parameters, and the geometry the relay accepts.
+ahead), the key that verifies its signed beacon statements, the epoch
+parameters, and the geometry the relay accepts.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ from typing import Any
 from anonml.crypto import SphinxGeometry
 from anonml.protocol import format_host_port
 from anonml.relay._config import RelayConfig
-from anonml.relay._keys import KeyRing, load_identity
+from anonml.relay._beacon import beacon_signing_key
+from anonml.relay._keys import KeyRing, load_identity, load_identity_key
 
 
 def relay_descriptor(config: RelayConfig, now: float) -> dict[str, Any]:
@@ -32,6 +34,7 @@ def relay_descriptor(config: RelayConfig, now: float) -> dict[str, Any]:
         "port": port,
         "mirror_port": config.mirror[1] if config.mirror is not None else None,
         "identity_public_key": identity_public.hex(),
+        "beacon_key": bytes(beacon_signing_key(load_identity_key(config.data_dir)).verify_key).hex(),
         "key_epoch": current_epoch,
         "public_key": current.public_key.hex() if current is not None else None,
         "key_epoch_seconds": config.key_epoch_seconds,

@@ -13,6 +13,8 @@ import hashlib
 import json
 import re
 import time
+from collections import Counter
+from dataclasses import replace
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -20,6 +22,10 @@ from typing import Any
 import pytest
 import trio
 from nacl.signing import SigningKey
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
 
 from anonml.aggregator import AggregatorHome, RoundState
 from anonml.aggregator._beacon import store_commitment
@@ -42,7 +48,7 @@ from anonml.protocol import (
 from anonml.relay._beacon import RelayBeacon
 from anonml.simulate import Adversary, HttpAction, HttpRecord, RoundContext, RoundSetup, SimulationConfig, peer_ip, simulate_round
 from anonml.simulate._grind import GrindPartitions
-from anonml.transport import Dial, connection_pair
+from anonml.transport import Dial, HttpLimits, MemoryListener, connection_pair, serve_http_on
 from test_peer_aggregator import spec_document
 
 # --- the formula and the parsers -----------------------------------------------------------------------
@@ -124,6 +130,26 @@ def test_a_restarted_aggregator_signs_the_same_head_with_the_stored_commitments(
     assert again.final_roster is not None and again.final_roster.head.same_as(state.final_roster.head)  # type: ignore[union-attr]
 
 
+def test_a_statement_counts_as_the_relays_only_with_its_signature_over_every_field() -> None:
+    key, other = SigningKey(bytes([1]) * 32), SigningKey(bytes([2]) * 32)
+    beacon_key = bytes(key.verify_key)
+    round_id, value = bytes(32), bytes([7]) * 32
+    signed = BeaconStatement(bytes(16), round_id, beacon_commitment(round_id, value), value).sign(key)
+    assert BeaconStatement.from_json(signed.to_json()) == signed and signed.signed_by(beacon_key)
+    forged_value = bytes([8]) * 32
+    for forged in (
+        replace(signed, reveal=forged_value, commitment=beacon_commitment(round_id, forged_value)),  # opens, not signed
+        replace(signed, reveal=None),
+        replace(signed, node_id=bytes([1]) * 16),
+        replace(signed, round_id=bytes([1]) * 32),
+        replace(signed, signature=None),
+        BeaconStatement(bytes(16), round_id, signed.commitment, value).sign(other),
+    ):
+        assert not forged.signed_by(beacon_key), forged
+    with pytest.raises(InvalidBeacon):
+        BeaconStatement.from_json({**json.loads(signed.to_json()), "signature": "00" * 63})
+
+
 # --- the relay ------------------------------------------------------------------------------------------
 
 
@@ -131,7 +157,7 @@ def test_a_relay_reveals_only_after_registration_for_a_head_carrying_its_commitm
     relay = state.manifest.relays[0]
     clock = [float(state.manifest.schedule.t_register_end - 1)]
     identity = state.manifest.identity_key
-    beacon = RelayBeacon(tmp_path / "relay", relay.node_id, now=lambda: clock[0], draw=lambda: bytes([9]) * 32)
+    beacon = RelayBeacon(tmp_path / "relay", relay.node_id, SigningKey(bytes(32)), now=lambda: clock[0], draw=lambda: bytes([9]) * 32)
     beacon.update(identity, state.signed, None)
     statement = beacon.statement(identity, state.signed)
     assert statement is not None and statement.reveal is None and statement.node_id == relay.node_id
@@ -156,7 +182,7 @@ def test_a_restarted_relay_serves_the_same_value(state: RoundState, tmp_path: Pa
     identity = state.manifest.identity_key
 
     def started() -> RelayBeacon:
-        beacon = RelayBeacon(tmp_path / "relay", relay.node_id, now=time.time, draw=lambda: next(draws))
+        beacon = RelayBeacon(tmp_path / "relay", relay.node_id, SigningKey(bytes(32)), now=time.time, draw=lambda: next(draws))
         beacon.update(identity, state.signed, None)
         return beacon
 
@@ -188,11 +214,11 @@ def _target_key(config: SimulationConfig, index: int) -> bytes:
 @pytest.mark.slow
 def test_sybil_grinding_isolates_a_target_under_the_old_seed_and_not_once_relays_reveal_after_the_head() -> None:
     # The issue's setting: 6 honest peers, 2 partitions, 4 Sybils ground to fill the target's partition.
-    old = GrindPartitions(_target_key(GRIND, 0), sybils=4)
+    old = GrindPartitions(target_key=_target_key(GRIND, 0), sybils=4)
     simulate_round(GRIND, old, setup=RoundSetup(adjust_spec=_without_mirrors))
     assert old.aimed == old.achieved == old.mates == 4, (old.aimed, old.achieved, old.mates)  # only Sybils beside it
 
-    new = GrindPartitions(_target_key(GRIND, 0), sybils=4)
+    new = GrindPartitions(target_key=_target_key(GRIND, 0), sybils=4)
     trace = simulate_round(GRIND, new)
     assert new.aimed == 4 and new.mates is not None  # it found the same isolation in what it could compute...
     assert new.achieved is not None and new.achieved < new.mates  # ...and the relays' values, revealed after, undid it
@@ -290,9 +316,11 @@ async def _pump(source: trio.abc.Stream, sink: trio.abc.Stream, change: Callable
 
 
 @pytest.mark.slow
-def test_a_reveal_that_does_not_open_its_commitment_is_refused() -> None:
+def test_a_reveal_altered_on_its_way_is_not_the_relays_word_and_the_round_stops() -> None:
+    # It no longer opens the commitment, and its signature no longer verifies: the peers ignore it as not the
+    # relay's, wait for a reveal the relay signed, and stop at t_issue_end.
     trace = simulate_round(SimulationConfig(peers=4, seed=2), _TamperedReveal())
-    assert [p.refused.reason if p.refused else p.error for p in trace.peers] == ["beacon-mismatch"] * 4
+    assert [p.refused.reason if p.refused else p.error for p in trace.peers] == ["beacon-unrevealed"] * 4
     assert not trace.arrivals
 
 
@@ -310,3 +338,52 @@ def test_the_dashboard_shows_no_partitions_while_the_reveals_are_awaited(state: 
     state.prepare()
     assert state.plan is None
     assert dashboard_data(state, None)["partition_sizes"] is None
+
+
+FORGER = "10.0.9.1"
+
+
+class _ForgedReveal(Adversary):
+    """An aggregator that puts a commitment of its own in relay 0's name into the head it signs, and answers at
+    relay 0's mirror address (for peers and itself alike) with a statement revealing the value behind it: a
+    value it chose, so partitions it chose. Relay 0 sees its commitment changed and never reveals its own."""
+
+    name = "forged-reveal"
+    VALUE = bytes([5]) * 32
+
+    def attach(self, context: RoundContext) -> None:
+        super().attach(context)
+        relay = context.manifest.relays[0]
+        assert relay.mirror_port is not None
+        forged = BeaconStatement(relay.node_id, context.manifest.round_id,
+                                 beacon_commitment(context.manifest.round_id, self.VALUE), self.VALUE)
+        # Stored before the aggregator's collector asks relay 0: the head it signs lists this commitment.
+        store_commitment(context.state.store, relay.node_id, forged.commitment)
+
+        async def statement(request: Request) -> Response:
+            return Response(forged.to_json(), media_type="application/json")
+
+        app = Starlette(routes=[Route("/v1/mirror/{identity}/beacon", statement)])
+        listeners: list[MemoryListener] = []
+
+        async def serve(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+            opened = await context.network.listen(FORGER, relay.mirror_port or 0)
+            listeners.extend(listener for listener in opened if isinstance(listener, MemoryListener))
+            await serve_http_on(app, opened, HttpLimits(), Counter())
+
+        async def answer_for_relay_0(dial: Dial) -> None:
+            if dial.destination == (relay.host, relay.mirror_port) and listeners:
+                ours, dial.server = dial.server, connection_pair(dial.source, dial.destination)[1]
+                listeners[0].deliver(ours)
+
+        context.nursery.start_soon(serve)
+        context.network.on_connect = answer_for_relay_0
+
+
+@pytest.mark.slow
+def test_a_reveal_the_relay_did_not_sign_is_refused_even_when_it_opens_the_commitment_in_the_head() -> None:
+    """Unsigned statements let whoever answers at a relay's mirror choose the partitions (the round finished
+    with the forger's value on the old code); signed ones leave it only the choice to stop the round."""
+    trace = simulate_round(SimulationConfig(peers=4, seed=2), _ForgedReveal())
+    assert [p.refused.reason if p.refused else p.error for p in trace.peers] == ["beacon-unrevealed"] * 4
+    assert trace.outcome == "failed" and not trace.arrivals

@@ -9,29 +9,32 @@ from __future__ import annotations
 from dataclasses import replace
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from anonml.peer import PeerStore
-from anonml.protocol import DocumentKind, MedianThresholds, SignedDocument
+from anonml.protocol import DocumentKind, MedianThresholds, SignedDocument, SignedManifest
 from anonml.simulate import (
-    Adversary,
-    HttpAction,
-    HttpRecord,
     STRATEGIES,
     StrategyName,
     DroppingRelay,
     LateDocuments,
+    RoundOfItsOwn,
+    RoundSetup,
     RoundTrace,
     SimulationConfig,
+    StarvedMirrors,
     StrategyVerdict,
     TailoredThresholds,
     TrialScore,
     estimate,
     peer_ip,
+    score_trial,
     simulate_round,
 )
 from anonml.simulate._command import run_trial
+from anonml.simulate._grind import GrindPartitions
 
 SMALL = SimulationConfig(peers=8, seed=3)
 
@@ -120,21 +123,53 @@ def test_thresholds_tailored_to_one_peer_are_caught_against_the_mirrors_and_prov
     assert all(p.result is not None for p in trace.peers if p.index != target)
 
 
-class StarvedMirrors(Adversary):
-    """Answer the relays' mirror fetches of the manifest never (their own directory fetch too): no mirror can confirm it."""
-
-    name = "starved-mirrors"
-
-    def on_request(self, record: HttpRecord) -> HttpAction:
-        return HttpAction(withhold=record.address.startswith("10.0.1.") and record.path == "/v1/manifest")
-
-
 def test_a_manifest_no_quorum_of_mirrors_holds_stops_every_peer_before_its_credential() -> None:
-    trace = simulate_round(replace(SMALL, seed=5), StarvedMirrors())
+    target = 5
+    trace = simulate_round(replace(SMALL, seed=5), StarvedMirrors([peer_ip(target)]))
     reasons = {p.refused.reason for p in trace.peers if p.refused is not None}
     assert reasons == {"manifest-unconfirmed"} and all(p.refused is not None for p in trace.peers)
     assert not any(r.path == "/v1/credential" for r in trace.view.http)
-    assert trace.arrivals == []
+    assert trace.arrivals == [] and not trace.view.isolated
+    # the target was shown a round of its own, and stopped before asking for that round's roster
+    assert any(r.address == peer_ip(target) and r.path == "/v1/register" for r in trace.view.http)
+
+
+def test_a_round_of_its_own_under_another_name_is_proven_as_equivocation(tmp_path: Path) -> None:
+    """Two manifests of one signer with overlapping schedules, whatever their names (DESIGN.md §5)."""
+    target = 6
+    trace = simulate_round(replace(SMALL, seed=6), RoundOfItsOwn([peer_ip(target)]), keep=tmp_path / "round")
+    outcome = trace.peers[target]
+    assert outcome.refused is not None and outcome.refused.reason == "equivocation"
+    assert trace.peer_store is not None
+    (proof,) = PeerStore(trace.peer_store).equivocations(outcome.key)
+    shown, mirrored = (SignedManifest.from_json(d) for d in (proof.first, proof.second))
+    identity = trace.manifest.manifest.identity_key
+    for manifest in (shown, mirrored):
+        manifest.verify(identity)
+    assert shown.manifest.name != mirrored.manifest.name and mirrored.round_id == trace.manifest.round_id
+    assert shown.manifest.schedule == mirrored.manifest.schedule
+    assert shown.manifest.token_public_key != mirrored.manifest.token_public_key
+    assert not trace.view.isolated
+    # the other peers finished the real round
+    assert trace.outcome == "done" and all(p.result is not None for p in trace.peers if p.index != target)
+
+
+def _without_mirrors(document: dict[str, Any]) -> None:
+    """A manifest listing no relay mirror: the partition seed is protocol v1's ``H(seed ‖ root)``, with no beacon."""
+    for relay in document["network"]["relays"]:
+        relay.pop("mirror_port", None)
+
+
+@pytest.mark.slow
+def test_the_checker_breaks_partition_grinding_when_no_relay_beacon_fixes_the_seed() -> None:
+    """The grind strategy must be able to fail: under the v1 seed its Sybils fill the target's partition,
+    so every report of the target's is the only one of its survey (the sweep shows it holding with the beacon)."""
+    config = replace(SMALL, seed=0)
+    grinder = GrindPartitions([peer_ip(0)])
+    trace = simulate_round(config, grinder, setup=RoundSetup(adjust_spec=_without_mirrors))
+    assert grinder.achieved == grinder.mates == len(grinder.sybils) > 0
+    verdict = StrategyVerdict("grind-partitions-v1", [score_trial(trace, 0)])
+    assert not verdict.holds and verdict.worst.success == 1.0, verdict.as_dict()
 
 
 def _score(seed: int, values: list[float], bound: float = 0.1) -> TrialScore:

@@ -15,7 +15,10 @@ honest. An :class:`Adversary` gets two hooks into a simulated round:
   acknowledge it, and drop it or pass it on;
 * an answer it lets through may be altered (:attr:`HttpAction.alter`), and
   re-signed with the round's own identity key (:attr:`RoundContext.signing_key`:
-  the adversary *is* the aggregator), as :class:`TailoredLog` does.
+  the adversary *is* the aggregator), as :class:`TailoredLog` does; it may
+  read a request's body (:attr:`HttpAction.inspect`) or answer a request
+  itself (:attr:`HttpAction.answer`), as a round it runs for one peer alone
+  needs (:class:`RoundOfItsOwn`).
 
 What it observes goes to an :class:`AdversaryView`; the linking estimator
 (``_property``) reads only that view and the aggregator's own store.
@@ -30,7 +33,7 @@ import functools
 import math
 import re
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import trio
@@ -38,13 +41,20 @@ from nacl.signing import SigningKey
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from anonml.aggregator import RoundState
+from anonml.crypto import IssuerSecretKey
 from anonml.protocol import (
+    PATH_MANIFEST,
     PATH_MEDIANS,
+    PATH_REGISTER,
+    PATH_ROSTER,
+    PATH_ROSTER_HEAD,
     Attempt,
     MedianThresholds,
     ReceiptSegment,
+    RegisterResponse,
     RoundManifest,
     SignedDocument,
+    SignedManifest,
     TreeHead,
     receipt_leaves_root,
 )
@@ -87,6 +97,9 @@ class AdversaryView:
     held: list[tuple[HttpRecord, float]] = field(default_factory=list)
     """Requests it answered late: each with when its answer went out (inf: never)."""
     frames: list[FrameRecord] = field(default_factory=list)
+    isolated: set[str] = field(default_factory=set)
+    """Addresses of peers that went on in a round the adversary ran for them alone (only its Sybils beside
+    them): everything such a peer sends there is its own, so the adversary links all of it."""
 
 
 @dataclass(frozen=True)
@@ -113,11 +126,15 @@ class RoundContext:
 @dataclass(frozen=True)
 class HttpAction:
     """What to do with one request: answer after ``delay`` seconds, or never (``withhold``);
-    ``alter`` rewrites the body of a successful (200) answer before it goes out."""
+    ``alter`` rewrites the body of a successful (200) answer before it goes out; ``inspect`` reads the
+    request's body (the aggregator sees every request it is sent: which identity registered from which address)."""
 
     delay: float = 0.0
     withhold: bool = False
     alter: Callable[[bytes], bytes] | None = None
+    inspect: Callable[[bytes], None] | None = None
+    answer: bytes | None = None
+    """Answer 200 with this body itself, without asking the round's API (a round the adversary runs alone)."""
 
 
 class Adversary:
@@ -151,7 +168,8 @@ class Adversary:
 
 
 class Composite(Adversary):
-    """Several strategies at once: the longest delay wins, any withholding wins, every interposer stands."""
+    """Several strategies at once: the longest delay wins, any withholding wins, every interposer stands,
+    every alteration and inspection applies, the first part's own answer wins."""
 
     def __init__(self, parts: Sequence[Adversary]) -> None:
         super().__init__(sorted(frozenset().union(*(p.targets for p in parts))))
@@ -166,8 +184,16 @@ class Composite(Adversary):
     def on_request(self, record: HttpRecord) -> HttpAction:
         actions = [part.on_request(record) for part in self.parts]
         alters = [a.alter for a in actions if a.alter is not None]
+        inspects = [a.inspect for a in actions if a.inspect is not None]
+        answers = [a.answer for a in actions if a.answer is not None]
         return HttpAction(max((a.delay for a in actions), default=0.0), any(a.withhold for a in actions),
-                          functools.reduce(lambda f, g: lambda body: g(f(body)), alters) if alters else None)
+                          functools.reduce(lambda f, g: lambda body: g(f(body)), alters) if alters else None,
+                          functools.partial(_inspect_all, inspects) if inspects else None, answers[0] if answers else None)
+
+
+def _inspect_all(inspects: Sequence[Callable[[bytes], None]], body: bytes) -> None:
+    for inspect in inspects:
+        inspect(body)
 
 
 class LateDocuments(Adversary):
@@ -315,6 +341,78 @@ class TailoredThresholds(Adversary):
         return tailored.sign(self.context.signing_key, self.context.manifest.round_id).to_json()
 
 
+
+class RoundOfItsOwn(Adversary):
+    """Show the targets a round of their own: another name, the same schedule, its own issuer key.
+
+    Issue 24's fourth bullet. The targets get the rival manifest, signed with
+    the round's identity key, and the aggregator accepts their registration
+    to it itself; beside them it would put only Sybils, so whatever they
+    send there is theirs. The mirrors hold the real manifest, so a target
+    that compares finds two manifests of one signer whose schedules overlap.
+    A target that asks for the rival round's roster went on past that check:
+    it is recorded as isolated (:attr:`AdversaryView.isolated`).
+    """
+
+    name = "round-of-its-own"
+
+    def __init__(self, targets: Sequence[str] = ()) -> None:
+        super().__init__(targets)
+        self.rival: SignedManifest | None = None
+        self.registered: set[str] = set()
+
+    def attach(self, context: RoundContext) -> None:
+        super().attach(context)
+        genuine = context.manifest
+        issuer = IssuerSecretKey.generate().public_key()
+        rival = replace(genuine, name=f"{genuine.name}-for-you", token_public_key=issuer.to_bytes(), token_kid=issuer.kid)
+        self.rival = SignedManifest.sign(rival, context.signing_key)
+
+    def on_request(self, record: HttpRecord) -> HttpAction:
+        if record.address not in self.targets or self.rival is None:
+            return HttpAction()
+        if record.path == PATH_MANIFEST:
+            return HttpAction(answer=self.rival.to_json())
+        if record.path == PATH_REGISTER:
+            self.registered.add(record.address)
+            return HttpAction(answer=RegisterResponse(True).to_json())
+        if record.path in (PATH_ROSTER, PATH_ROSTER_HEAD) and record.address in self.registered and self.context is not None:
+            # The rival round's roster would list it and the Sybils alone: it did not notice.
+            self.context.view.isolated.add(record.address)
+            return HttpAction(withhold=True)
+        return HttpAction()
+
+
+RELAY_PREFIX = "10.0.1."
+"""The simulated relays' addresses (``_world.relay_ip``): where the mirrors' fetches come from."""
+
+
+class StarvedMirrors(RoundOfItsOwn):
+    """Starve the mirrors, then show the targets a round of their own (issue 24's third bullet).
+
+    The aggregator never answers the relays' own fetches of the manifest, so
+    no mirror holds it: a target shown a round made for it alone finds no
+    rival manifest to prove it, and nothing confirms the round either. Only
+    the mirror quorum stops it: a manifest fewer than a majority of the
+    listed mirrors hold is refused before the credential (every peer is
+    starved alike, so every peer stops).
+    """
+
+    name = "starved-mirrors"
+
+    def on_request(self, record: HttpRecord) -> HttpAction:
+        if record.address.startswith(RELAY_PREFIX) and record.path == PATH_MANIFEST:
+            return HttpAction(withhold=True)
+        return super().on_request(record)
+
+
+def grind_partitions(targets: Sequence[str]) -> Adversary:
+    """Partition grinding with Sybil nonces (``_grind``, imported here: it builds on this module's Adversary)."""
+    from anonml.simulate._grind import GrindPartitions
+
+    return GrindPartitions(targets)
+
+
 async def _closed_stream(dial: Dial) -> trio.abc.Stream:
     """A server end whose client end is already gone."""
     client, server = connection_pair(dial.source, dial.destination)
@@ -376,13 +474,40 @@ def asgi_interposer(app: ASGIApp, adversary: Adversary, view: AdversaryView, clo
         action = adversary.on_request(record)
         if action.withhold or action.delay > 0:
             view.held.append((record, math.inf if action.withhold else record.at + action.delay))
+        if action.inspect is not None:
+            receive = await _inspected(receive, action.inspect)
         if action.withhold:
             await trio.sleep(WITHHOLD_SECONDS)
         elif action.delay > 0:
             await trio.sleep(action.delay)
+        if action.answer is not None:
+            await _answer(send, action.answer)
+            return
         await app(scope, receive, send if action.alter is None else _altering(send, action.alter))
 
     return interposed
+
+
+async def _answer(send: Send, body: bytes) -> None:
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _inspected(receive: Receive, inspect: Callable[[bytes], None]) -> Receive:
+    """Read the whole request body, hand it to ``inspect``, and give the app a ``receive`` that replays it."""
+    messages: list[Message] = []
+    while True:
+        message = await receive()
+        messages.append(message)
+        if message["type"] != "http.request" or not message.get("more_body", False):
+            break
+    inspect(b"".join(m.get("body", b"") for m in messages if m["type"] == "http.request"))
+
+    async def replay() -> Message:
+        return messages.pop(0) if messages else await receive()
+
+    return replay
 
 
 def _altering(send: Send, alter: Callable[[bytes], bytes]) -> Send:
@@ -417,5 +542,8 @@ STRATEGIES: dict[StrategyName, Callable[[Sequence[str]], Adversary]] = {
     StrategyName.LATE_DOCUMENTS_DROPPING_RELAY: lambda targets: Composite([LateDocuments(targets), DroppingRelay(targets)]),
     StrategyName.TAILORED_LOG: TailoredLog,
     StrategyName.TAILORED_THRESHOLDS: TailoredThresholds,
+    StrategyName.STARVED_MIRRORS: StarvedMirrors,
+    StrategyName.ROUND_OF_ITS_OWN: RoundOfItsOwn,
+    StrategyName.GRIND_PARTITIONS: grind_partitions,
 }
 """The named strategies, each built for a set of target addresses (one per :class:`StrategyName`)."""

@@ -47,7 +47,7 @@ def _row(verdict: StrategyVerdict) -> str:
               help="Rounds per named strategy (each with its own seed and target).")
 @click.option("--random", "random_trials", type=click.IntRange(min=0), default=12, show_default=True,
               help="Randomly drawn strategies (one round each), checked together.")
-@click.option("--strategy", "strategies", multiple=True, type=click.Choice(sorted(StrategyName)),
+@click.option("--strategy", "strategies", multiple=True, type=click.Choice(sorted(name.value for name in StrategyName)),
               help="Only these named strategies (repeatable; default: all).")
 @click.option("--seed", type=int, default=0, show_default=True, help="The first seed; trial i uses seed + i.")
 @click.option("--workers", type=click.IntRange(min=1), default=2, show_default=True, help="Processes running rounds.")

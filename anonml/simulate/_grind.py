@@ -22,8 +22,17 @@ import trio
 from nacl.signing import SigningKey
 
 from anonml.aggregator import Registration
-from anonml.protocol import FeatureSpec, PartitionPlan, RegisterRequest, RosterEntry, RoundManifest, roster_root
-from anonml.simulate._adversary import Adversary, RoundContext
+from anonml.protocol import (
+    PATH_REGISTER,
+    FeatureSpec,
+    InvalidDocument,
+    PartitionPlan,
+    RegisterRequest,
+    RosterEntry,
+    RoundManifest,
+    roster_root,
+)
+from anonml.simulate._adversary import Adversary, HttpAction, HttpRecord, RoundContext
 
 
 @dataclass(frozen=True)
@@ -44,36 +53,55 @@ def sybils_beside(plan: PartitionPlan, target: bytes, sybils: frozenset[bytes]) 
 
 def grind_sybils(manifest: RoundManifest, spec: FeatureSpec, seed: bytes, honest: Sequence[RosterEntry],
                  sybils: Sequence[SigningKey], target: bytes, tries: int, rng: random.Random) -> GrindResult:
-    """Draw nonces for every Sybil up to ``tries`` times and keep the draw that, under the partition seed the
+    """Draw Sybil nonces up to ``tries`` times and keep the draw that, under the partition seed the
     aggregator can compute before signing (``H(seed ‖ root)``), puts the most Sybils beside ``target``;
-    stops as soon as every other member of the target's partition is a Sybil."""
+    stops as soon as every other member of the target's partition is a Sybil.
+
+    Each try draws a fresh nonce for one Sybil in turn (one signature a try): any entry that changes
+    changes the roster root, so every try is a fresh assignment."""
     sybil_keys = frozenset(bytes(key.verify_key) for key in sybils)
+    chosen = [RegisterRequest.create(key, manifest.round_id, nonce=rng.randbytes(32)).entry for key in sybils]
     best = GrindResult((), -1, 0)
     for attempt in range(1, tries + 1):
-        chosen = tuple(RegisterRequest.create(key, manifest.round_id, nonce=rng.randbytes(32)).entry for key in sybils)
+        turn = attempt % len(sybils)
+        chosen[turn] = RegisterRequest.create(sybils[turn], manifest.round_id, nonce=rng.randbytes(32)).entry
         ordered = sorted((*honest, *chosen), key=lambda entry: entry.identity_key)
         plan = PartitionPlan.derive(manifest, spec, [entry.identity_key for entry in ordered], seed, roster_root(ordered))
         beside, mates = sybils_beside(plan, target, sybil_keys)
         if beside > best.beside:
-            best = GrindResult(chosen, beside, attempt)
+            best = GrindResult(tuple(chosen), beside, attempt)
         if beside == mates:
             break
     return best
 
 
-class GrindPartitions(Adversary):
-    """An aggregator that, a second before registration closes, stores ``sybils`` ground Sybil registrations.
+def sybils_to_isolate(honest: int, partitions: int) -> int:
+    """How many Sybils fill the rest of a target's partition when ``honest`` peers and they are dealt evenly:
+    ``k`` with ``(honest + k) / partitions − 1 = k``."""
+    return max(1, -(-(honest - partitions) // max(1, partitions - 1)))
 
-    ``aimed`` is how many Sybils its own computation put beside ``target_key`` (after ``tried`` draws);
-    ``achieved`` and ``mates`` are what the round's real plan did, once derived.
+
+class GrindPartitions(Adversary):
+    """An aggregator that, a second before registration closes, stores ground Sybil registrations.
+
+    Its target is the identity that registered from a target address (the
+    aggregator reads every registration it is sent), or ``target_key``.
+    ``sybils`` is how many it registers (None: as many as would fill the
+    target's partition, :func:`sybils_to_isolate`). ``aimed`` is how many
+    Sybils its own computation put beside the target (after ``tried``
+    draws); ``achieved`` and ``mates`` are what the round's real plan did,
+    once derived.
     """
 
     name = "grind-partitions"
 
-    def __init__(self, target_key: bytes, sybils: int = 4, tries: int = 5000, seed: int = 0) -> None:
-        super().__init__()
+    def __init__(self, targets: Sequence[str] = (), *, target_key: bytes | None = None, sybils: int | None = None,
+                 tries: int = 5000, seed: int = 0) -> None:
+        super().__init__(targets)
         self.target_key = target_key
-        self.sybils = [SigningKey(hashlib.sha256(f"{seed}:sybil:{i}".encode()).digest()) for i in range(sybils)]
+        self.sybil_count = sybils
+        self.seed = seed
+        self.sybils: list[SigningKey] = []
         self.tries = tries
         self.rng = random.Random(seed)
         self.aimed: int | None = None
@@ -85,11 +113,27 @@ class GrindPartitions(Adversary):
         super().attach(context)
         context.nursery.start_soon(self._grind, context)
 
+    def on_request(self, record: HttpRecord) -> HttpAction:
+        if record.path == PATH_REGISTER and record.address in self.targets and self.target_key is None:
+            return HttpAction(inspect=self._read_registration)
+        return HttpAction()
+
+    def _read_registration(self, body: bytes) -> None:
+        try:
+            self.target_key = RegisterRequest.from_json(body).identity_key
+        except InvalidDocument:
+            pass  # not a registration it can read: nothing to aim at
+
     async def _grind(self, context: RoundContext) -> None:
         state = context.state
         await trio.sleep(max(0.0, state.manifest.schedule.t_register_end - 1 - context.clock()))
-        result = grind_sybils(state.manifest, state.spec, state.secrets.seed, state.store.roster_entries(), self.sybils,
-                              self.target_key, self.tries, self.rng)
+        honest = state.store.roster_entries()
+        if self.target_key is None or self.target_key not in {entry.identity_key for entry in honest}:
+            return  # its target never registered: nobody to isolate
+        count = self.sybil_count if self.sybil_count is not None else sybils_to_isolate(len(honest), state.manifest.partitions)
+        self.sybils = [SigningKey(hashlib.sha256(f"{self.seed}:sybil:{i}".encode()).digest()) for i in range(count)]
+        result = grind_sybils(state.manifest, state.spec, state.secrets.seed, honest, self.sybils, self.target_key,
+                              self.tries, self.rng)
         now = int(context.clock())
         state.store.register_many([Registration(entry, None, f"sybil-{i}", now) for i, entry in enumerate(result.entries)],
                                   **state.registration_rules())
@@ -99,3 +143,6 @@ class GrindPartitions(Adversary):
         if state.plan is not None:
             self.achieved, self.mates = sybils_beside(state.plan, self.target_key,
                                                       frozenset(bytes(key.verify_key) for key in self.sybils))
+
+    def describe(self) -> str:
+        return f"{self.name} ({len(self.sybils)} Sybils, {self.aimed} aimed beside the target, {self.achieved} achieved)"

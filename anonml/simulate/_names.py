@@ -14,3 +14,6 @@ class StrategyName(StrEnum):
     LATE_DOCUMENTS_DROPPING_RELAY = "late-documents+dropping-relay"
     TAILORED_LOG = "tailored-log"
     TAILORED_THRESHOLDS = "tailored-thresholds"
+    STARVED_MIRRORS = "starved-mirrors"
+    ROUND_OF_ITS_OWN = "round-of-its-own"
+    GRIND_PARTITIONS = "grind-partitions"

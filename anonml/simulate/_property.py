@@ -16,7 +16,10 @@ saw is its right):
   colluding relay dropped one of the target's packets;
 * ``after-late-answer``: the second window's reports, for a phase whose
   document the aggregator answered the target only after its first send
-  window had closed.
+  window had closed;
+* ``isolated``: certainty, when the target went on in a round the adversary
+  ran for it alone (:attr:`AdversaryView.isolated`): every report it sends
+  there is its own. It scores the round once, as one report named.
 
 A guess among a set ``C`` succeeds with probability ``1/|C|`` if the target's
 report is in ``C``; each report is scored by that exact probability, not by
@@ -32,7 +35,12 @@ sent a real report in the same delivery window, half the partition in
 expectation (a peer sends its report in one of the two windows at random and
 a cover in the other, so a resend is one report among those of the second
 window). The bound used is ``1 / floor(|partition| / 2)``; plain chance,
-``1 / |partition|``, is printed beside it.
+``1 / |partition|``, is printed beside it. ``|partition|`` counts honest
+peers only, and is their even share (the round's honest peers over its
+partitions), not the size the target's partition came to: Sybil
+registrations the adversary ground into it must show as a success above the
+bound, not as a smaller promise. (An even share assumes partitions of one
+size: a round with a comparison pool would need each partition's own share.)
 """
 
 from __future__ import annotations
@@ -107,6 +115,9 @@ ESTIMATORS: dict[str, Callable[[Evidence], list[bytes] | None]] = {
     "after-late-answer": lambda e: e.late() if e.held else None,
 }
 """Each estimator: the set of reports it guesses among, or None where it does not speak."""
+ISOLATED = "isolated"
+ESTIMATOR_NAMES = (*ESTIMATORS, ISOLATED)
+"""Every estimator a verdict weighs: the rules over reports, and ``isolated`` (a round run for the target alone)."""
 
 
 def evidence(trace: RoundTrace, target: int) -> list[tuple[bytes, Evidence]]:
@@ -131,8 +142,9 @@ def evidence(trace: RoundTrace, target: int) -> list[tuple[bytes, Evidence]]:
 
 def estimate(trace: RoundTrace, target: int) -> tuple[dict[str, list[float]], int]:
     """Per estimator, its probability of naming each of ``target``'s accepted reports it spoke on; and their count."""
-    scores: dict[str, list[float]] = {name: [] for name in ESTIMATORS}
+    scores: dict[str, list[float]] = {name: [] for name in ESTIMATOR_NAMES}
     found = evidence(trace, target)
+    scores[ISOLATED] = [1.0] if trace.peers[target].address in trace.view.isolated else []
     for receipt, known in found:
         for name, rule in ESTIMATORS.items():
             guess = rule(known)
@@ -142,7 +154,7 @@ def estimate(trace: RoundTrace, target: int) -> tuple[dict[str, list[float]], in
 
 
 def score_trial(trace: RoundTrace, target: int) -> TrialScore:
-    partition_size = _partition_size(trace, target)
+    partition_size = _partition_size(trace)
     outcome = trace.peers[target]
     detected = outcome.refused.reason if outcome.refused is not None else None
     success, reports = estimate(trace, target)
@@ -150,12 +162,9 @@ def score_trial(trace: RoundTrace, target: int) -> TrialScore:
                       1.0 / max(1, partition_size // 2), detected, reports, trace.outcome)
 
 
-def _partition_size(trace: RoundTrace, target: int) -> int:
-    result = trace.peers[target].result
-    partitions = [p.result.partition for p in trace.peers if p.result is not None and p.result.partition is not None]
-    if result is None or result.partition is None:
-        return max(1, len(partitions) // max(1, trace.manifest.manifest.partitions))
-    return partitions.count(result.partition)
+def _partition_size(trace: RoundTrace) -> int:
+    """The honest peers' even share of a partition: what an unbiased deal of the round's peers gives the target."""
+    return max(1, len(trace.peers) // max(1, trace.manifest.manifest.partitions))
 
 
 @dataclass(frozen=True)
@@ -182,7 +191,7 @@ class StrategyVerdict:
     trials: list[TrialScore]
 
     def figure(self, name: str) -> EstimatorFigure:
-        scored = [(value, trial.bound) for trial in self.trials for value in trial.success[name]]
+        scored = [(value, trial.bound) for trial in self.trials for value in trial.success.get(name, [])]
         n = len(scored)
         if n == 0:
             return EstimatorFigure(name, 0, 0.0, 0.0, 0.0)
@@ -196,7 +205,7 @@ class StrategyVerdict:
     @property
     def worst(self) -> EstimatorFigure:
         """The estimator that comes closest to (or furthest past) its allowance."""
-        figures = [self.figure(name) for name in ESTIMATORS]
+        figures = [self.figure(name) for name in ESTIMATOR_NAMES]
         return max((f for f in figures if f.reports), key=lambda f: f.margin, default=figures[0])
 
     @property

@@ -151,7 +151,7 @@ class RoundTrace:
 
 def spec_document(config: SimulationConfig, relays: list[dict[str, Any]]) -> dict[str, Any]:
     """A small round: one numeric and one categorical feature, a median search, one subset per peer."""
-    fields = ("node_id", "host", "port", "public_key", "key_epoch", "mirror_port")
+    fields = ("node_id", "host", "port", "public_key", "key_epoch", "mirror_port", "beacon_key")
     return {
         "name": f"simulated-{config.seed}",
         "task": {
