@@ -114,9 +114,6 @@ LIMITS_LEFT_TO_THEIR_OWNERS = {
     ("anonml/demo/_command.py", "call trio.run"),
     ("anonml/demo/_run.py", "call children.run"),
     ("anonml/demo/_run.py", "call anonml_command"),
-    ("learning/_experiment.py", "call table.add_row"),
-    ("learning/_experiment.py", "call PlanChoice"),
-    ("learning/_planner.py", "call PlanChoice"),
 }
 
 
