@@ -351,8 +351,9 @@ def run_table(
         progress=progress,
     )
     if linear:
-        report["linear_settings"] = {"sgd_steps": settings.sgd_steps or "harmony", "sgd_learning_rate": settings.sgd_learning_rate,
-                                     "rows_per_peer": settings.rows_per_peer, "log_scaled": sorted(linear_encoding(settings, spec).log_scaled)}
+        report["linear_settings"] = {"tuning": str(settings.tuning), "sgd_steps": settings.sgd_steps or "harmony", "sgd_learning_rate": settings.sgd_learning_rate,
+                                     "averaging_rule": settings.averaging_rule, "rows_per_peer": settings.rows_per_peer,
+                                     "log_scaled": sorted(linear_encoding(settings, spec).log_scaled)}
         report["learners"] = run_comparison(spec=spec, train=train, test=test, learners=linear, epsilons=eps_values, trials=trials, seed=seed,
                                             settings=settings, progress=progress)
     if statistics:
