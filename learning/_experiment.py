@@ -276,6 +276,9 @@ def print_comparison(report: dict[str, Any], console: Any) -> None:
                  f"{auc['mean']:.4f}", f"{auc['std']:.4f}", f"{auc['min']:.4f}", f"{auc['max']:.4f}", str(auc["n"])]
         table.add_row(*cells)
     console.print(table)
+    tuned = sorted((line["learner"], line["epsilon_total_requested"], line["tuned"], line["validation_rows"]) for line in report.get("learners", []) if "tuned" in line)
+    for learner, requested, choice, rows in tuned:
+        console.print(f"{learner} at ε_T {requested:g}: {choice}, chosen on {rows} training rows held out")
 
 
 def plot_results(report: dict[str, Any], path: Path, x_axis: str = "eps") -> None:

@@ -76,6 +76,7 @@ def test_the_experiment_reports_what_it_tuned_on_validation(tmp_path: Path) -> N
     steps = sgd["tuned"].split()[0].removeprefix("steps=")
     assert steps == "harmony" or int(steps) == sgd["steps"]
     assert averaging["tuned"].startswith("rule=")
+    assert f"ldp-sgd-lr at ε_T 4: {sgd['tuned']}, chosen on {sgd['validation_rows']} training rows held out" in result.output
     rule = float(averaging["tuned"].removeprefix("rule="))
     assert averaging["regularization"] == rule / (100 * 4.0)
     # Still one release per peer at the requested ε.
