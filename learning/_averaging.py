@@ -45,6 +45,7 @@ import numpy as np
 import numpy.typing as npt
 
 from anonml.base.errors import AnonMLError
+from anonml.learning._vocabulary import AVERAGING_RULE
 from anonml.mechanisms import PrivacyLedger, Release, ReleaseKind, discrete_laplace_epsilon, discrete_laplace_mechanism
 
 FloatArray = npt.NDArray[np.float64]
@@ -58,8 +59,6 @@ GRADIENT_TOLERANCE = 1e-6
 _MAX_NEWTON_STEPS = 100
 # Relative rounding error of the objective (a mean of n terms in float64).
 _PRECISION = 1e-12
-# λ = REGULARIZATION_RULE / (n ε) by default (see ModelAveraging).
-REGULARIZATION_RULE = 5.0
 
 
 class NotConverged(AnonMLError, RuntimeError):
@@ -160,9 +159,10 @@ class ModelAveraging:
     Parameters: ``epsilon`` (each peer's one release; every row's
     record-level ε), ``rows_per_peer`` (at least 100: the slice size; the
     rows are dealt at random into ``n // rows_per_peer`` slices),
-    ``regularization`` λ (None: ``REGULARIZATION_RULE / (rows_per_peer ε)``,
-    which keeps the noise scale at ``2 sqrt(d) / REGULARIZATION_RULE``
-    model units whatever n and ε; picked by a sweep on Adult) and
+    ``regularization`` λ (None: ``AVERAGING_RULE / (rows_per_peer ε)``,
+    which keeps the noise scale at ``2 sqrt(d) / AVERAGING_RULE``
+    model units whatever n and ε; ``anonml experiment`` chooses the rule
+    on a validation split, see learning/_tuning.py) and
     ``random_state``. ``fit`` takes rows already in
     the unit ball (:func:`unit_ball_rows`) and labels in {-1, 1}.
 
@@ -189,7 +189,7 @@ class ModelAveraging:
             raise ValueError("labels must be -1 or 1")
         if isinstance(self.rows_per_peer, bool) or not isinstance(self.rows_per_peer, int) or self.rows_per_peer < 100:
             raise ValueError(f"rows_per_peer must be an integer >= 100, got {self.rows_per_peer!r}")
-        lam = REGULARIZATION_RULE / (self.rows_per_peer * self.epsilon) if self.regularization is None else self.regularization
+        lam = AVERAGING_RULE / (self.rows_per_peer * self.epsilon) if self.regularization is None else self.regularization
         if not lam > 0:
             raise ValueError(f"regularization must be > 0 (the bound needs strong convexity), got {lam!r}")
         n, d = matrix.shape

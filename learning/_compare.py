@@ -10,8 +10,8 @@ ledger, read back after the trial (each peer releases once, at ε)."""
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -20,7 +20,8 @@ from sklearn.metrics import roc_auc_score
 from anonml.learning._averaging import ModelAveraging, unit_ball_rows
 from anonml.learning._data import Table
 from anonml.learning._linear import FloatArray, LDPGradientDescent, LinearEncoding, Loss, fit_logistic_reference, wide_range_features
-from anonml.learning._vocabulary import LearnerName, LinearSettings
+from anonml.learning._tuning import choose_settings, describe, validation_rows
+from anonml.learning._vocabulary import LearnerName, LinearSettings, Tuning
 from anonml.mechanisms import PrivacyLedger
 from anonml.protocol import FeatureSpec
 
@@ -73,7 +74,10 @@ def linear_trial(learner: LearnerName, split: EncodedSplit, epsilon: float, seed
         scores, (spent, releases) = sgd.decision_function(X_test), _max_spent(sgd.ledgers_)
         details = {"steps": sgd.steps_, "group_size": sgd.group_size_}
     elif learner == LearnerName.AVERAGING:
-        averaging = ModelAveraging(epsilon=epsilon, rows_per_peer=settings.rows_per_peer, random_state=seed)
+        averaging = ModelAveraging(
+            epsilon=epsilon, rows_per_peer=settings.rows_per_peer, regularization=settings.averaging_rule / (settings.rows_per_peer * epsilon),
+            random_state=seed,
+        )
         averaging.fit(unit_ball_rows(X, split.max_norm), y, features=features)
         scores, (spent, releases) = averaging.decision_function(X_test), _max_spent(averaging.ledgers_)
         details = {"peers": len(averaging.peer_rows_), "min_rows": min(averaging.peer_rows_), "regularization": averaging.regularization_,
@@ -87,6 +91,34 @@ def linear_trial(learner: LearnerName, split: EncodedSplit, epsilon: float, seed
             "seconds": time.perf_counter() - started, **details}
 
 
+def tuned_settings(
+    learners: Sequence[str], split: EncodedSplit, epsilons: Sequence[float], seed: int, settings: LinearSettings,
+) -> tuple[dict[tuple[LearnerName, float | None], LinearSettings], dict[tuple[LearnerName, float | None], dict[str, Any]]]:
+    """Each private linear learner's settings at each ε, chosen on rows held
+    out of the training split (learning/_tuning.py; none with
+    ``settings.tuning`` fixed), and what the choice saw: the chosen
+    hyperparameters and every candidate's validation score (mean AUC minus
+    its std over the tuning seeds)."""
+    chosen: dict[tuple[LearnerName, float | None], LinearSettings] = {}
+    seen: dict[tuple[LearnerName, float | None], dict[str, Any]] = {}
+    if settings.tuning != Tuning.VALIDATION:
+        return chosen, seen
+    fit, held = validation_rows(split.X.shape[0], seed)
+    tuning_split = EncodedSplit(split.X[fit], split.y[fit], split.X[held], split.y[held], split.features, split.max_norm)
+    for learner in [LearnerName(name) for name in learners]:
+        if learner in (LearnerName.ENSEMBLE, LearnerName.LOGREG):
+            continue
+        for eps in epsilons:
+            def score(candidate: LinearSettings, tuning_seed: int) -> float:
+                auc: float = linear_trial(learner, tuning_split, eps, tuning_seed, candidate)["auc"]
+                return auc
+
+            best, means = choose_settings(learner, settings, score)
+            chosen[(learner, eps)] = best
+            seen[(learner, eps)] = {"tuned": describe(learner, best), "validation_scores": means, "validation_rows": int(held.size)}
+    return chosen, seen
+
+
 def run_comparison(
     *, spec: FeatureSpec, train: Table, test: Table, learners: Sequence[str], epsilons: Sequence[float], trials: int, seed: int,
     settings: LinearSettings = LinearSettings(), progress: Callable[[], None] | None = None,
@@ -95,6 +127,7 @@ def run_comparison(
     ``trials``, the worst record-level ε any peer spent, and the learner's
     details; the non-private reference has one line (ε ``None``)."""
     split = EncodedSplit.of(linear_encoding(settings, spec), train, test)
+    chosen, tuning = tuned_settings(learners, split, epsilons, seed, settings)
     rng = np.random.default_rng(seed)
     lines: dict[tuple[str, float | None], dict[str, Any]] = {}
     for _ in range(trials):
@@ -106,9 +139,9 @@ def run_comparison(
             for eps in [None] if learner == LearnerName.LOGREG else epsilons:
                 if learner == LearnerName.LOGREG and (learner, None) in lines:
                     continue  # deterministic: one fit is the reference
-                outcome = linear_trial(learner, split, eps or 1.0, trial_seed, settings)
+                outcome = linear_trial(learner, split, eps or 1.0, trial_seed, chosen.get((learner, eps), settings))
                 line = lines.setdefault((learner, eps), {"learner": str(learner), "epsilon_total_requested": eps, "aucs": [], "seconds": [],
-                                                         "epsilon_total": 0.0, "releases_per_peer": 0})
+                                                         "epsilon_total": 0.0, "releases_per_peer": 0, **tuning.get((learner, eps), {})})
                 line["aucs"].append(outcome.pop("auc"))
                 line["seconds"].append(outcome.pop("seconds"))
                 line["epsilon_total"] = max(line["epsilon_total"], outcome.pop("epsilon_total"))

@@ -77,8 +77,9 @@ def plan_requests(
                 for k_h in (kh or [THESIS_SPLIT["k_h"]]) if thesis else [1]:
                     q = quantiles if quantiles is not None else (3 if mode == MedianPeers.RESERVED else 1)
                     choice = PlanChoice(
-                        kind, k_p, k_h, k_s, q, mode, pool if mode == MedianPeers.RESERVED else 0.0, median_steps,
-                        Combiner.WEIGHTED, oracle,
+                        kind=kind, k_p=k_p, k_h=k_h, k_s=k_s, quantiles=q, median_peers=mode,
+                        comparison_pool=pool if mode == MedianPeers.RESERVED else 0.0, median_steps=median_steps,
+                        combiner=Combiner.WEIGHTED, oracle=oracle,
                     )
                     requests.append(PlanRequest(choice.label(), choice))
     return requests
@@ -238,12 +239,13 @@ def print_results(report: dict[str, Any]) -> None:
         table.add_column(column, justify="left" if column in ("plan", "combiner", "oracle") else "right", no_wrap=True)
     for line in sorted(report["results"], key=lambda r: (r["plan"], r["combiner"], r["epsilon_total_requested"])):
         auc = line["auc"]
-        table.add_row(
+        cells = [
             line["plan"], line["combiner"], f"{line['k_p']}·{line['k_h']}·{line['k_s']}", str(line["quantiles"]),
             f"{line['epsilon_total']:.3g}", f"{line['per_attribute_epsilon']:.3g}", f"{line['release_epsilon']:.3g}", f"{line['median_epsilon']:.3g}",
             ",".join(sorted(line["oracles"])), f"{auc['mean']:.4f}", f"{auc['std']:.4f}", f"{auc['min']:.4f}", f"{auc['max']:.4f}",
             f"{line['seconds_per_trial']:.2f}",
-        )
+        ]
+        table.add_row(*cells)
     if report["results"]:
         console.print(table)
     for entry in report["planner_choices"]:
@@ -270,9 +272,13 @@ def print_comparison(report: dict[str, Any], console: Any) -> None:
     for column in ("learner", "ε_T requested", "ε_T record-level spent", "AUC mean", "std", "min", "max", "trials"):
         table.add_column(column, justify="left" if column == "learner" else "right", no_wrap=True)
     for learner, requested, auc, spent in comparison_table(report):
-        table.add_row(learner, "-" if requested is None else f"{requested:g}", "none (non-private)" if requested is None else f"{spent:.3g}",
-                      f"{auc['mean']:.4f}", f"{auc['std']:.4f}", f"{auc['min']:.4f}", f"{auc['max']:.4f}", str(auc["n"]))
+        cells = [learner, "-" if requested is None else f"{requested:g}", "none (non-private)" if requested is None else f"{spent:.3g}",
+                 f"{auc['mean']:.4f}", f"{auc['std']:.4f}", f"{auc['min']:.4f}", f"{auc['max']:.4f}", str(auc["n"])]
+        table.add_row(*cells)
     console.print(table)
+    tuned = sorted((line["learner"], line["epsilon_total_requested"], line["tuned"], line["validation_rows"]) for line in report.get("learners", []) if "tuned" in line)
+    for learner, requested, choice, rows in tuned:
+        console.print(f"{learner} at ε_T {requested:g}: {choice}, chosen on {rows} training rows held out")
 
 
 def plot_results(report: dict[str, Any], path: Path, x_axis: str = "eps") -> None:
@@ -348,8 +354,9 @@ def run_table(
         progress=progress,
     )
     if linear:
-        report["linear_settings"] = {"sgd_steps": settings.sgd_steps or "harmony", "sgd_learning_rate": settings.sgd_learning_rate,
-                                     "rows_per_peer": settings.rows_per_peer, "log_scaled": sorted(linear_encoding(settings, spec).log_scaled)}
+        report["linear_settings"] = {"tuning": str(settings.tuning), "sgd_steps": settings.sgd_steps or "harmony", "sgd_learning_rate": settings.sgd_learning_rate,
+                                     "averaging_rule": settings.averaging_rule, "rows_per_peer": settings.rows_per_peer,
+                                     "log_scaled": sorted(linear_encoding(settings, spec).log_scaled)}
         report["learners"] = run_comparison(spec=spec, train=train, test=test, learners=linear, epsilons=eps_values, trials=trials, seed=seed,
                                             settings=settings, progress=progress)
     if statistics:

@@ -128,8 +128,8 @@ def candidate_choices(
                 if median_peers == MedianPeers.ALL:
                     if n // k_p >= MIN_PEERS_PER_PARTITION:
                         out.append(PlanChoice(
-                            PlanKind.ONE, k_p, 1, k_s, q, MedianPeers.ALL, 0.0, median_steps, Combiner.NAIVE_BAYES,
-                            median_share=median_share,
+                            kind=PlanKind.ONE, k_p=k_p, k_h=1, k_s=k_s, quantiles=q, median_peers=MedianPeers.ALL, comparison_pool=0.0,
+                            median_steps=median_steps, combiner=Combiner.NAIVE_BAYES, median_share=median_share,
                         ))
                     continue
                 for pool in POOL_CHOICES if n_numeric else (0.0,):
@@ -142,11 +142,15 @@ def candidate_choices(
                     steps = min(median_steps, pool_peers // (n_numeric * q)) if n_numeric else median_steps
                     if steps < 1:
                         continue
-                    out.append(PlanChoice(PlanKind.ONE, k_p, 1, k_s, q, MedianPeers.RESERVED, pool, steps, Combiner.NAIVE_BAYES))
+                    out.append(PlanChoice(
+                        kind=PlanKind.ONE, k_p=k_p, k_h=1, k_s=k_s, quantiles=q, median_peers=MedianPeers.RESERVED, comparison_pool=pool,
+                        median_steps=steps, combiner=Combiner.NAIVE_BAYES,
+                    ))
         if PlanKind.SPLIT in kinds and k_f >= THESIS_SPLIT["k_h"] * THESIS_SPLIT["k_s"] and n // THESIS_SPLIT["k_p"] >= MIN_PEERS_PER_PARTITION:
             out.append(PlanChoice(
-                PlanKind.SPLIT, THESIS_SPLIT["k_p"], THESIS_SPLIT["k_h"], THESIS_SPLIT["k_s"], q, MedianPeers.ALL, 0.0,
-                median_steps, Combiner.NAIVE_BAYES, median_share=median_share,
+                kind=PlanKind.SPLIT, k_p=THESIS_SPLIT["k_p"], k_h=THESIS_SPLIT["k_h"], k_s=THESIS_SPLIT["k_s"], quantiles=q,
+                median_peers=MedianPeers.ALL, comparison_pool=0.0, median_steps=median_steps, combiner=Combiner.NAIVE_BAYES,
+                median_share=median_share,
             ))
     return out
 

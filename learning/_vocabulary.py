@@ -30,16 +30,31 @@ class LearnerName(StrEnum):
     LOGREG = "logreg"  # non-private reference
 
 
+AVERAGING_RULE = 5.0
+"""Model averaging's default ``λ = AVERAGING_RULE / (rows_per_peer ε)``."""
+
+
+class Tuning(StrEnum):
+    """How the linear learners' hyperparameters are chosen (``--linear-tuning``)."""
+
+    VALIDATION = "validation"  # per learner and ε, on rows held out of the training split (learning/_tuning.py)
+    FIXED = "fixed"  # the settings as given
+
+
 @dataclass(frozen=True)
 class LinearSettings:
-    """Hyperparameters of the linear learners. The defaults (32 steps,
-    γ0 = 1) were chosen by a small sweep on Adult (group sizes 33 to 2000,
-    γ0 0.03 to 10, scored on its test split: optimistic for Adult);
+    """Hyperparameters of the linear learners. With ``tuning`` validation
+    (the default) the step count, γ0 and the averaging rule are chosen per
+    learner and ε on a validation split of the training rows and the values
+    here are only the starting point; with fixed they are used as given.
     ``sgd_steps`` None is Harmony §5.3's own rule (groups of
-    ``harmony_group_size``). ``log_scale``: encode the wide-range numeric
-    features on a log scale (``wide_range_features``)."""
+    ``harmony_group_size``); ``averaging_rule`` sets model averaging's
+    ``λ = rule / (rows_per_peer ε)``. ``log_scale``: encode the wide-range
+    numeric features on a log scale (``wide_range_features``)."""
 
     sgd_steps: int | None = 32
     sgd_learning_rate: float = 1.0
     rows_per_peer: int = 100
     log_scale: bool = True
+    averaging_rule: float = AVERAGING_RULE
+    tuning: Tuning = Tuning.VALIDATION

@@ -108,13 +108,6 @@ def test_no_module_reaches_into_another_packages_private_modules() -> None:
 MAX_FILE_LINES = 800
 MAX_FUNCTION_LINES = 100
 MAX_POSITIONAL_ARGUMENTS = 8
-# Limits broken in files other engineers were changing when the limits were set (issue 29); each entry goes
-# when its file is fixed, and a new breach anywhere fails the test.
-LIMITS_LEFT_TO_THEIR_OWNERS = {
-    ("learning/_experiment.py", "call table.add_row"),
-    ("learning/_experiment.py", "call PlanChoice"),
-    ("learning/_planner.py", "call PlanChoice"),
-}
 
 
 def _limit_breaches() -> set[tuple[str, str, str]]:
@@ -140,7 +133,4 @@ def _limit_breaches() -> set[tuple[str, str, str]]:
 
 def test_no_file_function_or_positional_call_is_over_its_limit() -> None:
     """Issue 29: no file over 800 lines, no function over 100, no call with more than 8 positional arguments."""
-    breaches = _limit_breaches()
-    assert sorted(b for b in breaches if (b[0], b[1]) not in LIMITS_LEFT_TO_THEIR_OWNERS) == []
-    # An entry whose file was fixed must go, so the list only ever shrinks.
-    assert LIMITS_LEFT_TO_THEIR_OWNERS <= {(b[0], b[1]) for b in breaches}
+    assert sorted(_limit_breaches()) == []
