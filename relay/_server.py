@@ -109,6 +109,7 @@ from anonml.relay._directory import (
     entries_from_manifest,
     fetch_manifest,
     load_directory_file,
+    relays_from_manifest,
     spans_from_manifest,
     verify_manifest,
 )
@@ -634,7 +635,8 @@ class Relay:
             return
         label = f"round {round_id.hex()[:16]} from {source}"
         self._rounds[round_id] = (ends_at, label)
-        self.directory.replace_source(label, entries_from_manifest(signed), spans_from_manifest(signed))
+        self.directory.replace_source(label, entries_from_manifest(signed), spans_from_manifest(signed),
+                                      relays_from_manifest(signed))
         log_event(logger, logging.INFO, "round-known", round=round_id.hex()[:16], source=source, ends_at=ends_at)
         if persist:
             try:

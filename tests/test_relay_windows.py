@@ -729,6 +729,8 @@ async def test_a_round_is_forgotten_an_hour_after_its_last_window(
     harness.relay.learn_round("http://aggregator", signed)
     known = {f"round {signed.round_id.hex()[:16]} from http://aggregator": 4}  # three relays and the final hop
     assert directory.sources() == known and len(harness.store.manifests()) == 1
+    # A neighbour's share of the held packets divides the queue among its relays, not its final hop.
+    assert harness.relay.shares.per_neighbour() == harness.config.max_held_packets // 3
     async with trio.open_nursery() as nursery:
         harness.start(nursery)
         await trio.sleep_until(clock.to_trio(end + 3600 - 1))
