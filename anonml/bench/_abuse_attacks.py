@@ -145,7 +145,7 @@ async def _attack(spec: dict[str, Any]) -> dict[str, Any]:
     sources = attacker_sources()
     # Build what is sent first (a remote attacker's CPU is not ours), then say so and start.
     prepared: list[bytes] = []
-    if abuse in ("relay-hold-fill", "relay-hold-fill-one"):
+    if abuse in ("relay-hold-fill", "relay-hold-fill-one", "relay-neighbour-fill"):
         # In the data phase and open now: held until the window's end (the relay's clock is pinned).
         prepared = attack.relay_packets(ReleaseWindow(instant, instant + 600), max_held * 5 // 4)
     elif abuse == "relay-late-tags":
@@ -162,6 +162,12 @@ async def _attack(spec: dict[str, Any]) -> dict[str, Any]:
         await attack.flood_relay(prepared, sources[:1])
     elif abuse == "relay-late-tags":
         await attack.flood_relay(prepared, sources)
+    elif abuse == "relay-neighbour-fill":
+        # A colluding relay of the round's directory, authenticated with its listed key from its listed
+        # address, forwards the packets to the honest relay as fast as it is answered.
+        colluder = LinkIdentity(bytes.fromhex(spec["colluder_identity"]))
+        while trio.current_time() < attack.until:
+            await attack.send_frames(attack.relay, prepared, spec["colluder_host"], colluder)
     elif abuse == "relay-link-churn":
         await attack.churn_many(attack.relay, int(spec["link_slots"]) * 11 // 10, hello, None)
     elif abuse in ("sink-stranger", "sink-garbage"):

@@ -42,7 +42,10 @@ stored), ``http-churn`` (1.1x the HTTP slots in silent connections),
 ``http-slow-bodies`` (1.1x the HTTP slots sending a request body a byte a
 second), ``http-polling`` (16 clients in 16 /24s polling the public
 snapshots, roster, receipt log, heads and status as fast as they are
-answered).
+answered), ``relay-neighbour-fill`` (a colluding relay of the round's
+directory, authenticated with its listed key, sends packets inside the data
+phase, 1.25x the hold queue: while neighbours were exempt from the shares it
+took the whole queue and honest packets were refused BUSY).
 """
 
 from __future__ import annotations
@@ -109,6 +112,7 @@ _FRESH_INTERVAL = 0.08  # a new connection per request costs a handshake: half a
 _MAX_HELD = 1280  # the relay's hold queue: 20 packets per address, 40 per /24
 _SUBSETS = 8  # k_h: each peer answers this many data surveys, so it has this many packets
 _HOST = "127.0.0.1"
+_COLLUDER_HOST = "127.0.0.3"  # the colluding relay's listed address (the attacker's other sources: 127.N.0.H)
 _ROUTE_TIMEOUT = 120.0  # seconds for the relay to fetch its directory and the first packet to be accepted
 
 
@@ -120,8 +124,13 @@ def _free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def _round_document(relay_node: bytes, relay_port: int, relay_public: bytes, epoch: int, http_port: int,
-                    sink_port: int, geometry: SphinxGeometry) -> dict[str, Any]:
+def _listed_relay(node_id: bytes, host: str, port: int, public_key: bytes, epoch: int) -> dict[str, Any]:
+    """One relay of the round's directory (a manifest's ``network.relays`` entry)."""
+    return {"node_id": node_id.hex(), "host": host, "port": port, "public_key": public_key.hex(), "key_epoch": epoch}
+
+
+def _round_document(relays: list[dict[str, Any]], http_port: int, sink_port: int,
+                    geometry: SphinxGeometry) -> dict[str, Any]:
     return {
         "name": "bench-abuse",
         "task": {
@@ -133,8 +142,7 @@ def _round_document(relay_node: bytes, relay_port: int, relay_public: bytes, epo
         "schedule": {"register": 100, "issue": 100, "median_send": 1, "median_delivery": 3, "data_send": 50,
                      "data_delivery": 7200},
         "network": {
-            "relays": [{"node_id": relay_node.hex(), "host": _HOST, "port": relay_port,
-                        "public_key": relay_public.hex(), "key_epoch": epoch}],
+            "relays": relays,
             "path_length": 1, "http_host": _HOST, "http_port": http_port, "sink_host": _HOST,
             "sink_port": sink_port, "max_hops": geometry.max_hops, "packet_size": geometry.packet_size,
         },
@@ -154,6 +162,7 @@ class _System:
     relay_node: bytes
     relay_public: bytes
     relay_identity: LinkIdentity
+    colluder_identity: LinkIdentity  # a listed relay's link key, held by the attacker (relay-neighbour-fill)
     relay_metrics: int
     http_url: str
     sink: tuple[str, int]
@@ -221,8 +230,15 @@ def _start_system(work: Path, processes: list[subprocess.Popen[str]], nofile: in
     relay_key = keyring.published(instant)[0]
     # The data phase runs from before the relay's pinned instant to two hours after it, in wall time.
     start = instant - 300
-    document = _round_document(relay_node, relay_link[1], relay_key.public_key, relay_key.epoch, http_port,
-                               sink_port, geometry)
+    # The round lists three relays besides the honest one: the colluder (its key the attacker's) and two
+    # that do not run. Each neighbour may then hold a third of the queue, so the colluder and the flood
+    # from 16 /24s (half), whose packets stay held (the clock is pinned), together leave the probes room.
+    colluder = LinkIdentity(generate_keypair()[0])
+    relays = [_listed_relay(relay_node, *relay_link, relay_key.public_key, relay_key.epoch),
+              _listed_relay(colluder.node_id, _COLLUDER_HOST, _free_port(), generate_keypair()[1], relay_key.epoch),
+              *(_listed_relay(LinkIdentity(generate_keypair()[0]).node_id, f"127.0.0.{4 + index}", _free_port(),
+                              generate_keypair()[1], relay_key.epoch) for index in range(2))]
+    document = _round_document(relays, http_port, sink_port, geometry)
     state, _ = create_round(home, parse_round_spec(document), now=start)
     clock = SettableClock(start + 1)
     state.clock = clock
@@ -236,6 +252,7 @@ def _start_system(work: Path, processes: list[subprocess.Popen[str]], nofile: in
     aggregator = _child(processes, nofile, "anonml.bench.abuse", "aggregator", str(home.root), state.round_id.hex())
     return _System(processes=processes, geometry=geometry, manifest=manifest, relay_link=relay_link, relay_node=relay_node,
                    relay_public=relay_key.public_key, relay_identity=LinkIdentity(load_identity_key(relay_dir)),
+                   colluder_identity=colluder,
                    relay_metrics=int(relay["metrics"]), http_url=str(aggregator["http"]), sink=(_HOST, sink_port),
                    instant=instant, via_relay=via_relay, direct=direct, nofile=nofile)
 
@@ -435,8 +452,10 @@ def _start_attacker(system: _System, abuse: str, work: Path) -> subprocess.Popen
         "sink": list(system.sink), "sink_node": hop.node_id.hex(),
         "sink_key": hop.public_key.hex(), "http": system.http_url,
         "max_hops": geometry.max_hops, "packet_size": geometry.packet_size,
-        # A compromised relay's key (the sink-garbage abuse authenticates with it).
+        # A compromised relay's key (the sink-garbage abuse authenticates with it) and a colluding listed
+        # relay's (relay-neighbour-fill), with the address the manifest lists it at.
         "relay_identity": system.relay_identity.private_key.hex(),
+        "colluder_identity": system.colluder_identity.private_key.hex(), "colluder_host": _COLLUDER_HOST,
         # The caps each abuse is sized against (the services' defaults; --nofile may lower them).
         "max_held_packets": _MAX_HELD, "link_slots": relay_defaults.max_connections,
         "http_slots": http_defaults.max_connections,
