@@ -33,6 +33,9 @@ not a release draw. ``--nofile N`` runs the relay and the aggregator with
 
 Abuses: ``relay-hold-fill`` (packets inside the data phase from all 1,024
 addresses, 1.25x the hold queue: a full queue refused honest packets BUSY),
+``relay-junk-tokens`` (8,000 packets from all 1,024 addresses that the relay
+releases at once and the sink unwraps, each carrying a token that parses and
+fails its proof: verification work on honest packets' path),
 ``relay-hold-fill-one`` (the same from one address), ``relay-late-tags``
 (late packets from every address), ``relay-link-churn`` (1.1x the link slots
 in silent connections that sent the hello), ``sink-stranger`` (strangers
@@ -84,7 +87,7 @@ from anonml.crypto import (
     SphinxGeometry,
     generate_keypair,
 )
-from anonml.protocol import SurveyId
+from anonml.protocol import SurveyId, acceptance_window
 from anonml.transport import AckStatus, HttpLimits, LinkClient, LinkIdentity
 from anonml.relay import (
     PinnedAggregator,
@@ -106,8 +109,12 @@ _PROBE_INTERVAL = 0.04
 _SCENARIO_SECONDS = 8.0
 _ATTACK_LEAD = 1.0  # the abuse starts this long before the probes
 # 8 surveys each, half through the relay (peer 200 and peer-fresh 100 per scenario), half straight to
-# the sink (relay 200 per scenario): 18 scenarios (9 abuses, each after an unloaded run).
-_PEERS = 1400
+# the sink (relay 200 per scenario): 22 scenarios (11 abuses, each after an unloaded run) take 6,600 of
+# the 6,800 through the relay and 4,400 of the 6,800 straight to the sink.
+_PEERS = 1700
+# Distinct junk-token messages (relay-junk-tokens): the last peers' last survey, which goes straight to
+# the sink and which no probe reaches, with one token byte flipped (it parses, and its proof fails).
+_JUNK_MESSAGES = 64
 _FRESH_INTERVAL = 0.08  # a new connection per request costs a handshake: half as many
 _MAX_HELD = 1280  # the relay's hold queue: 20 packets per address, 40 per /24
 _SUBSETS = 8  # k_h: each peer answers this many data surveys, so it has this many packets
@@ -169,17 +176,20 @@ class _System:
     instant: int  # the relay's pinned clock: every hop window is [instant, instant]
     via_relay: list[bytes]  # honest packets for the peer probe (relay, then the aggregator)
     direct: list[bytes]  # honest final-hop packets for the relay probe
+    junk: list[tuple[bytes, ReleaseWindow]]  # junk-token messages and their final hop's window
     nofile: int | None  # the services' RLIMIT_NOFILE (None: inherited)
 
 
-def _honest_packets(state: RoundState, clock: SettableClock, via: list[PathHop]) -> tuple[list[bytes], list[bytes]]:
+def _honest_packets(state: RoundState, clock: SettableClock,
+                    via: list[PathHop]) -> tuple[list[bytes], list[bytes], list[tuple[bytes, ReleaseWindow]]]:
     """Registered and credentialed peers' packets; two per (peer, survey) would be a double
-    submission, so half the surveys go through the relay and half straight to the sink."""
+    submission, so half the surveys go through the relay and half straight to the sink. And the
+    junk-token messages (``_JUNK_MESSAGES``), each with its final hop's window."""
     peers = enrol(state, clock, [(i + 1).to_bytes(2, "big") * 16 for i in range(_PEERS)])
     rng = np.random.default_rng(13)
-    via_relay, direct = [], []
+    via_relay, direct, junk = [], [], []
     for subset in range(_SUBSETS):
-        for peer in peers:
+        for index, peer in enumerate(peers):
             oracle = state.data_oracle(peer.partition, subset)
             report = oracle.encode_report(oracle.privatize(np.array([int(rng.integers(2))]), rng)[0])
             survey = SurveyId.data(state.round_id, peer.partition, subset)
@@ -187,7 +197,10 @@ def _honest_packets(state: RoundState, clock: SettableClock, via: list[PathHop])
                 via_relay.append(peer.packet(survey, report, via=via))
             else:
                 direct.append(peer.packet(survey, report))
-    return via_relay, direct
+            if subset == _SUBSETS - 1 and index >= _PEERS - _JUNK_MESSAGES:
+                window = ReleaseWindow(*acceptance_window(state.manifest.schedule, survey))
+                junk.append((peer.message(survey, report, tamper=True), window))
+    return via_relay, direct, junk
 
 
 def _child(processes: list[subprocess.Popen[str]], nofile: int | None, *args: str) -> dict[str, Any]:
@@ -246,7 +259,7 @@ def _start_system(work: Path, processes: list[subprocess.Popen[str]], nofile: in
     assert data.send_end <= instant < data.t_r
     window = ReleaseWindow(instant, instant)
     via = [PathHop(relay_node, NodeAddress(*relay_link), relay_key.public_key, window)]
-    via_relay, direct = _honest_packets(state, clock, via)
+    via_relay, direct, junk = _honest_packets(state, clock, via)
     manifest = state.manifest
     state.store.close()
     aggregator = _child(processes, nofile, "anonml.bench.abuse", "aggregator", str(home.root), state.round_id.hex())
@@ -254,7 +267,7 @@ def _start_system(work: Path, processes: list[subprocess.Popen[str]], nofile: in
                    relay_public=relay_key.public_key, relay_identity=LinkIdentity(load_identity_key(relay_dir)),
                    colluder_identity=colluder,
                    relay_metrics=int(relay["metrics"]), http_url=str(aggregator["http"]), sink=(_HOST, sink_port),
-                   instant=instant, via_relay=via_relay, direct=direct, nofile=nofile)
+                   instant=instant, via_relay=via_relay, direct=direct, junk=junk, nofile=nofile)
 
 
 async def _serve_aggregator(root: str, round_id: str) -> None:
@@ -456,6 +469,8 @@ def _start_attacker(system: _System, abuse: str, work: Path) -> subprocess.Popen
         # relay's (relay-neighbour-fill), with the address the manifest lists it at.
         "relay_identity": system.relay_identity.private_key.hex(),
         "colluder_identity": system.colluder_identity.private_key.hex(), "colluder_host": _COLLUDER_HOST,
+        # Messages whose tokens parse and fail their proof (relay-junk-tokens), with the sink's window.
+        "junk": [[message.hex(), window.start, window.end] for message, window in system.junk],
         # The caps each abuse is sized against (the services' defaults; --nofile may lower them).
         "max_held_packets": _MAX_HELD, "link_slots": relay_defaults.max_connections,
         "http_slots": http_defaults.max_connections,
