@@ -18,9 +18,9 @@ Per accepted frame (DESIGN.md §5 order, §7 behaviour):
    17 losses in one relay-crash run came from REJECTED ``unknown-next-hop``).
    Before any of this, a full queue, or a sending address or /24 that holds
    its share of it, is answered BUSY, and the refusal is charged to the
-   sender's budget like a rejected frame; so is an authenticated neighbour
-   (a listed relay) that holds its share, charged by its node id
-   (:mod:`relay._shares`).
+   sender's budget like a rejected frame. An authenticated neighbour (a
+   listed relay) is charged by its node id and answered BUSY beyond its own
+   share, outside the budget (:mod:`relay._shares`).
 3. Otherwise its release time is drawn uniformly in ``[max(now, a), b]`` for
    its window ``[a, b]`` (the thesis's staggering) and the packet, already
    encrypted for the next hop, is stored with it. The link ack goes out only
