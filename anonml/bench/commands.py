@@ -29,7 +29,8 @@ ABUSES = ("relay-late-tags", "relay-junk-tokens", "relay-link-churn", "sink-stra
               help="Run the relay and the aggregator with this RLIMIT_NOFILE (soft and hard).")
 def bench_abuse(as_json: bool, only: tuple[str, ...], nofile: int | None) -> None:
     """Honest delivery and p99 latency while the relay, the sink and the HTTP API are abused (floods, churn,
-    idle and slow connections, filling the hold queue), each beside the unloaded p99; exits 1 if one misses."""
+    idle and slow connections, filling the hold queue, a colluding relay, junk tokens), each beside the
+    unloaded p99; exits 1 if one misses."""
     from anonml.bench.abuse import run_benchmark
 
     result = run_benchmark(only or ABUSES, nofile)
