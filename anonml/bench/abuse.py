@@ -28,7 +28,9 @@ HTTP 200s) and p99 latency beside the unloaded p99 measured right before it
 and p99 within 3x the unloaded p99. It exits 1 if any abuse misses it.
 The relay's clock is pinned (``relay.PinnedClock``) inside the round's data
 phase with zero-length hop windows for the probes, so latency is processing,
-not a release draw. ``--nofile N`` runs the relay and the aggregator with
+not a release draw. ``--verifiers N`` runs the aggregator with N worker
+processes for token verification (its ``--processes``; 0, the default, verifies
+in a thread of the service). ``--nofile N`` runs the relay and the aggregator with
 ``RLIMIT_NOFILE`` N (soft and hard), as on a host with a low default.
 
 Abuses: ``relay-hold-fill`` (packets inside the data phase from all 1,024
@@ -178,6 +180,7 @@ class _System:
     direct: list[bytes]  # honest final-hop packets for the relay probe
     junk: list[tuple[bytes, ReleaseWindow]]  # junk-token messages and their final hop's window
     nofile: int | None  # the services' RLIMIT_NOFILE (None: inherited)
+    verifiers: int  # the aggregator's worker processes for token verification (0: a thread of the service)
 
 
 def _honest_packets(state: RoundState, clock: SettableClock,
@@ -222,7 +225,7 @@ def _child(processes: list[subprocess.Popen[str]], nofile: int | None, *args: st
     return ready
 
 
-def _start_system(work: Path, processes: list[subprocess.Popen[str]], nofile: int | None) -> _System:
+def _start_system(work: Path, processes: list[subprocess.Popen[str]], nofile: int | None, verifiers: int) -> _System:
     home = AggregatorHome(work / "aggregator")
     home.initialise(os.urandom(32), generate_keypair()[0])
     identity = bytes(home.signing_key().verify_key)
@@ -262,22 +265,24 @@ def _start_system(work: Path, processes: list[subprocess.Popen[str]], nofile: in
     via_relay, direct, junk = _honest_packets(state, clock, via)
     manifest = state.manifest
     state.store.close()
-    aggregator = _child(processes, nofile, "anonml.bench.abuse", "aggregator", str(home.root), state.round_id.hex())
+    aggregator = _child(processes, nofile, "anonml.bench.abuse", "aggregator", str(home.root), state.round_id.hex(),
+                        str(verifiers))
     return _System(processes=processes, geometry=geometry, manifest=manifest, relay_link=relay_link, relay_node=relay_node,
                    relay_public=relay_key.public_key, relay_identity=LinkIdentity(load_identity_key(relay_dir)),
                    colluder_identity=colluder,
                    relay_metrics=int(relay["metrics"]), http_url=str(aggregator["http"]), sink=(_HOST, sink_port),
-                   instant=instant, via_relay=via_relay, direct=direct, junk=junk, nofile=nofile)
+                   instant=instant, via_relay=via_relay, direct=direct, junk=junk, nofile=nofile,
+                   verifiers=verifiers)
 
 
-async def _serve_aggregator(root: str, round_id: str) -> None:
-    """``python -m anonml.bench.abuse aggregator ROOT ROUND``: the round's service on wall time."""
+async def _serve_aggregator(root: str, round_id: str, verifiers: int) -> None:
+    """``python -m anonml.bench.abuse aggregator ROOT ROUND VERIFIERS``: the round's service on wall time."""
     state = open_round(AggregatorHome(Path(root)), round_id)
     freeze_startup_heap()  # as `anonml aggregator run` does
     manifest = state.manifest
     host, port = manifest.aggregator_url.removeprefix("http://").rsplit(":", 1)
     config = AggregatorConfig(state, http_host=host, http_port=int(port), sink_host=manifest.aggregator_hop.host,
-                              sink_port=manifest.aggregator_hop.port)
+                              sink_port=manifest.aggregator_hop.port, worker_processes=verifiers)
     async with trio.open_nursery() as nursery:
         addresses = await nursery.start(serve_aggregator, config)
         print(json.dumps({"http": addresses.http_url}), flush=True)
@@ -542,7 +547,8 @@ async def _run(system: _System, work: Path, abuses: Sequence[str]) -> dict[str, 
         "setup": f"a relay and the aggregator in a process each, the abuses in another, the probes here; loopback; "
                  f"{os.cpu_count()} CPUs; each kept-alive probe every {_PROBE_INTERVAL} s and each fresh one every "
                  f"{_FRESH_INTERVAL} s for {_SCENARIO_SECONDS} s; RLIMIT_NOFILE "
-                 f"{system.nofile if system.nofile is not None else 'as inherited'}",
+                 f"{system.nofile if system.nofile is not None else 'as inherited'}; token verification "
+                 f"{f'in {system.verifiers} worker processes' if system.verifiers else 'in a thread of the service'}",
         "unloaded": unloaded,
         "abuses": results,
         "relay_drops": {k.removeprefix("packets_dropped/"): v for k, v in relay_metrics.items()
@@ -558,9 +564,9 @@ async def _run(system: _System, work: Path, abuses: Sequence[str]) -> dict[str, 
     }
 
 
-def run_benchmark(abuses: Sequence[str], nofile: int | None = None) -> dict[str, Any]:
+def run_benchmark(abuses: Sequence[str], nofile: int | None = None, verifiers: int = 0) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="anonml-bench-abuse-") as work, child_processes() as processes:
-        system = _start_system(Path(work), processes, nofile)
+        system = _start_system(Path(work), processes, nofile, verifiers)
         # The probes' own process: a collection walking its start-up heap (the round, 2,880 prepared
         # packets) stalled all three probes at once by 40-50 ms, in unloaded runs as often as under abuse.
         freeze_startup_heap()
@@ -568,7 +574,7 @@ def run_benchmark(abuses: Sequence[str], nofile: int | None = None) -> dict[str,
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 4 and sys.argv[1] == "aggregator":
-        trio.run(_serve_aggregator, sys.argv[2], sys.argv[3])
+    if len(sys.argv) == 5 and sys.argv[1] == "aggregator":
+        trio.run(_serve_aggregator, sys.argv[2], sys.argv[3], int(sys.argv[4]))
     else:
-        raise SystemExit("usage: python -m anonml.bench.abuse aggregator ROOT ROUND_ID")
+        raise SystemExit("usage: python -m anonml.bench.abuse aggregator ROOT ROUND_ID VERIFIERS")
