@@ -206,6 +206,13 @@ class RelayConfig:
         """Held packets one /24 (or IPv6 /48) may hold: an attacker in 16 of them holds at most half."""
         return max(1, self.max_held_packets // self.prefix_shares)
 
+    def max_held_per_neighbour(self, other_relays: int) -> int:
+        """Held packets one authenticated directory neighbour may hold while the directory lists
+        ``other_relays`` relays besides this one (relay._shares): the packets of one hop window come from
+        the other listed relays in equal parts, so each gets an equal part of the queue; never more than
+        half, so one colluding relay leaves half the queue to this relay's peers and other neighbours."""
+        return max(1, self.max_held_packets // max(2, other_relays))
+
     @property
     def directory_path(self) -> Path | None:
         """The static directory file, resolved against the data directory."""
@@ -287,8 +294,10 @@ _KEYS: tuple[_Key, ...] = (
     _Key("limits", "max_held_packets", "max_held_packets",
          "Packets held (durably) waiting for release; beyond this, packets are\n"
          "refused with BUSY and counted (\"capacity\"). Whatever the fill, one IP\n"
-         "address (not a directory neighbour) may hold 1/64 of it and one /24 1/32\n"
-         "(\"source-share\", \"prefix-share\"), so a flood cannot crowd out peers."),
+         "address may hold 1/64 of it and one /24 1/32 (\"source-share\",\n"
+         "\"prefix-share\"), and one directory neighbour (a relay, by its key) 1/N for\n"
+         "N other listed relays, at most 1/2 (\"neighbour-share\"): a flood, or a\n"
+         "colluding relay's, cannot crowd out peers."),
     _Key("limits", "source_shares", "source_shares",
          "One IP address (not a directory neighbour) may hold max_held_packets /\n"
          "source_shares packets at once. 1 gives one address the whole queue: only for\n"

@@ -27,8 +27,10 @@ that left a round's directory stops being a next hop. A manifest's source
 also tells the relay the round's phases: a packet's release window must lie
 inside one of them (DESIGN.md §5; issue 13: far-future windows filled the
 hold queue). The directory also answers the link's questions: which node
-sits at an address (so a forwarder insists on it), and which addresses and
-node ids are neighbours (for the connection slots reserved for them).
+sits at an address (so a forwarder insists on it), which addresses and
+node ids are neighbours (for the connection slots reserved for them), and how
+many relays are listed (each neighbour's share of the held packets,
+:mod:`relay._shares`).
 """
 
 from __future__ import annotations
@@ -97,15 +99,20 @@ class NextHopDirectory:
     """node id -> allowed addresses, and the phases of known rounds, merged over named sources."""
 
     def __init__(self) -> None:
-        self._sources: dict[str, tuple[tuple[DirectoryEntry, ...], tuple[Span, ...] | None]] = {}
+        self._sources: dict[str, tuple[tuple[DirectoryEntry, ...], tuple[Span, ...] | None, frozenset[bytes]]] = {}
         self._allowed: dict[bytes, frozenset[tuple[str, int]]] = {}
         self._at: dict[tuple[str, int], bytes] = {}
         self._hosts: frozenset[str] = frozenset()
         self._spans: tuple[Span, ...] | None = None
+        self._relays: frozenset[bytes] = frozenset()
 
-    def replace_source(self, source: str, entries: Iterable[DirectoryEntry], spans: Iterable[Span] | None = None) -> None:
-        """Set the entries (and, for a round manifest, the phase spans) that ``source`` provides."""
-        self._sources[source] = (tuple(entries), None if spans is None else tuple(spans))
+    def replace_source(self, source: str, entries: Iterable[DirectoryEntry], spans: Iterable[Span] | None = None,
+                       relays: Iterable[bytes] | None = None) -> None:
+        """Set the entries (and, for a round manifest, the phase spans and the node ids of its relays, not
+        its final hop) that ``source`` provides; ``relays`` None: every entry is a relay (a static file)."""
+        entries = tuple(entries)
+        listed = frozenset(entry.node_id for entry in entries) if relays is None else frozenset(relays)
+        self._sources[source] = (entries, None if spans is None else tuple(spans), listed)
         self._merge()
 
     def remove_source(self, source: str) -> None:
@@ -115,7 +122,7 @@ class NextHopDirectory:
     def _merge(self) -> None:
         allowed: dict[bytes, set[tuple[str, int]]] = {}
         spans: list[Span] | None = None
-        for entries, source_spans in self._sources.values():
+        for entries, source_spans, _ in self._sources.values():
             for entry in entries:
                 allowed.setdefault(entry.node_id, set()).add((_normalised_host(entry.host), entry.port))
             if source_spans is not None:
@@ -125,13 +132,14 @@ class NextHopDirectory:
         # Asked on every accepted connection (a flood's too): built here, once per directory change.
         self._hosts = frozenset(host for host, _ in self._at)
         self._spans = None if spans is None else tuple(sorted(spans))
+        self._relays = frozenset(node_id for _, _, relays in self._sources.values() for node_id in relays)
 
     def __len__(self) -> int:
         return len(self._allowed)
 
     def sources(self) -> Mapping[str, int]:
         """Entries per source (for logs)."""
-        return {source: len(entries) for source, (entries, _) in self._sources.items()}
+        return {source: len(entries) for source, (entries, _, _) in self._sources.items()}
 
     def check(self, node_id: bytes, address: NodeAddress) -> DropReason | None:
         """None if ``node_id`` is a next hop at ``address``, else the drop reason."""
@@ -155,6 +163,10 @@ class NextHopDirectory:
     def is_neighbour(self, node_id: bytes) -> bool:
         return node_id in self._allowed
 
+    def relays_besides(self, node_id: bytes | None) -> int:
+        """How many relays the sources list, not counting ``node_id`` (this relay's own)."""
+        return len(self._relays) - (node_id is not None and node_id in self._relays)
+
     def neighbour_hosts(self) -> frozenset[str]:
         """The IP addresses of every listed node (their connections get reserved slots)."""
         return self._hosts
@@ -167,6 +179,11 @@ def entries_from_manifest(signed: SignedManifest) -> tuple[DirectoryEntry, ...]:
     hop = network.aggregator_hop
     entries.append(DirectoryEntry(hop.node_id, hop.host, hop.port))
     return tuple(entries)
+
+
+def relays_from_manifest(signed: SignedManifest) -> frozenset[bytes]:
+    """The node ids of a verified manifest's relays (its final hop is no relay: it forwards nothing)."""
+    return frozenset(relay.node_id for relay in signed.manifest.relays)
 
 
 def spans_from_manifest(signed: SignedManifest) -> tuple[Span, ...]:

@@ -63,6 +63,7 @@ class DropReason(enum.StrEnum):
     CAPACITY = "capacity"
     SOURCE_SHARE = "source-share"  # the sending address holds its share of the held packets (relay._shares)
     PREFIX_SHARE = "prefix-share"  # its /24 (or /48) holds its share
+    NEIGHBOUR_SHARE = "neighbour-share"  # an authenticated neighbour (by node id) holds its share
     REPLAY_CACHE_FULL = "replay-cache-full"
     STORE_ERROR = "store-error"
     EXPIRED_WHILE_DOWN = "expired-while-down"

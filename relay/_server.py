@@ -17,8 +17,10 @@ Per accepted frame (DESIGN.md §5 order, §7 behaviour):
    the sender retry instead of dropping the packet for good (issue 13: 7 of
    17 losses in one relay-crash run came from REJECTED ``unknown-next-hop``).
    Before any of this, a full queue, or a sending address or /24 that holds
-   its share of it (:mod:`relay._shares`), is answered BUSY, and the refusal
-   is charged to the sender's budget like a rejected frame.
+   its share of it, is answered BUSY, and the refusal is charged to the
+   sender's budget like a rejected frame. An authenticated neighbour (a
+   listed relay) is charged by its node id and answered BUSY beyond its own
+   share, outside the budget (:mod:`relay._shares`).
 3. Otherwise its release time is drawn uniformly in ``[max(now, a), b]`` for
    its window ``[a, b]`` (the thesis's staggering) and the packet, already
    encrypted for the next hop, is stored with it. The link ack goes out only
@@ -107,11 +109,12 @@ from anonml.relay._directory import (
     entries_from_manifest,
     fetch_manifest,
     load_directory_file,
+    relays_from_manifest,
     spans_from_manifest,
     verify_manifest,
 )
 from anonml.relay._budget import RefusalBudget
-from anonml.relay._shares import HeldShares
+from anonml.relay._shares import HeldShares, Sender
 from anonml.relay._holdings import Holdings, Neighbour
 from anonml.relay._keys import EpochKey, KeyRing
 from anonml.relay._metrics import DropReason, RelayCounters, log_event
@@ -173,8 +176,8 @@ class _Batch:
     """One link batch's accepted packets before its commit: nothing else changes until it commits."""
 
     now: float
-    source: str | None
-    """The sending address its packets are charged to (None: an authenticated neighbour, never charged)."""
+    sender: Sender | None
+    """Who its packets are charged to (relay._shares); None: nobody (the window-logic tests)."""
     rows: list[tuple[float, float, str, int, bytes]] = field(default_factory=list)
     tags: list[tuple[bytes, float]] = field(default_factory=list)
     neighbours: Counter[Neighbour] = field(default_factory=Counter)
@@ -226,7 +229,8 @@ class Relay:
         self.gate = ConnectionGate(config.max_connections, config.max_connections_per_source,
                                    config.neighbour_connections, refused=counters.connections_refused)
         self.refusals = RefusalBudget(config.refusals_per_second, config.refusal_burst)
-        self.shares = HeldShares(per_source=config.max_held_per_source, per_prefix=config.max_held_per_prefix)
+        self.shares = HeldShares(per_source=config.max_held_per_source, per_prefix=config.max_held_per_prefix,
+                                 per_neighbour=self._held_per_neighbour)
         self._wakeup = trio.Event()
         self._forwarders: dict[Neighbour, trio.MemorySendChannel[HeldPacket]] = {}
         self._nursery: trio.Nursery | None = None
@@ -236,6 +240,12 @@ class Relay:
         self._directory_wanted = trio.Event()
         self._rounds: dict[bytes, tuple[float, str]] = {}
         """Known rounds: id -> (when their last window closes, their source in the directory)."""
+
+    def _held_per_neighbour(self) -> int:
+        """A neighbour's share of the held packets, by the relays the directory lists now."""
+        own = self.identity.node_id if self.identity is not None else None
+        other_relays = self.directory.relays_besides(own) if self.directory is not None else 0
+        return self.config.max_held_per_neighbour(other_relays)
 
     def _link_client(self, neighbour: Neighbour) -> PacketSender:
         expected = self.directory.node_at(*neighbour) if self.directory is not None else None
@@ -291,8 +301,8 @@ class Relay:
         self.counters.received += 1
         # Before any Sphinx work: a source over its share costs the relay nothing more.
         full = DropReason.CAPACITY if self.holdings.held + self._pending_rows >= self.config.max_held_packets else None
-        if full is None and batch.source is not None:
-            full = self.shares.refusal(batch.source)
+        if full is None and batch.sender is not None:
+            full = self.shares.refusal(batch.sender)
         if full is not None:
             self.counters.drop(full)
             batch.charged += 1
@@ -331,8 +341,8 @@ class Relay:
         batch.rows.append((release_at, float(window.end), neighbour[0], neighbour[1], result.packet))
         batch.tags.append((result.replay_tag, float(window.end)))
         batch.neighbours[neighbour] += 1
-        if batch.source is not None:
-            self.shares.take(batch.source)
+        if batch.sender is not None:
+            self.shares.take(batch.sender)
         self._pending_neighbours[neighbour] += 1
         self._pending_tags.add(result.replay_tag)
         self._pending_rows += 1
@@ -372,17 +382,18 @@ class Relay:
             return AckStatus.BUSY
         return AckStatus.ACCEPTED
 
-    async def on_packets(self, frames: list[bytes], source: str | None = None) -> list[AckStatus]:
-        """Statuses for ``frames`` from ``source`` (None: an authenticated neighbour), after their durable commit."""
-        statuses, _ = await self.receive(frames, source)
+    async def on_packets(self, frames: list[bytes], sender: Sender | None = None) -> list[AckStatus]:
+        """Statuses for ``frames`` from ``sender`` (an address, or a neighbour's node id; None: charged to
+        nobody), after their durable commit."""
+        statuses, _ = await self.receive(frames, sender)
         return statuses
 
-    async def receive(self, frames: list[bytes], source: str | None) -> tuple[list[AckStatus], int]:
+    async def receive(self, frames: list[bytes], sender: Sender | None) -> tuple[list[AckStatus], int]:
         """The link's callback: statuses for ``frames``, after their durable commit, and how many
-        refusals ``source``'s budget pays for (REJECTED, and BUSY for capacity or its share)."""
+        refusals ``sender``'s budget pays for (REJECTED, and BUSY for capacity or its share)."""
         now = self.clock.now()
         keys = self.keyring.accepting(now)
-        batch = _Batch(now, source)
+        batch = _Batch(now, sender)
         statuses: list[AckStatus] = []
         committed = False
         try:
@@ -398,8 +409,8 @@ class Relay:
                 statuses, committed = self._commit(batch, statuses)
             return statuses, batch.charged + statuses.count(AckStatus.REJECTED)
         finally:
-            if batch.source is not None and batch.rows and not committed:
-                self.shares.give_back(batch.source, len(batch.rows))
+            if batch.sender is not None and batch.rows and not committed:
+                self.shares.give_back(batch.sender, len(batch.rows))
             self._pending_tags.difference_update(tag for tag, _ in batch.tags)
             self._pending_rows -= len(batch.rows)
             self._pending_neighbours -= batch.neighbours
@@ -424,8 +435,8 @@ class Relay:
             self.counters.intake_cpu_seconds += time.thread_time() - cpu_started
         self.counters.store_failing = False
         self.holdings.add([HeldPacket(row_id, *row) for row_id, row in zip(row_ids, batch.rows)])
-        if batch.source is not None:
-            self.shares.own(batch.source, row_ids)
+        if batch.sender is not None:
+            self.shares.own(batch.sender, row_ids)
         self.replay_tags += len(batch.tags)
         self.counters.accepted += len(row_ids)
         self._wakeup.set()
@@ -442,19 +453,22 @@ class Relay:
             return
         counters.connections_open += 1
         counters.connections_accepted += 1
-        neighbour = False
+        neighbour: bytes | None = None  # its node id, once it has proven it in the handshake
 
         def admit(node_id: bytes | None) -> bool:
             nonlocal neighbour
             if node_id is not None and self.directory is not None and self.directory.is_neighbour(node_id):
-                neighbour = True
+                neighbour = node_id
                 counters.neighbour_connections_open += 1
                 return True
             return slot.demote()
 
         async def on_packets(frames: list[bytes]) -> list[AckStatus]:
-            if neighbour:
-                return await self.on_packets(frames)
+            if neighbour is not None:
+                # Charged to its key's share (a colluding relay filled the queue while neighbours were
+                # exempt), not to the refusal budget: after a crash an honest relay re-sends what it had
+                # forwarded, every copy refused as a replay, and its peers' packets would wait behind them.
+                return await self.on_packets(frames, neighbour)
             wait = self.refusals.delay(source, trio.current_time())
             if wait > 0:
                 counters.throttled_batches += 1
@@ -486,7 +500,7 @@ class Relay:
         finally:
             slot.close()
             counters.connections_open -= 1
-            if neighbour:
+            if neighbour is not None:
                 counters.neighbour_connections_open -= 1
             await trio.aclose_forcefully(stream)
 
@@ -621,7 +635,8 @@ class Relay:
             return
         label = f"round {round_id.hex()[:16]} from {source}"
         self._rounds[round_id] = (ends_at, label)
-        self.directory.replace_source(label, entries_from_manifest(signed), spans_from_manifest(signed))
+        self.directory.replace_source(label, entries_from_manifest(signed), spans_from_manifest(signed),
+                                      relays_from_manifest(signed))
         log_event(logger, logging.INFO, "round-known", round=round_id.hex()[:16], source=source, ends_at=ends_at)
         if persist:
             try:

@@ -267,6 +267,19 @@ def test_directory_file_round_trip_and_address_normalisation(tmp_path: Path) -> 
     assert directory.check(b"\x01" * 16, NodeAddress("127.0.0.1", 7000)) == "unknown-next-hop"
 
 
+def test_the_directory_counts_listed_relays_across_sources_for_the_neighbour_share() -> None:
+    """A static file's hops all count as relays (it does not say which is a final hop); a manifest's
+    source names its relays; a relay listed by two sources counts once, and this relay never."""
+    directory = NextHopDirectory()
+    hops = [DirectoryEntry(bytes([i]) * 16, "127.0.0.1", 7000 + i) for i in range(1, 5)]
+    directory.replace_source("file", hops[:2])
+    assert directory.relays_besides(None) == 2 and directory.relays_besides(bytes([1]) * 16) == 1
+    directory.replace_source("round", hops[1:], [(0, 10)], relays=[hop.node_id for hop in hops[1:3]])
+    assert directory.relays_besides(bytes([1]) * 16) == 2  # hops 2 and 3; hop 4 is the round's final hop
+    directory.remove_source("file")
+    assert directory.relays_besides(bytes([1]) * 16) == 2 and directory.relays_besides(bytes([2]) * 16) == 1
+
+
 def test_init_stores_the_directory_sources_and_info_shows_them(tmp_path: Path) -> None:
     data_dir = tmp_path / "r"
     key = AGGREGATOR_IDENTITY.hex()

@@ -27,7 +27,7 @@ from anonml.crypto import (
     node_id_of,
     process_packet,
 )
-from anonml.transport import AckStatus
+from anonml.transport import AckStatus, LinkIdentity
 from anonml.relay import (
     DirectoryEntry,
     NextHopDirectory,
@@ -36,6 +36,7 @@ from anonml.relay import (
     RelayCounters,
     RelayStore,
     WallClock,
+    load_identity_key,
 )
 from anonml.relay._server import PacketSender, Relay, _uniform_from
 from anonml.relay._store import STORE_FILE
@@ -97,6 +98,7 @@ class Harness:
         self.failures = failures
         self.seen = seen if seen is not None else set()
         self.store = RelayStore(self.data_dir / STORE_FILE, synchronous="NORMAL")
+        self.identity = LinkIdentity(load_identity_key(self.data_dir))
         self.relay = Relay(
             self.config,
             geometry=GEOMETRY,
@@ -105,6 +107,7 @@ class Harness:
             clock=clock,
             uniform=_uniform_from(np.random.default_rng(seed)),
             counters=RelayCounters(),
+            identity=self.identity,
             open_sender=self._open,
             directory=directory,
         )
@@ -269,6 +272,66 @@ async def test_one_address_or_one_network_filling_the_hold_leaves_room_for_an_ho
             AckStatus.ACCEPTED] * 10
         nursery.cancel_scope.cancel()
     assert sorted(i for _, i in harness.sent) == [*range(10), *range(1020, 1025), *range(1030, 1035), 2000, 2001, 2002]
+
+
+async def test_a_colluding_relay_holds_only_its_share_and_other_relays_and_peers_are_still_served(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    """Issue 25: authenticated directory neighbours were exempt from the shares, so one colluding relay,
+    listed in the round's directory and proving its key on the link, filled an honest relay's queue with
+    in-window packets and its peers got BUSY. A neighbour is charged by its node id, from any address;
+    with three relays listed, each of the two others may hold half the queue (RelayConfig
+    .max_held_per_neighbour); the final hop counts as no relay."""
+    from anonml.transport import LinkClient, MemoryNetwork
+
+    clock = WallClock.starting_at(T0)
+    colluder, upstream = LinkIdentity(generate_keypair()[0]), LinkIdentity(generate_keypair()[0])
+    directory = NextHopDirectory()
+    harness = Harness(tmp_path, clock, directory=directory, max_held_packets=640)  # 10 per address
+    own = harness.identity.node_id
+    listed = [(own, "10.9.0.1"), (colluder.node_id, "10.9.0.2"), (upstream.node_id, "10.9.0.3")]
+    entries = [DirectoryEntry(node_id, host, 9000) for node_id, host in listed]
+    entries.append(DirectoryEntry(node_id_of(NEXT_PUBLIC), NEXT_HOP.host, NEXT_HOP.port))
+    directory.replace_source("round", entries, [(T0, T0 + 500)], relays=[node_id for node_id, _ in listed])
+    network = MemoryNetwork()
+    listeners = await network.listen("10.9.0.1", 9000)
+    window = ReleaseWindow(T0 + 10, T0 + 20)
+
+    async def send(frames: list[bytes], source: str, identity: LinkIdentity | None) -> list[AckStatus | None]:
+        client = LinkClient("10.9.0.1", 9000, packet_size=GEOMETRY.packet_size, geometry_hash=GEOMETRY.canonical_hash(),
+                            identity=identity, expect_node_id=own, network=network, local_address=source)
+        statuses: list[AckStatus | None] = []
+        for offset in range(0, len(frames), 64):
+            statuses += await client.send_batch(frames[offset : offset + 64], give_up_at=trio.current_time() + 5)
+        await client.aclose()
+        return statuses
+
+    async with trio.open_nursery() as nursery:
+        harness.start(nursery)
+        nursery.start_soon(partial(trio.serve_listeners, harness.relay.handle_connection, listeners,
+                                   handler_nursery=nursery))
+        flood = [harness.packet(i, window) for i in range(640)]  # the whole queue
+        assert await send(flood, "10.9.0.2", colluder) == [AckStatus.ACCEPTED] * 320 + [AckStatus.BUSY] * 320
+        # Its key is charged, not its address: from elsewhere it gets nothing more.
+        assert await send([harness.packet(700 + i, window) for i in range(5)], "10.7.0.9", colluder) == [
+            AckStatus.BUSY] * 5
+        assert harness.relay.counters.dropped["neighbour-share"] == 325
+        # The honest upstream relay and a peer are served as if nobody flooded.
+        assert await send([harness.packet(1000 + i, window) for i in range(100)], "10.9.0.3", upstream) == [
+            AckStatus.ACCEPTED] * 100
+        assert await send([harness.packet(2000 + i, window) for i in range(10)], "192.0.2.7", None) == [
+            AckStatus.ACCEPTED] * 10
+        # Released, the colluder's share is free again for the next window.
+        await trio.sleep_until(clock.to_trio(window.end + 1))
+        later = ReleaseWindow(T0 + 30, T0 + 40)
+        assert await send([harness.packet(3000 + i, later) for i in range(5)], "10.9.0.2", colluder) == [
+            AckStatus.ACCEPTED] * 5
+        nursery.cancel_scope.cancel()
+    # More relays listed: each neighbour's part of a window is smaller, and so is its share.
+    assert harness.relay.shares.per_neighbour() == 320
+    directory.replace_source("round", entries, [(T0, T0 + 500)], relays=[*(node_id for node_id, _ in listed),
+                                                                         b"\x01" * 32, b"\x02" * 32])
+    assert harness.relay.shares.per_neighbour() == 640 // 4
 
 
 async def test_link_churn_from_eight_addresses_leaves_a_fresh_peer_connection_served(
@@ -669,6 +732,8 @@ async def test_a_round_is_forgotten_an_hour_after_its_last_window(
     harness.relay.learn_round("http://aggregator", signed)
     known = {f"round {signed.round_id.hex()[:16]} from http://aggregator": 4}  # three relays and the final hop
     assert directory.sources() == known and len(harness.store.manifests()) == 1
+    # A neighbour's share of the held packets divides the queue among its relays, not its final hop.
+    assert harness.relay.shares.per_neighbour() == harness.config.max_held_packets // 3
     async with trio.open_nursery() as nursery:
         harness.start(nursery)
         await trio.sleep_until(clock.to_trio(end + 3600 - 1))

@@ -28,11 +28,16 @@ HTTP 200s) and p99 latency beside the unloaded p99 measured right before it
 and p99 within 3x the unloaded p99. It exits 1 if any abuse misses it.
 The relay's clock is pinned (``relay.PinnedClock``) inside the round's data
 phase with zero-length hop windows for the probes, so latency is processing,
-not a release draw. ``--nofile N`` runs the relay and the aggregator with
+not a release draw. ``--verifiers N`` runs the aggregator with N worker
+processes for token verification (its ``--processes``; 0, the default, verifies
+in a thread of the service). ``--nofile N`` runs the relay and the aggregator with
 ``RLIMIT_NOFILE`` N (soft and hard), as on a host with a low default.
 
 Abuses: ``relay-hold-fill`` (packets inside the data phase from all 1,024
 addresses, 1.25x the hold queue: a full queue refused honest packets BUSY),
+``relay-junk-tokens`` (8,000 packets from all 1,024 addresses that the relay
+releases at once and the sink unwraps, each carrying a token that parses and
+fails its proof: verification work on honest packets' path),
 ``relay-hold-fill-one`` (the same from one address), ``relay-late-tags``
 (late packets from every address), ``relay-link-churn`` (1.1x the link slots
 in silent connections that sent the hello), ``sink-stranger`` (strangers
@@ -42,7 +47,10 @@ stored), ``http-churn`` (1.1x the HTTP slots in silent connections),
 ``http-slow-bodies`` (1.1x the HTTP slots sending a request body a byte a
 second), ``http-polling`` (16 clients in 16 /24s polling the public
 snapshots, roster, receipt log, heads and status as fast as they are
-answered).
+answered), ``relay-neighbour-fill`` (a colluding relay of the round's
+directory, authenticated with its listed key, sends packets inside the data
+phase, 1.25x the hold queue: while neighbours were exempt from the shares it
+took the whole queue and honest packets were refused BUSY).
 """
 
 from __future__ import annotations
@@ -81,7 +89,7 @@ from anonml.crypto import (
     SphinxGeometry,
     generate_keypair,
 )
-from anonml.protocol import SurveyId
+from anonml.protocol import SurveyId, acceptance_window
 from anonml.transport import AckStatus, HttpLimits, LinkClient, LinkIdentity
 from anonml.relay import (
     PinnedAggregator,
@@ -103,12 +111,17 @@ _PROBE_INTERVAL = 0.04
 _SCENARIO_SECONDS = 8.0
 _ATTACK_LEAD = 1.0  # the abuse starts this long before the probes
 # 8 surveys each, half through the relay (peer 200 and peer-fresh 100 per scenario), half straight to
-# the sink (relay 200 per scenario): 18 scenarios (9 abuses, each after an unloaded run).
-_PEERS = 1400
+# the sink (relay 200 per scenario): 22 scenarios (11 abuses, each after an unloaded run) take 6,600 of
+# the 6,800 through the relay and 4,400 of the 6,800 straight to the sink.
+_PEERS = 1700
+# Distinct junk-token messages (relay-junk-tokens): the last peers' last survey, which goes straight to
+# the sink and which no probe reaches, with one token byte flipped (it parses, and its proof fails).
+_JUNK_MESSAGES = 64
 _FRESH_INTERVAL = 0.08  # a new connection per request costs a handshake: half as many
 _MAX_HELD = 1280  # the relay's hold queue: 20 packets per address, 40 per /24
 _SUBSETS = 8  # k_h: each peer answers this many data surveys, so it has this many packets
 _HOST = "127.0.0.1"
+_COLLUDER_HOST = "127.0.0.3"  # the colluding relay's listed address (the attacker's other sources: 127.N.0.H)
 _ROUTE_TIMEOUT = 120.0  # seconds for the relay to fetch its directory and the first packet to be accepted
 
 
@@ -120,8 +133,13 @@ def _free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def _round_document(relay_node: bytes, relay_port: int, relay_public: bytes, epoch: int, http_port: int,
-                    sink_port: int, geometry: SphinxGeometry) -> dict[str, Any]:
+def _listed_relay(node_id: bytes, host: str, port: int, public_key: bytes, epoch: int) -> dict[str, Any]:
+    """One relay of the round's directory (a manifest's ``network.relays`` entry)."""
+    return {"node_id": node_id.hex(), "host": host, "port": port, "public_key": public_key.hex(), "key_epoch": epoch}
+
+
+def _round_document(relays: list[dict[str, Any]], http_port: int, sink_port: int,
+                    geometry: SphinxGeometry) -> dict[str, Any]:
     return {
         "name": "bench-abuse",
         "task": {
@@ -133,8 +151,7 @@ def _round_document(relay_node: bytes, relay_port: int, relay_public: bytes, epo
         "schedule": {"register": 100, "issue": 100, "median_send": 1, "median_delivery": 3, "data_send": 50,
                      "data_delivery": 7200},
         "network": {
-            "relays": [{"node_id": relay_node.hex(), "host": _HOST, "port": relay_port,
-                        "public_key": relay_public.hex(), "key_epoch": epoch}],
+            "relays": relays,
             "path_length": 1, "http_host": _HOST, "http_port": http_port, "sink_host": _HOST,
             "sink_port": sink_port, "max_hops": geometry.max_hops, "packet_size": geometry.packet_size,
         },
@@ -154,23 +171,28 @@ class _System:
     relay_node: bytes
     relay_public: bytes
     relay_identity: LinkIdentity
+    colluder_identity: LinkIdentity  # a listed relay's link key, held by the attacker (relay-neighbour-fill)
     relay_metrics: int
     http_url: str
     sink: tuple[str, int]
     instant: int  # the relay's pinned clock: every hop window is [instant, instant]
     via_relay: list[bytes]  # honest packets for the peer probe (relay, then the aggregator)
     direct: list[bytes]  # honest final-hop packets for the relay probe
+    junk: list[tuple[bytes, ReleaseWindow]]  # junk-token messages and their final hop's window
     nofile: int | None  # the services' RLIMIT_NOFILE (None: inherited)
+    verifiers: int  # the aggregator's worker processes for token verification (0: a thread of the service)
 
 
-def _honest_packets(state: RoundState, clock: SettableClock, via: list[PathHop]) -> tuple[list[bytes], list[bytes]]:
+def _honest_packets(state: RoundState, clock: SettableClock,
+                    via: list[PathHop]) -> tuple[list[bytes], list[bytes], list[tuple[bytes, ReleaseWindow]]]:
     """Registered and credentialed peers' packets; two per (peer, survey) would be a double
-    submission, so half the surveys go through the relay and half straight to the sink."""
+    submission, so half the surveys go through the relay and half straight to the sink. And the
+    junk-token messages (``_JUNK_MESSAGES``), each with its final hop's window."""
     peers = enrol(state, clock, [(i + 1).to_bytes(2, "big") * 16 for i in range(_PEERS)])
     rng = np.random.default_rng(13)
-    via_relay, direct = [], []
+    via_relay, direct, junk = [], [], []
     for subset in range(_SUBSETS):
-        for peer in peers:
+        for index, peer in enumerate(peers):
             oracle = state.data_oracle(peer.partition, subset)
             report = oracle.encode_report(oracle.privatize(np.array([int(rng.integers(2))]), rng)[0])
             survey = SurveyId.data(state.round_id, peer.partition, subset)
@@ -178,7 +200,10 @@ def _honest_packets(state: RoundState, clock: SettableClock, via: list[PathHop])
                 via_relay.append(peer.packet(survey, report, via=via))
             else:
                 direct.append(peer.packet(survey, report))
-    return via_relay, direct
+            if subset == _SUBSETS - 1 and index >= _PEERS - _JUNK_MESSAGES:
+                window = ReleaseWindow(*acceptance_window(state.manifest.schedule, survey))
+                junk.append((peer.message(survey, report, tamper=True), window))
+    return via_relay, direct, junk
 
 
 def _child(processes: list[subprocess.Popen[str]], nofile: int | None, *args: str) -> dict[str, Any]:
@@ -200,7 +225,7 @@ def _child(processes: list[subprocess.Popen[str]], nofile: int | None, *args: st
     return ready
 
 
-def _start_system(work: Path, processes: list[subprocess.Popen[str]], nofile: int | None) -> _System:
+def _start_system(work: Path, processes: list[subprocess.Popen[str]], nofile: int | None, verifiers: int) -> _System:
     home = AggregatorHome(work / "aggregator")
     home.initialise(os.urandom(32), generate_keypair()[0])
     identity = bytes(home.signing_key().verify_key)
@@ -221,8 +246,15 @@ def _start_system(work: Path, processes: list[subprocess.Popen[str]], nofile: in
     relay_key = keyring.published(instant)[0]
     # The data phase runs from before the relay's pinned instant to two hours after it, in wall time.
     start = instant - 300
-    document = _round_document(relay_node, relay_link[1], relay_key.public_key, relay_key.epoch, http_port,
-                               sink_port, geometry)
+    # The round lists three relays besides the honest one: the colluder (its key the attacker's) and two
+    # that do not run. Each neighbour may then hold a third of the queue, so the colluder and the flood
+    # from 16 /24s (half), whose packets stay held (the clock is pinned), together leave the probes room.
+    colluder = LinkIdentity(generate_keypair()[0])
+    relays = [_listed_relay(relay_node, *relay_link, relay_key.public_key, relay_key.epoch),
+              _listed_relay(colluder.node_id, _COLLUDER_HOST, _free_port(), generate_keypair()[1], relay_key.epoch),
+              *(_listed_relay(LinkIdentity(generate_keypair()[0]).node_id, f"127.0.0.{4 + index}", _free_port(),
+                              generate_keypair()[1], relay_key.epoch) for index in range(2))]
+    document = _round_document(relays, http_port, sink_port, geometry)
     state, _ = create_round(home, parse_round_spec(document), now=start)
     clock = SettableClock(start + 1)
     state.clock = clock
@@ -230,24 +262,27 @@ def _start_system(work: Path, processes: list[subprocess.Popen[str]], nofile: in
     assert data.send_end <= instant < data.t_r
     window = ReleaseWindow(instant, instant)
     via = [PathHop(relay_node, NodeAddress(*relay_link), relay_key.public_key, window)]
-    via_relay, direct = _honest_packets(state, clock, via)
+    via_relay, direct, junk = _honest_packets(state, clock, via)
     manifest = state.manifest
     state.store.close()
-    aggregator = _child(processes, nofile, "anonml.bench.abuse", "aggregator", str(home.root), state.round_id.hex())
+    aggregator = _child(processes, nofile, "anonml.bench.abuse", "aggregator", str(home.root), state.round_id.hex(),
+                        str(verifiers))
     return _System(processes=processes, geometry=geometry, manifest=manifest, relay_link=relay_link, relay_node=relay_node,
                    relay_public=relay_key.public_key, relay_identity=LinkIdentity(load_identity_key(relay_dir)),
+                   colluder_identity=colluder,
                    relay_metrics=int(relay["metrics"]), http_url=str(aggregator["http"]), sink=(_HOST, sink_port),
-                   instant=instant, via_relay=via_relay, direct=direct, nofile=nofile)
+                   instant=instant, via_relay=via_relay, direct=direct, junk=junk, nofile=nofile,
+                   verifiers=verifiers)
 
 
-async def _serve_aggregator(root: str, round_id: str) -> None:
-    """``python -m anonml.bench.abuse aggregator ROOT ROUND``: the round's service on wall time."""
+async def _serve_aggregator(root: str, round_id: str, verifiers: int) -> None:
+    """``python -m anonml.bench.abuse aggregator ROOT ROUND VERIFIERS``: the round's service on wall time."""
     state = open_round(AggregatorHome(Path(root)), round_id)
     freeze_startup_heap()  # as `anonml aggregator run` does
     manifest = state.manifest
     host, port = manifest.aggregator_url.removeprefix("http://").rsplit(":", 1)
     config = AggregatorConfig(state, http_host=host, http_port=int(port), sink_host=manifest.aggregator_hop.host,
-                              sink_port=manifest.aggregator_hop.port)
+                              sink_port=manifest.aggregator_hop.port, worker_processes=verifiers)
     async with trio.open_nursery() as nursery:
         addresses = await nursery.start(serve_aggregator, config)
         print(json.dumps({"http": addresses.http_url}), flush=True)
@@ -435,8 +470,12 @@ def _start_attacker(system: _System, abuse: str, work: Path) -> subprocess.Popen
         "sink": list(system.sink), "sink_node": hop.node_id.hex(),
         "sink_key": hop.public_key.hex(), "http": system.http_url,
         "max_hops": geometry.max_hops, "packet_size": geometry.packet_size,
-        # A compromised relay's key (the sink-garbage abuse authenticates with it).
+        # A compromised relay's key (the sink-garbage abuse authenticates with it) and a colluding listed
+        # relay's (relay-neighbour-fill), with the address the manifest lists it at.
         "relay_identity": system.relay_identity.private_key.hex(),
+        "colluder_identity": system.colluder_identity.private_key.hex(), "colluder_host": _COLLUDER_HOST,
+        # Messages whose tokens parse and fail their proof (relay-junk-tokens), with the sink's window.
+        "junk": [[message.hex(), window.start, window.end] for message, window in system.junk],
         # The caps each abuse is sized against (the services' defaults; --nofile may lower them).
         "max_held_packets": _MAX_HELD, "link_slots": relay_defaults.max_connections,
         "http_slots": http_defaults.max_connections,
@@ -508,7 +547,8 @@ async def _run(system: _System, work: Path, abuses: Sequence[str]) -> dict[str, 
         "setup": f"a relay and the aggregator in a process each, the abuses in another, the probes here; loopback; "
                  f"{os.cpu_count()} CPUs; each kept-alive probe every {_PROBE_INTERVAL} s and each fresh one every "
                  f"{_FRESH_INTERVAL} s for {_SCENARIO_SECONDS} s; RLIMIT_NOFILE "
-                 f"{system.nofile if system.nofile is not None else 'as inherited'}",
+                 f"{system.nofile if system.nofile is not None else 'as inherited'}; token verification "
+                 f"{f'in {system.verifiers} worker processes' if system.verifiers else 'in a thread of the service'}",
         "unloaded": unloaded,
         "abuses": results,
         "relay_drops": {k.removeprefix("packets_dropped/"): v for k, v in relay_metrics.items()
@@ -524,9 +564,9 @@ async def _run(system: _System, work: Path, abuses: Sequence[str]) -> dict[str, 
     }
 
 
-def run_benchmark(abuses: Sequence[str], nofile: int | None = None) -> dict[str, Any]:
+def run_benchmark(abuses: Sequence[str], nofile: int | None = None, verifiers: int = 0) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="anonml-bench-abuse-") as work, child_processes() as processes:
-        system = _start_system(Path(work), processes, nofile)
+        system = _start_system(Path(work), processes, nofile, verifiers)
         # The probes' own process: a collection walking its start-up heap (the round, 2,880 prepared
         # packets) stalled all three probes at once by 40-50 ms, in unloaded runs as often as under abuse.
         freeze_startup_heap()
@@ -534,7 +574,7 @@ def run_benchmark(abuses: Sequence[str], nofile: int | None = None) -> dict[str,
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 4 and sys.argv[1] == "aggregator":
-        trio.run(_serve_aggregator, sys.argv[2], sys.argv[3])
+    if len(sys.argv) == 5 and sys.argv[1] == "aggregator":
+        trio.run(_serve_aggregator, sys.argv[2], sys.argv[3], int(sys.argv[4]))
     else:
-        raise SystemExit("usage: python -m anonml.bench.abuse aggregator ROOT ROUND_ID")
+        raise SystemExit("usage: python -m anonml.bench.abuse aggregator ROOT ROUND_ID VERIFIERS")

@@ -17,8 +17,8 @@ import click
 
 # The relay's hold-filling abuses come last: on a relay that fails them the queue stays full (its
 # clock is pinned, so nothing is released) and would fail every later scenario too.
-ABUSES = ("relay-late-tags", "relay-link-churn", "sink-stranger", "sink-garbage", "http-churn", "http-slow-bodies",
-          "http-polling", "relay-hold-fill-one", "relay-hold-fill")
+ABUSES = ("relay-late-tags", "relay-junk-tokens", "relay-link-churn", "sink-stranger", "sink-garbage", "http-churn",
+          "http-slow-bodies", "http-polling", "relay-hold-fill-one", "relay-hold-fill", "relay-neighbour-fill")
 """The abuse scenarios ``anonml bench abuse`` runs (:mod:`anonml.bench.abuse`)."""
 
 
@@ -27,12 +27,15 @@ ABUSES = ("relay-late-tags", "relay-link-churn", "sink-stranger", "sink-garbage"
 @click.option("--only", type=click.Choice(ABUSES), multiple=True, help="Run only these abuses (repeatable).")
 @click.option("--nofile", type=click.IntRange(min=64), default=None,
               help="Run the relay and the aggregator with this RLIMIT_NOFILE (soft and hard).")
-def bench_abuse(as_json: bool, only: tuple[str, ...], nofile: int | None) -> None:
+@click.option("--verifiers", type=click.IntRange(0, 64), default=0, show_default=True,
+              help="The aggregator's worker processes for token verification (0: a thread of the service).")
+def bench_abuse(as_json: bool, only: tuple[str, ...], nofile: int | None, verifiers: int) -> None:
     """Honest delivery and p99 latency while the relay, the sink and the HTTP API are abused (floods, churn,
-    idle and slow connections, filling the hold queue), each beside the unloaded p99; exits 1 if one misses."""
+    idle and slow connections, filling the hold queue, a colluding relay, junk tokens), each beside the
+    unloaded p99; exits 1 if one misses."""
     from anonml.bench.abuse import run_benchmark
 
-    result = run_benchmark(only or ABUSES, nofile)
+    result = run_benchmark(only or ABUSES, nofile, verifiers)
     if as_json:
         click.echo(json.dumps(result, indent=2))
     else:
