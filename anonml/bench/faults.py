@@ -9,13 +9,22 @@ windows measured and planned on this machine), with two kinds of fault:
 - lossy links: every relay is advertised at a :class:`LossyProxy` that drops,
   delays and resets the connections peers and other relays open to it.
 
+``data_kills`` of the events land at uniform times inside the data phase
+(read from the round's signed schedule), the others before it, so the share
+of kills that can hit data reports is stated, not left to chance. With
+``relay_for_good`` one relay is also SIGKILLed at a random moment of the data
+phase's first attempt and never started again: its peers' reports that it
+held are missing at the first check and must reach the aggregator over paths
+that avoid it (the demo runs more relays than a path is long).
+
 Afterwards every message each peer's store recorded is matched against the
 aggregator's accepted set (:func:`anonml.demo.audit_round`) and the command prints what was
 lost (by kind and by reason), what was counted twice,
 and what the round itself reported (its outcome, counts, rejections, the
 peers' own receipts, missing and unconfirmed counts, the relays' drops).
 Figures are counts of this run; the baseline is the same round's prepared
-messages (loss as a fraction of them).
+messages (loss as a fraction of them). :func:`failures` says what makes the
+command exit non-zero.
 """
 
 from __future__ import annotations
@@ -29,9 +38,12 @@ from typing import Any
 
 import trio
 
+from anonml.protocol import PhaseTimes, SignedManifest
 from anonml.bench._proxy import LinkFaults, LossyProxy, serve_lossy_proxy
+from anonml.aggregator import RoundStore
 from anonml.demo import (
     HOST,
+    PATH_LENGTH,
     RELAYS,
     Child,
     Children,
@@ -55,7 +67,7 @@ from anonml.demo import (
 
 @dataclass
 class KillEvent:
-    """One planned kill: seconds after the round opened, and whom."""
+    """One planned kill: seconds after the kills were planned (as the round opened), and whom."""
 
     at: float
     target: str
@@ -68,20 +80,64 @@ class KillEvent:
 
 @dataclass
 class FaultPlan:
+    """What the bench does to one round: ``events`` kill-and-restart events, ``data_kills`` of them
+    inside the data phase, and with ``relay_for_good`` one relay killed in the data phase and not restarted."""
+
     events: int
     seed: int
     downtime: float
     links: LinkFaults
+    data_kills: int = 0
+    relay_for_good: bool = False
     kills: list[KillEvent] = field(default_factory=list)
 
+    def __post_init__(self) -> None:
+        if not 0 <= self.data_kills <= self.events:
+            raise ValueError(f"data_kills must be in [0, events={self.events}], got {self.data_kills}")
 
-def plan_kills(events: int, span: float, targets: list[str], rng: random.Random) -> list[KillEvent]:
-    """``events`` kills at uniform random times in ``[0, span)``, each of a uniformly chosen target."""
-    return sorted((KillEvent(rng.uniform(0, span), rng.choice(targets)) for _ in range(events)), key=lambda e: e.at)
+
+def plan_kills(events: int, data_kills: int, data: tuple[float, float], targets: list[str],
+               rng: random.Random) -> list[KillEvent]:
+    """``data_kills`` kills at uniform random times in the data phase ``data`` (seconds from now),
+    the other ``events - data_kills`` in ``[0, data[0])``; each of a uniformly chosen target."""
+    start, end = data
+    times = [rng.uniform(start, end) for _ in range(data_kills)] + [rng.uniform(0, start) for _ in range(events - data_kills)]
+    return sorted((KillEvent(at, rng.choice(targets)) for at in times), key=lambda e: e.at)
+
+
+def data_phase(round_store: Path) -> PhaseTimes:
+    """The data phase's times (UTC seconds) from the manifest ``round new`` signed into the round's store."""
+    store = RoundStore(round_store)
+    try:
+        manifest = store.get_meta("manifest")
+    finally:
+        store.close()
+    if manifest is None:
+        raise ValueError(f"{str(round_store)!r} holds no manifest")
+    return SignedManifest.from_json(manifest).manifest.schedule.data
+
+
+def failures(result: dict[str, Any], max_lost_share: float = 0.0) -> list[str]:
+    """Why the run fails, one line each (none: it passed).
+
+    Nothing may be counted twice, accepted without a peer that prepared it,
+    or missing after its peer saw it in the final log; at most
+    ``max_lost_share`` of the prepared messages may be lost (0: none).
+    """
+    found = result["audit"]
+    problems = [f"{found[key]} {text}" for key, text in (
+        ("counted_twice", "counted twice"),
+        ("unknown_accepted", "accepted but prepared by no peer"),
+        ("peer_acknowledged_but_lost", "acknowledged to their peer but not held by the aggregator"),
+    ) if found[key]]
+    if found["lost"] > max_lost_share * found["prepared"]:
+        problems.append(f"{found['lost']} of {found['prepared']} lost (allowed: {100 * max_lost_share:g}%)")
+    return problems
 
 
 async def inject_kills(children: Children, targets: dict[str, Child], kills: list[KillEvent], progress: Progress) -> None:
-    """SIGKILL each event's target at its time; one that is down then is killed as soon as it is back."""
+    """SIGKILL each event's target at its time (seconds after this starts); one that is down then is killed as soon as
+    it is back, one killed for good (``outcome`` "for good" planned) is stopped and never restarted."""
     opened = trio.current_time()
     for event in kills:
         await trio.sleep_until(opened + event.at)
@@ -90,8 +146,24 @@ async def inject_kills(children: Children, targets: dict[str, Child], kills: lis
             event.outcome = "already ended"
             continue
         await child.running.wait()
-        event.phase = progress.status.phase if progress.status is not None else "starting"
-        event.outcome = "killed" if children.kill(child, signal.SIGKILL) else "not running"
+        event.phase = str(progress.status.phase) if progress.status is not None else "starting"
+        if event.outcome == "for good":
+            children.stop(child, signal.SIGKILL)
+            event.outcome = "killed for good"
+        else:
+            event.outcome = "killed" if children.kill(child, signal.SIGKILL) else "not running"
+
+
+def plan_faults(plan: FaultPlan, data: PhaseTimes, relays: list[str], aggregator: str, rng: random.Random) -> list[KillEvent]:
+    """Every kill of ``plan``, seconds from now: the restarted ones, and the relay killed for good in the data
+    phase's first attempt (before its first check); later kills spare that relay."""
+    now = time.time()
+    for_good: list[KillEvent] = []
+    if plan.relay_for_good:
+        for_good.append(KillEvent(rng.uniform(data.t_s, data.t_c) - now, rng.choice(relays), outcome="for good"))
+    restarted = [*(r for r in relays if not for_good or r != for_good[0].target), aggregator]
+    kills = plan_kills(plan.events, plan.data_kills, (data.t_s - now, data.t_r - now), sorted(restarted), rng)
+    return sorted([*kills, *for_good], key=lambda e: e.at)
 
 
 async def run_faults(peers: int, plan: FaultPlan, work: Path, console: Any) -> dict[str, Any]:
@@ -118,12 +190,13 @@ async def run_faults(peers: int, plan: FaultPlan, work: Path, console: Any) -> d
         workers = await start_workers(children, data, rows, work, 2, plan.seed, network.url)
         identity, process_start = await init_aggregator(children, agg_dir)
         descriptors = await start_relays(children, work, network, identity)
-        costs = await measure_costs(RELAYS, process_start)
+        costs = await measure_costs(PATH_LENGTH, process_start)
         params = plan_round(data, len(rows), 2.0, 2, plan.seed, costs)
         round_id, aggregator = await open_round(children, work, agg_dir, data, params, descriptors, network)
         targets = {child.name: child for child in children.children if child.name.startswith("relay-")}
         targets["aggregator"] = aggregator
-        plan.kills = plan_kills(plan.events, params.total_seconds(), sorted(targets), rng)
+        data_times = data_phase(agg_dir / "rounds" / round_id / "round.sqlite")
+        plan.kills = plan_faults(plan, data_times, sorted(t for t in targets if t != "aggregator"), "aggregator", rng)
         faults.start_soon(inject_kills, children, targets, plan.kills, progress)
         await follow_round(children, network, workers, aggregator, progress, console, started)
         faults.cancel_scope.cancel()
@@ -138,10 +211,15 @@ async def run_faults(peers: int, plan: FaultPlan, work: Path, console: Any) -> d
         "schedule_seconds": params.total_seconds(),
         "costs": costs.to_dict(),
         "kills": [event.to_dict() for event in plan.kills],
+        "data_kills_planned": plan.data_kills,
+        "kills_in_data_phase": sum(1 for event in plan.kills if event.phase == "data" and event.outcome != "killed for good"),
+        "relays": RELAYS,
+        "path_length": PATH_LENGTH,
         "restarts": list(progress.exits),
         "proxies": [proxy.counts.to_dict() for proxy in proxies],
         "audit": found.to_dict(),
         "lost_fraction": found.lost / found.prepared if found.prepared else 0.0,
+        "accepted_fraction": found.accepted / found.prepared if found.prepared else 0.0,
         "round": {
             "status": report.get("status", progress.status.phase if progress.status else "unknown"),
             "counts": report.get("counts", dict(progress.status.counts) if progress.status else {}),

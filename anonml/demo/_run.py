@@ -31,7 +31,7 @@ from anonml.demo._children import Child, ChildFailed, Children, open_children, r
 from anonml.demo._data import DemoData, held_out_auc, write_peer_files, write_test_file
 from anonml.demo._ports import HOST, free_port
 from anonml.demo._progress import Progress, phase_rows, read_worker, scrape_relay
-from anonml.demo._schedule import AGGREGATOR_PROCESSES, RELAYS, DemoParams, plan_round, round_spec, to_toml
+from anonml.demo._schedule import AGGREGATOR_PROCESSES, PATH_LENGTH, RELAYS, DemoParams, plan_round, round_spec, to_toml
 from anonml.demo._summary import anonymity_figures, summarise
 from anonml.demo._swarm import SwarmConfig
 from anonml.transport import tls_context
@@ -225,7 +225,7 @@ async def run_demo(data: DemoData, peers: int, epsilon: float, workers: int, see
         identity, process_start = await init_aggregator(children, agg_dir)
         descriptors = await start_relays(children, work, network, identity)
         step(2, "measuring each phase's cost on this machine to size the round's windows")
-        costs = await measure_costs(RELAYS, process_start)
+        costs = await measure_costs(PATH_LENGTH, process_start)
         params = plan_round(data, len(rows), epsilon, workers, seed, costs)
         console.print("    " + describe_plan(costs, params))
         step(3, "the aggregator opens the round (anonml aggregator round new / run)")
