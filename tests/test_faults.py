@@ -80,6 +80,7 @@ def test_the_kill_plan_is_seeded_and_lands_the_stated_share_in_the_data_phase() 
     assert [(e.at, e.target) for e in first] == [(e.at, e.target) for e in again]
     assert len(first) == 20 and all(0 <= e.at < 300 for e in first)
     assert sum(1 for e in first if 200 <= e.at < 300) == 10
+    assert all((e.planned == "data") == (e.at >= 200) for e in first)
     assert [e.at for e in first] == sorted(e.at for e in first)
     assert {e.target for e in first} == set(targets)
     assert all(e.at >= 200 for e in plan_kills(5, 5, (200.0, 300.0), targets, random.Random(1)))
@@ -92,7 +93,7 @@ def test_a_relay_killed_for_good_falls_in_the_first_attempt_and_later_kills_spar
     plan = FaultPlan(12, 0, 1.0, LinkFaults(), data_kills=6, relay_for_good=True)
     kills = plan_faults(plan, data, relays, "aggregator", random.Random(3))
     (gone,) = [e for e in kills if e.outcome == "for good"]
-    assert gone.target in relays and 98 <= gone.at < 141
+    assert gone.target in relays and 98 <= gone.at < 141 and gone.planned == "data, first attempt"
     restarted = [e for e in kills if e is not gone]
     assert len(restarted) == 12 and gone.target not in {e.target for e in restarted}
     assert sum(1 for e in restarted if e.at >= 98) == 6
@@ -109,7 +110,7 @@ def test_a_plan_cannot_put_more_kills_in_the_data_phase_than_it_has() -> None:
 def audited(lost: int = 0, counted_twice: int = 0, unknown: int = 0, acknowledged_lost: int = 0, prepared: int = 200) -> dict[str, Any]:
     found = Audit(prepared=prepared, accepted=prepared - lost, lost=lost, counted_twice=counted_twice,
                   unknown_accepted=unknown, peer_acknowledged_but_lost=acknowledged_lost)
-    return {"audit": found.to_dict()}
+    return {"audit": found.to_dict(), "peers": 100, "peers_reported": {"joined": 100}}
 
 
 def test_the_bench_fails_on_one_lost_or_one_counted_twice_and_passes_a_clean_run() -> None:
@@ -121,6 +122,8 @@ def test_the_bench_fails_on_one_lost_or_one_counted_twice_and_passes_a_clean_run
     assert len(failures(audited(lost=1, acknowledged_lost=1), max_lost_share=0.01)) == 1
     assert failures(audited(lost=2), max_lost_share=0.01) == []
     assert failures(audited(lost=3), max_lost_share=0.01) == ["3 of 200 lost (allowed: 1%)"]
+    refused = {**audited(), "peers_reported": {"joined": 80}}
+    assert failures(refused) == ["20 of 100 peers never joined"]
 
 
 def test_the_audit_finds_lost_twice_counted_and_unknown_messages() -> None:

@@ -181,9 +181,9 @@ def bench_demo(runs: int, hogs: int, peers: int | None, work_dir: Path | None, a
 @click.option("--relay-down-for-good", is_flag=True,
               help="Also SIGKILL one relay in the data phase's first attempt and never start it again.")
 @click.option("--downtime", type=click.FloatRange(min=0), default=1.0, show_default=True, help="Seconds a killed process stays down.")
-@click.option("--drop", type=click.FloatRange(0, 1), default=0.05, show_default=True, help="Share of relay connections black-holed.")
-@click.option("--reset", type=click.FloatRange(0, 1), default=0.05, show_default=True, help="Share of relay connections reset mid-stream.")
-@click.option("--delay", type=click.FloatRange(min=0), default=0.2, show_default=True, help="Largest delay per chunk on relay links (s).")
+@click.option("--drop", type=click.FloatRange(0, 1), default=0.05, show_default=True, help="Share of connections on every link black-holed.")
+@click.option("--reset", type=click.FloatRange(0, 1), default=0.05, show_default=True, help="Share of connections on every link reset mid-stream.")
+@click.option("--delay", type=click.FloatRange(min=0), default=0.2, show_default=True, help="Largest delay per chunk on every link (s).")
 @click.option("--max-lost-share", type=click.FloatRange(0, 1), default=0.0, show_default=True,
               help="Exit non-zero when more than this share of the prepared messages is lost.")
 @click.option("--seed", type=int, default=0, show_default=True)
@@ -225,8 +225,8 @@ def bench_faults(peers: int, events: int, data_kills: int | None, relay_down_for
     else:
         found = result["audit"]
         click.echo(f"{result['peers']} peers, {result['relays']} relays (paths of {result['path_length']}), "
-                   f"{len(result['kills'])} kills ({result['data_kills_planned']} planned in the data phase, "
-                   f"{result['kills_in_data_phase']} landed there), links {result['links']}, restarts {len(result['restarts'])}")
+                   f"{len(result['kills'])} kills ({result['kills_in_data_phase']} in the data phase by its schedule, "
+                   f"{result['kills_seen_in_data_phase']} came while the aggregator said data), links {result['links']}, restarts {len(result['restarts'])}")
         for_good = [kill for kill in result["kills"] if kill["outcome"] == "killed for good"]
         if for_good:
             click.echo(f"killed for good: {for_good}")

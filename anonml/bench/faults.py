@@ -6,8 +6,12 @@ windows measured and planned on this machine), with two kinds of fault:
 - kill-and-restart events: at seeded random times across the round, a relay
   or the aggregator gets SIGKILL (its whole process group); the supervisor
   starts it again after ``--downtime`` seconds with the same command;
-- lossy links: every relay is advertised at a :class:`LossyProxy` that drops,
-  delays and resets the connections peers and other relays open to it.
+- lossy links: a :class:`LossyProxy` that drops, delays and resets the
+  connections it carries sits on every link: in front of each relay (what
+  peers and other relays open to it), of the aggregator's packet sink (what
+  relays deliver over) and of the aggregator's HTTP API as the peers reach it
+  (registration, credentials, documents, receipt logs). The relays' mirrors
+  are reached directly.
 
 ``data_kills`` of the events land at uniform times inside the data phase
 (read from the round's signed schedule), the others before it, so the share
@@ -73,9 +77,13 @@ class KillEvent:
     target: str
     outcome: str = "pending"
     phase: str = ""
+    """The phase the aggregator reported when the kill came."""
+    planned: str = "before data"
+    """Where the schedule put it: ``before data``, ``data`` or (a relay killed for good) ``data, first attempt``."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {"at": round(self.at, 2), "target": self.target, "outcome": self.outcome, "phase": self.phase}
+        return {"at": round(self.at, 2), "target": self.target, "outcome": self.outcome, "phase": self.phase,
+                "planned": self.planned}
 
 
 @dataclass
@@ -101,8 +109,9 @@ def plan_kills(events: int, data_kills: int, data: tuple[float, float], targets:
     """``data_kills`` kills at uniform random times in the data phase ``data`` (seconds from now),
     the other ``events - data_kills`` in ``[0, data[0])``; each of a uniformly chosen target."""
     start, end = data
-    times = [rng.uniform(start, end) for _ in range(data_kills)] + [rng.uniform(0, start) for _ in range(events - data_kills)]
-    return sorted((KillEvent(at, rng.choice(targets)) for at in times), key=lambda e: e.at)
+    times = [(rng.uniform(start, end), "data") for _ in range(data_kills)]
+    times += [(rng.uniform(0, start), "before data") for _ in range(events - data_kills)]
+    return sorted((KillEvent(at, rng.choice(targets), planned=planned) for at, planned in times), key=lambda e: e.at)
 
 
 def data_phase(round_store: Path) -> PhaseTimes:
@@ -122,14 +131,19 @@ def failures(result: dict[str, Any], max_lost_share: float = 0.0) -> list[str]:
 
     Nothing may be counted twice, accepted without a peer that prepared it,
     or missing after its peer saw it in the final log; at most
-    ``max_lost_share`` of the prepared messages may be lost (0: none).
+    ``max_lost_share`` of the prepared messages may be lost (0: none); every
+    peer must have joined (a peer the faults kept from registering or from
+    its credential prepares nothing, so the audit alone would not see it).
     """
     found = result["audit"]
+    joined = result["peers_reported"]["joined"]
     problems = [f"{found[key]} {text}" for key, text in (
         ("counted_twice", "counted twice"),
         ("unknown_accepted", "accepted but prepared by no peer"),
         ("peer_acknowledged_but_lost", "acknowledged to their peer but not held by the aggregator"),
     ) if found[key]]
+    if joined < result["peers"]:
+        problems.append(f"{result['peers'] - joined} of {result['peers']} peers never joined")
     if found["lost"] > max_lost_share * found["prepared"]:
         problems.append(f"{found['lost']} of {found['prepared']} lost (allowed: {100 * max_lost_share:g}%)")
     return problems
@@ -160,7 +174,8 @@ def plan_faults(plan: FaultPlan, data: PhaseTimes, relays: list[str], aggregator
     now = time.time()
     for_good: list[KillEvent] = []
     if plan.relay_for_good:
-        for_good.append(KillEvent(rng.uniform(data.t_s, data.t_c) - now, rng.choice(relays), outcome="for good"))
+        for_good.append(KillEvent(rng.uniform(data.t_s, data.t_c) - now, rng.choice(relays), outcome="for good",
+                                  planned="data, first attempt"))
     restarted = [*(r for r in relays if not for_good or r != for_good[0].target), aggregator]
     kills = plan_kills(plan.events, plan.data_kills, (data.t_s - now, data.t_r - now), sorted(restarted), rng)
     return sorted([*kills, *for_good], key=lambda e: e.at)
@@ -170,13 +185,16 @@ async def run_faults(peers: int, plan: FaultPlan, work: Path, console: Any) -> d
     """One round with the plan's faults; the audit and what the round reported."""
     data = breast_cancer_data(plan.seed)
     rows = data.train_rows[:peers]
-    network = Network(relay_listen_ports=[free_port() for _ in range(RELAYS)])
     progress = Progress(peers=len(rows))
+    sink_listen_port = free_port()
+    network = Network(relay_listen_ports=[free_port() for _ in range(RELAYS)], sink_listen_port=sink_listen_port)
     rng = random.Random(plan.seed)
-    proxies = [
-        LossyProxy((HOST, network.listen_port(i)), plan.links, random.Random(rng.getrandbits(64)))
-        for i in range(RELAYS)
-    ]
+    # Each link's proxy: where it listens (what the others are told) and where it forwards to.
+    links = {f"relay-{i}": (network.relay_ports[i], network.listen_port(i)) for i in range(RELAYS)}
+    links["relay->aggregator"] = (network.sink_port, sink_listen_port)
+    links["peers->aggregator http"] = (free_port(), network.http_port)
+    proxies = {name: LossyProxy((HOST, target), plan.links, random.Random(rng.getrandbits(64)))
+               for name, (_, target) in links.items()}
     agg_dir = work / "aggregator"
     started = time.monotonic()
 
@@ -185,9 +203,10 @@ async def run_faults(peers: int, plan: FaultPlan, work: Path, console: Any) -> d
 
     async with open_children(work / "logs", restart_delay=plan.downtime, max_restarts=plan.events + 5,
                              on_restart=on_restart) as children, trio.open_nursery() as faults:
-        for proxy, port in zip(proxies, network.relay_ports, strict=True):
-            await faults.start(serve_lossy_proxy, proxy, port)
-        workers = await start_workers(children, data, rows, work, 2, plan.seed, network.url)
+        for name, (port, _) in links.items():
+            await faults.start(serve_lossy_proxy, proxies[name], port)
+        # The peers reach the aggregator's HTTP through its proxy; the bench follows the round directly.
+        workers = await start_workers(children, data, rows, work, 2, plan.seed, f"http://{HOST}:{links['peers->aggregator http'][0]}")
         identity, process_start = await init_aggregator(children, agg_dir)
         descriptors = await start_relays(children, work, network, identity)
         costs = await measure_costs(PATH_LENGTH, process_start)
@@ -211,12 +230,13 @@ async def run_faults(peers: int, plan: FaultPlan, work: Path, console: Any) -> d
         "schedule_seconds": params.total_seconds(),
         "costs": costs.to_dict(),
         "kills": [event.to_dict() for event in plan.kills],
-        "data_kills_planned": plan.data_kills,
-        "kills_in_data_phase": sum(1 for event in plan.kills if event.phase == "data" and event.outcome != "killed for good"),
+        # Restarted kills in the data phase: as the schedule placed them, and as the aggregator's status said when they came.
+        "kills_in_data_phase": sum(1 for event in plan.kills if event.planned == "data"),
+        "kills_seen_in_data_phase": sum(1 for event in plan.kills if event.planned == "data" and event.phase == "data"),
         "relays": RELAYS,
         "path_length": PATH_LENGTH,
         "restarts": list(progress.exits),
-        "proxies": [proxy.counts.to_dict() for proxy in proxies],
+        "proxies": {name: proxy.counts.to_dict() for name, proxy in proxies.items()},
         "audit": found.to_dict(),
         "lost_fraction": found.lost / found.prepared if found.prepared else 0.0,
         "accepted_fraction": found.accepted / found.prepared if found.prepared else 0.0,

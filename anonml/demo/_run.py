@@ -56,6 +56,8 @@ class Network:
     relay_listen_ports: list[int] = field(default_factory=list)
     """Where each relay listens, if not there (the fault benchmark puts a lossy proxy between)."""
     metrics_ports: list[int] = field(default_factory=lambda: [free_port() for _ in range(RELAYS)])
+    sink_listen_port: int | None = None
+    """Where the aggregator takes packets, if not at ``sink_port`` (the fault benchmark puts a lossy proxy between)."""
 
     def listen_port(self, relay: int) -> int:
         return self.relay_listen_ports[relay] if self.relay_listen_ports else self.relay_ports[relay]
@@ -138,6 +140,7 @@ async def open_round(children: Children, work: Path, agg_dir: Path, data: DemoDa
             "--linger", f"{max(LINGER_SECONDS, linger + 5):g}", "--processes", str(AGGREGATOR_PROCESSES),
             # The report then carries the AUC on the held-out rows.
             "--test-file", str(write_test_file(data, work)),
+            *(["--sink-port", str(network.sink_listen_port)] if network.sink_listen_port is not None else []),
         ),
         restart=True, done=lambda code: code in AGGREGATOR_ENDS,
     )
