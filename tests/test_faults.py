@@ -110,7 +110,7 @@ def test_a_plan_cannot_put_more_kills_in_the_data_phase_than_it_has() -> None:
 def audited(lost: int = 0, counted_twice: int = 0, unknown: int = 0, acknowledged_lost: int = 0, prepared: int = 200) -> dict[str, Any]:
     found = Audit(prepared=prepared, accepted=prepared - lost, lost=lost, counted_twice=counted_twice,
                   unknown_accepted=unknown, peer_acknowledged_but_lost=acknowledged_lost)
-    return {"audit": found.to_dict(), "peers": 100, "peers_reported": {"joined": 100}}
+    return {"audit": found.to_dict(), "peers": 100, "round": {"counts": {"registered": 100, "credentials": 100}}}
 
 
 def test_the_bench_fails_on_one_lost_or_one_counted_twice_and_passes_a_clean_run() -> None:
@@ -122,8 +122,8 @@ def test_the_bench_fails_on_one_lost_or_one_counted_twice_and_passes_a_clean_run
     assert len(failures(audited(lost=1, acknowledged_lost=1), max_lost_share=0.01)) == 1
     assert failures(audited(lost=2), max_lost_share=0.01) == []
     assert failures(audited(lost=3), max_lost_share=0.01) == ["3 of 200 lost (allowed: 1%)"]
-    refused = {**audited(), "peers_reported": {"joined": 80}}
-    assert failures(refused) == ["20 of 100 peers never joined"]
+    refused = {**audited(), "round": {"counts": {"registered": 100, "credentials": 80}}}
+    assert failures(refused) == ["20 of 100 peers never got a credential"]
 
 
 def test_the_audit_finds_lost_twice_counted_and_unknown_messages() -> None:

@@ -132,18 +132,20 @@ def failures(result: dict[str, Any], max_lost_share: float = 0.0) -> list[str]:
     Nothing may be counted twice, accepted without a peer that prepared it,
     or missing after its peer saw it in the final log; at most
     ``max_lost_share`` of the prepared messages may be lost (0: none); every
-    peer must have joined (a peer the faults kept from registering or from
-    its credential prepares nothing, so the audit alone would not see it).
+    peer must have its credential, as the aggregator counts them (a peer the
+    faults kept from registering or from its credential prepares nothing, so
+    the audit alone would not see it; the peers' own summaries are not used:
+    a worker stopped before it printed one would count as never joined).
     """
     found = result["audit"]
-    joined = result["peers_reported"]["joined"]
+    joined = int(result["round"]["counts"].get("credentials", 0))
     problems = [f"{found[key]} {text}" for key, text in (
         ("counted_twice", "counted twice"),
         ("unknown_accepted", "accepted but prepared by no peer"),
         ("peer_acknowledged_but_lost", "acknowledged to their peer but not held by the aggregator"),
     ) if found[key]]
     if joined < result["peers"]:
-        problems.append(f"{result['peers'] - joined} of {result['peers']} peers never joined")
+        problems.append(f"{result['peers'] - joined} of {result['peers']} peers never got a credential")
     if found["lost"] > max_lost_share * found["prepared"]:
         problems.append(f"{found['lost']} of {found['prepared']} lost (allowed: {100 * max_lost_share:g}%)")
     return problems
