@@ -264,7 +264,10 @@ def rounds(data_dir: Path, as_json: bool) -> None:
 @click.option("--processes", type=click.IntRange(0, 64), default=0,
               help="Worker processes for blind issuance and token verification (0: in a thread of the service).")
 @_store_option
-def run(data_dir: Path, round_id: str | None, test_file: Path | None, linger: float, processes: int, store: str | None) -> None:
+@click.option("--sink-port", type=click.IntRange(1, 65535), default=None,
+              help="Take packets at this port instead of the manifest's (something in front forwards the manifest's port here).")
+def run(data_dir: Path, round_id: str | None, test_file: Path | None, linger: float, processes: int, store: str | None,
+        sink_port: int | None) -> None:
     """Serve the round through all its phases, then learn and write the report.
 
     While it runs, its live dashboard is at http://HOST:PORT/dashboard.
@@ -304,7 +307,7 @@ def run(data_dir: Path, round_id: str | None, test_file: Path | None, linger: fl
 
     config = AggregatorConfig(
         state, http_host=url.host, http_port=url.port or 80, sink_host=manifest.aggregator_hop.host,
-        sink_port=manifest.aggregator_hop.port, worker_processes=processes, linger=linger,
+        sink_port=sink_port or manifest.aggregator_hop.port, worker_processes=processes, linger=linger,
         on_learn=on_learn, on_end=on_end,
     )
 

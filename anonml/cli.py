@@ -76,7 +76,7 @@ def _relay() -> click.Command:
 
 ROLE_COMMANDS: dict[str, tuple[CommandLoader, str]] = {
     "aggregator": (_aggregator, "Run rounds: announce, register peers, issue credentials, collect, learn."),
-    "demo": (_demo, "Run one complete round on loopback: 3 relays, the aggregator, N peers."),
+    "demo": (_demo, "Run one complete round on loopback: 5 relays (paths of 3), the aggregator, N peers."),
     "fuzz": (_fuzz, "Coverage-guided fuzzing of every parser: each input parses or is refused with a typed error."),
     "experiment": (_experiment, "The thesis's chapter-8 experiments, in process (no network)."),
     "simulate": (_simulate, "Whole rounds in process on a virtual clock, each against an adversary; checks anonymity."),

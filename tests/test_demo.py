@@ -17,7 +17,7 @@ import psutil
 import pytest
 
 from anonml.base.process import anonml_command
-from anonml.demo import schedule_seconds
+from anonml.demo import RELAYS, schedule_seconds
 
 # System suite: the demo's own processes, its windows in wall-clock seconds.
 pytestmark = [pytest.mark.system, pytest.mark.usefixtures("machine_share")]
@@ -147,9 +147,9 @@ def test_a_signal_to_the_demo_stops_every_process_it_started(tmp_path: Path, sig
     demo = start_demo(tmp_path / "work", "--peers", "20")
     try:
         wait_for_line(demo, "the peers join the round")
-        # 3 relays, 2 peer workers, the aggregator, and its children: the
+        # The relays, 2 peer workers, the aggregator, and its children: the
         # resource tracker and 2 issuer workers, which start a little later.
-        everything = 3 + 2 + 1 + 3
+        everything = RELAYS + 2 + 1 + 3
         deadline = time.monotonic() + 120
         while len(started := descendants(demo.pid)) < everything and time.monotonic() < deadline:
             time.sleep(0.2)

@@ -16,7 +16,7 @@ import trio
 
 from anonml.demo import open_children
 from anonml.demo._calibrate import PhaseCosts
-from anonml.demo._schedule import AGGREGATOR_PROCESSES, HEADROOM, RELAYS, plan_round, recovery_seconds
+from anonml.demo._schedule import AGGREGATOR_PROCESSES, HEADROOM, PATH_LENGTH, plan_round, recovery_seconds
 from anonml.transport import HttpLimits
 
 # A child that starts a grandchild in its process group (as the aggregator
@@ -71,9 +71,9 @@ def test_windows_hold_their_work_at_the_measured_rate_across_the_cores() -> None
     assert plan.data_send_window >= HEADROOM * 4000 * c.token / 2
     # Each relay's slice holds every packet of the phase at its one process's Sphinx rate; the last slice
     # the aggregator's last hop and token check on its processes.
-    slice_seconds = plan.data_delivery_window / (RELAYS + 1)
+    slice_seconds = plan.data_delivery_window / (PATH_LENGTH + 1)
     assert slice_seconds >= HEADROOM * 4000 * c.relay_hop
-    assert slice_seconds >= HEADROOM * 4000 * (c.verify - RELAYS * c.relay_hop) / AGGREGATOR_PROCESSES
+    assert slice_seconds >= HEADROOM * 4000 * (c.verify - PATH_LENGTH * c.relay_hop) / AGGREGATOR_PROCESSES
     # Registration and issuance hold their work and one restart of the aggregator: nothing repairs them later.
     assert plan.register_seconds >= HEADROOM * 4000 * (c.register + c.http) / 2 + recovery_seconds(c)
     assert plan.issue_seconds >= HEADROOM * 4000 * (c.issue + c.http) / 2 + recovery_seconds(c)

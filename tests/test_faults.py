@@ -1,17 +1,21 @@
 """The fault benchmark's parts: the lossy proxy on real loopback sockets, the
-seeded kill plan, and the audit of prepared messages against accepted ones."""
+seeded kill plan, the audit of prepared messages against accepted ones, and
+what makes the bench fail."""
 
 from __future__ import annotations
 
 import random
+import time
+from typing import Any
 
+import pytest
 import trio
 
-from anonml.demo import audit
+from anonml.demo import Audit, audit
 from anonml.bench._proxy import LinkFaults, LossyProxy, serve_lossy_proxy
-from anonml.bench.faults import plan_kills
+from anonml.bench.faults import FaultPlan, failures, plan_faults, plan_kills
 from anonml.peer import StoredPacket
-from anonml.protocol import SurveyId, receipt_digest
+from anonml.protocol import PhaseTimes, SurveyId, receipt_digest
 
 
 async def serve_echo(received: list[int], *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
@@ -69,14 +73,57 @@ async def test_a_reset_link_breaks_mid_stream() -> None:
     assert len(echoed) < len(payload) and sum(received) < len(payload)
 
 
-def test_the_kill_plan_is_seeded_and_inside_the_round() -> None:
+def test_the_kill_plan_is_seeded_and_lands_the_stated_share_in_the_data_phase() -> None:
     targets = ["aggregator", "relay-0", "relay-1", "relay-2"]
-    first = plan_kills(20, 300.0, targets, random.Random(7))
-    again = plan_kills(20, 300.0, targets, random.Random(7))
+    first = plan_kills(20, 10, (200.0, 300.0), targets, random.Random(7))
+    again = plan_kills(20, 10, (200.0, 300.0), targets, random.Random(7))
     assert [(e.at, e.target) for e in first] == [(e.at, e.target) for e in again]
     assert len(first) == 20 and all(0 <= e.at < 300 for e in first)
+    assert sum(1 for e in first if 200 <= e.at < 300) == 10
+    assert all((e.planned == "data") == (e.at >= 200) for e in first)
     assert [e.at for e in first] == sorted(e.at for e in first)
     assert {e.target for e in first} == set(targets)
+    assert all(e.at >= 200 for e in plan_kills(5, 5, (200.0, 300.0), targets, random.Random(1)))
+
+
+def test_a_relay_killed_for_good_falls_in_the_first_attempt_and_later_kills_spare_it() -> None:
+    now = time.time()
+    data = PhaseTimes(t_s=int(now) + 100, delta=10, t_c=int(now) + 140, t_2=int(now) + 150, delta_2=10, t_r=int(now) + 200)
+    relays = ["relay-0", "relay-1", "relay-2", "relay-3", "relay-4"]
+    plan = FaultPlan(12, 0, 1.0, LinkFaults(), data_kills=6, relay_for_good=True)
+    kills = plan_faults(plan, data, relays, "aggregator", random.Random(3))
+    (gone,) = [e for e in kills if e.outcome == "for good"]
+    assert gone.target in relays and 98 <= gone.at < 141 and gone.planned == "data, first attempt"
+    restarted = [e for e in kills if e is not gone]
+    assert len(restarted) == 12 and gone.target not in {e.target for e in restarted}
+    assert sum(1 for e in restarted if e.at >= 98) == 6
+    assert [e.at for e in kills] == sorted(e.at for e in kills)
+    assert not any(e.outcome == "for good" for e in plan_faults(FaultPlan(4, 0, 1.0, LinkFaults()), data, relays, "aggregator",
+                                                                random.Random(3)))
+
+
+def test_a_plan_cannot_put_more_kills_in_the_data_phase_than_it_has() -> None:
+    with pytest.raises(ValueError, match="data_kills"):
+        FaultPlan(3, 0, 1.0, LinkFaults(), data_kills=4)
+
+
+def audited(lost: int = 0, counted_twice: int = 0, unknown: int = 0, acknowledged_lost: int = 0, prepared: int = 200) -> dict[str, Any]:
+    found = Audit(prepared=prepared, accepted=prepared - lost, lost=lost, counted_twice=counted_twice,
+                  unknown_accepted=unknown, peer_acknowledged_but_lost=acknowledged_lost)
+    return {"audit": found.to_dict(), "peers": 100, "round": {"counts": {"registered": 100, "credentials": 100}}}
+
+
+def test_the_bench_fails_on_one_lost_or_one_counted_twice_and_passes_a_clean_run() -> None:
+    assert failures(audited()) == []
+    assert failures(audited(lost=1)) == ["1 of 200 lost (allowed: 0%)"]
+    assert failures(audited(counted_twice=1)) == ["1 counted twice"]
+    assert failures(audited(unknown=1)) == ["1 accepted but prepared by no peer"]
+    # a loss its peer was told was held fails whatever share of loss is allowed
+    assert len(failures(audited(lost=1, acknowledged_lost=1), max_lost_share=0.01)) == 1
+    assert failures(audited(lost=2), max_lost_share=0.01) == []
+    assert failures(audited(lost=3), max_lost_share=0.01) == ["3 of 200 lost (allowed: 1%)"]
+    refused = {**audited(), "round": {"counts": {"registered": 100, "credentials": 80}}}
+    assert failures(refused) == ["20 of 100 peers never got a credential"]
 
 
 def test_the_audit_finds_lost_twice_counted_and_unknown_messages() -> None:

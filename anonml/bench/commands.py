@@ -179,45 +179,70 @@ def bench_demo(runs: int, hogs: int, peers: int | None, work_dir: Path | None, a
 @click.command("faults")
 @click.option("--peers", type=click.IntRange(min=8), default=100, show_default=True)
 @click.option("--events", type=click.IntRange(min=0), default=20, show_default=True, help="Kill-and-restart events (relays and the aggregator).")
+@click.option("--data-kills", type=click.IntRange(min=0), default=None,
+              help="How many of the events land inside the data phase (the others before it)  [default: half]")
+@click.option("--relay-down-for-good", is_flag=True,
+              help="Also SIGKILL one relay in the data phase's first attempt and never start it again.")
 @click.option("--downtime", type=click.FloatRange(min=0), default=1.0, show_default=True, help="Seconds a killed process stays down.")
-@click.option("--drop", type=click.FloatRange(0, 1), default=0.05, show_default=True, help="Share of relay connections black-holed.")
-@click.option("--reset", type=click.FloatRange(0, 1), default=0.05, show_default=True, help="Share of relay connections reset mid-stream.")
-@click.option("--delay", type=click.FloatRange(min=0), default=0.2, show_default=True, help="Largest delay per chunk on relay links (s).")
+@click.option("--drop", type=click.FloatRange(0, 1), default=0.05, show_default=True, help="Share of connections on every link black-holed.")
+@click.option("--reset", type=click.FloatRange(0, 1), default=0.05, show_default=True, help="Share of connections on every link reset mid-stream.")
+@click.option("--delay", type=click.FloatRange(min=0), default=0.2, show_default=True, help="Largest delay per chunk on every link (s).")
+@click.option("--max-lost-share", type=click.FloatRange(0, 1), default=0.0, show_default=True,
+              help="Exit non-zero when more than this share of the prepared messages is lost.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--work-dir", type=click.Path(path_type=Path), default=None)
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
-def bench_faults(peers: int, events: int, downtime: float, drop: float, reset: float, delay: float, seed: int,
-                 work_dir: Path | None, as_json: bool) -> None:
-    """A round under SIGKILLed relays and aggregator and lossy links; audits every message."""
+def bench_faults(peers: int, events: int, data_kills: int | None, relay_down_for_good: bool, downtime: float, drop: float,
+                 reset: float, delay: float, max_lost_share: float, seed: int, work_dir: Path | None, as_json: bool) -> None:
+    """A round under SIGKILLed relays and aggregator and lossy links; audits every message.
+
+    Exits 1 when a message was counted twice, accepted though no peer
+    prepared it, or lost after its peer saw its receipt, or when more than
+    --max-lost-share of the prepared messages were lost.
+    """
     import trio
 
     from anonml.bench._proxy import LinkFaults
-    from anonml.bench.faults import FaultPlan, run_faults
+    from anonml.bench.faults import FaultPlan, failures, run_faults
     from anonml.demo import until_signalled
     from rich.console import Console
 
     if drop + reset > 1:
         raise click.UsageError("--drop and --reset are shares of connections: together at most 1")
+    data_kills = events // 2 if data_kills is None else data_kills
+    if data_kills > events:
+        raise click.BadParameter(f"{data_kills} of {events} events", param_hint="--data-kills")
     console = Console(stderr=True, quiet=as_json)
     work = work_dir or Path(tempfile.mkdtemp(prefix="anonml-faults-"))
     work.mkdir(parents=True, exist_ok=True)
-    plan = FaultPlan(events, seed, downtime, LinkFaults(drop=drop, reset=reset, delay=delay))
+    plan = FaultPlan(events, seed, downtime, LinkFaults(drop=drop, reset=reset, delay=delay), data_kills=data_kills,
+                     relay_for_good=relay_down_for_good)
     result = trio.run(until_signalled, run_faults, peers, plan, work, console)
     if isinstance(result, int):
         click.echo(f"stopped by signal {result}; every child process was stopped; files in {work}", err=True)
         raise SystemExit(128 + result)
+    problems = failures(result, max_lost_share)
+    result["failures"] = problems
     if as_json:
         click.echo(json.dumps(result, indent=2, sort_keys=True))
-        return
-    found = result["audit"]
-    click.echo(f"{result['peers']} peers, {len(result['kills'])} kills, links {result['links']}, restarts {len(result['restarts'])}")
-    click.echo(f"prepared {found['prepared']}, accepted {found['accepted']}, lost {found['lost']} "
-               f"({100 * result['lost_fraction']:.2f}%), counted twice {found['counted_twice']}, "
-               f"accepted but prepared by no peer {found['unknown_accepted']}")
-    click.echo(f"lost by kind {found['lost_by_kind']}, by reason {found['lost_by_reason']}")
-    click.echo(f"round reported: {result['round']}; peers reported: {result['peers_reported']}")
-    click.echo(f"relay drops {result['relay_drops']}; proxies {result['proxies']}")
-    click.echo(f"work directory: {result['work_dir']}")
+    else:
+        found = result["audit"]
+        click.echo(f"{result['peers']} peers, {result['relays']} relays (paths of {result['path_length']}), "
+                   f"{len(result['kills'])} kills ({result['kills_in_data_phase']} in the data phase by its schedule, "
+                   f"{result['kills_seen_in_data_phase']} came while the aggregator said data), links {result['links']}, restarts {len(result['restarts'])}")
+        for_good = [kill for kill in result["kills"] if kill["outcome"] == "killed for good"]
+        if for_good:
+            click.echo(f"killed for good: {for_good}")
+        click.echo(f"prepared {found['prepared']}, accepted {found['accepted']} ({100 * result['accepted_fraction']:.2f}%), "
+                   f"lost {found['lost']} ({100 * result['lost_fraction']:.2f}%), counted twice {found['counted_twice']}, "
+                   f"accepted but prepared by no peer {found['unknown_accepted']}")
+        click.echo(f"lost by kind {found['lost_by_kind']}, by reason {found['lost_by_reason']}")
+        click.echo(f"round reported: {result['round']}; peers reported: {result['peers_reported']}")
+        click.echo(f"relay drops {result['relay_drops']}; proxies {result['proxies']}")
+        click.echo(f"work directory: {result['work_dir']}")
+        click.echo("FAILED: " + "; ".join(problems) if problems else "passed: nothing lost beyond the allowed share, nothing counted twice")
+    if problems:
+        raise SystemExit(1)
 
 
 @click.command(name="ingest")

@@ -1,6 +1,6 @@
 """``anonml demo``: one complete round of the whole system on loopback.
 
-Three relays and the aggregator run as separate processes, started with their
+Five relays (each path crosses three of them) and the aggregator run as separate processes, started with their
 own operators' commands (``anonml relay init/run``, each descriptor read as
 ``relay info`` reads it, ``anonml aggregator init / round new / run``) in a
 work directory; N peers run as concurrent
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from anonml.demo._ports import HOST, free_port
     from anonml.demo._progress import Progress
     from anonml.demo._run import Network, collect_report, follow_round, init_aggregator, open_round, start_relays, start_workers
-    from anonml.demo._schedule import RELAYS, plan_round, schedule_seconds
+    from anonml.demo._schedule import PATH_LENGTH, RELAYS, plan_round, schedule_seconds
     from anonml.demo._summary import peer_totals
 else:
     from anonml.base.lazy import lazy_exports
@@ -42,6 +42,7 @@ else:
 # The pieces ``anonml bench faults`` builds its round from, besides the command itself.
 __all__ = [
     "HOST",
+    "PATH_LENGTH",
     "RELAYS",
     "Audit",
     "Child",

@@ -30,7 +30,7 @@ import click
 @click.option("--json", "json_out", type=click.Path(path_type=Path), default=None, help="Also write the summary as JSON.")
 @click.option("--linger", type=click.FloatRange(0, 3600), default=0.0, help="Keep the aggregator's dashboard up this many seconds after the round.")
 def demo(peers: int | None, dataset: str, data_dir: Path | None, epsilon: float, workers: int, work_dir: Path | None, seed: int, json_out: Path | None, linger: float) -> None:
-    """Run one complete round on loopback: 3 relays, the aggregator, N peers.
+    """Run one complete round on loopback: 5 relays (paths of 3), the aggregator, N peers.
 
     Exits 0 when the round is done and the aggregator accepted at least 99%
     of the messages the peers prepared (each counted once), 3 when the round

@@ -31,7 +31,7 @@ from anonml.demo._children import Child, ChildFailed, Children, open_children, r
 from anonml.demo._data import DemoData, held_out_auc, write_peer_files, write_test_file
 from anonml.demo._ports import HOST, free_port
 from anonml.demo._progress import Progress, phase_rows, read_worker, scrape_relay
-from anonml.demo._schedule import AGGREGATOR_PROCESSES, RELAYS, DemoParams, plan_round, round_spec, to_toml
+from anonml.demo._schedule import AGGREGATOR_PROCESSES, PATH_LENGTH, RELAYS, DemoParams, plan_round, round_spec, to_toml
 from anonml.demo._summary import anonymity_figures, summarise
 from anonml.demo._swarm import SwarmConfig
 from anonml.transport import tls_context
@@ -56,6 +56,8 @@ class Network:
     relay_listen_ports: list[int] = field(default_factory=list)
     """Where each relay listens, if not there (the fault benchmark puts a lossy proxy between)."""
     metrics_ports: list[int] = field(default_factory=lambda: [free_port() for _ in range(RELAYS)])
+    sink_listen_port: int | None = None
+    """Where the aggregator takes packets, if not at ``sink_port`` (the fault benchmark puts a lossy proxy between)."""
 
     def listen_port(self, relay: int) -> int:
         return self.relay_listen_ports[relay] if self.relay_listen_ports else self.relay_ports[relay]
@@ -136,6 +138,7 @@ async def open_round(children: Children, work: Path, agg_dir: Path, data: DemoDa
         "--linger", f"{max(LINGER_SECONDS, linger + 5):g}", "--processes", str(AGGREGATOR_PROCESSES),
         # The report then carries the AUC on the held-out rows.
         "--test-file", str(write_test_file(data, work)),
+        *(["--sink-port", str(network.sink_listen_port)] if network.sink_listen_port is not None else []),
     ]
     aggregator = await children.start(
         "aggregator", anonml_command(*run_aggregator), restart=True, done=lambda code: code in AGGREGATOR_ENDS,
@@ -224,7 +227,7 @@ async def run_demo(data: DemoData, *, peers: int, epsilon: float, workers: int, 
         identity, process_start = await init_aggregator(children, agg_dir)
         descriptors = await start_relays(children, work, network, identity)
         step(2, "measuring each phase's cost on this machine to size the round's windows")
-        costs = await measure_costs(RELAYS, process_start)
+        costs = await measure_costs(PATH_LENGTH, process_start)
         params = plan_round(data, len(rows), epsilon, workers, seed, costs)
         console.print("    " + describe_plan(costs, params))
         step(3, "the aggregator opens the round (anonml aggregator round new / run)")

@@ -38,7 +38,11 @@ from anonml.demo._ports import HOST
 from anonml.protocol import DEFAULT_MIN_ANONYMITY_SET, comparison_pool_size, smallest_anonymity_set
 from anonml.transport import HttpLimits
 
-RELAYS = 3
+# More relays than a path is long: a relay that dies for good leaves paths
+# that avoid it, so peers route a resend around it (issue 27; with 3 of 3, one
+# relay that never came back lost every data report of the round).
+RELAYS = 5
+PATH_LENGTH = 3
 AGGREGATOR_PROCESSES = 2
 # The costs are timed one call after another under the machine's load at the
 # time; in the round the same work is spread over the cores. Windows hold the
@@ -179,12 +183,14 @@ def plan_round(data: DemoData, peers: int, epsilon: float, workers: int, seed: i
         return math.ceil(max(1.0, seconds(messages * costs.token, workers)))
 
     def delivery(messages: int) -> int:
-        # protocol.hop_windows cuts the window into RELAYS + 1 equal slices: each relay's
-        # (one process each) and the last, where the aggregator verifies on its processes.
+        # protocol.hop_windows cuts the window into PATH_LENGTH + 1 equal slices: each hop's
+        # (one relay process each) and the last, where the aggregator verifies on its processes.
+        # A relay's slice holds every packet of the phase: with RELAYS > PATH_LENGTH a relay
+        # sees fewer on average, but one random relay may be on most paths.
         # ``costs.verify`` is every hop of a path and the token check; the aggregator does the last hop and the check.
         relay_slice = seconds(messages * costs.relay_hop, 1)
-        final_slice = seconds(messages * max(costs.relay_hop, costs.verify - RELAYS * costs.relay_hop), AGGREGATOR_PROCESSES)
-        return math.ceil(max(1.0, relay_slice, final_slice)) * (RELAYS + 1)
+        final_slice = seconds(messages * max(costs.relay_hop, costs.verify - PATH_LENGTH * costs.relay_hop), AGGREGATOR_PROCESSES)
+        return math.ceil(max(1.0, relay_slice, final_slice)) * (PATH_LENGTH + 1)
 
     # One HTTP exchange per peer to register (the peer signs in its worker, the aggregator checks).
     register = seconds(peers * (costs.register + costs.http), workers, peers) + recovery
@@ -274,7 +280,7 @@ def round_spec(data: DemoData, params: DemoParams, relays: list[dict[str, Any]],
         "schedule": round_spec_schedule(params),
         "network": {
             "relays": [{k: relay[k] for k in relay_fields} for relay in relays],
-            "path_length": RELAYS,
+            "path_length": PATH_LENGTH,
             "http_host": HOST,
             "http_port": http_port,
             "sink_host": HOST,
