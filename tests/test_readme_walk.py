@@ -165,7 +165,8 @@ def test_a_relay_file_carries_its_mirror_into_the_round(tmp_path: Path) -> None:
     assert [relay.mirror_port for relay in relays] == [mirror, None]
 
 
-# System suite: two relays, the aggregator and six peers as processes, a round of about 75 s in wall-clock windows.
+# System suite: two relays, the aggregator and six peers as processes, a round of about 85 s in wall-clock windows (registration 40 s
+# of it: six peer processes start and register in it, 5 to 10 s at load 4 to 5).
 @pytest.mark.system
 def test_a_whole_round_from_the_readmes_commands_as_written(tmp_path: Path) -> None:
     written = readme_commands()
