@@ -249,14 +249,16 @@ class NetworkTable:
     @classmethod
     def read(cls, table: FieldReader, base_dir: Path | None) -> NetworkTable:
         items = table.items("relays", max_items=256)
-        # Each entry: a relay file's name (`relay info --json` output) or the five fields written out.
+        # Each entry: a relay file's name (`relay info --json` output) or the five fields written out (and its
+        # mirror_port, if any). A file's mirror is kept: without it peers could confirm neither the manifest nor
+        # the receipt logs with anyone (issue 29's README walk found it dropped).
         descriptors = {
             i: _read_relay_file(table, item, f"{table.name('relays')}[{i}]", base_dir)
             for i, item in enumerate(items) if isinstance(item, str)
         }
         relays = tuple(
             RelayEntry.read(table.nested(
-                {key: descriptors[i].get(key) for key in ("node_id", "host", "port", "public_key", "key_epoch", "beacon_key")}
+                {key: descriptors[i].get(key) for key in ("node_id", "host", "port", "public_key", "key_epoch", "beacon_key", "mirror_port")}
                 if i in descriptors else item,
                 f"{table.name('relays')}[{i}]",
             ))

@@ -7,12 +7,14 @@ import importlib
 import importlib.metadata
 import inspect
 import pkgutil
+import re
 import subprocess
 import tomllib
 from pathlib import Path
 
 import anonml
 from anonml.base.errors import AnonMLError
+from import_graph import import_arrows, mermaid, package_folders
 
 
 def test_the_distribution_installs_only_the_anonml_import_name() -> None:
@@ -134,3 +136,25 @@ def _limit_breaches() -> set[tuple[str, str, str]]:
 def test_no_file_function_or_positional_call_is_over_its_limit() -> None:
     """Issue 29: no file over 800 lines, no function over 100, no call with more than 8 positional arguments."""
     assert sorted(_limit_breaches()) == []
+
+
+def _readme_layout() -> str:
+    """The README's "Layout" section."""
+    readme = (ROOT / "README.md").read_text()
+    return readme.split("\n## Layout\n", 1)[1].split("\n## ", 1)[0]
+
+
+def test_the_readmes_import_graph_is_the_one_the_files_draw() -> None:
+    """Issue 29: the graph in the README is redrawn from every file's imports, so a new arrow fails here
+    until the README shows it."""
+    block = re.search(r"```mermaid\n(.*?)\n```", _readme_layout(), re.DOTALL)
+    assert block is not None, "the README's Layout section has no mermaid block"
+    assert block.group(1) == mermaid(ROOT), "the README's import graph is stale: python tests/import_graph.py"
+
+
+def test_the_readmes_layout_table_lists_each_package_above_what_imports_it() -> None:
+    """The table's rows go from the ground up: a package imports only packages on rows above it."""
+    rows = re.findall(r"^\| `[^`]+/` \| `([^`]+)` \|", _readme_layout(), re.MULTILINE)
+    assert sorted(rows) == sorted(package_folders(ROOT))
+    row = {package: number for number, package in enumerate(rows)}
+    assert sorted((source, target) for source, target in import_arrows(ROOT) if row[target] > row[source]) == []
