@@ -9,7 +9,15 @@ import numpy as np
 import pytest
 
 from anonml.base.process import anonml_command
-from anonml.bench.round import cost_rows, phase_seconds, report_lines, role_floors_us, role_of, synthetic_data
+from anonml.bench.round import (
+    cost_rows,
+    issuance_us_per_report,
+    phase_seconds,
+    report_lines,
+    role_floors_us,
+    role_of,
+    synthetic_data,
+)
 
 FLOOR = {
     "sphinx_process_hop_us": 100.0,
@@ -17,6 +25,7 @@ FLOOR = {
     "sphinx_build_4hop_us": 600.0,
     "token_create_us": 500.0,
     "token_verify_batch256_us": 230.0,
+    "issue_us": 1400.0,
     "p256_mult_us": 50.0,
 }
 
@@ -41,6 +50,12 @@ def test_cost_rows_divide_cpu_by_accepted_reports_and_by_the_floor() -> None:
     assert by_role["peers"]["cpu_seconds"] == 0.0 and by_role["peers"]["x_floor"] == 0.0
     assert by_role["commands"]["floor_us_per_report"] is None and by_role["commands"]["x_floor"] is None
     assert all(row["cpu_us_per_report"] is None for row in cost_rows({"aggregator": 1.0}, {}, {}, accepted=0))
+
+
+def test_issuance_is_spread_over_the_accepted_reports() -> None:
+    # One credential per peer, two reports per peer: half a credential per report.
+    assert issuance_us_per_report(1400.0, credentials=500, accepted=1000) == 700.0
+    assert issuance_us_per_report(1400.0, credentials=500, accepted=0) is None
 
 
 def test_phase_seconds_run_from_each_change_to_the_next() -> None:
@@ -75,13 +90,14 @@ def test_report_lines_show_each_role_beside_its_floor() -> None:
         "peers": 8, "data": "synthetic", "phase": "done", "accepted": 1000, "wall_seconds": 60.0, "load_average": [1.0, 1.0, 1.0],
         "audit": {"accepted": 990, "prepared": 1000}, "phases": [{"phase": "setup", "seconds": 2.0}], "path_length": 3,
         "floor_us": FLOOR, "cpu_seconds_sampled": 2.6, "cpu_seconds_children_rusage": 2.7, "cpu_seconds_bench": 1.0,
-        "peak_rss_mb_total": 500.0,
+        "peak_rss_mb_total": 500.0, "credentials": 500, "issuance_us_per_report": 700.0,
         "roles": cost_rows({"aggregator": 0.9}, {"aggregator": 210.0}, {"aggregator": 300.0}, accepted=1000),
     }
     lines = report_lines(result)
     assert "990 of 1000 prepared messages accepted" in lines[0]
     assert lines[1] == "wall seconds per phase: setup 2.0"
     assert lines[3].split() == ["aggregator", "0.9", "900", "300", "3", "210"]
+    assert "1400.0 µs per credential x 500 credentials = 700.0 µs per accepted report" in lines[5]
 
 
 @pytest.mark.system
