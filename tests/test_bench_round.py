@@ -91,13 +91,15 @@ def test_report_lines_show_each_role_beside_its_floor() -> None:
         "audit": {"accepted": 990, "prepared": 1000}, "phases": [{"phase": "setup", "seconds": 2.0}], "path_length": 3,
         "floor_us": FLOOR, "cpu_seconds_sampled": 2.6, "cpu_seconds_children_rusage": 2.7, "cpu_seconds_bench": 1.0,
         "peak_rss_mb_total": 500.0, "credentials": 500, "issuance_us_per_report": 700.0,
+        "packets": {"sends": 2000, "covers": 1000, "resends": 0, "relay_forwarded": 6000},
         "roles": cost_rows({"aggregator": 0.9}, {"aggregator": 210.0}, {"aggregator": 300.0}, accepted=1000),
     }
     lines = report_lines(result)
     assert "990 of 1000 prepared messages accepted" in lines[0]
     assert lines[1] == "wall seconds per phase: setup 2.0"
     assert lines[3].split() == ["aggregator", "0.9", "900", "300", "3", "210"]
-    assert "1400.0 µs per credential x 500 credentials = 700.0 µs per accepted report" in lines[5]
+    assert lines[5].startswith("packets: 2000 sent by the peers (1000 covers, 0 resent), 6000 forwarded")
+    assert "1400.0 µs per credential x 500 credentials = 700.0 µs per accepted report" in lines[6]
 
 
 @pytest.mark.system

@@ -231,6 +231,8 @@ async def run_round_bench(peers: int, workers: int, seed: int, epsilon: float, w
         "phases": [{"phase": name, "seconds": round(seconds, 1)} for name, seconds in phase_seconds(usage.phases, started, ended)],
         "path_length": int(network["path_length"]),
         "floor_us": floor,
+        # More packets than reports cross the relays (covers, resends): part of what the ratios count.
+        "packets": {key: int(summary[key]) for key in ("sends", "covers", "resends", "relay_forwarded")},
         "credentials": int(summary["credentials"]),
         "issuance_us_per_report": issuance_us_per_report(floor["issue_us"], int(summary["credentials"]), accepted),
         "roles": cost_rows(cpu, usage.peak_rss_mb, role_floors_us(floor, relays, int(network["path_length"])), accepted),
@@ -265,6 +267,9 @@ def report_lines(result: Mapping[str, Any]) -> list[str]:
         f"{result['path_length']} hops over the relays; token {floor['token_create_us']} + packet "
         f"{floor['sphinx_build_4hop_us']} at a peer; one P-256 multiplication {floor['p256_mult_us']}"
     )
+    packets = result["packets"]
+    lines.append(f"packets: {packets['sends']} sent by the peers ({packets['covers']} covers, {packets['resends']} resent), "
+                 f"{packets['relay_forwarded']} forwarded by the relays in all, for {result['accepted']} accepted reports")
     lines.append(f"not in the floor: the aggregator's blind issuance, {floor['issue_us']} µs per credential x "
                  f"{result['credentials']} credentials = {result['issuance_us_per_report']} µs per accepted report")
     lines.append(f"CPU seconds: sampled {result['cpu_seconds_sampled']}, every reaped child (rusage) "
