@@ -86,7 +86,7 @@ class Usage:
     """What the benchmark's sampler has seen: CPU per process, peak memory per role, phase changes."""
 
     cpu: dict[tuple[str, int], float] = field(default_factory=dict)
-    """CPU seconds (user + system, its reaped children's too) by (role, pid), the last sample of each."""
+    """CPU seconds (user + system) by (role, pid), the last sample of each."""
     peak_rss_mb: dict[str, float] = field(default_factory=dict)
     """The most resident memory a role's processes held together at one sample."""
     phases: list[tuple[str, float]] = field(default_factory=list)
@@ -100,7 +100,8 @@ class Usage:
                 for process in (child, *child.children(recursive=True)):
                     with suppress(psutil.Error):
                         times = process.cpu_times()
-                        self.cpu[(role, process.pid)] = times.user + times.system + times.children_user + times.children_system
+                        # Its own time only: a reaped child's time would also sit under the child's pid.
+                        self.cpu[(role, process.pid)] = times.user + times.system
                         rss[role] = rss.get(role, 0.0) + process.memory_info().rss / 2**20
         for role, mb in rss.items():
             self.peak_rss_mb[role] = max(self.peak_rss_mb.get(role, 0.0), mb)
