@@ -139,6 +139,12 @@ def _bench_faults() -> click.Command:
     return bench_faults
 
 
+def _bench_round() -> click.Command:
+    from anonml.bench.commands import bench_round
+
+    return bench_round
+
+
 def _bench_demo() -> click.Command:
     from anonml.bench.commands import bench_demo
 
@@ -157,6 +163,7 @@ BENCH_COMMANDS: dict[str, tuple[CommandLoader, str]] = {
     "anonymity": (_bench_anonymity, "Send-vs-arrival correlation and timing-linking accuracy through real relays, vs chance."),
     "startup": (_bench_startup, "`anonml --help` start-up time beside `python -c pass`."),
     "faults": (_bench_faults, "A demo round under killed relays and aggregator and lossy links; audits every message."),
+    "round": (_bench_round, "One real round of N synthetic peers: wall time per phase, CPU and memory per role beside the crypto floor."),
     "demo": (_bench_demo, "The demo run N times beside CPU-bound processes: exit codes, accepted fractions."),
 }
 

@@ -28,18 +28,18 @@ if TYPE_CHECKING:
     from anonml.demo._calibrate import measure_costs
     from anonml.demo._children import Child, ChildFailed, Children, open_children, resident_mb, until_signalled
     from anonml.demo._command import demo
-    from anonml.demo._data import breast_cancer_data
+    from anonml.demo._data import DemoData, breast_cancer_data
     from anonml.demo._ports import HOST, free_port
     from anonml.demo._progress import Progress
-    from anonml.demo._run import Network, collect_report, follow_round, init_aggregator, open_round, start_relays, start_workers
+    from anonml.demo._run import Network, collect_report, follow_round, init_aggregator, open_round, run_demo, start_relays, start_workers
     from anonml.demo._schedule import PATH_LENGTH, RELAYS, plan_round, schedule_seconds
-    from anonml.demo._summary import peer_totals
+    from anonml.demo._summary import exit_code, peer_totals
 else:
     from anonml.base.lazy import lazy_exports
 
     __getattr__, __dir__ = lazy_exports(__name__, __file__)
 
-# The pieces ``anonml bench faults`` builds its round from, besides the command itself.
+# The pieces ``anonml bench faults`` builds its round from, and the whole round ``anonml bench round`` measures.
 __all__ = [
     "HOST",
     "PATH_LENGTH",
@@ -48,6 +48,7 @@ __all__ = [
     "Child",
     "ChildFailed",
     "Children",
+    "DemoData",
     "Network",
     "Progress",
     "audit",
@@ -55,6 +56,7 @@ __all__ = [
     "breast_cancer_data",
     "collect_report",
     "demo",
+    "exit_code",
     "follow_round",
     "free_port",
     "init_aggregator",
@@ -64,6 +66,7 @@ __all__ = [
     "peer_totals",
     "plan_round",
     "resident_mb",
+    "run_demo",
     "schedule_seconds",
     "start_relays",
     "start_workers",
