@@ -213,7 +213,8 @@ class _World:
         self.adversary = adversary
         self.root = root
         self.view = AdversaryView()
-        self.network = MemoryNetwork()
+        # Requests to the HTTP servers go straight to their apps (transport._inprocess says what that skips).
+        self.network = MemoryNetwork(in_process_http=True)
         identity = SigningKey(hashlib.sha256(f"{config.seed}:aggregator".encode()).digest())
         self.home = AggregatorHome(root / "aggregator")
         self.home.initialise(bytes(identity), generate_keypair(rng_bytes=random.Random(_seeded(config.seed, "final-hop")).randbytes)[0])
