@@ -460,3 +460,34 @@ async def test_tcp_clients_keep_no_cookies() -> None:
         await client.get("http://10.0.0.1/")
         assert not client.cookies
     assert cookies_sent == [None, None]
+
+
+@IN_PROCESS
+async def test_a_server_that_stops_mid_request_leaves_its_client_without_an_answer(
+    autojump_clock: trio.testing.MockClock, in_process: bool,
+) -> None:
+    """A server cancelled while it handles a request closes the connection: its client gets a transport error,
+    never an answer the server did not give (a 500 would read as the server refusing)."""
+    network = MemoryNetwork(in_process_http=in_process)
+    failures: list[BaseException] = []
+    async with trio.open_nursery() as outer:
+        server = trio.CancelScope()
+
+        async def serve(task_status: trio.TaskStatus[str]) -> None:
+            with server:
+                await serve_http(slow_app([]), "10.0.0.1", 8080, HttpLimits(read_timeout=1_000.0), Counter(),
+                                 network=network, task_status=task_status)
+
+        url = await outer.start(serve)
+
+        async def ask() -> None:
+            async with network.http_client(base_url=url, local_address=PEER_IP, timeout=50.0) as client:
+                try:
+                    await client.get("/late")
+                except httpx.TransportError as exc:
+                    failures.append(exc)
+
+        outer.start_soon(ask)
+        await trio.sleep(10.0)
+        server.cancel()
+    assert len(failures) == 1 and not isinstance(failures[0], httpx.TimeoutException)

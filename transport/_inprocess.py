@@ -25,7 +25,7 @@ What this path no longer exercises, and where it is still tested: hypercorn
 and h11 (parsing, their limits), the connection gate (per-source and total
 caps, eviction of the idlest connection), keep-alive and its timeouts, and
 hypercorn's read timeout (tests/test_transport_memory.py runs them over the
-memory network; tests/test_http_limits.py and tests/test_relay_mirror_abuse.py
+memory network; tests/test_aggregator_abuse.py and tests/test_relay_mirror_abuse.py
 over TCP). The request body is read whole by the client before the app sees
 it, so a slowly sent body (a client-side choice no simulated role makes) is
 not simulated.
@@ -81,14 +81,16 @@ class InProcessApp:
     async def _handle(self, scope: dict[str, Any], exchange: _Exchange) -> None:
         """The app on one request, in the server's nursery; failures end this request, never the server."""
         try:
-            await self.app(scope, exchange.receive, exchange.send)
-        except Exception:
-            log.exception("Error in ASGI Framework (in-process request to %s:%d)", *self.address)
-        finally:
-            # hypercorn's answer to an app that ended (or failed) without one: a 500.
+            try:
+                await self.app(scope, exchange.receive, exchange.send)
+            except Exception:
+                log.exception("Error in ASGI Framework (in-process request to %s:%d)", *self.address)
+            # hypercorn's answer to an app that ended (or failed) without one: a 500. A server shutting
+            # down (Cancelled) sends nothing: its client sees the connection closed without a response.
             if not exchange.started:
                 with contextlib.suppress(trio.BrokenResourceError):
                     exchange.send_nowait({"type": "http.response.start", "status": 500, "headers": []})
+        finally:
             exchange.finished()
 
 

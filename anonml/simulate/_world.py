@@ -6,7 +6,9 @@ its HTTP API, round driver, packet sink and token verifier), each relay
 (``join_round``). Only the transport is replaced, behind the seam that TCP
 uses too (``transport.MemoryNetwork``), and time is trio's ``MockClock``:
 a round whose windows last minutes runs in seconds, and nothing in it
-depends on how busy the machine is.
+depends on how busy the machine is. HTTP requests are handed to the server's
+ASGI app in process, not carried as HTTP/1.1 bytes (``transport._inprocess``
+says what that no longer exercises, and where that is tested).
 
 Determinism: one seed gives one event trace. Every random choice that moves
 control flow is drawn from a generator derived from the seed (peers' send
