@@ -241,7 +241,10 @@ class MemoryNetwork:
     """Listeners and connections of one trio run, addressed by IP strings (see the module docstring).
 
     ``default_source`` is the IP a connection comes from when neither its
-    caller nor the :meth:`node` view names one.
+    caller nor the :meth:`node` view names one. With ``in_process_http`` (the
+    round simulator's setting) a request to a ``serve_http`` app is handed to
+    the app in process rather than sent as HTTP/1.1 over a connection
+    (``transport._inprocess``).
     """
 
     def __init__(self, *, on_connect: ConnectHook | None = None, default_source: str = "10.255.0.1",
@@ -334,9 +337,8 @@ class MemoryNetwork:
         limits: httpx.Limits = kwargs.pop("limits", httpx.Limits(max_connections=100, max_keepalive_connections=20))
         kwargs.pop("verify", None)
         kwargs.setdefault("cookies", no_cookies())
-        transport: httpx.AsyncBaseTransport = _pooled(_HttpBackend(self, local_address), limits)
-        if self.in_process_http:
-            transport = _InProcessTransport(self, local_address or self.default_source, transport)
+        pooled = _pooled(_HttpBackend(self, local_address), limits)
+        transport = _InProcessTransport(self, local_address or self.default_source, pooled) if self.in_process_http else pooled
         return httpx.AsyncClient(timeout=timeout, transport=transport, trust_env=False, **kwargs)
 
 
