@@ -26,6 +26,7 @@ replace ``dial.server`` with a stream of its own making (e.g. one end of a
 from __future__ import annotations
 
 import errno
+import functools
 import math
 import socket as _socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -337,8 +338,8 @@ class MemoryNetwork:
         limits: httpx.Limits = kwargs.pop("limits", httpx.Limits(max_connections=100, max_keepalive_connections=20))
         kwargs.pop("verify", None)
         kwargs.setdefault("cookies", no_cookies())
-        pooled = _pooled(_HttpBackend(self, local_address), limits)
-        transport = _InProcessTransport(self, local_address or self.default_source, pooled) if self.in_process_http else pooled
+        pooled = functools.partial(_pooled, _HttpBackend(self, local_address), limits)
+        transport = _InProcessTransport(self, local_address or self.default_source, pooled) if self.in_process_http else pooled()
         return httpx.AsyncClient(timeout=timeout, transport=transport, trust_env=False, **kwargs)
 
 
@@ -477,17 +478,21 @@ class _InProcessTransport(httpx.AsyncBaseTransport):
     A request for an address with an in-process app is dialled (the ``on_connect`` hook
     has its say), then answered by the app directly, or, when the hook stood in front of
     the address, sent as HTTP/1.1 over that one connection. Any other request goes
-    through ``pooled``, the connection pool every memory client has.
+    through the connection pool every memory client has, made by ``make_pooled`` when
+    first needed (most simulated clients never need it, and each costs an SSL context).
     """
 
-    def __init__(self, network: MemoryNetwork, source_ip: str, pooled: httpx.AsyncHTTPTransport) -> None:
+    def __init__(self, network: MemoryNetwork, source_ip: str, make_pooled: Callable[[], httpx.AsyncHTTPTransport]) -> None:
         self._network = network
         self._source_ip = source_ip
-        self._pooled = pooled
+        self._make_pooled = make_pooled
+        self._pooled: httpx.AsyncHTTPTransport | None = None
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         host, port = request.url.host, request.url.port or 80
         if request.url.scheme != "http" or self._network.in_process_app(host, port) is None:
+            if self._pooled is None:
+                self._pooled = self._make_pooled()
             return await self._pooled.handle_async_request(request)
         connect_timeout = request.extensions.get("timeout", {}).get("connect")
         with _httpx_errors(connect_timeout, request):
@@ -508,7 +513,8 @@ class _InProcessTransport(httpx.AsyncBaseTransport):
         return response
 
     async def aclose(self) -> None:
-        await self._pooled.aclose()
+        if self._pooled is not None:
+            await self._pooled.aclose()
 
 
 @contextmanager
