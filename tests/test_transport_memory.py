@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections import Counter
 from functools import partial
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 
 import httpx
 import pytest
@@ -14,7 +14,7 @@ import trio
 import trio.testing
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import PlainTextResponse, Response
+from starlette.responses import PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from anonml.peer import AggregatorClient, AggregatorError, mirror_clients, open_transport
@@ -28,7 +28,9 @@ from anonml.transport import (
     LinkErrorReason,
     LinkIdentity,
     LinkSessionStats,
+    TCP_NETWORK,
     MemoryNetwork,
+    MemoryStream,
     connection_pair,
     listening_address,
     peer_address,
@@ -97,10 +99,14 @@ def hello_app(seen: list[tuple[float, str, str]]) -> Starlette:
     return Starlette(routes=[Route("/", hello, methods=["GET", "POST"])])
 
 
+IN_PROCESS = pytest.mark.parametrize("in_process", [False, True], ids=["over-http11", "in-process"])
+
+
+@IN_PROCESS
 async def test_http_requests_reach_the_real_server_from_each_clients_own_address(
-    autojump_clock: trio.testing.MockClock,
+    autojump_clock: trio.testing.MockClock, in_process: bool,
 ) -> None:
-    network = MemoryNetwork()
+    network = MemoryNetwork(in_process_http=in_process)
     seen: list[tuple[float, str, str]] = []
     counts: Counter[str] = Counter()
     # One request a second once a source's burst of one is spent: the pacer holds the rest on trio's clock.
@@ -255,8 +261,10 @@ async def test_http_churn_from_sixteen_networks_leaves_fresh_connections_answere
     assert counts["refused/evicted-idle"] >= 20 and opened > 32
 
 
-async def test_the_connect_hook_can_refuse_and_interpose(autojump_clock: trio.testing.MockClock) -> None:
-    """A hook refuses one source and counts the bytes of the others by sitting between the two ends."""
+@IN_PROCESS
+async def test_the_connect_hook_can_refuse_and_interpose(autojump_clock: trio.testing.MockClock, in_process: bool) -> None:
+    """A hook refuses one source and counts the bytes of the others by sitting between the two ends
+    (in process too: a request whose dial a hook stands in front of goes over it as HTTP/1.1)."""
     relayed: Counter[str] = Counter()
 
     async def pump(source: trio.abc.Stream, sink: trio.abc.Stream, label: str) -> None:
@@ -275,7 +283,7 @@ async def test_the_connect_hook_can_refuse_and_interpose(autojump_clock: trio.te
             nursery.start_soon(pump, outer, dial.server, "to-client")
             dial.server = inner
 
-        network = MemoryNetwork(on_connect=adversary)
+        network = MemoryNetwork(on_connect=adversary, in_process_http=in_process)
         url = await nursery.start(
             lambda task_status: serve_http(hello_app([]), "10.0.0.1", 8080, HttpLimits(), Counter(), network=network,
                                            task_status=task_status)
@@ -335,3 +343,151 @@ async def test_a_relay_mirror_serves_and_refreshes_over_the_network(autojump_clo
         nursery.cancel_scope.cancel()
     assert url == f"http://{RELAY_IP}:8081"
     assert set(dials) == {(RELAY_IP, ("10.0.0.1", 8080)), (PEER_IP, (RELAY_IP, 8081))}
+
+
+def slow_app(done: list[tuple[float, str]]) -> Starlette:
+    """``/stream``: two chunks 3 s apart; ``/late``: answers after 100 s (and records that it did)."""
+
+    async def stream(request: Request) -> Response:
+        async def chunks() -> AsyncIterator[bytes]:
+            yield b"first;"
+            await trio.sleep(3.0)
+            yield b"second"
+
+        return StreamingResponse(chunks())
+
+    async def late(request: Request) -> Response:
+        await trio.sleep(100.0)
+        done.append((trio.current_time(), "late"))
+        return PlainTextResponse("too late")
+
+    return Starlette(routes=[Route("/stream", stream), Route("/late", late)])
+
+
+@IN_PROCESS
+async def test_bodies_stream_and_timeouts_hold_on_trios_clock_and_a_server_outlives_its_client(
+    autojump_clock: trio.testing.MockClock, in_process: bool,
+) -> None:
+    """The in-process path keeps what the wire path does: a body streams (each chunk within the read
+    timeout), a slow answer is a ReadTimeout at the client's deadline, and the server still finishes the
+    request its client gave up on (a withheld request still lands, late, as over TCP)."""
+    network = MemoryNetwork(in_process_http=in_process)
+    done: list[tuple[float, str]] = []
+    counts: Counter[str] = Counter()
+    async with trio.open_nursery() as nursery:
+        url = await nursery.start(
+            lambda task_status: serve_http(slow_app(done), "10.0.0.1", 8080, HttpLimits(read_timeout=1_000.0), counts,
+                                           network=network, task_status=task_status)
+        )
+        async with network.http_client(base_url=url, local_address=PEER_IP, timeout=5.0) as client:
+            streamed = await client.get("/stream")
+            started = trio.current_time()
+            with pytest.raises(httpx.ReadTimeout):
+                await client.get("/late")
+            gave_up = trio.current_time() - started
+        async with network.http_client(base_url=url, local_address=PEER_IP, timeout=2.0) as impatient:
+            with pytest.raises(httpx.ReadTimeout):
+                await impatient.get("/stream")  # the first chunk comes at once, the second 3 s later
+        await trio.sleep(200.0)
+        nursery.cancel_scope.cancel()
+    assert (streamed.status_code, streamed.content) == (200, b"first;second")
+    assert gave_up == pytest.approx(5.0)
+    assert [round(at, 6) for at, _ in done] == [103.0]
+
+
+async def test_a_request_to_an_app_in_process_is_dialled_but_never_reaches_the_listener(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """In process, the hook still sees one dial per request, from the requester's address, and the app
+    answers it; hypercorn (behind the listener) never accepts a connection for it."""
+    dials: list[Dial] = []
+
+    async def record(dial: Dial) -> None:
+        dials.append(dial)
+
+    network = MemoryNetwork(on_connect=record, in_process_http=True)
+    seen: list[tuple[float, str, str]] = []
+    async with trio.open_nursery() as nursery:
+        url = await nursery.start(
+            lambda task_status: serve_http(hello_app(seen), "10.0.0.1", 8080, HttpLimits(), Counter(), network=network,
+                                           task_status=task_status)
+        )
+        async with network.http_client(base_url=url, local_address=PEER_IP) as client:
+            answers = [(await client.post("/", content=str(i).encode())).text for i in range(3)]
+        nursery.cancel_scope.cancel()
+    assert answers == [f"POST from {PEER_IP}: {i}" for i in range(3)]
+    assert [(dial.source[0], dial.destination) for dial in dials] == [(PEER_IP, ("10.0.0.1", 8080))] * 3
+    # Every dialled pair stayed unused: not one byte of HTTP/1.1 was written to a server end.
+    assert not any(dial.server.is_readable() for dial in dials if isinstance(dial.server, MemoryStream))
+
+
+def cookie_setter(cookies_sent: list[str | None]) -> Starlette:
+    async def tracked(request: Request) -> Response:
+        cookies_sent.append(request.headers.get("cookie"))
+        return PlainTextResponse("", headers={"set-cookie": "tracker=peer-7; Path=/"})
+
+    return Starlette(routes=[Route("/", tracked)])
+
+
+@IN_PROCESS
+async def test_memory_clients_keep_no_cookies(autojump_clock: trio.testing.MockClock, in_process: bool) -> None:
+    """A server that sets a cookie never gets it back: it cannot tie a client's requests together that way."""
+    network = MemoryNetwork(in_process_http=in_process)
+    cookies_sent: list[str | None] = []
+    async with trio.open_nursery() as nursery:
+        url = await nursery.start(
+            lambda task_status: serve_http(cookie_setter(cookies_sent), "10.0.0.1", 8080, HttpLimits(), Counter(),
+                                           network=network, task_status=task_status)
+        )
+        async with network.http_client(base_url=url, local_address=PEER_IP) as client:
+            await client.get("/")
+            await client.get("/")
+            assert not client.cookies
+        nursery.cancel_scope.cancel()
+    assert cookies_sent == [None, None]
+
+
+async def test_tcp_clients_keep_no_cookies() -> None:
+    """The real network's clients too (httpx's own transport, with a handler in place of the server)."""
+    cookies_sent: list[str | None] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        cookies_sent.append(request.headers.get("cookie"))
+        return httpx.Response(200, headers={"set-cookie": "tracker=peer-7; Path=/"})
+
+    async with TCP_NETWORK.http_client(transport=httpx.MockTransport(handler)) as client:
+        await client.get("http://10.0.0.1/")
+        await client.get("http://10.0.0.1/")
+        assert not client.cookies
+    assert cookies_sent == [None, None]
+
+
+@IN_PROCESS
+async def test_a_server_that_stops_mid_request_leaves_its_client_without_an_answer(
+    autojump_clock: trio.testing.MockClock, in_process: bool,
+) -> None:
+    """A server cancelled while it handles a request closes the connection: its client gets a transport error,
+    never an answer the server did not give (a 500 would read as the server refusing)."""
+    network = MemoryNetwork(in_process_http=in_process)
+    failures: list[BaseException] = []
+    async with trio.open_nursery() as outer:
+        server = trio.CancelScope()
+
+        async def serve(task_status: trio.TaskStatus[str]) -> None:
+            with server:
+                await serve_http(slow_app([]), "10.0.0.1", 8080, HttpLimits(read_timeout=1_000.0), Counter(),
+                                 network=network, task_status=task_status)
+
+        url = await outer.start(serve)
+
+        async def ask() -> None:
+            async with network.http_client(base_url=url, local_address=PEER_IP, timeout=50.0) as client:
+                try:
+                    await client.get("/late")
+                except httpx.TransportError as exc:
+                    failures.append(exc)
+
+        outer.start_soon(ask)
+        await trio.sleep(10.0)
+        server.cancel()
+    assert len(failures) == 1 and not isinstance(failures[0], httpx.TimeoutException)

@@ -33,6 +33,7 @@ from hypercorn.trio.worker_context import WorkerContext
 
 from anonml.base.errors import TransportError
 from anonml.transport._admission import ConnectionGate, GateRefusal, GateSlot, RequestPacer, peer_address
+from anonml.transport._memory import MemoryListener
 from anonml.transport._network import TCP_NETWORK, Listeners, Network, listening_address
 from anonml.protocol import MAX_REQUEST_BYTES, format_host_port
 from anonml.transport._link import check_positive_seconds
@@ -220,7 +221,8 @@ async def serve_http_on(
     context = WorkerContext(None)
     # Busy inside the pacer: a request waiting for its turn is idle (a client polling over its share
     # from every slot could otherwise hold them all unevictable).
-    wrapped = ASGIWrapper(paced(busy_while_answering(counting_disconnects(app, counts)), pacer, counts))
+    admitted = paced(busy_while_answering(counting_disconnects(app, counts)), pacer, counts)
+    wrapped = ASGIWrapper(admitted)
 
     async def handle(stream: trio.abc.Stream) -> None:
         source = peer_address(stream)
@@ -245,5 +247,10 @@ async def serve_http_on(
         finally:
             slot.close()
 
-    task_status.started(f"http://{format_host_port(*listening_address(listeners))}")
-    await trio.serve_listeners(handle, listeners)
+    async with trio.open_nursery() as nursery:
+        for listener in listeners:
+            if isinstance(listener, MemoryListener):
+                # The simulator's clients may hand their requests to the app itself (transport._inprocess).
+                await nursery.start(functools.partial(listener.serve_in_process, admitted))
+        task_status.started(f"http://{format_host_port(*listening_address(listeners))}")
+        await trio.serve_listeners(handle, listeners)

@@ -26,18 +26,20 @@ replace ``dial.server`` with a stream of its own making (e.g. one end of a
 from __future__ import annotations
 
 import errno
+import functools
 import math
 import socket as _socket
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpcore
 import httpx
 import trio
 
-from anonml.transport._network import DEFAULT_HTTP_TIMEOUT, Listeners
+from anonml.transport._inprocess import AsgiApp, InProcessApp
+from anonml.transport._network import DEFAULT_HTTP_TIMEOUT, Listeners, no_cookies
 
 Address = tuple[str, int]
 
@@ -176,6 +178,18 @@ class MemoryListener(trio.abc.Listener[trio.abc.Stream]):
         self._network = network
         self.socket = MemorySocket(address, None)
         self._arrivals, self._queue = trio.open_memory_channel[trio.abc.Stream](math.inf)
+        self.in_process: InProcessApp | None = None
+
+    async def serve_in_process(self, app: AsgiApp, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Answer in-process HTTP requests to this address with ``app``, in tasks of this call, until cancelled
+        (``transport._inprocess``; ``serve_http_on`` runs it beside hypercorn's accept loop)."""
+        async with trio.open_nursery() as requests:
+            self.in_process = InProcessApp(app, self.socket.getsockname(), requests)
+            try:
+                task_status.started()
+                await trio.sleep_forever()
+            finally:
+                self.in_process = None
 
     def deliver(self, stream: trio.abc.Stream) -> None:
         """Queue ``stream`` for :meth:`accept` (a connection the kernel has completed)."""
@@ -210,6 +224,15 @@ class Dial:
     destination: Address
     client: MemoryStream
     server: trio.abc.Stream
+    _dialled: trio.abc.Stream | None = field(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._dialled = self.server
+
+    @property
+    def interposed(self) -> bool:
+        """Whether a hook replaced ``server`` (it stands between the dialler and the listener)."""
+        return self.server is not self._dialled
 
 
 ConnectHook = Callable[[Dial], Awaitable[None]]
@@ -219,11 +242,16 @@ class MemoryNetwork:
     """Listeners and connections of one trio run, addressed by IP strings (see the module docstring).
 
     ``default_source`` is the IP a connection comes from when neither its
-    caller nor the :meth:`node` view names one.
+    caller nor the :meth:`node` view names one. With ``in_process_http`` (the
+    round simulator's setting) a request to a ``serve_http`` app is handed to
+    the app in process rather than sent as HTTP/1.1 over a connection
+    (``transport._inprocess``).
     """
 
-    def __init__(self, *, on_connect: ConnectHook | None = None, default_source: str = "10.255.0.1") -> None:
+    def __init__(self, *, on_connect: ConnectHook | None = None, default_source: str = "10.255.0.1",
+                 in_process_http: bool = False) -> None:
         self.on_connect = on_connect
+        self.in_process_http = in_process_http
         self.default_source = default_source
         self._listeners: dict[Address, MemoryListener] = {}
         self._next_port: dict[str, int] = {}
@@ -265,17 +293,31 @@ class MemoryNetwork:
 
         Raises ConnectionRefusedError when nobody does (after the ``on_connect`` hook had its say).
         """
+        dial = await self.dial(host, port, local_address=local_address)
+        self.complete(dial)
+        return dial.client
+
+    async def dial(self, host: str, port: int, *, local_address: str | None = None) -> Dial:
+        """The first half of :meth:`connect`: a connection made and shown to the ``on_connect`` hook, not yet delivered."""
         await trio.lowlevel.checkpoint()
         source_ip = local_address or self.default_source
         client, server = connection_pair((source_ip, self._free_port(source_ip)), (host, port))
         dial = Dial(client.socket.getsockname(), (host, port), client, server)
         if self.on_connect is not None:
             await self.on_connect(dial)
-        listener = self._listening_at(host, port)
+        return dial
+
+    def complete(self, dial: Dial) -> None:
+        """The second half of :meth:`connect`: ``dial.server`` queued for its listener (ConnectionRefusedError if none)."""
+        listener = self._listening_at(*dial.destination)
         if listener is None:
-            raise ConnectionRefusedError(errno.ECONNREFUSED, f"nothing listens on {host}:{port}")
+            raise ConnectionRefusedError(errno.ECONNREFUSED, f"nothing listens on {dial.destination[0]}:{dial.destination[1]}")
         listener.deliver(dial.server)
-        return client
+
+    def in_process_app(self, host: str, port: int) -> InProcessApp | None:
+        """The app served in process at ``host:port``, if any (and if this network dispatches to it)."""
+        listener = self._listening_at(host, port) if self.in_process_http else None
+        return listener.in_process if listener is not None else None
 
     def http_client(
         self, *, local_address: str | None = None, timeout: httpx.Timeout | float = DEFAULT_HTTP_TIMEOUT,
@@ -290,19 +332,14 @@ class MemoryNetwork:
         there, and httpx stamps ``response.elapsed`` with it; neither decides
         anything.
         ``verify`` is accepted and ignored; proxies from the environment are not used.
+        With ``in_process_http``, a request to an address where ``serve_http`` serves an
+        app is handed to that app directly (``transport._inprocess``).
         """
         limits: httpx.Limits = kwargs.pop("limits", httpx.Limits(max_connections=100, max_keepalive_connections=20))
         kwargs.pop("verify", None)
-        pool = httpcore.AsyncConnectionPool(
-            max_connections=limits.max_connections,
-            max_keepalive_connections=limits.max_keepalive_connections,
-            keepalive_expiry=None,
-            network_backend=_HttpBackend(self, local_address),
-        )
-        # httpx takes no network backend: its transport (request and error mapping) gets our pool in place of
-        # the one it builds (httpx 0.28 reads only `_pool`; tests/test_transport_memory.py covers it).
-        transport = httpx.AsyncHTTPTransport(verify=False)
-        transport._pool = pool
+        kwargs.setdefault("cookies", no_cookies())
+        pooled = functools.partial(_pooled, _HttpBackend(self, local_address), limits)
+        transport = _InProcessTransport(self, local_address or self.default_source, pooled) if self.in_process_http else pooled()
         return httpx.AsyncClient(timeout=timeout, transport=transport, trust_env=False, **kwargs)
 
 
@@ -383,3 +420,110 @@ class _HttpBackend(httpcore.AsyncNetworkBackend):
 
     async def sleep(self, seconds: float) -> None:
         await trio.sleep(seconds)
+
+
+def _pooled(backend: httpcore.AsyncNetworkBackend, limits: httpx.Limits) -> httpx.AsyncHTTPTransport:
+    """httpx's transport over an httpcore pool that dials through ``backend``."""
+    pool = httpcore.AsyncConnectionPool(
+        max_connections=limits.max_connections,
+        max_keepalive_connections=limits.max_keepalive_connections,
+        keepalive_expiry=None,
+        network_backend=backend,
+    )
+    # httpx takes no network backend: its transport (request and error mapping) gets our pool in place of
+    # the one it builds (httpx 0.28 reads only `_pool`; tests/test_transport_memory.py covers it).
+    transport = httpx.AsyncHTTPTransport(verify=False)
+    transport._pool = pool
+    return transport
+
+
+class _DialledBackend(httpcore.AsyncNetworkBackend):
+    """httpcore's dialler for one connection already made (an ``on_connect`` hook stood in front of it)."""
+
+    def __init__(self, stream: MemoryStream) -> None:
+        self._stream: MemoryStream | None = stream
+
+    async def connect_tcp(self, host: str, port: int, timeout: float | None = None, local_address: str | None = None,
+                          socket_options: Any = None) -> httpcore.AsyncNetworkStream:
+        stream, self._stream = self._stream, None
+        if stream is None:
+            raise httpcore.ConnectError("the one connection of this request is used")
+        return _HttpStream(stream)
+
+    async def sleep(self, seconds: float) -> None:
+        await trio.sleep(seconds)
+
+
+class _ClosingBody(httpx.AsyncByteStream):
+    """A response body that closes its one-connection transport with it."""
+
+    def __init__(self, body: httpx.AsyncByteStream, transport: httpx.AsyncHTTPTransport) -> None:
+        self._body = body
+        self._transport = transport
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        async for chunk in self._body:
+            yield chunk
+
+    async def aclose(self) -> None:
+        try:
+            await self._body.aclose()
+        finally:
+            await self._transport.aclose()
+
+
+class _InProcessTransport(httpx.AsyncBaseTransport):
+    """httpx's transport on a network with ``in_process_http`` (``transport._inprocess``).
+
+    A request for an address with an in-process app is dialled (the ``on_connect`` hook
+    has its say), then answered by the app directly, or, when the hook stood in front of
+    the address, sent as HTTP/1.1 over that one connection. Any other request goes
+    through the connection pool every memory client has, made by ``make_pooled`` when
+    first needed (most simulated clients never need it, and each costs an SSL context).
+    """
+
+    def __init__(self, network: MemoryNetwork, source_ip: str, make_pooled: Callable[[], httpx.AsyncHTTPTransport]) -> None:
+        self._network = network
+        self._source_ip = source_ip
+        self._make_pooled = make_pooled
+        self._pooled: httpx.AsyncHTTPTransport | None = None
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        host, port = request.url.host, request.url.port or 80
+        if request.url.scheme != "http" or self._network.in_process_app(host, port) is None:
+            if self._pooled is None:
+                self._pooled = self._make_pooled()
+            return await self._pooled.handle_async_request(request)
+        connect_timeout = request.extensions.get("timeout", {}).get("connect")
+        with _httpx_errors(connect_timeout, request):
+            dial = await self._network.dial(host, port, local_address=self._source_ip)
+        app = self._network.in_process_app(host, port)
+        if not dial.interposed and app is not None:
+            return await app.answer(request, dial.source)  # the dialled pair is dropped unused
+        with _httpx_errors(connect_timeout, request):
+            self._network.complete(dial)
+        one_connection = _pooled(_DialledBackend(dial.client), httpx.Limits(max_connections=1))
+        try:
+            response = await one_connection.handle_async_request(request)
+        except BaseException:
+            await one_connection.aclose()
+            raise
+        assert isinstance(response.stream, httpx.AsyncByteStream)
+        response.stream = _ClosingBody(response.stream, one_connection)
+        return response
+
+    async def aclose(self) -> None:
+        if self._pooled is not None:
+            await self._pooled.aclose()
+
+
+@contextmanager
+def _httpx_errors(timeout: float | None, request: httpx.Request) -> Iterator[None]:
+    """A dial's timeout and refusal as httpx's ConnectTimeout and ConnectError."""
+    try:
+        with trio.fail_after(math.inf if timeout is None else timeout):
+            yield
+    except trio.TooSlowError:
+        raise httpx.ConnectTimeout(f"no connection within {timeout!r} s", request=request) from None
+    except OSError as exc:
+        raise httpx.ConnectError(str(exc) or type(exc).__name__, request=request) from None

@@ -12,6 +12,7 @@ bound address a server reports; :func:`socket_of` and
 
 from __future__ import annotations
 
+import http.cookiejar
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
@@ -55,6 +56,26 @@ class Network(Protocol):
         ...
 
 
+class _RefusingCookieJar(http.cookiejar.CookieJar):
+    """A cookie jar that keeps nothing: no response's Set-Cookie is stored or sent back."""
+
+    def extract_cookies(self, response: Any, request: Any) -> None:
+        return None
+
+    def set_cookie(self, cookie: http.cookiejar.Cookie) -> None:
+        return None
+
+
+def no_cookies() -> http.cookiejar.CookieJar:
+    """The cookie jar of every role's HTTP client: an empty one that stays empty.
+
+    No role needs cookies, and a server that could set one could tie a
+    client's requests together beyond what its address already does; httpx
+    would also parse every response's headers for them.
+    """
+    return _RefusingCookieJar()
+
+
 class TcpNetwork:
     """The real network: trio's TCP streams and listeners, plain httpx clients."""
 
@@ -68,6 +89,7 @@ class TcpNetwork:
         self, *, local_address: str | None = None, timeout: httpx.Timeout | float = DEFAULT_HTTP_TIMEOUT,
         **kwargs: Any,
     ) -> httpx.AsyncClient:
+        kwargs.setdefault("cookies", no_cookies())
         if local_address is None:
             return httpx.AsyncClient(timeout=timeout, **kwargs)
         # httpx binds a source address only in its transport, which then owns the pool and TLS settings.

@@ -6,7 +6,9 @@ its HTTP API, round driver, packet sink and token verifier), each relay
 (``join_round``). Only the transport is replaced, behind the seam that TCP
 uses too (``transport.MemoryNetwork``), and time is trio's ``MockClock``:
 a round whose windows last minutes runs in seconds, and nothing in it
-depends on how busy the machine is.
+depends on how busy the machine is. HTTP requests are handed to the server's
+ASGI app in process, not carried as HTTP/1.1 bytes (``transport._inprocess``
+says what that no longer exercises, and where that is tested).
 
 Determinism: one seed gives one event trace. Every random choice that moves
 control flow is drawn from a generator derived from the seed (peers' send
@@ -213,7 +215,8 @@ class _World:
         self.adversary = adversary
         self.root = root
         self.view = AdversaryView()
-        self.network = MemoryNetwork()
+        # Requests to the HTTP servers go straight to their apps (transport._inprocess says what that skips).
+        self.network = MemoryNetwork(in_process_http=True)
         identity = SigningKey(hashlib.sha256(f"{config.seed}:aggregator".encode()).digest())
         self.home = AggregatorHome(root / "aggregator")
         self.home.initialise(bytes(identity), generate_keypair(rng_bytes=random.Random(_seeded(config.seed, "final-hop")).randbytes)[0])
