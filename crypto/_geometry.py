@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from anonml.base.errors import InputError
-from anonml.crypto._primitives import HMAC_SHA256_SIZE, LIONESS_KEY_SIZE, LIONESS_MIN_BLOCK_SIZE, X25519_ELEMENT_SIZE
+from anonml.crypto._sizes import HMAC_SHA256_SIZE, LIONESS_KEY_SIZE, LIONESS_MIN_BLOCK_SIZE, X25519_ELEMENT_SIZE
 
 SUITE = "anonml-sphinx/v1/x25519-hkdfsha256-hmacsha256-chacha20-lioness"
 _HASH_DOMAIN = b"anonml/sphinx/geometry/v1\x00"

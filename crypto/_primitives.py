@@ -28,24 +28,22 @@ from cryptography.hazmat.primitives.hashes import SHA256
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from anonml.base.errors import InputError
+from anonml.crypto._sizes import (
+    CHACHA20_KEY_SIZE,
+    LIONESS_HALF_SIZE,
+    LIONESS_KEY_SIZE,
+    LIONESS_MIN_BLOCK_SIZE,
+    LIONESS_SUBKEY_SIZE,
+    SHA256_SIZE,
+    X25519_ELEMENT_SIZE,
+    X25519_SCALAR_SIZE,
+)
 
-X25519_SCALAR_SIZE = 32
-X25519_ELEMENT_SIZE = 32
-HMAC_SHA256_SIZE = 32
-SHA256_SIZE = 32
 _SHA256 = SHA256()
-CHACHA20_KEY_SIZE = 32
 # cryptography's ChaCha20 takes the 16-byte "counter || nonce" block of RFC 7539's
 # original layout; every key in this package is used for one message only, so the
 # all-zero counter/nonce is safe (RFC 8439 §2.3: (key, nonce) must never repeat).
 _CHACHA20_ZERO_NONCE = bytes(16)
-# LIONESS (Anderson & Biham 1996 §3): the left part of the block is one stream
-# cipher key long, the hash output is the same length so it can be xored into it.
-LIONESS_HALF_SIZE = CHACHA20_KEY_SIZE
-LIONESS_SUBKEY_SIZE = 32
-LIONESS_KEY_SIZE = 4 * LIONESS_SUBKEY_SIZE
-LIONESS_MIN_BLOCK_SIZE = LIONESS_HALF_SIZE + 1
-
 
 class InvalidGroupElement(InputError):
     """Raised by :func:`x25519` when the result is the all-zero point.

@@ -62,11 +62,8 @@ from typing import ClassVar, NamedTuple
 
 from anonml.base.errors import InputError
 from anonml.crypto._geometry import NODE_ID_SIZE, SphinxGeometry
+from anonml.crypto._sizes import CHACHA20_KEY_SIZE, SHA256_SIZE, X25519_ELEMENT_SIZE, X25519_SCALAR_SIZE
 from anonml.crypto._primitives import (
-    CHACHA20_KEY_SIZE,
-    SHA256_SIZE,
-    X25519_ELEMENT_SIZE,
-    X25519_SCALAR_SIZE,
     InvalidGroupElement,
     chacha20_keystream,
     chacha20_xor,

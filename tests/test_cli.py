@@ -24,8 +24,9 @@ def test_unknown_command_is_a_usage_error() -> None:
     assert "No such command" in result.output
 
 
-# What no `--help` may load: each takes longer to import than 5 x `python -c pass` allows (issue 29).
-HEAVY_MODULES = ("trio", "numpy", "scipy", "sklearn", "petlib", "httpx", "starlette", "hypercorn", "matplotlib")
+# What no `--help` may load: each takes longer to import than 5 x `python -c pass` allows (issue 29);
+# libsodium and OpenSSL (nacl, cryptography) took `relay init --help` to 4.9 x under load.
+HEAVY_MODULES = ("trio", "numpy", "scipy", "sklearn", "petlib", "httpx", "starlette", "hypercorn", "matplotlib", "nacl", "cryptography")
 
 _PRINT_EVERY_HELP = """
 import contextlib, io, sys

@@ -10,9 +10,8 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from anonml.crypto._sizes import LIONESS_KEY_SIZE, LIONESS_MIN_BLOCK_SIZE
 from anonml.crypto._primitives import (
-    LIONESS_KEY_SIZE,
-    LIONESS_MIN_BLOCK_SIZE,
     InvalidGroupElement,
     chacha20_keystream,
     chacha20_xor,
