@@ -59,3 +59,8 @@ def test_bench_startup_lists_every_command() -> None:
     paths = list(command_paths(main))
     assert () in paths and ("relay", "run") in paths and ("aggregator", "round", "new") in paths and ("bench", "startup") in paths
     assert ("relay",) in paths and ("experiment",) in paths
+
+
+def test_bench_startup_names_a_command_it_does_not_know_instead_of_a_traceback() -> None:
+    result = CliRunner().invoke(main, ["bench", "startup", "--command", "anonml", "--repetitions", "1"])
+    assert result.exit_code == 2 and "no such command: anonml" in result.output, result.output

@@ -85,7 +85,12 @@ def bench_startup(repetitions: int, only: tuple[str, ...], as_json: bool) -> Non
     """Every command's `--help` time as a ratio to `python -c pass`, measured in the same run; exits 1 above 5x."""
     root = click.get_current_context().find_root().command  # the `anonml` tree this benchmark is mounted in
     assert isinstance(root, click.Group)
-    paths = [tuple(words.split()) for words in only] or list(command_paths(root))
+    every = list(command_paths(root))
+    paths = [tuple(words.split()) for words in only] or every
+    unknown = [" ".join(path) for path in paths if path not in every]
+    if unknown:
+        raise click.BadParameter(f"no such command: {', '.join(unknown)} (give the words after `anonml`, e.g. 'relay run')",
+                                 param_hint="--command")
     figures = measure(paths, repetitions)
     rows = figures["commands"]
     assert isinstance(rows, list)
