@@ -101,7 +101,7 @@ class BeaconCollector:
         if statement.node_id != relay.node_id or statement.round_id != self.state.round_id:
             self.state.beacon_refused["another-relay-or-round"] += 1
             return None
-        if relay.beacon_key is not None and not statement.signed_by(relay.beacon_key):
+        if not statement.signed_by(relay.mirror_beacon_key):
             # Not the relay's word: whoever answered at its mirror's address cannot commit or reveal in its name.
             self.state.beacon_refused["unsigned"] += 1
             return None

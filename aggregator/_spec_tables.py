@@ -258,7 +258,7 @@ class NetworkTable:
         }
         relays = tuple(
             RelayEntry.read(table.nested(
-                {key: descriptors[i].get(key) for key in ("node_id", "host", "port", "public_key", "key_epoch", "beacon_key", "mirror_port")}
+                {key: descriptors[i].get(key) for key in RelayEntry.FIELDS}
                 if i in descriptors else item,
                 f"{table.name('relays')}[{i}]",
             ))

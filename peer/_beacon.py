@@ -45,7 +45,7 @@ async def collect_reveals(manifest: RoundManifest, head: RosterHead, mirrors: Se
                           now: Callable[[], float], until: float) -> tuple[bytes, ...]:
     """Every relay's value in the head's order, each from its own mirror, polled until ``until``; raises BeaconRefused."""
     by_node = {relay.node_id: mirror for relay, mirror in mirrors}
-    keys = {relay.node_id: relay.beacon_key for relay, _ in mirrors}
+    keys = {relay.node_id: relay.mirror_beacon_key for relay, _ in mirrors}
     revealed: dict[bytes, bytes] = {}
     pending: list[BeaconCommitment] = list(head.beacon)
     attempt = 0
@@ -59,8 +59,7 @@ async def collect_reveals(manifest: RoundManifest, head: RosterHead, mirrors: Se
                 continue
             if statement.node_id != entry.node_id or statement.round_id != manifest.round_id:
                 continue  # not this relay's statement for this round: it proves nothing either way
-            key = keys[entry.node_id]
-            if key is not None and not statement.signed_by(key):
+            if not statement.signed_by(keys[entry.node_id]):
                 continue  # not signed by the relay: whoever answered at its mirror cannot reveal in its name
             if statement.commitment != entry.commitment or not statement.opened():
                 raise BeaconRefused(RefusalReason.BEACON_MISMATCH, f"relay {entry.node_id.hex()[:16]} revealed a value that does not open "

@@ -17,7 +17,7 @@ import hmac
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from anonml.crypto import NodeAddress, PathHop, ReleaseWindow, SphinxGeometry, build_packet
 from anonml.protocol._api import MAX_ROSTER, format_host_port
@@ -137,6 +137,9 @@ def _read_hop_address(reader: FieldReader) -> tuple[bytes, str, int, bytes]:
 class RelayEntry:
     """One mix node of the relay directory."""
 
+    FIELDS: ClassVar[tuple[str, ...]] = ("node_id", "host", "port", "public_key", "key_epoch", "mirror_port", "beacon_key")
+    """Every field a relay's entry may have: what a spec's relay row takes from a relay descriptor (`relay info --json`)."""
+
     node_id: bytes
     host: str
     port: int
@@ -145,7 +148,8 @@ class RelayEntry:
     mirror_port: int | None = None
     """Where the relay serves its read-only mirror of the aggregator's signed documents (``relay._mirror``), if it does."""
     beacon_key: bytes | None = None
-    """The Ed25519 key that verifies the relay's signed beacon statements (``protocol._beacon``), from its descriptor."""
+    """The Ed25519 key that verifies the relay's signed beacon statements (``protocol._beacon``), from its descriptor;
+    :meth:`read` requires it of a relay listed with a mirror (only those take part in the beacon)."""
 
     def to_dict(self) -> dict[str, Any]:
         entry = {
@@ -165,6 +169,13 @@ class RelayEntry:
             return None
         return f"http://{format_host_port(self.host, self.mirror_port)}"
 
+    @property
+    def mirror_beacon_key(self) -> bytes:
+        """The key this mirrored relay's beacon statements must verify under: every manifest lists one for each
+        relay it lists with a mirror (:meth:`read`, which every ``RoundManifest`` passes through, refuses it otherwise)."""
+        assert self.beacon_key is not None, "a relay listed with a mirror lists its beacon key"
+        return self.beacon_key
+
     @classmethod
     def read(cls, reader: FieldReader) -> RelayEntry:
         entry = cls(
@@ -174,6 +185,10 @@ class RelayEntry:
             beacon_key=reader.hex("beacon_key", size=32) if reader.raw("beacon_key", optional=True) is not None else None,
         )
         reader.done()
+        if entry.mirror_port is not None and entry.beacon_key is None:
+            # Its beacon statements are checked against this key: without it, whoever answers at the mirror's
+            # address could commit and reveal in the relay's name, and so choose the partitions.
+            reader.fail("beacon_key", "a relay listed with a mirror must list its beacon key (`anonml relay info` prints it)")
         return entry
 
 

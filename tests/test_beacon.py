@@ -31,6 +31,7 @@ from anonml.aggregator import AggregatorHome, RoundState
 from anonml.aggregator._beacon import store_commitment
 from anonml.aggregator._setup import create_round, open_round
 from anonml.aggregator._spec import parse_round_spec
+from anonml.base.errors import AnonMLError
 from anonml.crypto import generate_keypair
 from anonml.protocol import (
     BeaconCommitment,
@@ -38,13 +39,17 @@ from anonml.protocol import (
     DocumentKind,
     InvalidApiMessage,
     InvalidBeacon,
+    InvalidManifest,
     RegisterRequest,
     RosterHead,
     RosterResponse,
     SignedDocument,
+    SignedManifest,
     beacon_commitment,
+    canonical_json,
     partition_seed,
 )
+from anonml.protocol._manifest import _signed_bytes
 from anonml.relay._beacon import RelayBeacon
 from anonml.simulate import Adversary, HttpAction, HttpRecord, RoundContext, RoundSetup, SimulationConfig, peer_ip, simulate_round
 from anonml.simulate._grind import GrindPartitions
@@ -387,3 +392,33 @@ def test_a_reveal_the_relay_did_not_sign_is_refused_even_when_it_opens_the_commi
     trace = simulate_round(SimulationConfig(peers=4, seed=2), _ForgedReveal())
     assert [p.refused.reason if p.refused else p.error for p in trace.peers] == ["beacon-unrevealed"] * 4
     assert trace.outcome == "failed" and not trace.arrivals
+
+
+def _without_beacon_keys(document: dict[str, Any]) -> None:
+    """The manifest a forger would sign: every relay keeps its mirror, none lists the key its statements are signed with."""
+    for relay in document["network"]["relays"]:
+        relay.pop("beacon_key", None)
+
+
+@pytest.mark.slow
+def test_a_forged_reveal_cannot_pass_as_unsigned_by_a_manifest_listing_mirrors_without_beacon_keys() -> None:
+    """Issue 24: with every beacon key left out, the peers and the aggregator skipped the signature check, and the
+    round finished on the forger's value (8 arrivals, no refusal). A relay listed with a mirror must list its key."""
+    with pytest.raises(AnonMLError, match=r"relays\[0\]\.beacon_key: a relay listed with a mirror must list its beacon key"):
+        simulate_round(SimulationConfig(peers=4, seed=2), _ForgedReveal(), setup=RoundSetup(adjust_spec=_without_beacon_keys))
+
+
+def test_a_peer_refuses_a_signed_manifest_listing_a_mirror_without_its_beacon_key(state: RoundState) -> None:
+    """The aggregator signs whatever manifest it likes: the peer's own parse of it must refuse the keyless mirror."""
+
+    def signed(manifest: dict[str, Any]) -> dict[str, Any]:
+        round_id = hashlib.sha256(canonical_json(manifest)).digest()
+        signature = state.secrets.signing_key.sign(_signed_bytes(round_id)).signature
+        return {"manifest": manifest, "signature": signature.hex(), "round_id": round_id.hex()}
+
+    manifest = state.signed.to_dict()["manifest"]
+    assert SignedManifest.from_dict(signed(manifest)) == state.signed  # re-signed as the aggregator signs
+    for relay in manifest["network"]["relays"]:
+        del relay["beacon_key"]
+    with pytest.raises(InvalidManifest, match=r"^manifest\.network\.relays\[0\]\.beacon_key: a relay listed with a mirror"):
+        SignedManifest.from_dict(signed(manifest))

@@ -127,11 +127,10 @@ async def aggregator_with_relays(tmp_path: Path, http_port: int, relay_processes
 
 
 def spec_document(relays: list[dict[str, Any]], http_port: int) -> dict[str, Any]:
-    fields = ("node_id", "host", "port", "public_key", "key_epoch", "mirror_port")
     return two_feature_spec(
         name="e2e", eps_total=4.0, min_participation=4,
         schedule={"register": 4, "issue": 4, "median_rounds": 2, "median_send": 2, "median_delivery": 6, "data_send": 3, "data_delivery": 12},
-        network={"relays": [{k: r[k] for k in fields} for r in relays], "http_port": http_port, "sink_port": free_port()},
+        network={"relays": [{k: r[k] for k in RelayEntry.FIELDS} for r in relays], "http_port": http_port, "sink_port": free_port()},
     )
 
 

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 import trio
+from nacl.signing import SigningKey
 
 from anonml.aggregator._round import RoundState
 from anonml.aggregator._service import AggregatorConfig, serve_aggregator
@@ -38,8 +39,10 @@ T0 = 1_800_000_000
 
 
 def spec_document(register_seconds: int = 100) -> dict[str, Any]:
+    # Each relay lists its beacon key, as `relay info` prints it: a test that gives one a mirror needs it listed.
     relays = [
-        {"node_id": (bytes([i + 1]) * 16).hex(), "host": "127.0.0.1", "port": 9000 + i, "public_key": generate_keypair()[1].hex(), "key_epoch": 1}
+        {"node_id": (bytes([i + 1]) * 16).hex(), "host": "127.0.0.1", "port": 9000 + i, "public_key": generate_keypair()[1].hex(), "key_epoch": 1,
+         "beacon_key": bytes(SigningKey.generate().verify_key).hex()}
         for i in range(3)
     ]
     return two_feature_spec(

@@ -35,7 +35,7 @@ import tomli_w
 from anonml.demo._calibrate import PhaseCosts
 from anonml.demo._data import DemoData
 from anonml.demo._ports import HOST
-from anonml.protocol import DEFAULT_MIN_ANONYMITY_SET, comparison_pool_size, smallest_anonymity_set
+from anonml.protocol import DEFAULT_MIN_ANONYMITY_SET, RelayEntry, comparison_pool_size, smallest_anonymity_set
 from anonml.transport import HttpLimits
 
 # More relays than a path is long: a relay that dies for good leaves paths
@@ -264,7 +264,6 @@ def schedule_seconds(schedule: Mapping[str, int]) -> int:
 
 def round_spec(data: DemoData, params: DemoParams, relays: list[dict[str, Any]], http_port: int, sink_port: int) -> dict[str, Any]:
     """The round spec for ``anonml aggregator round new`` (durations count from that command)."""
-    relay_fields = ("node_id", "host", "port", "public_key", "key_epoch", "mirror_port")
     spec = data.spec.to_dict()
     min_participation = max(1, params.peers // 2)
     # The demo runs at any --peers: it signs the minimum anonymity set its own
@@ -279,7 +278,7 @@ def round_spec(data: DemoData, params: DemoParams, relays: list[dict[str, Any]],
         "privacy": {"eps_total": params.epsilon, "oracle": "auto"},
         "schedule": round_spec_schedule(params),
         "network": {
-            "relays": [{k: relay[k] for k in relay_fields} for relay in relays],
+            "relays": [{k: relay[k] for k in RelayEntry.FIELDS} for relay in relays],
             "path_length": PATH_LENGTH,
             "http_host": HOST,
             "http_port": http_port,

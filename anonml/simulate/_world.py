@@ -64,7 +64,7 @@ from anonml.peer import (
     open_transport,
     peer_generator,
 )
-from anonml.protocol import FeatureSpec, SignedManifest, SurveyId
+from anonml.protocol import FeatureSpec, RelayEntry, SignedManifest, SurveyId
 from anonml.relay import KeyRing, PinnedAggregator, RelayConfig, WallClock, create_identity, relay_descriptor, serve_relay
 from anonml.simulate._adversary import Adversary, AdversaryView, RoundContext, asgi_interposer
 from anonml.transport import MemoryNetwork
@@ -153,7 +153,6 @@ class RoundTrace:
 
 def spec_document(config: SimulationConfig, relays: list[dict[str, Any]]) -> dict[str, Any]:
     """A small round: one numeric and one categorical feature, a median search, one subset per peer."""
-    fields = ("node_id", "host", "port", "public_key", "key_epoch", "mirror_port", "beacon_key")
     return {
         "name": f"simulated-{config.seed}",
         "task": {
@@ -170,7 +169,7 @@ def spec_document(config: SimulationConfig, relays: list[dict[str, Any]]) -> dic
         "schedule": {"register": 20, "issue": 20, "median_rounds": config.partitions, "median_send": 10,
                      "median_delivery": 20, "data_send": 10, "data_delivery": 20},
         "network": {
-            "relays": [{k: r[k] for k in fields} for r in relays], "path_length": config.path_length,
+            "relays": [{k: r[k] for k in RelayEntry.FIELDS} for r in relays], "path_length": config.path_length,
             "http_host": AGGREGATOR_IP, "http_port": HTTP_PORT, "sink_host": AGGREGATOR_IP, "sink_port": SINK_PORT,
         },
         "participation": {"min_participation": 2 * config.partitions, "min_anonymity_set": 2, "registration": "open", "purpose": "test",
