@@ -109,6 +109,9 @@ class LateIntake:
     """Of them, those from a source that is not an authenticated neighbour: a peer (or an unlisted relay)."""
     seconds_open: float = 0.0
     """How long their windows had been open when they were accepted, summed."""
+    due_before_stored: int = 0
+    """Accepted packets (late or not) whose drawn release time had passed when their batch was stored:
+    released at once, in the order they were stored, which at a first hop is their send order."""
 
     def add(self, seconds_open: float, *, first_hop: bool) -> None:
         self.packets += 1
@@ -119,6 +122,7 @@ class LateIntake:
         self.packets += other.packets
         self.first_hop += other.first_hop
         self.seconds_open += other.seconds_open
+        self.due_before_stored += other.due_before_stored
 
 
 @dataclass
@@ -186,6 +190,9 @@ class _CountersCollector(Collector):
                       "Of them, those from a source that is not an authenticated neighbour (a first hop).", late.first_hop)
         yield counter("packets_held_after_window_opened_seconds",
                       "How long those packets' windows had been open when they were accepted, summed.", late.seconds_open)
+        yield counter("packets_due_before_stored",
+                      "Packets whose drawn release time had passed when their batch was stored: released at once.",
+                      late.due_before_stored)
         yield by_reason("packets_dropped", "Packets not forwarded, by reason.", c.dropped.items())
         yield by_reason("metrics_connections_refused", "Metrics endpoint connections closed at once, by limit.",
                         c.metrics_refused.items())

@@ -446,6 +446,8 @@ class Relay:
             self.shares.own(batch.sender, row_ids)
         self.replay_tags += len(batch.tags)
         self.counters.accepted += len(row_ids)
+        stored_at = self.clock.now()
+        batch.late_intake.due_before_stored += sum(1 for release_at, *_ in batch.rows if release_at < stored_at)
         self.counters.late_intake.merge(batch.late_intake)
         self._wakeup.set()
         return statuses, True

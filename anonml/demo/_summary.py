@@ -37,7 +37,7 @@ def peer_totals(progress: Progress) -> dict[str, Any]:
 def held_after_window_opened(progress: Progress) -> dict[str, Any]:
     """Packets the relays accepted after their hop window had opened (``relay.LateIntake``): in all, at
     their first hop (where it ties arrival to send time), per relay, and how long the window had been
-    open on average."""
+    open on average; and those whose drawn release time had passed before they were stored."""
     per_relay = {index: int(m.get("held_after_window_opened", 0)) for index, m in sorted(progress.relays.items())}
     total = sum(per_relay.values())
     seconds = sum(m.get("held_after_window_opened_seconds", 0.0) for m in progress.relays.values())
@@ -46,6 +46,7 @@ def held_after_window_opened(progress: Progress) -> dict[str, Any]:
         "first_hop": sum(int(m.get("held_after_window_opened_first_hop", 0)) for m in progress.relays.values()),
         "per_relay": per_relay,
         "mean_seconds_open": seconds / total if total else 0.0,
+        "due_before_stored": sum(int(m.get("due_before_stored", 0)) for m in progress.relays.values()),
     }
 
 
@@ -227,7 +228,7 @@ def print_summary(console: Any, summary: dict[str, Any], params: DemoParams) -> 
         "relays: packets accepted after their window opened (at the first hop; per relay)",
         f"{late['total']} of {summary['relay_forwarded']} forwarded ({late['first_hop']}; "
         + ", ".join(f"relay {i}: {n}" for i, n in late["per_relay"].items())
-        + f"; window open {late['mean_seconds_open']:.2f} s on average)",
+        + f"; window open {late['mean_seconds_open']:.2f} s on average); {late['due_before_stored']} due before stored",
     )
     table.add_row("dropped by relays", ", ".join(f"{k}: {v}" for k, v in sorted(summary["relay_drops"].items())) or "none")
     promised = (summary["report"].get("privacy") or {}).get("eps_total_local", params.epsilon)
