@@ -42,6 +42,7 @@ from anonml.protocol import (
     ReleasePlan,
     comparison_pool_size,
     derive_subsets,
+    hop_slice,
     smallest_anonymity_set,
 )
 
@@ -140,8 +141,9 @@ def parse_round_spec(
     schedule = ScheduleTable.read(reader.child("schedule"), numeric=numeric)
     network = NetworkTable.read(reader.child("network"), base_dir)
     for key, delivery in schedule.deliveries().items():
-        if delivery < network.path_length + 1:
-            reader.fail_at(f"schedule.{key}", f"{delivery} s cannot hold {network.path_length} relay windows and the slack slice")
+        if hop_slice(delivery, network.path_length) < 1:
+            reader.fail_at(f"schedule.{key}", f"{delivery} s cannot hold the first hop's guard, {network.path_length} relay "
+                           f"windows and the slack slice (needs {network.path_length + 2})")
     participation = ParticipationTable.read(reader.child("participation"))
     reader.done()
     spec = RoundSpec(

@@ -43,7 +43,7 @@ issue = 900                 # default 15 min
 median_rounds = 4           # 0 without numeric features; without a comparison pool partition p answers in sub-round
                             # p % median_rounds (needs <= k_p); with one, pool partition k_p + s answers sub-round s
 median_send = 300           # default 5 min: each sub-round's send window (delta) ...
-median_delivery = 600       # default 10 min: ... then its delivery window (needs >= path_length + 1)
+median_delivery = 600       # default 10 min: ... then its delivery window (needs >= path_length + 2)
 data_send = 900             # default 15 min
 data_delivery = 1800        # default 30 min; every window must hold a relay or aggregator restart
 check = 4                   # optional: after each delivery window, seconds to publish and compare receipt-log heads

@@ -147,8 +147,11 @@ if TYPE_CHECKING:
         RoundPhase,
         RoundSchedule,
         acceptance_window,
+        first_hop_guard,
+        hop_slice,
         hop_windows,
         phase_at,
+        shortest_delivery,
     )
     from anonml.protocol._survey import ROUND_ID_BYTES, SURVEY_ID_BYTES, InvalidSurveyId, SurveyId, SurveyKind
     from anonml.protocol._beacon import (
@@ -276,7 +279,10 @@ __all__ = [
     "derive_subsets",
     "encode_median_report",
     "encode_pool_answer",
+    "first_hop_guard",
+    "hop_slice",
     "hop_windows",
+    "shortest_delivery",
     "inclusion_proof",
     "log_consistency_proof",
     "message_overhead",

@@ -263,26 +263,74 @@ def acceptance_window(schedule: RoundSchedule, survey: SurveyId) -> tuple[int, i
     return phase.send_end, phase.t_r
 
 
+def first_hop_guard(delivery_seconds: int, n_relays: int) -> int:
+    """Seconds between a send window's end and the opening of the first relay's window (:func:`hop_windows`).
+
+    A quarter of an even slice of the delivery window, and at least one
+    second (times are whole seconds). Why the first relay, and only it: a
+    relay draws a packet's release time uniformly in ``[max(now, a), b]``
+    (``relay._server``), so a packet it takes in after ``a``, or stores after
+    its drawn time, is released in what is left of the window, later the
+    later it came. At the first relay, intake follows the send: the packets
+    of peers that sent near the end of the send window, whose clocks run
+    slow, or that queued behind the relay's backlog or its commit would be
+    the ones taken in late, and their arrival at the aggregator would follow
+    their send order. At a later hop, intake follows the previous hop's
+    release time, which was drawn independently of the send whenever the
+    first relay held the packet from before its window opened; a late intake
+    there changes how releases spread over the window, not their
+    independence from the send. So a packet that reaches its first relay
+    and is stored within the guard of the send window's end is released at a
+    time independent of its send time all the way to the aggregator. Relays
+    count the packets they take in after their window opened or store after
+    their drawn time (``relay.LateIntake``), so a guard too short for the lag
+    a round meets shows.
+    """
+    return max(1, delivery_seconds // (4 * (n_relays + 1)))
+
+
+def hop_slice(delivery_seconds: int, n_relays: int) -> int:
+    """Each relay's window length in a delivery window of ``delivery_seconds`` (:func:`hop_windows`): what is
+    left after the first hop's guard, cut into ``n_relays + 1`` equal whole seconds (0: the window is too short)."""
+    return (delivery_seconds - first_hop_guard(delivery_seconds, n_relays)) // (n_relays + 1)
+
+
+def shortest_delivery(slice_seconds: int, n_relays: int) -> int:
+    """The shortest delivery window whose relay windows last at least ``slice_seconds`` (:func:`hop_slice`)."""
+    if slice_seconds < 1:
+        raise ValueError(f"slice_seconds must be at least 1, got {slice_seconds!r}")
+    delivery = slice_seconds * (n_relays + 1)
+    # The guard is at most a quarter of a slice: a few steps at most.
+    while hop_slice(delivery, n_relays) < slice_seconds:
+        delivery += 1
+    return delivery
+
+
 def hop_windows(schedule: RoundSchedule, survey: SurveyId, n_relays: int, attempt: Attempt = Attempt.FIRST) -> list[ReleaseWindow]:
     """The release window of each Sphinx hop for ``survey``: ``n_relays`` relays, then the aggregator.
 
-    The delivery window of ``attempt`` is cut into ``n_relays + 1`` equal
-    integer slices. Relay ``k`` releases inside slice ``k``: every relay (the
-    first included) holds its packets until the send window has closed, and
-    each hop's window opens only after the previous hop's has closed, so a
-    packet's arrival time is independent of its send time (DESIGN.md §7).
-    The last slice is slack for link latency; the aggregator's window is the
-    whole acceptance window (:func:`acceptance_window`). Resends and covers
-    follow the same rule over the second delivery window.
+    The delivery window ``(start, end)`` of ``attempt`` begins with a guard
+    (:func:`first_hop_guard`); the rest is cut into ``n_relays + 1`` equal
+    integer slices. Relay ``k`` releases inside slice ``k``: no relay releases
+    before the send window has closed and the guard passed, and each hop's
+    window opens only when the previous hop's has closed, so a packet's
+    arrival time is independent of its send time (DESIGN.md §7) as long as it
+    reaches its first relay within the guard. The last slice is slack for
+    link latency; the aggregator's window is the whole acceptance window
+    (:func:`acceptance_window`). Resends and covers follow the same rule over
+    the second delivery window.
     """
     if not 1 <= n_relays <= 16:
         raise InvalidSchedule("path_length", f"n_relays must be in [1, 16], got {n_relays!r}")
     start, end = schedule.phase_of(survey).delivery_window(attempt)
-    slice_length = (end - start) // (n_relays + 1)
+    slice_length = hop_slice(end - start, n_relays)
     if slice_length < 1:
         raise InvalidSchedule(
-            "schedule", f"delivery window of {end - start!r} s is too short for {n_relays!r} relays (needs {n_relays + 1})"
+            "schedule",
+            f"delivery window of {end - start!r} s is too short for {n_relays!r} relays (needs {n_relays + 2}: "
+            "the first hop's guard and a second per slice)",
         )
-    windows = [ReleaseWindow(start + k * slice_length, start + (k + 1) * slice_length) for k in range(n_relays)]
+    first = start + first_hop_guard(end - start, n_relays)
+    windows = [ReleaseWindow(first + k * slice_length, first + (k + 1) * slice_length) for k in range(n_relays)]
     windows.append(ReleaseWindow(*acceptance_window(schedule, survey)))
     return windows

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     )
     from anonml.relay._errors import RelayConfigError, RelayDataDirError
     from anonml.relay._keys import EpochKey, KeyRing, create_identity, load_identity, load_identity_key
-    from anonml.relay._metrics import DropReason, RelayCounters, parse_metrics, render_prometheus
+    from anonml.relay._metrics import DropReason, LateIntake, RelayCounters, parse_metrics, render_prometheus
     from anonml.relay._mirror import serve_mirror
     from anonml.relay._store import STORE_FILE, HeldPacket, RelayStore
     # The role's click group (``anonml relay ...``), which ``anonml.cli`` mounts.
@@ -55,6 +55,7 @@ __all__ = [
     "EpochKey",
     "HeldPacket",
     "KeyRing",
+    "LateIntake",
     "NextHopDirectory",
     "PinnedAggregator",
     "PinnedClock",

@@ -92,6 +92,40 @@ def log_event(logger: logging.Logger, level: int, event: str, **context: object)
 
 
 @dataclass
+class LateIntake:
+    """Packets accepted after their hop window had opened (``relay._server``, step 3).
+
+    Each one's release time is drawn from what was left of its window, so it
+    follows the packet's intake time. At a packet's first hop, intake follows
+    its send, and such packets' arrival at the aggregator would follow their
+    send order: ``protocol.hop_windows`` opens the first relay's window a guard
+    after the send window (``protocol.first_hop_guard``) so that this count
+    stays at 0 (DESIGN.md §7). At a later hop, intake follows the previous
+    hop's release, which is already independent of the send.
+    """
+
+    packets: int = 0
+    first_hop: int = 0
+    """Of them, those from a source that is not an authenticated neighbour: a peer (or an unlisted relay)."""
+    seconds_open: float = 0.0
+    """How long their windows had been open when they were accepted, summed."""
+    due_before_stored: int = 0
+    """Accepted packets (late or not) whose drawn release time had passed when their batch was stored:
+    released at once, in the order they were stored, which at a first hop is their send order."""
+
+    def add(self, seconds_open: float, *, first_hop: bool) -> None:
+        self.packets += 1
+        self.first_hop += first_hop
+        self.seconds_open += seconds_open
+
+    def merge(self, other: LateIntake) -> None:
+        self.packets += other.packets
+        self.first_hop += other.first_hop
+        self.seconds_open += other.seconds_open
+        self.due_before_stored += other.due_before_stored
+
+
+@dataclass
 class RelayCounters:
     """What the relay did since it started (DESIGN.md §11 "robustness")."""
 
@@ -112,6 +146,7 @@ class RelayCounters:
     throttled_batches: int = 0
     held: int = 0
     replay_tags: int = 0
+    late_intake: LateIntake = field(default_factory=LateIntake)
     store_failing: bool = False
     store_failures: int = 0
     # Where the time goes (``anonml bench relay``): CPU seconds of intake
@@ -148,6 +183,16 @@ class _CountersCollector(Collector):
         yield counter("packets_received", "Frames received on link connections.", c.received)
         yield counter("packets_accepted", "Packets stored for release.", c.accepted)
         yield counter("packets_forwarded", "Packets acknowledged by the next hop.", c.forwarded)
+        late = c.late_intake
+        yield counter("packets_held_after_window_opened",
+                      "Packets accepted after their window had opened: released in what was left of it.", late.packets)
+        yield counter("packets_held_after_window_opened_first_hop",
+                      "Of them, those from a source that is not an authenticated neighbour (a first hop).", late.first_hop)
+        yield counter("packets_held_after_window_opened_seconds",
+                      "How long those packets' windows had been open when they were accepted, summed.", late.seconds_open)
+        yield counter("packets_due_before_stored",
+                      "Packets whose drawn release time had passed when their batch was stored: released at once.",
+                      late.due_before_stored)
         yield by_reason("packets_dropped", "Packets not forwarded, by reason.", c.dropped.items())
         yield by_reason("metrics_connections_refused", "Metrics endpoint connections closed at once, by limit.",
                         c.metrics_refused.items())

@@ -26,7 +26,10 @@ Per accepted frame (DESIGN.md §5 order, §7 behaviour):
    encrypted for the next hop, is stored with it. The link ack goes out only
    after the batch's transaction commits; a failing commit (a full disk)
    answers BUSY, so nothing that is not durable is acknowledged, and the
-   relay reports itself unhealthy until a commit succeeds again.
+   relay reports itself unhealthy until a commit succeeds again. A packet
+   taken in after its window opened is counted
+   (:class:`relay._metrics.LateIntake`): its release time is drawn from what
+   is left of the window, so it follows its intake time.
 4. The scheduler releases packets at their times; one forwarder per next hop
    sends them over a reused :class:`transport.LinkClient` (authenticated with
    the relay's identity key, insisting on the next hop's node id), retrying
@@ -117,7 +120,7 @@ from anonml.relay._budget import RefusalBudget
 from anonml.relay._shares import HeldShares, Sender
 from anonml.relay._holdings import Holdings, Neighbour
 from anonml.relay._keys import EpochKey, KeyRing
-from anonml.relay._metrics import DropReason, RelayCounters, log_event
+from anonml.relay._metrics import DropReason, LateIntake, RelayCounters, log_event
 from anonml.relay._store import HeldPacket, RelayStore, StoredManifest
 
 logger = logging.getLogger("anonml.relay")
@@ -183,6 +186,7 @@ class _Batch:
     neighbours: Counter[Neighbour] = field(default_factory=Counter)
     charged: int = 0
     """Frames refused (REJECTED, or BUSY for capacity or a share) that the sender's refusal budget pays for."""
+    late_intake: LateIntake = field(default_factory=LateIntake)
 
 
 class Relay:
@@ -338,6 +342,9 @@ class Relay:
         window = result.window
         neighbour = (result.next_address.host, result.next_address.port)
         release_at = self.uniform(max(batch.now, float(window.start)), float(window.end))
+        if batch.now > window.start:
+            # From anyone but an authenticated neighbour (a listed relay): the packet's first hop.
+            batch.late_intake.add(batch.now - window.start, first_hop=not isinstance(batch.sender, bytes))
         batch.rows.append((release_at, float(window.end), neighbour[0], neighbour[1], result.packet))
         batch.tags.append((result.replay_tag, float(window.end)))
         batch.neighbours[neighbour] += 1
@@ -439,6 +446,9 @@ class Relay:
             self.shares.own(batch.sender, row_ids)
         self.replay_tags += len(batch.tags)
         self.counters.accepted += len(row_ids)
+        stored_at = self.clock.now()
+        batch.late_intake.due_before_stored += sum(1 for release_at, *_ in batch.rows if release_at < stored_at)
+        self.counters.late_intake.merge(batch.late_intake)
         self._wakeup.set()
         return statuses, True
 

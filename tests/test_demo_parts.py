@@ -17,6 +17,7 @@ import trio
 from anonml.demo import open_children
 from anonml.demo._calibrate import PhaseCosts
 from anonml.demo._schedule import AGGREGATOR_PROCESSES, HEADROOM, PATH_LENGTH, plan_round, recovery_seconds
+from anonml.protocol import hop_slice
 from anonml.transport import HttpLimits
 
 # A child that starts a grandchild in its process group (as the aggregator
@@ -71,7 +72,7 @@ def test_windows_hold_their_work_at_the_measured_rate_across_the_cores() -> None
     assert plan.data_send_window >= HEADROOM * 4000 * c.token / 2
     # Each relay's slice holds every packet of the phase at its one process's Sphinx rate; the last slice
     # the aggregator's last hop and token check on its processes.
-    slice_seconds = plan.data_delivery_window / (PATH_LENGTH + 1)
+    slice_seconds = hop_slice(plan.data_delivery_window, PATH_LENGTH)  # after the first hop's guard
     assert slice_seconds >= HEADROOM * 4000 * c.relay_hop
     assert slice_seconds >= HEADROOM * 4000 * (c.verify - PATH_LENGTH * c.relay_hop) / AGGREGATOR_PROCESSES
     # Registration and issuance hold their work and one restart of the aggregator: nothing repairs them later.

@@ -30,6 +30,7 @@ from anonml.crypto import (
 from anonml.transport import AckStatus, LinkIdentity
 from anonml.relay import (
     DirectoryEntry,
+    LateIntake,
     NextHopDirectory,
     RelayConfig,
     RelayConfigError,
@@ -37,6 +38,8 @@ from anonml.relay import (
     RelayStore,
     WallClock,
     load_identity_key,
+    parse_metrics,
+    render_prometheus,
 )
 from anonml.relay._server import PacketSender, Relay, _uniform_from
 from anonml.relay._store import STORE_FILE
@@ -199,6 +202,10 @@ async def test_late_packets_are_dropped_and_counted_and_mid_window_ones_released
     assert harness.relay.counters.dropped["late"] == 3
     assert sorted(i for _, i in harness.sent) == list(range(100, 120))
     assert all(T0 <= t <= T0 + 10 for t, _ in harness.sent)
+    # Each accepted one is counted as taken in 10 s after its window opened, from a non-neighbour (a first hop).
+    assert harness.relay.counters.late_intake == LateIntake(packets=20, first_hop=20, seconds_open=200.0)
+    scraped = parse_metrics(render_prometheus(harness.relay.counters).decode())
+    assert [scraped[f"packets_held_after_window_opened{suffix}"] for suffix in ("", "_first_hop", "_seconds")] == [20, 20, 200]
 
 
 async def test_replays_are_dropped_within_and_across_batches(

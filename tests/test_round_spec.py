@@ -159,3 +159,17 @@ def test_round_new_states_the_smallest_survey_and_the_signed_minimum(agg: Path, 
     code, output = round_new(agg, write_spec(tmp_path / "round.toml"))  # 3 peers at minimum, k_p = 2, a minimum of 1
     assert code == 0, output
     assert "at its minimum participation (3 peers) the smallest survey holds 1; the signed minimum anonymity set is 1" in output
+
+
+def test_a_delivery_window_without_room_for_the_first_hops_guard_is_refused_in_one_line() -> None:
+    """Each delivery window holds the first hop's guard and a second per relay and for the slack slice
+    (protocol.hop_windows): path_length + 2 seconds at least."""
+    document = spec_document()
+    path_length = document["network"]["path_length"]
+    document["schedule"]["data_delivery"] = path_length + 1
+    with pytest.raises(RoundSpecError) as refused:
+        parse_round_spec(copy.deepcopy(document))
+    assert refused.value.field == "schedule.data_delivery" and "\n" not in str(refused.value)
+    assert f"cannot hold the first hop's guard, {path_length} relay windows and the slack slice (needs {path_length + 2})" in str(refused.value)
+    document["schedule"]["data_delivery"] = path_length + 2
+    assert parse_round_spec(document).schedule.data_delivery == path_length + 2

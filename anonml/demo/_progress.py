@@ -104,9 +104,16 @@ def phase_rows(progress: Progress, peers: int) -> list[tuple[str, str]]:
     return rows
 
 
+# The relay counters the demo keeps (besides the drops by reason).
+_SCRAPED = ("packets_forwarded", "packets_received", "packets_held_after_window_opened",
+            "packets_held_after_window_opened_first_hop", "packets_held_after_window_opened_seconds",
+            "packets_due_before_stored")
+
+
 async def scrape_relay(client: httpx.AsyncClient, port: int) -> dict[str, float]:
     """A relay's counters from its Prometheus endpoint (parsed by ``relay.parse_metrics``, i.e.
-    prometheus_client): ``forwarded``, ``received``, ``dropped/<reason>``. ``client`` is the
+    prometheus_client): ``forwarded``, ``received``, ``dropped/<reason>``,
+    ``held_after_window_opened`` (and its ``_first_hop`` and ``_seconds``), ``due_before_stored``. ``client`` is the
     one the demo keeps for its whole run (a new httpx client costs a TLS context each)."""
     from anonml.relay import parse_metrics
 
@@ -115,4 +122,4 @@ async def scrape_relay(client: httpx.AsyncClient, port: int) -> dict[str, float]
     except httpx.HTTPError:
         return {}
     return {name.removeprefix("packets_"): value for name, value in parse_metrics(text).items()
-            if name in ("packets_forwarded", "packets_received") or name.startswith("packets_dropped/")}
+            if name in _SCRAPED or name.startswith("packets_dropped/")}

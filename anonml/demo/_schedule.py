@@ -10,9 +10,11 @@ times :data:`HEADROOM` — not a serial per-peer cost times a slack factor.
 * Each relay's slice of a delivery window holds every packet of the phase at
   one relay's measured Sphinx rate; the last slice holds the aggregator's
   verification on its worker processes. Relays release each packet at a
-  uniformly random time of their slice, and no slice opens before the send
-  window has closed, so arrival is independent of send time whatever the
-  slice's length (``protocol.hop_windows``).
+  uniformly random time of their slice, and the first slice opens a guard
+  after the send window has closed (at least a second,
+  ``protocol.first_hop_guard``), so arrival is independent of send time
+  whatever the slice's length for every packet that reaches its first relay
+  within the guard (``protocol.hop_windows``).
 * The check holds the mirrors' poll for the signed heads and the peers' polls
   for the log and the mirrors' heads (one request each per worker process).
 * Registration and issuance hold their work and one restart of the
@@ -35,7 +37,7 @@ import tomli_w
 from anonml.demo._calibrate import PhaseCosts
 from anonml.demo._data import DemoData
 from anonml.demo._ports import HOST
-from anonml.protocol import DEFAULT_MIN_ANONYMITY_SET, RelayEntry, comparison_pool_size, smallest_anonymity_set
+from anonml.protocol import DEFAULT_MIN_ANONYMITY_SET, RelayEntry, comparison_pool_size, shortest_delivery, smallest_anonymity_set
 from anonml.transport import HttpLimits
 
 # More relays than a path is long: a relay that dies for good leaves paths
@@ -183,14 +185,14 @@ def plan_round(data: DemoData, peers: int, epsilon: float, workers: int, seed: i
         return math.ceil(max(1.0, seconds(messages * costs.token, workers)))
 
     def delivery(messages: int) -> int:
-        # protocol.hop_windows cuts the window into PATH_LENGTH + 1 equal slices: each hop's
-        # (one relay process each) and the last, where the aggregator verifies on its processes.
+        # protocol.hop_windows cuts the window, after the first hop's guard, into PATH_LENGTH + 1 equal
+        # slices: each hop's (one relay process each) and the last, where the aggregator verifies on its processes.
         # A relay's slice holds every packet of the phase: with RELAYS > PATH_LENGTH a relay
         # sees fewer on average, but one random relay may be on most paths.
         # ``costs.verify`` is every hop of a path and the token check; the aggregator does the last hop and the check.
         relay_slice = seconds(messages * costs.relay_hop, 1)
         final_slice = seconds(messages * max(costs.relay_hop, costs.verify - PATH_LENGTH * costs.relay_hop), AGGREGATOR_PROCESSES)
-        return math.ceil(max(1.0, relay_slice, final_slice)) * (PATH_LENGTH + 1)
+        return shortest_delivery(math.ceil(max(1.0, relay_slice, final_slice)), PATH_LENGTH)
 
     # One HTTP exchange per peer to register (the peer signs in its worker, the aggregator checks).
     register = seconds(peers * (costs.register + costs.http), workers, peers) + recovery

@@ -34,6 +34,22 @@ def peer_totals(progress: Progress) -> dict[str, Any]:
     return {**{key: total[key] for key in PEER_COUNTS}, "missing_reasons": dict(reasons)}
 
 
+def held_after_window_opened(progress: Progress) -> dict[str, Any]:
+    """Packets the relays accepted after their hop window had opened (``relay.LateIntake``): in all, at
+    their first hop (where it ties arrival to send time), per relay, and how long the window had been
+    open on average; and those whose drawn release time had passed before they were stored."""
+    per_relay = {index: int(m.get("held_after_window_opened", 0)) for index, m in sorted(progress.relays.items())}
+    total = sum(per_relay.values())
+    seconds = sum(m.get("held_after_window_opened_seconds", 0.0) for m in progress.relays.values())
+    return {
+        "total": total,
+        "first_hop": sum(int(m.get("held_after_window_opened_first_hop", 0)) for m in progress.relays.values()),
+        "per_relay": per_relay,
+        "mean_seconds_open": seconds / total if total else 0.0,
+        "due_before_stored": sum(int(m.get("due_before_stored", 0)) for m in progress.relays.values()),
+    }
+
+
 def summarise(data: DemoData, params: DemoParams, progress: Progress, report: dict[str, Any], audit: Audit, work: Path,
               seconds: float) -> dict[str, Any]:
     epsilons = [e for s in progress.summaries.values() for e in s.get("epsilon", [])]
@@ -62,6 +78,7 @@ def summarise(data: DemoData, params: DemoParams, progress: Progress, report: di
         "peer_errors": progress.errors,
         "relay_drops": dict(progress.relay_drops()),
         "relay_forwarded": sum(int(m.get("forwarded", 0)) for m in progress.relays.values()),
+        "relay_held_after_window_opened": held_after_window_opened(progress),
         "epsilon_local_max": max(epsilons, default=0.0),
         "epsilon_local_mean": float(np.mean(epsilons)) if epsilons else 0.0,
         "report": report,
@@ -206,6 +223,13 @@ def print_summary(console: Any, summary: dict[str, Any], params: DemoParams) -> 
         f"{summary['receipts']} / {summary['missing']}{f' ({reasons})' if reasons else ''} / {summary['unconfirmed']}",
     )
     table.add_row("rejected by reason", ", ".join(f"{k}: {v}" for k, v in sorted(summary["rejected"].items())) or "none")
+    late = summary["relay_held_after_window_opened"]
+    table.add_row(
+        "relays: packets accepted after their window opened (at the first hop; per relay)",
+        f"{late['total']} of {summary['relay_forwarded']} forwarded ({late['first_hop']}; "
+        + ", ".join(f"relay {i}: {n}" for i, n in late["per_relay"].items())
+        + f"; window open {late['mean_seconds_open']:.2f} s on average); {late['due_before_stored']} due before stored",
+    )
     table.add_row("dropped by relays", ", ".join(f"{k}: {v}" for k, v in sorted(summary["relay_drops"].items())) or "none")
     promised = (summary["report"].get("privacy") or {}).get("eps_total_local", params.epsilon)
     table.add_row("epsilon per peer, local, record level (ledger sums)", f"max {summary['epsilon_local_max']:.3g}, promised {promised:.3g}")
