@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
 
+from anonml.aggregator._report import summarise
 from anonml.aggregator._spec import RoundSpecError, parse_round_spec
-from anonml.protocol import InvalidManifest, RoundManifest, SignedManifest, TaskKind
+from anonml.mechanisms import OptimizedUnaryEncoding
+from anonml.protocol import FeatureSpec, InvalidManifest, RoundManifest, SignedManifest, TaskKind
+from anonml.simulate import RoundSetup, RoundTrace, SimulationConfig, simulate_round
+from anonml.simulate._world import _seeded, peer_row
 from test_aggregator import spec_document, with_median
 from test_aggregator_cli import write_spec
 from test_manifest import PINNED_ROUND_ID, SIGNING_KEY, fixed_manifest
@@ -78,3 +84,55 @@ def test_round_new_refuses_an_unknown_kind_in_one_line(agg: Path, tmp_path: Path
     assert code == 1 and "Traceback" not in output
     (line,) = output.strip().splitlines()
     assert "task.kind" in line and "'regression'" in line and "ensemble, statistics" in line
+
+
+def _as_statistics_task(document: dict[str, Any]) -> None:
+    """The simulator's round as a statistics task: a pool answers the median search, every other peer one report."""
+    document["task"]["kind"] = "statistics"
+    document["task"]["quantiles"] = 3
+    document["learning"] = {"k_p": 2, "k_h": 1, "k_s": 1, "plan": "one", "learner": "logreg", "comparison_pool": 0.34}
+    document["privacy"] = {"eps_total": 4.0, "oracle": "oue"}
+    document["participation"]["min_participation"] = 12
+
+
+@pytest.fixture(scope="module")
+def statistics_round() -> RoundTrace:
+    return simulate_round(SimulationConfig(peers=16, seed=11), setup=RoundSetup(adjust_spec=_as_statistics_task))
+
+
+def test_a_statistics_round_charges_each_peer_its_promise_and_accepts_every_report(statistics_round: RoundTrace) -> None:
+    trace = statistics_round
+    manifest = trace.manifest.manifest
+    assert trace.outcome == "done" and manifest.task_kind == TaskKind.STATISTICS
+    results = [p.result for p in trace.peers]
+    assert all(r is not None for r in results), [p.error or p.refused for p in trace.peers]
+    # Each peer made ONE release at the whole promise (a comparison bit or a report): its ledger is the promise, exactly.
+    assert {r.epsilon_spent for r in results if r is not None} == {manifest.eps_total} == {4.0}
+    packets = sum(r.packets for r in results if r is not None)
+    assert packets == len(trace.arrivals) > 0
+    assert sum(r.acknowledged for r in results if r is not None) == packets
+    assert trace.report["model"] is None and trace.report["task_kind"] == "statistics"
+
+
+def test_a_statistics_round_reports_each_answer_beside_its_formula(statistics_round: RoundTrace) -> None:
+    trace = statistics_round
+    manifest = trace.manifest.manifest
+    answers = {(a["query"], a["subject"]): a for a in trace.report["statistics"]}
+    assert set(answers) == {("count", "y positive"), ("histogram", "age"), ("histogram", "colour"), ("mean", "age"), ("median", "age")}
+    data_peers = [p for p in trace.peers if p.result is not None and p.result.partition is not None and p.result.partition < manifest.k_p]
+    rows = [peer_row(p.index, np.random.default_rng(_seeded(trace.config.seed, "data", p.index))) for p in data_peers]
+    count = answers[("count", "y positive")]
+    assert count["reports"] == len(data_peers) == sum(a["reports"] for k, a in answers.items() if k[0] == "histogram")
+    truth = sum(row["y"] == "1" for row in rows)
+    assert abs(count["estimate"] - truth) < 4 * count["std_error"], (count, truth)
+    # A histogram's total error needs no true counts: the oracle's exact total, per survey.
+    for feature in ("age", "colour"):
+        histogram = answers[("histogram", feature)]
+        cells = FeatureSpec.from_dict(dict(manifest.features)).domain_size((feature,))
+        assert histogram["variance"] == pytest.approx(OptimizedUnaryEncoding(4.0, cells).variance(histogram["reports"]))
+    median, cut_points = answers[("median", "age")], trace.report["cut_points"]["age"]
+    assert median["estimate"] in cut_points and len(median["cdf"]) == len(cut_points) + 1
+    mean = answers[("mean", "age")]
+    assert 0 <= mean["estimate"] <= 100 and mean["std_error"] > 0
+    lines = summarise(trace.report)
+    assert any(line.startswith("statistic: mean of age") and "std error" in line and "mid_b" in line for line in lines)
