@@ -11,6 +11,7 @@ import pytest
 from anonml.aggregator._report import summarise
 from anonml.aggregator._spec import RoundSpecError, parse_round_spec
 from anonml.mechanisms import OptimizedUnaryEncoding
+from anonml.peer import Dataset, Event, PeerStore, RoundPipeline, describe_release
 from anonml.protocol import FeatureSpec, InvalidManifest, RoundManifest, SignedManifest, TaskKind
 from anonml.simulate import RoundSetup, RoundTrace, SimulationConfig, simulate_round
 from anonml.simulate._world import _seeded, peer_row
@@ -96,8 +97,14 @@ def _as_statistics_task(document: dict[str, Any]) -> None:
 
 
 @pytest.fixture(scope="module")
-def statistics_round() -> RoundTrace:
-    return simulate_round(SimulationConfig(peers=16, seed=11), setup=RoundSetup(adjust_spec=_as_statistics_task))
+def statistics_round(tmp_path_factory: pytest.TempPathFactory) -> RoundTrace:
+    return simulate_round(SimulationConfig(peers=16, seed=11), setup=RoundSetup(adjust_spec=_as_statistics_task),
+                          keep=tmp_path_factory.mktemp("statistics-round"))
+
+
+def _row_of(trace: RoundTrace, index: int) -> dict[str, Any]:
+    """Peer ``index``'s data row, drawn as the simulator drew it."""
+    return peer_row(index, np.random.default_rng(_seeded(trace.config.seed, "data", index)))
 
 
 def test_a_statistics_round_charges_each_peer_its_promise_and_accepts_every_report(statistics_round: RoundTrace) -> None:
@@ -112,6 +119,14 @@ def test_a_statistics_round_charges_each_peer_its_promise_and_accepts_every_repo
     assert packets == len(trace.arrivals) > 0
     assert sum(r.acknowledged for r in results if r is not None) == packets
     assert trace.report["model"] is None and trace.report["task_kind"] == "statistics"
+    # The consent preview says what the round computes, and its cost is the promise.
+    spec = FeatureSpec.from_dict(dict(manifest.features))
+    assert trace.peer_store is not None
+    store = PeerStore(trace.peer_store)
+    outcome = trace.peers[0]
+    vector = RoundPipeline.for_spec(spec).vector_of(Dataset((Event(_row_of(trace, outcome.index), None, 1),)))
+    text, cost, _, _ = describe_release(trace.manifest, spec, vector, store, outcome.key)
+    assert cost == manifest.eps_total and "task: statistics: every feature's histogram" in text, text
 
 
 def test_a_statistics_round_reports_each_answer_beside_its_formula(statistics_round: RoundTrace) -> None:
@@ -120,7 +135,7 @@ def test_a_statistics_round_reports_each_answer_beside_its_formula(statistics_ro
     answers = {(a["query"], a["subject"]): a for a in trace.report["statistics"]}
     assert set(answers) == {("count", "y positive"), ("histogram", "age"), ("histogram", "colour"), ("mean", "age"), ("median", "age")}
     data_peers = [p for p in trace.peers if p.result is not None and p.result.partition is not None and p.result.partition < manifest.k_p]
-    rows = [peer_row(p.index, np.random.default_rng(_seeded(trace.config.seed, "data", p.index))) for p in data_peers]
+    rows = [_row_of(trace, p.index) for p in data_peers]
     count = answers[("count", "y positive")]
     assert count["reports"] == len(data_peers) == sum(a["reports"] for k, a in answers.items() if k[0] == "histogram")
     truth = sum(row["y"] == "1" for row in rows)
@@ -136,3 +151,17 @@ def test_a_statistics_round_reports_each_answer_beside_its_formula(statistics_ro
     assert 0 <= mean["estimate"] <= 100 and mean["std_error"] > 0
     lines = summarise(trace.report)
     assert any(line.startswith("statistic: mean of age") and "std error" in line and "mid_b" in line for line in lines)
+
+
+def test_the_statistics_demo_plans_a_round_round_new_accepts() -> None:
+    from anonml.demo._data import breast_cancer_data
+    from anonml.demo._schedule import plan_round, round_spec
+    from test_demo_parts import costs
+
+    data = breast_cancer_data(0)
+    params = plan_round(data, len(data.train_rows), 2.0, 2, 0, costs(1.0), n_cores=2, task=TaskKind.STATISTICS)
+    relays = [{"node_id": bytes([i + 1]).hex() * 32, "host": "127.0.0.1", "port": 9000 + i, "public_key": bytes([0x40 + i]).hex() * 32,
+               "key_epoch": 1, "mirror_port": None} for i in range(5)]
+    spec = parse_round_spec(round_spec(data, params, relays, 8080, 8081))
+    assert spec.task.kind == TaskKind.STATISTICS and spec.privacy.oracle == "oue"
+    assert (spec.learning.plan, spec.learning.k_s, spec.learning.k_p) == ("one", 1, len(data.spec.features))
