@@ -10,6 +10,7 @@ import pytest
 
 from anonml.aggregator._report import summarise
 from anonml.aggregator._spec import RoundSpecError, parse_round_spec
+from anonml.learning import round_statistics, survey_cells
 from anonml.mechanisms import OptimizedUnaryEncoding
 from anonml.peer import Dataset, Event, PeerStore, RoundPipeline, describe_release
 from anonml.protocol import FeatureSpec, InvalidManifest, RoundManifest, SignedManifest, TaskKind
@@ -165,3 +166,39 @@ def test_the_statistics_demo_plans_a_round_round_new_accepts() -> None:
     spec = parse_round_spec(round_spec(data, params, relays, 8080, 8081))
     assert spec.task.kind == TaskKind.STATISTICS and spec.privacy.oracle == "oue"
     assert (spec.learning.plan, spec.learning.k_s, spec.learning.k_p) == ("one", 1, len(data.spec.features))
+
+
+def test_a_statistics_rounds_errors_hold_their_formulas_over_100_trials() -> None:
+    """Offline, with the round's own estimator: each answer's empirical squared error over 100 seeded trials
+    is within 1.5x of the mean of the variance its formula stated (the mean's target is its bins' midpoints)."""
+    spec = FeatureSpec.from_dict({
+        "features": [{"name": "age", "type": "numeric", "low": 0, "high": 100, "quantiles": 3}],
+        "label": {"name": "y", "positive": ["1"], "negative": ["0"]},
+    })
+    cuts = [20.0, 45.0, 70.0]
+    rng = np.random.default_rng(2028)
+    n = 400
+    ages = rng.beta(2, 3, n) * 100
+    labels = (rng.random(n) < ages / 100).astype(np.int64)
+    bins = np.searchsorted(cuts, ages, side="left")  # bin #{c : v > c}, as the peers bin
+    oracle = OptimizedUnaryEncoding(1.0, spec.domain_size(("age",)))
+    codes = spec.encode(("age",), bins[:, None], labels)
+    true_bins = np.bincount(bins, minlength=4)
+    middles = (np.array([0.0, *cuts]) + np.array([*cuts, 100.0])) / 2
+    true_cdf = np.cumsum(true_bins) / n
+    truth = {"count": float(labels.sum()), "mean": float(middles @ true_bins / n)}
+    errors: dict[str, list[float]] = {"count": [], "histogram": [], "mean": [], "median": []}
+    stated: dict[str, list[float]] = {key: [] for key in errors}
+    for _ in range(100):
+        blobs = oracle.encode_reports(oracle.privatize(codes, rng))
+        answers = {a["query"]: a for a in round_statistics(spec, [survey_cells(spec, "age", oracle, blobs)], {"age": cuts})}
+        for query in ("count", "mean"):
+            errors[query].append((answers[query]["estimate"] - truth[query]) ** 2)
+        errors["histogram"].append(float(np.sum(np.square(np.array(answers["histogram"]["estimate"]) - true_bins))))
+        chosen = cuts.index(answers["median"]["estimate"])
+        errors["median"].append((answers["median"]["cdf"][chosen] - true_cdf[chosen]) ** 2)
+        for query in errors:
+            stated[query].append(answers[query]["variance"])
+    for query in errors:
+        ratio = float(np.mean(errors[query]) / np.mean(stated[query]))
+        assert 1 / 1.5 < ratio < 1.5, (query, ratio)
