@@ -266,6 +266,7 @@ class RoundManifest:
         except (TypeError, ValueError, AttributeError) as exc:
             raise InvalidManifest("$", f"cannot encode the manifest: {exc}") from None
         RoundManifest._read(FieldReader(parse_json_object(encoded, max_bytes=MAX_MANIFEST_BYTES, error=InvalidManifest), "", InvalidManifest))
+        object.__setattr__(self, "task_kind", TaskKind(self.task_kind))  # a known kind: _read refused any other
         object.__setattr__(self, "_canonical", encoded)
 
     @property
