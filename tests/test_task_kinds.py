@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -155,6 +156,13 @@ def test_a_statistics_round_reports_each_answer_beside_its_formula(statistics_ro
     assert 0 <= mean["estimate"] <= 100 and mean["std_error"] > 0
     lines = summarise(trace.report)
     assert any(line.startswith("statistic: mean of age") and "std error" in line and "mid_b" in line for line in lines)
+    # report.html, the dashboard's page with the final figures, carries the answers its statistics table shows.
+    assert trace.peer_store is not None
+    (page,) = (trace.peer_store.parent / "aggregator" / "rounds").glob("*/report.html")
+    html = page.read_text()
+    tag = '<script id="report-data" type="application/json">'
+    embedded = json.loads(html[html.index(tag) + len(tag):html.index("</script>", html.index(tag))])
+    assert embedded["report"]["statistics"] == trace.report["statistics"] and 'id="statistics-table"' in html
 
 
 def test_the_statistics_demo_plans_a_round_round_new_accepts() -> None:
