@@ -20,7 +20,7 @@ from anonml.aggregator._anonymity import FullView, linking_report
 from anonml.aggregator._dashboard import dashboard_data, render_page
 from anonml.aggregator._round import RoundState
 from anonml.mechanisms import PostprocessMethod, per_attribute_epsilon, releases_from, shuffle_central_privacy
-from anonml.protocol import SurveyId, release_roles
+from anonml.protocol import SurveyId, TaskKind, release_roles
 
 REPORT_JSON = "report.json"
 REPORT_HTML = "report.html"
@@ -35,11 +35,12 @@ def learn(state: RoundState, directory: Path, *, test_file: Path | None = None) 
     so it never reads the clock itself (trio's MockClock is only readable on the loop).
     """
     now = state.learning_started_at if state.learning_started_at is not None else state.now()
-    from anonml.learning import PartitionEnsemble, estimate_histogram, model_to_json, published_model
+    from anonml.learning import PartitionEnsemble, estimate_histogram, model_to_json, published_model, round_statistics, survey_cells
 
     started = time.perf_counter()
     manifest, spec = state.manifest, state.spec
-    histograms = []
+    statistics = manifest.task_kind == TaskKind.STATISTICS
+    histograms, cells = [], []
     per_survey: dict[str, int] = {}
     for partition, subsets in enumerate(state.subsets):
         for index, subset in enumerate(subsets):
@@ -49,7 +50,10 @@ def learn(state: RoundState, directory: Path, *, test_file: Path | None = None) 
             if not blobs:
                 continue
             oracle = state.data_oracle(partition, index)
-            histograms.append(estimate_histogram(spec, subset, oracle, blobs, partition=partition, method=PostprocessMethod.NORM_SUB))
+            if statistics:  # one feature per survey (aggregator._spec): its unbiased cells, not post-processed
+                cells.append(survey_cells(spec, subset[0], oracle, blobs))
+            else:
+                histograms.append(estimate_histogram(spec, subset, oracle, blobs, partition=partition, method=PostprocessMethod.NORM_SUB))
     medians = state.medians()
     cut_points = {name: list(values) for name, values in (medians.cut_points.items() if medians else ())}
     report: dict[str, Any] = {
@@ -71,9 +75,12 @@ def learn(state: RoundState, directory: Path, *, test_file: Path | None = None) 
             state.store.arrivals(), state.store.partitions(), lambda survey: float(manifest.schedule.phase_of(survey).send_end),
             state.requests, state.round_id, lambda survey: float(manifest.schedule.phase_of(survey).t_2),
         ), directory) | {"min_anonymity_set": manifest.min_anonymity_set},
+        "task_kind": str(manifest.task_kind),
         "model": None,
         "utility": None,
     }
+    if statistics:
+        report["statistics"] = round_statistics(spec, cells, cut_points)
     if histograms:
         ensemble = PartitionEnsemble(base=manifest.learner, combiner=manifest.vote, random_state=0).fit_histograms(histograms, n_bins=spec.n_bins)
         model = published_model(spec, cut_points, ensemble)
@@ -160,6 +167,8 @@ def write_report(report: dict[str, Any], directory: Path, page: dict[str, Any]) 
 
 def summarise(report: dict[str, Any]) -> list[str]:
     """Terminal lines for ``anonml aggregator report``."""
+    from anonml.learning import describe_answer
+
     counts = report.get("counts", {})
     privacy = report.get("privacy", {})
     lines = [
@@ -188,6 +197,8 @@ def summarise(report: dict[str, Any]) -> list[str]:
             f"k_s {planned['k_s']}, {planned['quantiles']} cut point(s) per numeric feature, vote {planned['combiner']}; "
             f"simulated AUC {planned['simulated_auc']:.3f} on synthetic peers"
         )
+    for answer in report.get("statistics") or ():
+        lines.append(f"statistic: {describe_answer(answer)}")
     if report.get("utility"):
         lines.append(f"utility: AUC {report['utility']['auc']:.4f} on {report['utility']['rows']} held-out rows")
     if report.get("reason"):

@@ -32,14 +32,16 @@ from anonml.aggregator._spec_tables import (
     ScheduleTable,
     TaskTable,
 )
-from anonml.mechanisms import make_oracle
+from anonml.mechanisms import OracleName, make_oracle
 from anonml.protocol import (
     FeatureSpec,
     FieldReader,
     InvalidDocument,
     MedianPeers,
     PlanError,
+    PlanKind,
     ReleasePlan,
+    TaskKind,
     comparison_pool_size,
     derive_subsets,
     hop_slice,
@@ -138,6 +140,8 @@ def parse_round_spec(
     if learning.plan == PLANNER and task.quantiles is not None:
         reader.fail_at("task.quantiles", f'the planner chooses the cut points when learning.plan = "{PLANNER}": leave it out')
     privacy = PrivacyTable.read(reader.child("privacy"), pooled=bool(learning.comparison_pool))
+    if task.kind == TaskKind.STATISTICS:
+        _check_statistics(reader, learning, privacy)
     schedule = ScheduleTable.read(reader.child("schedule"), numeric=numeric)
     network = NetworkTable.read(reader.child("network"), base_dir)
     for key, delivery in schedule.deliveries().items():
@@ -154,6 +158,21 @@ def parse_round_spec(
         spec = _planned(reader, spec, planner)
     _check_round(reader, spec)
     return spec
+
+
+STATISTICS_ORACLES = (OracleName.OUE, OracleName.SUE, OracleName.PQ)
+"""The oracles a statistics task may use: unary encodings, which perturb every cell independently, so the
+error of a sum of cells (a feature's bin over both labels, a count, a CDF) is the sum of the cells' errors."""
+
+
+def _check_statistics(reader: FieldReader, learning: LearningTable, privacy: PrivacyTable) -> None:
+    """A statistics task: each data peer makes ONE release, of one feature (and the label), at the whole ε_T."""
+    if learning.plan != PlanKind.ONE or learning.k_s != 1:
+        reader.fail_at("learning", f'a statistics task releases one feature per peer: set plan = "one" and k_s = 1 '
+                                   f"(got plan = {learning.plan!r}, k_s = {learning.k_s})")
+    if privacy.oracle not in STATISTICS_ORACLES:
+        reader.fail_at("privacy.oracle", f"a statistics task needs a unary encoding ({', '.join(STATISTICS_ORACLES)}), "
+                                         f"whose cells are perturbed independently; got {privacy.oracle!r}")
 
 
 def _planned(reader: FieldReader, spec: RoundSpec, planner: RoundPlanner) -> RoundSpec:

@@ -13,6 +13,9 @@ name = "adult-income"
 
 [task]                      # builtin = "adult"; or spec_file = "people.toml", the feature spec `anonml experiment
 builtin = "adult"           # csv --spec` reads (relative to this spec); or features + label written out here
+# kind = "statistics"       # optional: what the round computes, "ensemble" (default: the partition ensemble) or
+                            # "statistics" (histograms, the positive count, means and medians, each with its error
+                            # formula; needs plan = "one", k_s = 1 and a unary-encoding oracle: oue, sue or pq)
 quantiles = 3               # optional: cut points per numeric feature, found by the median search
                             # (default: each feature's own, 1 = the median; q cut points give q + 1 bins)
 

@@ -31,6 +31,7 @@ from anonml.protocol import (
     MAX_ROSTER,
     PLAN_KINDS,
     REGISTRATION_POLICIES,
+    TASK_KINDS,
     VOTES,
     FeatureSpec,
     FeatureSpecError,
@@ -40,6 +41,7 @@ from anonml.protocol import (
     RegistrationPolicy,
     RelayEntry,
     RoundPurpose,
+    TaskKind,
 )
 
 PLANNER = "auto"
@@ -73,15 +75,18 @@ DEFAULT_SCHEDULE = {
 
 @dataclass(frozen=True)
 class TaskTable:
-    """``[task]``: the features and the label, and the cut points of the numeric features."""
+    """``[task]``: what the round computes, the features and the label, and the cut points of the numeric features."""
 
     features: FeatureSpec
     """The task, however the table gives it: ``builtin``, ``spec_file``, or ``features`` and ``label`` written out."""
     quantiles: int | None
     """Cut points per numeric feature, if the table sets them (already applied to ``features``)."""
+    kind: TaskKind = TaskKind.ENSEMBLE
+    """What the round computes from the reports (``kind``; the partition ensemble when left out)."""
 
     @classmethod
     def read(cls, table: FieldReader, base_dir: Path | None) -> TaskTable:
+        kind = TaskKind(table.choice("kind", TASK_KINDS)) if table.optional("kind") else TaskKind.ENSEMBLE
         if table.optional("builtin"):
             table.choice("builtin", ("adult",))
             from anonml.learning import adult_spec
@@ -97,7 +102,7 @@ class TaskTable:
                 table.fail("features", str(exc))
         quantiles = table.integer("quantiles", 1, MAX_QUANTILES) if table.optional("quantiles") else None
         table.done()
-        return cls(features=features if quantiles is None else features.with_quantiles(quantiles), quantiles=quantiles)
+        return cls(features=features if quantiles is None else features.with_quantiles(quantiles), quantiles=quantiles, kind=kind)
 
 
 @dataclass(frozen=True)

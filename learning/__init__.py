@@ -62,6 +62,7 @@ if TYPE_CHECKING:
         round_candidates,
         synthetic_table,
     )
+    from anonml.learning._round_statistics import SurveyCells, describe_answer, round_statistics, survey_cells
     from anonml.learning._statistics import (
         StatisticAnswer,
         cdf_variances,
@@ -99,6 +100,7 @@ __all__ = [
     "SpecBinner",
     "StatisticAnswer",
     "SubsetHistogram",
+    "SurveyCells",
     "Table",
     "TableName",
     "TrialResult",
@@ -108,6 +110,7 @@ __all__ = [
     "builtin_spec",
     "candidate_choices",
     "cdf_variances",
+    "describe_answer",
     "choose_plan",
     "choose_round_plan",
     "clip_table",
@@ -140,9 +143,11 @@ __all__ = [
     "read_adult_file",
     "read_csv_table",
     "round_candidates",
+    "round_statistics",
     "run_comparison",
     "run_trial",
     "split_table",
+    "survey_cells",
     "synthetic_table",
     "table_matrix",
     "unit_ball_rows",

@@ -127,6 +127,21 @@ def cdf_variances(oracle: OptimizedUnaryEncoding, counts: npt.ArrayLike) -> Floa
     return variances
 
 
+def plug_in_counts(estimate: npt.ArrayLike, n: int) -> FloatArray:
+    """What stands in for the true counts in a variance formula that needs them: the unbiased
+    estimate clipped at 0 and rescaled to sum to ``n`` (uniform when nothing is left)."""
+    clipped = np.clip(np.asarray(estimate, dtype=np.float64), 0, None)
+    if clipped.sum() > 0:
+        rescaled: FloatArray = clipped * (n / clipped.sum())
+        return rescaled
+    return np.full(clipped.size, n / clipped.size)
+
+
+def grid_quantile(cdf: FloatArray, level: float, cut_points: int) -> int:
+    """The index of the first of ``cut_points`` cut points whose estimated CDF reaches ``level`` (the last if none does)."""
+    return min(int(np.searchsorted(cdf, level, side="left")), cut_points - 1)
+
+
 def quantile_task(
     values: npt.ArrayLike, cut_points: npt.ArrayLike, level: float, epsilon: float, rng: np.random.Generator, *, column: str = "value",
 ) -> tuple[FloatArray, StatisticAnswer]:
@@ -144,8 +159,6 @@ def quantile_task(
     ledgers = _ledgers(bins.size, column, epsilon)
     counts = oracle.estimate(oracle.privatize(bins, rng))
     cdf = np.cumsum(counts) / bins.size
-    chosen = min(int(np.searchsorted(cdf, level, side="left")), cuts.size - 1)
-    plug_in = np.clip(counts, 0, None)
-    plug_in = plug_in * (bins.size / plug_in.sum()) if plug_in.sum() > 0 else np.full(counts.size, bins.size / counts.size)
-    variance = float(cdf_variances(oracle, plug_in)[chosen])
+    chosen = grid_quantile(cdf, level, cuts.size)
+    variance = float(cdf_variances(oracle, plug_in_counts(counts, bins.size))[chosen])
     return cdf, StatisticAnswer("quantile", float(cuts[chosen]), variance, "Var[F̂(q)] = sum_{i<=b} Var[n̂_i]/n^2 (rank)", oracle.epsilon, ledgers)

@@ -20,7 +20,7 @@ from anonml.peer._join import releases_still_to_make
 from anonml.peer._ledger import PeerLedger
 from anonml.peer._store import PeerStore
 from anonml.protocol import CategoricalFeature, FeatureSpec, NumericFeature
-from anonml.protocol import RoundManifest, SignedManifest
+from anonml.protocol import RoundManifest, SignedManifest, TaskKind
 
 
 def _when(t: int) -> str:
@@ -102,6 +102,14 @@ def _label_words(spec: FeatureSpec, label: int, value: FieldValue | None) -> str
             f"it is sent as {label}, like every value that is not positive")
 
 
+def _task_words(manifest: RoundManifest) -> str:
+    """What the round computes from everyone's perturbed reports (its signed ``task_kind``)."""
+    if manifest.task_kind == TaskKind.STATISTICS:
+        return (f"statistics: every feature's histogram, the count of positive {manifest.label!r} and each numeric "
+                "feature's mean and median, each published with its error (no model)")
+    return f"predict {manifest.label!r}"
+
+
 def describe_release(signed: SignedManifest, spec: FeatureSpec, vector: FeatureVector, store: PeerStore, peer: bytes, *,
                      label_value: FieldValue | None = None) -> Disclosure:
     """The text shown before consent, the worst-case record-level epsilon of
@@ -122,7 +130,7 @@ def describe_release(signed: SignedManifest, spec: FeatureSpec, vector: FeatureV
     earlier = ledger.earlier_rounds()
     lines = [
         f"Round {manifest.name!r} ({signed.round_id.hex()[:16]}…) at {manifest.aggregator_url}",
-        f"  task: predict {manifest.label!r}; {_label_words(spec, vector.label, label_value)} (computed here from your file).",
+        f"  task: {_task_words(manifest)}; {_label_words(spec, vector.label, label_value)} (computed here from your file).",
         f"  registration: your public identity key {peer.hex()[:16]}… goes on the round's public roster.",
         "",
         "Computed on this machine from your file (the file itself never leaves it):",

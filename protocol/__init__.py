@@ -43,10 +43,12 @@ if TYPE_CHECKING:
         EPSILON_TOTAL_RANGE,
         MEDIAN_PEERS,
         PLAN_KINDS,
+        TASK_KINDS,
         Combiner,
         Learner,
         MedianPeers,
         PlanKind,
+        TaskKind,
     )
     from anonml.protocol._api import (
         MAX_REQUEST_BYTES,
@@ -182,6 +184,7 @@ __all__ = [
     "PeerReleases",
     "PeerRole",
     "PlanKind",
+    "TaskKind",
     "decode_cells",
     "encode_cells",
     "CategoricalFeature",
@@ -232,6 +235,7 @@ __all__ = [
     "PATH_STATUS",
     "PHASES",
     "PLAN_KINDS",
+    "TASK_KINDS",
     "VOTES",
     "DEFAULT_VOTE",
     "PROTOCOL_VERSION",

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from anonml.crypto import NodeAddress, PathHop, ReleaseWindow, SphinxGeometry, build_packet
 from anonml.protocol._api import MAX_ROSTER, format_host_port
 from anonml.protocol._canonical import FieldReader, InvalidDocument, canonical_json, format_epsilon, parse_json_object
-from anonml.protocol._vocabulary import Combiner
+from anonml.protocol._vocabulary import TASK_KINDS, Combiner, TaskKind
 from anonml.protocol._signed import ed25519_holds
 from anonml.protocol._schedule import Attempt, RoundSchedule, acceptance_window, hop_windows
 from anonml.protocol._survey import ROUND_ID_BYTES, SurveyId
@@ -267,6 +267,8 @@ class RoundManifest:
     spec states it (default :data:`DEFAULT_MIN_ANONYMITY_SET`), ``round new`` refuses a spec whose
     smallest partition at ``min_participation`` falls below it, and a peer whose own partition is smaller
     refuses to send. 0: none stated (manifests made before the field existed)."""
+    task_kind: str = TaskKind.ENSEMBLE
+    """What the round computes from its reports (``[task] kind``, :class:`TaskKind`); the ensemble by default."""
     version: int = PROTOCOL_VERSION
     _canonical: bytes = field(init=False, repr=False, compare=False)
 
@@ -279,6 +281,7 @@ class RoundManifest:
         except (TypeError, ValueError, AttributeError) as exc:
             raise InvalidManifest("$", f"cannot encode the manifest: {exc}") from None
         RoundManifest._read(FieldReader(parse_json_object(encoded, max_bytes=MAX_MANIFEST_BYTES, error=InvalidManifest), "", InvalidManifest))
+        object.__setattr__(self, "task_kind", TaskKind(self.task_kind))  # a known kind: _read refused any other
         object.__setattr__(self, "_canonical", encoded)
 
     @property
@@ -373,7 +376,10 @@ class RoundManifest:
         return {
             "version": self.version,
             "name": self.name,
-            "task": {"label": self.label, "features": dict(self.features)},
+            # The kind is written only when it is not the ensemble, so a manifest made before
+            # task kinds existed encodes (and hashes) as it did.
+            "task": {"label": self.label, "features": dict(self.features),
+                     **({"kind": str(self.task_kind)} if self.task_kind != TaskKind.ENSEMBLE else {})},
             "learning": self._learning_dict(),
             "privacy": {
                 "eps_median": format_epsilon(self.eps_median),
@@ -440,6 +446,10 @@ class RoundManifest:
         task = reader.child("task")
         label = task.text("label", max_len=128)
         features = task.obj("features")
+        task_kind = task.choice("kind", TASK_KINDS) if task.optional("kind") else TaskKind.ENSEMBLE
+        if task.optional("kind") and task_kind == TaskKind.ENSEMBLE:
+            # One encoding per manifest: the default is written by leaving the field out.
+            task.fail("kind", f"{str(TaskKind.ENSEMBLE)!r} is the default: leave the field out")
         task.done()
         learning = reader.child("learning")
         k_p = learning.integer("k_p", 1, 4096)
@@ -508,7 +518,7 @@ class RoundManifest:
             geometry=geometry, token_public_key=token_public_key, token_kid=token_kid, seed_commitment=commitment,
             min_participation=min_participation, registration=registration, identity_key=identity_key,
             purpose=purpose, max_roster=max_roster, vote=vote, comparison_pool=comparison_pool,
-            min_anonymity_set=min_anonymity_set, version=version,
+            min_anonymity_set=min_anonymity_set, task_kind=TaskKind(task_kind), version=version,
         )
         for key, item in values.items():
             object.__setattr__(manifest, key, item)

@@ -39,7 +39,21 @@ class Combiner(StrEnum):
     NAIVE_BAYES = "naive-bayes"
 
 
+class TaskKind(StrEnum):
+    """What a round computes from its reports (``[task] kind``, signed in the manifest).
+
+    Both run through the same surveys, relays, tokens and receipt logs: every
+    data peer sends its plan's subset reports (feature bins and the label).
+    """
+
+    ENSEMBLE = "ensemble"
+    """The partition ensemble (the default): a classifier fitted to the partitions' histograms."""
+    STATISTICS = "statistics"
+    """Statistic answers (histogram, count, mean, quantile) from one-feature reports, each beside its error formula."""
+
+
 PLAN_KINDS = tuple(PlanKind)
+TASK_KINDS = tuple(TaskKind)
 EPSILON_TOTAL_RANGE = (1e-6, 20.0)
 """The record-level ε_T a round or an experiment may promise. At ε = 1e-300 a
 randomised response's two probabilities are the same float; 1e-6 keeps them

@@ -161,3 +161,24 @@ def test_a_signal_to_the_demo_stops_every_process_it_started(tmp_path: Path, sig
     assert demo.returncode == 128 + signum, output[-3000:]
     assert "every child process was stopped" in output
     assert_all_gone(started)
+
+
+@pytest.mark.whole_round
+def test_the_statistics_demo_accepts_every_message_and_charges_each_peer_its_promise(tmp_path: Path) -> None:
+    summary_path = tmp_path / "summary.json"
+    demo = start_demo(tmp_path / "work", "--task", "statistics", "--peers", "60", "--json", str(summary_path))
+    try:
+        output, _ = demo.communicate(timeout=HANG_GUARD_SECONDS * 2)
+    finally:
+        stop(demo)
+    assert demo.returncode == 0, output[-4000:]
+    summary = json.loads(summary_path.read_text())
+    assert summary["phase"] == "done" and summary["report"]["task_kind"] == "statistics"
+    assert summary["audit"]["accepted"] == summary["audit"]["prepared"] > 0
+    assert summary["ledgers_at_promise"] == summary["ledgers"] == 60 and summary["epsilon_promised"] == 2.0
+    answers = summary["report"]["statistics"]
+    assert {a["query"] for a in answers} == {"count", "histogram", "mean", "median"}
+    assert all(a["std_error"] > 0 and a["formula"] for a in answers)
+    # The operator's report lines, printed as plain text: the formulas keep their brackets.
+    assert "statistic: count of diagnosis positive" in output and "Var[n̂_c]" in output
+    assert "Traceback" not in output

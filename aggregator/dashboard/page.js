@@ -130,13 +130,30 @@
     return names.length ? names.join(", ") : "some surveys";
   }
 
+  function renderStatistics(answers) {
+    var body = document.querySelector("#statistics-table tbody");
+    clear(body);
+    answers.forEach(function (a) {
+      var row = document.createElement("tr");
+      var shown = Array.isArray(a.estimate) ? a.estimate.map(function (v) { return v.toPrecision(4); }).join(", ") : a.estimate.toPrecision(4);
+      cell(row, a.query); cell(row, a.subject); cell(row, shown); cell(row, a.std_error.toPrecision(3));
+      cell(row, String(a.reports)); cell(row, a.formula, "explain");
+      body.appendChild(row);
+    });
+    labelCells(document.getElementById("statistics-table"));
+    document.getElementById("statistics-figures").hidden = false;
+  }
+
   function renderModel() {
     var report = data.report, status = document.getElementById("model-status");
     var figures = document.getElementById("model-figures"), surveys = document.getElementById("survey-figures");
     if (!report) { status.textContent = "The model is trained when data delivery closes (" + localTime(data.steps[data.steps.length - 1].at) + ")."; return; }
     if (report.status === "failed") { status.textContent = "No model: the round failed (" + (report.reason || "see above") + ")."; return; }
     var utility = report.utility;
-    if (utility) {
+    if (report.statistics) {
+      status.textContent = "A statistics round: " + report.statistics.length + " answers from " + (data.counts.accepted || 0) + " accepted reports, each beside its error.";
+      renderStatistics(report.statistics);
+    } else if (utility) {
       status.textContent = "Trained on " + (data.counts.accepted || 0) + " accepted reports, measured on held-out data.";
       figures.hidden = false;
       figure("auc", utility.auc.toFixed(3));

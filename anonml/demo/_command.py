@@ -28,8 +28,10 @@ import click
 @click.option("--work-dir", type=click.Path(path_type=Path), default=None, help="Keep every process's files here (default: a new temporary directory).")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--json", "json_out", type=click.Path(path_type=Path), default=None, help="Also write the summary as JSON.")
+@click.option("--task", type=click.Choice(["ensemble", "statistics"]), default="ensemble", show_default=True,
+              help="What the round computes: the partition ensemble, or statistic answers (histograms, a count, means, medians) each with its error.")
 @click.option("--linger", type=click.FloatRange(0, 3600), default=0.0, help="Keep the aggregator's dashboard up this many seconds after the round.")
-def demo(peers: int | None, dataset: str, data_dir: Path | None, epsilon: float, workers: int, work_dir: Path | None, seed: int, json_out: Path | None, linger: float) -> None:
+def demo(peers: int | None, dataset: str, data_dir: Path | None, epsilon: float, workers: int, work_dir: Path | None, seed: int, json_out: Path | None, linger: float, task: str) -> None:
     """Run one complete round on loopback: 5 relays (paths of 3), the aggregator, N peers.
 
     Exits 0 when the round is done and the aggregator accepted at least 99%
@@ -45,6 +47,7 @@ def demo(peers: int | None, dataset: str, data_dir: Path | None, epsilon: float,
     from anonml.demo._data import adult_data, breast_cancer_data, write_experiment_files
     from anonml.demo._run import run_demo
     from anonml.demo._summary import exit_code, experiment_command, print_summary
+    from anonml.protocol import TaskKind
 
     console = Console()
     if dataset == "adult":
@@ -62,14 +65,15 @@ def demo(peers: int | None, dataset: str, data_dir: Path | None, epsilon: float,
     work = work_dir or Path(tempfile.mkdtemp(prefix="anonml-demo-"))
     work.mkdir(parents=True, exist_ok=True)
     result = trio.run(until_signalled, partial(run_demo, data, peers=n, epsilon=epsilon, workers=workers, seed=seed, work=work,
-                                               console=console, linger=linger))
+                                               console=console, linger=linger, task=TaskKind(task)))
     if isinstance(result, int):
         console.print(f"stopped by {signal.Signals(result).name}; every child process was stopped; files in {work}")
         raise SystemExit(128 + result)
     summary, params = result
-    if dataset == "adult" and data_dir is not None:
+    # `anonml experiment` scores the ensemble's plan: a statistics round has no model to compare with it.
+    if params.task == TaskKind.ENSEMBLE and dataset == "adult" and data_dir is not None:
         summary["experiment_command"] = experiment_command(params, ["adult", "--data-dir", str(data_dir)], len(data.train_rows))
-    else:
+    elif params.task == TaskKind.ENSEMBLE:
         dataset_args = write_experiment_files(data, data.train_rows[:n], work)
         summary["experiment_command"] = experiment_command(params, dataset_args, n)
     print_summary(console, summary, params)

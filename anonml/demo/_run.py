@@ -33,6 +33,7 @@ from anonml.demo._ports import HOST, free_port
 from anonml.demo._progress import Progress, phase_rows, read_worker, scrape_relay
 from anonml.demo._schedule import AGGREGATOR_PROCESSES, PATH_LENGTH, RELAYS, DemoParams, plan_round, round_spec, to_toml
 from anonml.demo._summary import anonymity_figures, summarise
+from anonml.protocol import TaskKind
 from anonml.demo._swarm import SwarmConfig
 from anonml.transport import tls_context
 
@@ -206,7 +207,7 @@ async def collect_report(aggregator: Child, round_dir: Path, children: Children,
 
 
 async def run_demo(data: DemoData, *, peers: int, epsilon: float, workers: int, seed: int, work: Path, console: Any,
-                   linger: float = 0.0) -> tuple[dict[str, Any], DemoParams]:
+                   linger: float = 0.0, task: TaskKind = TaskKind.ENSEMBLE) -> tuple[dict[str, Any], DemoParams]:
     """Run one complete round; returns the summary figures and the round's parameters."""
     started = time.monotonic()
     rows = data.train_rows[:peers]
@@ -228,7 +229,7 @@ async def run_demo(data: DemoData, *, peers: int, epsilon: float, workers: int, 
         descriptors = await start_relays(children, work, network, identity)
         step(2, "measuring each phase's cost on this machine to size the round's windows")
         costs = await measure_costs(PATH_LENGTH, process_start)
-        params = plan_round(data, len(rows), epsilon, workers, seed, costs)
+        params = plan_round(data, len(rows), epsilon, workers, seed, costs, task=task)
         console.print("    " + describe_plan(costs, params))
         step(3, "the aggregator opens the round (anonml aggregator round new / run)")
         round_id, aggregator = await open_round(children, work, agg_dir, data, params, descriptors, network, linger)
@@ -245,7 +246,8 @@ async def run_demo(data: DemoData, *, peers: int, epsilon: float, workers: int, 
             # What the aggregator's operator reads at the end of a round.
             out = await children.run("aggregator-report", ["aggregator", "report", "--data-dir", str(agg_dir), round_id])
             for line in out.splitlines():
-                console.print(f"    {line}")
+                # Plain text: the report's formulas hold brackets (Var[n̂_c]) that rich would read as markup.
+                console.print(f"    {line}", markup=False)
     step(6, "auditing every prepared message against the accepted set; evaluating the published model on the held-out rows")
     found = audit_round(sorted((work / "peers").glob("worker-*.sqlite")), round_dir / "round.sqlite", bytes.fromhex(round_id))
     summary = summarise(data, params, progress, report, found, work, time.monotonic() - started)

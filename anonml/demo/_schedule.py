@@ -37,7 +37,8 @@ import tomli_w
 from anonml.demo._calibrate import PhaseCosts
 from anonml.demo._data import DemoData
 from anonml.demo._ports import HOST
-from anonml.protocol import DEFAULT_MIN_ANONYMITY_SET, RelayEntry, comparison_pool_size, shortest_delivery, smallest_anonymity_set
+from anonml.mechanisms import OracleName
+from anonml.protocol import DEFAULT_MIN_ANONYMITY_SET, RelayEntry, TaskKind, comparison_pool_size, shortest_delivery, smallest_anonymity_set
 from anonml.transport import HttpLimits
 
 # More relays than a path is long: a relay that dies for good leaves paths
@@ -103,6 +104,8 @@ class DemoParams:
     """After each delivery window: the aggregator signs the log heads, relays mirror them, peers compare."""
     publish_gap: int
     """Before each phase that needs a published document (thresholds, medians): mirrors copy it, peers confirm it."""
+    task: TaskKind = TaskKind.ENSEMBLE
+    """What the round computes (``[task] kind``): the ensemble, or statistic answers."""
 
     def total_seconds(self) -> int:
         """From ``round new`` until the data phase's second delivery window closes (publish gaps included).
@@ -134,8 +137,8 @@ class DemoLearning(NamedTuple):
     comparison_pool: float
 
 
-def learning_parameters(data: DemoData) -> DemoLearning:
-    """The demo's plan for the dataset: one data packet per peer (the "one"
+def learning_parameters(data: DemoData, task: TaskKind = TaskKind.ENSEMBLE) -> DemoLearning:
+    """The demo's plan for the dataset and task: one data packet per peer (the "one"
     plan), combined by naive Bayes over the partitions' noisy histograms.
 
     ``anonml experiment`` scores the same plan without the network (the
@@ -160,16 +163,25 @@ def learning_parameters(data: DemoData) -> DemoLearning:
     one feature. At ε_T = 2 over 20 trials on 8,000 training rows, this plan
     scored 0.871 ± 0.007 against 0.866 ± 0.009 for every peer answering the
     search (one cut point, ``median_share`` 0.5).
+
+    A statistics task sends one feature per report (``k_s = 1``) in at least one
+    partition per feature, with the ensemble's median search and pool.
     """
+    if task == TaskKind.STATISTICS:
+        # One feature per report (k_s = 1), a partition per feature so "one" deals every feature;
+        # the search as the ensemble's demo runs it.
+        ensemble = learning_parameters(data)
+        # Three cut points: four bins per numeric feature, so its median and mean say more than one cut point.
+        return ensemble._replace(k_p=max(ensemble.k_p, len(data.spec.features)), k_s=1, quantiles=3)
     if data.name == "breast-cancer":
         return DemoLearning(k_p=4, k_h=1, k_s=3, plan="one", median_rounds=3, vote="naive-bayes", quantiles=1, comparison_pool=0.0)
     return DemoLearning(k_p=12, k_h=1, k_s=1, plan="one", median_rounds=4, vote="naive-bayes", quantiles=3, comparison_pool=0.1)
 
 
 def plan_round(data: DemoData, peers: int, epsilon: float, workers: int, seed: int, costs: PhaseCosts,
-               n_cores: int | None = None) -> DemoParams:
+               n_cores: int | None = None, task: TaskKind = TaskKind.ENSEMBLE) -> DemoParams:
     """The demo's round with every window sized by the rule of the module docstring from ``costs``."""
-    k_p, k_h, k_s, plan, median_rounds, vote, quantiles, pool = learning_parameters(data)
+    k_p, k_h, k_s, plan, median_rounds, vote, quantiles, pool = learning_parameters(data, task)
     recovery = recovery_seconds(costs)
     spread = n_cores or cores()
     # Every peer here comes from one address, which the aggregator's HTTP server
@@ -226,7 +238,7 @@ def plan_round(data: DemoData, peers: int, epsilon: float, workers: int, seed: i
         data_send_window=send(data_messages),
         data_delivery_window=delivery(data_messages),
         check_seconds=max(MIN_CHECK_SECONDS, math.ceil(publication)),
-        publish_gap=max(MIN_PUBLISH_GAP, math.ceil(publication)),
+        publish_gap=max(MIN_PUBLISH_GAP, math.ceil(publication)), task=task,
     )
 
 
@@ -274,10 +286,11 @@ def round_spec(data: DemoData, params: DemoParams, relays: list[dict[str, Any]],
     smallest = smallest_anonymity_set(min_participation, params.k_p, round(params.comparison_pool * 1000), params.median_rounds)
     return {
         "name": f"demo-{data.name}",
-        "task": {"features": spec["features"], "label": spec["label"], "quantiles": params.quantiles},
+        "task": {"kind": str(params.task), "features": spec["features"], "label": spec["label"], "quantiles": params.quantiles},
         "learning": {"k_p": params.k_p, "k_h": params.k_h, "k_s": params.k_s, "plan": params.plan, "learner": "logreg",
                      "vote": params.vote, "comparison_pool": params.comparison_pool},
-        "privacy": {"eps_total": params.epsilon, "oracle": "auto"},
+        # A statistics task needs a unary encoding (aggregator._spec): optimized unary encoding, the least variance of them.
+        "privacy": {"eps_total": params.epsilon, "oracle": str(OracleName.OUE) if params.task == TaskKind.STATISTICS else "auto"},
         "schedule": round_spec_schedule(params),
         "network": {
             "relays": [{k: relay[k] for k in RelayEntry.FIELDS} for relay in relays],

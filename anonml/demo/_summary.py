@@ -53,6 +53,7 @@ def held_after_window_opened(progress: Progress) -> dict[str, Any]:
 def summarise(data: DemoData, params: DemoParams, progress: Progress, report: dict[str, Any], audit: Audit, work: Path,
               seconds: float) -> dict[str, Any]:
     epsilons = [e for s in progress.summaries.values() for e in s.get("epsilon", [])]
+    promised = (report.get("privacy") or {}).get("eps_total_local", params.epsilon)
     total = peer_totals(progress)
     status = progress.status
     counts = dict(status.counts) if status is not None else {}
@@ -81,6 +82,11 @@ def summarise(data: DemoData, params: DemoParams, progress: Progress, report: di
         "relay_held_after_window_opened": held_after_window_opened(progress),
         "epsilon_local_max": max(epsilons, default=0.0),
         "epsilon_local_mean": float(np.mean(epsilons)) if epsilons else 0.0,
+        "epsilon_promised": promised,
+        # Peers whose ledger sums to exactly the promise: the ledger and the manifest's ε_T are both the
+        # fsum of the same releases, so a peer that made every release it consented to is equal, not close.
+        "ledgers_at_promise": sum(e == promised for e in epsilons),
+        "ledgers": len(epsilons),
         "report": report,
         "phase": status.phase if status is not None else "unknown",
         "baseline_auc": baseline_auc(data),
@@ -231,8 +237,11 @@ def print_summary(console: Any, summary: dict[str, Any], params: DemoParams) -> 
         + f"; window open {late['mean_seconds_open']:.2f} s on average); {late['due_before_stored']} due before stored",
     )
     table.add_row("dropped by relays", ", ".join(f"{k}: {v}" for k, v in sorted(summary["relay_drops"].items())) or "none")
-    promised = (summary["report"].get("privacy") or {}).get("eps_total_local", params.epsilon)
-    table.add_row("epsilon per peer, local, record level (ledger sums)", f"max {summary['epsilon_local_max']:.3g}, promised {promised:.3g}")
+    table.add_row(
+        "epsilon per peer, local, record level (ledger sums)",
+        f"max {summary['epsilon_local_max']:.3g}, promised {summary['epsilon_promised']:.3g}; "
+        f"{summary['ledgers_at_promise']} of {summary['ledgers']} ledgers equal to the promise",
+    )
     per_attribute = (summary["report"].get("privacy") or {}).get("eps_per_attribute_secondary")
     if per_attribute is not None:
         table.add_row("per-attribute figure (thesis eq. 7.4, secondary)", f"{per_attribute:.3g}")
@@ -257,9 +266,13 @@ def print_summary(console: Any, summary: dict[str, Any], params: DemoParams) -> 
             "anonymity: rank correlation send vs arrival (ranks within each survey and window)",
             f"{anonymity['spearman_rho']:+.3f} (±{anonymity['rho_standard_error']:.3f}, 1 s.e. if independent)",
         )
-    auc = summary.get("auc")
-    table.add_row("AUC on held-out data", f"{auc:.4f}" if isinstance(auc, float) else "n/a")
-    table.add_row("AUC, non-private logistic regression", f"{summary['baseline_auc']:.4f}")
+    answers = summary["report"].get("statistics")
+    if answers is not None:
+        table.add_row("statistic answers (report.json, each with its std error and formula)", str(len(answers)))
+    else:
+        auc = summary.get("auc")
+        table.add_row("AUC on held-out data", f"{auc:.4f}" if isinstance(auc, float) else "n/a")
+        table.add_row("AUC, non-private logistic regression", f"{summary['baseline_auc']:.4f}")
     if "experiment_command" in summary:
         table.add_row("closest round without the network (compare its AUC)", summary["experiment_command"])
     table.add_row("wall time", f"{summary['wall_seconds']:.1f} s")
