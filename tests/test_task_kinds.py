@@ -173,7 +173,7 @@ def test_the_statistics_demo_plans_a_round_round_new_accepts() -> None:
     data = breast_cancer_data(0)
     params = plan_round(data, len(data.train_rows), 2.0, 2, 0, costs(1.0), n_cores=2, task=TaskKind.STATISTICS)
     relays = [{"node_id": bytes([i + 1]).hex() * 32, "host": "127.0.0.1", "port": 9000 + i, "public_key": bytes([0x40 + i]).hex() * 32,
-               "key_epoch": 1, "mirror_port": None} for i in range(5)]
+               "key_epoch": 1, "mirror_port": None, "beacon_key": None} for i in range(5)]
     spec = parse_round_spec(round_spec(data, params, relays, 8080, 8081))
     assert spec.task.kind == TaskKind.STATISTICS and spec.privacy.oracle == "oue"
     assert (spec.learning.plan, spec.learning.k_s, spec.learning.k_p) == ("one", 1, len(data.spec.features))
