@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 from sklearn.metrics import roc_auc_score
 
-from anonml.learning._averaging import ModelAveraging, unit_ball_rows
+from anonml.learning._averaging import ModelAveraging
 from anonml.learning._data import Table
 from anonml.learning._linear import FloatArray, LDPGradientDescent, LinearEncoding, Loss, fit_logistic_reference, wide_range_features
 from anonml.learning._tuning import choose_settings, describe, validation_rows
@@ -78,10 +78,10 @@ def linear_trial(learner: LearnerName, split: EncodedSplit, epsilon: float, seed
             epsilon=epsilon, rows_per_peer=settings.rows_per_peer, regularization=settings.averaging_rule / (settings.rows_per_peer * epsilon),
             random_state=seed,
         )
-        averaging.fit(unit_ball_rows(X, split.max_norm), y, features=features)
+        averaging.fit(X, y, norm_bound=split.max_norm, features=features)
         scores, (spent, releases) = averaging.decision_function(X_test), _max_spent(averaging.ledgers_)
         details = {"peers": len(averaging.peer_rows_), "min_rows": min(averaging.peer_rows_), "regularization": averaging.regularization_,
-                   "noise_scale": averaging.perturbations_[0].noise_scale,
+                   "noise_norm_scale": averaging.perturbation_.noise_norm_scale,
                    "noise_free_auc": float(roc_auc_score(y_test, X_test @ averaging.noise_free_coef_))}
     elif learner == LearnerName.LOGREG:
         scores, spent, releases = X_test @ fit_logistic_reference(X, y), 0.0, 0

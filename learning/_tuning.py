@@ -34,9 +34,9 @@ TUNING_SEEDS = 5
 # LDP SGD: the step counts (None: Harmony §5.3's group size) and γ0 tried.
 SGD_STEP_CHOICES: tuple[int | None, ...] = (8, 16, 32, 64, 128, None)
 SGD_RATE_CHOICES = (0.3, 1.0, 3.0)
-# Model averaging: λ = rule / (rows_per_peer ε); the noise scale per
-# coordinate is 2 sqrt(d) / rule model units whatever n and ε.
-AVERAGING_RULE_CHOICES = (0.5, 1.0, 2.0, 5.0, 10.0, 20.0)
+# Model averaging: λ = rule / (rows_per_peer ε); the noise's norm scale is
+# 2 / rule model units whatever n and ε (learning/_averaging.py).
+AVERAGING_RULE_CHOICES = (0.5, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 20.0)
 
 
 def candidates(learner: LearnerName, base: LinearSettings) -> list[LinearSettings]:

@@ -30,7 +30,7 @@ class LearnerName(StrEnum):
     LOGREG = "logreg"  # non-private reference
 
 
-AVERAGING_RULE = 5.0
+AVERAGING_RULE = 2.0
 """Model averaging's default ``λ = AVERAGING_RULE / (rows_per_peer ε)``."""
 
 
