@@ -96,3 +96,22 @@ def test_rows_longer_than_the_bound_are_clipped_so_the_sensitivity_holds() -> No
         assert np.allclose(other, clipped)
     model = ModelAveraging(epsilon=1.0, rows_per_peer=100, regularization=0.05, random_state=0).fit(50.0 * X, y, norm_bound=bound)
     assert model.ledgers_[0].spent() == 1.0 and model.coef_.shape == (5,)
+
+
+def test_the_categorical_weight_scales_only_categorical_columns() -> None:
+    """The weight is a public map of each row: Adult's 7 two-bin categorical
+    features are its only weighted columns, and a table without categorical
+    features gives the same released model whatever the weight."""
+    import dataclasses
+
+    from anonml.learning import EncodedSplit, LearnerName, LinearSettings, adult_spec, linear_encoding, linear_trial
+    from anonml.learning._tables import load_builtin
+
+    mask = linear_encoding(LinearSettings(), adult_spec()).categorical_columns
+    assert mask.shape == (13,) and int(mask.sum()) == 7 and not mask[0]
+    spec, train, test = load_builtin("breast-cancer", data_dir=None, test_fraction=0.3, rng=np.random.default_rng(5))
+    split = EncodedSplit.of(linear_encoding(LinearSettings(), spec), train, test)
+    assert not split.categorical.any()
+    plain = LinearSettings(averaging_categorical_weight=1.0)
+    outcomes = [linear_trial(LearnerName.AVERAGING, split, 4.0, 11, dataclasses.replace(plain, averaging_categorical_weight=w)) for w in (1.0, 0.35)]
+    assert outcomes[0]["auc"] == outcomes[1]["auc"] and outcomes[0]["noise_free_auc"] == outcomes[1]["noise_free_auc"]
