@@ -54,13 +54,12 @@ class EncodedSplit:
     X_test: FloatArray
     y_test: FloatArray
     features: tuple[str, ...]
-    max_norm: float
     categorical: npt.NDArray[np.bool_]
 
     @classmethod
     def of(cls, encoding: LinearEncoding, train: Table, test: Table) -> EncodedSplit:
         return cls(encoding.transform(train), encoding.signed_labels(train), encoding.transform(test), encoding.signed_labels(test),
-                   encoding.spec.names, encoding.max_norm, encoding.categorical_columns)
+                   encoding.spec.names, encoding.categorical_columns)
 
 
 def linear_trial(learner: LearnerName, split: EncodedSplit, epsilon: float, seed: int, settings: LinearSettings) -> dict[str, Any]:
@@ -109,7 +108,7 @@ def tuned_settings(
     if settings.tuning != Tuning.VALIDATION:
         return chosen, seen
     fit, held = validation_rows(split.X.shape[0], seed)
-    tuning_split = EncodedSplit(split.X[fit], split.y[fit], split.X[held], split.y[held], split.features, split.max_norm, split.categorical)
+    tuning_split = EncodedSplit(split.X[fit], split.y[fit], split.X[held], split.y[held], split.features, split.categorical)
     for learner in [LearnerName(name) for name in learners]:
         if learner in (LearnerName.ENSEMBLE, LearnerName.LOGREG):
             continue

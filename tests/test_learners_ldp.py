@@ -340,8 +340,9 @@ def test_newton_reaches_the_tolerance_on_large_slices(adult_dir: Path) -> None:
     from anonml.learning import adult_spec as spec_of_adult
 
     train, test = load_adult(adult_dir)
-    split = EncodedSplit.of(linear_encoding(LinearSettings(), spec_of_adult()), train, test)
-    rows = unit_ball_rows(split.X, split.max_norm)
+    encoding = linear_encoding(LinearSettings(), spec_of_adult())
+    split = EncodedSplit.of(encoding, train, test)
+    rows = unit_ball_rows(split.X, encoding.max_norm)
     model = ModelAveraging(epsilon=1.0, rows_per_peer=3_000, random_state=29).fit(rows, split.y)
     assert len(model.ledgers_) == 10 and model.perturbation_.gradient_tolerance == pytest.approx(1e-6 / 3_000)
 
