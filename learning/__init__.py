@@ -24,10 +24,13 @@ if TYPE_CHECKING:
         table_matrix,
     )
     from anonml.learning._averaging import (
+        MIN_ROWS_PER_PEER,
         ModelAveraging,
         NotConverged,
         OutputPerturbation,
+        TooFewRows,
         fit_regularized_logistic,
+        local_model,
         unit_ball_rows,
     )
     from anonml.learning._compare import EncodedSplit, linear_encoding, linear_trial, run_comparison
@@ -90,9 +93,11 @@ __all__ = [
     "LinearSettings",
     "Loss",
     "MODEL_FORMAT",
+    "MIN_ROWS_PER_PEER",
     "ModelAveraging",
     "NotConverged",
     "OutputPerturbation",
+    "TooFewRows",
     "PLANNER_MAX_PEERS",
     "PartitionEnsemble",
     "PlanChoice",
@@ -126,6 +131,7 @@ __all__ = [
     "fit_combiners",
     "fit_logistic_reference",
     "fit_regularized_logistic",
+    "local_model",
     "harmony_group_size",
     "histogram_task",
     "linear_encoding",

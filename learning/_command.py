@@ -62,8 +62,9 @@ _DATASETS = [*(str(t) for t in TableName), CSV]
 @click.option("--learner", "learners", type=ListOf(click.Choice([str(name) for name in LearnerName])), multiple=True, default=(LearnerName.ENSEMBLE.value,), show_default=True, help="Learners to compare on the same split and ε_T: ensemble (the release plans below), ldp-sgd-lr / -svm / -linreg (Harmony's LDP gradient descent, one step per peer), model-averaging (003: output-perturbed local models), logreg (non-private reference).")
 @click.option("--sgd-steps", type=click.IntRange(min=0), default=LinearSettings.sgd_steps, show_default=True, help="LDP SGD: gradient steps (the peers are dealt into this many groups); 0: Harmony's rule, groups of max(2 d ln d / ε², n/1000). With --linear-tuning fixed.")
 @click.option("--sgd-learning-rate", type=click.FloatRange(min=0, min_open=True), default=LinearSettings.sgd_learning_rate, show_default=True, help="LDP SGD: γ0 (step k uses γ0/sqrt(k)). With --linear-tuning fixed.")
-@click.option("--linear-tuning", type=click.Choice([str(t) for t in Tuning]), default=LinearSettings.tuning.value, show_default=True, help="Linear learners: validation chooses LDP SGD's steps and γ0 and model averaging's λ rule per learner and ε on 20% of the training rows held out (never the test rows); fixed uses --sgd-steps, --sgd-learning-rate and --averaging-rule.")
+@click.option("--linear-tuning", type=click.Choice([str(t) for t in Tuning]), default=LinearSettings.tuning.value, show_default=True, help="Linear learners: validation chooses LDP SGD's steps and γ0 and model averaging's λ rule and categorical weight per learner and ε on 20% of the training rows held out (never the test rows); fixed uses --sgd-steps, --sgd-learning-rate, --averaging-rule and --averaging-categorical-weight.")
 @click.option("--averaging-rule", type=click.FloatRange(min=0, min_open=True), default=LinearSettings.averaging_rule, show_default=True, help="Model averaging: λ = rule / (rows per peer · ε) (with --linear-tuning fixed).")
+@click.option("--averaging-categorical-weight", type=click.FloatRange(min=0, min_open=True, max=1), default=LinearSettings.averaging_categorical_weight, show_default=True, help="Model averaging: the factor on the categorical columns (numeric ones 1) before rows are scaled into the unit ball (with --linear-tuning fixed).")
 @click.option("--rows-per-peer", type=click.IntRange(min=100), default=LinearSettings.rows_per_peer, show_default=True, help="Model averaging: rows each peer holds (its slice of the table).")
 @click.option("--statistics", is_flag=True, help="Also run every statistic task (count, means, histograms, medians, Harmony's mixed task) on the training rows at each ε_T, --trials times, and print each answer's measured error beside its formula.")
 @click.option("--log-scale/--no-log-scale", default=LinearSettings.log_scale, show_default=True, help="Linear learners: encode numeric features whose public range is >= 0 and spans >= 1000 units on a log scale.")
@@ -91,7 +92,7 @@ _DATASETS = [*(str(t) for t in TableName), CSV]
 def experiment(
     datasets: tuple[str, ...], data_dir: Path | None, spec_path: Path | None, train_path: Path | None, test_path: Path | None, test_fraction: float,
     epsilons: tuple[tuple[float, ...], ...], trials: int, learners: tuple[tuple[str, ...], ...], sgd_steps: int, sgd_learning_rate: float,
-    linear_tuning: str, averaging_rule: float, rows_per_peer: int, statistics: bool, log_scale: bool, plans: tuple[tuple[str, ...], ...], kp: tuple[tuple[int, ...], ...],
+    linear_tuning: str, averaging_rule: float, averaging_categorical_weight: float, rows_per_peer: int, statistics: bool, log_scale: bool, plans: tuple[tuple[str, ...], ...], kp: tuple[tuple[int, ...], ...],
     ks: tuple[tuple[int, ...], ...], kh: tuple[tuple[int, ...], ...], quantiles: int | None, median_peers: str | None, pool: float,
     planner_trials: int, median_steps: int, combiners: tuple[tuple[str, ...], ...], base: str, scoring: str, oracle: str, postprocess: str, features: str | None,
     max_train_rows: int | None, seed: int, baselines: bool, json_path: Path | None, plot_path: Path | None, plot_x: str,
@@ -118,7 +119,7 @@ def experiment(
                 dataset, data_dir=data_dir, spec_path=spec_path, train_path=train_path, test_path=test_path, test_fraction=test_fraction,
                 epsilons=epsilons, trials=trials, learners=learners, settings=LinearSettings(
                     sgd_steps=sgd_steps or None, sgd_learning_rate=sgd_learning_rate, rows_per_peer=rows_per_peer, log_scale=log_scale,
-                    averaging_rule=averaging_rule, tuning=Tuning(linear_tuning)),
+                    averaging_rule=averaging_rule, averaging_categorical_weight=averaging_categorical_weight, tuning=Tuning(linear_tuning)),
                 plans=plans, kp=kp, ks=ks, kh=kh, quantiles=quantiles, median_peers=median_peers, pool=pool, planner_trials=planner_trials,
                 median_steps=median_steps, combiners=combiners, base=base, scoring=scoring, oracle=oracle, postprocess=postprocess,
                 features=features, max_train_rows=max_train_rows, seed=seed, baselines=baselines, statistics=statistics,

@@ -15,9 +15,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 from sklearn.metrics import roc_auc_score
 
-from anonml.learning._averaging import ModelAveraging, unit_ball_rows
+from anonml.learning._averaging import ModelAveraging
 from anonml.learning._data import Table
 from anonml.learning._linear import FloatArray, LDPGradientDescent, LinearEncoding, Loss, fit_logistic_reference, wide_range_features
 from anonml.learning._tuning import choose_settings, describe, validation_rows
@@ -53,12 +54,12 @@ class EncodedSplit:
     X_test: FloatArray
     y_test: FloatArray
     features: tuple[str, ...]
-    max_norm: float
+    categorical: npt.NDArray[np.bool_]
 
     @classmethod
     def of(cls, encoding: LinearEncoding, train: Table, test: Table) -> EncodedSplit:
         return cls(encoding.transform(train), encoding.signed_labels(train), encoding.transform(test), encoding.signed_labels(test),
-                   encoding.spec.names, encoding.max_norm)
+                   encoding.spec.names, encoding.categorical_columns)
 
 
 def linear_trial(learner: LearnerName, split: EncodedSplit, epsilon: float, seed: int, settings: LinearSettings) -> dict[str, Any]:
@@ -78,10 +79,13 @@ def linear_trial(learner: LearnerName, split: EncodedSplit, epsilon: float, seed
             epsilon=epsilon, rows_per_peer=settings.rows_per_peer, regularization=settings.averaging_rule / (settings.rows_per_peer * epsilon),
             random_state=seed,
         )
-        averaging.fit(unit_ball_rows(X, split.max_norm), y, features=features)
+        # Every column lies in [-1, 1], so the weights' norm bounds ||x ∘ weights||.
+        weights = np.where(split.categorical, settings.averaging_categorical_weight, 1.0)
+        averaging.fit(X * weights, y, norm_bound=float(np.linalg.norm(weights)), features=features)
+        X_test = X_test * weights
         scores, (spent, releases) = averaging.decision_function(X_test), _max_spent(averaging.ledgers_)
         details = {"peers": len(averaging.peer_rows_), "min_rows": min(averaging.peer_rows_), "regularization": averaging.regularization_,
-                   "noise_scale": averaging.perturbations_[0].noise_scale,
+                   "noise_norm_scale": averaging.perturbation_.noise_norm_scale,
                    "noise_free_auc": float(roc_auc_score(y_test, X_test @ averaging.noise_free_coef_))}
     elif learner == LearnerName.LOGREG:
         scores, spent, releases = X_test @ fit_logistic_reference(X, y), 0.0, 0
@@ -104,7 +108,7 @@ def tuned_settings(
     if settings.tuning != Tuning.VALIDATION:
         return chosen, seen
     fit, held = validation_rows(split.X.shape[0], seed)
-    tuning_split = EncodedSplit(split.X[fit], split.y[fit], split.X[held], split.y[held], split.features, split.max_norm)
+    tuning_split = EncodedSplit(split.X[fit], split.y[fit], split.X[held], split.y[held], split.features, split.categorical)
     for learner in [LearnerName(name) for name in learners]:
         if learner in (LearnerName.ENSEMBLE, LearnerName.LOGREG):
             continue

@@ -355,7 +355,7 @@ def run_table(
     )
     if linear:
         report["linear_settings"] = {"tuning": str(settings.tuning), "sgd_steps": settings.sgd_steps or "harmony", "sgd_learning_rate": settings.sgd_learning_rate,
-                                     "averaging_rule": settings.averaging_rule, "rows_per_peer": settings.rows_per_peer,
+                                     "averaging_rule": settings.averaging_rule, "averaging_categorical_weight": settings.averaging_categorical_weight, "rows_per_peer": settings.rows_per_peer,
                                      "log_scaled": sorted(linear_encoding(settings, spec).log_scaled)}
         report["learners"] = run_comparison(spec=spec, train=train, test=test, learners=linear, epsilons=eps_values, trials=trials, seed=seed,
                                             settings=settings, progress=progress)

@@ -89,6 +89,12 @@ class LinearEncoding:
         return 1 + sum(1 if f.kind == "numeric" else f.n_bins - 1 for f in self.spec.features)
 
     @property
+    def categorical_columns(self) -> npt.NDArray[np.bool_]:
+        """Which of the ``dimension`` columns encode a categorical feature."""
+        kinds = [False] + [kind for f in self.spec.features for kind in ([False] if f.kind == "numeric" else [True] * (f.n_bins - 1))]
+        return np.array(kinds, dtype=np.bool_)
+
+    @property
     def max_norm(self) -> float:
         """A public bound on ``||x||_2`` (every coordinate in [-1, 1])."""
         return math.sqrt(self.dimension)

@@ -11,7 +11,7 @@ standard deviation over the seeds: a deployment trains once, so a setting
 that is good on average but swings from run to run (LDP SGD's many small
 groups at a large γ0) serves it worse than a steadier one. Candidates: LDP SGD's step count (Harmony's own group-size
 rule among them) and γ0; model averaging's regularisation rule
-``λ = rule / (rows_per_peer ε)``.
+``λ = rule / (rows_per_peer ε)`` and the weight of its categorical columns.
 
 What the choice costs in privacy: the selection reads the training rows'
 labels in the clear, as held-out tuning in any experiment does; it is not
@@ -34,15 +34,18 @@ TUNING_SEEDS = 5
 # LDP SGD: the step counts (None: Harmony §5.3's group size) and γ0 tried.
 SGD_STEP_CHOICES: tuple[int | None, ...] = (8, 16, 32, 64, 128, None)
 SGD_RATE_CHOICES = (0.3, 1.0, 3.0)
-# Model averaging: λ = rule / (rows_per_peer ε); the noise scale per
-# coordinate is 2 sqrt(d) / rule model units whatever n and ε.
-AVERAGING_RULE_CHOICES = (0.5, 1.0, 2.0, 5.0, 10.0, 20.0)
+# Model averaging: λ = rule / (rows_per_peer ε); the noise's norm scale is
+# 2 / rule model units whatever n and ε (learning/_averaging.py).
+AVERAGING_RULE_CHOICES = (0.5, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 20.0)
+# ... and the weight of its categorical columns (1: the plain encoding).
+AVERAGING_CATEGORICAL_WEIGHTS = (1.0, 0.5, 0.35)
 
 
 def candidates(learner: LearnerName, base: LinearSettings) -> list[LinearSettings]:
     """The settings tried for ``learner`` (``base`` with one choice each)."""
     if learner == LearnerName.AVERAGING:
-        return [dataclasses.replace(base, averaging_rule=rule) for rule in AVERAGING_RULE_CHOICES]
+        return [dataclasses.replace(base, averaging_rule=rule, averaging_categorical_weight=weight)
+                for weight in AVERAGING_CATEGORICAL_WEIGHTS for rule in AVERAGING_RULE_CHOICES]
     if learner in (LearnerName.SGD_LR, LearnerName.SGD_SVM, LearnerName.SGD_LINREG):
         return [dataclasses.replace(base, sgd_steps=steps, sgd_learning_rate=rate) for steps in SGD_STEP_CHOICES for rate in SGD_RATE_CHOICES]
     raise ValueError(f"{learner!r} has no hyperparameters to tune")
@@ -81,5 +84,5 @@ def choose_settings(
 def describe(learner: LearnerName, settings: LinearSettings) -> str:
     """The tuned hyperparameters of ``learner`` in ``settings``, as text."""
     if learner == LearnerName.AVERAGING:
-        return f"rule={settings.averaging_rule:g}"
+        return f"rule={settings.averaging_rule:g} categorical-weight={settings.averaging_categorical_weight:g}"
     return f"steps={settings.sgd_steps or 'harmony'} rate={settings.sgd_learning_rate:g}"

@@ -30,8 +30,11 @@ class LearnerName(StrEnum):
     LOGREG = "logreg"  # non-private reference
 
 
-AVERAGING_RULE = 5.0
+AVERAGING_RULE = 2.0
 """Model averaging's default ``λ = AVERAGING_RULE / (rows_per_peer ε)``."""
+AVERAGING_CATEGORICAL_WEIGHT = 0.5
+"""Model averaging's default weight of the categorical columns (the
+intercept and numeric columns weigh 1): see ``LinearSettings``."""
 
 
 class Tuning(StrEnum):
@@ -49,7 +52,13 @@ class LinearSettings:
     here are only the starting point; with fixed they are used as given.
     ``sgd_steps`` None is Harmony §5.3's own rule (groups of
     ``harmony_group_size``); ``averaging_rule`` sets model averaging's
-    ``λ = rule / (rows_per_peer ε)``. ``log_scale``: encode the wide-range
+    ``λ = rule / (rows_per_peer ε)``; ``averaging_categorical_weight`` is
+    the factor model averaging's peers multiply their categorical columns
+    by before dividing every row by the weights' norm (the public bound on
+    ``||x||``): a smaller weight leaves the numeric columns, whose
+    coefficients must be large, more of the unit ball, so a strong λ biases
+    them less (on Adult's validation rows at ε 1 and 100 rows per peer,
+    0.871 at weight 0.5 against 0.855 at 1). ``log_scale``: encode the wide-range
     numeric features on a log scale (``wide_range_features``)."""
 
     sgd_steps: int | None = 32
@@ -57,4 +66,5 @@ class LinearSettings:
     rows_per_peer: int = 100
     log_scale: bool = True
     averaging_rule: float = AVERAGING_RULE
+    averaging_categorical_weight: float = AVERAGING_CATEGORICAL_WEIGHT
     tuning: Tuning = Tuning.VALIDATION

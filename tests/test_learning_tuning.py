@@ -13,7 +13,15 @@ from click.testing import CliRunner
 from anonml.learning import experiment
 from anonml.learning._compare import EncodedSplit, linear_encoding, tuned_settings
 from anonml.learning._tables import load_builtin
-from anonml.learning._tuning import SGD_RATE_CHOICES, SGD_STEP_CHOICES, TUNING_SEEDS, choose_settings, validation_rows
+from anonml.learning._tuning import (
+    AVERAGING_CATEGORICAL_WEIGHTS,
+    AVERAGING_RULE_CHOICES,
+    SGD_RATE_CHOICES,
+    SGD_STEP_CHOICES,
+    TUNING_SEEDS,
+    choose_settings,
+    validation_rows,
+)
 from anonml.learning._vocabulary import LearnerName, LinearSettings, Tuning
 
 
@@ -77,7 +85,9 @@ def test_the_experiment_reports_what_it_tuned_on_validation(tmp_path: Path) -> N
     assert steps == "harmony" or int(steps) == sgd["steps"]
     assert averaging["tuned"].startswith("rule=")
     assert f"ldp-sgd-lr at ε_T 4: {sgd['tuned']}, chosen on {sgd['validation_rows']} training rows held out" in result.output
-    rule = float(averaging["tuned"].removeprefix("rule="))
-    assert averaging["regularization"] == rule / (100 * 4.0)
+    rule, weight = averaging["tuned"].split()
+    assert averaging["regularization"] == float(rule.removeprefix("rule=")) / (100 * 4.0)
+    assert float(weight.removeprefix("categorical-weight=")) in AVERAGING_CATEGORICAL_WEIGHTS
+    assert len(averaging["validation_scores"]) == len(AVERAGING_RULE_CHOICES) * len(AVERAGING_CATEGORICAL_WEIGHTS)
     # Still one release per peer at the requested ε.
     assert sgd["epsilon_total"] == 4.0 and averaging["epsilon_total"] == 4.0 and sgd["releases_per_peer"] == 1
