@@ -22,3 +22,7 @@ def test_bench_relay_delivers_every_packet_and_reports_where_time_goes() -> None
     for relay in figures["per_relay"]:
         assert relay["cpu_us"] >= relay["intake_cpu_us"] > 0
     assert figures["isolated_process_hop_us"] is not None  # the bench crypto figure, same run
+    # The floor: the Sphinx unwrapping of 3 hops and the final layer, isolated; the cascade does more.
+    floor = figures["floor_sphinx_cpu_us_per_packet"]
+    assert floor > 3 * figures["baseline_x25519_us"] and figures["floor_packets_per_second"] > 0
+    assert figures["cpu_x_floor"] == pytest.approx(figures["cpu_us_per_packet_all_processes"] / floor, abs=0.01)

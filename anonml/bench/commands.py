@@ -346,7 +346,7 @@ def bench_mechanisms(as_json: bool, n: int, reps: int, seed: int, scale_n: int) 
               help="Calls per isolated crypto figure.")
 def bench_relay(as_json: bool, packets: int, synchronous: str, repeat: int) -> None:
     """Packets/s through 3 relays on loopback with zero-length windows, and where the time goes."""
-    from anonml.bench.relay import SEND_BATCH, run_benchmark
+    from anonml.bench.relay import RELAYS, SEND_BATCH, run_benchmark
 
     if packets < SEND_BATCH:
         raise click.BadParameter(f"at least {SEND_BATCH} (one send batch)", param_hint="--packets")
@@ -365,6 +365,10 @@ def bench_relay(as_json: bool, packets: int, synchronous: str, repeat: int) -> N
     click.echo(f"CPU per packet, all 4 processes: {result['cpu_us_per_packet_all_processes']} µs "
                f"(driver incl. sink and sender {result['driver_cpu_us_per_packet']} µs) -> CPU-bound capacity "
                f"{result['cpu_bound_capacity_packets_per_second']:.0f} packets/s on {os.cpu_count()} idle cores")
+    if result["floor_sphinx_cpu_us_per_packet"] is not None:
+        click.echo(f"floor, Sphinx unwrapping only ({RELAYS} hops + final, isolated): "
+                   f"{result['floor_sphinx_cpu_us_per_packet']} CPU µs per packet -> {result['floor_packets_per_second']:.0f} "
+                   f"packets/s on {os.cpu_count()} idle cores; the cascade costs {result['cpu_x_floor']} x the floor")
     click.echo("per relay, CPU µs per packet: process = intake (Sphinx + SQLite writes) + rest (link I/O, "
                "scheduler, forwarding)")
     for figures in result["per_relay"]:
