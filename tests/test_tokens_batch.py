@@ -178,6 +178,30 @@ def test_one_bad_token_costs_under_three_passes(
     assert len(checked_sizes) <= 1 + 2 * 8 and sum(checked_sizes) < 3 * BATCH
 
 
+def test_a_batch_of_junk_costs_three_passes_not_one_per_level(
+    secret_key: IssuerSecretKey, good_jobs: list[TokenJob], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Issue 25: junk tokens flooded through an honest relay (every proof false) were bisected to
+    # the last level, about log2(256) = 8 passes over the batch plus the singles, each junk token
+    # costing ~7.5x an honest one; dense failures are checked alone after the batch and its halves.
+    checked_sizes: list[int] = []
+    original = token_module._proofs_hold
+
+    def counting(key: IssuerSecretKey, batch: list[object], rng: object) -> bool:
+        checked_sizes.append(len(batch))
+        return original(key, batch, rng)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(token_module, "_proofs_hold", counting)
+    junk = [_bad_proof(job, 1, job) for job in good_jobs]
+    assert _refused(verify_tokens(secret_key, junk)) == {i: "bad-proof" for i in range(BATCH)}
+    assert sum(checked_sizes) <= 3 * BATCH and len(checked_sizes) <= 3 + BATCH
+    # A dense half among good tokens: refused alone, the good ones accepted.
+    checked_sizes.clear()
+    mixed = [_bad_proof(job, 1, job) if 64 <= index < 192 else job for index, job in enumerate(good_jobs)]
+    assert _refused(verify_tokens(secret_key, mixed)) == {i: "bad-proof" for i in range(64, 192)}
+    assert sum(checked_sizes) <= 3 * BATCH
+
+
 def test_the_aggregator_counts_a_bad_token_alone(secret_key: IssuerSecretKey, good_jobs: list[TokenJob]) -> None:
     jobs = list(good_jobs[:64])
     jobs[40] = _bad_proof(jobs[40], 1, jobs[0])
