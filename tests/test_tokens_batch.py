@@ -269,3 +269,18 @@ def test_a_batch_costs_the_group_work_the_bench_prices_as_its_floor(
     # survey's H(ctx), each partition's key product and x1's.
     surveys = len({job.ctx for job in jobs})
     assert sum(summed) == per_token_summed * len(jobs) + 3 + surveys + len(PARTITIONS) + 1
+
+
+def test_verification_workers_run_at_a_lower_cpu_priority_than_the_service(secret_key: IssuerSecretKey) -> None:
+    # Issue 25: junk tokens verified at the service's priority delayed the sink's and HTTP's answers on a
+    # busy host; the workers yield the CPU to them (aggregator._workers.WORKER_NICENESS).
+    import os
+
+    from anonml.aggregator._workers import WORKER_NICENESS
+
+    workers = IssuerWorkers(secret_key, processes=1)
+    try:
+        assert workers.pool is not None
+        assert workers.pool.submit(os.nice, 0).result(timeout=60) == min(19, os.nice(0) + WORKER_NICENESS)
+    finally:
+        workers.close()
