@@ -159,17 +159,23 @@ def test_random_coefficients_stop_errors_that_cancel(
     assert _refused(verify_tokens(secret_key, jobs)) == {}
 
 
-def test_one_bad_token_costs_under_three_passes(
-    secret_key: IssuerSecretKey, good_jobs: list[TokenJob], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    checked_sizes: list[int] = []
+@pytest.fixture
+def checked_sizes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The size of each combined proof check made from now on."""
+    sizes: list[int] = []
     original = token_module._proofs_hold
 
     def counting(key: IssuerSecretKey, batch: list[object], rng: object) -> bool:
-        checked_sizes.append(len(batch))
+        sizes.append(len(batch))
         return original(key, batch, rng)  # type: ignore[arg-type]
 
     monkeypatch.setattr(token_module, "_proofs_hold", counting)
+    return sizes
+
+
+def test_one_bad_token_costs_under_three_passes(
+    secret_key: IssuerSecretKey, good_jobs: list[TokenJob], checked_sizes: list[int]
+) -> None:
     jobs = list(good_jobs)
     jobs[200] = _bad_proof(jobs[200], 0, jobs[0])
     assert _refused(verify_tokens(secret_key, jobs)) == {200: "bad-proof"}
@@ -179,19 +185,11 @@ def test_one_bad_token_costs_under_three_passes(
 
 
 def test_a_batch_of_junk_costs_three_passes_not_one_per_level(
-    secret_key: IssuerSecretKey, good_jobs: list[TokenJob], monkeypatch: pytest.MonkeyPatch
+    secret_key: IssuerSecretKey, good_jobs: list[TokenJob], checked_sizes: list[int]
 ) -> None:
     # Issue 25: junk tokens flooded through an honest relay (every proof false) were bisected to
     # the last level, about log2(256) = 8 passes over the batch plus the singles, each junk token
     # costing ~7.5x an honest one; dense failures are checked alone after the batch and its halves.
-    checked_sizes: list[int] = []
-    original = token_module._proofs_hold
-
-    def counting(key: IssuerSecretKey, batch: list[object], rng: object) -> bool:
-        checked_sizes.append(len(batch))
-        return original(key, batch, rng)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(token_module, "_proofs_hold", counting)
     junk = [_bad_proof(job, 1, job) for job in good_jobs]
     assert _refused(verify_tokens(secret_key, junk)) == {i: "bad-proof" for i in range(BATCH)}
     assert sum(checked_sizes) <= 3 * BATCH and len(checked_sizes) <= 3 + BATCH
