@@ -42,8 +42,11 @@ who they are in the link handshake. A silent connection is closed after
 relay refuses beyond its :class:`relay._budget.RefusalBudget` waits before
 its next batch is processed, so a flood of authentic but useless packets
 costs the relay a bounded share of its CPU. Each batch is checked in slices
-that yield to the event loop, so another connection's frames never wait for
-a whole batch.
+of 16 frames, each taking a fair turn per source network or neighbour
+(:class:`transport.FairTurns`; issue 25), so another connection's frames
+never wait for a whole batch, and a network sending little goes before
+flooding ones; batches whose checks end together share one commit
+(:mod:`relay._group_commit`).
 
 Restart (the release-time choice). Release times are persisted. On restart a
 held packet whose time is still ahead keeps it, and one whose time passed
