@@ -261,8 +261,9 @@ def rounds(data_dir: Path, as_json: bool) -> None:
 @click.option("--test-file", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None,
               help="Labelled held-out file to measure utility on: CSV with a header naming the features and the label, or UCI Adult format.")
 @click.option("--linger", type=float, default=0.0, help="Keep serving this many seconds after the round ends.")
-@click.option("--processes", type=click.IntRange(0, 64), default=0,
-              help="Worker processes for blind issuance and token verification (0: in a thread of the service).")
+@click.option("--processes", type=click.IntRange(0, 64), default=1, show_default=True,
+              help="Worker processes for blind issuance and token verification, at a lower CPU priority than the "
+                   "service (0: in a thread of the service).")
 @_store_option
 @click.option("--sink-port", type=click.IntRange(1, 65535), default=None,
               help="Take packets at this port instead of the manifest's (something in front forwards the manifest's port here).")
@@ -402,7 +403,8 @@ def _print_outcome(state: Any, directory: Path, outcome: str) -> None:
 @click.option("--name", required=True, help="This worker's name, unique among the round's workers (a restart reuses it).")
 @click.option("--host", default=None, help="Address to take packets at (default: the manifest's sink host).")
 @click.option("--port", type=click.IntRange(0, 65535), default=0, show_default=True, help="Port (0: a free one, printed).")
-@click.option("--processes", type=click.IntRange(0, 64), default=0, help="Token verification processes (0: a thread).")
+@click.option("--processes", type=click.IntRange(0, 64), default=1, show_default=True,
+              help="Token verification processes, at a lower CPU priority (0: a thread).")
 @click.option("--claim-seconds", type=click.FloatRange(0.5, 3600), default=30.0, show_default=True,
               help="How long inbox rows this worker claimed stay its own if it stops deciding them (then others take them).")
 def worker(data_dir: Path, round_id: str | None, store: str | None, name: str, host: str | None, port: int,

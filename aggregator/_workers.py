@@ -34,6 +34,17 @@ def token_rejection(reason: str) -> RejectionReason:
 
 Job = TypeVar("Job")
 
+WORKER_NICENESS = 10
+"""How much lower the worker processes' scheduling priority is than the service's (``os.nice``).
+
+Verification is throughput work and intake latency work: on a busy host the
+sink's and the HTTP server's event loop, which acknowledge packets and answer
+requests, get the CPU first, and a flood of junk tokens (issue 25) backs up
+the verifier's inbox (bounded: intake answers BUSY when it is full) rather
+than delaying every honest acknowledgement. Linux gives nice 10 about a
+tenth of a nice-0 process's weight, so an idle core still verifies at full
+speed."""
+
 
 class IssuerWorkers:
     """The issuer's secret-key work — token verification and blind issuance — for a batch at a time.
@@ -56,7 +67,7 @@ class IssuerWorkers:
         if processes > 0 and issuer_key is not None:
             self.pool = ProcessPoolExecutor(
                 processes, mp_context=multiprocessing.get_context("spawn"),
-                initializer=init_worker, initargs=(issuer_key.to_bytes(),),
+                initializer=init_worker, initargs=(issuer_key.to_bytes(), WORKER_NICENESS),
             )
 
     def warm(self) -> None:

@@ -13,6 +13,7 @@ Results are plain bytes (a tag digest or a blind response) or the error's
 
 from __future__ import annotations
 
+import os
 import signal
 from dataclasses import dataclass
 
@@ -87,13 +88,16 @@ def issue_credentials(issuer_key: IssuerSecretKey, jobs: list[IssueJob]) -> list
 _WORKER_KEY: list[IssuerSecretKey] = []
 
 
-def init_worker(issuer_key_bytes: bytes) -> None:
-    """A worker process's initialiser: load the issuer key once.
+def init_worker(issuer_key_bytes: bytes, niceness: int = 0) -> None:
+    """A worker process's initialiser: load the issuer key once, and lower its scheduling priority
+    by ``niceness`` (``os.nice``).
 
     SIGINT is left to the parent (a Ctrl-C reaches the whole process group),
     which shuts the pool down; a worker that took it would print a traceback
     and die mid-batch."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if niceness:
+        os.nice(niceness)
     _WORKER_KEY[:] = [IssuerSecretKey.from_bytes(issuer_key_bytes)]
 
 

@@ -657,6 +657,41 @@ async def test_batches_of_two_connections_take_turns_and_a_packet_on_both_is_tak
     assert harness.relay.holdings.held == 162 and harness.relay.counters.dropped["replay"] == 1
 
 
+async def test_a_peer_packet_waits_for_a_few_flooding_slices_not_a_batch_of_each_network(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    """Issue 25 (relay-junk-tokens): batches from 16 flooding networks were checked in the order trio ran
+    their connections, so a peer's packet waited for a slice of each; now turns are fair per network."""
+    harness = Harness(tmp_path, WallClock.starting_at(T0))
+    late = [harness.packet(i, ReleaseWindow(T0 - 60, T0 - 1)) for i in range(64)]
+    window = ReleaseWindow(T0 + 10, T0 + 20)
+    waited: list[int] = []
+
+    async def flood(source: str) -> None:
+        while True:
+            await harness.relay.on_packets(late, source)
+
+    async def peer(index: int, before: int) -> None:
+        assert await harness.relay.on_packets([harness.packet(1000 + index, window)], "127.0.0.1") == [
+            AckStatus.ACCEPTED]
+        waited.append(harness.relay.counters.received - before - 1)
+
+    async with trio.open_nursery() as nursery:
+        for network in range(1, 17):
+            nursery.start_soon(flood, f"127.{network}.0.1")
+        for index in range(8):
+            under_way = harness.relay.counters.received + 16 * 64
+            while harness.relay.counters.received < under_way:  # the floods check a batch each meanwhile
+                await trio.lowlevel.checkpoint()
+            async with trio.open_nursery() as peers:
+                # Counted from when its connection's task is woken, as by the arrival of its frame.
+                peers.start_soon(peer, index, harness.relay.counters.received)
+        nursery.cancel_scope.cancel()
+    # A few flooding slices (16 frames each: those granted before its task ran, one before each of its own
+    # turns, its slice and its commit; 32-64 frames measured), not a batch of each network's: 176-640 before.
+    assert len(waited) == 8 and max(waited) <= 4 * 16, waited
+
+
 async def test_next_hops_of_two_connections_batches_count_together_before_either_commits(
     autojump_clock: trio.testing.MockClock, tmp_path: Path
 ) -> None:

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
         peer_address,
         source_prefix,
     )
+    from anonml.transport._fair import FairTurns
     from anonml.transport._http import HttpLimits, serve_http, serve_http_on, tls_context
     from anonml.transport._memory import (
         ConnectHook,
@@ -82,6 +83,7 @@ __all__ = [
     "ConnectHook",
     "ConnectionGate",
     "Dial",
+    "FairTurns",
     "GateRefusal",
     "GateSlot",
     "HelloStatus",

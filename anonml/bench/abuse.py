@@ -29,8 +29,8 @@ and p99 within 3x the unloaded p99. It exits 1 if any abuse misses it.
 The relay's clock is pinned (``relay.PinnedClock``) inside the round's data
 phase with zero-length hop windows for the probes, so latency is processing,
 not a release draw. ``--verifiers N`` runs the aggregator with N worker
-processes for token verification (its ``--processes``; 0, the default, verifies
-in a thread of the service). ``--nofile N`` runs the relay and the aggregator with
+processes for token verification (its ``--processes``, at a lower CPU
+priority; 1 by default as there; 0 verifies in a thread of the service). ``--nofile N`` runs the relay and the aggregator with
 ``RLIMIT_NOFILE`` N (soft and hard), as on a host with a low default.
 
 Abuses: ``relay-hold-fill`` (packets inside the data phase from all 1,024
@@ -564,7 +564,7 @@ async def _run(system: _System, work: Path, abuses: Sequence[str]) -> dict[str, 
     }
 
 
-def run_benchmark(abuses: Sequence[str], nofile: int | None = None, verifiers: int = 0) -> dict[str, Any]:
+def run_benchmark(abuses: Sequence[str], nofile: int | None = None, verifiers: int = 1) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="anonml-bench-abuse-") as work, child_processes() as processes:
         system = _start_system(Path(work), processes, nofile, verifiers)
         # The probes' own process: a collection walking its start-up heap (the round, 2,880 prepared

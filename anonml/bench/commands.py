@@ -27,8 +27,9 @@ ABUSES = ("relay-late-tags", "relay-junk-tokens", "relay-link-churn", "sink-stra
 @click.option("--only", type=click.Choice(ABUSES), multiple=True, help="Run only these abuses (repeatable).")
 @click.option("--nofile", type=click.IntRange(min=64), default=None,
               help="Run the relay and the aggregator with this RLIMIT_NOFILE (soft and hard).")
-@click.option("--verifiers", type=click.IntRange(0, 64), default=0, show_default=True,
-              help="The aggregator's worker processes for token verification (0: a thread of the service).")
+@click.option("--verifiers", type=click.IntRange(0, 64), default=1, show_default=True,
+              help="The aggregator's worker processes for token verification, as `aggregator run --processes` "
+                   "(0: a thread of the service).")
 def bench_abuse(as_json: bool, only: tuple[str, ...], nofile: int | None, verifiers: int) -> None:
     """Honest delivery and p99 latency while the relay, the sink and the HTTP API are abused (floods, churn,
     idle and slow connections, filling the hold queue, a colluding relay, junk tokens), each beside the
