@@ -122,7 +122,6 @@ from anonml.relay._directory import (
     verify_manifest,
 )
 from anonml.relay._budget import RefusalBudget
-from anonml.relay._group_commit import GroupCommit
 from anonml.relay._shares import HeldShares, Sender
 from anonml.relay._holdings import Holdings, Neighbour
 from anonml.relay._keys import EpochKey, KeyRing
@@ -245,7 +244,6 @@ class Relay:
         # Slices of batches (and their commits) in fair order per source network (issue 25: an honest
         # packet waited behind a slice and an fsync'd commit of every flooding connection).
         self.intake_turns = FairTurns()
-        self._commits: GroupCommit[_Batch, list[int]] = GroupCommit(self._store_batches)
         self.gate = ConnectionGate(config.max_connections, config.max_connections_per_source,
                                    config.neighbour_connections, refused=counters.connections_refused)
         self.refusals = RefusalBudget(config.refusals_per_second, config.refusal_burst)
@@ -430,7 +428,9 @@ class Relay:
                     statuses += [self._intake(frame, batch, keys) for frame in sliced]
                     self.counters.intake_cpu_seconds += time.thread_time() - cpu_started
             if batch.rows:
-                statuses, committed = await self._commit(batch, statuses)
+                # The commit's fsync holds the event loop too (~5 ms, more on a busy disk): a turn.
+                async with lane.turn(_INTAKE_SLICE):
+                    statuses, committed = self._commit(batch, statuses)
             return statuses, batch.charged + statuses.count(AckStatus.REJECTED)
         finally:
             if batch.sender is not None and batch.rows and not committed:
@@ -440,22 +440,14 @@ class Relay:
             self._pending_neighbours -= batch.neighbours
             self._sync_counters()
 
-    def _store_batches(self, batches: Sequence[_Batch]) -> list[list[int]]:
-        """One transaction for the accepted packets and tags of ``batches`` (relay._group_commit)."""
+    def _commit(self, batch: _Batch, statuses: list[AckStatus]) -> tuple[list[AckStatus], bool]:
+        """Store the batch's accepted packets and tags in one transaction; BUSY for them if it fails
+        (and whether it committed)."""
         cpu_started = time.thread_time()
         try:
             with self.store.transaction():
-                row_ids = [self.store.insert_held(batch.rows) for batch in batches]
-                self.store.record_tags([tag for batch in batches for tag in batch.tags])
-            return row_ids
-        finally:
-            self.counters.intake_cpu_seconds += time.thread_time() - cpu_started
-
-    async def _commit(self, batch: _Batch, statuses: list[AckStatus]) -> tuple[list[AckStatus], bool]:
-        """Store the batch's accepted packets and tags, in one transaction with the other batches ready
-        now; BUSY for them if it fails (and whether it committed)."""
-        try:
-            row_ids = await self._commits.join(batch)
+                row_ids = self.store.insert_held(batch.rows)
+                self.store.record_tags(batch.tags)
         except StorageError as exc:
             # Nothing of the batch is stored: the sender keeps it and retries.
             self.counters.store_failing = True
@@ -463,6 +455,8 @@ class Relay:
             self.counters.drop(DropReason.STORE_ERROR, len(batch.rows))
             log_event(logger, logging.ERROR, "store-error", error=str(exc), frames=len(statuses))
             return [AckStatus.BUSY if s is AckStatus.ACCEPTED else s for s in statuses], False
+        finally:
+            self.counters.intake_cpu_seconds += time.thread_time() - cpu_started
         self.counters.store_failing = False
         self.holdings.add([HeldPacket(row_id, *row) for row_id, row in zip(row_ids, batch.rows)])
         if batch.sender is not None:
