@@ -48,8 +48,7 @@ costs the relay a bounded share of its CPU. Each batch is checked in slices
 of 16 frames, each taking a fair turn per source network or neighbour
 (:class:`transport.FairTurns`; issue 25), so another connection's frames
 never wait for a whole batch, and a network sending little goes before
-flooding ones; batches whose checks end together share one commit
-(:mod:`relay._group_commit`).
+flooding ones.
 
 Restart (the release-time choice). Release times are persisted. On restart a
 held packet whose time is still ahead keeps it, and one whose time passed
