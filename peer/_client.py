@@ -26,6 +26,7 @@ import httpx
 import trio
 
 from anonml.base.errors import InputError, TransportError
+from anonml.base.memo import PureCache
 from anonml.protocol import (
     MAX_RESPONSE_BYTES,
     PATH_CREDENTIAL,
@@ -202,8 +203,16 @@ class AggregatorClient:
             backoff = min(backoff * 2, 2.0)
 
     async def _get(self, path: str, parse: Callable[[bytes], T]) -> T | None:
+        """The document at ``path`` as ``parse`` reads it (a pure function of the body's bytes), or None for 404."""
         response = await self._call("GET", path)
-        return None if response is None else _parsed(response, parse)
+        if response is None:
+            return None
+        key = (parse, response.content)
+        kept = _PARSED.get(key)
+        if kept is None:
+            kept = _parsed(response, parse)
+            _PARSED.put(key, kept, len(response.content))
+        return kept  # type: ignore[return-value]  # kept under (parse, body): parse's own result
 
     async def _post(self, path: str, body: bytes, parse: Callable[[bytes], T]) -> T:
         response = await self._call("POST", path, body)
@@ -268,6 +277,14 @@ class AggregatorClient:
 
     async def heads(self) -> HeadsResponse | None:
         return await self._get(PATH_HEADS, HeadsResponse.from_json)
+
+
+# Documents as parsed (signatures checked where the parser checks them), by parser and exact body: every
+# peer of a process reads the same manifest, roster, heads and segments from the aggregator and each mirror,
+# and in the round simulator each peer has its own client. A parser is a pure function of the body's bytes,
+# so a repeat answers from here; a body that fails to parse is parsed (and refused) every time, and the
+# parsed documents are frozen. Bounded by the bodies' bytes.
+_PARSED: PureCache[tuple[Callable[[bytes], object], bytes], object] = PureCache(max_entries=256, max_weight=32 << 20)
 
 
 def _document(body: bytes) -> SignedDocument:

@@ -34,6 +34,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from anonml.base.memo import PureCache
 from anonml.protocol._beacon import BEACON_BYTES, BeaconCommitment, read_commitments
 from anonml.protocol._canonical import FieldReader, InvalidDocument, canonical_json, parse_json_object
 from anonml.protocol._features import MAX_FEATURES, MAX_QUANTILES
@@ -520,6 +521,21 @@ class TreeHead:
 
     @classmethod
     def from_document(cls, document: SignedDocument) -> TreeHead:
+        """The head a tree-head document's body states (its signature is checked by ``document.verify``).
+
+        A pure function of the document: each peer reads every head of its
+        checks several times, and the heads are the same for every peer, so a
+        head read before answers from memory (a malformed one is read, and
+        refused, every time).
+        """
+        head = _TREE_HEADS.get(document)
+        if head is None:
+            head = cls._read(document)
+            _TREE_HEADS.put(document, head)
+        return head
+
+    @classmethod
+    def _read(cls, document: SignedDocument) -> TreeHead:
         reader = document.fields(InvalidApiMessage)
         survey = _survey(reader, reader.hex("survey", size=SURVEY_ID_BYTES), "survey")
         head = cls(survey, Check(reader.integer("check", 0, len(Check) - 1)), reader.integer("size", 0, MAX_LOG_LEAVES), reader.hex("root", size=HASH_BYTES))
@@ -527,6 +543,9 @@ class TreeHead:
         if survey.round_id != document.round_id:
             reader.fail("survey", "belongs to another round")
         return head
+
+
+_TREE_HEADS: PureCache[SignedDocument, TreeHead] = PureCache(max_entries=1 << 14)
 
 
 def receipt_leaves_root(digests: Sequence[bytes]) -> bytes:

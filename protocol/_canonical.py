@@ -42,18 +42,25 @@ def canonical_json(value: object) -> bytes:
 
 
 def _depth(value: object, limit: int) -> int:
-    # Iterative so a deeply nested hostile document cannot exhaust the stack.
+    """How deeply ``value`` nests, a scalar inside one object counting 2 (exact up to ``limit``, then any larger value).
+
+    Iterative so a deeply nested hostile document cannot exhaust the stack.
+    Only containers are stacked: a non-empty one makes its children one level
+    deeper, whatever they are, so scalars need no visit of their own (every
+    response a peer reads passes here: visiting each scalar cost more than
+    the JSON decoding).
+    """
     stack: list[tuple[object, int]] = [(value, 1)]
-    deepest = 0
+    deepest = 1
     while stack:
         node, depth = stack.pop()
-        deepest = max(deepest, depth)
-        if deepest > limit:
-            return deepest
-        if isinstance(node, dict):
-            stack.extend((child, depth + 1) for child in node.values())
-        elif isinstance(node, list):
-            stack.extend((child, depth + 1) for child in node)
+        children = node.values() if type(node) is dict else node if type(node) is list else ()
+        if children:
+            if depth >= deepest:
+                deepest = depth + 1
+                if deepest > limit:
+                    return deepest
+            stack.extend([(child, depth + 1) for child in children if type(child) is dict or type(child) is list])
     return deepest
 
 

@@ -19,12 +19,11 @@ from __future__ import annotations
 import enum
 import hashlib
 import hmac
-import threading
-from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from anonml.base.memo import PureCache
 from anonml.protocol._canonical import FieldReader, InvalidDocument, canonical_json, parse_json_object
 from anonml.protocol._survey import ROUND_ID_BYTES
 
@@ -55,10 +54,8 @@ class InvalidSignedDocument(InvalidDocument):
 # peers (the demo, the round simulator) checks the same roster, heads and manifest once per peer, and the
 # roster alone is one signature per entry, so n peers verified n^2 signatures. Verification is a pure
 # function of those bytes, so a repeat answers from here; only successes are kept, so a forgery costs a
-# real check every time. Bounded: oldest first out.
-_HOLDS_LIMIT = 1 << 16
-_holds: OrderedDict[bytes, None] = OrderedDict()
-_holds_lock = threading.Lock()  # the aggregator verifies in worker threads too
+# real check every time. Bounded: least recently used first out.
+_holds: PureCache[bytes, bool] = PureCache(max_entries=1 << 16)
 
 
 def ed25519_holds(key: bytes, message: bytes, signature: bytes) -> bool:
@@ -67,18 +64,13 @@ def ed25519_holds(key: bytes, message: bytes, signature: bytes) -> bool:
     from nacl.signing import VerifyKey
 
     digest = hashlib.sha256(len(key).to_bytes(4, "big") + key + len(signature).to_bytes(4, "big") + signature + message).digest()
-    with _holds_lock:
-        if digest in _holds:
-            _holds.move_to_end(digest)
-            return True
+    if _holds.get(digest):
+        return True
     try:
         VerifyKey(key).verify(message, signature)
     except (BadSignatureError, ValueError, TypeError):
         return False
-    with _holds_lock:
-        _holds[digest] = None
-        if len(_holds) > _HOLDS_LIMIT:
-            _holds.popitem(last=False)
+    _holds.put(digest, True)
     return True
 
 

@@ -8,6 +8,7 @@ import pytest
 from nacl.signing import SigningKey, VerifyKey
 
 import anonml.protocol._signed as signed_module
+from anonml.base.memo import PureCache
 from anonml.protocol import DocumentKind, InvalidDocument, SignedDocument
 
 
@@ -24,7 +25,7 @@ def counting(monkeypatch: pytest.MonkeyPatch) -> type[CountingVerifyKey]:
     import nacl.signing
 
     monkeypatch.setattr(nacl.signing, "VerifyKey", CountingVerifyKey)
-    monkeypatch.setattr(signed_module, "_holds", type(signed_module._holds)())
+    monkeypatch.setattr(signed_module, "_holds", PureCache(max_entries=16))
     CountingVerifyKey.checks = 0
     return CountingVerifyKey
 

@@ -491,3 +491,79 @@ async def test_a_server_that_stops_mid_request_leaves_its_client_without_an_answ
         await trio.sleep(10.0)
         server.cancel()
     assert len(failures) == 1 and not isinstance(failures[0], httpx.TimeoutException)
+
+
+def echo_app(seen: list[dict[str, object]]) -> Starlette:
+    """Answers with what it was asked (method, path, query, headers, body); a redirect for /moved."""
+
+    async def echo(request: Request) -> Response:
+        body = await request.body()
+        seen.append({"method": request.method, "path": request.url.path, "query": request.url.query,
+                     "headers": sorted(request.headers.items()), "body": body})
+        if request.url.path.endswith("/moved"):
+            return Response(status_code=307, headers={"location": "/elsewhere"})
+        return PlainTextResponse(f"{request.method} {request.url.path} {body.decode()}", headers={"x-echo": "1"})
+
+    return Starlette(routes=[Route("/{path:path}", echo, methods=["GET", "POST"])])
+
+
+async def test_the_in_process_clients_short_request_is_the_request_httpx_sends(autojump_clock: trio.testing.MockClock) -> None:
+    """What the app sees and what the role gets back are the same whether httpx's own ``send`` runs
+    (a keyword beyond URL, body and headers sends the request that way) or the short path does."""
+    network = MemoryNetwork(in_process_http=True)
+    seen: list[dict[str, object]] = []
+    answers: dict[str, list[tuple[int, list[tuple[str, str]], bytes, str]]] = {"short": [], "httpx": []}
+    async with trio.open_nursery() as nursery:
+        url = await nursery.start(
+            lambda task_status: serve_http(echo_app(seen), "10.0.0.1", 8080, HttpLimits(), Counter(), network=network,
+                                           task_status=task_status)
+        )
+        async with network.http_client(base_url=url + "/v1", local_address=PEER_IP, headers={"x-role": "peer"}) as client:
+            for way, extra in (("short", {}), ("httpx", {"params": {}})):
+                for method, path, body, headers in (("GET", "/manifest", None, None), ("POST", "/credential", b"{}", {"content-type": "application/json"}),
+                                                    ("GET", "/moved", None, None), ("GET", "/manifest", None, None)):
+                    response = await client.request(method, path, content=body, headers=headers, **extra)
+                    answers[way].append((response.status_code, sorted(response.headers.items()), response.content,
+                                         str(response.request.url)))
+        nursery.cancel_scope.cancel()
+    assert answers["short"] == answers["httpx"]
+    assert [a[0] for a in answers["short"]] == [200, 200, 307, 200]  # the redirect is not followed, as httpx's default
+    assert answers["short"][1][2] == b"POST /v1/credential {}"
+    assert answers["short"][0][3] == "http://10.0.0.1:8080/v1/manifest"
+    assert seen[:4] == seen[4:]
+    assert ("x-role", "peer") in seen[0]["headers"]  # type: ignore[operator]
+
+
+async def test_peers_parse_a_document_they_all_get_once_and_a_malformed_one_every_time(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Two peers' clients reading the same bytes share one parse (a pure function of them); a body the
+    parser refuses is refused to each asker."""
+    network = MemoryNetwork(in_process_http=True)
+    bodies = {"/good": b'{"n":1}', "/bad": b'{"n":"x"}'}
+
+    async def serve(request: Request) -> Response:
+        return Response(bodies[request.url.path], media_type="application/json")
+
+    parsed: list[bytes] = []
+
+    def parse(body: bytes) -> dict[str, int]:
+        parsed.append(body)
+        if body == bodies["/bad"]:
+            raise AggregatorError(200, "malformed")
+        return {"n": 1}
+
+    app = Starlette(routes=[Route("/good", serve), Route("/bad", serve)])
+    async with trio.open_nursery() as nursery:
+        url = await nursery.start(
+            lambda task_status: serve_http(app, "10.0.0.1", 8080, HttpLimits(), Counter(), network=network, task_status=task_status)
+        )
+        peers = [AggregatorClient(url, network=network.node(ip)) for ip in (PEER_IP, OTHER_PEER_IP)]
+        firsts = [await peer._get("/good", parse) for peer in peers]
+        for peer in peers:
+            with pytest.raises(AggregatorError, match="malformed"):
+                await peer._get("/bad", parse)
+            await peer.aclose()
+        nursery.cancel_scope.cancel()
+    assert firsts == [{"n": 1}, {"n": 1}] and firsts[0] is firsts[1]
+    assert parsed == [bodies["/good"], bodies["/bad"], bodies["/bad"]]

@@ -25,6 +25,7 @@ replace ``dial.server`` with a stream of its own making (e.g. one end of a
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import math
@@ -38,7 +39,7 @@ import httpcore
 import httpx
 import trio
 
-from anonml.transport._inprocess import AsgiApp, InProcessApp
+from anonml.transport._inprocess import AsgiApp, InProcessApp, InProcessClient
 from anonml.transport._network import DEFAULT_HTTP_TIMEOUT, Listeners, no_cookies
 
 Address = tuple[str, int]
@@ -337,9 +338,11 @@ class MemoryNetwork:
         """
         limits: httpx.Limits = kwargs.pop("limits", httpx.Limits(max_connections=100, max_keepalive_connections=20))
         kwargs.pop("verify", None)
-        kwargs.setdefault("cookies", no_cookies())
         pooled = functools.partial(_pooled, _HttpBackend(self, local_address), limits)
         transport = _InProcessTransport(self, local_address or self.default_source, pooled) if self.in_process_http else pooled()
+        if self.in_process_http and "cookies" not in kwargs:
+            return InProcessClient(timeout=timeout, transport=transport, trust_env=False, **kwargs)
+        kwargs.setdefault("cookies", no_cookies())
         return httpx.AsyncClient(timeout=timeout, transport=transport, trust_env=False, **kwargs)
 
 
@@ -495,7 +498,9 @@ class _InProcessTransport(httpx.AsyncBaseTransport):
                 self._pooled = self._make_pooled()
             return await self._pooled.handle_async_request(request)
         connect_timeout = request.extensions.get("timeout", {}).get("connect")
-        with _httpx_errors(connect_timeout, request):
+        # Without a hook a dial is one checkpoint, which no deadline can outlast (this task runs again before
+        # trio's clock moves): the connect timeout then needs no cancel scope.
+        with _httpx_errors(connect_timeout if self._network.on_connect is not None else None, request):
             dial = await self._network.dial(host, port, local_address=self._source_ip)
         app = self._network.in_process_app(host, port)
         if not dial.interposed and app is not None:
@@ -519,9 +524,9 @@ class _InProcessTransport(httpx.AsyncBaseTransport):
 
 @contextmanager
 def _httpx_errors(timeout: float | None, request: httpx.Request) -> Iterator[None]:
-    """A dial's timeout and refusal as httpx's ConnectTimeout and ConnectError."""
+    """A dial's timeout (None: none) and refusal as httpx's ConnectTimeout and ConnectError."""
     try:
-        with trio.fail_after(math.inf if timeout is None else timeout):
+        with trio.fail_after(timeout) if timeout is not None else contextlib.nullcontext():
             yield
     except trio.TooSlowError:
         raise httpx.ConnectTimeout(f"no connection within {timeout!r} s", request=request) from None
