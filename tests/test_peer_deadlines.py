@@ -1,0 +1,132 @@
+"""A peer's requests answer to the schedule (issue 27): a connection that swallows a request and never
+answers (the fault bench's black hole) costs a share of the time left before the answer is needed, not
+the HTTP client's whole timeout, and no report kept for the second window waits on the first check's log.
+
+On trio's MockClock: the client against a real HTTP server over the in-memory network, and whole rounds
+on the simulator (every role's real code)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import replace
+
+import trio
+import trio.testing
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from anonml.peer import AggregatorClient, answer_by
+from anonml.protocol import PATH_STATUS
+from anonml.simulate import Adversary, RoundTrace, SimulationConfig, simulate_round
+from anonml.simulate._adversary import HttpAction, HttpRecord
+from anonml.transport import Dial, HttpLimits, MemoryNetwork, connection_pair, serve_http
+
+PEER_IP = "10.1.0.1"
+
+
+def not_published_app() -> Starlette:
+    async def nothing_yet(_: Request) -> Response:
+        return Response(status_code=404)
+
+    return Starlette(routes=[Route(PATH_STATUS, nothing_yet)])
+
+
+async def swallow(stream: trio.abc.Stream) -> None:
+    """Read everything, answer nothing."""
+    async with stream:
+        while await stream.receive_some():
+            pass
+
+
+async def test_a_black_holed_request_costs_a_third_of_the_time_left_then_a_fresh_connection_answers(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    dialled: list[float] = []
+    async with trio.open_nursery() as nursery:
+
+        async def black_hole_the_first(dial: Dial) -> None:
+            dialled.append(trio.current_time())
+            if len(dialled) == 1:
+                outer, inner = connection_pair(dial.source, dial.destination)
+                nursery.start_soon(swallow, outer)
+                dial.server = inner
+
+        network = MemoryNetwork(on_connect=black_hole_the_first)
+        url = await nursery.start(lambda task_status: serve_http(not_published_app(), "10.0.0.1", 8080, HttpLimits(),
+                                                                 Counter(), network=network, task_status=task_status))
+        client = AggregatorClient(url, network=network.node(PEER_IP))
+        started = trio.current_time()
+        with answer_by(started + 9.0):
+            assert await client.status() is None  # 404: not published yet, an answer
+        answered = trio.current_time() - started
+        await client.aclose()
+        nursery.cancel_scope.cancel()
+    # The first attempt had a third of the 9 s; the second, on a new connection, answered at once.
+    assert len(dialled) == 2 and 3.0 <= answered < 3.5
+
+
+async def test_a_request_needed_by_a_deadline_gives_up_at_it_when_every_connection_is_a_black_hole(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with trio.open_nursery() as nursery:
+
+        async def black_hole(dial: Dial) -> None:
+            outer, inner = connection_pair(dial.source, dial.destination)
+            nursery.start_soon(swallow, outer)
+            dial.server = inner
+
+        network = MemoryNetwork(on_connect=black_hole)
+        url = await nursery.start(lambda task_status: serve_http(not_published_app(), "10.0.0.1", 8080, HttpLimits(),
+                                                                 Counter(), network=network, task_status=task_status))
+        client = AggregatorClient(url, network=network.node(PEER_IP), retry_for=600.0)
+        started = trio.current_time()
+        try:
+            with answer_by(started + 6.0):
+                await client.status()
+        except Exception as failed:  # noqa: BLE001 - the type is asserted below
+            error = failed
+        gave_up = trio.current_time() - started
+        await client.aclose()
+        nursery.cancel_scope.cancel()
+    assert type(error).__name__ == "AggregatorError" and "ReadTimeout" in str(error)
+    # Attempts of 2 s, 1.3 s, then the 1 s floor: past the deadline by at most one floor attempt.
+    assert 6.0 <= gave_up <= 7.5
+
+
+class BlackHoledChecks(Adversary):
+    """A network fault, not an attack: the first receipt-log request each peer makes at the first check of each
+    phase is swallowed (the connection takes it and never answers)."""
+
+    name = "black-holed-checks"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.swallowed: set[tuple[str, str]] = set()
+
+    def on_request(self, record: HttpRecord) -> HttpAction:
+        if record.path.startswith("/v1/receipts/") and record.path.endswith("/0"):
+            if (record.address, record.path) not in self.swallowed:
+                self.swallowed.add((record.address, record.path))
+                return HttpAction(withhold=True)
+        return HttpAction()
+
+
+def accepted_and_repaired(trace: RoundTrace) -> tuple[int, int, int]:
+    results = [p.result for p in trace.peers if p.result is not None]
+    assert len(results) == len(trace.peers), [p.error or p.refused for p in trace.peers]
+    packets = sum(r.packets for r in results)
+    return packets, len(trace.arrivals), sum(r.acknowledged for r in results)
+
+
+def test_a_black_holed_first_check_still_leaves_every_report_accepted() -> None:
+    """The old peer waited out its HTTP client's 60 s on the swallowed request, past the whole second send
+    window: the reports it kept for that window were never sent (issue 27: 'no-receipt-after-second-chance')."""
+    adversary = BlackHoledChecks()
+    trace = simulate_round(replace(SimulationConfig(peers=8, seed=3)), adversary)
+    assert adversary.swallowed  # the fault happened, to every peer at each first check it made
+    assert trace.outcome == "done"
+    packets, arrived, acknowledged = accepted_and_repaired(trace)
+    assert packets == arrived == acknowledged > 0
+    assert sum(p.result.deferred for p in trace.peers if p.result is not None) > 0
