@@ -1,7 +1,9 @@
 """``anonml bench faults``: a demo round under process kills and lossy links, then an audit.
 
 The round is the demo's (:mod:`anonml.demo`: the same processes, the same
-windows measured and planned on this machine), with two kinds of fault:
+windows measured and planned on this machine, each delivery slice long
+enough to hold one kill's outage, its downtime and a restart), with two
+kinds of fault:
 
 - kill-and-restart events: at seeded random times across the round, a relay
   or the aggregator gets SIGKILL (its whole process group); the supervisor

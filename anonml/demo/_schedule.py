@@ -20,6 +20,10 @@ times :data:`HEADROOM` — not a serial per-peer cost times a slack factor.
   that missed them. A query phase does not pad every window with a restart:
   a packet lost to a restart in the first attempt is missing at the first
   check and its peer resends it in the second attempt.
+* Under planned kills (``anonml bench faults``) each delivery slice also
+  holds one kill's outage and a link retry's gap (``plan_round(outage=)``):
+  a report sent in the second window has no later repair, so a relay killed
+  there must be back inside the window of the packets held for it.
 """
 
 from __future__ import annotations
