@@ -46,6 +46,7 @@ if TYPE_CHECKING:
         socket_of,
     )
     from anonml.transport._link import (
+        CONNECT_TIMEOUT,
         HELLO_BYTES,
         HELLO_REPLY_BYTES,
         LINK_VERSION,
@@ -91,6 +92,7 @@ __all__ = [
     "LinkErrorReason",
     "LinkIdentity",
     "LinkLimits",
+    "CONNECT_TIMEOUT",
     "LinkSessionStats",
     "Listeners",
     "MemoryHost",
