@@ -334,7 +334,9 @@ class PeerRound:
         # The nonce comes from the peer's own CSPRNG, so a seeded run (the simulator) registers alike every time.
         nonce = self.peer.rng.bytes(NONCE_BYTES)
         request = RegisterRequest.create(self.peer.identity.signing_key, self.round_id, self.peer.invitation, nonce=nonce)
-        await self.session.client.register(request)
+        # Needed before registration closes: a black-holed attempt must leave time for another (a repeat is idempotent).
+        with answer_by(self.session.trio_deadline(self.manifest.schedule.t_register_end)):
+            await self.session.client.register(request)
         self.emit(PeerEvent.REGISTERED)
 
     async def partition(self) -> tuple[int, int, tuple[tuple[str, ...], ...]]:
