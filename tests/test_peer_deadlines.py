@@ -20,7 +20,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from anonml.peer import AggregatorClient, AggregatorError, answer_by
-from anonml.protocol import PATH_STATUS
+from anonml.protocol import PATH_REGISTER, PATH_STATUS
 from anonml.simulate import Adversary, RoundTrace, SimulationConfig, simulate_round
 from anonml.simulate._adversary import HttpAction, HttpRecord
 from anonml.transport import Dial, HttpLimits, MemoryNetwork, connection_pair, serve_http
@@ -95,21 +95,21 @@ async def test_a_request_needed_by_a_deadline_gives_up_at_it_when_every_connecti
     assert attempts >= 3 and 5.0 <= gave_up <= 7.5
 
 
-class BlackHoledChecks(Adversary):
-    """A network fault, not an attack: the first receipt-log request each peer makes at the first check of each
-    phase is swallowed (the connection takes it and never answers)."""
+class BlackHoledFirstRequests(Adversary):
+    """A network fault, not an attack: each peer's first request to each path ``swallow`` names is swallowed
+    (the connection takes it and never answers)."""
 
-    name = "black-holed-checks"
+    name = "black-holed-first-requests"
 
-    def __init__(self) -> None:
+    def __init__(self, swallow: Callable[[str], bool]) -> None:
         super().__init__()
+        self.swallow = swallow
         self.swallowed: set[tuple[str, str]] = set()
 
     def on_request(self, record: HttpRecord) -> HttpAction:
-        if record.path.startswith("/v1/receipts/") and record.path.endswith("/0"):
-            if (record.address, record.path) not in self.swallowed:
-                self.swallowed.add((record.address, record.path))
-                return HttpAction(withhold=True)
+        if self.swallow(record.path) and (record.address, record.path) not in self.swallowed:
+            self.swallowed.add((record.address, record.path))
+            return HttpAction(withhold=True)
         return HttpAction()
 
 
@@ -123,10 +123,21 @@ def accepted_and_repaired(trace: RoundTrace) -> tuple[int, int, int]:
 def test_a_black_holed_first_check_still_leaves_every_report_accepted() -> None:
     """The old peer waited out its HTTP client's 60 s on the swallowed request, past the whole second send
     window: the reports it kept for that window were never sent (issue 27: 'no-receipt-after-second-chance')."""
-    adversary = BlackHoledChecks()
+    # The first check's segments: /v1/receipts/{kind}/{partition}/0.
+    adversary = BlackHoledFirstRequests(lambda path: path.startswith("/v1/receipts/") and path.endswith("/0"))
     trace = simulate_round(SimulationConfig(peers=8, seed=3), adversary)
     assert adversary.swallowed  # the fault happened, to every peer at each first check it made
     assert trace.outcome == "done"
     packets, arrived, acknowledged = accepted_and_repaired(trace)
     assert packets == arrived == acknowledged > 0
     assert sum(p.result.deferred for p in trace.peers if p.result is not None) > 0
+
+
+def test_a_black_holed_registration_is_retried_before_registration_closes() -> None:
+    """The old peer waited 60 s on its swallowed registration, past the simulated round's 20 s of registration:
+    its retry was refused (403, registration has closed) and it never took part."""
+    adversary = BlackHoledFirstRequests(lambda path: path == PATH_REGISTER)
+    trace = simulate_round(SimulationConfig(peers=8, seed=4), adversary)
+    assert len(adversary.swallowed) == 8
+    packets, arrived, acknowledged = accepted_and_repaired(trace)
+    assert packets == arrived == acknowledged > 0
