@@ -68,13 +68,13 @@ the aggregator's, which lasts until its phase's ``t_r``
 uniform time in the first ``_OVERDUE_SPREAD`` seconds after the restart (so
 their order is a uniform shuffle, not their arrival order); the next hop
 takes it if its own window is still open and re-draws its release time there,
-else refuses it as late. This leaks nothing the downtime did not: the packets
-in that burst are exactly those this relay accepted for windows that closed
-while it was down, a set an observer of its links already knows (they arrived
-before it went silent, and nothing was released since), and each one's
-release time is the restart's, set by the crash, so it is independent of when
-its peer sent it and of the other packets, as a uniform draw in its window
-would have been. Dropping them instead loses every such report that its
+else refuses it as late. This leaks nothing the downtime did not: the burst
+is what this relay still held, unreleased, for windows that closed while it
+was down, a set an observer of its links knows already (which packets it took
+in, and which it sent on before it went silent), and each one's release time
+is the restart's, set by the crash, so it is independent of when its peer
+sent it and of the other packets, as a uniform draw in its window would have
+been; the order inside the burst is a fresh shuffle. Dropping them instead loses every such report that its
 peer's second chance cannot repair (half the reports go only in the second
 window). Only a packet whose phase ended while the relay was down (or whose
 window lies in no known round: there is no later deadline to go by) is
