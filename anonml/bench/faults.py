@@ -137,7 +137,8 @@ def failures(result: dict[str, Any], max_lost_share: float = 0.0) -> list[str]:
     peer must have its credential, as the aggregator counts them (a peer the
     faults kept from registering or from its credential prepares nothing, so
     the audit alone would not see it; the peers' own summaries are not used:
-    a worker stopped before it printed one would count as never joined).
+    a worker stopped before it printed one would count as never joined); and
+    no peer may stop with an error (the workers report each one).
     """
     found = result["audit"]
     joined = int(result["round"]["counts"].get("credentials", 0))
@@ -148,6 +149,11 @@ def failures(result: dict[str, Any], max_lost_share: float = 0.0) -> list[str]:
     ) if found[key]]
     if joined < result["peers"]:
         problems.append(f"{result['peers'] - joined} of {result['peers']} peers never got a credential")
+    # A peer that stopped with an error prepared what it had (the audit counts that) and nothing after: a
+    # credential issued whose answer was lost is counted by the aggregator, yet its peer sent nothing.
+    stopped = result.get("peer_errors", [])
+    if stopped:
+        problems.append(f"{len(stopped)} peer(s) stopped with an error (first: {stopped[0]})")
     if found["lost"] > max_lost_share * found["prepared"]:
         problems.append(f"{found['lost']} of {found['prepared']} lost (allowed: {100 * max_lost_share:g}%)")
     return problems
