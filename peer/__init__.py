@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 # Each name's module is imported when the name is first used (anonml.base.lazy).
 if TYPE_CHECKING:
-    from anonml.peer._client import AggregatorClient, AggregatorError, mirror_clients
+    from anonml.peer._client import AggregatorClient, AggregatorError, answer_by, mirror_clients
     from anonml.peer._disclosure import describe_release
     from anonml.peer._events import EVENT_WORDS, MISSING_REASONS, MessageOutcome, PeerEvent, RefusalReason
     from anonml.peer._features import RoundPipeline
@@ -93,6 +93,7 @@ __all__ = [
     "StoreError",
     "StoredPacket",
     "TrainingExample",
+    "answer_by",
     "check_manifest_unchanged",
     "choose_path",
     "describe_release",

@@ -8,7 +8,11 @@ strict, size-bounded parsers.
 Only what can succeed later is retried (with capped, jittered backoff, and
 reported to ``on_retry`` so a person sees it): 5xx, 429, timeouts, and a
 connection that fails after the aggregator has answered once (it is
-restarting). What cannot is refused at once with the fix in the message: a
+restarting). Inside :func:`answer_by` a request also stops retrying at the
+caller's deadline, and each attempt may take only a share of the time left
+(:func:`attempt_timeout`): a connection that swallows a request and never
+answers (a black hole) costs that share, not the client's whole timeout, so
+a peer retries on a fresh connection while its window is still open. What cannot is refused at once with the fix in the message: a
 URL that is not ``http(s)://HOST:PORT``, a host name that does not resolve,
 and nothing listening at the first contact (unless ``wait_for_service``:
 the demo starts its peers before the aggregator serves).
@@ -16,10 +20,12 @@ the demo starts its peers before the aggregator serves).
 
 from __future__ import annotations
 
+import contextvars
 import math
 import random
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import TypeVar
 
 import httpx
@@ -66,6 +72,31 @@ _RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
 # a second or so from ready (503 for credentials until the partitions follow the relays' beacon
 # reveals): starting at 50 ms took seven requests per peer to wait out one second.
 _FIRST_BACKOFF = 0.25
+# Inside answer_by, an attempt takes at most this share of the time left before the deadline (so a black-holed
+# attempt leaves room for two more), but never less than _MIN_ATTEMPT_SECONDS (a loaded aggregator answers slowly).
+_ATTEMPT_SHARE = 1 / 3
+_MIN_ATTEMPT_SECONDS = 1.0
+
+_answer_deadline: contextvars.ContextVar[float | None] = contextvars.ContextVar("answer_deadline", default=None)
+
+
+@contextmanager
+def answer_by(deadline: float) -> Iterator[None]:
+    """Requests made inside (by any :class:`AggregatorClient`, in this task and the tasks it starts) are needed by
+    ``deadline`` (trio time): they stop retrying then, and each attempt gets :func:`attempt_timeout`. Nested, the
+    earlier deadline holds."""
+    outer = _answer_deadline.get()
+    token = _answer_deadline.set(deadline if outer is None else min(outer, deadline))
+    try:
+        yield
+    finally:
+        _answer_deadline.reset(token)
+
+
+def attempt_timeout(left: float, timeout: float) -> float:
+    """Seconds one attempt may take when its answer is needed ``left`` seconds from now: a third of that, at
+    least _MIN_ATTEMPT_SECONDS, at most the client's ``timeout``."""
+    return min(timeout, max(_MIN_ATTEMPT_SECONDS, left * _ATTEMPT_SHARE))
 
 
 class AggregatorError(TransportError):
@@ -130,6 +161,7 @@ class AggregatorClient:
         jitter: random.Random | None = None,
     ) -> None:
         self.base_url = str(check_aggregator_url(base_url)).rstrip("/")
+        self._timeout = timeout
         self._http = network.http_client(
             base_url=self.base_url,
             timeout=httpx.Timeout(timeout),
@@ -168,13 +200,19 @@ class AggregatorClient:
     async def _call(self, method: str, path: str, body: bytes | None = None) -> httpx.Response | None:
         """The response, or None for 404 (a document not published yet)."""
         deadline = trio.current_time() + self._retry_for
+        needed_by = _answer_deadline.get()
+        if needed_by is not None:
+            deadline = min(deadline, needed_by)
         backoff = _FIRST_BACKOFF
         while True:
             self.requests += 1
             try:
                 async with self._limiter:
+                    # Measured once the limiter lets it go: waiting for a turn is not the connection's fault.
+                    timeout = self._timeout if needed_by is None else attempt_timeout(needed_by - trio.current_time(), self._timeout)
                     response = await self._http.request(
-                        method, path, content=body, headers={"content-type": "application/json"} if body else None
+                        method, path, content=body, headers={"content-type": "application/json"} if body else None,
+                        timeout=httpx.Timeout(timeout),
                     )
             except httpx.HTTPError as exc:
                 permanent = self._permanent(exc)

@@ -44,7 +44,7 @@ from anonml.crypto import (
 )
 from anonml.mechanisms import BudgetExceeded, answer_is_greater
 from anonml.peer._events import MISSING_REASONS, MessageOutcome, PeerEvent, RefusalReason
-from anonml.peer._client import AggregatorError
+from anonml.peer._client import AggregatorError, answer_by
 from anonml.peer._features import RoundPipeline
 from anonml.peer._framework import FeatureVector
 from anonml.peer._identity import PeerIdentity
@@ -334,7 +334,9 @@ class PeerRound:
         # The nonce comes from the peer's own CSPRNG, so a seeded run (the simulator) registers alike every time.
         nonce = self.peer.rng.bytes(NONCE_BYTES)
         request = RegisterRequest.create(self.peer.identity.signing_key, self.round_id, self.peer.invitation, nonce=nonce)
-        await self.session.client.register(request)
+        # Needed before registration closes: a black-holed attempt must leave time for another (a repeat is idempotent).
+        with answer_by(self.session.trio_deadline(self.manifest.schedule.t_register_end)):
+            await self.session.client.register(request)
         self.emit(PeerEvent.REGISTERED)
 
     async def partition(self) -> tuple[int, int, tuple[tuple[str, ...], ...]]:
@@ -409,7 +411,8 @@ class PeerRound:
         the manifest fixes instead. A document the relays' mirrors do not
         confirm in time counts as not come (``RoundSession._confirm``).
         """
-        with trio.move_on_at(trio.current_time() + max(0.0, deadline - self.session.now())):
+        cutoff = self.session.trio_deadline(deadline)
+        with trio.move_on_at(cutoff), answer_by(cutoff):
             try:
                 return await fetch()
             except AggregatorError:
@@ -492,24 +495,35 @@ class PeerRound:
         """
         if not outgoing:
             return
-        try:
-            view = await self.session.log_view(self.manifest, kind, partition, Check.FIRST)
-        except JoinRefused as refused:
-            raise self.stored(refused) from None
-        if view is None or not view.compared:
-            self.emit(PeerEvent.LOG_UNVERIFIED)
+        stopped: JoinRefused | None = None
         async with trio.open_nursery() as nursery:
+            # A report kept for this window needs no log: its send time is drawn now, whenever (and
+            # whether) the first check's log comes (issue 27: a log request stuck on a dead connection
+            # held these back until the window had passed).
             for out in outgoing:
                 if out.sealed is not None and out.window is Attempt.SECOND:
                     self.result.deferred += 1
                     nursery.start_soon(self.send_report, out, Attempt.SECOND)
-                elif out.sealed is not None and view is not None and view.compared and not view.contains(out.survey, out.sealed.receipt):
+            try:
+                view = await self.session.log_view(self.manifest, kind, partition, Check.FIRST)
+            except JoinRefused as refused:  # the peer stops: nothing more goes out
+                stopped = refused
+                nursery.cancel_scope.cancel()
+                view = None
+            if stopped is None and (view is None or not view.compared):
+                self.emit(PeerEvent.LOG_UNVERIFIED)
+            for out in outgoing if stopped is None else ():
+                if out.sealed is not None and out.window is Attempt.SECOND:
+                    continue
+                if out.sealed is not None and view is not None and view.compared and not view.contains(out.survey, out.sealed.receipt):
                     self.result.resends += 1
                     self.emit(PeerEvent.RESENT)
                     nursery.start_soon(self.send_report, out, Attempt.SECOND)
                 else:
                     self.result.covers += 1
                     nursery.start_soon(self.send_cover, out, Attempt.SECOND)
+        if stopped is not None:
+            raise self.stored(stopped) from None
         try:
             final = await self.session.log_view(self.manifest, kind, partition, Check.FINAL)
         except JoinRefused as refused:

@@ -22,7 +22,7 @@ import trio
 from anonml.base.errors import AnonMLError
 from anonml.crypto import IssuerPublicKey, SphinxGeometry
 from anonml.peer._beacon import BeaconRefused, check_commitments, collect_reveals
-from anonml.peer._client import AggregatorClient, AggregatorError, mirror_clients, retry_delay
+from anonml.peer._client import AggregatorClient, AggregatorError, answer_by, mirror_clients, retry_delay
 from anonml.peer._store import EquivocationProof
 from anonml.peer._transport import PacketTransport
 from anonml.protocol import (
@@ -196,27 +196,33 @@ class RoundSession:
         mirrors = self._mirror_clients(manifest)
         quorum = mirror_quorum(manifest)
         attempt = 0
-        while mirrors:
-            for relay, mirror in mirrors:
-                if relay.node_id in answers:
-                    continue
-                asked.add(relay.node_id)
-                try:
-                    value = await fetch(mirror)
-                except AggregatorError as exc:
-                    if exc.status == 0:  # no HTTP answer at all: connection refused, reset or timed out
-                        self.unreachable.add(relay.node_id)
-                    continue
-                except InvalidDocument:
-                    continue
-                self.unreachable.discard(relay.node_id)
-                if value is not None:
-                    answers[relay.node_id] = value
-            if len(answers) == len(mirrors) or len(answers) >= quorum or self.now() > until:
-                break
-            await trio.sleep(retry_delay(attempt))
-            attempt += 1
+        # Each mirror's attempts share the time left (a black-holed one must not use it all up).
+        with answer_by(self.trio_deadline(until)):
+            while mirrors:
+                for relay, mirror in mirrors:
+                    if relay.node_id in answers:
+                        continue
+                    asked.add(relay.node_id)
+                    try:
+                        value = await fetch(mirror)
+                    except AggregatorError as exc:
+                        if exc.status == 0:  # no HTTP answer at all: connection refused, reset or timed out
+                            self.unreachable.add(relay.node_id)
+                        continue
+                    except InvalidDocument:
+                        continue
+                    self.unreachable.discard(relay.node_id)
+                    if value is not None:
+                        answers[relay.node_id] = value
+                if len(answers) == len(mirrors) or len(answers) >= quorum or self.now() > until:
+                    break
+                await trio.sleep(retry_delay(attempt))
+                attempt += 1
         return list(answers.values())
+
+    def trio_deadline(self, until: float) -> float:
+        """Wall time ``until`` (the schedule's clock) as trio time, for :func:`answer_by` and cancel scopes."""
+        return trio.current_time() + max(0.0, until - self.now())
 
     async def manifest(self, phase: str) -> SignedManifest:
         return await self._cache.get(("manifest", phase), self.client.manifest)
@@ -251,14 +257,15 @@ class RoundSession:
     async def _poll(self, key: object, fetch: Callable[[], Awaitable[T | None]], until: float, what: str) -> T:
         async def poll() -> T:
             attempt = 0
-            while True:
-                value = await fetch()
-                if value is not None:
-                    return value
-                if self.now() > until:
-                    raise AggregatorError(404, f"{what} was not published by {until:.0f}")
-                await trio.sleep(retry_delay(attempt))
-                attempt += 1
+            with answer_by(self.trio_deadline(until)):  # a black-holed request must not outlast ``until``
+                while True:
+                    value = await fetch()
+                    if value is not None:
+                        return value
+                    if self.now() > until:
+                        raise AggregatorError(404, f"{what} was not published by {until:.0f}")
+                    await trio.sleep(retry_delay(attempt))
+                    attempt += 1
 
         return await self._cache.get(key, poll)
 

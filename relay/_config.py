@@ -21,7 +21,7 @@ import tomli_w
 
 from anonml.crypto import DEFAULT_MAX_HOPS, DEFAULT_PACKET_SIZE
 from anonml.protocol import format_host_port
-from anonml.transport import LinkLimits
+from anonml.transport import CONNECT_TIMEOUT, LinkLimits
 from anonml.relay._errors import RelayConfigError
 
 CONFIG_FILE = "relay.toml"
@@ -130,7 +130,7 @@ class RelayConfig:
     refusals_per_second: float = 50.0
     refusal_burst: int = 200
     link: LinkLimits = field(default_factory=LinkLimits)
-    connect_timeout: float = 5.0
+    connect_timeout: float = CONNECT_TIMEOUT
     ack_timeout: float = 30.0
     forward_batch: int = 128
     # A week: a round names one epoch key per relay in its manifest (DESIGN.md
@@ -329,7 +329,7 @@ _KEYS: tuple[_Key, ...] = (
     _Key("link", "max_batch", "link.max_batch",
          "Frames stored in one SQLite transaction before their acks go out (group commit)."),
     _Key("forward", "connect_timeout", "connect_timeout",
-         "Per attempt; retries continue until the packet's release window ends."),
+         "Per attempt; retries continue until the packet's round phase ends (no next hop can take it after)."),
     _Key("forward", "ack_timeout", "ack_timeout", ""),
     _Key("forward", "max_batch", "forward_batch", "Frames sent to one neighbour before waiting for their acks."),
     _Key("keys", "epoch_seconds", "key_epoch_seconds", ""),

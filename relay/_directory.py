@@ -156,6 +156,15 @@ class NextHopDirectory:
             return True
         return any(t_s <= start and end <= t_r for t_s, t_r in self._spans)
 
+    def phase_end(self, window_end: float) -> int | None:
+        """The end ``t_r`` of the known round phase a hop window ending at ``window_end`` lies in (the
+        latest of them if rounds overlap); None when no known phase holds it (or no round is known).
+
+        Every later hop's window of a packet ends by its phase's ``t_r`` (the aggregator accepts until
+        then, ``protocol.acceptance_window``): after it, no next hop can take the packet."""
+        ends = [t_r for t_s, t_r in self._spans or () if t_s < window_end <= t_r]
+        return max(ends) if ends else None
+
     def node_at(self, host: str, port: int) -> bytes | None:
         """The node id listed at ``host:port``, if exactly one source names one."""
         return self._at.get((_normalised_host(host), port))

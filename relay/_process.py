@@ -121,9 +121,9 @@ async def serve_relay(
             network=network,
         )
         relay.rotate_keys()
-        relay.recover()
         if directory is not None:
-            relay.load_rounds()
+            relay.load_rounds()  # before recover(): a held packet's deadline is its round phase's end
+        relay.recover()
         listeners = await _listen(config.listen, "links", config, network)
         link = listening_address(listeners)
         async with trio.open_nursery() as nursery:

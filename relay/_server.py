@@ -33,8 +33,14 @@ Per accepted frame (DESIGN.md §5 order, §7 behaviour):
 4. The scheduler releases packets at their times; one forwarder per next hop
    sends them over a reused :class:`transport.LinkClient` (authenticated with
    the relay's identity key, insisting on the next hop's node id), retrying
-   until the window ends. Acknowledged (or definitively rejected) packets are
-   deleted in the background (:meth:`Relay.run_housekeeping`).
+   with backoff while a next hop can still take the packet: until its round
+   phase ends (:meth:`Relay.forward_deadline`; every later hop's window ends
+   by then, and a next hop whose own window has closed refuses it as late).
+   A next hop that is down for a while delays its packets, not loses them;
+   their release times were drawn already, so the delay depends on the
+   outage, not on when they were sent. Acknowledged (or definitively
+   rejected) packets are deleted in the background
+   (:meth:`Relay.run_housekeeping`).
 
 Connections (issue 13). Each listener connection takes a slot of a
 :class:`transport.ConnectionGate`: at most ``max_connections_per_source``
@@ -58,11 +64,28 @@ time on ``[a, b]`` conditioned on lying after the restart is uniform on
 i.i.d. uniform on what is left of its window: independent of arrival order and
 of the other packets, exactly as without the crash. Releasing the overdue ones
 at once instead would put them in one burst that marks them as the crashed
-relay's. A packet whose window closed while the relay was down is dropped and
-counted ("expired-while-down"): releasing it outside its window would break
-the timing guarantee, and the sender's receipt check (DESIGN.md §5) resends it.
-The directory as last verified is reloaded from the store before the listener
-opens, so a restarted relay forwards at once.
+relay's.
+
+A packet whose own window closed while the relay was down can still reach
+the aggregator: the hops after this one have later windows, the last of them
+the aggregator's, which lasts until its phase's ``t_r``
+(``protocol.acceptance_window``). It is released at once, each at an i.i.d.
+uniform time in the first ``_OVERDUE_SPREAD`` seconds after the restart (so
+their order is a uniform shuffle, not their arrival order); the next hop
+takes it if its own window is still open and re-draws its release time there,
+else refuses it as late. This leaks nothing the downtime did not: the burst
+is what this relay still held, unreleased, for windows that closed while it
+was down, a set an observer of its links knows already (which packets it took
+in, and which it sent on before it went silent), and each one's release time
+is the restart's, set by the crash, so it is independent of when its peer
+sent it and of the other packets, as a uniform draw in its window would have
+been; the order inside the burst is a fresh shuffle. Dropping them instead loses every such report that its
+peer's second chance cannot repair (half the reports go only in the second
+window). Only a packet whose phase ended while the relay was down (or whose
+window lies in no known round: there is no later deadline to go by) is
+dropped and counted ("expired-while-down"). The directory as last verified
+is reloaded from the store before the held packets, so a restarted relay
+knows the phases and forwards at once.
 
 Release times come from the operating system's CSPRNG unless a seeded numpy
 Generator is passed (tests): a network observer sees release times, and a
@@ -145,9 +168,12 @@ _ROUND_GRACE_SECONDS = 3600.0
 _INTAKE_SLICE = 16
 # Batches in flight per next hop on its one link connection (pipelining).
 _FORWARD_PIPELINE = 4
-# A batch the next hop answered BUSY (or that found it unreachable) is retried
-# after this long, while its window lasts.
+# A batch the next hop answered BUSY is retried after this long, until no next hop can take it any more
+# (Relay.forward_deadline); an unreachable one is retried by the link client, with backoff, until then.
 _FORWARD_RETRY_DELAY = 0.5
+# A packet whose window closed while the relay was down is released within this many seconds of the
+# restart, at an i.i.d. uniform time (module docstring: restart).
+_OVERDUE_SPREAD = 0.25
 # Held packets also kept in memory (besides SQLite) until released, so the
 # scheduler need not read each one back from SQLite; beyond this
 # many (~16 MiB of 2 KiB packets) and after a restart, they are read back.
@@ -289,17 +315,28 @@ class Relay:
 
     # -- restart ---------------------------------------------------------
 
+    def forward_deadline(self, window_end: float) -> float:
+        """The last moment a next hop can take a packet whose hop window ends at ``window_end``: the end of
+        its round phase (every later hop's window ends by then), or its own window's end when the
+        directory knows no such phase."""
+        phase_end = self.directory.phase_end(window_end) if self.directory is not None else None
+        return window_end if phase_end is None else max(window_end, float(phase_end))
+
     def recover(self) -> None:
-        """Reload held packets after a restart (module docstring: release times)."""
+        """Reload held packets after a restart (module docstring: restart); the directory is loaded first."""
         now = self.clock.now()
         rows = self.store.schedule()
-        expired = [row_id for _, row_id, window_end in rows if window_end < now]
+        expired = [row_id for _, row_id, window_end in rows if self.forward_deadline(window_end) < now]
         redrawn: list[tuple[int, float]] = []
         schedule: list[tuple[float, int]] = []
         for release_at, row_id, window_end in rows:
-            if window_end < now:
+            deadline = self.forward_deadline(window_end)
+            if deadline < now:
                 continue
-            if release_at < now:
+            if window_end < now:
+                release_at = self.uniform(now, min(now + _OVERDUE_SPREAD, deadline))
+                redrawn.append((row_id, release_at))
+            elif release_at < now:
                 release_at = self.uniform(now, window_end)
                 redrawn.append((row_id, release_at))
             schedule.append((release_at, row_id))
@@ -587,7 +624,7 @@ class Relay:
                             batch.append(receive.receive_nowait())
                         except trio.WouldBlock:
                             break
-                    give_up_at = self.clock.to_trio(min(p.window_end for p in batch))
+                    give_up_at = self.clock.to_trio(min(self.forward_deadline(p.window_end) for p in batch))
                     statuses = await client.send_batch([p.packet for p in batch], give_up_at=give_up_at)
                     self._settle(neighbour, batch, statuses)
 
@@ -610,14 +647,14 @@ class Relay:
             elif status is AckStatus.REJECTED:
                 self.counters.drop(DropReason.NEXT_HOP_REJECTED)
                 finished.append(packet.row_id)
-            elif now + _FORWARD_RETRY_DELAY <= packet.window_end:
+            elif now + _FORWARD_RETRY_DELAY <= (deadline := self.forward_deadline(packet.window_end)):
                 self.holdings.retry(packet, now + _FORWARD_RETRY_DELAY)
                 retried += 1
             else:
                 reason = DropReason.NEXT_HOP_BUSY if status is AckStatus.BUSY else DropReason.NEXT_HOP_UNREACHABLE
                 self.counters.drop(reason)
                 log_event(logger, logging.WARNING, "forward-dropped", neighbour=format_host_port(*neighbour),
-                          reason=reason, window_end=packet.window_end)
+                          reason=reason, window_end=packet.window_end, deadline=deadline)
                 finished.append(packet.row_id)
         if retried:
             self.counters.forward_retries += 1

@@ -16,7 +16,7 @@ import trio
 
 from anonml.demo import open_children
 from anonml.demo._calibrate import PhaseCosts
-from anonml.demo._schedule import AGGREGATOR_PROCESSES, HEADROOM, PATH_LENGTH, plan_round, recovery_seconds
+from anonml.demo._schedule import AGGREGATOR_PROCESSES, HEADROOM, LINK_RETRY_GAP, PATH_LENGTH, plan_round, recovery_seconds
 from anonml.protocol import hop_slice
 from anonml.transport import HttpLimits
 
@@ -96,6 +96,20 @@ def test_windows_grow_with_the_measured_costs_and_the_default_round_is_not_padde
     # The default demo's 398 peers: about 30 s of CPU work in all at these costs. A restart's worth of
     # padding in each of the query phases' windows and slices (the old rule) planned 578 s.
     assert idle.total_seconds() <= 120
+
+
+def test_under_planned_kills_every_delivery_slice_holds_one_outage_and_a_link_retry() -> None:
+    """Issue 27: the fault bench's 398-peer round had two-second slices; a relay killed for a second stayed
+    away three or four, and what its upstream relays held for it reached it after its window (refused late)."""
+    data = SimpleNamespace(name="breast-cancer")
+    quiet = plan_round(data, 398, 2.0, 2, 0, costs(1.0), n_cores=2)  # type: ignore[arg-type]
+    outage = 1.0 + 2 * costs(1.0).process_start
+    killed = plan_round(data, 398, 2.0, 2, 0, costs(1.0), n_cores=2, outage=outage)  # type: ignore[arg-type]
+    for window in ("delivery_window", "data_delivery_window"):
+        assert getattr(quiet, window) / (PATH_LENGTH + 1) < outage + LINK_RETRY_GAP
+        assert getattr(killed, window) / (PATH_LENGTH + 1) >= outage + LINK_RETRY_GAP
+    # Only the delivery windows change: the rest holds no packet in flight to a hop that is down.
+    assert (killed.data_send_window, killed.register_seconds) == (quiet.data_send_window, quiet.register_seconds)
 
 
 def test_a_request_counts_at_least_its_pacing_when_every_peer_is_one_address() -> None:

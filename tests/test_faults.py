@@ -124,6 +124,9 @@ def test_the_bench_fails_on_one_lost_or_one_counted_twice_and_passes_a_clean_run
     assert failures(audited(lost=3), max_lost_share=0.01) == ["3 of 200 lost (allowed: 1%)"]
     refused = {**audited(), "round": {"counts": {"registered": 100, "credentials": 80}}}
     assert failures(refused) == ["20 of 100 peers never got a credential"]
+    # issue 27's lossy bench: a credential issued, its answer lost, the retry refused; the peer sent nothing
+    stopped = {**audited(), "peer_errors": ["aggregator answered 409: a credential was already issued"]}
+    assert failures(stopped) == ["1 peer(s) stopped with an error (first: aggregator answered 409: a credential was already issued)"]
 
 
 def test_the_audit_finds_lost_twice_counted_and_unknown_messages() -> None:

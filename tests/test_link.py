@@ -15,17 +15,21 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from anonml.transport import (
+    CONNECT_TIMEOUT,
     HELLO_REPLY_BYTES,
     AckStatus,
     AuthVerdict,
     ConnectionGate,
+    Dial,
     HelloStatus,
     LinkIdentity,
     LinkClient,
     LinkError,
     LinkLimits,
     LinkSessionStats,
+    MemoryNetwork,
     RequestPacer,
+    connection_pair,
     encode_hello,
     receive_exactly,
     serve_link,
@@ -294,6 +298,41 @@ async def test_client_retries_until_the_receiver_comes_up_then_gives_up_on_time(
     # Not late: no attempt starts after give_up_at, and a refused loopback
     # connect takes well under a second even beside busy loops (CI saw 0.55 s in all).
     assert elapsed < 0.3 + 1.0
+
+
+async def test_a_black_holed_connection_costs_the_connect_timeout_of_two_seconds_then_a_fresh_one_delivers(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Issue 27: the fault bench black-holes some connections (the hello is read, nothing comes back); at the
+    old 5 s a relay's forwarder sat out most of a delivery slice before it tried a fresh connection."""
+    recorder = Recorder()
+    dials = 0
+    async with trio.open_nursery() as nursery:
+
+        async def swallow(stream: trio.abc.Stream) -> None:
+            async with stream:
+                while await stream.receive_some():
+                    pass
+
+        async def black_hole_the_first(dial: Dial) -> None:
+            nonlocal dials
+            dials += 1
+            if dials == 1:
+                outer, inner = connection_pair(dial.source, dial.destination)
+                nursery.start_soon(swallow, outer)
+                dial.server = inner
+
+        network = MemoryNetwork(on_connect=black_hole_the_first)
+        listeners = await network.listen("10.0.1.1", 9000)
+        nursery.start_soon(trio.serve_listeners, link_handler(recorder, LIMITS), listeners)
+        client = LinkClient("10.0.1.1", 9000, packet_size=SIZE, geometry_hash=GEOMETRY, network=network)
+        started = trio.current_time()
+        assert await client.send_batch([frame(5)], give_up_at=started + 10) == [AckStatus.ACCEPTED]
+        elapsed = trio.current_time() - started
+        await client.aclose()
+        nursery.cancel_scope.cancel()
+    assert dials == 2 and client.failures == 1
+    assert CONNECT_TIMEOUT <= elapsed < CONNECT_TIMEOUT + 0.2 and CONNECT_TIMEOUT == 2.0
 
 
 def test_wrong_size_packet_is_a_caller_error() -> None:

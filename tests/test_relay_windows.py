@@ -436,6 +436,72 @@ async def test_packets_whose_window_closed_while_down_are_dropped_and_counted(
     assert second.relay.counters.held == 0 and second.store.schedule() == []
 
 
+async def test_packets_whose_window_closed_while_down_go_out_at_the_restart_shuffled_while_their_phase_lasts(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    """Issue 27: a relay down across a window dropped everything it held for it ("expired-while-down"), though
+    the later hops' windows (the aggregator's until the phase's t_r) were still open."""
+    clock = WallClock.starting_at(T0)
+    hops = [(node_id_of(NEXT_PUBLIC), NEXT_HOP)]
+    # Two phases of a known round: the first ends while the relay is down, the second lasts past its restart.
+    directory = round_directory([(T0, T0 + 40), (T0 + 40, T0 + 200)], hops)
+    first = Harness(tmp_path, clock, directory=directory)
+    n = 200
+    ended_phase = [first.packet(1000 + i, ReleaseWindow(T0 + 10, T0 + 20)) for i in range(5)]
+    open_phase = [first.packet(i, ReleaseWindow(T0 + 50, T0 + 60)) for i in range(n)]
+    assert await first.relay.on_packets(ended_phase + open_phase) == [AckStatus.ACCEPTED] * (n + 5)
+    # The relay dies before either window opens and is back after both closed, inside the second phase.
+    restart = T0 + 70
+    await trio.sleep_until(clock.to_trio(restart))
+    second = Harness(tmp_path, clock, seed=3, directory=directory)
+    assert second.relay.counters.dropped["expired-while-down"] == 5
+    async with trio.open_nursery() as nursery:
+        second.start(nursery)
+        await trio.sleep_until(clock.to_trio(restart + 5))
+        nursery.cancel_scope.cancel()
+    order = [i for _, i in second.sent]
+    assert sorted(order) == list(range(n))
+    assert all(restart <= t <= restart + 0.25 for t, _ in second.sent)
+    # At once, but in an order unrelated to their arrival order (rows are numbered as they arrived).
+    assert abs(stats.spearmanr(order, np.arange(n)).statistic) < rho_bound(n)
+    assert second.relay.counters.held == 0 and second.relay.counters.forwarded == n
+
+
+async def test_a_next_hop_down_past_the_window_gets_the_packet_while_the_phase_lasts_then_it_is_dropped(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    """Issue 27: forwarding gave up when the packet's own window ended ("next-hop-unreachable"), though the
+    next hop's window, and the aggregator's, were still open."""
+    clock = WallClock.starting_at(T0)
+    phase_end = T0 + 60
+    directory = round_directory([(T0, phase_end)], [(node_id_of(NEXT_PUBLIC), NEXT_HOP)])
+    # Each failed attempt takes a second and the next comes half a second later: down for ~18 s.
+    harness = Harness(tmp_path, clock, failures=12, directory=directory)
+    window = ReleaseWindow(T0 + 1, T0 + 5)
+    async with trio.open_nursery() as nursery:
+        harness.start(nursery)
+        await harness.relay.on_packets([harness.packet(7, window)])
+        await trio.sleep_until(clock.to_trio(phase_end + 1))
+        nursery.cancel_scope.cancel()
+    assert [i for _, i in harness.sent] == [7]
+    assert window.end < harness.sent[0][0] <= phase_end
+    assert not harness.relay.counters.dropped
+
+    start = int(clock.now())
+    phase_end = start + 60
+    directory = round_directory([(start, phase_end)], [(node_id_of(NEXT_PUBLIC), NEXT_HOP)])
+    unreachable = Harness(tmp_path / "other", clock, failures=10**6, directory=directory)
+    async with trio.open_nursery() as nursery:
+        unreachable.start(nursery)
+        assert await unreachable.relay.on_packets([unreachable.packet(8, ReleaseWindow(start + 1, start + 5))]) == [AckStatus.ACCEPTED]
+        await trio.sleep_until(clock.to_trio(phase_end - 1))
+        assert unreachable.relay.counters.held == 1 and not unreachable.relay.counters.dropped
+        await trio.sleep_until(clock.to_trio(phase_end + 5))
+        nursery.cancel_scope.cancel()
+    assert unreachable.relay.counters.dropped["next-hop-unreachable"] == 1
+    assert unreachable.relay.counters.held == 0 and unreachable.store.schedule() == []
+
+
 async def test_key_rotation_accepts_the_previous_key_for_the_grace_period_then_erases_it(
     autojump_clock: trio.testing.MockClock, tmp_path: Path
 ) -> None:

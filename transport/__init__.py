@@ -47,6 +47,7 @@ if TYPE_CHECKING:
         socket_of,
     )
     from anonml.transport._link import (
+        CONNECT_TIMEOUT,
         HELLO_BYTES,
         HELLO_REPLY_BYTES,
         LINK_VERSION,
@@ -93,6 +94,7 @@ __all__ = [
     "LinkErrorReason",
     "LinkIdentity",
     "LinkLimits",
+    "CONNECT_TIMEOUT",
     "LinkSessionStats",
     "Listeners",
     "MemoryHost",

@@ -576,6 +576,12 @@ class _Connection:
         self.broken = False
 
 
+# Seconds for a connection and its handshake (two round trips): room for a 300 ms round trip on a busy
+# receiver, while a connection that swallows the hello (a black hole) costs this plus a backoff, not most
+# of a delivery slice (issue 27: at 5 s, a black-holed relay link made a whole slice's packets late).
+CONNECT_TIMEOUT = 2.0
+
+
 def _stop_before(give_up_at: float) -> Callable[[tenacity.RetryCallState], bool]:
     """Stop when the next attempt would start at or after ``give_up_at`` (trio time, so MockClock works)."""
 
@@ -617,7 +623,7 @@ class LinkClient:
         expect_node_id: bytes | None = None,
         local_address: str | None = None,
         network: Network = TCP_NETWORK,
-        connect_timeout: float = 5.0,
+        connect_timeout: float = CONNECT_TIMEOUT,
         ack_timeout: float = 30.0,
         initial_backoff: float = 0.05,
         max_backoff: float = 2.0,

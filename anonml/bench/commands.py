@@ -198,8 +198,9 @@ def bench_faults(peers: int, events: int, data_kills: int | None, relay_down_for
     """A round under SIGKILLed relays and aggregator and lossy links; audits every message.
 
     Exits 1 when a message was counted twice, accepted though no peer
-    prepared it, or lost after its peer saw its receipt, or when more than
-    --max-lost-share of the prepared messages were lost.
+    prepared it, or lost after its peer saw its receipt, when a peer stopped
+    with an error, or when more than --max-lost-share of the prepared
+    messages were lost.
     """
     import trio
 

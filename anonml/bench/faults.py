@@ -1,7 +1,9 @@
 """``anonml bench faults``: a demo round under process kills and lossy links, then an audit.
 
 The round is the demo's (:mod:`anonml.demo`: the same processes, the same
-windows measured and planned on this machine), with two kinds of fault:
+windows measured and planned on this machine, each delivery slice long
+enough to hold one kill's outage, its downtime and a restart), with two
+kinds of fault:
 
 - kill-and-restart events: at seeded random times across the round, a relay
   or the aggregator gets SIGKILL (its whole process group); the supervisor
@@ -135,7 +137,8 @@ def failures(result: dict[str, Any], max_lost_share: float = 0.0) -> list[str]:
     peer must have its credential, as the aggregator counts them (a peer the
     faults kept from registering or from its credential prepares nothing, so
     the audit alone would not see it; the peers' own summaries are not used:
-    a worker stopped before it printed one would count as never joined).
+    a worker stopped before it printed one would count as never joined); and
+    no peer may stop with an error (the workers report each one).
     """
     found = result["audit"]
     joined = int(result["round"]["counts"].get("credentials", 0))
@@ -146,6 +149,11 @@ def failures(result: dict[str, Any], max_lost_share: float = 0.0) -> list[str]:
     ) if found[key]]
     if joined < result["peers"]:
         problems.append(f"{result['peers'] - joined} of {result['peers']} peers never got a credential")
+    # A peer that stopped with an error prepared what it had (the audit counts that) and nothing after: a
+    # credential issued whose answer was lost is counted by the aggregator, yet its peer sent nothing.
+    stopped = result.get("peer_errors", [])
+    if stopped:
+        problems.append(f"{len(stopped)} peer(s) stopped with an error (first: {stopped[0]})")
     if found["lost"] > max_lost_share * found["prepared"]:
         problems.append(f"{found['lost']} of {found['prepared']} lost (allowed: {100 * max_lost_share:g}%)")
     return problems
@@ -216,7 +224,10 @@ async def run_faults(peers: int, plan: FaultPlan, work: Path, console: Any) -> d
         # The calibration's HTTP exchange runs on loopback; the peers' cross a proxy that delays the request
         # and the answer by up to `delay` each (on average `delay` in all): the windows must hold that too.
         costs = replace(measured, http=measured.http + plan.links.delay)
-        params = plan_round(data, len(rows), 2.0, 2, plan.seed, costs)
+        # A kill keeps its target away for the downtime and its restart (the aggregator's is the longer:
+        # it starts its issuer processes too); every delivery slice holds that, so one kill costs no packet.
+        outage = plan.downtime + 2 * costs.process_start if plan.events else 0.0
+        params = plan_round(data, len(rows), 2.0, 2, plan.seed, costs, outage=outage)
         round_id, aggregator = await open_round(children, work, agg_dir, data, params, descriptors, network)
         targets = {child.name: child for child in children.children if child.name.startswith("relay-")}
         targets["aggregator"] = aggregator

@@ -22,6 +22,10 @@ times :data:`HEADROOM` — not a serial per-peer cost times a slack factor.
   that missed them. A query phase does not pad every window with a restart:
   a packet lost to a restart in the first attempt is missing at the first
   check and its peer resends it in the second attempt.
+* Under planned kills (``anonml bench faults``) each delivery slice also
+  holds one kill's outage and a link retry's gap (``plan_round(outage=)``):
+  a report sent in the second window has no later repair, so a relay killed
+  there must be back inside the window of the packets held for it.
 """
 
 from __future__ import annotations
@@ -56,6 +60,9 @@ HEADROOM = 2.0
 # The peers' HTTP client waits up to this long between retries of a request
 # to an aggregator that is down (peer._client.retry_delay's cap).
 PEER_RETRY_GAP = 2.0
+# The longest a relay waits between attempts to reach a next hop that is down (transport.LinkClient's
+# max_backoff): a hop back from a restart gets its packets at most this long after.
+LINK_RETRY_GAP = 2.0
 # A relay's mirror refreshes at each scheduled publication and then this often until it holds the
 # document (relay._mirror.DUE_POLL_SECONDS).
 MIRROR_POLL_SECONDS = 0.2
@@ -179,8 +186,13 @@ def learning_parameters(data: DemoData, task: TaskKind = TaskKind.ENSEMBLE) -> D
 
 
 def plan_round(data: DemoData, peers: int, epsilon: float, workers: int, seed: int, costs: PhaseCosts,
-               n_cores: int | None = None, task: TaskKind = TaskKind.ENSEMBLE) -> DemoParams:
-    """The demo's round with every window sized by the rule of the module docstring from ``costs``."""
+               n_cores: int | None = None, outage: float = 0.0, task: TaskKind = TaskKind.ENSEMBLE) -> DemoParams:
+    """The demo's round with every window sized by the rule of the module docstring from ``costs``.
+
+    ``outage``: the longest a killed relay or aggregator stays away (the fault bench's downtime and restart;
+    0: no kills planned). Each delivery slice then holds one outage and a link retry's gap, so a hop killed
+    in the slice before its own is back, and takes the packets held for it, while its window is still open,
+    and one killed in its own slice releases what it held into the next hop's window."""
     k_p, k_h, k_s, plan, median_rounds, vote, quantiles, pool = learning_parameters(data, task)
     recovery = recovery_seconds(costs)
     spread = n_cores or cores()
@@ -204,7 +216,8 @@ def plan_round(data: DemoData, peers: int, epsilon: float, workers: int, seed: i
         # ``costs.verify`` is every hop of a path and the token check; the aggregator does the last hop and the check.
         relay_slice = seconds(messages * costs.relay_hop, 1)
         final_slice = seconds(messages * max(costs.relay_hop, costs.verify - PATH_LENGTH * costs.relay_hop), AGGREGATOR_PROCESSES)
-        return shortest_delivery(math.ceil(max(1.0, relay_slice, final_slice)), PATH_LENGTH)
+        outage_slice = outage + LINK_RETRY_GAP if outage > 0 else 0.0
+        return shortest_delivery(math.ceil(max(1.0, relay_slice, final_slice, outage_slice)), PATH_LENGTH)
 
     # One HTTP exchange per peer to register (the peer signs in its worker, the aggregator checks).
     register = seconds(peers * (costs.register + costs.http), workers, peers) + recovery
