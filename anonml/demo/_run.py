@@ -125,7 +125,12 @@ async def open_round(children: Children, work: Path, agg_dir: Path, data: DemoDa
                      descriptors: list[dict[str, Any]], network: Network, linger: float = 0.0) -> tuple[str, Child]:
     """``aggregator round new`` with the planned spec, then ``aggregator run`` (restarted if it dies)."""
     spec_path = work / "round.toml"
-    spec_path.write_text(to_toml(round_spec(data, params, descriptors, network.http_port, network.sink_port)))
+    # Written whole, then renamed into place: `bench round` and the browser
+    # test read the spec as soon as it exists, and a half-written file once
+    # failed CI there (no [network] table yet).
+    partial = spec_path.with_name(spec_path.name + ".part")
+    partial.write_text(to_toml(round_spec(data, params, descriptors, network.http_port, network.sink_port)))
+    partial.replace(spec_path)
     # The schedule starts once `aggregator run` can be serving: its start-up, measured, with headroom.
     out = await children.run("aggregator-round-new", [
         "aggregator", "round", "new", "--data-dir", str(agg_dir), "--spec", str(spec_path),
