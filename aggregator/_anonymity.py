@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from anonml.base.storage import replace_file
 from anonml.protocol import SurveyId
 from anonml.aggregator._linking import rank_link
 
@@ -153,7 +154,7 @@ def linking_report(view: FullView, directory: Path) -> dict[str, Any]:
     """:func:`timing_guesses` written to ``links.json`` in ``directory``, and the report's summary: chance, sets, the log."""
     links, attributed = timing_guesses(view)
     log = view.log
-    (directory / LINKS_JSON).write_text(json.dumps(links))
+    replace_file(directory / LINKS_JSON, json.dumps(links))
     # A report hides among the reports its survey accepted (a peer that sent nothing hides no one),
     # never among more than its partition's peers: the anonymity set the report states.
     sizes = [min(link["reports"], link["candidates"]) for link in links]

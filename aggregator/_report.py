@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from anonml.aggregator._anonymity import FullView, linking_report
+from anonml.base.storage import replace_file
 from anonml.aggregator._dashboard import dashboard_data, render_page
 from anonml.aggregator._round import RoundState
 from anonml.mechanisms import PostprocessMethod, per_attribute_epsilon, releases_from, shuffle_central_privacy
@@ -84,7 +85,7 @@ def learn(state: RoundState, directory: Path, *, test_file: Path | None = None) 
     if histograms:
         ensemble = PartitionEnsemble(base=manifest.learner, combiner=manifest.vote, random_state=0).fit_histograms(histograms, n_bins=spec.n_bins)
         model = published_model(spec, cut_points, ensemble)
-        (directory / MODEL_FILE).write_text(model_to_json(model))
+        replace_file(directory / MODEL_FILE, model_to_json(model))
         report["model"] = MODEL_FILE
         if test_file is not None:
             report["utility"] = _utility(state, model, test_file)
@@ -161,8 +162,10 @@ def write_report(report: dict[str, Any], directory: Path, page: dict[str, Any]) 
 
     ``page`` is :func:`dashboard_data` at the end of the round, ``report`` included.
     """
-    (directory / REPORT_JSON).write_text(json.dumps(report, indent=2, sort_keys=True))
-    (directory / REPORT_HTML).write_text(render_page(page, standalone=True))
+    # report.json last, each file whole: the demo (and an operator's script)
+    # takes report.json's presence to mean the round's files are all written.
+    replace_file(directory / REPORT_HTML, render_page(page, standalone=True))
+    replace_file(directory / REPORT_JSON, json.dumps(report, indent=2, sort_keys=True))
 
 
 def summarise(report: dict[str, Any]) -> list[str]:

@@ -18,6 +18,11 @@ declares its tables once as a :class:`Schema` and opens them through
 - SQLite's I/O failures (disk full, read-only, not a database) become
   :class:`~anonml.base.errors.StorageError` naming the file.
 
+A file that another process may read while it is being written (a round's
+report, the demo's spec) is written by :func:`replace_file`: whole under a
+temporary name, then renamed into place, so a reader sees the old file or
+the new one, never half of it.
+
 Key files are written and read by :func:`write_secret_file` and
 :func:`read_secret_file` only: created 0600 with ``O_EXCL`` and fsynced, read
 only if they are regular files of this user that nobody else can read.
@@ -37,7 +42,7 @@ from pathlib import Path
 
 from anonml.base.errors import ConfigError, StorageError
 
-__all__ = ["Database", "Schema", "lock_data_dir", "split_statements", "make_private_dir", "read_secret_file", "write_secret_file"]
+__all__ = ["Database", "Schema", "lock_data_dir", "split_statements", "make_private_dir", "read_secret_file", "replace_file", "write_secret_file"]
 
 LOCK_FILE = ".lock"
 
@@ -243,6 +248,13 @@ def make_private_dir(path: Path) -> None:
     """Create directory ``path`` (and missing parents) readable by its owner only (0700)."""
     path.mkdir(mode=0o700, parents=True, exist_ok=True)
     os.chmod(path, 0o700)
+
+
+def replace_file(path: Path, text: str) -> None:
+    """Write ``text`` (UTF-8) to ``path`` whole: a reader polling for the file never sees it half-written."""
+    partial = path.with_name(path.name + ".part")
+    partial.write_text(text, encoding="utf-8")
+    partial.replace(path)
 
 
 def write_secret_file(path: Path, secret: bytes) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import stat
+import threading
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,7 @@ from anonml.base.storage import (
     Schema,
     make_private_dir,
     read_secret_file,
+    replace_file,
     write_secret_file,
 )
 
@@ -155,3 +157,31 @@ def test_every_branch_is_an_anonml_error_and_only_input_is_a_value_error() -> No
         assert issubclass(branch, AnonMLError)
     assert issubclass(InputError, ValueError)
     assert not any(issubclass(b, ValueError) for b in (TransportError, ConfigError, StorageError))
+
+
+def test_a_replaced_file_is_never_seen_half_written(tmp_path: Path) -> None:
+    # A reader polls for the file the way the demo waits for report.json while
+    # the file is written over and over. A plain write_text truncates, then
+    # writes, so the reader catches it empty or cut short.
+    path = tmp_path / "report.json"
+    whole = "x" * 2_000_000
+    lengths: list[int] = []
+    done = threading.Event()
+
+    def read() -> None:
+        while not done.is_set():
+            if path.is_file():
+                lengths.append(len(path.read_text()))
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    try:
+        for _ in range(500):
+            replace_file(path, whole)
+            if len(lengths) >= 50:
+                break
+    finally:
+        done.set()
+        reader.join()
+    assert len(lengths) >= 50 and set(lengths) == {len(whole)}
+    assert not path.with_name("report.json.part").exists()

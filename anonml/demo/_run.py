@@ -25,6 +25,7 @@ import trio
 
 from anonml.aggregator import LINKS_JSON
 from anonml.base.process import anonml_command
+from anonml.base.storage import replace_file
 from anonml.demo._audit import audit_round
 from anonml.demo._calibrate import PhaseCosts, measure_costs
 from anonml.demo._children import Child, ChildFailed, Children, open_children, resident_mb
@@ -125,12 +126,9 @@ async def open_round(children: Children, work: Path, agg_dir: Path, data: DemoDa
                      descriptors: list[dict[str, Any]], network: Network, linger: float = 0.0) -> tuple[str, Child]:
     """``aggregator round new`` with the planned spec, then ``aggregator run`` (restarted if it dies)."""
     spec_path = work / "round.toml"
-    # Written whole, then renamed into place: `bench round` and the browser
-    # test read the spec as soon as it exists, and a half-written file once
-    # failed CI there (no [network] table yet).
-    partial = spec_path.with_name(spec_path.name + ".part")
-    partial.write_text(to_toml(round_spec(data, params, descriptors, network.http_port, network.sink_port)))
-    partial.replace(spec_path)
+    # `bench round` and the browser test read the spec as soon as it exists:
+    # a half-written one once failed CI there (no [network] table yet).
+    replace_file(spec_path, to_toml(round_spec(data, params, descriptors, network.http_port, network.sink_port)))
     # The schedule starts once `aggregator run` can be serving: its start-up, measured, with headroom.
     out = await children.run("aggregator-round-new", [
         "aggregator", "round", "new", "--data-dir", str(agg_dir), "--spec", str(spec_path),
