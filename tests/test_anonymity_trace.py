@@ -33,14 +33,19 @@ def _digest(*parts: object) -> str:
     return hashlib.sha256(repr(parts).encode()).hexdigest()
 
 
+def hop_window_start(hop: int) -> float:
+    return SEND_SECONDS + hop * HOP_SECONDS
+
+
 def independent(hop: int, _drawn: float, _taken_in: float, rng: np.random.Generator) -> float:
-    start = SEND_SECONDS + hop * HOP_SECONDS
-    return float(rng.uniform(start, start + HOP_SECONDS))
+    start = hop_window_start(hop)  # ends a little early: the next hop takes it in before its window opens
+    return float(rng.uniform(start, start + HOP_SECONDS - 0.1))
 
 
-def write_round(work: Path, release: Release, *, seed: int = 0, mislabel: int = 0) -> None:
+def write_round(work: Path, release: Release, *, seed: int = 0, mislabel: int = 0,
+                opens: Callable[[int], float] = hop_window_start) -> None:
     """A demo work dir's trace files for MESSAGES messages over HOPS of 5 relays; ``mislabel`` messages get
-    the other window in links.json."""
+    the other window in links.json; ``opens(hop)`` is when each hop's window opens."""
     rng = np.random.default_rng(seed)
     (work / "peers").mkdir(parents=True)
     rounds = work / "aggregator" / "rounds" / "r"
@@ -50,7 +55,7 @@ def write_round(work: Path, release: Release, *, seed: int = 0, mislabel: int = 
     for m in range(MESSAGES):
         survey, window = f"s{m % SURVEYS}", 1 + (m // SURVEYS) % 2
         offset = 0.0 if window == 1 else SECOND_WINDOW
-        drawn = float(rng.uniform(0, SEND_SECONDS))
+        drawn = float(rng.uniform(0, SEND_SECONDS - 0.1))
         packet = _digest("first", m)
         sent_lines.append({"identity": f"peer{m}", "survey": survey, "receipt": f"r{m}", "drawn_at": offset + drawn,
                            "sent_at": offset + drawn + 0.01, "packet": packet, "window": window})
@@ -58,8 +63,9 @@ def write_round(work: Path, release: Release, *, seed: int = 0, mislabel: int = 
         for hop, relay in enumerate(rng.choice(5, size=HOPS, replace=False)):
             out = _digest("hop", m, hop)
             released = release(hop, drawn, at, rng)
-            relay_lines[int(relay)].append(json.dumps({"in": packet, "out": out, "taken_in": offset + at,
-                                                       "release_at": offset + released, "window_end": 0.0}))
+            start = opens(hop)
+            relay_lines[int(relay)].append(json.dumps({"in": packet, "out": out, "taken_in": offset + at, "release_at": offset + released,
+                                                       "window_start": offset + start, "window_end": offset + start + HOP_SECONDS}))
             relay_lines[int(relay)].append(json.dumps({"out": out, "forwarded": offset + released + 0.005}))
             packet, at = out, released + 0.006
         aggregator_window = window if m >= mislabel else 3 - window
@@ -86,6 +92,7 @@ def test_independent_hops_give_rho_near_zero_from_the_first_release_on(tmp_path:
     assert all(abs(rho) < INDEPENDENT for rho in figures["rho_intake_vs_release"].values())
     assert abs(figures["rho_headline_way"]) < INDEPENDENT
     assert figures["window_mismatches"] == 0 and figures["tied_arrivals"] == 0
+    assert figures["taken_in_after_window_opened"] == {"hop 1": 0, "hop 2": 0, "hop 3": 0}
     # The per-message trace is on disk, one line per message, with its hops in path order.
     lines = (tmp_path / TRACE_FILE).read_text().splitlines()
     assert len(lines) == MESSAGES
@@ -120,8 +127,9 @@ def test_late_intake_at_the_first_hop_shows_as_intake_following_release(tmp_path
             return float(rng.uniform(taken_in, SEND_SECONDS + 2.0))
         return independent(hop, drawn, taken_in, rng)
 
-    write_round(tmp_path, first_hop_late)
+    write_round(tmp_path, first_hop_late, opens=lambda hop: 0.0 if hop == 0 else hop_window_start(hop))
     figures = explain_work_dir(tmp_path, 5)
+    assert figures["taken_in_after_window_opened"] == {"hop 1": MESSAGES, "hop 2": 0, "hop 3": 0}
     assert figures["rho_drawn_send_vs"]["hop 1 release drawn"] > 0.5
     assert figures["rho_intake_vs_release"]["hop 1"] > 0.5
     assert abs(figures["rho_drawn_send_vs"]["hop 2 release drawn"]) < INDEPENDENT
@@ -161,3 +169,19 @@ def test_grouped_rho_ranks_within_groups_and_refuses_mismatched_lengths() -> Non
     assert math.isnan(grouped_rho(["a", "a"], [1.0, 2.0], [2.0, 1.0]))
     with pytest.raises(ValueError, match="differ in length"):
         grouped_rho(groups, x, y[:-1])
+
+
+def test_the_demo_command_explains_a_finished_work_dir_and_refuses_another(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from anonml.cli import main
+
+    work = tmp_path / "demo"
+    write_round(work, independent)
+    out = tmp_path / "stages.json"
+    done = CliRunner(env={"COLUMNS": "300"}).invoke(main, ["demo", "--explain-anonymity", str(work), "--json", str(out)])
+    assert done.exit_code == 0, done.output
+    assert "hop 3 release drawn" in done.output and (work / TRACE_FILE).is_file()
+    assert json.loads(out.read_text())["traced"] == MESSAGES
+    refused = CliRunner().invoke(main, ["demo", "--explain-anonymity", str(tmp_path / "demo" / "peers")])
+    assert refused.exit_code == 1 and "links.json" in refused.output

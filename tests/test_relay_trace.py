@@ -46,7 +46,7 @@ async def test_a_tracing_relay_names_each_packet_in_and_out_with_its_times(
     assert sorted(r["in"] for r in taken) == sorted(_sha(f) for f in frames)
     assert {r["out"] for r in taken} == set(forwarded) == {_sha(p) for p in harness.seen}
     for record in taken:
-        assert record["taken_in"] == T0 and record["window_end"] == window.end
+        assert record["taken_in"] == T0 and (record["window_start"], record["window_end"]) == (window.start, window.end)
         assert window.start <= record["release_at"] <= window.end
         assert record["release_at"] <= forwarded[record["out"]] <= window.end + 1
 
