@@ -185,3 +185,23 @@ def test_the_demo_command_explains_a_finished_work_dir_and_refuses_another(tmp_p
     assert json.loads(out.read_text())["traced"] == MESSAGES
     refused = CliRunner().invoke(main, ["demo", "--explain-anonymity", str(tmp_path / "demo" / "peers")])
     assert refused.exit_code == 1 and "links.json" in refused.output
+
+
+def test_what_a_worker_writes_of_a_sent_message_is_what_the_trace_reads(tmp_path: Path) -> None:
+    from anonml.demo._swarm import sent_record
+    from anonml.peer import SentMessage
+    from anonml.protocol import Attempt, SurveyId
+
+    survey = SurveyId.data(bytes(32), 1, 0)
+    packet = b"the first hop's packet"
+    message = SentMessage(survey, b"\x07" * 32, 105.5, 105.25, hashlib.sha256(packet).digest(), Attempt.SECOND)
+    sent = tmp_path / "worker-0.sent.jsonl"
+    sent.write_text(json.dumps(sent_record("ab" * 32, message)) + "\n")
+    relay = tmp_path / "relay-2.jsonl"
+    relay.write_text(json.dumps({"in": hashlib.sha256(packet).hexdigest(), "out": "0f" * 32, "taken_in": 105.4,
+                                 "release_at": 130.0, "window_start": 120.0, "window_end": 140.0}) + "\n")
+    links = [{"survey": survey.to_bytes().hex(), "receipt": "07" * 32, "arrived": 150.0, "window": 2, "guess": "ab" * 32}]
+    (traced,) = trace_messages([sent], {2: relay}, links)
+    assert (traced.survey, traced.window, traced.drawn_at, traced.sent_at) == (survey.to_bytes().hex(), 2, 105.25, 105.5)
+    assert [(hop.relay, hop.taken_in, hop.release_at, hop.forwarded) for hop in traced.hops] == [(2, 105.4, 130.0, None)]
+    assert (traced.arrived, traced.aggregator_window, traced.guessed_right) == (150.0, 2, True)

@@ -90,7 +90,7 @@ async def run_swarm(config: SwarmConfig) -> dict[str, Any]:
     # The workers start before the aggregator serves (the demo overlaps their start-up with its own).
     client = AggregatorClient(config.aggregator, max_connections=config.max_connections, retry_for=300.0, wait_for_service=True)
     store = PeerStore(config.store, durable=False)
-    sent_log = config.sent_file.open("a", encoding="utf-8", buffering=1)
+    sent_log = config.sent_file.open("w", encoding="utf-8", buffering=1)  # this round's only (a worker is never restarted)
     results: list[JoinResult] = []
     sent: list[tuple[str, str, float]] = []
     """(identity, receipt, send time) of every message a first relay took: the truth the anonymity report is scored against."""
