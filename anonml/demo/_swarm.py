@@ -16,9 +16,12 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
+
+if TYPE_CHECKING:
+    from anonml.peer import SentMessage
 
 
 @dataclass(frozen=True)
@@ -53,7 +56,7 @@ class SwarmConfig:
         )
 
 
-def sent_record(identity: str, message: Any) -> dict[str, Any]:
+def sent_record(identity: str, message: SentMessage) -> dict[str, Any]:
     """A ``peer.SentMessage`` as the demo's anonymity trace reads it (``anonml.demo._trace``)."""
     return {"identity": identity, "survey": message.survey.to_bytes().hex(), "receipt": message.receipt.hex(),
             "drawn_at": message.drawn_at, "sent_at": message.sent_at, "packet": message.packet_hash.hex(),
