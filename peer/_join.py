@@ -27,6 +27,7 @@ credential, ledger and cryptographic randomness.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
@@ -120,6 +121,13 @@ class SentMessage:
     survey: SurveyId
     receipt: bytes
     sent_at: float
+    """When the first relay acknowledged it (UTC seconds)."""
+    drawn_at: float
+    """The send time drawn in the window (the peer sleeps until then; ``sent_at`` follows it by the send's latency)."""
+    packet_hash: bytes
+    """SHA-256 of the Sphinx packet the first relay took: what the demo's relay traces are matched by."""
+    attempt: Attempt
+    """The window it was sent in."""
 
 
 @dataclass
@@ -429,8 +437,9 @@ class PeerRound:
         # Whether a first relay took it before the crash is not stored; a send was tried.
         return _Outgoing(survey, SealedReport(survey, stored.message, stored.receipt), phase, left=stored.sends > 0)
 
-    async def send_once(self, survey: SurveyId, message: bytes, tried: set[bytes], attempt: Attempt, deadline: float) -> bool:
-        """Send ``message`` over a fresh path in ``attempt``'s hop windows; True once the first relay acknowledges it durably."""
+    async def send_once(self, survey: SurveyId, message: bytes, tried: set[bytes], attempt: Attempt, deadline: float) -> bytes | None:
+        """Send ``message`` over a fresh path in ``attempt``'s hop windows; the packet once the first relay
+        acknowledges it durably, None if none did by ``deadline``."""
         while self.session.now() < deadline:
             relays = choose_path(self.manifest.relays, self.manifest.path_length, self.peer.rng, tried,
                                  frozenset(self.session.unreachable))
@@ -444,21 +453,25 @@ class PeerRound:
             self.result.sends += 1
             self.peer.store.count_send(self.key, survey.to_bytes())
             if status is AckStatus.ACCEPTED:
-                return True
+                return packet
             self.emit(PeerEvent.FIRST_HOP_FAILED)
-        return False
+        return None
 
-    async def send_in_window(self, survey: SurveyId, message: bytes, phase: PhaseTimes, attempt: Attempt, tried: set[bytes]) -> float | None:
+    async def send_in_window(self, survey: SurveyId, message: bytes, phase: PhaseTimes, attempt: Attempt,
+                             tried: set[bytes], receipt: bytes = b"") -> SentMessage | None:
         """Send at a uniformly random time of ``attempt``'s send window (thesis §5.1), whatever the message is.
 
-        Returns when the first relay acknowledged it (UTC seconds), or None if no first relay did.
+        Returns what was sent and when (``receipt`` is the message's), or None if no first relay took it.
         """
         start, end = phase.send_window(attempt)
-        await sleep_until_wall(self.peer.rng.uniform(start, end), self.session.now)
+        drawn_at = self.peer.rng.uniform(start, end)
+        await sleep_until_wall(drawn_at, self.session.now)
         # A packet must reach the first relay before that relay's window closes.
         windows = self.manifest.hop_windows(survey, attempt)
-        sent = await self.send_once(survey, message, tried, attempt, windows[0].end - _MARGIN)
-        return self.session.now() if sent else None
+        packet = await self.send_once(survey, message, tried, attempt, windows[0].end - _MARGIN)
+        if packet is None:
+            return None
+        return SentMessage(survey, receipt, self.session.now(), float(drawn_at), hashlib.sha256(packet).digest(), attempt)
 
     async def send_cover(self, out: _Outgoing, attempt: Attempt) -> None:
         cover = CoverMessage(out.survey).to_bytes(self.geometry.message_size)
@@ -467,11 +480,11 @@ class PeerRound:
     async def send_report(self, out: _Outgoing, attempt: Attempt) -> None:
         """The report in ``attempt``'s window; a resend is the same message over paths it has not taken."""
         assert out.sealed is not None
-        sent_at = await self.send_in_window(out.survey, out.sealed.message, out.phase, attempt, out.tried)
-        if sent_at is not None:
+        sent = await self.send_in_window(out.survey, out.sealed.message, out.phase, attempt, out.tried, out.sealed.receipt)
+        if sent is not None:
             out.left = True
             if attempt is Attempt.FIRST or out.window is Attempt.SECOND:
-                self.result.sent.append(SentMessage(out.survey, out.sealed.receipt, sent_at))
+                self.result.sent.append(sent)
         self.emit(PeerEvent.SENT)
 
     async def send_first(self, out: _Outgoing) -> None:

@@ -178,7 +178,7 @@ def relay_heartbeat(counters: RelayCounters) -> str:
             f"forwarded {counters.forwarded}, dropped {dropped}; {counters.connections_open} link connection(s) open")
 
 
-async def _run_until_signalled(config: RelayConfig) -> None:
+async def _run_until_signalled(config: RelayConfig, packet_trace: Path | None) -> None:
     import trio
 
     from anonml.base.heartbeat import heartbeat
@@ -187,7 +187,7 @@ async def _run_until_signalled(config: RelayConfig) -> None:
 
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with trio.open_nursery() as nursery:
-            started = await nursery.start(serve_relay, config)
+            started = await nursery.start(partial(serve_relay, config, packet_trace=packet_trace))
             nursery.start_soon(heartbeat, partial(relay_heartbeat, started.counters), logger.info)
             async for signum in signals:
                 log_event(logger, logging.INFO, "shutdown", signal=signal.Signals(signum).name)
@@ -198,7 +198,9 @@ async def _run_until_signalled(config: RelayConfig) -> None:
 @relay.command()
 @_DATA_DIR
 @_AGGREGATOR
-def run(data_dir: Path, aggregators: tuple[PinnedAggregator, ...]) -> None:
+# Hidden: the loopback demo's anonymity analysis only (relay._trace says why a real relay must not keep it).
+@click.option("--trace-packets", type=click.Path(dir_okay=False, path_type=Path), default=None, hidden=True)
+def run(data_dir: Path, aggregators: tuple[PinnedAggregator, ...], trace_packets: Path | None) -> None:
     """Serve until SIGINT/SIGTERM; held packets stay durable across restarts."""
     import trio
 
@@ -216,7 +218,7 @@ def run(data_dir: Path, aggregators: tuple[PinnedAggregator, ...]) -> None:
     try:
         with lock_data_dir(data_dir, command="anonml relay run"):
             freeze_startup_heap()
-            trio.run(_run_until_signalled, config)
+            trio.run(_run_until_signalled, config, trace_packets)
     except (AnonMLError, OSError, BaseExceptionGroup) as exc:
         # One line also under `python -m anonml.relay`, which the root command's handler does not wrap.
         message = explain(exc)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import logging
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import numpy as np
 import trio
@@ -37,6 +38,7 @@ from anonml.relay._beacon import relay_beacon
 from anonml.relay._mirror import MIRROR_LIMITS, serve_mirror
 from anonml.relay._server import Relay, _uniform_from
 from anonml.relay._store import STORE_FILE, RelayStore
+from anonml.relay._trace import PacketTrace, TracingRelay
 
 logger = logging.getLogger("anonml.relay")
 
@@ -84,6 +86,7 @@ async def serve_relay(
     clock: RelayClock | None = None,
     rng: np.random.Generator | None = None,
     network: Network = TCP_NETWORK,
+    packet_trace: Path | None = None,
     task_status: trio.TaskStatus[RelayStarted] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run the relay of ``config.data_dir`` until cancelled.
@@ -97,7 +100,8 @@ async def serve_relay(
     ``clock`` defaults to :meth:`WallClock.anchored`; ``rng`` (a seeded numpy
     Generator, for tests) replaces the CSPRNG that draws release times.
     ``network`` carries everything it listens on, connects to and fetches
-    (the round simulator passes its in-memory network).
+    (the round simulator passes its in-memory network). ``packet_trace``, for the
+    loopback demo only, writes which packet went on for each taken in (:mod:`relay._trace`).
     """
     config, mirror_limits = _fit_to_descriptors(config)
     node_id, _ = load_identity(config.data_dir)
@@ -107,8 +111,10 @@ async def serve_relay(
     keyring = KeyRing(config.data_dir, epoch_seconds=config.key_epoch_seconds, grace_seconds=config.key_grace_seconds)
     store = RelayStore(config.data_dir / STORE_FILE, synchronous=config.synchronous)
     counters = RelayCounters()
+    trace = PacketTrace(packet_trace) if packet_trace is not None else None
+    relay_class = Relay if trace is None else functools.partial(TracingRelay, trace=trace)
     try:
-        relay = Relay(
+        relay = relay_class(
             config,
             geometry=geometry,
             keyring=keyring,
@@ -153,6 +159,8 @@ async def serve_relay(
             task_status.started(RelayStarted(link, metrics, node_id, published, counters, directory))
     finally:
         store.close()
+        if trace is not None:
+            trace.close()
         log_event(logger, logging.INFO, "stopped", received=counters.received, forwarded=counters.forwarded,
                   held=counters.held)
 

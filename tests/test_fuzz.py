@@ -14,6 +14,7 @@ from anonml.base.process import anonml_command
 from anonml.base.errors import AnonMLError
 from anonml.fuzz import TARGET_NAMES
 from anonml.fuzz._targets import build_targets
+from anonml.protocol import BeaconStatement, InvalidBeacon
 
 
 
@@ -69,3 +70,20 @@ def test_the_targets_leave_no_thread_spinning_once_built(tmp_path: Path) -> None
     started = time.process_time()
     time.sleep(1.0)
     assert time.process_time() - started < 0.2
+
+
+def test_the_beacon_seed_is_a_signed_reveal_that_passes_every_check_an_unsigned_copy_does_not(tmp_path: Path) -> None:
+    # The seed used to be unsigned: every input the fuzzer derived from it stopped at the
+    # signature check a reader makes, never reaching the opening check behind it.
+    target = build_targets(tmp_path)["beacon-statement"]
+    (seed,) = target.seeds
+    statement = BeaconStatement.from_json(seed)
+    assert statement.signature is not None and statement.reveal is not None and statement.opened()
+    target.run(seed)  # relay, round, signature and opening all hold
+    unsigned = BeaconStatement(statement.node_id, statement.round_id, statement.commitment, statement.reveal)
+    with pytest.raises(InvalidBeacon, match="signature"):
+        target.run(unsigned.to_json())
+    wrong_value = bytes(32)
+    forged = BeaconStatement(statement.node_id, statement.round_id, statement.commitment, wrong_value, statement.signature)
+    with pytest.raises(InvalidBeacon, match="signature"):
+        target.run(forged.to_json())

@@ -5,7 +5,7 @@ forwarding retries. The next hop is an in-memory recorder; SQLite is real."""
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
 
@@ -92,7 +92,7 @@ def message_index(forwarded: bytes) -> int:
 class Harness:
     def __init__(self, tmp_path: Path, clock: WallClock, *, seed: int = 1, failures: int = 0,
                  seen: set[bytes] | None = None, directory: NextHopDirectory | None = None,
-                 **overrides: int) -> None:
+                 relay_class: Callable[..., Relay] = Relay, **overrides: int) -> None:
         self.data_dir = tmp_path / "relay"
         self.config = loopback_relay(self.data_dir, GEOMETRY, synchronous="NORMAL", **overrides)
         self.clock = clock
@@ -102,7 +102,7 @@ class Harness:
         self.seen = seen if seen is not None else set()
         self.store = RelayStore(self.data_dir / STORE_FILE, synchronous="NORMAL")
         self.identity = LinkIdentity(load_identity_key(self.data_dir))
-        self.relay = Relay(
+        self.relay = relay_class(
             self.config,
             geometry=GEOMETRY,
             keyring=relay_keyring(self.config),

@@ -3,7 +3,8 @@
 Starts ``--hogs`` CPU-bound processes (each ``while True: pass``) to compete
 for the cores, runs ``anonml demo`` ``--runs`` times one after another, and
 records each run's exit code, accepted fraction (accepted over prepared
-messages), lost messages, restarts and wall time. The demo passes when every
+messages), lost messages, restarts, wall time, and its send-vs-arrival rho
+split by stage (``anonml.demo._trace``). The demo passes when every
 run exits 0 with at least 99% of its messages accepted. The hogs are stopped
 with the benchmark, however it ends.
 """
@@ -45,6 +46,12 @@ async def one_run(index: int, work: Path, peers: int | None, seed: int) -> dict[
             registered=summary["registered"], peers=summary["peers"], restarted=summary["restarted"],
             missing=summary["missing"], missing_reasons=summary["missing_reasons"], unconfirmed=summary["unconfirmed"],
         )
+        # Beside the load, which stage of the paths carried any send-vs-arrival correlation (issue 24).
+        anonymity = summary.get("anonymity") or {}
+        stages = anonymity.get("stages") or {}
+        record.update(rho=anonymity.get("spearman_rho"), rho_drawn_send_vs=stages.get("rho_drawn_send_vs"),
+                      taken_in_after_window_opened=stages.get("taken_in_after_window_opened"),
+                      window_mismatches=stages.get("window_mismatches"))
     return record
 
 

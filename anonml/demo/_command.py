@@ -12,6 +12,7 @@ import signal
 import tempfile
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -31,7 +32,11 @@ import click
 @click.option("--task", type=click.Choice(["ensemble", "statistics"]), default="ensemble", show_default=True,
               help="What the round computes: the partition ensemble, or statistic answers (histograms, a count, means, medians) each with its error.")
 @click.option("--linger", type=click.FloatRange(0, 3600), default=0.0, help="Keep the aggregator's dashboard up this many seconds after the round.")
-def demo(peers: int | None, dataset: str, data_dir: Path | None, epsilon: float, workers: int, work_dir: Path | None, seed: int, json_out: Path | None, linger: float, task: str) -> None:
+@click.option("--explain-anonymity", "explain", type=click.Path(file_okay=False, exists=True, path_type=Path), default=None,
+              help="Run no round: split the send-vs-arrival rank correlation of the finished demo in this --work-dir by stage "
+                   "(each relay hop, the arrival), and write its per-message trace there.")
+def demo(peers: int | None, dataset: str, data_dir: Path | None, epsilon: float, workers: int, work_dir: Path | None, seed: int,
+         json_out: Path | None, linger: float, task: str, explain: Path | None) -> None:
     """Run one complete round on loopback: 5 relays (paths of 3), the aggregator, N peers.
 
     Exits 0 when the round is done and the aggregator accepted at least 99%
@@ -50,6 +55,9 @@ def demo(peers: int | None, dataset: str, data_dir: Path | None, epsilon: float,
     from anonml.protocol import TaskKind
 
     console = Console()
+    if explain is not None:
+        _explain(console, explain, json_out)
+        return
     if dataset == "adult":
         if data_dir is None:
             raise click.UsageError("--dataset adult needs --data-dir (the directory with adult.data and adult.test)")
@@ -82,3 +90,25 @@ def demo(peers: int | None, dataset: str, data_dir: Path | None, epsilon: float,
     code = exit_code(summary)
     if code:
         raise SystemExit(code)
+
+
+def _explain(console: Any, work: Path, json_out: Path | None) -> None:
+    """``--explain-anonymity``: the per-stage table of a finished demo's work directory."""
+    from rich.table import Table
+
+    from anonml.demo._schedule import RELAYS
+    from anonml.demo._trace import TRACE_FILE, explain_lines, explain_work_dir
+
+    try:
+        figures = explain_work_dir(work, RELAYS)
+    except (FileNotFoundError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from None
+    table = Table(title=f"anonymity by stage: {work}", show_header=False)
+    table.add_column("what")
+    table.add_column("figure")
+    for what, figure in explain_lines(figures):
+        table.add_row(what, figure)
+    console.print(table)
+    console.print(f"per-message trace: {work / TRACE_FILE}")
+    if json_out is not None:
+        json_out.write_text(json.dumps(figures, indent=2))

@@ -34,6 +34,7 @@ from anonml.demo._ports import HOST, free_port
 from anonml.demo._progress import Progress, phase_rows, read_worker, scrape_relay
 from anonml.demo._schedule import AGGREGATOR_PROCESSES, PATH_LENGTH, RELAYS, DemoParams, plan_round, round_spec, to_toml
 from anonml.demo._summary import anonymity_figures, summarise
+from anonml.demo._trace import explain_work_dir, relay_trace_file
 from anonml.protocol import TaskKind
 from anonml.demo._swarm import SwarmConfig
 from anonml.transport import tls_context
@@ -114,7 +115,9 @@ async def start_relays(children: Children, work: Path, network: Network, identit
         ])
         # What `anonml relay info --json` prints, read in this process: one process start less per relay.
         descriptors[i] = json.loads(json.dumps(await trio.to_thread.run_sync(relay_descriptor, load_config(relay_dir), time.time())))
-        await children.start(f"relay-{i}", anonml_command("relay", "run", "--data-dir", str(relay_dir)), restart=True)
+        # Which packet each relay sent on for each it took in, and when: the anonymity trace's hops (relay._trace).
+        trace = ["--trace-packets", str(relay_trace_file(work, i))]
+        await children.start(f"relay-{i}", anonml_command("relay", "run", "--data-dir", str(relay_dir), *trace), restart=True)
 
     async with trio.open_nursery() as nursery:
         for i in range(RELAYS):
@@ -258,6 +261,9 @@ async def run_demo(data: DemoData, *, peers: int, epsilon: float, workers: int, 
     summary["auc"] = held_out_auc(data, round_dir / "model.json")
     summary["report_path"] = str(round_dir / "report.html")
     summary["anonymity"] = anonymity_figures(progress, round_dir / LINKS_JSON)
+    if (round_dir / LINKS_JSON).is_file():
+        # Which stage of the paths carries any correlation (anonml demo --explain-anonymity reads it again).
+        summary["anonymity"]["stages"] = explain_work_dir(work, RELAYS, round_dir / LINKS_JSON)
     return summary, params
 
 

@@ -12,12 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from scipy.stats import rankdata
 
 from anonml.demo._audit import Audit
 from anonml.demo._data import DemoData, baseline_auc
 from anonml.demo._progress import Progress
 from anonml.demo._schedule import DemoParams
+from anonml.demo._trace import explain_lines, group_quantiles
 from anonml.aggregator import score_links, timing_figures
 
 PEER_COUNTS = ("joined", "packets", "sends", "resends", "covers", "acknowledged", "missing", "unconfirmed")
@@ -122,21 +122,14 @@ def anonymity_figures(progress: Progress, links_path: Path) -> dict[str, Any]:
     # Ranks within each survey and delivery window: surveys are sent and delivered in their own
     # phases, and each report in one of its phase's two windows (chosen at random, a cover in the
     # other), so times pooled across phases or windows would correlate by phase or window alone.
-    send, arrival = [], []
-    for group in sorted({(link["survey"], link.get("window", 1)) for link in known}):
-        members = [link for link in known if (link["survey"], link.get("window", 1)) == group]
-        send += _quantiles([truth[link["receipt"]][1] for link in members])
-        arrival += _quantiles([float(link["arrived"]) for link in members])
+    groups = [(link["survey"], link.get("window", 1)) for link in known]
+    send = group_quantiles(groups, [truth[link["receipt"]][1] for link in known])
+    arrival = group_quantiles(groups, [float(link["arrived"]) for link in known])
     timing = timing_figures(send, arrival, np.random.default_rng(0))
     figures.update(aggregator_guess=score.to_dict(), spearman_rho=timing["spearman_rho"],
                    rho_standard_error=timing["rho_standard_error"],
                    half_link_accuracy=timing["half_link_accuracy"], half_link_standard_error=timing["half_link_standard_error"])
     return figures
-
-
-def _quantiles(times: list[float]) -> list[float]:
-    """Each time's rank among ``times`` as a quantile in (0, 1), ties sharing their mean rank."""
-    return [float(q) for q in (rankdata(times) - 0.5) / len(times)]
 
 
 # The demo fails when the aggregator accepted fewer of the peers' messages than this.
@@ -266,6 +259,9 @@ def print_summary(console: Any, summary: dict[str, Any], params: DemoParams) -> 
             "anonymity: rank correlation send vs arrival (ranks within each survey and window)",
             f"{anonymity['spearman_rho']:+.3f} (±{anonymity['rho_standard_error']:.3f}, 1 s.e. if independent)",
         )
+    if "stages" in anonymity:
+        for what, figure in explain_lines(anonymity["stages"]):
+            table.add_row(what, figure)
     answers = summary["report"].get("statistics")
     if answers is not None:
         table.add_row("statistic answers (report.json, each with its std error and formula)", str(len(answers)))

@@ -16,9 +16,12 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
+
+if TYPE_CHECKING:
+    from anonml.peer import SentMessage
 
 
 @dataclass(frozen=True)
@@ -31,6 +34,11 @@ class SwarmConfig:
     store: Path
     seed: int
     max_connections: int = 8
+
+    @property
+    def sent_file(self) -> Path:
+        """Where the worker writes one JSON line per message a first relay took (:func:`sent_record`)."""
+        return self.store.with_suffix(".sent.jsonl")
 
     def to_json(self) -> str:
         return json.dumps({**self.__dict__, "csv": str(self.csv), "store": str(self.store)})
@@ -46,6 +54,13 @@ class SwarmConfig:
             seed=int(data["seed"]),
             max_connections=int(data.get("max_connections", 16)),
         )
+
+
+def sent_record(identity: str, message: SentMessage) -> dict[str, Any]:
+    """A ``peer.SentMessage`` as the demo's anonymity trace reads it (``anonml.demo._trace``)."""
+    return {"identity": identity, "survey": message.survey.to_bytes().hex(), "receipt": message.receipt.hex(),
+            "drawn_at": message.drawn_at, "sent_at": message.sent_at, "packet": message.packet_hash.hex(),
+            "window": int(message.attempt) + 1}
 
 
 def _emit(record: dict[str, Any]) -> None:
@@ -78,6 +93,7 @@ async def run_swarm(config: SwarmConfig) -> dict[str, Any]:
     # The workers start before the aggregator serves (the demo overlaps their start-up with its own).
     client = AggregatorClient(config.aggregator, max_connections=config.max_connections, retry_for=300.0, wait_for_service=True)
     store = PeerStore(config.store, durable=False)
+    sent_log = config.sent_file.open("w", encoding="utf-8", buffering=1)  # this round's only (a worker is never restarted)
     results: list[JoinResult] = []
     sent: list[tuple[str, str, float]] = []
     """(identity, receipt, send time) of every message a first relay took: the truth the anonymity report is scored against."""
@@ -102,6 +118,8 @@ async def run_swarm(config: SwarmConfig) -> dict[str, Any]:
                 results.append(result)
                 identity = peer.identity.public_key.hex()
                 sent.extend((identity, message.receipt.hex(), message.sent_at) for message in result.sent)
+                # On disk as each peer finishes: a worker stopped after the round's grace keeps what it had.
+                sent_log.writelines(json.dumps(sent_record(identity, message)) + "\n" for message in result.sent)
             except (JoinRefused, AggregatorError, BudgetExceeded) as exc:
                 failures[getattr(exc, "reason", type(exc).__name__)] += 1
                 _emit({"worker": config.worker, "error": str(exc)[:300]})
@@ -121,6 +139,7 @@ async def run_swarm(config: SwarmConfig) -> dict[str, Any]:
                 outer.cancel_scope.cancel()
     finally:
         store.close()
+        sent_log.close()
         await client.aclose()
     summary = {
         "worker": config.worker,

@@ -44,6 +44,7 @@ from anonml.protocol import (
     ErrorResponse,
     FeatureSpec,
     HeadsResponse,
+    InvalidBeacon,
     MedianResults,
     MedianThresholds,
     ReceiptSegment,
@@ -175,6 +176,30 @@ def _signed_document(world: World) -> Callable[[bytes], object]:
     return run
 
 
+def _beacon_target(world: World) -> Target:
+    """A relay's revealed beacon value as its mirror serves it, read as the aggregator and peers read
+    it: parsed, then its relay, round, signature and opening checked in that order
+    (``aggregator._beacon``, ``peer._beacon``). The seed is signed and opens its commitment, so the
+    fuzzer starts from an input that passes every check; a refusal raises ``InvalidBeacon``."""
+    round_id = world.state.round_id
+    node_id = b"\x01" * 16  # the fuzz round's one listed relay
+    beacon_key = SigningKey(hashlib.sha256(b"fuzz beacon key").digest())
+    public = bytes(beacon_key.verify_key)
+    value = hashlib.sha256(b"fuzz beacon value").digest()
+    seed = BeaconStatement(node_id, round_id, beacon_commitment(round_id, value), value).sign(beacon_key)
+
+    def run(data: bytes) -> None:
+        statement = BeaconStatement.from_json(data)
+        if statement.node_id != node_id or statement.round_id != round_id:
+            raise InvalidBeacon("$", "another relay's or round's statement")
+        if not statement.signed_by(public):
+            raise InvalidBeacon("signature", "not signed by the relay's beacon key")
+        if not statement.opened():
+            raise InvalidBeacon("reveal", "absent, or does not open the commitment")
+
+    return Target("beacon-statement", [seed.to_json()], run)
+
+
 def _spec_seed(world: World) -> bytes:
     """The round's own spec as ``round.toml`` (relays written out, not as files)."""
     return tomli_w.dumps(spec_document(world.relay_public, world.state.geometry)).encode()
@@ -295,8 +320,7 @@ def build_targets(work: Path) -> dict[str, Target]:
             world.identity, state.round_id, Check.FIRST)),
         Target("heads-response", [heads], lambda data: HeadsResponse.from_json(data).verify(world.identity, state.round_id)),
         Target("error-response", [ErrorResponse("registration has closed").to_json()], ErrorResponse.from_json),
-        Target("beacon-statement", [BeaconStatement(bytes(16), state.round_id, beacon_commitment(state.round_id, bytes(32)),
-                                                    bytes(32)).to_json()], BeaconStatement.from_json),
+        _beacon_target(world),
         Target("peer-csv", [b"colour,age,y\nred,31,1\n", b"y,age,colour\n0,55.5,blue\n"], peer_csv),
         Target("round-spec", [spec_seed], lambda data: read_round_spec(data, base_dir=work)),
         Target("relay-directory", [directory], parse_directory_file),
