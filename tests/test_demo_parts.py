@@ -5,6 +5,7 @@ windows sized by what each must achieve at the measured rate (anonml.demo._sched
 from __future__ import annotations
 
 import dataclasses
+import math
 import signal
 import sys
 from collections.abc import Callable
@@ -16,7 +17,7 @@ import trio
 
 from anonml.demo import open_children
 from anonml.demo._calibrate import PhaseCosts
-from anonml.demo._schedule import AGGREGATOR_PROCESSES, HEADROOM, LINK_RETRY_GAP, PATH_LENGTH, plan_round, recovery_seconds
+from anonml.demo._schedule import AGGREGATOR_PROCESSES, HEADROOM, LINK_RETRY_GAP, PACED_SHARE, PATH_LENGTH, plan_round, recovery_seconds
 from anonml.protocol import hop_slice
 from anonml.transport import HttpLimits
 
@@ -118,8 +119,11 @@ def test_a_request_counts_at_least_its_pacing_when_every_peer_is_one_address() -
     data = SimpleNamespace(name="breast-cancer")
     fast = dataclasses.replace(costs(1.0), register=1e-6, issue=1e-6, http=1e-5)
     plan = plan_round(data, 8000, 2.0, 2, 0, fast, n_cores=2)  # type: ignore[arg-type]
-    paced = HEADROOM * 8000 / HttpLimits().request_rate + recovery_seconds(fast)
+    paced = 8000 / (HttpLimits().request_rate * PACED_SHARE) + recovery_seconds(fast)
     assert plan.register_seconds >= paced and plan.issue_seconds >= paced
+    # The pacer's rate is exact whatever the load (issue 26): no headroom doubles it. At 100,000
+    # peers a doubled pacing term alone was 500 s of registration and 500 s of issuance.
+    assert plan.register_seconds <= math.ceil(paced) and plan.issue_seconds <= math.ceil(paced)
 
 
 def test_the_exit_code_says_failed_degraded_or_lost() -> None:
