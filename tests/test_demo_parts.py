@@ -145,3 +145,22 @@ def test_the_exit_code_says_failed_degraded_or_lost() -> None:
     assert exit_code(summary("failed")) == EXIT_ROUND_FAILED
     assert exit_code(summary("unknown")) == EXIT_ROUND_FAILED
     assert len({0, EXIT_MESSAGES_LOST, EXIT_ROUND_DEGRADED, EXIT_ROUND_FAILED}) == 4
+
+
+async def test_until_quiet_waits_for_the_children_start_up_and_no_longer(tmp_path: Path) -> None:
+    """Issue 26: the demo measured its costs while its own workers and relays were starting (imports on
+    every core) and planned a registration window six times its work; it now waits for them to be quiet."""
+    busy = "import time\nend = time.process_time() + 1.5\nwhile time.process_time() < end: pass\ntime.sleep(600)"
+    async with open_children(tmp_path / "logs", restart_delay=0.0) as children:
+        await children.start("idle", [sys.executable, "-c", "import time; time.sleep(600)"])
+        waited = await children.until_quiet(0.1, timeout=60.0, interval=0.25)
+        assert waited < 5.0
+        child = await children.start("starting", [sys.executable, "-c", busy])
+        # The busy child's 1.5 s of CPU is spent before until_quiet returns (it may get less than a core).
+        waited = await children.until_quiet(0.1, timeout=60.0, interval=0.25)
+        assert waited >= 1.5 and sum(s for (name, _), s in children.cpu_seconds().items() if name == "starting") >= 1.5
+        assert not child.finished
+        # A child that never goes quiet is waited for at most the timeout.
+        await children.start("spinning", [sys.executable, "-c", "while True: pass"])
+        waited = await children.until_quiet(0.1, timeout=2.0, interval=0.25)
+        assert 2.0 <= waited < 4.0
