@@ -12,6 +12,7 @@ from anonml.base.process import anonml_command
 from anonml.bench.round import (
     cost_rows,
     issuance_us_per_report,
+    phase_costs,
     phase_seconds,
     report_lines,
     role_floors_us,
@@ -67,6 +68,25 @@ def test_phase_seconds_run_from_each_change_to_the_next() -> None:
     assert phase_seconds([], started=0.0, ended=5.0) == [("setup", 5.0)]
 
 
+def test_each_phase_gets_the_cpu_spent_between_its_start_and_the_next_phase() -> None:
+    phases = [("registration", 12.0), ("issuance", 20.0), ("done", 30.0)]
+    # CPU by role at the sample before each phase was first seen, then at the end.
+    marks = [{"aggregator": 1.0, "peers": 0.5}, {"aggregator": 3.0, "peers": 4.5}, {"aggregator": 9.0, "peers": 8.5, "relay-0": 1.0}]
+    final = {"aggregator": 9.5, "peers": 8.5, "relay-0": 1.0}
+    rows = phase_costs(phases, marks, final, started=10.0, ended=34.0, peers=1000, n_cores=2)
+    assert [row["phase"] for row in rows] == ["setup", "registration", "issuance", "report and audit"]
+    setup, registration, issuance, audit = rows
+    assert setup["cpu_by_role"] == {"aggregator": 1.0, "peers": 0.5} and setup["cpu_seconds"] == 1.5
+    assert registration["cpu_by_role"] == {"aggregator": 2.0, "peers": 4.0}
+    # 6 s of CPU over 1,000 peers in 8 s on 2 cores: 6 ms a peer, 6 / 16 of the machine busy.
+    assert (registration["cpu_ms_per_peer"], registration["busy"]) == (6.0, 0.38)
+    assert issuance["cpu_by_role"] == {"aggregator": 6.0, "peers": 4.0, "relay-0": 1.0}
+    assert (issuance["seconds"], issuance["cpu_seconds"], issuance["busy"]) == (10.0, 11.0, 0.55)
+    # The round's outcome ("done") gets no span: from it to the end is the report and audit.
+    assert (audit["seconds"], audit["cpu_by_role"]["aggregator"]) == (4.0, 0.5)
+    assert sum(row["cpu_seconds"] for row in rows) == sum(final.values())
+
+
 def test_processes_are_told_apart_by_their_command_lines() -> None:
     python = ["/usr/bin/python3", "-c", "import sys; from anonml.cli import main; sys.exit(main())"]
     assert role_of([*python, "relay", "run", "--data-dir", "/tmp/w/relay-2"]) == "relay-2"
@@ -88,7 +108,8 @@ def test_synthetic_peers_come_from_the_seed() -> None:
 def test_report_lines_show_each_role_beside_its_floor() -> None:
     result = {
         "peers": 8, "data": "synthetic", "phase": "done", "accepted": 1000, "wall_seconds": 60.0, "load_average": [1.0, 1.0, 1.0],
-        "audit": {"accepted": 990, "prepared": 1000}, "phases": [{"phase": "setup", "seconds": 2.0}], "path_length": 3,
+        "audit": {"accepted": 990, "prepared": 1000}, "path_length": 3, "cores": 2,
+        "phases": [{"phase": "setup", "seconds": 2.0, "cpu_seconds": 1.0, "cpu_ms_per_peer": 125.0, "busy": 0.25}],
         "floor_us": FLOOR, "cpu_seconds_sampled": 2.6, "cpu_seconds_children_rusage": 2.7, "cpu_seconds_bench": 1.0,
         "peak_rss_mb_total": 500.0, "credentials": 500, "issuance_us_per_report": 700.0,
         "packets": {"sends": 2000, "covers": 1000, "resends": 0, "relay_forwarded": 6000},
@@ -97,9 +118,10 @@ def test_report_lines_show_each_role_beside_its_floor() -> None:
     lines = report_lines(result)
     assert "990 of 1000 prepared messages accepted" in lines[0]
     assert lines[1] == "wall seconds per phase: setup 2.0"
-    assert lines[3].split() == ["aggregator", "0.9", "900", "300", "3", "210"]
-    assert lines[5].startswith("packets: 2000 sent by the peers (1000 covers, 0 resent), 6000 forwarded")
-    assert "1400.0 µs per credential x 500 credentials = 700.0 µs per accepted report" in lines[6]
+    assert lines[2] == "CPU per phase (all roles; busy = share of the 2 cores used): setup 1.0 s = 125.0 ms/peer, busy 0.25"
+    assert lines[4].split() == ["aggregator", "0.9", "900", "300", "3", "210"]
+    assert lines[6].startswith("packets: 2000 sent by the peers (1000 covers, 0 resent), 6000 forwarded")
+    assert "1400.0 µs per credential x 500 credentials = 700.0 µs per accepted report" in lines[7]
 
 
 @pytest.mark.system

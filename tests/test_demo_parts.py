@@ -5,6 +5,7 @@ windows sized by what each must achieve at the measured rate (anonml.demo._sched
 from __future__ import annotations
 
 import dataclasses
+import math
 import signal
 import sys
 from collections.abc import Callable
@@ -16,7 +17,7 @@ import trio
 
 from anonml.demo import open_children
 from anonml.demo._calibrate import PhaseCosts
-from anonml.demo._schedule import AGGREGATOR_PROCESSES, HEADROOM, LINK_RETRY_GAP, PATH_LENGTH, plan_round, recovery_seconds
+from anonml.demo._schedule import AGGREGATOR_PROCESSES, HEADROOM, LINK_RETRY_GAP, PACED_SHARE, PATH_LENGTH, plan_round, recovery_seconds
 from anonml.protocol import hop_slice
 from anonml.transport import HttpLimits
 
@@ -118,8 +119,11 @@ def test_a_request_counts_at_least_its_pacing_when_every_peer_is_one_address() -
     data = SimpleNamespace(name="breast-cancer")
     fast = dataclasses.replace(costs(1.0), register=1e-6, issue=1e-6, http=1e-5)
     plan = plan_round(data, 8000, 2.0, 2, 0, fast, n_cores=2)  # type: ignore[arg-type]
-    paced = HEADROOM * 8000 / HttpLimits().request_rate + recovery_seconds(fast)
+    paced = 8000 / (HttpLimits().request_rate * PACED_SHARE) + recovery_seconds(fast)
     assert plan.register_seconds >= paced and plan.issue_seconds >= paced
+    # The pacer's rate is exact whatever the load (issue 26): no headroom doubles it. At 100,000
+    # peers a doubled pacing term alone was 500 s of registration and 500 s of issuance.
+    assert plan.register_seconds <= math.ceil(paced) and plan.issue_seconds <= math.ceil(paced)
 
 
 def test_the_exit_code_says_failed_degraded_or_lost() -> None:
@@ -141,3 +145,23 @@ def test_the_exit_code_says_failed_degraded_or_lost() -> None:
     assert exit_code(summary("failed")) == EXIT_ROUND_FAILED
     assert exit_code(summary("unknown")) == EXIT_ROUND_FAILED
     assert len({0, EXIT_MESSAGES_LOST, EXIT_ROUND_DEGRADED, EXIT_ROUND_FAILED}) == 4
+
+
+async def test_until_quiet_waits_for_the_children_start_up_and_no_longer(tmp_path: Path) -> None:
+    """Issue 26: the demo measured its costs while its own workers and relays were starting (imports on
+    every core) and planned a registration window six times its work; it now waits for them to be quiet."""
+    busy = "import time\nend = time.process_time() + 1.5\nwhile time.process_time() < end: pass\ntime.sleep(600)"
+    async with open_children(tmp_path / "logs", restart_delay=0.0) as children:
+        await children.start("idle", [sys.executable, "-c", "import time; time.sleep(600)"])
+        waited = await children.until_quiet(0.1, timeout=60.0, interval=0.25)
+        assert waited < 5.0
+        child = await children.start("starting", [sys.executable, "-c", busy])
+        # The busy child's 1.5 s of CPU is spent before until_quiet returns (it may get less than a core:
+        # a share of 0.02 holds while it gets more than that, so beside up to about 100 busy processes).
+        waited = await children.until_quiet(0.02, timeout=120.0, interval=1.0)
+        assert waited >= 1.5 and sum(s for (name, _), s in children.cpu_seconds().items() if name == "starting") >= 1.5
+        assert not child.finished
+        # A child that never goes quiet is waited for at most the timeout.
+        await children.start("spinning", [sys.executable, "-c", "while True: pass"])
+        waited = await children.until_quiet(0.02, timeout=2.0, interval=0.5)
+        assert 2.0 <= waited < 5.0

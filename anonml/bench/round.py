@@ -33,7 +33,7 @@ import numpy as np
 import psutil
 import trio
 
-from anonml.demo import DemoData, exit_code, run_demo
+from anonml.demo import DemoData, cores, exit_code, run_demo
 from anonml.protocol import FeatureSpec, LabelSpec, NumericFeature
 
 SAMPLE_SECONDS = 0.5
@@ -91,6 +91,8 @@ class Usage:
     """The most resident memory a role's processes held together at one sample."""
     phases: list[tuple[str, float]] = field(default_factory=list)
     """(phase, monotonic time it was first seen), in order."""
+    phase_cpu: list[dict[str, float]] = field(default_factory=list)
+    """CPU seconds by role at the sample just before each of :attr:`phases` was first seen."""
 
     def sample_processes(self) -> None:
         rss: dict[str, float] = {}
@@ -115,6 +117,7 @@ class Usage:
     def note_phase(self, phase: str, now: float) -> None:
         if not self.phases or self.phases[-1][0] != phase:
             self.phases.append((phase, now))
+            self.phase_cpu.append(self.cpu_by_role())
 
 
 def phase_seconds(phases: Sequence[tuple[str, float]], started: float, ended: float) -> list[tuple[str, float]]:
@@ -126,6 +129,23 @@ def phase_seconds(phases: Sequence[tuple[str, float]], started: float, ended: fl
     marks = [("setup", started), *phases]
     spans = [(name, later - at) for (name, at), (_, later) in zip(marks, marks[1:])]
     return [*spans, ("report and audit", ended - phases[-1][1])]
+
+
+def phase_costs(phases: Sequence[tuple[str, float]], phase_cpu: Sequence[Mapping[str, float]], final_cpu: Mapping[str, float],
+                started: float, ended: float, peers: int, n_cores: int) -> list[dict[str, Any]]:
+    """Each phase of :func:`phase_seconds` with the CPU every role spent in it (the difference of the
+    samples at its start and at the next phase's), that CPU per peer, and ``busy``: the share of the
+    machine's ``n_cores`` the round's processes used in it. A phase whose busy share is far below one
+    waited on its window; one near one was bound by its work (or by the other load on the machine)."""
+    marks = [{}, *phase_cpu, final_cpu]
+    rows = []
+    for (name, seconds), before, after in zip(phase_seconds(phases, started, ended), marks, marks[1:]):
+        by_role = {role: round(after.get(role, 0.0) - before.get(role, 0.0), 2) for role in sorted(after)}
+        cpu = sum(by_role.values())
+        rows.append({"phase": name, "seconds": round(seconds, 1), "cpu_seconds": round(cpu, 1), "cpu_by_role": by_role,
+                     "cpu_ms_per_peer": round(1e3 * cpu / peers, 2),
+                     "busy": round(cpu / (seconds * n_cores), 2) if seconds > 0 else None})
+    return rows
 
 
 def role_floors_us(floor: Mapping[str, float], relays: Sequence[str], path_length: int) -> dict[str, float]:
@@ -229,7 +249,8 @@ async def run_round_bench(peers: int, workers: int, seed: int, epsilon: float, w
         "audit": summary["audit"],
         "exit_code": exit_code(summary),
         "wall_seconds": round(ended - started, 1),
-        "phases": [{"phase": name, "seconds": round(seconds, 1)} for name, seconds in phase_seconds(usage.phases, started, ended)],
+        "phases": phase_costs(usage.phases, usage.phase_cpu, cpu, started, ended, peers, cores()),
+        "cores": cores(),
         "path_length": int(network["path_length"]),
         "floor_us": floor,
         # More packets than reports cross the relays (covers, resends): part of what the ratios count.
@@ -255,6 +276,9 @@ def report_lines(result: Mapping[str, Any]) -> list[str]:
         f"{audit['prepared']} prepared messages accepted, {result['accepted']} reports counted; "
         f"{result['wall_seconds']} s; load {result['load_average']}",
         "wall seconds per phase: " + ", ".join(f"{p['phase']} {p['seconds']}" for p in result["phases"]),
+        f"CPU per phase (all roles; busy = share of the {result['cores']} cores used): "
+        + ", ".join(f"{p['phase']} {p['cpu_seconds']} s = {p['cpu_ms_per_peer']} ms/peer, busy {p['busy']}"
+                    for p in result["phases"]),
         f"{'role':12} {'CPU s':>8} {'µs/report':>10} {'floor µs':>9} {'x floor':>8} {'peak MB':>8}",
     ]
     for row in result["roles"]:

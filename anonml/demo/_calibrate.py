@@ -44,6 +44,12 @@ from anonml.protocol import RegisterRequest, SurveyId, SurveyMessage, bound_byte
 # Samples per figure: enough for a stable mean of millisecond calls, a
 # fraction of a second in all.
 SAMPLES = 24
+# The demo measures once its own processes (peer workers, relays, the
+# aggregator's identity) use under a tenth of a core together, their start-up
+# over; it waits at most QUIET_TIMEOUT seconds (a child that keeps working is
+# load the round will also see).
+QUIET_SHARE = 0.1
+QUIET_TIMEOUT = 20.0
 
 
 @dataclass(frozen=True)

@@ -182,6 +182,21 @@ class Children:
                 used[(child.name, pid)] = total
         return used
 
+    async def until_quiet(self, share: float, timeout: float, interval: float = 0.5) -> float:
+        """Wait until the children together use under ``share`` of one core over ``interval`` seconds
+        (their start-up is over), at most ``timeout`` seconds; the seconds waited."""
+        started = trio.current_time()
+        before = self.cpu_seconds()
+        while trio.current_time() - started < timeout:
+            await trio.sleep(interval)
+            after = self.cpu_seconds()
+            # A child that started or restarted meanwhile counts from its first sample.
+            used = sum(seconds - before.get(key, 0.0) for key, seconds in after.items())
+            if used < share * interval:
+                break
+            before = after
+        return trio.current_time() - started
+
     async def stop_all(self) -> None:
         """SIGTERM every child's process group, SIGKILL what is left after the grace period, then sweep."""
         for child in self.children:

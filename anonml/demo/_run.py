@@ -27,7 +27,7 @@ from anonml.aggregator import LINKS_JSON
 from anonml.base.process import anonml_command
 from anonml.base.storage import replace_file
 from anonml.demo._audit import audit_round
-from anonml.demo._calibrate import PhaseCosts, measure_costs
+from anonml.demo._calibrate import QUIET_SHARE, QUIET_TIMEOUT, PhaseCosts, measure_costs
 from anonml.demo._children import Child, ChildFailed, Children, open_children, resident_mb
 from anonml.demo._data import DemoData, held_out_auc, write_peer_files, write_test_file
 from anonml.demo._ports import HOST, free_port
@@ -234,6 +234,10 @@ async def run_demo(data: DemoData, *, peers: int, epsilon: float, workers: int, 
         identity, process_start = await init_aggregator(children, agg_dir)
         descriptors = await start_relays(children, work, network, identity)
         step(2, "measuring each phase's cost on this machine to size the round's windows")
+        # The costs are the machine's load now, not the demo's own start-up (the workers' and relays'
+        # imports), which is over before the round opens: measured under it, a 2,000-peer plan's
+        # registration window was 93 s for 15 s of work (issue 26).
+        await children.until_quiet(QUIET_SHARE, QUIET_TIMEOUT)
         costs = await measure_costs(PATH_LENGTH, process_start)
         params = plan_round(data, len(rows), epsilon, workers, seed, costs, task=task)
         console.print("    " + describe_plan(costs, params))
