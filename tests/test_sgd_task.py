@@ -4,6 +4,7 @@ gradient report and the aggregator's update, and a whole round of them in memory
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -23,8 +24,13 @@ from anonml.protocol import (
     RoundSchedule,
     SgdModel,
     SignedDocument,
+    SurveyKind,
     TaskKind,
 )
+from anonml.aggregator._store import RoundStore
+from anonml.peer import Dataset, Event, PeerStore, RoundPipeline, describe_release
+from anonml.simulate import RoundSetup, RoundTrace, SimulationConfig, simulate_round
+from anonml.simulate._world import _seeded, peer_row
 from test_manifest import SIGNING_KEY, T0, fixed_manifest
 
 ROUND_ID = b"\x07" * 32
@@ -151,3 +157,97 @@ def test_a_whole_round_in_memory_learns_and_every_peer_spends_its_promise_once()
     auc = roc_auc_score(spec.label.encode(test.labels), rule.encoding.transform(test) @ averaged_model(models))
     assert auc > 0.6, auc  # 398 peers at ε 4 and d = 31: seed 0 measures 0.74 (5 seeds: 0.60-0.88)
 
+
+
+def _as_sgd_task(document: dict[str, Any]) -> None:
+    """The simulator's round as an SGD task: 4 partitions over 2 gradient steps (the median sub-rounds)."""
+    document["task"]["kind"] = "sgd"
+    document["learning"] = {"k_p": 4, "k_h": 1, "k_s": 1, "plan": "split", "learner": "logreg"}
+    document["privacy"] = {"eps_total": 4.0, "oracle": "grr"}
+    document["schedule"]["median_rounds"] = 2
+    document["participation"]["min_participation"] = 12
+
+
+@pytest.fixture(scope="module")
+def sgd_round(tmp_path_factory: pytest.TempPathFactory) -> RoundTrace:
+    return simulate_round(SimulationConfig(peers=16, seed=11), setup=RoundSetup(adjust_spec=_as_sgd_task),
+                          keep=tmp_path_factory.mktemp("sgd-round"))
+
+
+def test_a_simulated_sgd_round_accepts_every_gradient_and_charges_each_peer_its_promise(sgd_round: RoundTrace) -> None:
+    trace = sgd_round
+    manifest = trace.manifest.manifest
+    assert trace.outcome == "done" and manifest.task_kind == TaskKind.SGD and manifest.median_rounds == 2
+    results = [p.result for p in trace.peers]
+    assert all(r is not None for r in results), [p.error or p.refused for p in trace.peers]
+    # One packet per peer, in its partition's step (a median survey), every one acknowledged.
+    assert [r.packets for r in results if r is not None] == [1] * len(trace.peers)
+    assert len(trace.arrivals) == len(trace.peers) and all(s.kind == SurveyKind.MEDIAN for s, _, _ in trace.arrivals)
+    assert sum(r.acknowledged for r in results if r is not None) == len(trace.peers)
+    # The ledger holds the one gradient at the whole promise: exactly ε_T.
+    assert {r.epsilon_spent for r in results if r is not None} == {manifest.eps_total} == {4.0}
+    sgd = trace.report["sgd"]
+    assert sum(sgd["reports_per_step"]) == len(trace.peers) and all(n > 0 for n in sgd["reports_per_step"])
+    assert sgd["steps"] == 2 and len(sgd["coefficients"]) == 1 + 1 + 2
+    assert trace.report["privacy"]["eps_gradient"] == 4.0 and trace.report["model"] is None
+
+
+def test_a_simulated_sgd_rounds_models_are_the_replayed_steps_and_the_consent_states_the_gradient(
+    sgd_round: RoundTrace, tmp_path: Path,
+) -> None:
+    trace = sgd_round
+    manifest = trace.manifest.manifest
+    assert trace.peer_store is not None
+    (directory,) = (trace.peer_store.parent / "aggregator" / "rounds").glob("*/")
+    store = RoundStore(directory / "round.sqlite")
+    documents = [store.get_result(f"thresholds/{i}") for i in range(3)]
+    models = [SgdModel.from_document(SignedDocument.from_json(d, max_bytes=len(d))) for d in documents if d is not None]
+    assert [m.iteration for m in models] == [0, 1, 2]
+    rule = SgdRule.of(manifest)
+    reports = [[r for p in manifest.median_partitions(i) for r in store.reports(manifest.median_survey(p))] for i in range(2)]
+    assert rule.replay(reports) == models and models[1] != models[0]
+    np.testing.assert_allclose(trace.report["sgd"]["coefficients"], averaged_model(models))
+    spec = FeatureSpec.from_dict(dict(manifest.features))
+    peer_store = PeerStore(trace.peer_store)
+    outcome = trace.peers[0]
+    row = peer_row(outcome.index, np.random.default_rng(_seeded(trace.config.seed, "data", outcome.index)))
+    vector = RoundPipeline.for_spec(spec).vector_of(Dataset((Event(row, None, 1),)))
+    # A peer that took part sees its one release in its ledger; a new peer is told what it would send.
+    spent = describe_release(trace.manifest, spec, vector, peer_store, outcome.key)
+    assert spent.cost == manifest.eps_total and "1 release(s), epsilon 4" in spent.text, spent.text
+    text, cost, _, _ = describe_release(trace.manifest, spec, vector, PeerStore(tmp_path / "new.sqlite"), b"\x01" * 32)
+    assert cost == manifest.eps_total == 4.0, text
+    assert "logistic regression" in text and "1 gradient report" in text and "epsilon 4" in text, text
+    assert "data packet" not in text and "median answer" not in text, text
+
+
+def test_the_sgd_demo_plans_a_round_round_new_accepts_with_one_step_per_partition() -> None:
+    from anonml.aggregator._spec import parse_round_spec
+    from anonml.demo._data import breast_cancer_data
+    from anonml.demo._schedule import SGD_STEPS, plan_round, round_spec
+    from test_demo_parts import costs
+
+    data = breast_cancer_data(0)
+    params = plan_round(data, 200, 4.0, 2, 0, costs(1.0), n_cores=2, task=TaskKind.SGD)
+    ensemble = plan_round(data, 200, 4.0, 2, 0, costs(1.0), n_cores=2)
+    # Nothing is sent in the data phase: its windows are the shortest the planner makes.
+    assert params.data_send_window < ensemble.data_send_window
+    relays = [{"node_id": bytes([i + 1]).hex() * 32, "host": "127.0.0.1", "port": 9000 + i, "public_key": bytes([0x40 + i]).hex() * 32,
+               "key_epoch": 1, "mirror_port": None, "beacon_key": None} for i in range(5)]
+    spec = parse_round_spec(round_spec(data, params, relays, 8080, 8081))
+    assert spec.task.kind == TaskKind.SGD and spec.schedule.median_rounds == SGD_STEPS == spec.learning.k_p
+    assert spec.learning.comparison_pool == 0
+
+
+def test_an_sgd_spec_needs_a_partition_per_step_and_no_pool() -> None:
+    from anonml.aggregator._spec import RoundSpecError, parse_round_spec
+    from test_aggregator import spec_document
+
+    document = spec_document()
+    document["task"]["kind"] = "sgd"
+    document["schedule"]["median_rounds"] = 2
+    assert parse_round_spec(document).schedule.median_rounds == 2  # categorical features only: the steps still run
+    document["schedule"]["median_rounds"] = 3
+    with pytest.raises(RoundSpecError) as info:
+        parse_round_spec(document)
+    assert info.value.field == "learning.k_p" and "3 steps" in str(info.value)

@@ -28,8 +28,9 @@ import click
 @click.option("--work-dir", type=click.Path(path_type=Path), default=None, help="Keep every process's files here (default: a new temporary directory).")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--json", "json_out", type=click.Path(path_type=Path), default=None, help="Also write the summary as JSON.")
-@click.option("--task", type=click.Choice(["ensemble", "statistics"]), default="ensemble", show_default=True,
-              help="What the round computes: the partition ensemble, or statistic answers (histograms, a count, means, medians) each with its error.")
+@click.option("--task", type=click.Choice(["ensemble", "statistics", "sgd"]), default="ensemble", show_default=True,
+              help="What the round computes: the partition ensemble, statistic answers (histograms, a count, means, medians) each with "
+                   "its error, or a logistic regression by Harmony's LDP gradient descent (sgd: one gradient per peer).")
 @click.option("--linger", type=click.FloatRange(0, 3600), default=0.0, help="Keep the aggregator's dashboard up this many seconds after the round.")
 def demo(peers: int | None, dataset: str, data_dir: Path | None, epsilon: float, workers: int, work_dir: Path | None, seed: int, json_out: Path | None, linger: float, task: str) -> None:
     """Run one complete round on loopback: 5 relays (paths of 3), the aggregator, N peers.
