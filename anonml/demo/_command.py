@@ -47,7 +47,7 @@ def demo(peers: int | None, dataset: str, data_dir: Path | None, epsilon: float,
     from anonml.demo._children import until_signalled
     from anonml.demo._data import adult_data, breast_cancer_data, write_experiment_files
     from anonml.demo._run import run_demo
-    from anonml.demo._summary import exit_code, experiment_command, print_summary
+    from anonml.demo._summary import exit_code, experiment_command, print_summary, sgd_experiment_command
     from anonml.protocol import TaskKind
 
     console = Console()
@@ -71,12 +71,17 @@ def demo(peers: int | None, dataset: str, data_dir: Path | None, epsilon: float,
         console.print(f"stopped by {signal.Signals(result).name}; every child process was stopped; files in {work}")
         raise SystemExit(128 + result)
     summary, params = result
-    # `anonml experiment` scores the ensemble's plan: a statistics round has no model to compare with it.
+    # `anonml experiment` scores the ensemble's plan and LDP SGD: a statistics round has no model to compare with them.
     if params.task == TaskKind.ENSEMBLE and dataset == "adult" and data_dir is not None:
         summary["experiment_command"] = experiment_command(params, ["adult", "--data-dir", str(data_dir)], len(data.train_rows))
     elif params.task == TaskKind.ENSEMBLE:
         dataset_args = write_experiment_files(data, data.train_rows[:n], work)
         summary["experiment_command"] = experiment_command(params, dataset_args, n)
+    elif params.task == TaskKind.SGD:
+        # The same learner, rows and ε without the network (its AUC is the round's yardstick).
+        dataset_args = (["adult", "--data-dir", str(data_dir)] if dataset == "adult" and data_dir is not None
+                        else write_experiment_files(data, data.train_rows[:n], work))
+        summary["experiment_command"] = sgd_experiment_command(params, dataset_args, len(data.train_rows) if dataset == "adult" else n)
     print_summary(console, summary, params)
     if json_out is not None:
         json_out.write_text(json.dumps(summary, indent=2, default=str))
