@@ -87,6 +87,8 @@ def learn(state: RoundState, directory: Path, *, test_file: Path | None = None) 
     if state.sgd is not None:
         report["sgd"] = _sgd_result(state, test_file)
         report["privacy"] = _sgd_privacy(state)
+        # Its surveys are its steps' (the data surveys hold nothing).
+        report["accepted_by_survey"] = {f"gradient step {i}": n for i, n in enumerate(report["sgd"]["reports_per_step"])}
     if histograms:
         ensemble = PartitionEnsemble(base=manifest.learner, combiner=manifest.vote, random_state=0).fit_histograms(histograms, n_bins=spec.n_bins)
         model = published_model(spec, cut_points, ensemble)

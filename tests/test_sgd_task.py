@@ -27,6 +27,7 @@ from anonml.protocol import (
     SurveyKind,
     TaskKind,
 )
+from anonml.aggregator._report import summarise
 from anonml.aggregator._store import RoundStore
 from anonml.peer import Dataset, Event, PeerStore, RoundPipeline, describe_release
 from anonml.simulate import RoundSetup, RoundTrace, SimulationConfig, simulate_round
@@ -190,6 +191,8 @@ def test_a_simulated_sgd_round_accepts_every_gradient_and_charges_each_peer_its_
     assert sum(sgd["reports_per_step"]) == len(trace.peers) and all(n > 0 for n in sgd["reports_per_step"])
     assert sgd["steps"] == 2 and len(sgd["coefficients"]) == 1 + 1 + 2
     assert trace.report["privacy"]["eps_gradient"] == 4.0 and trace.report["model"] is None
+    assert trace.report["accepted_by_survey"] == {"gradient step 0": sgd["reports_per_step"][0], "gradient step 1": sgd["reports_per_step"][1]}
+    assert any(line.startswith("LDP SGD logistic regression: 2 steps") for line in summarise(trace.report))
 
 
 def test_a_simulated_sgd_rounds_models_are_the_replayed_steps_and_the_consent_states_the_gradient(
