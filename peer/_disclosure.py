@@ -47,7 +47,7 @@ def _gradient_packet(manifest: RoundManifest) -> str:
         f"  - 1 gradient report (in your partition's step, sent between {_when(median[0].t_s)} and "
         f"{_when(median[-1].send_end)}): the gradient of the logistic loss of your record (every feature above and the "
         f"label) at the model the aggregator published for that step, each coordinate clipped to [-1, 1]; ONE coordinate, "
-        f"picked at random, is sent as one bit, 1 with a probability between {flip:.3f} and {1 - flip:.3f} that grows with "
+        f"picked at random, is sent as its index and one bit, 1 with a probability between {flip:.3f} and {1 - flip:.3f} that grows with "
         f"that coordinate (Harmony's 1-bit mechanism, epsilon {manifest.eps_total:g}: your whole budget for this round)"
     )
 
