@@ -254,3 +254,31 @@ def test_an_sgd_spec_needs_a_partition_per_step_and_no_pool() -> None:
     with pytest.raises(RoundSpecError) as info:
         parse_round_spec(document)
     assert info.value.field == "learning.k_p" and "3 steps" in str(info.value)
+
+
+def test_an_sgd_rounds_aggregator_takes_gradients_in_the_steps_and_refuses_data_surveys_and_bad_reports(tmp_path: Path) -> None:
+    from anonml.aggregator._round import SurveyRefused
+    from anonml.protocol import InvalidMessage, SurveyId, acceptance_window
+    from anonml.testing import SettableClock
+    from test_aggregator import T0 as AGGREGATOR_T0
+    from test_aggregator import make_round, spec_document
+
+    document = spec_document()
+    document["task"]["kind"] = "sgd"
+    document["schedule"]["median_rounds"] = 2
+    clock = SettableClock(AGGREGATOR_T0)
+    state, _ = make_round(tmp_path, clock, document)
+    manifest = state.manifest
+    assert state.sgd is not None and manifest.eps_total == manifest.eps_median == manifest.eps_data == 2.0
+    survey = manifest.median_survey(1)
+    state.check_report(survey, state.sgd.mechanism.encode_report(np.asarray([3, 1])))
+    with pytest.raises(InvalidMessage, match="gradient report"):
+        state.check_report(survey, bytes([2 * state.sgd.encoding.dimension]))  # a coordinate past d
+    assert state.check_survey(survey, acceptance_window(manifest.schedule, survey)[0]) == 1
+    data_survey = SurveyId.data(state.round_id, 0, 0)
+    with pytest.raises(SurveyRefused, match="unknown-survey"):
+        state.check_survey(data_survey, acceptance_window(manifest.schedule, data_survey)[0])
+    # Step 0's model is published before anything is sent, and stays the same when asked again.
+    first = state.publish_thresholds(0)
+    assert first == state.sgd.initial_model() == state.publish_thresholds(0) == state.sgd_model(0)
+    assert state.phase_surveys(manifest.schedule.data) == {}
