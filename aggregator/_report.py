@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -22,6 +22,9 @@ from anonml.aggregator._dashboard import dashboard_data, render_page
 from anonml.aggregator._round import RoundState
 from anonml.mechanisms import PostprocessMethod, per_attribute_epsilon, releases_from, shuffle_central_privacy
 from anonml.protocol import SurveyId, TaskKind, release_roles
+
+if TYPE_CHECKING:
+    from anonml.learning import Table
 
 REPORT_JSON = "report.json"
 REPORT_HTML = "report.html"
@@ -82,6 +85,11 @@ def learn(state: RoundState, directory: Path, *, test_file: Path | None = None) 
     }
     if statistics:
         report["statistics"] = round_statistics(spec, cells, cut_points)
+    if state.sgd is not None:
+        report["sgd"] = _sgd_result(state, test_file)
+        report["privacy"] = _sgd_privacy(state)
+        # Its surveys are its steps' (the data surveys hold nothing).
+        report["accepted_by_survey"] = {f"gradient step {i}": n for i, n in enumerate(report["sgd"]["reports_per_step"])}
     if histograms:
         ensemble = PartitionEnsemble(base=manifest.learner, combiner=manifest.vote, random_state=0).fit_histograms(histograms, n_bins=spec.n_bins)
         model = published_model(spec, cut_points, ensemble)
@@ -129,18 +137,61 @@ def _privacy(state: RoundState) -> dict[str, Any]:
     }
 
 
-def _utility(state: RoundState, model: Any, test_file: Path) -> dict[str, Any]:
-    """AUC of the published model on a labelled held-out file: CSV with a header, or UCI Adult's format."""
+def _test_table(state: RoundState, test_file: Path) -> Table:
+    """A labelled held-out file: CSV with a header, or UCI Adult's format."""
+    from anonml.learning import read_adult_file, read_csv_table
+
+    return read_csv_table(test_file, state.spec) if test_file.suffix == ".csv" else read_adult_file(test_file)
+
+
+def _scored(test_file: Path, labels: np.ndarray, scores: np.ndarray) -> dict[str, Any]:
     from sklearn.metrics import roc_auc_score
 
-    from anonml.learning import read_adult_file, read_csv_table, table_matrix
-
-    table = read_csv_table(test_file, state.spec) if test_file.suffix == ".csv" else read_adult_file(test_file)
-    labels = state.spec.label.encode(table.labels)
-    scores = model.decision_function(table_matrix(state.spec, table))
     return {
         "test_file": str(test_file), "rows": int(labels.shape[0]), "auc": float(roc_auc_score(labels, scores)),
         "roc": roc_points(labels, scores),
+    }
+
+
+def _utility(state: RoundState, model: Any, test_file: Path) -> dict[str, Any]:
+    """AUC of the published model on a labelled held-out file."""
+    from anonml.learning import table_matrix
+
+    table = _test_table(state, test_file)
+    return _scored(test_file, state.spec.label.encode(table.labels), model.decision_function(table_matrix(state.spec, table)))
+
+
+def _sgd_result(state: RoundState, test_file: Path | None) -> dict[str, Any]:
+    """An SGD round's model: every published step's, the mean of the second half of them, and its AUC."""
+    from anonml.learning import averaged_model
+
+    assert state.sgd is not None
+    steps = state.manifest.median_rounds
+    models = [state.publish_sgd_model(i) for i in range(steps + 1)]
+    published = [model for model in models if model is not None]
+    coefficients = averaged_model(published)
+    result: dict[str, Any] = {
+        "loss": "logistic", "mechanism": "Harmony's 1-bit gradient, one coordinate sampled (OneBitMean)",
+        "steps": steps, "dimension": state.sgd.encoding.dimension, "learning_rate": state.sgd.learning_rate,
+        "regularization": state.sgd.regularization,
+        "reports_per_step": [len(state.iteration_reports(i)) for i in range(steps)],
+        "coefficients": [float(c) for c in coefficients],
+        "utility": None,
+    }
+    if test_file is not None:
+        table = _test_table(state, test_file)
+        result["utility"] = _scored(test_file, state.spec.label.encode(table.labels), state.sgd.encoding.transform(table) @ coefficients)
+    return result
+
+
+def _sgd_privacy(state: RoundState) -> dict[str, Any]:
+    """An SGD round's privacy: each data peer's one gradient release, at the whole ε_T."""
+    return {
+        "eps_total_local": state.manifest.eps_total,
+        "eps_total_meaning": "record-level: each peer releases one perturbed gradient of its record (every feature "
+                             "and the label) at the whole epsilon, in its partition's one step",
+        "eps_gradient": state.manifest.eps_total,
+        "central_per_survey": None,
     }
 
 
@@ -202,6 +253,11 @@ def summarise(report: dict[str, Any]) -> list[str]:
         )
     for answer in report.get("statistics") or ():
         lines.append(f"statistic: {describe_answer(answer)}")
+    if report.get("sgd"):
+        sgd = report["sgd"]
+        lines.append(f"LDP SGD logistic regression: {sgd['steps']} steps, reports per step {sgd['reports_per_step']}")
+        if sgd.get("utility"):
+            lines.append(f"utility: AUC {sgd['utility']['auc']:.4f} on {sgd['utility']['rows']} held-out rows")
     if report.get("utility"):
         lines.append(f"utility: AUC {report['utility']['auc']:.4f} on {report['utility']['rows']} held-out rows")
     if report.get("reason"):

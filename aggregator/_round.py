@@ -33,6 +33,7 @@ from anonml.crypto import (
     issue_credentials,
 )
 from anonml.base.errors import AnonMLError
+from anonml.learning import SgdRule
 from anonml.mechanisms import FrequencyOracle, QuantileSearch
 from anonml.protocol import (
     Check,
@@ -54,10 +55,12 @@ from anonml.protocol import (
     RoundManifest,
     RoundPhase,
     RoundStatus,
+    SgdModel,
     SignedDocument,
     SignedManifest,
     SurveyId,
     SurveyKind,
+    TaskKind,
     TreeHead,
     acceptance_window,
     decode_median_report,
@@ -147,6 +150,8 @@ class RoundState:
         self.numeric_features = tuple(f for f in self.spec.features if isinstance(f, NumericFeature))
         self.cut_point_counts = [feature.quantiles for feature in self.numeric_features]
         """Each numeric feature's number of cut points, in the order of ``self.numeric`` (what a median answer may name)."""
+        self.sgd = SgdRule.of(self.manifest) if self.manifest.task_kind == TaskKind.SGD else None
+        """An SGD round's rule (its median sub-rounds are gradient steps, ``learning._round_sgd``), else None."""
         self._manifest_json = signed.to_json()
         self.roster_final = False
         """Set when registration has closed and every admitted registration is stored."""
@@ -435,9 +440,10 @@ class RoundState:
             raise SurveyRefused("unknown-survey")
         if survey.kind == SurveyKind.MEDIAN:
             # Each partition that answers does so in exactly one sub-round (its own, by the manifest's rule).
-            if not self.numeric or not m.answers_median(survey.partition) or survey != m.median_survey(survey.partition):
+            if not (self.numeric or self.sgd) or not m.answers_median(survey.partition) or survey != m.median_survey(survey.partition):
                 raise SurveyRefused("unknown-survey")
-        elif survey.partition >= m.k_p or survey.subset >= m.k_h:
+        elif survey.partition >= m.k_p or survey.subset >= m.k_h or self.sgd is not None:
+            # An SGD round's one report per peer is its gradient, in its step's sub-round: it has no data survey.
             raise SurveyRefused("unknown-survey")
         start, end = acceptance_window(m.schedule, survey)
         # Delivery happens in (t_s + δ, t_r): at t_r the phase's results are
@@ -452,10 +458,17 @@ class RoundState:
 
     def check_report(self, survey: SurveyId, report: bytes) -> None:
         """Raise InvalidMessage unless ``report`` is a well-formed answer to ``survey``."""
+        from anonml.mechanisms import InvalidReport
+
+        if survey.kind == SurveyKind.MEDIAN and self.sgd is not None:
+            try:
+                self.sgd.mechanism.decode_reports([report])
+            except (InvalidReport, ValueError) as exc:
+                raise InvalidMessage(f"bad gradient report for {survey}: {exc}") from None
+            return
         if survey.kind == SurveyKind.MEDIAN:
             self.median_answers(report)
             return
-        from anonml.mechanisms import InvalidReport
 
         try:
             self.data_oracle(survey.partition, survey.subset).decode_reports([report])
@@ -500,9 +513,13 @@ class RoundState:
                     search.update(mine[:, 2], mine[:, 1])
         return searches
 
-    def publish_thresholds(self, sub_round: int) -> MedianThresholds | None:
+    def publish_thresholds(self, sub_round: int) -> MedianThresholds | SgdModel | None:
         """Compute and store the thresholds of ``sub_round`` (once; the driver calls it when
-        sub-round ``i-1``'s delivery window has closed and its batches are stored)."""
+        sub-round ``i-1``'s delivery window has closed and its batches are stored).
+
+        In an SGD round, the model of step ``sub_round`` instead (:meth:`publish_sgd_model`)."""
+        if self.sgd is not None:
+            return self.publish_sgd_model(sub_round)
         if not 0 <= sub_round < self.manifest.median_rounds or not self.numeric:
             return None
         key = f"thresholds/{sub_round}"
@@ -520,6 +537,27 @@ class RoundState:
         """The published thresholds of ``sub_round``, or None before they are published."""
         stored = self.thresholds_json(sub_round)
         return None if stored is None else MedianThresholds.from_document(SignedDocument.from_json(stored, max_bytes=len(stored)))
+
+    def iteration_reports(self, iteration: int) -> list[bytes]:
+        """The gradient reports accepted in SGD step ``iteration``: those of the partitions that answer its sub-round."""
+        return [report for partition in self.manifest.median_partitions(iteration)
+                for report in self.store.reports(self.manifest.median_survey(partition))]
+
+    def publish_sgd_model(self, iteration: int) -> SgdModel | None:
+        """Store the signed model of ``iteration`` (once), replayed from the stored reports of every earlier step,
+        so a restarted aggregator publishes the same; iteration ``median_rounds`` is the model after the last step."""
+        if self.sgd is None or not 0 <= iteration <= self.manifest.median_rounds:
+            return None
+        key = f"thresholds/{iteration}"
+        if self.store.get_result(key) is None:
+            model = self.sgd.replay([self.iteration_reports(i) for i in range(iteration)])[-1]
+            self.store.put_result(key, model.sign(self.secrets.signing_key, self.round_id).to_json())
+        return self.sgd_model(iteration)
+
+    def sgd_model(self, iteration: int) -> SgdModel | None:
+        """The published model of SGD step ``iteration``, or None before it is published."""
+        stored = self.thresholds_json(iteration)
+        return None if stored is None else SgdModel.from_document(SignedDocument.from_json(stored, max_bytes=len(stored)))
 
     def publish_medians(self) -> MedianResults:
         """Compute and store the final cut points (once; after the last sub-round's batches are stored).
@@ -548,6 +586,8 @@ class RoundState:
     def phase_surveys(self, phase: PhaseTimes) -> dict[tuple[SurveyKind, int], list[SurveyId]]:
         """The surveys of one phase, grouped as peers fetch them: ``(kind, partition)`` → surveys."""
         schedule = self.manifest.schedule
+        if phase is schedule.data and self.sgd is not None:
+            return {}
         if phase is schedule.data:
             return {
                 (SurveyKind.DATA, partition): [SurveyId.data(self.round_id, partition, i) for i in range(len(subsets))]

@@ -534,7 +534,7 @@ async def drive_round(
             state.rebuild_log_snapshots()
     minimum, on_shortfall = state.shortfall_rule()
     for index, phase in enumerate(schedule.phases):
-        if phase is schedule.data:
+        if phase is schedule.data and state.sgd is None:
             state.publish_medians()
         for check in Check:
             await _settle(state, phase.check_time(check))
@@ -546,7 +546,7 @@ async def drive_round(
             log.warning("round %s failed: %s", state.round_id.hex()[:12], reason)
             state.finish(RoundPhase.FAILED, {"reason": reason, "shortfall": short, "counts": state.store.counts()})
             return RoundPhase.FAILED
-        # Publish the next sub-round's thresholds now (thesis Algorithm 1's next step).
+        # Publish the next sub-round's thresholds now (thesis Algorithm 1's next step), or an SGD round's next model.
         state.publish_thresholds(index + 1)
     # Decided before learning, which writes it into the report (state.ending()).
     ending = state.ending()

@@ -22,6 +22,7 @@ from anonml.protocol import (
     RoundManifest,
     RoundSchedule,
     SignedManifest,
+    TaskKind,
     seed_commitment,
     worst_case_releases,
 )
@@ -92,14 +93,16 @@ def create_round(
     plan = release_plan(spec, seed)
     features, learning, network, participation = spec.task.features, spec.learning, spec.network, spec.participation
     geometry = SphinxGeometry.create(max_hops=network.max_hops, packet_size=network.packet_size)
+    eps_median, eps_data = plan.median_epsilon, plan.release_epsilon
+    eps_total = worst_case_epsilon(features, learning.k_h, learning.k_s, eps_median, eps_data, spec.schedule.median_rounds,
+                                   plan.comparison_pool > 0)
+    if spec.task.kind == TaskKind.SGD:
+        # One release per peer, its gradient, at the whole budget (learning.SgdRule reads eps_total).
+        eps_median = eps_data = eps_total = spec.privacy.eps_total
     manifest = RoundManifest(
         name=spec.name, label=features.label.name, features=features.to_dict(), k_p=learning.k_p, k_h=learning.k_h,
-        k_s=learning.k_s, plan=learning.plan, learner=learning.learner, vote=learning.vote, eps_median=plan.median_epsilon,
-        eps_data=plan.release_epsilon, oracle=spec.privacy.oracle,
-        eps_total=worst_case_epsilon(
-            features, learning.k_h, learning.k_s, plan.median_epsilon, plan.release_epsilon, spec.schedule.median_rounds,
-            plan.comparison_pool > 0,
-        ),
+        k_s=learning.k_s, plan=learning.plan, learner=learning.learner, vote=learning.vote, eps_median=eps_median,
+        eps_data=eps_data, oracle=spec.privacy.oracle, eps_total=eps_total,
         schedule=build_schedule(spec, now), relays=network.relays,
         aggregator_hop=AggregatorHop(node_id_of(final_public), network.sink_host, network.sink_port, final_public),
         aggregator_url=f"http://{network.http_host}:{network.http_port}", path_length=network.path_length,

@@ -142,7 +142,10 @@ def parse_round_spec(
     privacy = PrivacyTable.read(reader.child("privacy"), pooled=bool(learning.comparison_pool))
     if task.kind == TaskKind.STATISTICS:
         _check_statistics(reader, learning, privacy)
-    schedule = ScheduleTable.read(reader.child("schedule"), numeric=numeric)
+    # An SGD round's median sub-rounds are its gradient steps, numeric features or not.
+    schedule = ScheduleTable.read(reader.child("schedule"), numeric=numeric or task.kind == TaskKind.SGD)
+    if task.kind == TaskKind.SGD:
+        _check_sgd(reader, learning, schedule)
     network = NetworkTable.read(reader.child("network"), base_dir)
     for key, delivery in schedule.deliveries().items():
         if hop_slice(delivery, network.path_length) < 1:
@@ -173,6 +176,16 @@ def _check_statistics(reader: FieldReader, learning: LearningTable, privacy: Pri
     if privacy.oracle not in STATISTICS_ORACLES:
         reader.fail_at("privacy.oracle", f"a statistics task needs a unary encoding ({', '.join(STATISTICS_ORACLES)}), "
                                          f"whose cells are perturbed independently; got {privacy.oracle!r}")
+
+
+def _check_sgd(reader: FieldReader, learning: LearningTable, schedule: ScheduleTable) -> None:
+    """An SGD task: the median sub-rounds are the gradient steps, each taken by the partitions that answer it,
+    so every partition must answer one (no comparison pool) and every step needs a partition."""
+    if learning.comparison_pool:
+        reader.fail_at("learning.comparison_pool", "an SGD task deals every partition one gradient step: set it to 0")
+    if learning.k_p < schedule.median_rounds:
+        reader.fail_at("learning.k_p", f"an SGD task needs a partition for each of its {schedule.median_rounds} steps "
+                                       f"(schedule.median_rounds), got k_p = {learning.k_p}")
 
 
 def _planned(reader: FieldReader, spec: RoundSpec, planner: RoundPlanner) -> RoundSpec:

@@ -65,6 +65,7 @@ if TYPE_CHECKING:
         round_candidates,
         synthetic_table,
     )
+    from anonml.learning._round_sgd import SGD_LEARNING_RATE, SgdRule, averaged_model, sgd_encoding, sgd_iteration
     from anonml.learning._round_statistics import SurveyCells, describe_answer, round_statistics, survey_cells
     from anonml.learning._statistics import (
         StatisticAnswer,
@@ -150,6 +151,11 @@ __all__ = [
     "read_csv_table",
     "round_candidates",
     "round_statistics",
+    "SGD_LEARNING_RATE",
+    "SgdRule",
+    "averaged_model",
+    "sgd_encoding",
+    "sgd_iteration",
     "run_comparison",
     "run_trial",
     "split_table",

@@ -19,6 +19,7 @@ without noise.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -119,6 +120,19 @@ class LinearEncoding:
             columns.append(block)
         return np.hstack(columns)
 
+    def record(self, features: Mapping[str, float | str]) -> FloatArray:
+        """One record's vector (length ``dimension``), as :meth:`transform` maps a row: what a peer computes
+        from its own features alone."""
+        missing = [f.name for f in self.spec.features if f.name not in features]
+        if missing:
+            raise ValueError(f"the record lacks the features {missing!r}")
+        columns: dict[str, npt.NDArray[np.generic]] = {
+            f.name: np.asarray([features[f.name]], dtype=np.float64 if isinstance(f, NumericFeature) else np.str_)
+            for f in self.spec.features
+        }
+        row: FloatArray = self.transform(Table(columns, np.asarray([""], dtype=np.str_)))[0]
+        return row
+
     def signed_labels(self, table: Table) -> FloatArray:
         """The label as -1 / +1 (Harmony's y for logistic regression and SVM)."""
         signed: FloatArray = 2.0 * self.spec.label.encode(table.labels).astype(np.float64) - 1.0
@@ -145,6 +159,23 @@ def harmony_group_size(n: int, d: int, epsilon: float) -> int:
     (at least 1; at most n: a single step)."""
     wanted = max(2 * d * math.log(max(d, 2)) / epsilon**2, n / 1000)
     return int(min(n, max(1, math.ceil(wanted))))
+
+
+def clipped_gradients(loss: Loss | str, beta: FloatArray, X: FloatArray, y: FloatArray) -> FloatArray:
+    """Each row's gradient clipped to ``[-1, 1]^d`` (Algorithm 4, lines 8-9): the input the 1-bit mechanism
+    is ε-LDP for."""
+    clipped: FloatArray = np.clip(loss_gradients(loss, beta, X, y), -1.0, 1.0)
+    return clipped
+
+
+def harmony_step(beta: FloatArray, noisy_mean: FloatArray, step: int, learning_rate: float, regularization: float) -> FloatArray:
+    """Step ``step`` (from 1) of Algorithm 4: ``β - γ0 / sqrt(step) · (ḡ + λβ)``, where ``ḡ`` is the group's
+    estimated mean gradient; the regulariser's gradient ``λβ`` depends only on the public model, so it is
+    added without noise."""
+    if step < 1:
+        raise ValueError(f"step counts from 1, got {step!r}")
+    stepped: FloatArray = beta - learning_rate / math.sqrt(step) * (noisy_mean + regularization * beta)
+    return stepped
 
 
 class LDPGradientDescent:
@@ -202,11 +233,11 @@ class LDPGradientDescent:
         beta = np.zeros(d)
         tail_sum, tail_count = np.zeros(d), 0
         for k, group in enumerate(groups, start=1):
-            gradients = np.clip(loss_gradients(self.loss, beta, matrix[group], target[group]), -1.0, 1.0)
+            gradients = clipped_gradients(self.loss, beta, matrix[group], target[group])
             for peer in group.tolist():
                 ledgers[peer].record(release)
             noisy_mean = mechanism.estimate(mechanism.privatize(gradients, rng))
-            beta = beta - self.learning_rate / math.sqrt(k) * (noisy_mean + self.regularization * beta)
+            beta = harmony_step(beta, noisy_mean, k, self.learning_rate, self.regularization)
             if 2 * k > steps:
                 tail_sum += beta
                 tail_count += 1

@@ -39,6 +39,19 @@ def _binning(spec: FeatureSpec, name: str) -> str:
     return f"which of {feature.n_bins} groups ({', '.join(feature.bin_names)})"
 
 
+def _gradient_packet(manifest: RoundManifest) -> str:
+    """An SGD round's one release (``learning.SgdRule.gradient_report``), in words."""
+    median = manifest.schedule.median
+    flip = 1 / (1 + math.exp(manifest.eps_total))
+    return (
+        f"  - 1 gradient report (in your partition's step, sent between {_when(median[0].t_s)} and "
+        f"{_when(median[-1].send_end)}): the gradient of the logistic loss of your record (every feature above and the "
+        f"label) at the model the aggregator published for that step, each coordinate clipped to [-1, 1]; ONE coordinate, "
+        f"picked at random, is sent as its index and one bit, 1 with a probability between {flip:.3f} and {1 - flip:.3f} that grows with "
+        f"that coordinate (Harmony's 1-bit mechanism, epsilon {manifest.eps_total:g}: your whole budget for this round)"
+    )
+
+
 def _data_packets(manifest: RoundManifest, count: int) -> str:
     schedule = manifest.schedule
     return (
@@ -104,6 +117,9 @@ def _label_words(spec: FeatureSpec, label: int, value: FieldValue | None) -> str
 
 def _task_words(manifest: RoundManifest) -> str:
     """What the round computes from everyone's perturbed reports (its signed ``task_kind``)."""
+    if manifest.task_kind == TaskKind.SGD:
+        return (f"a logistic regression predicting {manifest.label!r}, trained by local-DP gradient descent over "
+                f"{manifest.median_rounds} steps (each peer takes part in one)")
     if manifest.task_kind == TaskKind.STATISTICS:
         return (f"statistics: every feature's histogram, the count of positive {manifest.label!r} and each numeric "
                 "feature's mean and median, each published with its error (no model)")
@@ -135,8 +151,10 @@ def describe_release(signed: SignedManifest, spec: FeatureSpec, vector: FeatureV
         "",
         "Computed on this machine from your file (the file itself never leaves it):",
     ]
+    sgd = manifest.task_kind == TaskKind.SGD
     for name in spec.names:
-        lines.append(f"  - {name} = {_value_words(spec, name, vector.features[name])}, shared only as {_binning(spec, name)}")
+        shared = "used only inside your one perturbed gradient (below)" if sgd else f"shared only as {_binning(spec, name)}"
+        lines.append(f"  - {name} = {_value_words(spec, name, vector.features[name])}, {shared}")
     lines += ["", "What leaves this machine, each as one fixed-size packet "
               f"({geometry.packet_size} bytes) through {manifest.path_length} relays, unlinkable to you:"]
     if ledger.releases():
@@ -159,7 +177,9 @@ def describe_release(signed: SignedManifest, spec: FeatureSpec, vector: FeatureV
             f"threshold of one of them, picked at random), each flipped with "
             f"probability {flip:.3f} (random response, epsilon {manifest.eps_median:g} per bit)"
         )
-    if subsets and not either_kind:
+    if sgd and subsets:
+        lines.append(_gradient_packet(manifest))
+    elif subsets and not either_kind:
         lines.append(_data_packets(manifest, len(subsets)))
     lines += [
         "",

@@ -43,6 +43,7 @@ from anonml.crypto import (
     begin_issuance,
     finish_issuance,
 )
+from anonml.learning import SgdRule
 from anonml.mechanisms import BudgetExceeded, answer_is_greater
 from anonml.peer._events import MISSING_REASONS, MessageOutcome, PeerEvent, RefusalReason
 from anonml.peer._client import AggregatorError, answer_by
@@ -79,6 +80,7 @@ from anonml.protocol import (
     SignedManifest,
     SurveyId,
     SurveyKind,
+    TaskKind,
     PeerReleases,
     PeerRole,
     costliest,
@@ -164,7 +166,12 @@ def _ignore(_: PeerEvent) -> None:
 
 
 def release_roles_of(manifest: RoundManifest, spec: FeatureSpec) -> dict[PeerRole, PeerReleases]:
-    """:func:`protocol.release_roles` with this manifest's parameters: what each kind of peer of the round releases."""
+    """:func:`protocol.release_roles` with this manifest's parameters: what each kind of peer of the round releases.
+
+    In an SGD round every peer makes one release, its gradient, which is about every feature and the label,
+    at the whole ε_T (``learning.SgdRule``)."""
+    if manifest.task_kind == TaskKind.SGD:
+        return {PeerRole.DATA: ({}, [(spec.names, manifest.eps_total)])}
     return release_roles(
         spec, k_h=manifest.k_h, k_s=manifest.k_s, eps_median=manifest.eps_median,
         eps_data=manifest.eps_data, median_rounds=manifest.median_rounds, comparison_pool=bool(manifest.comparison_pool),
@@ -394,7 +401,9 @@ class PeerRound:
         with the message, before anything is sent (``PeerStore.record_spend``)."""
         assert self.credential is not None
         sealed = seal_report(self.issuer_key, self.credential, survey, report, self.geometry.message_size)
-        if survey.kind == SurveyKind.MEDIAN:
+        if self.manifest.task_kind == TaskKind.SGD:
+            self.ledger.spend_gradient(survey, features, self.manifest.eps_total, sealed=sealed)
+        elif survey.kind == SurveyKind.MEDIAN:
             self.ledger.spend_median(survey, features, self.manifest.eps_median, sealed=sealed)
         else:
             self.ledger.spend_subset(survey, features, self.manifest.eps_data, sealed=sealed)
@@ -605,6 +614,26 @@ class PeerRound:
         async with self.session.slots:
             return [self.prepare(survey, report, features, phase)]
 
+    async def answer_gradient(self, partition: int) -> list[_Outgoing]:
+        """An SGD round's one report: the perturbed gradient of this peer's record at the model published for
+        its partition's step (``learning.SgdRule.gradient_report``), sent in that step's sub-round."""
+        survey = self.manifest.median_survey(partition)
+        phase = self.manifest.schedule.median[survey.sub_round]
+        resumed = self.stored_outgoing(survey, phase)
+        if resumed is not None:
+            return [resumed]
+        model = await self.by_deadline(phase.send_end - _MARGIN, lambda: self.session.sgd_model(self.manifest, survey.sub_round))
+        if model is None:
+            # Not in hand by the end of the send window: nothing is spent, and covers go where the gradient would have.
+            return [self.without_report(survey, phase, PeerEvent.MEDIAN_MISSED)]
+        rule = SgdRule.of(self.manifest)
+        if len(model.coefficients) != rule.encoding.dimension:
+            raise JoinRefused(RefusalReason.BAD_THRESHOLDS, f"the model of SGD step {survey.sub_round} has {len(model.coefficients)} "
+                              f"coefficients; the round's feature spec encodes {rule.encoding.dimension}")
+        report = rule.gradient_report(model, self.peer.vector.features, self.peer.vector.label, self.peer.rng)
+        async with self.session.slots:
+            return [self.prepare(survey, report, self.spec.names, phase)]
+
     async def seal_subsets(self, partition: int, subsets: Sequence[tuple[str, ...]]) -> list[_Outgoing]:
         """One sealed report per subset (or what a resumed peer sealed before); none for a pool peer."""
         if not subsets:
@@ -678,14 +707,18 @@ async def join_round(
     partition, _, my_subsets = await run.partition()
     run.credential = await run.obtain_credential(partition)
 
+    sgd = run.manifest.task_kind == TaskKind.SGD
+
     async def median_phase() -> None:
-        await run.phase(SurveyKind.MEDIAN, partition, await run.answer_median(partition))
+        # An SGD round's median sub-rounds are its gradient steps; it sends nothing in the data phase.
+        outgoing = await (run.answer_gradient(partition) if sgd else run.answer_median(partition))
+        await run.phase(SurveyKind.MEDIAN, partition, outgoing)
 
     try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(median_phase)
             await run.recheck_manifest("data")
-            data_out = await run.seal_subsets(partition, my_subsets)
+            data_out = await run.seal_subsets(partition, () if sgd else my_subsets)
             await run.phase(SurveyKind.DATA, partition, data_out)
     except* JoinRefused as refused:
         # Either phase may refuse (an equivocation found in its log): the peer stops, and says why.

@@ -99,6 +99,14 @@ class PeerLedger:
         """Record one subset release (these features and the label) at ``epsilon``, with ``sealed``, the message carrying it."""
         self._spend(Spend(survey.to_bytes(), tuple(features), True, epsilon), sealed)
 
+    def spend_gradient(self, survey: SurveyId, features: Sequence[str], epsilon: float, *, sealed: SealedReport | None = None) -> None:
+        """Record an SGD round's one gradient report at ``epsilon``, with ``sealed``, the message carrying it.
+
+        A gradient of a linear model at the peer's record reveals, at most, every feature it is computed
+        from and the label: it is stored as one release of those features and the label, which is what
+        the record-level sum counts (one release at ``epsilon``)."""
+        self._spend(Spend(survey.to_bytes(), tuple(features), True, epsilon), sealed)
+
     def _spend(self, spend: Spend, sealed: SealedReport | None) -> None:
         """Check, then store the release with its message (one transaction, before anything is sent), then hold it in memory."""
         releases = spend.releases()

@@ -39,6 +39,7 @@ from anonml.protocol import (
     RosterHead,
     RosterResponse,
     RoundManifest,
+    SgdModel,
     SignedDocument,
     SignedManifest,
     SurveyId,
@@ -329,19 +330,31 @@ class RoundSession:
             raise JoinRefused("bad-signature", f"{what}: {exc}") from None
         return document
 
-    async def thresholds(self, manifest: RoundManifest, sub_round: int) -> MedianThresholds:
+    async def _sub_round_document(self, manifest: RoundManifest, sub_round: int, kind: DocumentKind) -> SignedDocument:
+        """The signed document of median sub-round ``sub_round`` (thresholds, or an SGD round's model), confirmed
+        by the mirrors before its send window closes."""
         phase = manifest.schedule.median[sub_round]
         if sub_round:
             # Published once the previous sub-round has ended: polling before then only asks in vain,
             # and a poll backed off by then would reach the document seconds late.
             await sleep_until_wall(manifest.schedule.median[sub_round - 1].t_r, self.now)
         document = await self._signed(("median", sub_round), manifest, lambda: self.client.median(sub_round), phase.send_end,
-                                      f"median sub-round {sub_round}", DocumentKind.THRESHOLDS)
-        thresholds = MedianThresholds.from_document(document)
+                                      f"median sub-round {sub_round}", kind)
+        await self._confirm(manifest, document, f"median/{sub_round}", kind, phase.send_end - _MARGIN)
+        return document
+
+    async def thresholds(self, manifest: RoundManifest, sub_round: int) -> MedianThresholds:
+        thresholds = MedianThresholds.from_document(await self._sub_round_document(manifest, sub_round, DocumentKind.THRESHOLDS))
         if thresholds.sub_round != sub_round:
             raise JoinRefused("bad-thresholds", f"asked for median sub-round {sub_round}, the aggregator sent sub-round {thresholds.sub_round}")
-        await self._confirm(manifest, document, f"median/{sub_round}", DocumentKind.THRESHOLDS, phase.send_end - _MARGIN)
         return thresholds
+
+    async def sgd_model(self, manifest: RoundManifest, iteration: int) -> SgdModel:
+        """The signed model an SGD round's peers of step ``iteration`` compute their gradient at."""
+        model = SgdModel.from_document(await self._sub_round_document(manifest, iteration, DocumentKind.SGD_MODEL))
+        if model.iteration != iteration:
+            raise JoinRefused("bad-thresholds", f"asked for the model of SGD step {iteration}, the aggregator sent step {model.iteration}")
+        return model
 
     async def medians(self, manifest: RoundManifest) -> MedianResults:
         if manifest.schedule.median:

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
         row_keys,
         worst_case_releases,
     )
+    from anonml.protocol._sgd import MAX_SGD_DIMENSION, InvalidSgdModel, SgdModel
     from anonml.protocol._vocabulary import (
         DEFAULT_COMPARISON_POOL,
         DEFAULT_MEDIAN_STEPS,
@@ -185,6 +186,9 @@ __all__ = [
     "PeerRole",
     "PlanKind",
     "TaskKind",
+    "MAX_SGD_DIMENSION",
+    "InvalidSgdModel",
+    "SgdModel",
     "decode_cells",
     "encode_cells",
     "CategoricalFeature",

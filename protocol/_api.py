@@ -403,7 +403,8 @@ class CredentialResponse:
         return response
 
 
-def _finite(reader: FieldReader, value: object, field: str) -> float:
+def finite_number(reader: FieldReader, value: object, field: str) -> float:
+    """``value`` as a float, or the reader's error at ``field`` (a full path) unless it is a finite number."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         reader.fail_at(field, f"expected a finite number, got {value!r}")
     return float(value)
@@ -457,7 +458,7 @@ def _cut_point_values(reader: FieldReader, value: object, field: str) -> tuple[f
     path = reader.name(field)
     if not isinstance(value, list) or not 1 <= len(value) <= MAX_QUANTILES:
         reader.fail_at(path, f"expected a list of 1 to {MAX_QUANTILES} numbers, got {value!r:.80}")
-    return tuple(_finite(reader, item, f"{path}[{index}]") for index, item in enumerate(value))
+    return tuple(finite_number(reader, item, f"{path}[{index}]") for index, item in enumerate(value))
 
 
 def _survey(reader: FieldReader, raw: bytes, field: str) -> SurveyId:

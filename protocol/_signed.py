@@ -40,6 +40,7 @@ class DocumentKind(enum.StrEnum):
     ROSTER_HEAD = "roster-head"
     THRESHOLDS = "thresholds"
     MEDIANS = "medians"
+    SGD_MODEL = "sgd-model"
     TREE_HEAD = "tree-head"
     STATUS = "status"
     REPORT = "report"

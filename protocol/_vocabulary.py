@@ -42,14 +42,18 @@ class Combiner(StrEnum):
 class TaskKind(StrEnum):
     """What a round computes from its reports (``[task] kind``, signed in the manifest).
 
-    Both run through the same surveys, relays, tokens and receipt logs: every
-    data peer sends its plan's subset reports (feature bins and the label).
+    Every kind runs through the same surveys, relays, tokens and receipt logs. In the ensemble and statistics
+    rounds every data peer sends its plan's subset reports (feature bins and the label); in an SGD round it
+    sends one perturbed gradient instead.
     """
 
     ENSEMBLE = "ensemble"
     """The partition ensemble (the default): a classifier fitted to the partitions' histograms."""
     STATISTICS = "statistics"
     """Statistic answers (histogram, count, mean, quantile) from one-feature reports, each beside its error formula."""
+    SGD = "sgd"
+    """Harmony's LDP gradient descent for logistic regression: each data peer sends one perturbed gradient, in the
+    one iteration its partition is dealt (``learning.sgd_iteration``), against the model published for it."""
 
 
 PLAN_KINDS = tuple(PlanKind)

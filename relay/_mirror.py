@@ -70,6 +70,7 @@ from anonml.protocol import (
     SignedDocument,
     SignedManifest,
     SurveyId,
+    TaskKind,
     TreeHead,
     canonical_json,
 )
@@ -147,9 +148,12 @@ class MirroredAggregator:
         ends (sub-round 0's from the start), the medians when the last one ends."""
         assert self.manifest is not None
         median = self.manifest.manifest.schedule.median
-        slots = {f"median/{i}": (PATH_MEDIAN.format(i=i), DocumentKind.THRESHOLDS)
+        # An SGD round publishes the model of each step where the thresholds would be, and no medians.
+        sgd = self.manifest.manifest.task_kind == TaskKind.SGD
+        kind = DocumentKind.SGD_MODEL if sgd else DocumentKind.THRESHOLDS
+        slots = {f"median/{i}": (PATH_MEDIAN.format(i=i), kind)
                  for i in range(len(median)) if i == 0 or median[i - 1].t_r <= now}
-        if median and median[-1].t_r <= now:
+        if median and median[-1].t_r <= now and not sgd:
             slots["medians"] = (PATH_MEDIANS, DocumentKind.MEDIANS)
         return {slot: wanted for slot, wanted in slots.items() if slot not in self.published}
 

@@ -12,6 +12,7 @@ import subprocess
 import time
 import tomllib
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -163,16 +164,21 @@ def test_a_signal_to_the_demo_stops_every_process_it_started(tmp_path: Path, sig
     assert_all_gone(started)
 
 
-@pytest.mark.whole_round
-def test_the_statistics_demo_accepts_every_message_and_charges_each_peer_its_promise(tmp_path: Path) -> None:
+def finished_demo(tmp_path: Path, *args: str) -> tuple[dict[str, Any], str]:
+    """Run ``anonml demo *args`` to its end; its summary (``--json``) and output, after asserting it exited 0."""
     summary_path = tmp_path / "summary.json"
-    demo = start_demo(tmp_path / "work", "--task", "statistics", "--peers", "60", "--json", str(summary_path))
+    demo = start_demo(tmp_path / "work", *args, "--json", str(summary_path))
     try:
         output, _ = demo.communicate(timeout=HANG_GUARD_SECONDS * 2)
     finally:
         stop(demo)
     assert demo.returncode == 0, output[-4000:]
-    summary = json.loads(summary_path.read_text())
+    return json.loads(summary_path.read_text()), output
+
+
+@pytest.mark.whole_round
+def test_the_statistics_demo_accepts_every_message_and_charges_each_peer_its_promise(tmp_path: Path) -> None:
+    summary, output = finished_demo(tmp_path, "--task", "statistics", "--peers", "60")
     assert summary["phase"] == "done" and summary["report"]["task_kind"] == "statistics"
     assert summary["audit"]["accepted"] == summary["audit"]["prepared"] > 0
     assert summary["ledgers_at_promise"] == summary["ledgers"] == 60 and summary["epsilon_promised"] == 2.0
@@ -182,3 +188,15 @@ def test_the_statistics_demo_accepts_every_message_and_charges_each_peer_its_pro
     # The operator's report lines, printed as plain text: the formulas keep their brackets.
     assert "statistic: count of diagnosis positive" in output and "Var[n̂_c]" in output
     assert "Traceback" not in output
+
+
+@pytest.mark.whole_round
+def test_the_sgd_demo_accepts_every_gradient_and_charges_each_peer_its_promise(tmp_path: Path) -> None:
+    summary, output = finished_demo(tmp_path, "--task", "sgd", "--peers", "60", "--epsilon", "4")
+    assert summary["phase"] == "done" and summary["report"]["task_kind"] == "sgd"
+    assert summary["audit"]["accepted"] == summary["audit"]["prepared"] == 60
+    assert summary["ledgers_at_promise"] == summary["ledgers"] == 60 and summary["epsilon_promised"] == 4.0
+    sgd = summary["report"]["sgd"]
+    assert sum(sgd["reports_per_step"]) == 60 and len(sgd["reports_per_step"]) == 4
+    assert isinstance(summary["auc"], float) and sgd["utility"]["auc"] == summary["auc"]
+    assert "LDP SGD logistic regression: 4 steps" in output and "Traceback" not in output

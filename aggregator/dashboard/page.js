@@ -149,12 +149,15 @@
     var figures = document.getElementById("model-figures"), surveys = document.getElementById("survey-figures");
     if (!report) { status.textContent = "The model is trained when data delivery closes (" + localTime(data.steps[data.steps.length - 1].at) + ")."; return; }
     if (report.status === "failed") { status.textContent = "No model: the round failed (" + (report.reason || "see above") + ")."; return; }
-    var utility = report.utility;
+    // An SGD round's model is its averaged coefficients, measured like the ensemble's.
+    var utility = report.utility || (report.sgd && report.sgd.utility);
     if (report.statistics) {
       status.textContent = "A statistics round: " + report.statistics.length + " answers from " + (data.counts.accepted || 0) + " accepted reports, each beside its error.";
       renderStatistics(report.statistics);
     } else if (utility) {
-      status.textContent = "Trained on " + (data.counts.accepted || 0) + " accepted reports, measured on held-out data.";
+      status.textContent = (report.sgd ? "A logistic regression by LDP gradient descent, " + report.sgd.steps + " steps (" +
+        report.sgd.reports_per_step.join(", ") + " gradients each); trained on " : "Trained on ") +
+        (data.counts.accepted || 0) + " accepted reports, measured on held-out data.";
       figures.hidden = false;
       figure("auc", utility.auc.toFixed(3));
       figure("test-rows", utility.rows);
@@ -166,7 +169,7 @@
           { margin: { t: 10, r: 10, b: 45, l: 55 }, xaxis: { title: axisTitle("false positive rate"), range: [0, 1] }, yaxis: { title: axisTitle("true positive rate"), range: [0, 1] } }, PLOT);
       }
     } else {
-      status.textContent = report.model ? "The model is trained and published. No held-out test file was given, so its quality is not measured: run `anonml aggregator run --test-file FILE` to measure AUC." : "No packet was accepted, so no model was trained.";
+      status.textContent = report.model || report.sgd ? "The model is trained and published" + (report.sgd ? " (report.json: sgd.coefficients)" : "") + ". No held-out test file was given, so its quality is not measured: run `anonml aggregator run --test-file FILE` to measure AUC." : "No packet was accepted, so no model was trained.";
     }
     var bySurvey = report.accepted_by_survey || {};
     var names = Object.keys(bySurvey);

@@ -29,8 +29,9 @@ import click
 @click.option("--work-dir", type=click.Path(path_type=Path), default=None, help="Keep every process's files here (default: a new temporary directory).")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--json", "json_out", type=click.Path(path_type=Path), default=None, help="Also write the summary as JSON.")
-@click.option("--task", type=click.Choice(["ensemble", "statistics"]), default="ensemble", show_default=True,
-              help="What the round computes: the partition ensemble, or statistic answers (histograms, a count, means, medians) each with its error.")
+@click.option("--task", type=click.Choice(["ensemble", "statistics", "sgd"]), default="ensemble", show_default=True,
+              help="What the round computes: the partition ensemble, statistic answers (histograms, a count, means, medians) each with "
+                   "its error, or a logistic regression by Harmony's LDP gradient descent (sgd: one gradient per peer).")
 @click.option("--linger", type=click.FloatRange(0, 3600), default=0.0, help="Keep the aggregator's dashboard up this many seconds after the round.")
 @click.option("--explain-anonymity", "explain", type=click.Path(file_okay=False, exists=True, path_type=Path), default=None,
               help="Run no round: split the send-vs-arrival rank correlation of the finished demo in this --work-dir by stage "
@@ -51,7 +52,7 @@ def demo(peers: int | None, dataset: str, data_dir: Path | None, epsilon: float,
     from anonml.demo._children import until_signalled
     from anonml.demo._data import adult_data, breast_cancer_data, write_experiment_files
     from anonml.demo._run import run_demo
-    from anonml.demo._summary import exit_code, experiment_command, print_summary
+    from anonml.demo._summary import exit_code, experiment_command, print_summary, sgd_experiment_command
     from anonml.protocol import TaskKind
 
     console = Console()
@@ -78,12 +79,17 @@ def demo(peers: int | None, dataset: str, data_dir: Path | None, epsilon: float,
         console.print(f"stopped by {signal.Signals(result).name}; every child process was stopped; files in {work}")
         raise SystemExit(128 + result)
     summary, params = result
-    # `anonml experiment` scores the ensemble's plan: a statistics round has no model to compare with it.
+    # `anonml experiment` scores the ensemble's plan and LDP SGD: a statistics round has no model to compare with them.
     if params.task == TaskKind.ENSEMBLE and dataset == "adult" and data_dir is not None:
         summary["experiment_command"] = experiment_command(params, ["adult", "--data-dir", str(data_dir)], len(data.train_rows))
     elif params.task == TaskKind.ENSEMBLE:
         dataset_args = write_experiment_files(data, data.train_rows[:n], work)
         summary["experiment_command"] = experiment_command(params, dataset_args, n)
+    elif params.task == TaskKind.SGD:
+        # The same learner, rows and ε without the network (its AUC is the round's yardstick).
+        dataset_args = (["adult", "--data-dir", str(data_dir)] if dataset == "adult" and data_dir is not None
+                        else write_experiment_files(data, data.train_rows[:n], work))
+        summary["experiment_command"] = sgd_experiment_command(params, dataset_args, len(data.train_rows) if dataset == "adult" else n)
     print_summary(console, summary, params)
     if json_out is not None:
         json_out.write_text(json.dumps(summary, indent=2, default=str))

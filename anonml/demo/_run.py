@@ -262,7 +262,9 @@ async def run_demo(data: DemoData, *, peers: int, epsilon: float, workers: int, 
     found = audit_round(sorted((work / "peers").glob("worker-*.sqlite")), round_dir / "round.sqlite", bytes.fromhex(round_id))
     summary = summarise(data, params, progress, report, found, work, time.monotonic() - started)
     summary["costs"] = costs.to_dict()
-    summary["auc"] = held_out_auc(data, round_dir / "model.json")
+    # An SGD round's model is its coefficients in the report, scored by the aggregator on the same held-out rows.
+    sgd_utility = ((report or {}).get("sgd") or {}).get("utility")
+    summary["auc"] = sgd_utility["auc"] if task == TaskKind.SGD and sgd_utility else held_out_auc(data, round_dir / "model.json")
     summary["report_path"] = str(round_dir / "report.html")
     summary["anonymity"] = anonymity_figures(progress, round_dir / LINKS_JSON)
     if (round_dir / LINKS_JSON).is_file():

@@ -148,6 +148,11 @@ class DemoLearning(NamedTuple):
     comparison_pool: float
 
 
+SGD_STEPS = 4
+"""The SGD demo's gradient steps: Harmony's group size ``max(2 d log d / ε², n / 1000)`` asks for fewer, larger
+groups at the demo's few hundred peers; 4 keeps each step's mean over ~50-100 gradients."""
+
+
 def learning_parameters(data: DemoData, task: TaskKind = TaskKind.ENSEMBLE) -> DemoLearning:
     """The demo's plan for the dataset and task: one data packet per peer (the "one"
     plan), combined by naive Bayes over the partitions' noisy histograms.
@@ -178,6 +183,11 @@ def learning_parameters(data: DemoData, task: TaskKind = TaskKind.ENSEMBLE) -> D
     A statistics task sends one feature per report (``k_s = 1``) in at least one
     partition per feature, with the ensemble's median search and pool.
     """
+    if task == TaskKind.SGD:
+        # SGD_STEPS gradient steps (the median sub-rounds), one partition each: every peer sends one gradient. The
+        # partitions' feature subsets go unused, but the spec still checks that they cover every feature.
+        return DemoLearning(k_p=SGD_STEPS, k_h=1, k_s=math.ceil(len(data.spec.features) / SGD_STEPS), plan="one",
+                            median_rounds=SGD_STEPS, vote="naive-bayes", quantiles=1, comparison_pool=0.0)
     if task == TaskKind.STATISTICS:
         # One feature per report (k_s = 1), a partition per feature so "one" deals every feature;
         # the search as the ensemble's demo runs it.
@@ -238,7 +248,8 @@ def plan_round(data: DemoData, peers: int, epsilon: float, workers: int, seed: i
         median_messages = math.ceil(comparison_pool_size(round(pool * 1000), peers, median_rounds) / median_rounds)
     else:
         median_messages = math.ceil(peers / k_p) * math.ceil(k_p / median_rounds)
-    data_messages = peers * k_h
+    # An SGD round's one message per peer is its gradient, in a median sub-round: nothing in the data phase.
+    data_messages = 0 if task == TaskKind.SGD else peers * k_h
     # A published document (the log heads at a check; thresholds and medians in the gap before the
     # phase that needs them) reaches every peer through one mirror refresh and a poll.
     publication = HEADROOM * (MIRROR_POLL_SECONDS + PEER_POLL_SECONDS) + seconds(CHECK_REQUESTS * costs.http, 1)
