@@ -139,6 +139,16 @@ if TYPE_CHECKING:
         encode_pool_answer,
         message_overhead,
     )
+    from anonml.protocol._queries import (
+        QUERY_KINDS,
+        QueryError,
+        QueryKind,
+        StatisticQuery,
+        check_queries,
+        default_queries,
+        queried_features,
+        uses_label,
+    )
     from anonml.protocol._rules import PartitionPlan, survey_oracle
     from anonml.protocol._schedule import (
         PHASES,
@@ -312,4 +322,12 @@ __all__ = [
     "BeaconStatement",
     "InvalidBeacon",
     "beacon_commitment",
+    "QUERY_KINDS",
+    "QueryError",
+    "QueryKind",
+    "StatisticQuery",
+    "check_queries",
+    "default_queries",
+    "queried_features",
+    "uses_label",
 ]
