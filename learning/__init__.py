@@ -66,7 +66,7 @@ if TYPE_CHECKING:
         synthetic_table,
     )
     from anonml.learning._round_statistics import SurveyCells, describe_answer, round_statistics, survey_cells
-    from anonml.learning._round_statistics_trials import exact_cut_points, round_statistic_errors
+    from anonml.learning._round_statistics_trials import round_statistic_errors
     from anonml.learning._statistics import (
         StatisticAnswer,
         cdf_variances,
@@ -159,7 +159,6 @@ __all__ = [
     "synthetic_table",
     "table_matrix",
     "unit_ball_rows",
-    "exact_cut_points",
     "EncodedSplit",
     "MixedAnswer",
     "MixedReport",

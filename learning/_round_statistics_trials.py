@@ -6,8 +6,8 @@ It runs the round's own estimator (:func:`survey_cells`, :func:`round_statistics
 on the reports the peers would send: each row is one peer, dealt (seeded) to one
 survey per feature the queries read, its bin and, when a query counts it, its
 label encoded, perturbed by the round's unary encoding at ε and sent as bytes.
-The cut points are given (``anonml experiment`` uses the table's exact quantiles
-at each feature's levels): in a round the median search estimates them from its
+The cut points are given (``anonml experiment`` uses the table's balanced cuts at
+each feature's quantile levels, ``learning.exact_cut_points``): in a round the median search estimates them from its
 own comparison pool, at the cost of those peers' one release each.
 
 What each error is measured against is what the formula states: the count of
@@ -24,9 +24,19 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from anonml.learning._binning import bin_table, exact_cut_points
+from anonml.learning._data import Table
 from anonml.learning._round_statistics import round_statistics, survey_cells
 from anonml.mechanisms import OracleName, make_oracle
-from anonml.protocol import FeatureSpec, NumericFeature, QueryKind, StatisticQuery, default_queries, queried_features, uses_label
+from anonml.protocol import (
+    FeatureSpec,
+    QueryKind,
+    StatisticQuery,
+    check_queries,
+    default_queries,
+    queried_features,
+    uses_label,
+)
 
 IntArray = npt.NDArray[np.int64]
 
@@ -85,12 +95,14 @@ def round_statistic_errors(
     return rows
 
 
-def exact_cut_points(spec: FeatureSpec, columns: Mapping[str, npt.ArrayLike]) -> dict[str, list[float]]:
-    """Each numeric feature's cut points at its quantile levels, from the clipped column itself
-    (what the round's median search estimates privately)."""
-    cuts: dict[str, list[float]] = {}
-    for feature in spec.features:
-        if isinstance(feature, NumericFeature):
-            values, _ = feature.clip(columns[feature.name])
-            cuts[feature.name] = [float(v) for v in np.quantile(values, feature.quantile_levels)]
-    return cuts
+def table_statistic_errors(spec: FeatureSpec, table: Table, queries: Sequence[str], *, epsilons: Sequence[float], trials: int,
+                           seed: int) -> list[dict[str, Any]]:
+    """:func:`round_statistic_errors` on a table's rows (one peer each) at every ε: ``queries`` as a round
+    spec writes them (none: the default set), the spec cut to the features they read, as ``round new`` cuts it."""
+    asked = check_queries(list(queries), spec.names, spec.numeric_names) if queries else default_queries(spec.names, spec.numeric_names)
+    restricted = FeatureSpec(tuple(spec.feature(name) for name in queried_features(asked, spec.names)), spec.label)
+    cut_points = {name: [float(c) for c in cuts] for name, cuts in exact_cut_points(restricted, table).items()}
+    bins, labels = bin_table(restricted, table, cut_points)
+    rng = np.random.default_rng(seed)
+    return [row for epsilon in epsilons
+            for row in round_statistic_errors(restricted, bins, labels, cut_points, asked, epsilon=epsilon, trials=trials, rng=rng)]

@@ -3,6 +3,7 @@ manifest only when present, peers releasing exactly the features they read and n
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -146,3 +147,63 @@ def test_a_round_answers_the_chosen_queries_from_label_free_reports(label_free_r
     text, cost, _, _ = describe_release(trace.manifest, spec, vector, PeerStore(tmp_path / "peer.db"), outcome.key)
     assert cost == manifest.eps_total and "histogram:age, mean:age, quantile:age:0.25" in text, text
     assert "your label is never sent" in text and "NOT your label" in text and "colour" not in text, text
+
+
+EXPERIMENT_QUERIES = ["count:label", "histogram:mean radius", "mean:mean radius", "quantile:worst area:0.75"]
+
+
+def test_the_experiment_prints_each_querys_error_beside_its_formula(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from anonml.learning._command import experiment
+
+    out = tmp_path / "statistics.json"
+    arguments = ["breast-cancer", "--task", "statistics", "--epsilon", "1,4", "--trials", "100", "--json", str(out)]
+    result = CliRunner().invoke(experiment, [*arguments, *(item for query in EXPERIMENT_QUERIES for item in ("--query", query))])
+    assert result.exit_code == 0, result.output
+    rows = json.loads(out.read_text())["statistics"]
+    assert [(row["task"], row["epsilon"]) for row in rows] == [(query, eps) for eps in (1.0, 4.0) for query in EXPERIMENT_QUERIES]
+    for row in rows:
+        assert row["trials"] == 100 and 1 / 1.5 < row["ratio"] < 1.5, row
+    assert "Var[n̂_b]" in result.output and "quantile:worst area:0.75" in result.output
+
+
+@pytest.mark.parametrize(("arguments", "words"), [
+    (["--task", "statistics", "--query", "mean:diagnosis"], "--query [0] 'mean:diagnosis': 'diagnosis' is not a feature"),
+    (["--query", "mean:mean radius"], "--query asks a statistics task: add --task statistics"),
+])
+def test_the_experiment_refuses_a_bad_query_in_one_line(arguments: list[str], words: str) -> None:
+    from click.testing import CliRunner
+
+    from anonml.learning._command import experiment
+
+    result = CliRunner().invoke(experiment, ["breast-cancer", "--trials", "1", *arguments])
+    assert result.exit_code == 2 and words in result.output and "Traceback" not in result.output, result.output
+
+
+RELAYS = [{"node_id": bytes([i + 1]).hex() * 32, "host": "127.0.0.1", "port": 9000 + i, "public_key": bytes([0x40 + i]).hex() * 32,
+           "key_epoch": 1, "mirror_port": None, "beacon_key": None} for i in range(5)]
+
+
+def test_the_statistics_demo_asks_its_queries_and_searches_medians_only_for_numeric_ones() -> None:
+    import dataclasses
+
+    from anonml.demo._data import breast_cancer_data
+    from anonml.demo._schedule import plan_round, round_spec
+    from anonml.protocol import CategoricalFeature
+    from test_demo_parts import costs
+
+    data = breast_cancer_data(0)
+    asked = ["histogram:mean_radius", "quantile:worst_area:0.5"]
+    params = plan_round(data, len(data.train_rows), 2.0, 2, 0, costs(1.0), n_cores=2, task=TaskKind.STATISTICS, queries=asked)
+    spec = parse_round_spec(round_spec(data, params, RELAYS, 8080, 8081))
+    assert [query.text for query in spec.task.queries] == asked and not spec.task.labelled
+    assert spec.task.features.names == ("mean_radius", "worst_area") and spec.schedule.median_rounds == params.median_rounds > 0
+    # Queries over a categorical feature alone: no median search, so no comparison pool either.
+    site = CategoricalFeature("site", ("left", "right"))
+    with_site = dataclasses.replace(data, spec=FeatureSpec((*data.spec.features, site), data.spec.label))
+    params = plan_round(with_site, len(data.train_rows), 2.0, 2, 0, costs(1.0), n_cores=2, task=TaskKind.STATISTICS,
+                        queries=["count:label", "histogram:site"])
+    spec = parse_round_spec(round_spec(with_site, params, RELAYS, 8080, 8081))
+    assert spec.task.features.names == ("site",) and spec.task.labelled
+    assert spec.schedule.median_rounds == 0 and spec.learning.comparison_pool == 0.0
