@@ -28,15 +28,7 @@ from anonml.learning._binning import bin_table, exact_cut_points
 from anonml.learning._data import Table
 from anonml.learning._round_statistics import round_statistics, survey_cells
 from anonml.mechanisms import OracleName, make_oracle
-from anonml.protocol import (
-    FeatureSpec,
-    QueryKind,
-    StatisticQuery,
-    check_queries,
-    default_queries,
-    queried_features,
-    uses_label,
-)
+from anonml.protocol import FeatureSpec, QueryKind, StatisticQuery, check_queries, default_queries, queried_features, uses_label
 
 IntArray = npt.NDArray[np.int64]
 
