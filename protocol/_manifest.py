@@ -293,7 +293,7 @@ class RoundManifest:
         """SHA-256 of the canonical encoding: the round's name (``SurveyId.round_id``)."""
         return hashlib.sha256(self._canonical).digest()
 
-    @property
+    @cached_property
     def labelled_reports(self) -> bool:
         """Whether a data report carries the label: always, but in a statistics round whose queries never count it."""
         return not self.statistic_queries or uses_label([StatisticQuery.parse(text) for text in self.statistic_queries])
