@@ -21,7 +21,7 @@ from anonml.base.storage import replace_file
 from anonml.aggregator._dashboard import dashboard_data, render_page
 from anonml.aggregator._round import RoundState
 from anonml.mechanisms import PostprocessMethod, per_attribute_epsilon, releases_from, shuffle_central_privacy
-from anonml.protocol import SurveyId, TaskKind, release_roles
+from anonml.protocol import StatisticQuery, SurveyId, TaskKind, default_queries, release_roles
 
 if TYPE_CHECKING:
     from anonml.learning import Table
@@ -55,7 +55,7 @@ def learn(state: RoundState, directory: Path, *, test_file: Path | None = None) 
                 continue
             oracle = state.data_oracle(partition, index)
             if statistics:  # one feature per survey (aggregator._spec): its unbiased cells, not post-processed
-                cells.append(survey_cells(spec, subset[0], oracle, blobs))
+                cells.append(survey_cells(spec, subset[0], oracle, blobs, labelled=manifest.labelled_reports))
             else:
                 histograms.append(estimate_histogram(spec, subset, oracle, blobs, partition=partition, method=PostprocessMethod.NORM_SUB))
     medians = state.medians()
@@ -84,7 +84,10 @@ def learn(state: RoundState, directory: Path, *, test_file: Path | None = None) 
         "utility": None,
     }
     if statistics:
-        report["statistics"] = round_statistics(spec, cells, cut_points)
+        queries = [StatisticQuery.parse(text) for text in manifest.statistic_queries]
+        report["queries"] = [query.text for query in queries or default_queries(spec.names, spec.numeric_names)]
+        report["labelled_reports"] = manifest.labelled_reports
+        report["statistics"] = round_statistics(spec, cells, cut_points, queries)
     if state.sgd is not None:
         report["sgd"] = _sgd_result(state, test_file)
         report["privacy"] = _sgd_privacy(state)

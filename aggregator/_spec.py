@@ -275,7 +275,7 @@ def _check_buildable(reader: FieldReader, spec: RoundSpec) -> None:
         release = release_plan(spec, bytes(32))
     except (PlanError, ValueError) as exc:
         reader.fail_at("privacy", f"no release plan for these values: {exc}")
-    domains = {spec.task.features.domain_size(subset) for subsets in release.subsets for subset in subsets}
+    domains = {spec.task.features.domain_size(subset, labelled=spec.task.labelled) for subsets in release.subsets for subset in subsets}
     for m in sorted(domains):
         for n in (1, 1000):
             try:

@@ -16,6 +16,11 @@ builtin = "adult"           # csv --spec` reads (relative to this spec); or feat
 # kind = "statistics"       # optional: what the round computes, "ensemble" (default: the partition ensemble) or
                             # "statistics" (histograms, the positive count, means and medians, each with its error
                             # formula; needs plan = "one", k_s = 1 and a unary-encoding oracle: oue, sue or pq)
+# queries = ["count:label", "histogram:education-num", "mean:age", "quantile:age:0.9"]
+                            # optional, statistics only: what to answer instead of the default set; count:label,
+                            # histogram:F, mean:F (numeric), quantile:F:Q (numeric, 0 < Q < 1, on the cut points'
+                            # grid). Peers release only the features the queries read, and no label unless
+                            # count:label is asked
 quantiles = 3               # optional: cut points per numeric feature, found by the median search
                             # (default: each feature's own, 1 = the median; q cut points give q + 1 bins)
 

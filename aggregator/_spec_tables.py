@@ -38,10 +38,15 @@ from anonml.protocol import (
     FieldReader,
     Learner,
     PlanKind,
+    QueryError,
     RegistrationPolicy,
     RelayEntry,
     RoundPurpose,
+    StatisticQuery,
     TaskKind,
+    check_queries,
+    queried_features,
+    uses_label,
 )
 
 PLANNER = "auto"
@@ -83,6 +88,14 @@ class TaskTable:
     """Cut points per numeric feature, if the table sets them (already applied to ``features``)."""
     kind: TaskKind = TaskKind.ENSEMBLE
     """What the round computes from the reports (``kind``; the partition ensemble when left out)."""
+    queries: tuple[StatisticQuery, ...] = ()
+    """A statistics task's queries (``queries``; empty: the default set). ``features`` then holds only
+    the features they read, so a peer releases nothing else."""
+
+    @property
+    def labelled(self) -> bool:
+        """Whether the data reports carry the label (``RoundManifest.labelled_reports``, as the manifest will say)."""
+        return not self.queries or uses_label(self.queries)
 
     @classmethod
     def read(cls, table: FieldReader, base_dir: Path | None) -> TaskTable:
@@ -101,8 +114,23 @@ class TaskTable:
             except FeatureSpecError as exc:
                 table.fail("features", str(exc))
         quantiles = table.integer("quantiles", 1, MAX_QUANTILES) if table.optional("quantiles") else None
+        queries = _read_queries(table, kind, features) if table.optional("queries") else ()
         table.done()
-        return cls(features=features if quantiles is None else features.with_quantiles(quantiles), quantiles=quantiles, kind=kind)
+        if queries:
+            read = queried_features(queries, features.names)
+            features = FeatureSpec(tuple(f for f in features.features if f.name in read), features.label)
+        return cls(features=features if quantiles is None else features.with_quantiles(quantiles), quantiles=quantiles, kind=kind,
+                   queries=queries)
+
+
+def _read_queries(table: FieldReader, kind: TaskKind, features: FeatureSpec) -> tuple[StatisticQuery, ...]:
+    """``task.queries``: e.g. ``["count:label", "histogram:age", "mean:hours", "quantile:age:0.5"]`` (:mod:`protocol._queries`)."""
+    if kind != TaskKind.STATISTICS:
+        table.fail("queries", f'queries are asked of a statistics task: set kind = "{TaskKind.STATISTICS}" (got {str(kind)!r})')
+    try:
+        return check_queries(table.raw("queries"), features.names, features.numeric_names)
+    except QueryError as exc:
+        table.fail("queries", str(exc))
 
 
 @dataclass(frozen=True)

@@ -67,6 +67,7 @@ if TYPE_CHECKING:
     )
     from anonml.learning._round_sgd import SGD_LEARNING_RATE, SgdRule, averaged_model, sgd_encoding, sgd_iteration
     from anonml.learning._round_statistics import SurveyCells, describe_answer, round_statistics, survey_cells
+    from anonml.learning._round_statistics_trials import round_statistic_errors
     from anonml.learning._statistics import (
         StatisticAnswer,
         cdf_variances,
@@ -150,6 +151,7 @@ __all__ = [
     "read_adult_file",
     "read_csv_table",
     "round_candidates",
+    "round_statistic_errors",
     "round_statistics",
     "SGD_LEARNING_RATE",
     "SgdRule",

@@ -67,13 +67,15 @@ _DATASETS = [*(str(t) for t in TableName), CSV]
 @click.option("--averaging-categorical-weight", type=click.FloatRange(min=0, min_open=True, max=1), default=LinearSettings.averaging_categorical_weight, show_default=True, help="Model averaging: the factor on the categorical columns (numeric ones 1) before rows are scaled into the unit ball (with --linear-tuning fixed).")
 @click.option("--rows-per-peer", type=click.IntRange(min=100), default=LinearSettings.rows_per_peer, show_default=True, help="Model averaging: rows each peer holds (its slice of the table).")
 @click.option("--statistics", is_flag=True, help="Also run every statistic task (count, means, histograms, medians, Harmony's mixed task) on the training rows at each ε_T, --trials times, and print each answer's measured error beside its formula.")
+@click.option("--task", type=click.Choice(["ensemble", "statistics"]), default="ensemble", show_default=True, help="statistics: a statistics round's queries answered by its own estimator on the training rows (one peer each, dealt to one feature each, the round's unary encoding at each ε_T), --trials times; prints each query's measured error beside its formula. Cut points: the table's balanced cuts at each numeric feature's quantile levels (a round estimates them in its median search).")
+@click.option("--query", "queries", multiple=True, help="With --task statistics: a query as a round spec's [task] queries writes it (count:label, histogram:F, mean:F, quantile:F:Q); repeat it. Default: the positive count, every histogram, every numeric mean and median.")
 @click.option("--log-scale/--no-log-scale", default=LinearSettings.log_scale, show_default=True, help="Linear learners: encode numeric features whose public range is >= 0 and spans >= 1000 units on a log scale.")
 @click.option("--plan", "plans", type=ListOf(click.Choice([PLANNER, *(str(k) for k in PlanKind)])), multiple=True, default=(f"{PlanKind.ONE},{PLANNER}",), show_default=True, help="one: the default plan, one release per peer at the full ε_T (3 cut points per numeric feature, a reserved comparison pool); planner: the planner's choice by simulation; split: the thesis's plan.")
 @click.option("--planner-trials", type=click.IntRange(min=1), default=2, show_default=True, help="Simulations per candidate plan in the planner.")
 @click.option("--kp", type=ListOf(click.IntRange(min=1)), multiple=True, help="Partitions (a sweep: several values).")
 @click.option("--ks", type=ListOf(click.IntRange(min=1)), multiple=True, help="Features per subset (a sweep: several values).")
 @click.option("--kh", type=ListOf(click.IntRange(min=1)), multiple=True, help="Subsets per partition for the split plan.")
-@click.option("--quantiles", type=click.IntRange(min=1, max=8), default=None, help="Cut points per numeric feature for fixed plans (default: 3 with a reserved comparison pool, else the median).")
+@click.option("--quantiles", type=click.IntRange(min=1, max=8), default=None, help="Cut points per numeric feature for fixed plans (default: 3 with a reserved comparison pool, else the median) and --task statistics (default 3).")
 @click.option("--median-peers", type=click.Choice([str(m) for m in MedianPeers]), default=None, help="Who answers the quantile search (default: one=reserved, split=all as the thesis).")
 @click.option("--pool", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=DEFAULT_COMPARISON_POOL, show_default=True, help="Share of peers in a reserved comparison pool.")
 @click.option("--median-steps", type=click.IntRange(1, MAX_MEDIAN_STEPS), default=DEFAULT_MEDIAN_STEPS, show_default=True, help="Steps of the quantile search (thesis Algorithm 1); each answering peer answers one.")
@@ -92,7 +94,7 @@ _DATASETS = [*(str(t) for t in TableName), CSV]
 def experiment(
     datasets: tuple[str, ...], data_dir: Path | None, spec_path: Path | None, train_path: Path | None, test_path: Path | None, test_fraction: float,
     epsilons: tuple[tuple[float, ...], ...], trials: int, learners: tuple[tuple[str, ...], ...], sgd_steps: int, sgd_learning_rate: float,
-    linear_tuning: str, averaging_rule: float, averaging_categorical_weight: float, rows_per_peer: int, statistics: bool, log_scale: bool, plans: tuple[tuple[str, ...], ...], kp: tuple[tuple[int, ...], ...],
+    linear_tuning: str, averaging_rule: float, averaging_categorical_weight: float, rows_per_peer: int, statistics: bool, task: str, queries: tuple[str, ...], log_scale: bool, plans: tuple[tuple[str, ...], ...], kp: tuple[tuple[int, ...], ...],
     ks: tuple[tuple[int, ...], ...], kh: tuple[tuple[int, ...], ...], quantiles: int | None, median_peers: str | None, pool: float,
     planner_trials: int, median_steps: int, combiners: tuple[tuple[str, ...], ...], base: str, scoring: str, oracle: str, postprocess: str, features: str | None,
     max_train_rows: int | None, seed: int, baselines: bool, json_path: Path | None, plot_path: Path | None, plot_x: str,
@@ -111,6 +113,13 @@ def experiment(
 
     if CSV in datasets and len(datasets) > 1:
         raise click.UsageError("csv runs alone (its --spec and --train name one table)")
+    if task == "statistics":
+        for dataset in datasets:
+            _statistics_task(dataset, queries, epsilons, trials, seed, json_path, quantiles or STATISTICS_QUANTILES, **dict(
+                data_dir=data_dir, spec_path=spec_path, train_path=train_path, test_path=test_path, test_fraction=test_fraction))
+        return
+    if queries:
+        raise click.UsageError("--query asks a statistics task: add --task statistics")
     started = time.perf_counter()
     reports = []
     for dataset in datasets:
@@ -148,3 +157,33 @@ def experiment(
     for report in reports:
         if any(not math.isfinite(r["auc"]["mean"]) for r in [*report["results"], *report.get("learners", [])]):
             raise click.ClickException("some trials produced a non-finite AUC")
+
+
+STATISTICS_QUANTILES = 3
+"""Cut points per numeric feature of ``--task statistics`` without ``--quantiles``: the statistics demo round's."""
+
+
+def _statistics_task(dataset: str, queries: tuple[str, ...], epsilons: tuple[tuple[float, ...], ...], trials: int, seed: int,
+                     json_path: Path | None, quantiles: int, **tables: Any) -> None:
+    """``--task statistics``: each query's empirical error over ``trials`` beside its formula, at each ε_T."""
+    import numpy as np
+
+    from anonml.learning._data import DataError
+    from anonml.learning._experiment import load_tables
+    from anonml.learning._round_statistics_trials import table_statistic_errors
+    from anonml.learning._statistics_report import print_statistic_errors
+    from anonml.protocol import FeatureSpecError, QueryError
+
+    eps_values = sorted({eps for group in epsilons for eps in group})
+    try:
+        spec, train, _ = load_tables(dataset, rng=np.random.default_rng(seed), **tables)
+        rows = table_statistic_errors(spec.with_quantiles(quantiles), train, queries, epsilons=eps_values,
+                                      trials=trials, seed=seed)
+    except QueryError as exc:
+        raise click.UsageError(f"--query {exc}") from None
+    except (DataError, FeatureSpecError) as exc:
+        raise click.UsageError(str(exc)) from None
+    print_statistic_errors(rows, f"{dataset} ({train.n_rows} peers, a statistics round's estimator)")
+    if json_path is not None:
+        json_path.write_text(json.dumps({"dataset": dataset, "task": "statistics", "statistics": rows}, indent=2, allow_nan=False) + "\n")
+        click.echo(f"wrote {json_path}")

@@ -91,12 +91,14 @@ def statistic_task_errors(spec: FeatureSpec, table: Table, epsilons: Sequence[fl
 
 def print_statistic_errors(rows: Sequence[dict[str, Any]], dataset: str) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table as RichTable
 
     table = RichTable(title=f"Statistic tasks on {dataset}: empirical error against its formula ({rows[0]['trials'] if rows else 0} trials)")
     for column in ("task", "column", "ε", "RMSE measured", "RMSE formula", "RMSE stated", "MSE ratio", "formula"):
-        table.add_column(column, justify="left" if column in ("task", "column", "formula") else "right", no_wrap=True)
+        # The formula wraps: a long one would squeeze the figures' columns to nothing.
+        table.add_column(column, justify="left" if column in ("task", "column", "formula") else "right", no_wrap=column != "formula")
     for row in rows:
         table.add_row(row["task"], row["column"], f"{row['epsilon']:g}", f"{row['empirical_mse'] ** 0.5:.4g}", f"{row['formula_mse'] ** 0.5:.4g}",
-                      f"{row['stated_mse'] ** 0.5:.4g}", f"{row['ratio']:.2f}", row["formula"])
+                      f"{row['stated_mse'] ** 0.5:.4g}", f"{row['ratio']:.2f}", escape(row["formula"]))
     Console(width=max(180, Console().width)).print(table)

@@ -57,7 +57,8 @@ def _data_packets(manifest: RoundManifest, count: int) -> str:
     return (
         f"  - {count} data packet(s), sent at random times between {_when(schedule.data.t_s)} and "
         f"{_when(schedule.data.send_end)}: each holds {manifest.k_s} of the features above (chosen by the round's "
-        f"public seed) and your label, binned, encoded as one value and perturbed with the "
+        f"public seed){' and your label' if manifest.labelled_reports else ' and NOT your label (no query reads it)'}, "
+        "binned, encoded as one value and perturbed with the "
         f"{manifest.oracle!r} frequency oracle at epsilon {manifest.eps_data:g}"
     )
 
@@ -120,6 +121,9 @@ def _task_words(manifest: RoundManifest) -> str:
     if manifest.task_kind == TaskKind.SGD:
         return (f"a logistic regression predicting {manifest.label!r}, trained by local-DP gradient descent over "
                 f"{manifest.median_rounds} steps (each peer takes part in one)")
+    if manifest.task_kind == TaskKind.STATISTICS and manifest.statistic_queries:
+        counted = f" ('count:label' counts positive {manifest.label!r})" if manifest.labelled_reports else ""
+        return f"statistics: the requester's queries {', '.join(manifest.statistic_queries)}{counted}, each published with its error (no model)"
     if manifest.task_kind == TaskKind.STATISTICS:
         return (f"statistics: every feature's histogram, the count of positive {manifest.label!r} and each numeric "
                 "feature's mean and median, each published with its error (no model)")
@@ -146,7 +150,9 @@ def describe_release(signed: SignedManifest, spec: FeatureSpec, vector: FeatureV
     earlier = ledger.earlier_rounds()
     lines = [
         f"Round {manifest.name!r} ({signed.round_id.hex()[:16]}…) at {manifest.aggregator_url}",
-        f"  task: {_task_words(manifest)}; {_label_words(spec, vector.label, label_value)} (computed here from your file).",
+        f"  task: {_task_words(manifest)}; "
+        + (f"{_label_words(spec, vector.label, label_value)} (computed here from your file)." if manifest.labelled_reports
+           else "your label is never sent: no query reads it."),
         f"  registration: your public identity key {peer.hex()[:16]}… goes on the round's public roster.",
         "",
         "Computed on this machine from your file (the file itself never leaves it):",

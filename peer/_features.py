@@ -114,7 +114,8 @@ class RoundPipeline:
         row = self.spec.bin_columns(columns, cut_points)[0]
         return {name: int(row[i]) for i, name in enumerate(self.spec.names)}
 
-    def encode_subset(self, subset: Sequence[str], bins: Mapping[str, int], label: int) -> int:
-        """The subset's bins and the label as one value in ``[0, m)`` (thesis §7.1)."""
+    def encode_subset(self, subset: Sequence[str], bins: Mapping[str, int], label: int | None) -> int:
+        """The subset's bins and the label as one value in ``[0, m)`` (thesis §7.1); ``label=None``:
+        the bins alone (a report without the label, for a round that never reads it)."""
         row = np.asarray([[bins[name] for name in subset]], dtype=np.int64)
-        return int(self.spec.encode(subset, row, np.asarray([label]))[0])
+        return int(self.spec.encode(subset, row, None if label is None else np.asarray([label]))[0])

@@ -662,7 +662,7 @@ class PeerRound:
             if resumed[index] is not None:
                 outgoing.append(resumed[index])
                 continue
-            value = self.pipeline.encode_subset(subset, bins, self.peer.vector.label)
+            value = self.pipeline.encode_subset(subset, bins, self.peer.vector.label if self.manifest.labelled_reports else None)
             oracle = plan.oracle(partition, index)
             report = oracle.encode_report(oracle.privatize(np.asarray([value]), self.peer.rng)[0])
             async with self.session.slots:

@@ -140,6 +140,16 @@ if TYPE_CHECKING:
         encode_pool_answer,
         message_overhead,
     )
+    from anonml.protocol._queries import (
+        QUERY_KINDS,
+        QueryError,
+        QueryKind,
+        StatisticQuery,
+        check_queries,
+        default_queries,
+        queried_features,
+        uses_label,
+    )
     from anonml.protocol._rules import PartitionPlan, survey_oracle
     from anonml.protocol._schedule import (
         PHASES,
@@ -316,4 +326,12 @@ __all__ = [
     "BeaconStatement",
     "InvalidBeacon",
     "beacon_commitment",
+    "QUERY_KINDS",
+    "QueryError",
+    "QueryKind",
+    "StatisticQuery",
+    "check_queries",
+    "default_queries",
+    "queried_features",
+    "uses_label",
 ]

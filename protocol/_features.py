@@ -320,10 +320,11 @@ class FeatureSpec:
             raise FeatureSpecError(f"subset: domain of {list(names)!r} exceeds {MAX_DOMAIN}")
         return names
 
-    def domain_size(self, subset: Sequence[str], *, _checked: bool = False) -> int:
-        """``m`` for a subset: the product of its features' bins, times 2 for the label."""
+    def domain_size(self, subset: Sequence[str], *, labelled: bool = True, _checked: bool = False) -> int:
+        """``m`` for a subset: the product of its features' bins, times 2 for the label
+        (``labelled=False``: reports without the label, a statistics round that never counts it)."""
         names = tuple(subset) if _checked else self.check_subset(subset)
-        m = 2
+        m = 2 if labelled else 1
         for name in names:
             m *= self.features[self.index(name)].n_bins
         return m
@@ -346,23 +347,32 @@ class FeatureSpec:
             raise FeatureSpecError(f"columns: features have different lengths {sorted(lengths)!r}")
         return np.stack(out, axis=1)
 
-    def encode(self, subset: Sequence[str], bins: npt.ArrayLike, labels: npt.ArrayLike) -> IntArray:
+    def encode(self, subset: Sequence[str], bins: npt.ArrayLike, labels: npt.ArrayLike | None) -> IntArray:
         """Encode ``bins`` (``(n, k_s)``, the subset's bin indices in subset
         order) and ``labels`` (0/1) as values in ``[0, m)``: mixed radix with
-        the first feature most significant and the label least significant."""
+        the first feature most significant and the label least significant.
+        ``labels=None``: the bins alone, in ``[0, m/2)`` (a label-free report)."""
         names = self.check_subset(subset)
         radices = [self.features[self.index(n)].n_bins for n in names]
         b = np.asarray(bins, dtype=np.int64)
+        if labels is None:
+            return encode_cells(radices, self._checked_bins(names, radices, b), np.zeros(b.shape[0], dtype=np.int64)) // 2
         y = np.asarray(labels, dtype=np.int64)
         if b.ndim != 2 or b.shape[1] != len(names) or y.shape != (b.shape[0],):
             raise FeatureSpecError(f"bins: expected shape (n, {len(names)}) and labels (n,), got {b.shape!r} and {y.shape!r}")
         if np.any((y != 0) & (y != 1)):
             raise FeatureSpecError("labels: expected 0/1 values")
+        return encode_cells(radices, self._checked_bins(names, radices, b), y)
+
+    @staticmethod
+    def _checked_bins(names: Sequence[str], radices: Sequence[int], b: IntArray) -> IntArray:
+        if b.ndim != 2 or b.shape[1] != len(names):
+            raise FeatureSpecError(f"bins: expected shape (n, {len(names)}), got {b.shape!r}")
         for j, radix in enumerate(radices):
             column = b[:, j]
             if np.any((column < 0) | (column >= radix)):
                 raise FeatureSpecError(f"bins[{names[j]!r}]: expected bin indices in [0, {radix}), got {int(column[(column < 0) | (column >= radix)][0])!r}")
-        return encode_cells(radices, b, y)
+        return b
 
     def decode(self, subset: Sequence[str], codes: npt.ArrayLike) -> tuple[IntArray, IntArray]:
         """Inverse of :meth:`encode`: ``(bins (n, k_s), labels (n,))``."""

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from anonml.crypto import NodeAddress, PathHop, ReleaseWindow, SphinxGeometry, build_packet
 from anonml.protocol._api import MAX_ROSTER, format_host_port
 from anonml.protocol._canonical import FieldReader, InvalidDocument, canonical_json, format_epsilon, parse_json_object
+from anonml.protocol._queries import QueryError, StatisticQuery, check_queries, queried_features, uses_label
 from anonml.protocol._vocabulary import TASK_KINDS, Combiner, TaskKind
 from anonml.protocol._signed import ed25519_holds
 from anonml.protocol._schedule import Attempt, RoundSchedule, acceptance_window, hop_windows
@@ -269,6 +270,9 @@ class RoundManifest:
     refuses to send. 0: none stated (manifests made before the field existed)."""
     task_kind: str = TaskKind.ENSEMBLE
     """What the round computes from its reports (``[task] kind``, :class:`TaskKind`); the ensemble by default."""
+    statistic_queries: tuple[str, ...] = ()
+    """A statistics round's queries in their canonical spelling (``[task] queries``, :mod:`protocol._queries`);
+    empty: the default set. With queries, ``features`` are exactly the ones they read."""
     version: int = PROTOCOL_VERSION
     _canonical: bytes = field(init=False, repr=False, compare=False)
 
@@ -288,6 +292,11 @@ class RoundManifest:
     def round_id(self) -> bytes:
         """SHA-256 of the canonical encoding: the round's name (``SurveyId.round_id``)."""
         return hashlib.sha256(self._canonical).digest()
+
+    @cached_property
+    def labelled_reports(self) -> bool:
+        """Whether a data report carries the label: always, but in a statistics round whose queries never count it."""
+        return not self.statistic_queries or uses_label([StatisticQuery.parse(text) for text in self.statistic_queries])
 
     @property
     def median_rounds(self) -> int:
@@ -379,7 +388,8 @@ class RoundManifest:
             # The kind is written only when it is not the ensemble, so a manifest made before
             # task kinds existed encodes (and hashes) as it did.
             "task": {"label": self.label, "features": dict(self.features),
-                     **({"kind": str(self.task_kind)} if self.task_kind != TaskKind.ENSEMBLE else {})},
+                     **({"kind": str(self.task_kind)} if self.task_kind != TaskKind.ENSEMBLE else {}),
+                     **({"queries": list(self.statistic_queries)} if self.statistic_queries else {})},
             "learning": self._learning_dict(),
             "privacy": {
                 "eps_median": format_epsilon(self.eps_median),
@@ -450,6 +460,7 @@ class RoundManifest:
         if task.optional("kind") and task_kind == TaskKind.ENSEMBLE:
             # One encoding per manifest: the default is written by leaving the field out.
             task.fail("kind", f"{str(TaskKind.ENSEMBLE)!r} is the default: leave the field out")
+        queries = _read_queries(task, TaskKind(task_kind), features) if task.optional("queries") else ()
         task.done()
         learning = reader.child("learning")
         k_p = learning.integer("k_p", 1, 4096)
@@ -518,12 +529,35 @@ class RoundManifest:
             geometry=geometry, token_public_key=token_public_key, token_kid=token_kid, seed_commitment=commitment,
             min_participation=min_participation, registration=registration, identity_key=identity_key,
             purpose=purpose, max_roster=max_roster, vote=vote, comparison_pool=comparison_pool,
-            min_anonymity_set=min_anonymity_set, task_kind=TaskKind(task_kind), version=version,
+            min_anonymity_set=min_anonymity_set, task_kind=TaskKind(task_kind), statistic_queries=queries, version=version,
         )
         for key, item in values.items():
             object.__setattr__(manifest, key, item)
         object.__setattr__(manifest, "_canonical", canonical_json(manifest._to_dict()))
         return manifest
+
+
+def _read_queries(task: FieldReader, kind: TaskKind, features: Mapping[str, Any]) -> tuple[str, ...]:
+    """``task.queries``: a statistics round's queries, canonically spelt, over exactly the features they read."""
+    from anonml.protocol._features import FeatureSpec, FeatureSpecError
+
+    if kind != TaskKind.STATISTICS:
+        task.fail("queries", f"only a {str(TaskKind.STATISTICS)!r} task takes queries, this one is {str(kind)!r}")
+    try:
+        spec = FeatureSpec.from_dict(dict(features))
+        queries = check_queries(task.raw("queries"), spec.names, spec.numeric_names)
+    except FeatureSpecError as exc:
+        task.fail("features", str(exc))
+    except QueryError as exc:
+        task.fail("queries", str(exc))
+    texts = tuple(query.text for query in queries)
+    if list(texts) != task.raw("queries"):
+        # One encoding per manifest: the spec parser writes each query in its canonical spelling.
+        task.fail("queries", f"not in canonical spelling: expected {list(texts)!r}")
+    unread = [name for name in spec.names if name not in queried_features(queries, spec.names)]
+    if unread:
+        task.fail("features", f"{', '.join(map(repr, unread))} read by no query: a peer releases only what the queries need")
+    return texts
 
 
 def _signed_bytes(round_id: bytes) -> bytes:

@@ -80,5 +80,5 @@ class PartitionPlan:
 
     def oracle(self, partition: int, subset: int) -> FrequencyOracle:
         """The frequency oracle of data survey ``(partition, subset)``."""
-        domain = self.spec.domain_size(self.subsets[partition][subset])
+        domain = self.spec.domain_size(self.subsets[partition][subset], labelled=self.manifest.labelled_reports)
         return survey_oracle(self.manifest.oracle, self.manifest.eps_data, domain, self.sizes[partition])

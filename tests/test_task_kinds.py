@@ -11,7 +11,7 @@ import pytest
 
 from anonml.aggregator._report import summarise
 from anonml.aggregator._spec import RoundSpecError, parse_round_spec
-from anonml.learning import round_statistics, survey_cells
+from anonml.learning import round_statistic_errors
 from anonml.mechanisms import OptimizedUnaryEncoding
 from anonml.peer import Dataset, Event, PeerStore, RoundPipeline, describe_release
 from anonml.protocol import FeatureSpec, InvalidManifest, RoundManifest, SignedManifest, TaskKind
@@ -137,8 +137,10 @@ def test_a_statistics_round_charges_each_peer_its_promise_and_accepts_every_repo
 def test_a_statistics_round_reports_each_answer_beside_its_formula(statistics_round: RoundTrace) -> None:
     trace = statistics_round
     manifest = trace.manifest.manifest
-    answers = {(a["query"], a["subject"]): a for a in trace.report["statistics"]}
-    assert set(answers) == {("count", "y positive"), ("histogram", "age"), ("histogram", "colour"), ("mean", "age"), ("median", "age")}
+    answers = {(a["kind"], a["subject"]): a for a in trace.report["statistics"]}
+    assert set(answers) == {("count", "y positive"), ("histogram", "age"), ("histogram", "colour"), ("mean", "age"), ("quantile", "age")}
+    assert trace.report["queries"] == [a["query"] for a in trace.report["statistics"]] == [
+        "count:label", "histogram:age", "mean:age", "quantile:age:0.5", "histogram:colour"]
     data_peers = [p for p in trace.peers if p.result is not None and p.result.partition is not None and p.result.partition < manifest.k_p]
     rows = [_row_of(trace, p.index) for p in data_peers]
     count = answers[("count", "y positive")]
@@ -150,12 +152,12 @@ def test_a_statistics_round_reports_each_answer_beside_its_formula(statistics_ro
         histogram = answers[("histogram", feature)]
         cells = FeatureSpec.from_dict(dict(manifest.features)).domain_size((feature,))
         assert histogram["variance"] == pytest.approx(OptimizedUnaryEncoding(4.0, cells).variance(histogram["reports"]))
-    median, cut_points = answers[("median", "age")], trace.report["cut_points"]["age"]
+    median, cut_points = answers[("quantile", "age")], trace.report["cut_points"]["age"]
     assert median["estimate"] in cut_points and len(median["cdf"]) == len(cut_points) + 1
     mean = answers[("mean", "age")]
     assert 0 <= mean["estimate"] <= 100 and mean["std_error"] > 0
     lines = summarise(trace.report)
-    assert any(line.startswith("statistic: mean of age") and "std error" in line and "mid_b" in line for line in lines)
+    assert any(line.startswith("statistic: mean:age (age,") and "std error" in line and "mid_b" in line for line in lines)
     # report.html, the dashboard's page with the final figures, carries the answers its statistics table shows.
     assert trace.peer_store is not None
     (page,) = (trace.peer_store.parent / "aggregator" / "rounds").glob("*/report.html")
@@ -192,24 +194,7 @@ def test_a_statistics_rounds_errors_hold_their_formulas_over_100_trials() -> Non
     ages = rng.beta(2, 3, n) * 100
     labels = (rng.random(n) < ages / 100).astype(np.int64)
     bins = np.searchsorted(cuts, ages, side="left")  # bin #{c : v > c}, as the peers bin
-    oracle = OptimizedUnaryEncoding(1.0, spec.domain_size(("age",)))
-    codes = spec.encode(("age",), bins[:, None], labels)
-    true_bins = np.bincount(bins, minlength=4)
-    middles = (np.array([0.0, *cuts]) + np.array([*cuts, 100.0])) / 2
-    true_cdf = np.cumsum(true_bins) / n
-    truth = {"count": float(labels.sum()), "mean": float(middles @ true_bins / n)}
-    errors: dict[str, list[float]] = {"count": [], "histogram": [], "mean": [], "median": []}
-    stated: dict[str, list[float]] = {key: [] for key in errors}
-    for _ in range(100):
-        blobs = oracle.encode_reports(oracle.privatize(codes, rng))
-        answers = {a["query"]: a for a in round_statistics(spec, [survey_cells(spec, "age", oracle, blobs)], {"age": cuts})}
-        for query in ("count", "mean"):
-            errors[query].append((answers[query]["estimate"] - truth[query]) ** 2)
-        errors["histogram"].append(float(np.sum(np.square(np.array(answers["histogram"]["estimate"]) - true_bins))))
-        chosen = cuts.index(answers["median"]["estimate"])
-        errors["median"].append((answers["median"]["cdf"][chosen] - true_cdf[chosen]) ** 2)
-        for query in errors:
-            stated[query].append(answers[query]["variance"])
-    for query in errors:
-        ratio = float(np.mean(errors[query]) / np.mean(stated[query]))
-        assert 1 / 1.5 < ratio < 1.5, (query, ratio)
+    rows = round_statistic_errors(spec, bins[:, None], labels, {"age": cuts}, (), epsilon=1.0, trials=100, rng=rng)
+    assert [row["task"] for row in rows] == ["count:label", "histogram:age", "mean:age", "quantile:age:0.5"]
+    for row in rows:
+        assert 1 / 1.5 < row["ratio"] < 1.5, row

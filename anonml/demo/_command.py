@@ -32,12 +32,13 @@ import click
 @click.option("--task", type=click.Choice(["ensemble", "statistics", "sgd"]), default="ensemble", show_default=True,
               help="What the round computes: the partition ensemble, statistic answers (histograms, a count, means, medians) each with "
                    "its error, or a logistic regression by Harmony's LDP gradient descent (sgd: one gradient per peer).")
+@click.option("--query", "queries", multiple=True, help="With --task statistics: one of the round's [task] queries (count:label, histogram:F, mean:F, quantile:F:Q); repeat it. Peers then release only the features the queries read, and no label unless count:label is asked.")
 @click.option("--linger", type=click.FloatRange(0, 3600), default=0.0, help="Keep the aggregator's dashboard up this many seconds after the round.")
 @click.option("--explain-anonymity", "explain", type=click.Path(file_okay=False, exists=True, path_type=Path), default=None,
               help="Run no round: split the send-vs-arrival rank correlation of the finished demo in this --work-dir by stage "
                    "(each relay hop, the arrival), and write its per-message trace there.")
 def demo(peers: int | None, dataset: str, data_dir: Path | None, epsilon: float, workers: int, work_dir: Path | None, seed: int,
-         json_out: Path | None, linger: float, task: str, explain: Path | None) -> None:
+         json_out: Path | None, linger: float, task: str, queries: tuple[str, ...], explain: Path | None) -> None:
     """Run one complete round on loopback: 5 relays (paths of 3), the aggregator, N peers.
 
     Exits 0 when the round is done and the aggregator accepted at least 99%
@@ -53,7 +54,7 @@ def demo(peers: int | None, dataset: str, data_dir: Path | None, epsilon: float,
     from anonml.demo._data import adult_data, breast_cancer_data, write_experiment_files
     from anonml.demo._run import run_demo
     from anonml.demo._summary import exit_code, experiment_command, print_summary, sgd_experiment_command
-    from anonml.protocol import TaskKind
+    from anonml.protocol import QueryError, TaskKind, check_queries
 
     console = Console()
     if explain is not None:
@@ -70,11 +71,18 @@ def demo(peers: int | None, dataset: str, data_dir: Path | None, epsilon: float,
         data = adult_data(data_dir)
     else:
         data = breast_cancer_data(seed)
+    if queries and task != TaskKind.STATISTICS:
+        raise click.UsageError("--query asks a statistics task: add --task statistics")
+    try:
+        if queries:
+            check_queries(list(queries), data.spec.names, data.spec.numeric_names)
+    except QueryError as exc:
+        raise click.BadParameter(str(exc), param_hint="--query") from None
     n = min(peers or len(data.train_rows), len(data.train_rows))
     work = work_dir or Path(tempfile.mkdtemp(prefix="anonml-demo-"))
     work.mkdir(parents=True, exist_ok=True)
     result = trio.run(until_signalled, partial(run_demo, data, peers=n, epsilon=epsilon, workers=workers, seed=seed, work=work,
-                                               console=console, linger=linger, task=TaskKind(task)))
+                                               console=console, linger=linger, task=TaskKind(task), queries=queries))
     if isinstance(result, int):
         console.print(f"stopped by {signal.Signals(result).name}; every child process was stopped; files in {work}")
         raise SystemExit(128 + result)

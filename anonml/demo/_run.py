@@ -18,6 +18,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 import httpx
@@ -213,7 +214,7 @@ async def collect_report(aggregator: Child, round_dir: Path, children: Children,
 
 
 async def run_demo(data: DemoData, *, peers: int, epsilon: float, workers: int, seed: int, work: Path, console: Any,
-                   linger: float = 0.0, task: TaskKind = TaskKind.ENSEMBLE) -> tuple[dict[str, Any], DemoParams]:
+                   linger: float = 0.0, task: TaskKind = TaskKind.ENSEMBLE, queries: Sequence[str] = ()) -> tuple[dict[str, Any], DemoParams]:
     """Run one complete round; returns the summary figures and the round's parameters."""
     started = time.monotonic()
     rows = data.train_rows[:peers]
@@ -239,7 +240,7 @@ async def run_demo(data: DemoData, *, peers: int, epsilon: float, workers: int, 
         # registration window was 93 s for 15 s of work (issue 26).
         await children.until_quiet(QUIET_SHARE, QUIET_TIMEOUT)
         costs = await measure_costs(PATH_LENGTH, process_start)
-        params = plan_round(data, len(rows), epsilon, workers, seed, costs, task=task)
+        params = plan_round(data, len(rows), epsilon, workers, seed, costs, task=task, queries=queries)
         console.print("    " + describe_plan(costs, params))
         step(3, "the aggregator opens the round (anonml aggregator round new / run)")
         round_id, aggregator = await open_round(children, work, agg_dir, data, params, descriptors, network, linger)

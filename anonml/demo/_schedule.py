@@ -33,7 +33,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 import tomli_w
@@ -42,7 +42,16 @@ from anonml.demo._calibrate import PhaseCosts
 from anonml.demo._data import DemoData
 from anonml.demo._ports import HOST
 from anonml.mechanisms import OracleName
-from anonml.protocol import DEFAULT_MIN_ANONYMITY_SET, RelayEntry, TaskKind, comparison_pool_size, shortest_delivery, smallest_anonymity_set
+from anonml.protocol import (
+    DEFAULT_MIN_ANONYMITY_SET,
+    RelayEntry,
+    TaskKind,
+    check_queries,
+    comparison_pool_size,
+    queried_features,
+    shortest_delivery,
+    smallest_anonymity_set,
+)
 from anonml.transport import HttpLimits
 
 # More relays than a path is long: a relay that dies for good leaves paths
@@ -117,6 +126,8 @@ class DemoParams:
     """Before each phase that needs a published document (thresholds, medians): mirrors copy it, peers confirm it."""
     task: TaskKind = TaskKind.ENSEMBLE
     """What the round computes (``[task] kind``): the ensemble, or statistic answers."""
+    queries: tuple[str, ...] = ()
+    """A statistics task's ``[task] queries`` (none: the default set)."""
 
     def total_seconds(self) -> int:
         """From ``round new`` until the data phase's second delivery window closes (publish gaps included).
@@ -153,7 +164,7 @@ SGD_STEPS = 4
 groups at the demo's few hundred peers; 4 keeps each step's mean over ~50-100 gradients."""
 
 
-def learning_parameters(data: DemoData, task: TaskKind = TaskKind.ENSEMBLE) -> DemoLearning:
+def learning_parameters(data: DemoData, task: TaskKind = TaskKind.ENSEMBLE, queries: Sequence[str] = ()) -> DemoLearning:
     """The demo's plan for the dataset and task: one data packet per peer (the "one"
     plan), combined by naive Bayes over the partitions' noisy histograms.
 
@@ -181,7 +192,8 @@ def learning_parameters(data: DemoData, task: TaskKind = TaskKind.ENSEMBLE) -> D
     search (one cut point, ``median_share`` 0.5).
 
     A statistics task sends one feature per report (``k_s = 1``) in at least one
-    partition per feature, with the ensemble's median search and pool.
+    partition per feature, with the ensemble's median search and pool; with
+    ``queries`` that read no numeric feature, no search and no pool.
     """
     if task == TaskKind.SGD:
         # SGD_STEPS gradient steps (the median sub-rounds), one partition each: every peer sends one gradient. The
@@ -192,22 +204,26 @@ def learning_parameters(data: DemoData, task: TaskKind = TaskKind.ENSEMBLE) -> D
         # One feature per report (k_s = 1), a partition per feature so "one" deals every feature;
         # the search as the ensemble's demo runs it.
         ensemble = learning_parameters(data)
+        spec = data.spec
+        read = queried_features(check_queries(list(queries), spec.names, spec.numeric_names), spec.names) if queries else spec.names
+        if not any(name in spec.numeric_names for name in read):
+            ensemble = ensemble._replace(median_rounds=0, comparison_pool=0.0)
         # Three cut points: four bins per numeric feature, so its median and mean say more than one cut point.
-        return ensemble._replace(k_p=max(ensemble.k_p, len(data.spec.features)), k_s=1, quantiles=3)
+        return ensemble._replace(k_p=max(ensemble.k_p, len(read)), k_s=1, quantiles=3)
     if data.name == "breast-cancer":
         return DemoLearning(k_p=4, k_h=1, k_s=3, plan="one", median_rounds=3, vote="naive-bayes", quantiles=1, comparison_pool=0.0)
     return DemoLearning(k_p=12, k_h=1, k_s=1, plan="one", median_rounds=4, vote="naive-bayes", quantiles=3, comparison_pool=0.1)
 
 
 def plan_round(data: DemoData, peers: int, epsilon: float, workers: int, seed: int, costs: PhaseCosts,
-               n_cores: int | None = None, outage: float = 0.0, task: TaskKind = TaskKind.ENSEMBLE) -> DemoParams:
+               n_cores: int | None = None, outage: float = 0.0, task: TaskKind = TaskKind.ENSEMBLE, queries: Sequence[str] = ()) -> DemoParams:
     """The demo's round with every window sized by the rule of the module docstring from ``costs``.
 
     ``outage``: the longest a killed relay or aggregator stays away (the fault bench's downtime and restart;
     0: no kills planned). Each delivery slice then holds one outage and a link retry's gap, so a hop killed
     in the slice before its own is back, and takes the packets held for it, while its window is still open,
     and one killed in its own slice releases what it held into the next hop's window."""
-    k_p, k_h, k_s, plan, median_rounds, vote, quantiles, pool = learning_parameters(data, task)
+    k_p, k_h, k_s, plan, median_rounds, vote, quantiles, pool = learning_parameters(data, task, queries)
     recovery = recovery_seconds(costs)
     spread = n_cores or cores()
     # Every peer here comes from one address, which the aggregator's HTTP server
@@ -267,7 +283,7 @@ def plan_round(data: DemoData, peers: int, epsilon: float, workers: int, seed: i
         data_send_window=send(data_messages),
         data_delivery_window=delivery(data_messages),
         check_seconds=max(MIN_CHECK_SECONDS, math.ceil(publication)),
-        publish_gap=max(MIN_PUBLISH_GAP, math.ceil(publication)), task=task,
+        publish_gap=max(MIN_PUBLISH_GAP, math.ceil(publication)), task=task, queries=tuple(queries),
     )
 
 
@@ -315,7 +331,8 @@ def round_spec(data: DemoData, params: DemoParams, relays: list[dict[str, Any]],
     smallest = smallest_anonymity_set(min_participation, params.k_p, round(params.comparison_pool * 1000), params.median_rounds)
     return {
         "name": f"demo-{data.name}",
-        "task": {"kind": str(params.task), "features": spec["features"], "label": spec["label"], "quantiles": params.quantiles},
+        "task": {"kind": str(params.task), "features": spec["features"], "label": spec["label"], "quantiles": params.quantiles,
+                 **({"queries": list(params.queries)} if params.queries else {})},
         "learning": {"k_p": params.k_p, "k_h": params.k_h, "k_s": params.k_s, "plan": params.plan, "learner": "logreg",
                      "vote": params.vote, "comparison_pool": params.comparison_pool},
         # A statistics task needs a unary encoding (aggregator._spec): optimized unary encoding, the least variance of them.
