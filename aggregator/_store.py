@@ -33,7 +33,7 @@ from typing import Literal
 
 from nacl.signing import SigningKey
 
-from anonml.aggregator._engines import PostgresLocation, Session, open_engine
+from anonml.aggregator._engines import PostgresLocation, Session, execute_each, open_engine
 from anonml.base.errors import AnonMLError, ConfigError
 from anonml.protocol import Check, RegistrationPolicy, RosterEntry, SurveyId
 from anonml.base.storage import (
@@ -382,15 +382,16 @@ class RoundStore:
         seen before (a replay: nothing stored). The replay cache's primary key decides,
         in this commit, whichever worker the copy reached. ``refusals`` (frames refused
         at the link, by reason) are counted in the same commit."""
-        row_ids: list[int | None] = []
         with self._engine.transaction() as db:
-            for tag, message in messages:
-                if db.execute("INSERT INTO replay_tags (tag) VALUES (?) ON CONFLICT DO NOTHING", (tag,)).rowcount != 1:
-                    row_ids.append(None)
-                    continue
-                (row_id,) = db.execute("INSERT INTO inbox (tag, message, arrived) VALUES (?, ?, ?) RETURNING id",
-                                       (tag, message, arrived)).fetchone()
-                row_ids.append(int(row_id))
+            # Tags first (a tag seen before, or twice in this batch, returns no row), then the fresh
+            # messages: two exchanges with a server for the batch, whatever its size.
+            fresh = [bool(taken) for taken in execute_each(
+                db, "INSERT INTO replay_tags (tag) VALUES (?) ON CONFLICT DO NOTHING RETURNING tag",
+                [(tag,) for tag, _ in messages])]
+            inserted = iter(execute_each(
+                db, "INSERT INTO inbox (tag, message, arrived) VALUES (?, ?, ?) RETURNING id",
+                [(tag, message, arrived) for (tag, message), new in zip(messages, fresh) if new]))
+            row_ids = [int(next(inserted)[0][0]) if new else None for new in fresh]
             self._count_rejections(db, refusals or {})
         self.inbox_count += sum(row_id is not None for row_id in row_ids)
         return row_ids
@@ -477,7 +478,6 @@ class RoundStore:
         packets: Sequence[VerifiedPacket],
         rejections: Sequence[str],
         now: int,
-        replay_tags: Sequence[bytes] = (),
         done_inbox_ids: Sequence[int] = (),
     ) -> list[str]:
         """Store verified packets and count rejections in one transaction.
@@ -508,13 +508,14 @@ class RoundStore:
             if deleted != len(ids):
                 raise BatchTaken(f"{len(ids) - deleted} of {len(ids)} inbox rows were decided elsewhere")
             accepted: dict[bytes, list[bytes]] = {}
-            for packet in packets:
-                survey = packet.survey.to_bytes()
-                inserted = db.execute(
-                    "INSERT INTO packets (survey, tag_digest, message_hash, report, receipt, accepted_at, arrived) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (survey, tag_digest) DO NOTHING",
-                    (survey, packet.tag_digest, packet.message_hash, packet.report, packet.receipt, now, packet.arrived),
-                ).rowcount == 1
+            surveys = [packet.survey.to_bytes() for packet in packets]
+            # All the batch's inserts in one exchange; a packet whose key is taken (stored before, by any
+            # worker, or earlier in this batch) returns no row and is judged against the stored one below.
+            inserted_rows = execute_each(
+                db, "INSERT INTO packets (survey, tag_digest, message_hash, report, receipt, accepted_at, arrived) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (survey, tag_digest) DO NOTHING RETURNING tag_digest",
+                [(survey, p.tag_digest, p.message_hash, p.report, p.receipt, now, p.arrived) for survey, p in zip(surveys, packets)])
+            for packet, survey, inserted in zip(packets, surveys, inserted_rows):
                 if inserted:
                     accepted.setdefault(survey, []).append(packet.tag_digest)
                     outcomes.append("accepted")
@@ -537,8 +538,6 @@ class RoundStore:
                 first = int(end) - len(digests)
                 db.executemany("UPDATE packets SET position = ? WHERE survey = ? AND tag_digest = ?",
                                [(first + offset, survey, digest) for offset, digest in enumerate(digests)])
-            if replay_tags:
-                db.executemany("INSERT INTO replay_tags (tag) VALUES (?) ON CONFLICT DO NOTHING", [(t,) for t in replay_tags])
             self._count_rejections(db, counted)
         self.inbox_count = max(self.inbox_count - deleted, 0)
         return outcomes
