@@ -21,6 +21,7 @@ or doubled anything.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import shutil
@@ -285,7 +286,11 @@ async def _deliver(prepared: PreparedRound, children: list[tuple[subprocess.Pope
         with trio.move_on_after(5.0):
             while not (await run_blocking(observer.claims)).get("w0"):
                 await trio.sleep(0.005)
-        children[0][0].send_signal(signal.SIGKILL)
+        # The worker and its verification processes, as a lost host loses them (killed alone, they would
+        # outlive it, idle, for the rest of the bench).
+        for process in [*psutil.Process(children[0][0].pid).children(recursive=True), psutil.Process(children[0][0].pid)]:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.kill()
         killed.append(trio.current_time() - began)
         held.append((await run_blocking(observer.claims)).get("w0", 0))
 
