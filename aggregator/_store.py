@@ -33,7 +33,7 @@ from typing import Literal
 
 from nacl.signing import SigningKey
 
-from anonml.aggregator._engines import PostgresLocation, Session, open_engine
+from anonml.aggregator._engines import PostgresLocation, Session, execute_each, open_engine
 from anonml.base.errors import AnonMLError, ConfigError
 from anonml.protocol import Check, RegistrationPolicy, RosterEntry, SurveyId
 from anonml.base.storage import (
@@ -382,15 +382,16 @@ class RoundStore:
         seen before (a replay: nothing stored). The replay cache's primary key decides,
         in this commit, whichever worker the copy reached. ``refusals`` (frames refused
         at the link, by reason) are counted in the same commit."""
-        row_ids: list[int | None] = []
         with self._engine.transaction() as db:
-            for tag, message in messages:
-                if db.execute("INSERT INTO replay_tags (tag) VALUES (?) ON CONFLICT DO NOTHING", (tag,)).rowcount != 1:
-                    row_ids.append(None)
-                    continue
-                (row_id,) = db.execute("INSERT INTO inbox (tag, message, arrived) VALUES (?, ?, ?) RETURNING id",
-                                       (tag, message, arrived)).fetchone()
-                row_ids.append(int(row_id))
+            # Tags first (a tag seen before, or twice in this batch, returns no row), then the fresh
+            # messages: two exchanges with a server for the batch, whatever its size.
+            fresh = [bool(taken) for taken in execute_each(
+                db, "INSERT INTO replay_tags (tag) VALUES (?) ON CONFLICT DO NOTHING RETURNING tag",
+                [(tag,) for tag, _ in messages])]
+            inserted = iter(execute_each(
+                db, "INSERT INTO inbox (tag, message, arrived) VALUES (?, ?, ?) RETURNING id",
+                [(tag, message, arrived) for (tag, message), new in zip(messages, fresh) if new]))
+            row_ids = [int(next(inserted)[0][0]) if new else None for new in fresh]
             self._count_rejections(db, refusals or {})
         self.inbox_count += sum(row_id is not None for row_id in row_ids)
         return row_ids
@@ -477,7 +478,6 @@ class RoundStore:
         packets: Sequence[VerifiedPacket],
         rejections: Sequence[str],
         now: int,
-        replay_tags: Sequence[bytes] = (),
         done_inbox_ids: Sequence[int] = (),
     ) -> list[str]:
         """Store verified packets and count rejections in one transaction.
@@ -497,7 +497,6 @@ class RoundStore:
         or a retried commit had in fact committed), nothing is stored and
         :class:`BatchTaken` is raised, so each message is decided once.
         """
-        outcomes: list[str] = []
         counted: Counter[str] = Counter(rejections)
         with self._engine.transaction() as db:
             ids = sorted(set(done_inbox_ids))
@@ -507,40 +506,59 @@ class RoundStore:
             )
             if deleted != len(ids):
                 raise BatchTaken(f"{len(ids) - deleted} of {len(ids)} inbox rows were decided elsewhere")
-            accepted: dict[bytes, list[bytes]] = {}
-            for packet in packets:
-                survey = packet.survey.to_bytes()
-                inserted = db.execute(
-                    "INSERT INTO packets (survey, tag_digest, message_hash, report, receipt, accepted_at, arrived) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (survey, tag_digest) DO NOTHING",
-                    (survey, packet.tag_digest, packet.message_hash, packet.report, packet.receipt, now, packet.arrived),
-                ).rowcount == 1
-                if inserted:
-                    accepted.setdefault(survey, []).append(packet.tag_digest)
-                    outcomes.append("accepted")
-                    continue
-                (stored_hash,) = db.execute(
-                    "SELECT message_hash FROM packets WHERE survey = ? AND tag_digest = ?", (survey, packet.tag_digest)
-                ).fetchone()
-                outcome = "duplicate" if bytes(stored_hash) == packet.message_hash else "double-submission"
-                outcomes.append(outcome)
-                counted[outcome] += 1
-            # Log positions last, surveys in one order (no two workers wait on each other's counter
-            # rows): each counter row stays locked until the commit, so positions are dense and in commit order.
-            for survey in sorted(accepted):
-                digests = accepted[survey]
-                (end,) = db.execute(
-                    "INSERT INTO log_sizes (survey, size) VALUES (?, ?) "
-                    "ON CONFLICT (survey) DO UPDATE SET size = log_sizes.size + excluded.size RETURNING size",
-                    (survey, len(digests)),
-                ).fetchone()
-                first = int(end) - len(digests)
-                db.executemany("UPDATE packets SET position = ? WHERE survey = ? AND tag_digest = ?",
-                               [(first + offset, survey, digest) for offset, digest in enumerate(digests)])
-            if replay_tags:
-                db.executemany("INSERT INTO replay_tags (tag) VALUES (?) ON CONFLICT DO NOTHING", [(t,) for t in replay_tags])
+            outcomes = self._insert_packets(db, packets, now)
+            counted.update(outcome for outcome in outcomes if outcome != "accepted")
             self._count_rejections(db, counted)
         self.inbox_count = max(self.inbox_count - deleted, 0)
+        return outcomes
+
+    @staticmethod
+    def _insert_packets(db: Session, packets: Sequence[VerifiedPacket], now: int) -> list[str]:
+        """Insert ``packets`` at the ends of their surveys' logs; per packet ``"accepted"``, ``"duplicate"`` or
+        ``"double-submission"`` (see :meth:`store_batch`).
+
+        Each survey's counter row is locked first, surveys in one order (no two workers wait on each other's
+        counter rows), and stays locked until the commit: positions are dense and in commit order. Every packet
+        is inserted once, at the position it takes if all of the batch is new; a packet whose key is taken
+        (stored before, by any worker, or earlier in this batch) is not inserted, and only then are the later
+        packets of its survey moved down to close the gap (resends are rare: a batch usually writes each row once,
+        where assigning positions after the insert rewrote every row and its index entries).
+        """
+        surveys = [packet.survey.to_bytes() for packet in packets]
+        size: dict[bytes, int] = {}
+        for survey in sorted(set(surveys)):
+            (stored,) = db.execute(
+                "INSERT INTO log_sizes (survey, size) VALUES (?, 0) "
+                "ON CONFLICT (survey) DO UPDATE SET size = log_sizes.size RETURNING size", (survey,)).fetchone()
+            size[survey] = int(stored)
+        tentative: list[int] = []
+        following = dict(size)
+        for survey in surveys:
+            tentative.append(following[survey])
+            following[survey] += 1
+        # All the batch's inserts in one exchange with a server.
+        inserted_rows = execute_each(
+            db, "INSERT INTO packets (survey, tag_digest, message_hash, report, receipt, accepted_at, position, arrived) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (survey, tag_digest) DO NOTHING RETURNING tag_digest",
+            [(survey, p.tag_digest, p.message_hash, p.report, p.receipt, now, position, p.arrived)
+             for survey, p, position in zip(surveys, packets, tentative)])
+        outcomes: list[str] = []
+        moves: list[tuple[int, bytes, bytes]] = []
+        for packet, survey, position, inserted in zip(packets, surveys, tentative, inserted_rows):
+            if inserted:
+                if position != size[survey]:
+                    # Ascending: the position it moves to is free (a packet not inserted, or one moved already).
+                    moves.append((size[survey], survey, packet.tag_digest))
+                size[survey] += 1
+                outcomes.append("accepted")
+                continue
+            (stored_hash,) = db.execute(
+                "SELECT message_hash FROM packets WHERE survey = ? AND tag_digest = ?", (survey, packet.tag_digest)
+            ).fetchone()
+            outcomes.append("duplicate" if bytes(stored_hash) == packet.message_hash else "double-submission")
+        if moves:
+            db.executemany("UPDATE packets SET position = ? WHERE survey = ? AND tag_digest = ?", moves)
+        db.executemany("UPDATE log_sizes SET size = ? WHERE survey = ?", sorted((n, survey) for survey, n in size.items()))
         return outcomes
 
     def accepted_count(self, survey: SurveyId) -> int:

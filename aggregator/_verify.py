@@ -102,8 +102,6 @@ class OpenedBatch:
 
     arrivals: list[float]
     inbox_ids: Sequence[int]
-    tags: list[bytes]
-    """Replay tags of the batch's messages, stored with it."""
     opened: list[tuple[int, _Opened]] = field(default_factory=list)
     outcomes: list[str] = field(default_factory=list)
     rejections: list[str] = field(default_factory=list)
@@ -111,7 +109,7 @@ class OpenedBatch:
 
 def open_batch(state: RoundState, rows: Sequence[tuple[int, bytes, bytes, float]]) -> OpenedBatch:
     """Parse each inbox row ``(id, tag, message, arrived)``: message, open survey and window at arrival."""
-    batch = OpenedBatch([row[3] for row in rows], [row[0] for row in rows], [row[1] for row in rows])
+    batch = OpenedBatch([row[3] for row in rows], [row[0] for row in rows])
     batch.outcomes = [""] * len(rows)
     for index, (_, _, message, arrived) in enumerate(rows):
         try:
@@ -157,7 +155,8 @@ def judge_batch(state: RoundState, batch: OpenedBatch, workers: IssuerWorkers) -
 
 
 def store_judged(state: RoundState, judged: JudgedBatch) -> list[str]:
-    """One commit: accepted packets, the batch's rejections and replay tags, its inbox rows removed.
+    """One commit: accepted packets and the batch's rejections, its inbox rows removed (their replay tags
+    were taken when they entered the inbox).
 
     Raises StorageError (nothing of the batch committed) when the store
     fails; calling it again with the same batch is safe.
@@ -165,7 +164,7 @@ def store_judged(state: RoundState, judged: JudgedBatch) -> list[str]:
     batch = judged.batch
     stored = state.store.store_batch(
         [packet for _, packet in judged.verified], batch.rejections, int(max(batch.arrivals, default=0)),
-        sorted(batch.tags), batch.inbox_ids,
+        batch.inbox_ids,
     )
     outcomes = list(batch.outcomes)
     for (index, _), outcome in zip(judged.verified, stored):

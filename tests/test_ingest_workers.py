@@ -8,6 +8,7 @@ batches over TCP on loopback from this test acting as the round's relays
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,7 @@ from anonml.aggregator import AggregatorHome, create_round, open_round, parse_ro
 from anonml.aggregator._ingest import hold_lease
 from anonml.base.errors import ConfigError
 from anonml.bench.aggregator import bench_spec
-from anonml.bench.ingest import prepare_round, run_config
+from anonml.bench.ingest import CpuSeconds, cpu_bound_ceiling, prepare_round, run_config
 from anonml.crypto import generate_keypair
 from anonml.testing import PostgresServer
 
@@ -76,3 +77,19 @@ def test_a_worker_killed_mid_round_loses_nothing_and_counts_nothing_twice(tmp_pa
         assert result.killed_after is not None and result.claimed_at_kill > 0  # it died holding undecided rows
         assert result.lost == 0 and result.doubled == 0 and result.unacknowledged == 0, result
         assert result.accepted == len(prepared.frames)
+
+
+def test_the_bench_measures_cpu_per_report_and_the_cpu_bound_ceiling(tmp_path: Path, postgres_server: PostgresServer) -> None:
+    prepared = prepare_round(tmp_path / "prepared", 200, seed=4)
+    result = run_config(prepared, tmp_path, "cpu", postgres_server.create_database("cpu"), 1,
+                        server_pid=postgres_server.postmaster_pid(), processes=1)
+    assert result.accepted == 200
+    # The worker's own process, its verification process and the server each did work for the reports.
+    assert result.worker_cpu.own > 0 and result.worker_cpu.descendants > 0 and result.server_cpu > 0
+    # One worker whose verifier takes as long as itself fills 2 cores alone: a second cannot help.
+    same = replace(result, accepted=1000, worker_cpu=CpuSeconds(0.3, 0.3), server_cpu=0.1)
+    assert cpu_bound_ceiling(same, cores=2, processes=1) == pytest.approx(1.0)
+    # One process per worker: two gain 2 / (1 + s / m), the server's share being what does not scale.
+    alone = replace(result, accepted=1000, worker_cpu=CpuSeconds(0.5, 0.0), server_cpu=0.1)
+    assert cpu_bound_ceiling(alone, cores=2, processes=0) == pytest.approx(2 / 1.2)
+    assert cpu_bound_ceiling(alone, cores=4, processes=0) == pytest.approx(2.0)

@@ -9,8 +9,10 @@ from committed rows.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import itertools
+import socket
 import sqlite3
 import threading
 from collections.abc import Callable, Iterator
@@ -202,3 +204,95 @@ def test_the_move_to_postgresql_copies_every_table_and_column_of_the_current_sch
     assert tables == set(_TABLE_COLUMNS)
     left_behind = {table: columns[table] - set(listed) for table, listed in _TABLE_COLUMNS.items() if columns[table] - set(listed)}
     assert left_behind == {"inbox": {"id", "claimed_by", "claimed_at"}}
+
+
+def test_a_batch_repeating_a_tag_or_a_report_stores_it_once(open_store: Opener) -> None:
+    """The batch's statements travel together on PostgreSQL; a copy later in the same batch is still judged
+    against the first, as when each row went alone."""
+    store = open_store()
+    first, second, again = store.enqueue([(b"c" * 32, b"x"), (b"d" * 32, b"y"), (b"c" * 32, b"z")], 1000.0)
+    assert first is not None and second is not None and again is None and first < second
+    batch = [packet(SURVEY, 0), packet(SURVEY, 1), packet(SURVEY, 0), packet(SURVEY, 1, b"another message")]
+    assert store.store_batch(batch, [], 1000) == ["accepted", "accepted", "duplicate", "double-submission"]
+    assert store.log_leaves(SURVEY) == [packet(SURVEY, n).receipt for n in (0, 1)]
+
+
+class TurnCountingProxy:
+    """A loopback TCP proxy to a server that counts turns: each time a client sends again after the server
+    answered it, one round trip the client waited for."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.turns = 0
+        self._lock = threading.Lock()
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = int(self._listener.getsockname()[1])
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(("127.0.0.1", self.target_port))
+            answered = [True]
+            threading.Thread(target=self._pump, args=(client, upstream, answered, True), daemon=True).start()
+            threading.Thread(target=self._pump, args=(upstream, client, answered, False), daemon=True).start()
+
+    def _pump(self, source: socket.socket, sink: socket.socket, answered: list[bool], from_client: bool) -> None:
+        try:
+            while data := source.recv(65536):
+                with self._lock:
+                    # Noted before forwarding: the client cannot react to an answer before it is counted.
+                    if from_client and answered[0]:
+                        self.turns += 1
+                    answered[0] = not from_client
+                sink.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for end in (source, sink):
+                with contextlib.suppress(OSError):
+                    end.shutdown(socket.SHUT_RDWR)
+
+    def close(self) -> None:
+        self._listener.close()
+
+
+def test_on_postgresql_a_batch_costs_a_few_round_trips_not_one_per_message(postgres_server: Any) -> None:
+    """A round trip per row made a batch of 128 cost 256 waits for the server (each a context switch each
+    way, and on a loaded host a wait for a CPU): the workers sat idle and the server's CPU per report tripled."""
+    proxy = TurnCountingProxy(postgres_server.port)
+    url = postgres_server.url.replace(f":{postgres_server.port}/", f":{proxy.port}/")
+    store = RoundStore(PostgresLocation(url, "test_round_trips"))
+    try:
+        store.enqueue([(b"warm" + bytes(28), b"m")], 1000.0)  # a connection in the pool, its statements prepared
+        before = proxy.turns
+        ids = store.enqueue([(hashlib.sha256(b"%d" % n).digest(), b"message %d" % n) for n in range(200)], 1000.0)
+        enqueue_turns = proxy.turns - before
+        before = proxy.turns
+        outcomes = store.store_batch([packet(SURVEY, n) for n in range(200)], [], 1000, done_inbox_ids=ids)
+        store_turns = proxy.turns - before
+    finally:
+        store.close()
+        proxy.close()
+    assert None not in ids and outcomes == ["accepted"] * 200
+    assert enqueue_turns <= 12, enqueue_turns
+    assert store_turns <= 12, store_turns
+
+
+def test_on_postgresql_a_batch_without_resends_writes_each_packet_row_once(open_store: Opener) -> None:
+    """Giving packets their log positions after inserting them rewrote every row (and its index entries):
+    a second row version per report on the server. A version written in place keeps the heap's item
+    numbers dense: each page's last item number equals the rows it holds."""
+    store = open_store()
+    if store.engine != "postgresql":
+        pytest.skip("row versions are PostgreSQL's")
+    assert store.store_batch([packet(SURVEY if n % 2 else OTHER, n) for n in range(200)], [], 1000) == ["accepted"] * 200
+    with store._engine.read() as db:
+        pages = db.execute(
+            "SELECT COUNT(*), MAX((ctid::text::point)[1]) FROM packets GROUP BY (ctid::text::point)[0]").fetchall()
+    assert sum(int(rows) for rows, _ in pages) == 200
+    assert all(int(rows) == int(last) for rows, last in pages), pages
+    assert store.log_leaves(SURVEY) == [packet(SURVEY, n).receipt for n in range(1, 200, 2)]

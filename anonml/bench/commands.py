@@ -281,21 +281,26 @@ def bench_round(peers: int, workers: int, epsilon: float, seed: int, work_dir: P
 @click.option("--kills", type=click.IntRange(0, 100), default=0, show_default=True,
               help="Also run this many PostgreSQL rounds with two workers, killing one (SIGKILL) at a random moment of each.")
 @click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--processes", type=click.IntRange(0, 64), default=1, show_default=True,
+              help="Token verification processes per worker (0: in a thread of the worker, one process per worker).")
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
-def bench_ingest(packets: int, kills: int, seed: int, as_json: bool) -> None:
+def bench_ingest(packets: int, kills: int, seed: int, processes: int, as_json: bool) -> None:
     """Accepted reports/s through ingest workers: SQLite 1 worker, PostgreSQL 1 and 2; SIGKILL audits."""
     from anonml.bench.ingest import run_bench
 
-    figures = run_bench(packets, seed, kills)
+    figures = run_bench(packets, seed, kills, processes)
     if as_json:
         click.echo(json.dumps(figures, indent=2))
     else:
         click.echo(f"{figures['frames']} frames; load average {figures['load_average'][0]:.2f} on {figures['cpus']} CPUs")
         for name, run in figures["runs"].items():
             click.echo(f"  {name:24} {run['accepted_per_second']:8.0f} accepted/s  ({run['accepted']} in {run['seconds']:.2f} s; "
-                       f"lost {run['lost']}, doubled {run['doubled']})")
+                       f"lost {run['lost']}, doubled {run['doubled']}; CPU ms per report: workers "
+                       f"{run['worker_cpu_ms_per_report']:.3f}, their verifiers {run['verifier_cpu_ms_per_report']:.3f}, "
+                       f"server {run['server_cpu_ms_per_report']:.3f})")
         click.echo(f"  PostgreSQL 2 workers / 1 worker: x{figures['ratio_pg2_to_pg1']:.2f}; "
-                   f"PostgreSQL / SQLite with 1 worker: x{figures['ratio_pg1_to_sqlite1']:.2f}")
+                   f"PostgreSQL / SQLite with 1 worker: x{figures['ratio_pg1_to_sqlite1']:.2f}; "
+                   f"2 workers / 1 if CPU alone limited them: at most x{figures['cpu_bound_ratio_ceiling']:.2f}")
         for index, run in enumerate(figures["kills"]):
             click.echo(f"  kill {index + 1}: worker killed after {run['killed_after_seconds']:.2f} s holding {run['claimed_at_kill']} "
                        f"claimed rows, {run['resent']} resent; "

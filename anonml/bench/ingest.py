@@ -21,6 +21,7 @@ or doubled anything.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import shutil
@@ -34,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import psutil
 import trio
 
 from anonml.base.threads import run_blocking
@@ -45,6 +47,21 @@ from anonml.transport import AckStatus, LinkClient, LinkIdentity
 
 LINK_BATCH = 128
 """Frames per link batch (a relay's release batch)."""
+
+
+@dataclass(frozen=True)
+class CpuSeconds:
+    """User + system CPU seconds of some processes (``own``) and of all their descendants, live or already reaped."""
+
+    own: float
+    descendants: float
+
+    @property
+    def total(self) -> float:
+        return self.own + self.descendants
+
+    def __sub__(self, before: CpuSeconds) -> CpuSeconds:
+        return CpuSeconds(self.own - before.own, self.descendants - before.descendants)
 
 
 @dataclass
@@ -75,6 +92,12 @@ class RunResult:
     resent: int = 0
     claimed_at_kill: int = 0
     """Inbox rows the killed worker held claimed and undecided when it died (taken over after the claim lapsed)."""
+    worker_cpu: CpuSeconds = CpuSeconds(0.0, 0.0)
+    """CPU seconds the worker processes (``own``: intake, the event loop, store calls) and their token verification
+    processes (``descendants``) spent from the first frame sent until every frame was decided (a killed worker's
+    time is missing)."""
+    server_cpu: float = 0.0
+    """CPU seconds the PostgreSQL server (postmaster, backends, background processes) spent meanwhile (0 on SQLite)."""
     lost: int = field(init=False)
 
     def __post_init__(self) -> None:
@@ -84,6 +107,31 @@ class RunResult:
     @property
     def per_second(self) -> float:
         return self.accepted / self.seconds if self.seconds else 0.0
+
+    def milliseconds_per_report(self, cpu_seconds: float) -> float:
+        return 1000 * cpu_seconds / self.accepted if self.accepted else 0.0
+
+
+def cpu_seconds(root_pids: list[int]) -> CpuSeconds:
+    """The CPU time of the processes ``root_pids`` and of their descendants (a reaped child's time is in its
+    parent's ``children_*``); a process gone meanwhile adds nothing."""
+    own = descendants = 0.0
+    for pid in root_pids:
+        try:
+            root = psutil.Process(pid)
+            times = root.cpu_times()
+            children = root.children(recursive=True)
+        except psutil.NoSuchProcess:
+            continue
+        own += times.user + times.system
+        descendants += times.children_user + times.children_system
+        for child in children:
+            try:
+                times = child.cpu_times()
+            except psutil.NoSuchProcess:
+                continue
+            descendants += times.user + times.system + times.children_user + times.children_system
+    return CpuSeconds(own, descendants)
 
 
 def prepare_round(work: Path, n_packets: int, seed: int) -> PreparedRound:
@@ -122,7 +170,7 @@ def prepare_round(work: Path, n_packets: int, seed: int) -> PreparedRound:
 
 
 def _start_workers(home: Path, round_id: str, store: str | None, count: int, claim_seconds: float,
-                   *, within: float = 120.0) -> list[tuple[subprocess.Popen[bytes], int]]:
+                   *, processes: int = 1, within: float = 120.0) -> list[tuple[subprocess.Popen[bytes], int]]:
     """``count`` ``anonml aggregator worker`` processes, each once it printed its port (stderr goes to a file
     beside the round, so a worker that logs much never blocks on a full pipe)."""
     started = []
@@ -131,7 +179,8 @@ def _start_workers(home: Path, round_id: str, store: str | None, count: int, cla
     for index in range(count):
         log_path = home / f"worker-{index}.log"
         command = [str(anonml), "aggregator", "worker", "--data-dir", str(home), "--round", round_id,
-                   "--name", f"w{index}", "--host", "127.0.0.1", "--claim-seconds", str(claim_seconds)]
+                   "--name", f"w{index}", "--host", "127.0.0.1", "--claim-seconds", str(claim_seconds),
+                   "--processes", str(processes)]
         with log_path.open("wb") as log_file:
             child = subprocess.Popen(command, stderr=log_file, env=environment)
         deadline = time.monotonic() + within
@@ -163,8 +212,11 @@ def _stop(workers: list[tuple[subprocess.Popen[bytes], int]]) -> None:
 
 
 def run_config(prepared: PreparedRound, work: Path, label: str, store: str | None, workers: int, *,
-               kill_at: float | None = None, claim_seconds: float = 30.0, timeout: float = 600.0) -> RunResult:
-    """Deliver every frame through ``workers`` worker processes on a fresh copy of the round; audit the store."""
+               kill_at: float | None = None, claim_seconds: float = 30.0, timeout: float = 600.0,
+               server_pid: int | None = None, processes: int = 1) -> RunResult:
+    """Deliver every frame through ``workers`` worker processes (each with ``processes`` token verification
+    processes) on a fresh copy of the round; audit the store.
+    ``server_pid``: the PostgreSQL server's postmaster, whose CPU time is measured beside the workers'."""
     home = work / label
     shutil.copytree(prepared.home, home)
     location: Path | PostgresLocation
@@ -172,9 +224,12 @@ def run_config(prepared: PreparedRound, work: Path, label: str, store: str | Non
         location = home / "rounds" / prepared.round_id / "round.sqlite"
     else:
         location = PostgresLocation(store, f"round_{prepared.round_id[:32]}")
-    children = _start_workers(home, prepared.round_id, store, workers, claim_seconds)
+    children = _start_workers(home, prepared.round_id, store, workers, claim_seconds, processes=processes)
     observer = RoundStore(location)
+    worker_pids = [child.pid for child, _ in children]
+    server_pids = [] if server_pid is None else [server_pid]
     try:
+        workers_before, server_before = cpu_seconds(worker_pids), cpu_seconds(server_pids)
         began = time.perf_counter()
         unacknowledged, resent, killed_after, held = trio.run(_deliver, prepared, children, kill_at, observer)
         deadline = time.monotonic() + timeout
@@ -192,13 +247,15 @@ def run_config(prepared: PreparedRound, work: Path, label: str, store: str | Non
                                    f"claims {observer.claims()} at {time.time():.1f}; worker logs: {logs}")
             time.sleep(0.05)
         seconds = time.perf_counter() - began
+        worker_cpu, server_cpu = cpu_seconds(worker_pids) - workers_before, (cpu_seconds(server_pids) - server_before).total
         counts, rejections = observer.counts(), observer.rejections()
         receipts = observer.receipts()
         leaves = [leaf for log in receipts.values() for leaf in log]
         doubled = (len(leaves) - len(set(leaves))) + rejections.get("duplicate", 0) + rejections.get("double-submission", 0)
         return RunResult(engine="sqlite" if store is None else "postgresql", workers=workers, frames=len(prepared.frames),
                          seconds=seconds, accepted=counts["accepted"], rejected=rejections, unacknowledged=unacknowledged,
-                         doubled=doubled, killed_after=killed_after, resent=resent, claimed_at_kill=held)
+                         doubled=doubled, killed_after=killed_after, resent=resent, claimed_at_kill=held,
+                         worker_cpu=worker_cpu, server_cpu=server_cpu)
     finally:
         observer.close()
         _stop(children)
@@ -229,7 +286,11 @@ async def _deliver(prepared: PreparedRound, children: list[tuple[subprocess.Pope
         with trio.move_on_after(5.0):
             while not (await run_blocking(observer.claims)).get("w0"):
                 await trio.sleep(0.005)
-        children[0][0].send_signal(signal.SIGKILL)
+        # The worker and its verification processes, as a lost host loses them (killed alone, they would
+        # outlive it, idle, for the rest of the bench).
+        for process in [*psutil.Process(children[0][0].pid).children(recursive=True), psutil.Process(children[0][0].pid)]:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.kill()
         killed.append(trio.current_time() - began)
         held.append((await run_blocking(observer.claims)).get("w0", 0))
 
@@ -252,28 +313,54 @@ async def _deliver(prepared: PreparedRound, children: list[tuple[subprocess.Pope
     return len(still), resent, (killed[0] if killed else None), (held[0] if held else 0)
 
 
-def run_bench(n_packets: int, seed: int, kills: int) -> dict[str, Any]:
-    """The three configurations and ``kills`` kill runs, each on a fresh copy of one round (and a fresh database)."""
+def run_bench(n_packets: int, seed: int, kills: int, processes: int = 1) -> dict[str, Any]:
+    """The three configurations and ``kills`` kill runs, each on a fresh copy of one round (and a fresh database);
+    each worker verifies tokens in ``processes`` processes of its own (0: in a thread of the worker)."""
     with tempfile.TemporaryDirectory(prefix="anonml-bench-ingest-") as tmp, private_postgres() as server:
         work = Path(tmp)
         prepared = prepare_round(work / "prepared", n_packets, seed)
         runs = {
-            "sqlite, 1 worker": run_config(prepared, work, "sqlite1", None, 1),
-            "postgresql, 1 worker": run_config(prepared, work, "pg1", _fresh_database(server, "pg1"), 1),
-            "postgresql, 2 workers": run_config(prepared, work, "pg2", _fresh_database(server, "pg2"), 2),
+            "sqlite, 1 worker": run_config(prepared, work, "sqlite1", None, 1, processes=processes),
+            "postgresql, 1 worker": run_config(prepared, work, "pg1", _fresh_database(server, "pg1"), 1,
+                                               server_pid=server.postmaster_pid(), processes=processes),
+            "postgresql, 2 workers": run_config(prepared, work, "pg2", _fresh_database(server, "pg2"), 2,
+                                                server_pid=server.postmaster_pid(), processes=processes),
         }
         one = runs["postgresql, 1 worker"].seconds
         rng = random.Random(seed)
         # Kill moments spread over the delivery and the verification after it (two workers take about half as long).
         killed = [run_config(prepared, work, f"kill{k}", _fresh_database(server, f"kill{k}"), 2,
-                             kill_at=rng.uniform(0.05, 0.9) * one / 2, claim_seconds=3.0) for k in range(kills)]
-    figures: dict[str, Any] = {"frames": len(prepared.frames), "load_average": os.getloadavg(),
-                               "cpus": os.cpu_count(), "runs": {k: _figures(v) for k, v in runs.items()}}
+                             kill_at=rng.uniform(0.05, 0.9) * one / 2, claim_seconds=3.0, processes=processes)
+                  for k in range(kills)]
+    cores = os.cpu_count() or 1
+    figures: dict[str, Any] = {"frames": len(prepared.frames), "load_average": os.getloadavg(), "cpus": cores,
+                               "processes": processes, "runs": {k: _figures(v) for k, v in runs.items()}}
     base, sqlite = runs["postgresql, 1 worker"].per_second, runs["sqlite, 1 worker"].per_second
     figures["ratio_pg2_to_pg1"] = runs["postgresql, 2 workers"].per_second / base if base else 0.0
     figures["ratio_pg1_to_sqlite1"] = base / sqlite if sqlite else 0.0
+    figures["cpu_bound_ratio_ceiling"] = cpu_bound_ceiling(runs["postgresql, 1 worker"], cores, processes)
     figures["kills"] = [_figures(k) for k in killed]
     return figures
+
+
+def cpu_bound_ceiling(one_worker: RunResult, cores: int, processes: int) -> float:
+    """The most two workers can gain over one if CPU alone limits them, from the one-worker run's CPU per report.
+
+    Per report a worker's own process spends ``m`` (intake, the event loop, its store calls), its
+    verification processes ``v`` (spread over ``processes``; inside ``m`` when 0) and the server ``s``. One
+    worker goes no faster than its busiest process (``max(m, v / processes)``); any number of workers no
+    faster than ``cores / (m + v + s)``. Independent of other jobs' load (CPU time, not wall time), but only an
+    upper bound: it ignores waits (commits, round trips) that leave a worker idle.
+    """
+    if not one_worker.accepted:
+        return 0.0
+    m, v = one_worker.worker_cpu.own / one_worker.accepted, one_worker.worker_cpu.descendants / one_worker.accepted
+    s = one_worker.server_cpu / one_worker.accepted
+    busiest = max(m, v / processes) if processes else m
+    if busiest <= 0:
+        return 0.0
+    shared = cores / (m + v + s)
+    return min(2 / busiest, shared) / min(1 / busiest, shared)
 
 
 def _fresh_database(server: PostgresServer, name: str) -> str:
@@ -286,4 +373,9 @@ def _figures(result: RunResult) -> dict[str, Any]:
         "accepted_per_second": result.per_second, "accepted": result.accepted, "lost": result.lost,
         "doubled": result.doubled, "unacknowledged": result.unacknowledged, "rejected": result.rejected,
         "killed_after_seconds": result.killed_after, "resent": result.resent, "claimed_at_kill": result.claimed_at_kill,
+        "worker_cpu_seconds": result.worker_cpu.own, "verifier_cpu_seconds": result.worker_cpu.descendants,
+        "server_cpu_seconds": result.server_cpu,
+        "worker_cpu_ms_per_report": result.milliseconds_per_report(result.worker_cpu.own),
+        "verifier_cpu_ms_per_report": result.milliseconds_per_report(result.worker_cpu.descendants),
+        "server_cpu_ms_per_report": result.milliseconds_per_report(result.server_cpu),
     }

@@ -52,6 +52,10 @@ class PostgresServer:
             connection.execute(f'CREATE DATABASE "{name}"')
         return self.database_url(name)
 
+    def postmaster_pid(self) -> int:
+        """The server's main process (``postmaster.pid``'s first line): its backends and background processes are its children."""
+        return int((self.data_dir / "postmaster.pid").read_text().split("\n", 1)[0])
+
 
 def server_binaries() -> Path:
     """The directory holding ``initdb`` and ``pg_ctl``; PostgresUnavailable naming what is missing."""
