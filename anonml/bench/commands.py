@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import tempfile
 from pathlib import Path
@@ -303,10 +304,20 @@ def bench_netns(peers: int | None, workers: int, delay_ms: float, loss: float, s
     console = Console(stderr=True, quiet=as_json)
     work = work_dir or Path(tempfile.mkdtemp(prefix="anonml-netns-"))
     work.mkdir(parents=True, exist_ok=True)
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(signum)
+
+    # SIGTERM, like Ctrl-C, unwinds through the namespaces' removal (while the round runs, both go to its driver).
+    signal.signal(signal.SIGTERM, interrupt)
     try:
         result = run_netns(peers, workers, seed, delay_ms, loss, work, lambda text: console.print(text, markup=False))
     except RuntimeError as error:
         raise click.ClickException(str(error)) from error
+    except KeyboardInterrupt as stop:
+        signum = int(stop.args[0]) if stop.args else signal.SIGINT
+        click.echo(f"stopped by signal {signum} while the network was built; its namespaces were removed", err=True)
+        raise SystemExit(128 + signum) from None
     if result.get("interrupted") is not None:
         click.echo(f"stopped by signal {result['interrupted']}; every process and namespace was removed; files in {work}", err=True)
         raise SystemExit(128 + int(result["interrupted"]))
