@@ -173,8 +173,8 @@ def run_netns(peers: int | None, workers: int, seed: int, delay_ms: float, loss_
 
 def verdict(result: dict[str, Any]) -> tuple[int, list[str]]:
     """The exit code and why: the demo's (done, >= 99% accepted, nothing counted twice), then the anonymity report
-    at chance (:func:`anonml.demo._summary.anonymity_problems`)."""
-    from anonml.demo._summary import anonymity_problems, exit_code
+    at chance (:func:`anonml.demo.anonymity_problems`)."""
+    from anonml.demo import anonymity_problems, exit_code
 
     summary = result.get("summary")
     if summary is None:
