@@ -145,6 +145,12 @@ def _bench_round() -> click.Command:
     return bench_round
 
 
+def _bench_netns() -> click.Command:
+    from anonml.bench.commands import bench_netns
+
+    return bench_netns
+
+
 def _bench_demo() -> click.Command:
     from anonml.bench.commands import bench_demo
 
@@ -164,6 +170,7 @@ BENCH_COMMANDS: dict[str, tuple[CommandLoader, str]] = {
     "startup": (_bench_startup, "`anonml --help` start-up time beside `python -c pass`."),
     "faults": (_bench_faults, "A demo round under killed relays and aggregator and lossy links; audits every message."),
     "round": (_bench_round, "One real round of N synthetic peers: wall time per phase, CPU and memory per role beside the crypto floor."),
+    "netns": (_bench_netns, "A demo round across network namespaces with netem delay and loss on every link (root)."),
     "demo": (_bench_demo, "The demo run N times beside CPU-bound processes: exit codes, accepted fractions."),
 }
 

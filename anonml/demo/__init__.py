@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from anonml.demo._progress import Progress
     from anonml.demo._run import Network, collect_report, follow_round, init_aggregator, open_round, run_demo, start_relays, start_workers
     from anonml.demo._schedule import PATH_LENGTH, RELAYS, cores, plan_round, schedule_seconds
-    from anonml.demo._summary import exit_code, peer_totals
+    from anonml.demo._summary import anonymity_problems, exit_code, peer_totals
 else:
     from anonml.base.lazy import lazy_exports
 
@@ -51,6 +51,7 @@ __all__ = [
     "DemoData",
     "Network",
     "Progress",
+    "anonymity_problems",
     "audit",
     "audit_round",
     "breast_cancer_data",

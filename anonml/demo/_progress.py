@@ -15,7 +15,6 @@ from typing import Any
 import httpx
 import trio
 
-from anonml.demo._ports import HOST
 from anonml.protocol import RoundStatus
 
 @dataclass
@@ -110,7 +109,7 @@ _SCRAPED = ("packets_forwarded", "packets_received", "packets_held_after_window_
             "packets_due_before_stored")
 
 
-async def scrape_relay(client: httpx.AsyncClient, port: int) -> dict[str, float]:
+async def scrape_relay(client: httpx.AsyncClient, host: str, port: int) -> dict[str, float]:
     """A relay's counters from its Prometheus endpoint (parsed by ``relay.parse_metrics``, i.e.
     prometheus_client): ``forwarded``, ``received``, ``dropped/<reason>``,
     ``held_after_window_opened`` (and its ``_first_hop`` and ``_seconds``), ``due_before_stored``. ``client`` is the
@@ -118,7 +117,7 @@ async def scrape_relay(client: httpx.AsyncClient, port: int) -> dict[str, float]
     from anonml.relay import parse_metrics
 
     try:
-        text = (await client.get(f"http://{HOST}:{port}/metrics", timeout=2.0)).text
+        text = (await client.get(f"http://{host}:{port}/metrics", timeout=2.0)).text
     except httpx.HTTPError:
         return {}
     return {name.removeprefix("packets_"): value for name, value in parse_metrics(text).items()

@@ -62,24 +62,40 @@ class Network:
     metrics_ports: list[int] = field(default_factory=lambda: [free_port() for _ in range(RELAYS)])
     sink_listen_port: int | None = None
     """Where the aggregator takes packets, if not at ``sink_port`` (the fault benchmark puts a lossy proxy between)."""
+    aggregator_host: str = HOST
+    """The aggregator's address: its HTTP API and packet sink listen there, and everyone reaches them there."""
+    relay_hosts: list[str] = field(default_factory=list)
+    """Each relay's address (its link, mirror and metrics), if not :data:`HOST` (``anonml bench netns``: each in its
+    own network namespace)."""
+    prefixes: dict[str, list[str]] = field(default_factory=dict)
+    """Words put before a role's command (``ip netns exec NS``), by role: ``aggregator``, ``relay-N``, ``peers``."""
+    round_trip: float = 0.0
+    """The measured round trip between two hosts (0 on loopback): the planner's windows hold it (``plan_round``)."""
 
     def listen_port(self, relay: int) -> int:
         return self.relay_listen_ports[relay] if self.relay_listen_ports else self.relay_ports[relay]
 
+    def relay_host(self, relay: int) -> str:
+        return self.relay_hosts[relay] if self.relay_hosts else HOST
+
+    def prefix(self, role: str) -> list[str]:
+        return list(self.prefixes.get(role, []))
+
     @property
     def url(self) -> str:
-        return f"http://{HOST}:{self.http_port}"
+        return f"http://{self.aggregator_host}:{self.http_port}"
 
 
-async def start_workers(children: Children, data: DemoData, rows: list[list[str]], work: Path, workers: int, seed: int, url: str) -> list[Child]:
-    """The peers' worker processes; they wait for the round to be served."""
+async def start_workers(children: Children, data: DemoData, rows: list[list[str]], work: Path, workers: int, seed: int, url: str,
+                        prefix: Sequence[str] = ()) -> list[Child]:
+    """The peers' worker processes (each command after ``prefix``); they wait for the round to be served."""
     started = []
     for w, path in enumerate(write_peer_files(data, rows, work, workers)):
         config = SwarmConfig(w, url, path, work / "peers" / f"worker-{w}.sqlite", seed)
         config_path = work / "peers" / f"worker-{w}.json"
         config_path.write_text(config.to_json())
         started.append(await children.start(
-            f"worker-{w}", [sys.executable, "-m", "anonml.demo._swarm", str(config_path)], capture_stdout=True
+            f"worker-{w}", [*prefix, sys.executable, "-m", "anonml.demo._swarm", str(config_path)], capture_stdout=True
         ))
     return started
 
@@ -102,12 +118,13 @@ async def start_relays(children: Children, work: Path, network: Network, identit
 
     async def one(i: int) -> None:
         relay_dir = work / f"relay-{i}"
+        host = network.relay_host(i)
         await children.run(f"relay-{i}-init", [
             "relay", "init", "--data-dir", str(relay_dir),
-            "--listen", f"{HOST}:{network.listen_port(i)}", "--advertise", f"{HOST}:{network.relay_ports[i]}",
-            "--metrics", f"{HOST}:{network.metrics_ports[i]}",
+            "--listen", f"{host}:{network.listen_port(i)}", "--advertise", f"{host}:{network.relay_ports[i]}",
+            "--metrics", f"{host}:{network.metrics_ports[i]}",
             # Peers compare the aggregator's signed documents with this mirror's copies (DESIGN.md §5).
-            "--mirror", f"{HOST}:{free_port()}",
+            "--mirror", f"{host}:{free_port()}",
             # The relay forwards only to next hops a manifest signed by that identity lists.
             "--aggregator", f"{identity}@{network.url}",
             # Every demo peer sends from 127.0.0.1: one address may hold the whole queue here (issue 25's
@@ -118,7 +135,8 @@ async def start_relays(children: Children, work: Path, network: Network, identit
         descriptors[i] = json.loads(json.dumps(await trio.to_thread.run_sync(relay_descriptor, load_config(relay_dir), time.time())))
         # Which packet each relay sent on for each it took in, and when: the anonymity trace's hops (relay._trace).
         trace = ["--trace-packets", str(relay_trace_file(work, i))]
-        await children.start(f"relay-{i}", anonml_command("relay", "run", "--data-dir", str(relay_dir), *trace), restart=True)
+        await children.start(f"relay-{i}", [*network.prefix(f"relay-{i}"), *anonml_command("relay", "run", "--data-dir", str(relay_dir), *trace)],
+                             restart=True)
 
     async with trio.open_nursery() as nursery:
         for i in range(RELAYS):
@@ -132,7 +150,8 @@ async def open_round(children: Children, work: Path, agg_dir: Path, data: DemoDa
     spec_path = work / "round.toml"
     # `bench round` and the browser test read the spec as soon as it exists:
     # a half-written one once failed CI there (no [network] table yet).
-    replace_file(spec_path, to_toml(round_spec(data, params, descriptors, network.http_port, network.sink_port)))
+    replace_file(spec_path, to_toml(round_spec(data, params, descriptors, network.http_port, network.sink_port,
+                                                  host=network.aggregator_host)))
     # The schedule starts once `aggregator run` can be serving: its start-up, measured, with headroom.
     out = await children.run("aggregator-round-new", [
         "aggregator", "round", "new", "--data-dir", str(agg_dir), "--spec", str(spec_path),
@@ -149,7 +168,7 @@ async def open_round(children: Children, work: Path, agg_dir: Path, data: DemoDa
         *(["--sink-port", str(network.sink_listen_port)] if network.sink_listen_port is not None else []),
     ]
     aggregator = await children.start(
-        "aggregator", anonml_command(*run_aggregator), restart=True, done=lambda code: code in AGGREGATOR_ENDS,
+        "aggregator", [*network.prefix("aggregator"), *anonml_command(*run_aggregator)], restart=True, done=lambda code: code in AGGREGATOR_ENDS,
     )
     return round_id, aggregator
 
@@ -179,7 +198,7 @@ async def follow_round(children: Children, network: Network, workers: list[Child
                         # Relay metrics and every process's memory: a few system calls per process, not each tick.
                         next_scrape = trio.current_time() + 2.0
                         for i, port in enumerate(network.metrics_ports):
-                            progress.relays[i] = await scrape_relay(scraper, port) or progress.relays.get(i, {})
+                            progress.relays[i] = await scrape_relay(scraper, network.relay_host(i), port) or progress.relays.get(i, {})
                         progress.peak_rss_mb = max(progress.peak_rss_mb, resident_mb([*children.pids(), os.getpid()]))
                         progress.cpu.update(children.cpu_seconds())
                     board.update(phase_rows(progress, progress.peers), key=progress.status.phase if progress.status else "starting")
@@ -214,12 +233,15 @@ async def collect_report(aggregator: Child, round_dir: Path, children: Children,
 
 
 async def run_demo(data: DemoData, *, peers: int, epsilon: float, workers: int, seed: int, work: Path, console: Any,
-                   linger: float = 0.0, task: TaskKind = TaskKind.ENSEMBLE, queries: Sequence[str] = ()) -> tuple[dict[str, Any], DemoParams]:
-    """Run one complete round; returns the summary figures and the round's parameters."""
+                   linger: float = 0.0, task: TaskKind = TaskKind.ENSEMBLE, queries: Sequence[str] = (),
+                   network: Network | None = None) -> tuple[dict[str, Any], DemoParams]:
+    """Run one complete round; returns the summary figures and the round's parameters.
+
+    ``network``: where each role listens and how its processes start (default: every role on loopback)."""
     started = time.monotonic()
     rows = data.train_rows[:peers]
     progress = Progress(peers=len(rows))
-    network = Network()
+    network = network or Network()
     agg_dir = work / "aggregator"
 
     def on_restart(child: Child, returncode: int) -> None:
@@ -231,7 +253,8 @@ async def run_demo(data: DemoData, *, peers: int, epsilon: float, workers: int, 
     async with open_children(work / "logs", on_restart=on_restart) as children:
         step(1, f"starting {len(rows)} peers in {workers} worker processes, {RELAYS} relays and the aggregator's identity")
         # The workers start first: their start-up overlaps the operators' commands.
-        peer_workers = await start_workers(children, data, rows, work, workers, seed, network.url)
+        peer_workers = await start_workers(children, data, rows, work, workers, seed, network.url,
+                                           network.prefix("peers"))
         identity, process_start = await init_aggregator(children, agg_dir)
         descriptors = await start_relays(children, work, network, identity)
         step(2, "measuring each phase's cost on this machine to size the round's windows")
@@ -240,8 +263,8 @@ async def run_demo(data: DemoData, *, peers: int, epsilon: float, workers: int, 
         # registration window was 93 s for 15 s of work (issue 26).
         await children.until_quiet(QUIET_SHARE, QUIET_TIMEOUT)
         costs = await measure_costs(PATH_LENGTH, process_start)
-        params = plan_round(data, len(rows), epsilon, workers, seed, costs, task=task, queries=queries)
-        console.print("    " + describe_plan(costs, params))
+        params = plan_round(data, len(rows), epsilon, workers, seed, costs, task=task, queries=queries, round_trip=network.round_trip)
+        console.print("    " + describe_plan(costs, params, network.round_trip))
         step(3, "the aggregator opens the round (anonml aggregator round new / run)")
         round_id, aggregator = await open_round(children, work, agg_dir, data, params, descriptors, network, linger)
         console.print(f"    round manifest hash (the round id): {round_id}")
@@ -274,11 +297,11 @@ async def run_demo(data: DemoData, *, peers: int, epsilon: float, workers: int, 
     return summary, params
 
 
-def describe_plan(costs: PhaseCosts, params: DemoParams) -> str:
-    """One line: the measured per-unit costs and the windows they give."""
+def describe_plan(costs: PhaseCosts, params: DemoParams, round_trip: float = 0.0) -> str:
+    """One line: the measured per-unit costs (and round trip between hosts) and the windows they give."""
     return (
         f"per peer: register {1e3 * costs.register:.1f} ms, credential {1e3 * costs.issue:.1f} ms, "
-        f"HTTP {1e3 * costs.http:.1f} ms; per message: token+packet {1e3 * costs.token:.1f} ms, "
+        f"HTTP {1e3 * costs.http:.1f} ms{f' + round trip {1e3 * round_trip:.1f} ms' if round_trip else ''}; per message: token+packet {1e3 * costs.token:.1f} ms, "
         f"verify {1e3 * costs.verify:.1f} ms; process start {costs.process_start:.1f} s -> windows (s): "
         f"register {params.register_seconds}, issue {params.issue_seconds}, "
         f"median {params.median_rounds}x({params.send_window}+{params.delivery_window}), "

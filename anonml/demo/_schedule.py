@@ -22,6 +22,12 @@ times :data:`HEADROOM` — not a serial per-peer cost times a slack factor.
   that missed them. A query phase does not pad every window with a restart:
   a packet lost to a restart in the first attempt is missing at the first
   check and its peer resends it in the second attempt.
+* Across a network with latency (``plan_round(round_trip=)``, measured;
+  ``anonml bench netns``), a peer's HTTP exchange waits a round trip too:
+  each worker process keeps ``SwarmConfig.max_connections`` requests in
+  flight, so registration and issuance hold every exchange's round trip
+  spread over those connections, and a check or publication holds each of
+  its polls' round trips one after another.
 * Under planned kills (``anonml bench faults``) each delivery slice also
   holds one kill's outage and a link retry's gap (``plan_round(outage=)``):
   a report sent in the second window has no later repair, so a relay killed
@@ -41,6 +47,7 @@ import tomli_w
 from anonml.demo._calibrate import PhaseCosts
 from anonml.demo._data import DemoData
 from anonml.demo._ports import HOST
+from anonml.demo._swarm import SwarmConfig
 from anonml.mechanisms import OracleName
 from anonml.protocol import (
     DEFAULT_MIN_ANONYMITY_SET,
@@ -216,7 +223,8 @@ def learning_parameters(data: DemoData, task: TaskKind = TaskKind.ENSEMBLE, quer
 
 
 def plan_round(data: DemoData, peers: int, epsilon: float, workers: int, seed: int, costs: PhaseCosts,
-               n_cores: int | None = None, outage: float = 0.0, task: TaskKind = TaskKind.ENSEMBLE, queries: Sequence[str] = ()) -> DemoParams:
+               n_cores: int | None = None, outage: float = 0.0, task: TaskKind = TaskKind.ENSEMBLE, queries: Sequence[str] = (),
+               round_trip: float = 0.0) -> DemoParams:
     """The demo's round with every window sized by the rule of the module docstring from ``costs``.
 
     ``outage``: the longest a killed relay or aggregator stays away (the fault bench's downtime and restart;
@@ -229,12 +237,16 @@ def plan_round(data: DemoData, peers: int, epsilon: float, workers: int, seed: i
     # Every peer here comes from one address, which the aggregator's HTTP server
     # (and each relay's mirror) paces to HttpLimits.request_rate requests a second.
     request_rate = HttpLimits().request_rate
+    # Requests in flight at once across the peers' workers: their round trips overlap.
+    in_flight = workers * SwarmConfig.max_connections
 
     def seconds(work: float, parallel: int, requests: float = 0.0) -> float:
-        """``work`` CPU seconds on ``parallel`` processes (at most the cores) with headroom, or
-        ``requests`` at the peers' share of the pacing rate if that is slower. The pacer's rate does not
-        change with the machine's load (a request over it waits, costing no CPU), so it gets no headroom."""
-        return max(HEADROOM * work / max(1, min(parallel, spread)), requests / (request_rate * PACED_SHARE))
+        """``work`` CPU seconds on ``parallel`` processes (at most the cores), or their ``requests``' round
+        trips ``in_flight`` at a time, with headroom; or ``requests`` at the peers' share of the pacing rate
+        if that is slower. The pacer's rate does not change with the machine's load (a request over it
+        waits, costing no CPU), so it gets no headroom."""
+        return max(HEADROOM * max(work / max(1, min(parallel, spread)), requests * round_trip / in_flight),
+                   requests / (request_rate * PACED_SHARE))
 
     def send(messages: int) -> int:
         return math.ceil(max(1.0, seconds(messages * costs.token, workers)))
@@ -267,8 +279,10 @@ def plan_round(data: DemoData, peers: int, epsilon: float, workers: int, seed: i
     # An SGD round's one message per peer is its gradient, in a median sub-round: nothing in the data phase.
     data_messages = 0 if task == TaskKind.SGD else peers * k_h
     # A published document (the log heads at a check; thresholds and medians in the gap before the
-    # phase that needs them) reaches every peer through one mirror refresh and a poll.
-    publication = HEADROOM * (MIRROR_POLL_SECONDS + PEER_POLL_SECONDS) + seconds(CHECK_REQUESTS * costs.http, 1)
+    # phase that needs them) reaches every peer through one mirror refresh and a poll (a round trip each), and
+    # a worker's check makes its requests one after another (a round trip each).
+    publication = (HEADROOM * (MIRROR_POLL_SECONDS + PEER_POLL_SECONDS + (2 + CHECK_REQUESTS) * round_trip)
+                   + seconds(CHECK_REQUESTS * costs.http, 1))
     return DemoParams(
         peers=peers, epsilon=epsilon, workers=workers, seed=seed, k_p=k_p, k_h=k_h, k_s=k_s, plan=plan,
         vote=vote, median_rounds=median_rounds, quantiles=quantiles, comparison_pool=pool,
@@ -321,8 +335,10 @@ def schedule_seconds(schedule: Mapping[str, int]) -> int:
     return schedule["register"] + schedule["issue"] + median + (gap if rounds else 0) + phase("data")
 
 
-def round_spec(data: DemoData, params: DemoParams, relays: list[dict[str, Any]], http_port: int, sink_port: int) -> dict[str, Any]:
-    """The round spec for ``anonml aggregator round new`` (durations count from that command)."""
+def round_spec(data: DemoData, params: DemoParams, relays: list[dict[str, Any]], http_port: int, sink_port: int,
+               host: str = HOST) -> dict[str, Any]:
+    """The round spec for ``anonml aggregator round new`` (durations count from that command); the aggregator
+    serves its HTTP API and packet sink at ``host``."""
     spec = data.spec.to_dict()
     min_participation = max(1, params.peers // 2)
     # The demo runs at any --peers: it signs the minimum anonymity set its own
@@ -341,9 +357,9 @@ def round_spec(data: DemoData, params: DemoParams, relays: list[dict[str, Any]],
         "network": {
             "relays": [{k: relay[k] for k in RelayEntry.FIELDS} for relay in relays],
             "path_length": PATH_LENGTH,
-            "http_host": HOST,
+            "http_host": host,
             "http_port": http_port,
-            "sink_host": HOST,
+            "sink_host": host,
             "sink_port": sink_port,
         },
         # A demo: open registration, and every peer comes from this machine's one address.

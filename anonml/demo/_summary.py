@@ -142,6 +142,27 @@ EXIT_ROUND_DEGRADED = 5
 """The round ended ``degraded``: a survey got fewer reports than its spec's minimum (a model was still published)."""
 
 
+# The anonymity report is "at chance" while the aggregator's timing guess is less than this many standard errors
+# (of a guess at chance) above chance and |rho(send, arrival)| is within this many of its standard error if
+# independent: 3, as the anonymity tests hold it (a false alarm about once in 700 runs per figure).
+ANONYMITY_STANDARD_ERRORS = 3.0
+
+
+def anonymity_problems(figures: dict[str, Any]) -> list[str]:
+    """Why the round's anonymity report is not at chance, one line each (none: it is)."""
+    if "aggregator_guess" not in figures:
+        return [f"no anonymity report: {figures.get('unavailable', 'fewer than 2 messages with a known sender')}"]
+    guess = figures["aggregator_guess"]
+    problems = []
+    if guess["accuracy"] - guess["chance"] > ANONYMITY_STANDARD_ERRORS * guess["standard_error_at_chance"]:
+        problems.append(f"the aggregator's timing guess is right {100 * guess['accuracy']:.2f}% of the time, chance "
+                        f"{100 * guess['chance']:.2f}% (more than {ANONYMITY_STANDARD_ERRORS:g} s.e. above)")
+    if abs(figures["spearman_rho"]) > ANONYMITY_STANDARD_ERRORS * figures["rho_standard_error"]:
+        problems.append(f"rho(send, arrival) = {figures['spearman_rho']:+.3f}, more than {ANONYMITY_STANDARD_ERRORS:g} x "
+                        f"its standard error if independent ({figures['rho_standard_error']:.3f})")
+    return problems
+
+
 def accepted_fraction(summary: dict[str, Any]) -> float:
     """Prepared messages the aggregator accepted (the audit), over those prepared (1.0 when none were)."""
     audit = summary["audit"]
