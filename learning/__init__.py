@@ -65,6 +65,7 @@ if TYPE_CHECKING:
         round_candidates,
         synthetic_table,
     )
+    from anonml.learning._round_averaging import AveragedModel, InvalidModelReport, ModelBlocks, average_blocks, model_reports
     from anonml.learning._round_statistics import SurveyCells, describe_answer, round_statistics, survey_cells
     from anonml.learning._statistics import (
         StatisticAnswer,
@@ -150,6 +151,11 @@ __all__ = [
     "read_csv_table",
     "round_candidates",
     "round_statistics",
+    "AveragedModel",
+    "InvalidModelReport",
+    "ModelBlocks",
+    "average_blocks",
+    "model_reports",
     "run_comparison",
     "run_trial",
     "split_table",

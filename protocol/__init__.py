@@ -138,6 +138,7 @@ if TYPE_CHECKING:
         encode_median_report,
         encode_pool_answer,
         message_overhead,
+        report_capacity,
     )
     from anonml.protocol._rules import PartitionPlan, survey_oracle
     from anonml.protocol._schedule import (
@@ -290,6 +291,7 @@ __all__ = [
     "inclusion_proof",
     "log_consistency_proof",
     "message_overhead",
+    "report_capacity",
     "mirror_path",
     "parse_message",
     "partition_seed",

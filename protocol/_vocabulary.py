@@ -42,14 +42,18 @@ class Combiner(StrEnum):
 class TaskKind(StrEnum):
     """What a round computes from its reports (``[task] kind``, signed in the manifest).
 
-    Both run through the same surveys, relays, tokens and receipt logs: every
-    data peer sends its plan's subset reports (feature bins and the label).
+    Every kind runs through the same surveys, relays, tokens and receipt logs: the
+    ensemble's and the statistics' data peers send their plan's subset reports
+    (feature bins and the label), a model-averaging peer its model's blocks.
     """
 
     ENSEMBLE = "ensemble"
     """The partition ensemble (the default): a classifier fitted to the partitions' histograms."""
     STATISTICS = "statistics"
     """Statistic answers (histogram, count, mean, quantile) from one-feature reports, each beside its error formula."""
+    MODEL_AVERAGING = "model-averaging"
+    """Seed 003's averaging: each data peer releases its local logistic regression once, output-perturbed at
+    ε_T, cut into fixed blocks of coordinates, one data survey per block; the aggregator averages each block."""
 
 
 PLAN_KINDS = tuple(PlanKind)

@@ -14,6 +14,7 @@ from anonml.peer._identity import (
     init_identity,
     load_identity,
 )
+from anonml.mechanisms import ReleaseKind
 from anonml.peer._store import PeerStore, Spend, StoreError
 
 
@@ -124,10 +125,32 @@ def test_a_version_2_store_gains_the_lifetime_budget_and_keeps_its_ledger(tmp_pa
     # What a peer of the version before the lifetime budget left on disk.
     with sqlite3.connect(path) as db:
         db.execute("DROP TABLE settings")
+        db.execute("ALTER TABLE spends DROP COLUMN kind")
         db.execute("PRAGMA user_version = 2")
     reopened = PeerStore(path)
     assert reopened.lifetime_epsilon() == DEFAULT_LIFETIME_EPSILON
     assert [s.epsilon for s in reopened.spends(b"\x01" * 32)] == [1.0]
     reopened.set_lifetime_epsilon(3.0)
     assert reopened.lifetime_epsilon() == 3.0
+    reopened.close()
+
+
+def test_a_version_3_store_gains_release_kinds_and_keeps_its_ledger(tmp_path: Path) -> None:
+    import sqlite3
+
+    path = tmp_path / "peer.sqlite"
+    store = PeerStore(path)
+    store.record_spend(b"\x01" * 32, b"\x02" * 32, Spend(b"\x09" * 8, ("age",), True, 1.0))
+    store.close()
+    # What a peer of the version before model releases left on disk.
+    with sqlite3.connect(path) as db:
+        db.execute("ALTER TABLE spends DROP COLUMN kind")
+        db.execute("PRAGMA user_version = 3")
+    reopened = PeerStore(path)
+    assert reopened.spends(b"\x01" * 32) == [Spend(b"\x09" * 8, ("age",), True, 1.0)]
+    model = Spend(b"\x0a" * 8, ("age", "sex"), True, 2.0, ReleaseKind.MODEL)
+    reopened.record_spend(b"\x01" * 32, b"\x02" * 32, model, (b"block 0", b"r0"), further=[(b"\x0b" * 8, b"block 1", b"r1")])
+    assert reopened.spends(b"\x01" * 32)[-1] == model
+    assert [r.kind for r in model.releases()] == [ReleaseKind.MODEL]
+    assert reopened.packet(b"\x01" * 32, b"\x0b" * 8) is not None
     reopened.close()
