@@ -12,7 +12,8 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -22,10 +23,15 @@ from anonml.aggregator._round import RoundState
 from anonml.mechanisms import PostprocessMethod, per_attribute_epsilon, releases_from, shuffle_central_privacy
 from anonml.protocol import SurveyId, TaskKind, release_roles
 
+if TYPE_CHECKING:
+    from anonml.learning import Table
+
 REPORT_JSON = "report.json"
 REPORT_HTML = "report.html"
 # The published model: plain JSON (learning.model_to_json), never a pickle.
 MODEL_FILE = "model.json"
+# A model-averaging round's published average (plain JSON as well).
+AVERAGED_MODEL_FILE = "averaged-model.json"
 
 
 def learn(state: RoundState, directory: Path, *, test_file: Path | None = None) -> dict[str, Any]:
@@ -35,11 +41,20 @@ def learn(state: RoundState, directory: Path, *, test_file: Path | None = None) 
     so it never reads the clock itself (trio's MockClock is only readable on the loop).
     """
     now = state.learning_started_at if state.learning_started_at is not None else state.now()
-    from anonml.learning import PartitionEnsemble, estimate_histogram, model_to_json, published_model, round_statistics, survey_cells
+    from anonml.learning import (
+        PartitionEnsemble,
+        estimate_histogram,
+        model_to_json,
+        published_model,
+        round_statistics,
+        survey_cells,
+        table_matrix,
+    )
 
     started = time.perf_counter()
     manifest, spec = state.manifest, state.spec
     statistics = manifest.task_kind == TaskKind.STATISTICS
+    averaging = manifest.task_kind == TaskKind.MODEL_AVERAGING
     histograms, cells = [], []
     per_survey: dict[str, int] = {}
     for partition, subsets in enumerate(state.subsets):
@@ -47,7 +62,7 @@ def learn(state: RoundState, directory: Path, *, test_file: Path | None = None) 
             survey = SurveyId.data(state.round_id, partition, index)
             blobs = state.store.reports(survey)
             per_survey[f"partition {partition} subset {index}"] = len(blobs)
-            if not blobs:
+            if not blobs or averaging:  # a model's blocks are averaged below, not estimated as histograms
                 continue
             oracle = state.data_oracle(partition, index)
             if statistics:  # one feature per survey (aggregator._spec): its unbiased cells, not post-processed
@@ -87,7 +102,9 @@ def learn(state: RoundState, directory: Path, *, test_file: Path | None = None) 
         (directory / MODEL_FILE).write_text(model_to_json(model))
         report["model"] = MODEL_FILE
         if test_file is not None:
-            report["utility"] = _utility(state, model, test_file)
+            report["utility"] = _utility(state, lambda table: model.decision_function(table_matrix(spec, table)), test_file)
+    if averaging:
+        _average_models(state, directory, report, test_file)
     schedule = manifest.schedule
     report["timings"] = {
         "learn_seconds": round(time.perf_counter() - started, 3),
@@ -97,6 +114,29 @@ def learn(state: RoundState, directory: Path, *, test_file: Path | None = None) 
     write_report(report, directory, dashboard_data(state, None, report, now=now))
     state.store.put_result("report", json.dumps(report, sort_keys=True).encode())
     return report
+
+
+def _average_models(state: RoundState, directory: Path, report: dict[str, Any], test_file: Path | None) -> None:
+    """A model-averaging round's result: each block survey's reports (every partition's) averaged on their own
+    (``learning.average_blocks``), written as ``averaged-model.json``; its AUC on ``test_file`` if given."""
+    from anonml.learning import average_blocks
+
+    model = state.round_model
+    blocks = [[blob for partition in range(state.manifest.k_p) for blob in state.store.reports(SurveyId.data(state.round_id, partition, block))]
+              for block in range(model.blocks.blocks)]
+    if not all(blocks):
+        report["reason"] = "a block of the model has no report: there is no model to average"
+        return
+    averaged = average_blocks(model.blocks, blocks, model.mechanism.grid)
+    published = {"format": "anonml-averaged-logistic-1", "coef": averaged.coef.tolist(), "reports_per_block": list(averaged.reports),
+                 "blocks": model.blocks.blocks, "per_block": model.blocks.per_block, "weights": model.weights.tolist(),
+                 "norm_bound": model.norm_bound, "log_scaled": sorted(model.encoding.log_scaled),
+                 "noise_norm_scale": model.mechanism.noise_norm_scale, "regularization": model.mechanism.regularization}
+    (directory / AVERAGED_MODEL_FILE).write_text(json.dumps(published, indent=2, sort_keys=True))
+    report["model"] = AVERAGED_MODEL_FILE
+    report["averaged_model"] = {key: published[key] for key in ("coef", "blocks", "per_block", "reports_per_block", "noise_norm_scale")}
+    if test_file is not None:
+        report["utility"] = _utility(state, lambda table: model.scores(averaged.coef, table), test_file)
 
 
 def _privacy(state: RoundState) -> dict[str, Any]:
@@ -128,15 +168,15 @@ def _privacy(state: RoundState) -> dict[str, Any]:
     }
 
 
-def _utility(state: RoundState, model: Any, test_file: Path) -> dict[str, Any]:
-    """AUC of the published model on a labelled held-out file: CSV with a header, or UCI Adult's format."""
+def _utility(state: RoundState, scores_of: Callable[[Table], np.ndarray], test_file: Path) -> dict[str, Any]:
+    """AUC of the published model (``scores_of`` a table) on a labelled held-out file: CSV with a header, or UCI Adult's format."""
     from sklearn.metrics import roc_auc_score
 
-    from anonml.learning import read_adult_file, read_csv_table, table_matrix
+    from anonml.learning import read_adult_file, read_csv_table
 
     table = read_csv_table(test_file, state.spec) if test_file.suffix == ".csv" else read_adult_file(test_file)
     labels = state.spec.label.encode(table.labels)
-    scores = model.decision_function(table_matrix(state.spec, table))
+    scores = scores_of(table)
     return {
         "test_file": str(test_file), "rows": int(labels.shape[0]), "auc": float(roc_auc_score(labels, scores)),
         "roc": roc_points(labels, scores),

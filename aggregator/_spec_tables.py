@@ -29,6 +29,7 @@ from anonml.protocol import (
     MAX_MEDIAN_STEPS,
     MAX_QUANTILES,
     MAX_ROSTER,
+    MAX_ROWS_PER_PEER,
     PLAN_KINDS,
     REGISTRATION_POLICIES,
     TASK_KINDS,
@@ -83,6 +84,9 @@ class TaskTable:
     """Cut points per numeric feature, if the table sets them (already applied to ``features``)."""
     kind: TaskKind = TaskKind.ENSEMBLE
     """What the round computes from the reports (``kind``; the partition ensemble when left out)."""
+    rows_per_peer: int = 0
+    """A model-averaging task's minimum rows per data peer (``rows_per_peer``, at least the learner's
+    ``MIN_ROWS_PER_PEER``, which is also its default); 0 for every other kind, which may not set it."""
 
     @classmethod
     def read(cls, table: FieldReader, base_dir: Path | None) -> TaskTable:
@@ -101,8 +105,14 @@ class TaskTable:
             except FeatureSpecError as exc:
                 table.fail("features", str(exc))
         quantiles = table.integer("quantiles", 1, MAX_QUANTILES) if table.optional("quantiles") else None
+        rows_per_peer = 0
+        if kind == TaskKind.MODEL_AVERAGING:
+            from anonml.learning import MIN_ROWS_PER_PEER
+
+            rows_per_peer = table.integer("rows_per_peer", MIN_ROWS_PER_PEER, MAX_ROWS_PER_PEER) if table.optional("rows_per_peer") else MIN_ROWS_PER_PEER
         table.done()
-        return cls(features=features if quantiles is None else features.with_quantiles(quantiles), quantiles=quantiles, kind=kind)
+        return cls(features=features if quantiles is None else features.with_quantiles(quantiles), quantiles=quantiles, kind=kind,
+                   rows_per_peer=rows_per_peer)
 
 
 @dataclass(frozen=True)

@@ -65,7 +65,14 @@ if TYPE_CHECKING:
         round_candidates,
         synthetic_table,
     )
-    from anonml.learning._round_averaging import AveragedModel, InvalidModelReport, ModelBlocks, average_blocks, model_reports
+    from anonml.learning._round_averaging import (
+        AveragedModel,
+        InvalidModelReport,
+        ModelBlocks,
+        RoundModel,
+        average_blocks,
+        model_reports,
+    )
     from anonml.learning._round_statistics import SurveyCells, describe_answer, round_statistics, survey_cells
     from anonml.learning._statistics import (
         StatisticAnswer,
@@ -154,6 +161,7 @@ __all__ = [
     "AveragedModel",
     "InvalidModelReport",
     "ModelBlocks",
+    "RoundModel",
     "average_blocks",
     "model_reports",
     "run_comparison",

@@ -29,14 +29,18 @@ from __future__ import annotations
 
 import math
 import struct
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
 
 from anonml.base.errors import InputError
-from anonml.learning._averaging import FloatArray, OutputPerturbation, local_model
+from anonml.learning._averaging import FloatArray, OutputPerturbation, local_model, unit_ball_rows
+from anonml.learning._data import Table
+from anonml.learning._linear import LinearEncoding, wide_range_features
+from anonml.learning._vocabulary import AVERAGING_CATEGORICAL_WEIGHT, AVERAGING_RULE
+from anonml.protocol import FeatureSpec, RoundManifest, report_capacity
 
 STEP = struct.Struct(">q")
 """One coordinate of a released model on the wire: its grid steps as a signed 64-bit integer
@@ -124,3 +128,59 @@ def average_blocks(blocks: ModelBlocks, reports: Sequence[Sequence[bytes]], grid
     means = [np.mean([blocks.decode(b, report) for report in block], axis=0) for b, block in enumerate(reports)]
     coef: FloatArray = np.concatenate(means) * grid
     return AveragedModel(coef, tuple(len(block) for block in reports))
+
+
+@dataclass(frozen=True)
+class RoundModel:
+    """What every party of a model-averaging round derives from the signed manifest alone: the rows'
+    encoding (:class:`LinearEncoding`, wide-range features on a log scale, categorical columns weighted
+    by ``AVERAGING_CATEGORICAL_WEIGHT`` as in ``anonml experiment``), the public norm bound the rows are
+    divided by, the output perturbation (λ = ``AVERAGING_RULE / (rows_per_peer ε_T)``) and the blocks."""
+
+    encoding: LinearEncoding
+    weights: FloatArray
+    mechanism: OutputPerturbation
+    blocks: ModelBlocks
+
+    @classmethod
+    def of(cls, spec: FeatureSpec, epsilon: float, rows_per_peer: int, report_bytes: int) -> RoundModel:
+        encoding = LinearEncoding(spec, wide_range_features(spec))
+        weights: FloatArray = np.where(encoding.categorical_columns, AVERAGING_CATEGORICAL_WEIGHT, 1.0)
+        regularization = AVERAGING_RULE / (rows_per_peer * epsilon)
+        mechanism = OutputPerturbation(epsilon, rows_per_peer, regularization, encoding.dimension)
+        return cls(encoding, weights, mechanism, ModelBlocks.fitting(encoding.dimension, report_bytes))
+
+    @classmethod
+    def of_manifest(cls, manifest: RoundManifest) -> RoundModel:
+        """The round's model from its signed fields: the features, ε_T, ``rows_per_peer`` and the packet geometry."""
+        spec = FeatureSpec.from_dict(dict(manifest.features))
+        return cls.of(spec, manifest.eps_total, manifest.rows_per_peer, report_capacity(manifest.sphinx_geometry().message_size))
+
+    @property
+    def norm_bound(self) -> float:
+        """A public bound on a weighted row's norm (every encoded coordinate lies in [-1, 1])."""
+        return float(np.linalg.norm(self.weights))
+
+    def matrix(self, rows: Sequence[Mapping[str, object]], labels: Sequence[int]) -> tuple[FloatArray, FloatArray]:
+        """``(X, y)``: rows of feature values (by name, as the spec's featurizer gives them) weighted and
+        encoded, and their labels (0/1) as -1/+1."""
+        numeric = set(self.encoding.spec.numeric_names)
+        columns = {name: np.array([row[name] for row in rows], dtype=np.float64) if name in numeric
+                   else np.array([str(row[name]) for row in rows]) for name in self.encoding.spec.names}
+        y: FloatArray = 2.0 * np.asarray(labels, dtype=np.float64) - 1.0
+        return self.table_matrix(Table(columns, np.array([str(label) for label in labels]))), y
+
+    def table_matrix(self, table: Table) -> FloatArray:
+        """A table's rows weighted and encoded (not yet divided by :attr:`norm_bound`)."""
+        X: FloatArray = self.encoding.transform(table) * self.weights
+        return X
+
+    def reports(self, rows: Sequence[Mapping[str, object]], labels: Sequence[int], rng: np.random.Generator) -> list[bytes]:
+        """A data peer's block reports from its rows (:func:`model_reports`)."""
+        X, y = self.matrix(rows, labels)
+        return model_reports(X, y, self.mechanism, self.norm_bound, self.blocks, rng)
+
+    def scores(self, coef: FloatArray, table: Table) -> FloatArray:
+        """The averaged model's scores of a table's rows (weighted, encoded, into the unit ball as the peers' were)."""
+        scored: FloatArray = unit_ball_rows(self.table_matrix(table), self.norm_bound) @ coef
+        return scored

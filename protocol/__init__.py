@@ -106,6 +106,7 @@ if TYPE_CHECKING:
     from anonml.protocol._manifest import (
         DEFAULT_VOTE,
         MAX_MANIFEST_BYTES,
+        MAX_ROWS_PER_PEER,
         PROTOCOL_VERSION,
         REGISTRATION_POLICIES,
         SEED_BYTES,
@@ -217,6 +218,7 @@ __all__ = [
     "MAX_RESPONSE_BYTES",
     "MAX_ROSTER",
     "MAX_ROSTER_ENTRY_JSON",
+    "MAX_ROWS_PER_PEER",
     "MESSAGE_VERSION",
     "MedianResults",
     "MedianThresholds",

@@ -182,3 +182,27 @@ def test_the_statistics_demo_accepts_every_message_and_charges_each_peer_its_pro
     # The operator's report lines, printed as plain text: the formulas keep their brackets.
     assert "statistic: count of diagnosis positive" in output and "Var[n̂_c]" in output
     assert "Traceback" not in output
+
+
+@pytest.mark.whole_round
+def test_the_model_averaging_demo_accepts_every_block_charges_each_peer_its_promise_and_scores_held_out_rows(tmp_path: Path) -> None:
+    adult = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "adult"
+    if not (adult / "adult.data").is_file():
+        pytest.skip("the Adult data is not at ../shared/data/adult")
+    summary_path = tmp_path / "summary.json"
+    demo = start_demo(tmp_path / "work", "--task", "model-averaging", "--dataset", "adult", "--data-dir", str(adult), "--peers", "20",
+                      "--rows-per-peer", "100", "--epsilon", "1", "--json", str(summary_path))
+    try:
+        output, _ = demo.communicate(timeout=HANG_GUARD_SECONDS * 2)
+    finally:
+        stop(demo)
+    assert demo.returncode == 0, output[-4000:]
+    summary = json.loads(summary_path.read_text())
+    assert summary["phase"] == "done" and summary["report"]["task_kind"] == "model-averaging"
+    # One packet per block from every peer, each accepted; one model release at ε_T in every ledger.
+    blocks = summary["report"]["averaged_model"]["blocks"]
+    assert summary["audit"]["accepted"] == summary["audit"]["prepared"] == 20 * blocks
+    assert summary["ledgers_at_promise"] == summary["ledgers"] == 20 and summary["epsilon_promised"] == 1.0
+    assert summary["report"]["averaged_model"]["reports_per_block"] == [20] * blocks
+    assert isinstance(summary["auc"], float) and summary["auc"] > 0.7
+    assert "Traceback" not in output

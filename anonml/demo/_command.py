@@ -28,10 +28,14 @@ import click
 @click.option("--work-dir", type=click.Path(path_type=Path), default=None, help="Keep every process's files here (default: a new temporary directory).")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--json", "json_out", type=click.Path(path_type=Path), default=None, help="Also write the summary as JSON.")
-@click.option("--task", type=click.Choice(["ensemble", "statistics"]), default="ensemble", show_default=True,
-              help="What the round computes: the partition ensemble, or statistic answers (histograms, a count, means, medians) each with its error.")
+@click.option("--task", type=click.Choice(["ensemble", "statistics", "model-averaging"]), default="ensemble", show_default=True,
+              help="What the round computes: the partition ensemble, statistic answers (histograms, a count, means, medians) each with "
+                   "its error, or an average of the peers' output-perturbed local logistic regressions.")
+@click.option("--rows-per-peer", type=click.IntRange(min=1), default=None,
+              help="Rows each peer holds (--task model-averaging only; default and minimum: the learner's 100).")
 @click.option("--linger", type=click.FloatRange(0, 3600), default=0.0, help="Keep the aggregator's dashboard up this many seconds after the round.")
-def demo(peers: int | None, dataset: str, data_dir: Path | None, epsilon: float, workers: int, work_dir: Path | None, seed: int, json_out: Path | None, linger: float, task: str) -> None:
+def demo(peers: int | None, dataset: str, data_dir: Path | None, epsilon: float, workers: int, work_dir: Path | None, seed: int, json_out: Path | None, linger: float, task: str,
+         rows_per_peer: int | None) -> None:
     """Run one complete round on loopback: 5 relays (paths of 3), the aggregator, N peers.
 
     Exits 0 when the round is done and the aggregator accepted at least 99%
@@ -61,11 +65,12 @@ def demo(peers: int | None, dataset: str, data_dir: Path | None, epsilon: float,
         data = adult_data(data_dir)
     else:
         data = breast_cancer_data(seed)
-    n = min(peers or len(data.train_rows), len(data.train_rows))
+    rows = demo_rows_per_peer(TaskKind(task), rows_per_peer)
+    n = min(peers or len(data.train_rows) // rows, len(data.train_rows) // rows)
     work = work_dir or Path(tempfile.mkdtemp(prefix="anonml-demo-"))
     work.mkdir(parents=True, exist_ok=True)
     result = trio.run(until_signalled, partial(run_demo, data, peers=n, epsilon=epsilon, workers=workers, seed=seed, work=work,
-                                               console=console, linger=linger, task=TaskKind(task)))
+                                               console=console, linger=linger, task=TaskKind(task), rows_per_peer=rows))
     if isinstance(result, int):
         console.print(f"stopped by {signal.Signals(result).name}; every child process was stopped; files in {work}")
         raise SystemExit(128 + result)
@@ -82,3 +87,18 @@ def demo(peers: int | None, dataset: str, data_dir: Path | None, epsilon: float,
     code = exit_code(summary)
     if code:
         raise SystemExit(code)
+
+
+def demo_rows_per_peer(task: object, rows_per_peer: int | None) -> int:
+    """Each peer's rows: ``--rows-per-peer`` for a model-averaging round (at least the learner's minimum), one otherwise."""
+    from anonml.learning import MIN_ROWS_PER_PEER
+    from anonml.protocol import TaskKind
+
+    if task != TaskKind.MODEL_AVERAGING:
+        if rows_per_peer is not None:
+            raise click.UsageError("--rows-per-peer is for --task model-averaging: every other task's peer holds one row")
+        return 1
+    if rows_per_peer is not None and rows_per_peer < MIN_ROWS_PER_PEER:
+        raise click.BadParameter(f"a model-averaging peer holds at least {MIN_ROWS_PER_PEER} rows (its noise is calibrated to "
+                                 f"them), got {rows_per_peer}", param_hint="--rows-per-peer")
+    return MIN_ROWS_PER_PEER if rows_per_peer is None else rows_per_peer

@@ -68,11 +68,12 @@ class Network:
         return f"http://{HOST}:{self.http_port}"
 
 
-async def start_workers(children: Children, data: DemoData, rows: list[list[str]], work: Path, workers: int, seed: int, url: str) -> list[Child]:
-    """The peers' worker processes; they wait for the round to be served."""
+async def start_workers(children: Children, data: DemoData, rows: list[list[str]], work: Path, workers: int, seed: int, url: str,
+                        rows_per_peer: int = 1) -> list[Child]:
+    """The peers' worker processes (each peer holding ``rows_per_peer`` of ``rows``); they wait for the round to be served."""
     started = []
-    for w, path in enumerate(write_peer_files(data, rows, work, workers)):
-        config = SwarmConfig(w, url, path, work / "peers" / f"worker-{w}.sqlite", seed)
+    for w, path in enumerate(write_peer_files(data, rows, work, workers, rows_per_peer)):
+        config = SwarmConfig(w, url, path, work / "peers" / f"worker-{w}.sqlite", seed, rows_per_peer=rows_per_peer)
         config_path = work / "peers" / f"worker-{w}.json"
         config_path.write_text(config.to_json())
         started.append(await children.start(
@@ -212,11 +213,11 @@ async def collect_report(aggregator: Child, round_dir: Path, children: Children,
 
 
 async def run_demo(data: DemoData, *, peers: int, epsilon: float, workers: int, seed: int, work: Path, console: Any,
-                   linger: float = 0.0, task: TaskKind = TaskKind.ENSEMBLE) -> tuple[dict[str, Any], DemoParams]:
-    """Run one complete round; returns the summary figures and the round's parameters."""
+                   linger: float = 0.0, task: TaskKind = TaskKind.ENSEMBLE, rows_per_peer: int = 1) -> tuple[dict[str, Any], DemoParams]:
+    """Run one complete round (``peers`` peers of ``rows_per_peer`` rows each); returns the summary figures and the round's parameters."""
     started = time.monotonic()
-    rows = data.train_rows[:peers]
-    progress = Progress(peers=len(rows))
+    rows = data.train_rows[:peers * rows_per_peer]
+    progress = Progress(peers=peers)
     network = Network()
     agg_dir = work / "aggregator"
 
@@ -227,14 +228,14 @@ async def run_demo(data: DemoData, *, peers: int, epsilon: float, workers: int, 
         console.print(f"[bold]{number}/6[/] {time.monotonic() - started:5.1f} s  {text}")
 
     async with open_children(work / "logs", on_restart=on_restart) as children:
-        step(1, f"starting {len(rows)} peers in {workers} worker processes, {RELAYS} relays and the aggregator's identity")
+        step(1, f"starting {peers} peers ({rows_per_peer} row(s) each) in {workers} worker processes, {RELAYS} relays and the aggregator's identity")
         # The workers start first: their start-up overlaps the operators' commands.
-        peer_workers = await start_workers(children, data, rows, work, workers, seed, network.url)
+        peer_workers = await start_workers(children, data, rows, work, workers, seed, network.url, rows_per_peer)
         identity, process_start = await init_aggregator(children, agg_dir)
         descriptors = await start_relays(children, work, network, identity)
         step(2, "measuring each phase's cost on this machine to size the round's windows")
         costs = await measure_costs(PATH_LENGTH, process_start)
-        params = plan_round(data, len(rows), epsilon, workers, seed, costs, task=task)
+        params = plan_round(data, peers, epsilon, workers, seed, costs, task=task, rows_per_peer=rows_per_peer)
         console.print("    " + describe_plan(costs, params))
         step(3, "the aggregator opens the round (anonml aggregator round new / run)")
         round_id, aggregator = await open_round(children, work, agg_dir, data, params, descriptors, network, linger)
@@ -257,7 +258,8 @@ async def run_demo(data: DemoData, *, peers: int, epsilon: float, workers: int, 
     found = audit_round(sorted((work / "peers").glob("worker-*.sqlite")), round_dir / "round.sqlite", bytes.fromhex(round_id))
     summary = summarise(data, params, progress, report, found, work, time.monotonic() - started)
     summary["costs"] = costs.to_dict()
-    summary["auc"] = held_out_auc(data, round_dir / "model.json")
+    # An averaged model is scored by the aggregator itself on the same held-out rows (`aggregator run --test-file`).
+    summary["auc"] = (report.get("utility") or {}).get("auc") if task == TaskKind.MODEL_AVERAGING else held_out_auc(data, round_dir / "model.json")
     summary["report_path"] = str(round_dir / "report.html")
     summary["anonymity"] = anonymity_figures(progress, round_dir / LINKS_JSON)
     return summary, params
