@@ -12,6 +12,7 @@ import subprocess
 import time
 import tomllib
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -163,16 +164,21 @@ def test_a_signal_to_the_demo_stops_every_process_it_started(tmp_path: Path, sig
     assert_all_gone(started)
 
 
-@pytest.mark.whole_round
-def test_the_statistics_demo_accepts_every_message_and_charges_each_peer_its_promise(tmp_path: Path) -> None:
+def whole_demo(tmp_path: Path, *args: str) -> tuple[str, dict[str, Any]]:
+    """A demo run to its end with ``args``, which must exit 0: its output and its JSON summary."""
     summary_path = tmp_path / "summary.json"
-    demo = start_demo(tmp_path / "work", "--task", "statistics", "--peers", "60", "--json", str(summary_path))
+    demo = start_demo(tmp_path / "work", *args, "--json", str(summary_path))
     try:
         output, _ = demo.communicate(timeout=HANG_GUARD_SECONDS * 2)
     finally:
         stop(demo)
     assert demo.returncode == 0, output[-4000:]
-    summary = json.loads(summary_path.read_text())
+    return output, json.loads(summary_path.read_text())
+
+
+@pytest.mark.whole_round
+def test_the_statistics_demo_accepts_every_message_and_charges_each_peer_its_promise(tmp_path: Path) -> None:
+    output, summary = whole_demo(tmp_path, "--task", "statistics", "--peers", "60")
     assert summary["phase"] == "done" and summary["report"]["task_kind"] == "statistics"
     assert summary["audit"]["accepted"] == summary["audit"]["prepared"] > 0
     assert summary["ledgers_at_promise"] == summary["ledgers"] == 60 and summary["epsilon_promised"] == 2.0
@@ -189,15 +195,8 @@ def test_the_model_averaging_demo_accepts_every_block_charges_each_peer_its_prom
     adult = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "adult"
     if not (adult / "adult.data").is_file():
         pytest.skip("the Adult data is not at ../shared/data/adult")
-    summary_path = tmp_path / "summary.json"
-    demo = start_demo(tmp_path / "work", "--task", "model-averaging", "--dataset", "adult", "--data-dir", str(adult), "--peers", "20",
-                      "--rows-per-peer", "100", "--epsilon", "1", "--json", str(summary_path))
-    try:
-        output, _ = demo.communicate(timeout=HANG_GUARD_SECONDS * 2)
-    finally:
-        stop(demo)
-    assert demo.returncode == 0, output[-4000:]
-    summary = json.loads(summary_path.read_text())
+    output, summary = whole_demo(tmp_path, "--task", "model-averaging", "--dataset", "adult", "--data-dir", str(adult), "--peers", "20",
+                                 "--rows-per-peer", "100", "--epsilon", "1")
     assert summary["phase"] == "done" and summary["report"]["task_kind"] == "model-averaging"
     # One packet per block from every peer, each accepted; one model release at ε_T in every ledger.
     blocks = summary["report"]["averaged_model"]["blocks"]

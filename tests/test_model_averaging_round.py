@@ -5,13 +5,16 @@ the aggregator's block-wise average, and the peer's ledger charging the model on
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 from sklearn.metrics import roc_auc_score
 
+from anonml.aggregator._spec import RoundSpecError, parse_round_spec
 from anonml.crypto import SphinxGeometry
 from anonml.learning import (
+    MIN_ROWS_PER_PEER,
     InvalidModelReport,
     ModelBlocks,
     OutputPerturbation,
@@ -26,7 +29,9 @@ from anonml.learning._vocabulary import AVERAGING_RULE
 from anonml.mechanisms import BudgetExceeded, ReleaseKind
 from anonml.peer._ledger import PeerLedger
 from anonml.peer._store import PeerStore
-from anonml.protocol import SealedReport, SurveyId, TaskKind, report_capacity
+from anonml.protocol import RoundManifest, SealedReport, SurveyId, TaskKind, report_capacity
+from test_aggregator import spec_document
+from test_manifest import fixed_manifest
 
 PEER = b"\x01" * 32
 ROUND = b"\x02" * 32
@@ -117,3 +122,44 @@ def test_the_ledger_charges_the_model_once_whatever_its_blocks(tmp_path: Path) -
 
 def test_model_averaging_is_a_task_kind() -> None:
     assert TaskKind("model-averaging") is TaskKind.MODEL_AVERAGING
+
+
+def _averaging_document(**learning: object) -> dict[str, Any]:
+    document = spec_document()
+    document["task"]["kind"] = "model-averaging"
+    document["learning"] = {"k_p": 2, "k_h": 1, "k_s": 1, "plan": "split", "learner": "logreg", **learning}
+    return document
+
+
+def test_a_model_averaging_spec_signs_its_rows_and_has_no_median_search() -> None:
+    spec = parse_round_spec(_averaging_document())
+    assert spec.task.rows_per_peer == MIN_ROWS_PER_PEER and spec.schedule.median_rounds == 0
+    document = _averaging_document()
+    document["task"]["rows_per_peer"] = 250
+    assert parse_round_spec(document).task.rows_per_peer == 250
+    manifest = fixed_manifest(task_kind="model-averaging", rows_per_peer=250)
+    assert RoundManifest.from_dict(manifest.to_dict()).rows_per_peer == 250
+    assert manifest.to_dict()["task"]["rows_per_peer"] == 250
+    assert "rows_per_peer" not in fixed_manifest().to_dict()["task"]
+
+
+@pytest.mark.parametrize(("change", "field", "words"), [
+    ({"learning": {"k_h": 2}}, "learning", "k_h = 1"),
+    ({"learning": {"plan": "one"}}, "learning", 'set plan = "split"'),
+    ({"task": {"rows_per_peer": 99}}, "task.rows_per_peer", "100"),
+])
+def test_a_model_averaging_spec_refuses_a_survey_per_block_it_does_not_need_or_too_few_rows(
+        change: dict[str, dict[str, object]], field: str, words: str) -> None:
+    document = _averaging_document(**change.get("learning", {}))
+    document["task"].update(change.get("task", {}))
+    with pytest.raises(RoundSpecError) as info:
+        parse_round_spec(document)
+    assert info.value.field == field and words in str(info.value), str(info.value)
+
+
+def test_another_kind_may_not_set_rows_per_peer() -> None:
+    document = spec_document()
+    document["task"]["rows_per_peer"] = 100
+    with pytest.raises(RoundSpecError) as info:
+        parse_round_spec(document)
+    assert "rows_per_peer" in str(info.value)

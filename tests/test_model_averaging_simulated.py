@@ -11,8 +11,10 @@ import pytest
 from sklearn.metrics import roc_auc_score
 
 from anonml.learning import RoundModel, Table
+from anonml.peer import Dataset, Event, RoundPipeline
+from anonml.peer._disclosure import describe_release
 from anonml.peer._store import PeerStore
-from anonml.protocol import TaskKind
+from anonml.protocol import FeatureSpec, TaskKind
 from anonml.simulate import RoundSetup, RoundTrace, SimulationConfig, simulate_round
 
 COLOURS = tuple(f"c{i}" for i in range(150))
@@ -62,6 +64,13 @@ def test_a_model_averaging_round_accepts_every_block_and_charges_each_peer_its_p
         (spend,) = store.spends(outcome.key)
         assert spend.epsilon == manifest.eps_total and [r.kind for r in spend.releases()] == ["model"]
     assert trace.report["averaged_model"]["reports_per_block"] == [len(trace.peers)] * 2
+    # The consent preview says what the round computes, and after the round (the model in the ledger,
+    # nothing left to send) its cost is still the promise: the model counted once, not once per block.
+    spec = FeatureSpec.from_dict(dict(manifest.features))
+    outcome = trace.peers[0]
+    vector = RoundPipeline.for_spec(spec).vector_of(Dataset((Event(_row(0, np.random.default_rng(0)), None, 1),)))
+    text, cost, _, _ = describe_release(trace.manifest, spec, vector, store, outcome.key)
+    assert cost == manifest.eps_total and "averaging the peers' models" in text, text
 
 
 def test_the_averaged_model_ranks_held_out_rows(averaging_round: RoundTrace) -> None:
