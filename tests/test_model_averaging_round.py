@@ -163,3 +163,22 @@ def test_another_kind_may_not_set_rows_per_peer() -> None:
     with pytest.raises(RoundSpecError) as info:
         parse_round_spec(document)
     assert "rows_per_peer" in str(info.value)
+
+
+def test_the_model_averaging_demo_plans_a_round_round_new_accepts_and_deals_peers_whole(tmp_path: Path) -> None:
+    from test_demo_parts import costs
+
+    from anonml.demo._data import breast_cancer_data, write_peer_files
+    from anonml.demo._schedule import plan_round, round_spec
+
+    data = breast_cancer_data(0)
+    params = plan_round(data, 4, 1.0, 2, 0, costs(1.0), n_cores=2, task=TaskKind.MODEL_AVERAGING, rows_per_peer=100)
+    relays = [{"node_id": bytes([i + 1]).hex() * 32, "host": "127.0.0.1", "port": 9000 + i, "public_key": bytes([0x40 + i]).hex() * 32,
+               "key_epoch": 1, "mirror_port": None, "beacon_key": None} for i in range(5)]
+    spec = parse_round_spec(round_spec(data, params, relays, 8080, 8081))
+    assert spec.task.kind == TaskKind.MODEL_AVERAGING and spec.task.rows_per_peer == 100 and spec.schedule.median_rounds == 0
+    # Peer g holds rows g*100 .. g*100+99, whole, in one worker's file; the workers take the peers in turn.
+    rows = [[str(i), *row[1:]] for i, row in enumerate(data.train_rows[:350])]
+    files = write_peer_files(data, rows, tmp_path, 2, rows_per_peer=100)
+    held = [[line.split(",", 1)[0] for line in path.read_text().splitlines()[1:]] for path in files]
+    assert held == [[str(i) for i in [*range(0, 100), *range(200, 300)]], [str(i) for i in range(100, 200)]]
