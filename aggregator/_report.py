@@ -151,9 +151,13 @@ def _privacy(state: RoundState) -> dict[str, Any]:
     )
     shuffled = state.shuffled_reports()
     central: dict[str, Any] | None = None
+    # A model's block is a piece of ONE release at ε_T, not a release at eps_data = ε_T / k_h: each block
+    # report alone is ε_T-LDP (post-processing), so its survey's bound is computed at ε_T (a peer's k_h
+    # block surveys then compose, as an ensemble peer's k_h reports do).
+    per_report = manifest.eps_total if manifest.task_kind == TaskKind.MODEL_AVERAGING else manifest.eps_data
     if shuffled:
         # Feldman-McMillan-Talwar, for the data survey with the fewest accepted reports.
-        figure = shuffle_central_privacy(manifest.eps_data, min(shuffled))
+        figure = shuffle_central_privacy(per_report, min(shuffled))
         central = {"n": figure.n, "delta": figure.delta, "statement": figure.describe()}
         if figure.epsilon is not None:
             central["epsilon"] = figure.epsilon
@@ -164,6 +168,7 @@ def _privacy(state: RoundState) -> dict[str, Any]:
         "eps_per_attribute_secondary": max(per_attribute_epsilon(releases_from(*releases)) for releases in roles.values()),
         "eps_median": manifest.eps_median,
         "eps_data": manifest.eps_data,
+        "eps_per_data_report": per_report,
         "central_per_survey": central,
     }
 
@@ -239,6 +244,9 @@ def summarise(report: dict[str, Any]) -> list[str]:
         )
     for answer in report.get("statistics") or ():
         lines.append(f"statistic: {describe_answer(answer)}")
+    if averaged := report.get("averaged_model"):
+        lines.append(f"averaged model: {averaged['blocks']} block(s) of at most {averaged['per_block']} coordinates, reports per block "
+                     f"{', '.join(map(str, averaged['reports_per_block']))}; each peer's noise norm scale {averaged['noise_norm_scale']:.3g}")
     if report.get("utility"):
         lines.append(f"utility: AUC {report['utility']['auc']:.4f} on {report['utility']['rows']} held-out rows")
     if report.get("reason"):

@@ -64,6 +64,10 @@ def test_a_model_averaging_round_accepts_every_block_and_charges_each_peer_its_p
         (spend,) = store.spends(outcome.key)
         assert spend.epsilon == manifest.eps_total and [r.kind for r in spend.releases()] == ["model"]
     assert trace.report["averaged_model"]["reports_per_block"] == [len(trace.peers)] * 2
+    # Each block report is a piece of the one ε_T release: the shuffle bound is stated at ε_T, not ε_T / k_h.
+    privacy = trace.report["privacy"]
+    assert manifest.eps_data == manifest.eps_total / 2 and privacy["eps_per_data_report"] == manifest.eps_total
+    assert privacy["central_per_survey"]["n"] == len(trace.peers) // 2  # two partitions: a survey holds half the peers
     # The consent preview says what the round computes, and after the round (the model in the ledger,
     # nothing left to send) its cost is still the promise: the model counted once, not once per block.
     spec = FeatureSpec.from_dict(dict(manifest.features))
