@@ -12,7 +12,7 @@ import pytest
 from sklearn.metrics import roc_auc_score
 
 from anonml.aggregator._spec import RoundSpecError, parse_round_spec
-from anonml.crypto import SphinxGeometry
+from anonml.crypto import IssuerSecretKey, SphinxGeometry
 from anonml.learning import (
     MIN_ROWS_PER_PEER,
     InvalidModelReport,
@@ -28,6 +28,7 @@ from anonml.learning._linear import LinearEncoding, wide_range_features
 from anonml.learning._vocabulary import AVERAGING_RULE
 from anonml.mechanisms import BudgetExceeded, ReleaseKind
 from anonml.peer._ledger import PeerLedger
+from anonml.peer._framework import FeatureVector
 from anonml.peer._store import PeerStore
 from anonml.protocol import RoundManifest, SealedReport, SurveyId, TaskKind, report_capacity
 from test_aggregator import spec_document
@@ -182,3 +183,35 @@ def test_the_model_averaging_demo_plans_a_round_round_new_accepts_and_deals_peer
     files = write_peer_files(data, rows, tmp_path, 2, rows_per_peer=100)
     held = [[line.split(",", 1)[0] for line in path.read_text().splitlines()[1:]] for path in files]
     assert held == [[str(i) for i in [*range(0, 100), *range(200, 300)]], [str(i) for i in range(100, 200)]]
+
+
+def test_a_peer_holding_fewer_rows_than_the_round_signs_refuses_before_it_registers(tmp_path: Path) -> None:
+    import trio
+    from test_manifest import SIGNING_KEY
+
+    from anonml.peer import AggregatorClient, JoinRefused, Peer, PeerIdentity, RoundPipeline, RoundSession, join_round
+    from anonml.peer._events import RefusalReason
+    from anonml.protocol import FeatureSpec, SignedManifest
+
+    issuer = IssuerSecretKey.generate().public_key()
+    manifest = fixed_manifest(task_kind="model-averaging", rows_per_peer=150, geometry=SphinxGeometry.create().to_dict(),
+                              token_public_key=issuer.to_bytes(), token_kid=issuer.kid)
+    signed = SignedManifest.sign(manifest, SIGNING_KEY)
+    pipeline = RoundPipeline.for_spec(FeatureSpec.from_dict(dict(signed.manifest.features)))
+    store = PeerStore(tmp_path / "peer.sqlite")
+    rows = tuple(FeatureVector({name: 0.0 for name in pipeline.spec.names}, 1) for _ in range(149))
+    peer = Peer(PeerIdentity.generate(), store, rows[-1], np.random.default_rng(0), rows=rows)
+    # Nothing listens there: the refusal comes before the peer's first request.
+    client = AggregatorClient("http://127.0.0.1:9")
+
+    async def join() -> None:
+        session = RoundSession(client, transport=None)  # type: ignore[arg-type]  # no packet is sent
+        try:
+            await join_round(peer, session, signed, pipeline)
+        finally:
+            await client.aclose()
+
+    with pytest.raises(JoinRefused) as info:
+        trio.run(join)
+    assert info.value.reason == RefusalReason.TOO_FEW_ROWS and "150" in str(info.value) and "149" in str(info.value)
+    assert store.registration(peer.identity.public_key, signed.round_id) is None and store.spends(peer.identity.public_key) == []
