@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +31,8 @@ REPORT_JSON = "report.json"
 REPORT_HTML = "report.html"
 # The published model: plain JSON (learning.model_to_json), never a pickle.
 MODEL_FILE = "model.json"
+# A model-averaging round's published average (plain JSON as well).
+AVERAGED_MODEL_FILE = "averaged-model.json"
 
 
 def learn(state: RoundState, directory: Path, *, test_file: Path | None = None) -> dict[str, Any]:
@@ -39,11 +42,20 @@ def learn(state: RoundState, directory: Path, *, test_file: Path | None = None) 
     so it never reads the clock itself (trio's MockClock is only readable on the loop).
     """
     now = state.learning_started_at if state.learning_started_at is not None else state.now()
-    from anonml.learning import PartitionEnsemble, estimate_histogram, model_to_json, published_model, round_statistics, survey_cells
+    from anonml.learning import (
+        PartitionEnsemble,
+        estimate_histogram,
+        model_to_json,
+        published_model,
+        round_statistics,
+        survey_cells,
+        table_matrix,
+    )
 
     started = time.perf_counter()
     manifest, spec = state.manifest, state.spec
     statistics = manifest.task_kind == TaskKind.STATISTICS
+    averaging = manifest.task_kind == TaskKind.MODEL_AVERAGING
     histograms, cells = [], []
     per_survey: dict[str, int] = {}
     for partition, subsets in enumerate(state.subsets):
@@ -51,7 +63,7 @@ def learn(state: RoundState, directory: Path, *, test_file: Path | None = None) 
             survey = SurveyId.data(state.round_id, partition, index)
             blobs = state.store.reports(survey)
             per_survey[f"partition {partition} subset {index}"] = len(blobs)
-            if not blobs:
+            if not blobs or averaging:  # a model's blocks are averaged below, not estimated as histograms
                 continue
             oracle = state.data_oracle(partition, index)
             if statistics:  # one feature per survey (aggregator._spec): its unbiased cells, not post-processed
@@ -99,7 +111,9 @@ def learn(state: RoundState, directory: Path, *, test_file: Path | None = None) 
         replace_file(directory / MODEL_FILE, model_to_json(model))
         report["model"] = MODEL_FILE
         if test_file is not None:
-            report["utility"] = _utility(state, model, test_file)
+            report["utility"] = _utility(state, lambda table: model.decision_function(table_matrix(spec, table)), test_file)
+    if averaging:
+        _average_models(state, directory, report, test_file)
     schedule = manifest.schedule
     report["timings"] = {
         "learn_seconds": round(time.perf_counter() - started, 3),
@@ -109,6 +123,29 @@ def learn(state: RoundState, directory: Path, *, test_file: Path | None = None) 
     write_report(report, directory, dashboard_data(state, None, report, now=now))
     state.store.put_result("report", json.dumps(report, sort_keys=True).encode())
     return report
+
+
+def _average_models(state: RoundState, directory: Path, report: dict[str, Any], test_file: Path | None) -> None:
+    """A model-averaging round's result: each block survey's reports (every partition's) averaged on their own
+    (``learning.average_blocks``), written as ``averaged-model.json``; its AUC on ``test_file`` if given."""
+    from anonml.learning import average_blocks
+
+    model = state.round_model
+    blocks = [[blob for partition in range(state.manifest.k_p) for blob in state.store.reports(SurveyId.data(state.round_id, partition, block))]
+              for block in range(model.blocks.blocks)]
+    if not all(blocks):
+        report["reason"] = "a block of the model has no report: there is no model to average"
+        return
+    averaged = average_blocks(model.blocks, blocks, model.mechanism.grid)
+    published = {"format": "anonml-averaged-logistic-1", "coef": averaged.coef.tolist(), "reports_per_block": list(averaged.reports),
+                 "blocks": model.blocks.blocks, "per_block": model.blocks.per_block, "weights": model.weights.tolist(),
+                 "norm_bound": model.norm_bound, "log_scaled": sorted(model.encoding.log_scaled),
+                 "noise_norm_scale": model.mechanism.noise_norm_scale, "regularization": model.mechanism.regularization}
+    replace_file(directory / AVERAGED_MODEL_FILE, json.dumps(published, indent=2, sort_keys=True))
+    report["model"] = AVERAGED_MODEL_FILE
+    report["averaged_model"] = {key: published[key] for key in ("coef", "blocks", "per_block", "reports_per_block", "noise_norm_scale")}
+    if test_file is not None:
+        report["utility"] = _utility(state, lambda table: model.scores(averaged.coef, table), test_file)
 
 
 def _privacy(state: RoundState) -> dict[str, Any]:
@@ -123,9 +160,13 @@ def _privacy(state: RoundState) -> dict[str, Any]:
     )
     shuffled = state.shuffled_reports()
     central: dict[str, Any] | None = None
+    # A model's block is a piece of ONE release at ε_T, not a release at eps_data = ε_T / k_h: each block
+    # report alone is ε_T-LDP (post-processing), so its survey's bound is computed at ε_T (a peer's k_h
+    # block surveys then compose, as an ensemble peer's k_h reports do).
+    per_report = manifest.eps_total if manifest.task_kind == TaskKind.MODEL_AVERAGING else manifest.eps_data
     if shuffled:
         # Feldman-McMillan-Talwar, for the data survey with the fewest accepted reports.
-        figure = shuffle_central_privacy(manifest.eps_data, min(shuffled))
+        figure = shuffle_central_privacy(per_report, min(shuffled))
         central = {"n": figure.n, "delta": figure.delta, "statement": figure.describe()}
         if figure.epsilon is not None:
             central["epsilon"] = figure.epsilon
@@ -136,32 +177,24 @@ def _privacy(state: RoundState) -> dict[str, Any]:
         "eps_per_attribute_secondary": max(per_attribute_epsilon(releases_from(*releases)) for releases in roles.values()),
         "eps_median": manifest.eps_median,
         "eps_data": manifest.eps_data,
+        "eps_per_data_report": per_report,
         "central_per_survey": central,
     }
 
 
-def _test_table(state: RoundState, test_file: Path) -> Table:
-    """A labelled held-out file: CSV with a header, or UCI Adult's format."""
-    from anonml.learning import read_adult_file, read_csv_table
-
-    return read_csv_table(test_file, state.spec) if test_file.suffix == ".csv" else read_adult_file(test_file)
-
-
-def _scored(test_file: Path, labels: np.ndarray, scores: np.ndarray) -> dict[str, Any]:
+def _utility(state: RoundState, scores_of: Callable[[Table], np.ndarray], test_file: Path) -> dict[str, Any]:
+    """AUC of the published model (``scores_of`` a table) on a labelled held-out file: CSV with a header, or UCI Adult's format."""
     from sklearn.metrics import roc_auc_score
 
+    from anonml.learning import read_adult_file, read_csv_table
+
+    table = read_csv_table(test_file, state.spec) if test_file.suffix == ".csv" else read_adult_file(test_file)
+    labels = state.spec.label.encode(table.labels)
+    scores = scores_of(table)
     return {
         "test_file": str(test_file), "rows": int(labels.shape[0]), "auc": float(roc_auc_score(labels, scores)),
         "roc": roc_points(labels, scores),
     }
-
-
-def _utility(state: RoundState, model: Any, test_file: Path) -> dict[str, Any]:
-    """AUC of the published model on a labelled held-out file."""
-    from anonml.learning import table_matrix
-
-    table = _test_table(state, test_file)
-    return _scored(test_file, state.spec.label.encode(table.labels), model.decision_function(table_matrix(state.spec, table)))
 
 
 def _sgd_result(state: RoundState, test_file: Path | None) -> dict[str, Any]:
@@ -182,8 +215,8 @@ def _sgd_result(state: RoundState, test_file: Path | None) -> dict[str, Any]:
         "utility": None,
     }
     if test_file is not None:
-        table = _test_table(state, test_file)
-        result["utility"] = _scored(test_file, state.spec.label.encode(table.labels), state.sgd.encoding.transform(table) @ coefficients)
+        encoding = state.sgd.encoding
+        result["utility"] = _utility(state, lambda table: encoding.transform(table) @ coefficients, test_file)
     return result
 
 
@@ -261,6 +294,9 @@ def summarise(report: dict[str, Any]) -> list[str]:
         lines.append(f"LDP SGD logistic regression: {sgd['steps']} steps, reports per step {sgd['reports_per_step']}")
         if sgd.get("utility"):
             lines.append(f"utility: AUC {sgd['utility']['auc']:.4f} on {sgd['utility']['rows']} held-out rows")
+    if averaged := report.get("averaged_model"):
+        lines.append(f"averaged model: {averaged['blocks']} block(s) of at most {averaged['per_block']} coordinates, reports per block "
+                     f"{', '.join(map(str, averaged['reports_per_block']))}; each peer's noise norm scale {averaged['noise_norm_scale']:.3g}")
     if report.get("utility"):
         lines.append(f"utility: AUC {report['utility']['auc']:.4f} on {report['utility']['rows']} held-out rows")
     if report.get("reason"):

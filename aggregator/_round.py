@@ -17,7 +17,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from nacl.signing import SigningKey
@@ -69,6 +69,9 @@ from anonml.protocol import (
     phase_at,
     receipt_leaves_root,
 )
+
+if TYPE_CHECKING:
+    from anonml.learning import RoundModel
 
 Clock = Callable[[], float]
 
@@ -146,8 +149,10 @@ class RoundState:
         self.secrets = secrets
         self.clock = clock
         self.spec = FeatureSpec.from_dict(dict(self.manifest.features))
-        self.numeric = self.spec.numeric_names
-        self.numeric_features = tuple(f for f in self.spec.features if isinstance(f, NumericFeature))
+        # The features the median search cuts: none in a model-averaging round, whose rows are encoded from public bounds.
+        searched = self.manifest.task_kind != TaskKind.MODEL_AVERAGING
+        self.numeric_features = tuple(f for f in self.spec.features if isinstance(f, NumericFeature) and searched)
+        self.numeric = tuple(f.name for f in self.numeric_features)
         self.cut_point_counts = [feature.quantiles for feature in self.numeric_features]
         """Each numeric feature's number of cut points, in the order of ``self.numeric`` (what a median answer may name)."""
         self.sgd = SgdRule.of(self.manifest) if self.manifest.task_kind == TaskKind.SGD else None
@@ -469,11 +474,30 @@ class RoundState:
         if survey.kind == SurveyKind.MEDIAN:
             self.median_answers(report)
             return
+        if self.manifest.task_kind == TaskKind.MODEL_AVERAGING:
+            self.check_model_block(survey, report)
+            return
 
         try:
             self.data_oracle(survey.partition, survey.subset).decode_reports([report])
         except (InvalidReport, ValueError) as exc:
             raise InvalidMessage(f"bad report for {survey}: {exc}") from None
+
+    @cached_property
+    def round_model(self) -> RoundModel:
+        """A model-averaging round's encoding, mechanism and blocks, from the signed manifest (``learning.RoundModel``)."""
+        from anonml.learning import RoundModel
+
+        return RoundModel.of_manifest(self.manifest)
+
+    def check_model_block(self, survey: SurveyId, report: bytes) -> None:
+        """Raise InvalidMessage unless ``report`` is one block of grid steps: data survey ``j`` carries block ``j``."""
+        from anonml.learning import InvalidModelReport
+
+        try:
+            self.round_model.blocks.decode(survey.subset, report)
+        except (InvalidModelReport, ValueError) as exc:
+            raise InvalidMessage(f"bad model block for {survey}: {exc}") from None
 
     # -- median phase (thesis Algorithm 1) ----------------------------------------------
 

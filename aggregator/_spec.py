@@ -32,6 +32,7 @@ from anonml.aggregator._spec_tables import (
     ScheduleTable,
     TaskTable,
 )
+from anonml.crypto import SphinxGeometry
 from anonml.mechanisms import OracleName, make_oracle
 from anonml.protocol import (
     FeatureSpec,
@@ -45,6 +46,7 @@ from anonml.protocol import (
     comparison_pool_size,
     derive_subsets,
     hop_slice,
+    report_capacity,
     smallest_anonymity_set,
 )
 
@@ -135,7 +137,8 @@ def parse_round_spec(
     reader = FieldReader(document, "", RoundSpecError)
     name = reader.text("name", max_len=128, pattern=r"[A-Za-z0-9][A-Za-z0-9 ._\-]*")
     task = TaskTable.read(reader.child("task"), base_dir)
-    numeric = bool(task.features.numeric_names)
+    # A model's rows are encoded from the features' public bounds: no median search, so no median phase.
+    numeric = bool(task.features.numeric_names) and task.kind != TaskKind.MODEL_AVERAGING
     learning = LearningTable.read(reader.child("learning"), numeric=numeric)
     if learning.plan == PLANNER and task.quantiles is not None:
         reader.fail_at("task.quantiles", f'the planner chooses the cut points when learning.plan = "{PLANNER}": leave it out')
@@ -152,6 +155,8 @@ def parse_round_spec(
             reader.fail_at(f"schedule.{key}", f"{delivery} s cannot hold the first hop's guard, {network.path_length} relay "
                            f"windows and the slack slice (needs {network.path_length + 2})")
     participation = ParticipationTable.read(reader.child("participation"))
+    if task.kind == TaskKind.MODEL_AVERAGING:
+        _check_model_averaging(reader, task, learning, network)
     reader.done()
     spec = RoundSpec(
         name=name, task=task, learning=learning, privacy=privacy, schedule=schedule, network=network,
@@ -186,6 +191,22 @@ def _check_sgd(reader: FieldReader, learning: LearningTable, schedule: ScheduleT
     if learning.k_p < schedule.median_rounds:
         reader.fail_at("learning.k_p", f"an SGD task needs a partition for each of its {schedule.median_rounds} steps "
                                        f"(schedule.median_rounds), got k_p = {learning.k_p}")
+
+
+def _check_model_averaging(reader: FieldReader, task: TaskTable, learning: LearningTable, network: NetworkTable) -> None:
+    """A model-averaging task: each data survey is one fixed block of the model's coordinates, so the round has
+    one survey per block (``plan = "split"``, ``k_s = 1``, ``k_h`` = the blocks the packet's payload needs)."""
+    from anonml.learning import RoundModel
+
+    capacity = report_capacity(SphinxGeometry.create(max_hops=network.max_hops, packet_size=network.packet_size).message_size)
+    blocks = RoundModel.of(task.features, 1.0, task.rows_per_peer, capacity).blocks
+    if learning.plan != PlanKind.SPLIT or learning.k_s != 1 or learning.k_h != blocks.blocks:
+        reader.fail_at("learning", f"a model-averaging task sends its {blocks.dimension} coordinates in {blocks.blocks} block(s) of at most "
+                                   f"{blocks.per_block} ({capacity} report bytes a packet): set plan = \"split\", k_s = 1 and "
+                                   f"k_h = {blocks.blocks} (got plan = {learning.plan!r}, k_s = {learning.k_s}, k_h = {learning.k_h})")
+    if blocks.blocks > len(task.features.names):
+        reader.fail_at("network.packet_size", f"{blocks.blocks} blocks need as many features to deal as subsets, the task has "
+                                              f"{len(task.features.names)}: use larger packets")
 
 
 def _planned(reader: FieldReader, spec: RoundSpec, planner: RoundPlanner) -> RoundSpec:
@@ -254,8 +275,9 @@ def release_plan(spec: RoundSpec, seed: bytes) -> ReleasePlan:
     without one, ``median_share`` of ε_T for every peer's median answer."""
     features, learning, privacy = spec.task.features, spec.learning, spec.privacy
     pooled = bool(learning.comparison_pool) and bool(features.numeric_names)
+    searched = () if spec.task.kind == TaskKind.MODEL_AVERAGING else features.numeric_names  # no median search
     return ReleasePlan.build(
-        kind=learning.plan, features=features.names, numeric_features=features.numeric_names, k_p=learning.k_p,
+        kind=learning.plan, features=features.names, numeric_features=searched, k_p=learning.k_p,
         k_h=learning.k_h, k_s=learning.k_s, epsilon_total=privacy.eps_total, seed=seed, oracle=privacy.oracle,
         median_peers=MedianPeers.RESERVED if pooled else MedianPeers.ALL, median_share=privacy.median_share,
         median_steps=max(spec.schedule.median_rounds, 1),

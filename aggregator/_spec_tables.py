@@ -29,6 +29,7 @@ from anonml.protocol import (
     MAX_MEDIAN_STEPS,
     MAX_QUANTILES,
     MAX_ROSTER,
+    MAX_ROWS_PER_PEER,
     PLAN_KINDS,
     REGISTRATION_POLICIES,
     TASK_KINDS,
@@ -91,6 +92,9 @@ class TaskTable:
     queries: tuple[StatisticQuery, ...] = ()
     """A statistics task's queries (``queries``; empty: the default set). ``features`` then holds only
     the features they read, so a peer releases nothing else."""
+    rows_per_peer: int = 0
+    """A model-averaging task's minimum rows per data peer (``rows_per_peer``, at least the learner's
+    ``MIN_ROWS_PER_PEER``, which is also its default); 0 for every other kind, which may not set it."""
 
     @property
     def labelled(self) -> bool:
@@ -115,12 +119,17 @@ class TaskTable:
                 table.fail("features", str(exc))
         quantiles = table.integer("quantiles", 1, MAX_QUANTILES) if table.optional("quantiles") else None
         queries = _read_queries(table, kind, features) if table.optional("queries") else ()
+        rows_per_peer = 0
+        if kind == TaskKind.MODEL_AVERAGING:
+            from anonml.learning import MIN_ROWS_PER_PEER
+
+            rows_per_peer = table.integer("rows_per_peer", MIN_ROWS_PER_PEER, MAX_ROWS_PER_PEER) if table.optional("rows_per_peer") else MIN_ROWS_PER_PEER
         table.done()
         if queries:
             read = queried_features(queries, features.names)
             features = FeatureSpec(tuple(f for f in features.features if f.name in read), features.label)
         return cls(features=features if quantiles is None else features.with_quantiles(quantiles), quantiles=quantiles, kind=kind,
-                   queries=queries)
+                   queries=queries, rows_per_peer=rows_per_peer)
 
 
 def _read_queries(table: FieldReader, kind: TaskKind, features: FeatureSpec) -> tuple[StatisticQuery, ...]:

@@ -66,6 +66,14 @@ if TYPE_CHECKING:
         synthetic_table,
     )
     from anonml.learning._round_sgd import SGD_LEARNING_RATE, SgdRule, averaged_model, sgd_encoding, sgd_iteration
+    from anonml.learning._round_averaging import (
+        AveragedModel,
+        InvalidModelReport,
+        ModelBlocks,
+        RoundModel,
+        average_blocks,
+        model_reports,
+    )
     from anonml.learning._round_statistics import SurveyCells, describe_answer, round_statistics, survey_cells
     from anonml.learning._round_statistics_trials import round_statistic_errors
     from anonml.learning._statistics import (
@@ -158,6 +166,12 @@ __all__ = [
     "averaged_model",
     "sgd_encoding",
     "sgd_iteration",
+    "AveragedModel",
+    "InvalidModelReport",
+    "ModelBlocks",
+    "RoundModel",
+    "average_blocks",
+    "model_reports",
     "run_comparison",
     "run_trial",
     "split_table",

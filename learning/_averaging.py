@@ -190,14 +190,18 @@ class OutputPerturbation:
         steps: npt.NDArray[np.int64] = np.rint(direction * norms).astype(np.int64)
         return steps
 
-    def release(self, model: npt.ArrayLike, rng: np.random.Generator) -> FloatArray:
+    def release_steps(self, model: npt.ArrayLike, rng: np.random.Generator) -> npt.NDArray[np.int64]:
         """The model (or a stack of models, one per row) rounded to the grid
-        plus integer noise, added in integer arithmetic."""
+        plus integer noise, added in integer arithmetic: the release, in grid steps."""
         steps = np.rint(np.asarray(model, dtype=np.float64) / self.grid).astype(np.int64)
         if steps.shape[-1] != self.dimension:
             raise ValueError(f"the model has {steps.shape[-1]} coordinates, the mechanism {self.dimension}")
-        noisy = steps + self.noise_steps(int(np.prod(steps.shape[:-1], dtype=np.int64)), rng).reshape(steps.shape)
-        released: FloatArray = noisy.astype(np.float64) * self.grid
+        noisy: npt.NDArray[np.int64] = steps + self.noise_steps(int(np.prod(steps.shape[:-1], dtype=np.int64)), rng).reshape(steps.shape)
+        return noisy
+
+    def release(self, model: npt.ArrayLike, rng: np.random.Generator) -> FloatArray:
+        """:meth:`release_steps` in model units."""
+        released: FloatArray = self.release_steps(model, rng).astype(np.float64) * self.grid
         return released
 
 

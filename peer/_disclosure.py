@@ -127,6 +127,9 @@ def _task_words(manifest: RoundManifest) -> str:
     if manifest.task_kind == TaskKind.STATISTICS:
         return (f"statistics: every feature's histogram, the count of positive {manifest.label!r} and each numeric "
                 "feature's mean and median, each published with its error (no model)")
+    if manifest.task_kind == TaskKind.MODEL_AVERAGING:
+        return (f"predict {manifest.label!r} by averaging the peers' models: a logistic regression trained on your "
+                f"{manifest.rows_per_peer} or more rows, released once with noise at the whole promise, in blocks of its coordinates")
     return f"predict {manifest.label!r}"
 
 

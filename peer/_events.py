@@ -42,6 +42,8 @@ class RefusalReason(StrEnum):
     BEACON_INCOMPLETE = "beacon-incomplete"
     BEACON_MISMATCH = "beacon-mismatch"
     BEACON_UNREVEALED = "beacon-unrevealed"
+    TOO_FEW_ROWS = "too-few-rows"
+    MODEL_LAYOUT = "model-layout"
 
 
 class PeerEvent(StrEnum):

@@ -44,7 +44,7 @@ from anonml.crypto import (
     finish_issuance,
 )
 from anonml.learning import SgdRule
-from anonml.mechanisms import BudgetExceeded, answer_is_greater
+from anonml.mechanisms import BudgetExceeded, ReleaseKind, answer_is_greater
 from anonml.peer._events import MISSING_REASONS, MessageOutcome, PeerEvent, RefusalReason
 from anonml.peer._client import AggregatorError, answer_by
 from anonml.peer._features import RoundPipeline
@@ -114,6 +114,8 @@ class Peer:
     vector: FeatureVector
     rng: np.random.Generator
     invitation: str | None = None
+    rows: tuple[FeatureVector, ...] = ()
+    """Every row the peer holds, for a task that learns from many (model averaging); ``vector`` is the latest."""
 
 
 @dataclass
@@ -200,7 +202,8 @@ def releases_still_to_make(manifest: RoundManifest, spec: FeatureSpec, spent: Se
     with a comparison pool, what it spent also says which kind of peer it is.
     """
     answered = any(not spend.label for spend in spent)
-    reports = sum(1 for spend in spent if spend.label)
+    # A model is one release carried by every data survey's packet: it fills every subset slot.
+    reports = sum(manifest.k_h if spend.kind == ReleaseKind.MODEL else 1 for spend in spent if spend.label)
     roles = release_roles_of(manifest, spec)
     if manifest.comparison_pool and (answered or reports):
         medians, subsets = roles[PeerRole.COMPARISON_POOL if answered else PeerRole.DATA]
@@ -669,6 +672,29 @@ class PeerRound:
                 outgoing.append(self.prepare(survey, report, subset, phase))
         return [out for out in outgoing if out is not None]
 
+    async def seal_model(self, partition: int, blocks: int) -> list[_Outgoing]:
+        """A model-averaging round's data packets: the peer's model released once, one block per data survey
+        (``learning.RoundModel``), all sealed and charged ONCE in one transaction (``PeerLedger.spend_model``)
+        before any is sent; or what a resumed peer sealed before. Every data peer sends ``blocks`` packets."""
+        from anonml.learning import RoundModel
+
+        phase = self.manifest.schedule.data
+        surveys = [SurveyId.data(self.round_id, partition, index) for index in range(blocks)]
+        resumed = [self.stored_outgoing(survey, phase) for survey in surveys]
+        if any(out is not None for out in resumed):
+            return [out for out in resumed if out is not None]
+        model = RoundModel.of_manifest(self.manifest)
+        if model.blocks.blocks != blocks:
+            raise JoinRefused(RefusalReason.MODEL_LAYOUT, f"the manifest deals {blocks} data surveys, the model needs {model.blocks.blocks}")
+        reports = model.reports([row.features for row in self.peer.rows], [row.label for row in self.peer.rows], self.peer.rng)
+        assert self.credential is not None
+        async with self.session.slots:
+            sealed = [seal_report(self.issuer_key, self.credential, survey, report, self.geometry.message_size)
+                      for survey, report in zip(surveys, reports, strict=True)]
+            self.ledger.spend_model(sealed, self.spec.names, self.manifest.eps_total)
+        self.result.packets += len(sealed)
+        return [_Outgoing(out.survey, out, phase, window=self.draw_window()) for out in sealed]
+
     async def phase(self, kind: SurveyKind, partition: int, outgoing: Sequence[_Outgoing]) -> None:
         """Send each message in the first window, then the phase's second chance and final check."""
         if not outgoing:
@@ -703,6 +729,10 @@ async def join_round(
             run.ledger.check(medians=medians, subsets=subsets)
         except BudgetExceeded as exc:
             raise JoinRefused(RefusalReason.BUDGET, str(exc)) from None
+    if run.manifest.task_kind == TaskKind.MODEL_AVERAGING and len(peer.rows) < run.manifest.rows_per_peer:
+        # Before registering: the model's noise is calibrated to rows_per_peer rows, and a smaller slice would need more.
+        raise JoinRefused(RefusalReason.TOO_FEW_ROWS, f"this round's model needs at least {run.manifest.rows_per_peer} rows "
+                          f"from each peer; this peer holds {len(peer.rows)}")
     await run.register()
     partition, _, my_subsets = await run.partition()
     run.credential = await run.obtain_credential(partition)
@@ -718,7 +748,8 @@ async def join_round(
         async with trio.open_nursery() as nursery:
             nursery.start_soon(median_phase)
             await run.recheck_manifest("data")
-            data_out = await run.seal_subsets(partition, () if sgd else my_subsets)
+            data_out = (await run.seal_model(partition, len(my_subsets)) if run.manifest.task_kind == TaskKind.MODEL_AVERAGING
+                        else await run.seal_subsets(partition, () if sgd else my_subsets))
             await run.phase(SurveyKind.DATA, partition, data_out)
     except* JoinRefused as refused:
         # Either phase may refuse (an equivocation found in its log): the peer stops, and says why.

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from anonml.mechanisms import BudgetExceeded, PrivacyLedger, Release, record_level_epsilon, releases_from
+from anonml.mechanisms import BudgetExceeded, PrivacyLedger, Release, ReleaseKind, record_level_epsilon, releases_from
 from anonml.peer._store import PeerStore, Spend
 from anonml.protocol import SealedReport, SurveyId
 
@@ -107,10 +107,27 @@ class PeerLedger:
         the record-level sum counts (one release at ``epsilon``)."""
         self._spend(Spend(survey.to_bytes(), tuple(features), True, epsilon), sealed)
 
-    def _spend(self, spend: Spend, sealed: SealedReport | None) -> None:
-        """Check, then store the release with its message (one transaction, before anything is sent), then hold it in memory."""
+    def spend_model(self, blocks: Sequence[SealedReport], features: Sequence[str], epsilon: float) -> None:
+        """Record one output-perturbed model (every row's features and label) at ``epsilon``, carried by
+        ``blocks``, one sealed message per block of its coordinates (``learning.ModelBlocks``).
+
+        The ledger holds ONE release of ``epsilon`` for the whole model, recorded under the first block's
+        survey, and every block's packet is stored with it in the same transaction. Why once: the noise is
+        drawn once for the whole vector, calibrated to the L2 sensitivity of the whole vector, so the vector
+        is one ε-DP release; the blocks are a fixed, data-independent cut of it, i.e. post-processing, which
+        costs nothing more. Charging ε per packet would state ``blocks·ε``, a promise the round never made.
+        So a model round's ledger equals its promise ε_T exactly (one release at ε_T), for any block count.
+        """
+        if not blocks:
+            raise ValueError("a model is carried by at least one block")
+        first, *rest = blocks
+        spend = Spend(first.survey.to_bytes(), tuple(features), True, epsilon, ReleaseKind.MODEL)
+        self._spend(spend, first, further=[(out.survey.to_bytes(), out.message, out.receipt) for out in rest])
+
+    def _spend(self, spend: Spend, sealed: SealedReport | None, *, further: Sequence[tuple[bytes, bytes, bytes]] = ()) -> None:
+        """Check, then store the release with its message(s) (one transaction, before anything is sent), then hold it in memory."""
         releases = spend.releases()
         self._check(releases)
         packet = None if sealed is None else (sealed.message, sealed.receipt)
-        self._store.record_spend(self._peer, self._round_id, spend, packet)
+        self._store.record_spend(self._peer, self._round_id, spend, packet, further=further)
         self._ledger.record(*releases)

@@ -14,11 +14,12 @@ import json
 import math
 import sqlite3
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from anonml.base.errors import StorageError
-from anonml.mechanisms import Release
+from anonml.mechanisms import Release, ReleaseKind
 from anonml.base.storage import Database, Schema
 
 # Proofs of equivocation (issue 12): two signed documents that contradict each other.
@@ -49,7 +50,7 @@ their owner sets another (``anonml peer budget``): five rounds at the demo's ε_
 SCHEMA = Schema(
     name="peer",
     application_id=0x414E5002,  # "ANP\x02"
-    version=3,
+    version=4,
     tables="""
 CREATE TABLE registrations (
     peer TEXT NOT NULL,
@@ -70,6 +71,7 @@ CREATE TABLE spends (
     label INTEGER NOT NULL,
     epsilon REAL NOT NULL,
     recorded_at REAL NOT NULL,
+    kind TEXT,
     PRIMARY KEY (peer, survey)
 );
 CREATE TABLE packets (
@@ -86,6 +88,10 @@ CREATE TABLE packets (
     + _EQUIVOCATIONS
     + _SETTINGS,
     migrations={
+        # Version 4 (issue 28): a release of another kind than a median answer or a subset report.
+        3: """
+ALTER TABLE spends ADD COLUMN kind TEXT;
+""",
         # Version 2 (issue 12): proofs of equivocation, two signed documents that contradict each other.
         1: """
 ALTER TABLE registrations ADD COLUMN manifest BLOB;
@@ -122,16 +128,21 @@ class Registration:
 @dataclass(frozen=True)
 class Spend:
     """One release recorded in the ledger: which survey, which features (and
-    whether the label), at what epsilon (a round's releases sum to the peer's record-level epsilon)."""
+    whether the label), at what epsilon (a round's releases sum to the peer's record-level epsilon).
+    ``kind`` names a release that is neither a median answer nor a subset report (a model); a
+    release carried by several packets is recorded once, under its first survey."""
 
     survey: bytes
     features: tuple[str, ...]
     label: bool
     epsilon: float
+    kind: ReleaseKind | None = None
 
     def releases(self) -> list[Release]:
         """What this spend adds to the peer's ledger: a median answer is one comparison bit per feature
-        at ``epsilon`` each, a subset report one release at ``epsilon``."""
+        at ``epsilon`` each, a subset report (or a release of ``kind``) one release at ``epsilon``."""
+        if self.kind is not None:
+            return [Release.about(self.kind, self.features, self.epsilon)]
         if self.label:
             return [Release.subset(self.features, self.epsilon)]
         return [Release.comparison(feature, self.epsilon) for feature in self.features]
@@ -229,14 +240,15 @@ class PeerStore:
 
     def spends(self, peer: bytes, round_id: bytes | None = None) -> list[Spend]:
         """Every release recorded for ``peer`` (in one round, or in all)."""
-        query = "SELECT survey, features, label, epsilon FROM spends WHERE peer=?"
+        query = "SELECT survey, features, label, epsilon, kind FROM spends WHERE peer=?"
         args: tuple[str, ...] = (peer.hex(),)
         if round_id is not None:
             query += " AND round_id=?"
             args += (round_id.hex(),)
         with self._database.read() as db:
             rows = db.execute(query + " ORDER BY recorded_at, survey", args).fetchall()
-        return [Spend(bytes.fromhex(r[0]), tuple(json.loads(r[1])), bool(r[2]), r[3]) for r in rows]
+        return [Spend(bytes.fromhex(r[0]), tuple(json.loads(r[1])), bool(r[2]), r[3], None if r[4] is None else ReleaseKind(r[4]))
+                for r in rows]
 
     def lifetime_epsilon(self) -> float:
         """The most record-level ε each identity of this store may spend over all its rounds."""
@@ -249,10 +261,13 @@ class PeerStore:
             raise ValueError(f"a lifetime epsilon must be a positive number, got {epsilon!r}")
         self._write("INSERT OR REPLACE INTO settings (name, value) VALUES ('lifetime_epsilon', ?)", (float(epsilon),))
 
-    def record_spend(self, peer: bytes, round_id: bytes, spend: Spend, packet: tuple[bytes, bytes] | None = None) -> None:
+    def record_spend(self, peer: bytes, round_id: bytes, spend: Spend, packet: tuple[bytes, bytes] | None = None, *,
+                     further: Sequence[tuple[bytes, bytes, bytes]] = ()) -> None:
         """Commit one release to the ledger and, in the same transaction, the
-        packet that carries it (``(message, receipt)``); a survey is spent on,
-        and has a packet, at most once.
+        packet that carries it (``(message, receipt)``) and the ``further``
+        packets carrying the rest of the same release to other surveys
+        (``(survey, message, receipt)`` each: a model cut into blocks); a
+        survey is spent on, and has a packet, at most once.
 
         One transaction because a peer killed between the two commits held a
         release that no stored packet carried: resumed, it could neither send
@@ -263,8 +278,8 @@ class PeerStore:
         try:
             with self._database.transaction() as db:
                 db.execute(
-                    "INSERT INTO spends (peer, round_id, survey, features, label, epsilon, recorded_at)"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    "INSERT INTO spends (peer, round_id, survey, features, label, epsilon, recorded_at, kind)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                     (
                         peer.hex(),
                         round_id.hex(),
@@ -273,16 +288,18 @@ class PeerStore:
                         int(spend.label),
                         spend.epsilon,
                         time.time(),
+                        None if spend.kind is None else str(spend.kind),
                     ),
                 )
-                if packet is not None:
-                    message, receipt = packet
+                carried = ([] if packet is None else [(spend.survey, *packet)]) + list(further)
+                for survey, message, receipt in carried:
                     db.execute(
                         "INSERT INTO packets (peer, survey, round_id, message, receipt) VALUES (?, ?, ?, ?, ?)",
-                        (peer.hex(), spend.survey.hex(), round_id.hex(), message, receipt.hex()),
+                        (peer.hex(), survey.hex(), round_id.hex(), message, receipt.hex()),
                     )
         except sqlite3.IntegrityError:
-            raise StoreError(f"the ledger already holds a release, or a packet, for survey {spend.survey.hex()!r}") from None
+            raise StoreError(f"the ledger already holds a release, or a packet, for survey {spend.survey.hex()!r} "
+                             f"or a survey carrying the rest of it") from None
 
     # -- packets ---------------------------------------------------------
 

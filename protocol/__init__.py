@@ -107,6 +107,7 @@ if TYPE_CHECKING:
     from anonml.protocol._manifest import (
         DEFAULT_VOTE,
         MAX_MANIFEST_BYTES,
+        MAX_ROWS_PER_PEER,
         PROTOCOL_VERSION,
         REGISTRATION_POLICIES,
         SEED_BYTES,
@@ -139,6 +140,7 @@ if TYPE_CHECKING:
         encode_median_report,
         encode_pool_answer,
         message_overhead,
+        report_capacity,
     )
     from anonml.protocol._queries import (
         QUERY_KINDS,
@@ -230,6 +232,7 @@ __all__ = [
     "MAX_RESPONSE_BYTES",
     "MAX_ROSTER",
     "MAX_ROSTER_ENTRY_JSON",
+    "MAX_ROWS_PER_PEER",
     "MESSAGE_VERSION",
     "MedianResults",
     "MedianThresholds",
@@ -304,6 +307,7 @@ __all__ = [
     "inclusion_proof",
     "log_consistency_proof",
     "message_overhead",
+    "report_capacity",
     "mirror_path",
     "parse_message",
     "partition_seed",

@@ -212,6 +212,10 @@ class AggregatorHop:
         return hop
 
 
+MAX_ROWS_PER_PEER = 10_000_000
+"""The most rows a model-averaging round may ask each peer for (``task.rows_per_peer``)."""
+
+
 @dataclass(frozen=True)
 class RoundManifest:
     """DESIGN.md §4, field by field.
@@ -273,6 +277,9 @@ class RoundManifest:
     statistic_queries: tuple[str, ...] = ()
     """A statistics round's queries in their canonical spelling (``[task] queries``, :mod:`protocol._queries`);
     empty: the default set. With queries, ``features`` are exactly the ones they read."""
+    rows_per_peer: int = 0
+    """A model-averaging round's public minimum of rows per data peer (``[task] rows_per_peer``): its
+    noise is calibrated to it, and a peer holding fewer refuses to release. 0 for every other kind."""
     version: int = PROTOCOL_VERSION
     _canonical: bytes = field(init=False, repr=False, compare=False)
 
@@ -389,7 +396,8 @@ class RoundManifest:
             # task kinds existed encodes (and hashes) as it did.
             "task": {"label": self.label, "features": dict(self.features),
                      **({"kind": str(self.task_kind)} if self.task_kind != TaskKind.ENSEMBLE else {}),
-                     **({"queries": list(self.statistic_queries)} if self.statistic_queries else {})},
+                     **({"queries": list(self.statistic_queries)} if self.statistic_queries else {}),
+                     **({"rows_per_peer": self.rows_per_peer} if self.task_kind == TaskKind.MODEL_AVERAGING else {})},
             "learning": self._learning_dict(),
             "privacy": {
                 "eps_median": format_epsilon(self.eps_median),
@@ -461,6 +469,8 @@ class RoundManifest:
             # One encoding per manifest: the default is written by leaving the field out.
             task.fail("kind", f"{str(TaskKind.ENSEMBLE)!r} is the default: leave the field out")
         queries = _read_queries(task, TaskKind(task_kind), features) if task.optional("queries") else ()
+        # A model's noise is calibrated to its peers' row count: signed with the kind, and only with it.
+        rows_per_peer = task.integer("rows_per_peer", 1, MAX_ROWS_PER_PEER) if task_kind == TaskKind.MODEL_AVERAGING else 0
         task.done()
         learning = reader.child("learning")
         k_p = learning.integer("k_p", 1, 4096)
@@ -529,7 +539,8 @@ class RoundManifest:
             geometry=geometry, token_public_key=token_public_key, token_kid=token_kid, seed_commitment=commitment,
             min_participation=min_participation, registration=registration, identity_key=identity_key,
             purpose=purpose, max_roster=max_roster, vote=vote, comparison_pool=comparison_pool,
-            min_anonymity_set=min_anonymity_set, task_kind=TaskKind(task_kind), statistic_queries=queries, version=version,
+            min_anonymity_set=min_anonymity_set, task_kind=TaskKind(task_kind), statistic_queries=queries,
+            rows_per_peer=rows_per_peer, version=version,
         )
         for key, item in values.items():
             object.__setattr__(manifest, key, item)

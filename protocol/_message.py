@@ -28,7 +28,7 @@ import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from anonml.crypto import Credential, IssuerPublicKey, make_token, tag_digest
+from anonml.crypto import TOKEN_BYTES, Credential, IssuerPublicKey, make_token, tag_digest
 from anonml.base.errors import InputError
 from anonml.protocol._api import receipt_digest
 from anonml.protocol._features import MAX_QUANTILES
@@ -51,6 +51,12 @@ class InvalidMessage(InputError):
 def message_overhead(token_bytes: int) -> int:
     """Bytes a message needs besides its report, for a token of ``token_bytes``."""
     return _HEADER_BYTES + _LENGTH.size + token_bytes + _LENGTH.size
+
+
+def report_capacity(message_size: int) -> int:
+    """The most report bytes one message of ``message_size`` carries beside a token (``TOKEN_BYTES``):
+    the payload limit a task whose report is longer must split over several surveys."""
+    return min(message_size - message_overhead(TOKEN_BYTES), MAX_REPORT_BYTES)
 
 
 @dataclass(frozen=True)

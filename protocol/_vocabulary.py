@@ -43,8 +43,9 @@ class TaskKind(StrEnum):
     """What a round computes from its reports (``[task] kind``, signed in the manifest).
 
     Every kind runs through the same surveys, relays, tokens and receipt logs. In the ensemble and statistics
-    rounds every data peer sends its plan's subset reports (feature bins and the label); in an SGD round it
-    sends one perturbed gradient instead.
+    rounds every data peer sends its plan's subset reports (feature bins and the label, which a statistics
+    round without a label query leaves out); in an SGD round it sends one perturbed gradient instead, and in a
+    model-averaging round its model's blocks.
     """
 
     ENSEMBLE = "ensemble"
@@ -54,6 +55,9 @@ class TaskKind(StrEnum):
     SGD = "sgd"
     """Harmony's LDP gradient descent for logistic regression: each data peer sends one perturbed gradient, in the
     one iteration its partition is dealt (``learning.sgd_iteration``), against the model published for it."""
+    MODEL_AVERAGING = "model-averaging"
+    """Seed 003's averaging: each data peer releases its local logistic regression once, output-perturbed at
+    ε_T, cut into fixed blocks of coordinates, one data survey per block; the aggregator averages each block."""
 
 
 PLAN_KINDS = tuple(PlanKind)

@@ -14,6 +14,7 @@ from anonml.peer._identity import (
     init_identity,
     load_identity,
 )
+from anonml.mechanisms import ReleaseKind
 from anonml.peer._store import PeerStore, Spend, StoreError
 
 
@@ -112,22 +113,39 @@ def test_a_release_and_the_packet_carrying_it_are_committed_together(tmp_path: P
         assert reopened.packet(PEER, spend.survey) is not None
 
 
-def test_a_version_2_store_gains_the_lifetime_budget_and_keeps_its_ledger(tmp_path: Path) -> None:
+def _older_store(path: Path, version: int, *undo: str) -> PeerStore:
+    """A store holding one spend as a peer of schema ``version`` left it (``undo``: the later versions' changes
+    taken back), reopened by this version."""
     import sqlite3
 
-    from anonml.peer._store import DEFAULT_LIFETIME_EPSILON
-
-    path = tmp_path / "peer.sqlite"
     store = PeerStore(path)
     store.record_spend(b"\x01" * 32, b"\x02" * 32, Spend(b"\x09" * 8, ("age",), True, 1.0))
     store.close()
-    # What a peer of the version before the lifetime budget left on disk.
     with sqlite3.connect(path) as db:
-        db.execute("DROP TABLE settings")
-        db.execute("PRAGMA user_version = 2")
-    reopened = PeerStore(path)
+        for statement in (*undo, f"PRAGMA user_version = {version}"):
+            db.execute(statement)
+    return PeerStore(path)
+
+
+def test_a_version_2_store_gains_the_lifetime_budget_and_keeps_its_ledger(tmp_path: Path) -> None:
+    from anonml.peer._store import DEFAULT_LIFETIME_EPSILON
+
+    # What a peer of the version before the lifetime budget left on disk.
+    reopened = _older_store(tmp_path / "peer.sqlite", 2, "DROP TABLE settings", "ALTER TABLE spends DROP COLUMN kind")
     assert reopened.lifetime_epsilon() == DEFAULT_LIFETIME_EPSILON
     assert [s.epsilon for s in reopened.spends(b"\x01" * 32)] == [1.0]
     reopened.set_lifetime_epsilon(3.0)
     assert reopened.lifetime_epsilon() == 3.0
+    reopened.close()
+
+
+def test_a_version_3_store_gains_release_kinds_and_keeps_its_ledger(tmp_path: Path) -> None:
+    # What a peer of the version before model releases left on disk.
+    reopened = _older_store(tmp_path / "peer.sqlite", 3, "ALTER TABLE spends DROP COLUMN kind")
+    assert reopened.spends(b"\x01" * 32) == [Spend(b"\x09" * 8, ("age",), True, 1.0)]
+    model = Spend(b"\x0a" * 8, ("age", "sex"), True, 2.0, ReleaseKind.MODEL)
+    reopened.record_spend(b"\x01" * 32, b"\x02" * 32, model, (b"block 0", b"r0"), further=[(b"\x0b" * 8, b"block 1", b"r1")])
+    assert reopened.spends(b"\x01" * 32)[-1] == model
+    assert [r.kind for r in model.releases()] == [ReleaseKind.MODEL]
+    assert reopened.packet(b"\x01" * 32, b"\x0b" * 8) is not None
     reopened.close()

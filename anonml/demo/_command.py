@@ -29,16 +29,19 @@ import click
 @click.option("--work-dir", type=click.Path(path_type=Path), default=None, help="Keep every process's files here (default: a new temporary directory).")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--json", "json_out", type=click.Path(path_type=Path), default=None, help="Also write the summary as JSON.")
-@click.option("--task", type=click.Choice(["ensemble", "statistics", "sgd"]), default="ensemble", show_default=True,
+@click.option("--task", type=click.Choice(["ensemble", "statistics", "sgd", "model-averaging"]), default="ensemble", show_default=True,
               help="What the round computes: the partition ensemble, statistic answers (histograms, a count, means, medians) each with "
-                   "its error, or a logistic regression by Harmony's LDP gradient descent (sgd: one gradient per peer).")
+                   "its error, a logistic regression by Harmony's LDP gradient descent (sgd: one gradient per peer), or an average "
+                   "of the peers' output-perturbed local logistic regressions (model-averaging).")
 @click.option("--query", "queries", multiple=True, help="With --task statistics: one of the round's [task] queries (count:label, histogram:F, mean:F, quantile:F:Q); repeat it. Peers then release only the features the queries read, and no label unless count:label is asked.")
+@click.option("--rows-per-peer", type=click.IntRange(min=1), default=None,
+              help="Rows each peer holds (--task model-averaging only; default and minimum: the learner's 100).")
 @click.option("--linger", type=click.FloatRange(0, 3600), default=0.0, help="Keep the aggregator's dashboard up this many seconds after the round.")
 @click.option("--explain-anonymity", "explain", type=click.Path(file_okay=False, exists=True, path_type=Path), default=None,
               help="Run no round: split the send-vs-arrival rank correlation of the finished demo in this --work-dir by stage "
                    "(each relay hop, the arrival), and write its per-message trace there.")
 def demo(peers: int | None, dataset: str, data_dir: Path | None, epsilon: float, workers: int, work_dir: Path | None, seed: int,
-         json_out: Path | None, linger: float, task: str, queries: tuple[str, ...], explain: Path | None) -> None:
+         json_out: Path | None, linger: float, task: str, queries: tuple[str, ...], rows_per_peer: int | None, explain: Path | None) -> None:
     """Run one complete round on loopback: 5 relays (paths of 3), the aggregator, N peers.
 
     Exits 0 when the round is done and the aggregator accepted at least 99%
@@ -78,11 +81,13 @@ def demo(peers: int | None, dataset: str, data_dir: Path | None, epsilon: float,
             check_queries(list(queries), data.spec.names, data.spec.numeric_names)
     except QueryError as exc:
         raise click.BadParameter(str(exc), param_hint="--query") from None
-    n = min(peers or len(data.train_rows), len(data.train_rows))
+    rows = demo_rows_per_peer(TaskKind(task), rows_per_peer)
+    n = min(peers or len(data.train_rows) // rows, len(data.train_rows) // rows)
     work = work_dir or Path(tempfile.mkdtemp(prefix="anonml-demo-"))
     work.mkdir(parents=True, exist_ok=True)
     result = trio.run(until_signalled, partial(run_demo, data, peers=n, epsilon=epsilon, workers=workers, seed=seed, work=work,
-                                               console=console, linger=linger, task=TaskKind(task), queries=queries))
+                                               console=console, linger=linger, task=TaskKind(task), queries=queries,
+                                               rows_per_peer=rows))
     if isinstance(result, int):
         console.print(f"stopped by {signal.Signals(result).name}; every child process was stopped; files in {work}")
         raise SystemExit(128 + result)
@@ -126,3 +131,18 @@ def _explain(console: Any, work: Path, json_out: Path | None) -> None:
     console.print(f"per-message trace: {work / TRACE_FILE}")
     if json_out is not None:
         json_out.write_text(json.dumps(figures, indent=2))
+
+
+def demo_rows_per_peer(task: object, rows_per_peer: int | None) -> int:
+    """Each peer's rows: ``--rows-per-peer`` for a model-averaging round (at least the learner's minimum), one otherwise."""
+    from anonml.learning import MIN_ROWS_PER_PEER
+    from anonml.protocol import TaskKind
+
+    if task != TaskKind.MODEL_AVERAGING:
+        if rows_per_peer is not None:
+            raise click.UsageError("--rows-per-peer is for --task model-averaging: every other task's peer holds one row")
+        return 1
+    if rows_per_peer is not None and rows_per_peer < MIN_ROWS_PER_PEER:
+        raise click.BadParameter(f"a model-averaging peer holds at least {MIN_ROWS_PER_PEER} rows (its noise is calibrated to "
+                                 f"them), got {rows_per_peer}", param_hint="--rows-per-peer")
+    return MIN_ROWS_PER_PEER if rows_per_peer is None else rows_per_peer

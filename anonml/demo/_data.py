@@ -104,8 +104,10 @@ def _cell(value: object) -> str:
     return repr(float(value)) if isinstance(value, (float, np.floating)) else str(value)
 
 
-def write_peer_files(data: DemoData, rows: list[list[str]], work: Path, workers: int) -> list[Path]:
-    """One CSV per worker process: a header row, then one row per peer."""
+def write_peer_files(data: DemoData, rows: list[list[str]], work: Path, workers: int, rows_per_peer: int = 1) -> list[Path]:
+    """One CSV per worker process: a header row, then each of its peers' ``rows_per_peer`` rows, one peer after another
+    (peer ``g`` holds ``rows[g·r:(g+1)·r]``; the peers are dealt to the workers in turn)."""
+    peers = [rows[g * rows_per_peer:(g + 1) * rows_per_peer] for g in range(len(rows) // rows_per_peer)]
     paths = []
     for w in range(workers):
         path = work / "peers" / f"worker-{w}.csv"
@@ -113,7 +115,8 @@ def write_peer_files(data: DemoData, rows: list[list[str]], work: Path, workers:
         with path.open("w", newline="") as handle:
             writer = csv.writer(handle)
             writer.writerow(data.header)
-            writer.writerows(rows[w::workers])
+            for peer in peers[w::workers]:
+                writer.writerows(peer)
         paths.append(path)
     return paths
 

@@ -87,11 +87,12 @@ class Network:
 
 
 async def start_workers(children: Children, data: DemoData, rows: list[list[str]], work: Path, workers: int, seed: int, url: str,
-                        prefix: Sequence[str] = ()) -> list[Child]:
-    """The peers' worker processes (each command after ``prefix``); they wait for the round to be served."""
+                        prefix: Sequence[str] = (), rows_per_peer: int = 1) -> list[Child]:
+    """The peers' worker processes (each command after ``prefix``, each peer holding ``rows_per_peer`` of
+    ``rows``); they wait for the round to be served."""
     started = []
-    for w, path in enumerate(write_peer_files(data, rows, work, workers)):
-        config = SwarmConfig(w, url, path, work / "peers" / f"worker-{w}.sqlite", seed)
+    for w, path in enumerate(write_peer_files(data, rows, work, workers, rows_per_peer)):
+        config = SwarmConfig(w, url, path, work / "peers" / f"worker-{w}.sqlite", seed, rows_per_peer=rows_per_peer)
         config_path = work / "peers" / f"worker-{w}.json"
         config_path.write_text(config.to_json())
         started.append(await children.start(
@@ -234,13 +235,14 @@ async def collect_report(aggregator: Child, round_dir: Path, children: Children,
 
 async def run_demo(data: DemoData, *, peers: int, epsilon: float, workers: int, seed: int, work: Path, console: Any,
                    linger: float = 0.0, task: TaskKind = TaskKind.ENSEMBLE, queries: Sequence[str] = (),
-                   network: Network | None = None) -> tuple[dict[str, Any], DemoParams]:
-    """Run one complete round; returns the summary figures and the round's parameters.
+                   rows_per_peer: int = 1, network: Network | None = None) -> tuple[dict[str, Any], DemoParams]:
+    """Run one complete round (``peers`` peers of ``rows_per_peer`` rows each); returns the summary figures and the
+    round's parameters.
 
     ``network``: where each role listens and how its processes start (default: every role on loopback)."""
     started = time.monotonic()
-    rows = data.train_rows[:peers]
-    progress = Progress(peers=len(rows))
+    rows = data.train_rows[:peers * rows_per_peer]
+    progress = Progress(peers=peers)
     network = network or Network()
     agg_dir = work / "aggregator"
 
@@ -251,10 +253,10 @@ async def run_demo(data: DemoData, *, peers: int, epsilon: float, workers: int, 
         console.print(f"[bold]{number}/6[/] {time.monotonic() - started:5.1f} s  {text}")
 
     async with open_children(work / "logs", on_restart=on_restart) as children:
-        step(1, f"starting {len(rows)} peers in {workers} worker processes, {RELAYS} relays and the aggregator's identity")
+        step(1, f"starting {peers} peers ({rows_per_peer} row(s) each) in {workers} worker processes, {RELAYS} relays and the aggregator's identity")
         # The workers start first: their start-up overlaps the operators' commands.
         peer_workers = await start_workers(children, data, rows, work, workers, seed, network.url,
-                                           network.prefix("peers"))
+                                           prefix=network.prefix("peers"), rows_per_peer=rows_per_peer)
         identity, process_start = await init_aggregator(children, agg_dir)
         descriptors = await start_relays(children, work, network, identity)
         step(2, "measuring each phase's cost on this machine to size the round's windows")
@@ -263,7 +265,8 @@ async def run_demo(data: DemoData, *, peers: int, epsilon: float, workers: int, 
         # registration window was 93 s for 15 s of work (issue 26).
         await children.until_quiet(QUIET_SHARE, QUIET_TIMEOUT)
         costs = await measure_costs(PATH_LENGTH, process_start)
-        params = plan_round(data, len(rows), epsilon, workers, seed, costs, task=task, queries=queries, round_trip=network.round_trip)
+        params = plan_round(data, peers, epsilon, workers, seed, costs, task=task, queries=queries, rows_per_peer=rows_per_peer,
+                            round_trip=network.round_trip)
         console.print("    " + describe_plan(costs, params, network.round_trip))
         step(3, "the aggregator opens the round (anonml aggregator round new / run)")
         round_id, aggregator = await open_round(children, work, agg_dir, data, params, descriptors, network, linger)
@@ -286,9 +289,15 @@ async def run_demo(data: DemoData, *, peers: int, epsilon: float, workers: int, 
     found = audit_round(sorted((work / "peers").glob("worker-*.sqlite")), round_dir / "round.sqlite", bytes.fromhex(round_id))
     summary = summarise(data, params, progress, report, found, work, time.monotonic() - started)
     summary["costs"] = costs.to_dict()
-    # An SGD round's model is its coefficients in the report, scored by the aggregator on the same held-out rows.
+    # An SGD round's model is its coefficients in the report, and an averaged model the aggregator's own: each
+    # scored by the aggregator on the same held-out rows (`aggregator run --test-file`).
     sgd_utility = ((report or {}).get("sgd") or {}).get("utility")
-    summary["auc"] = sgd_utility["auc"] if task == TaskKind.SGD and sgd_utility else held_out_auc(data, round_dir / "model.json")
+    if task == TaskKind.SGD:
+        summary["auc"] = sgd_utility["auc"] if sgd_utility else None
+    elif task == TaskKind.MODEL_AVERAGING:
+        summary["auc"] = ((report or {}).get("utility") or {}).get("auc")
+    else:
+        summary["auc"] = held_out_auc(data, round_dir / "model.json")
     summary["report_path"] = str(round_dir / "report.html")
     summary["anonymity"] = anonymity_figures(progress, round_dir / LINKS_JSON)
     if (round_dir / LINKS_JSON).is_file():

@@ -132,9 +132,11 @@ class DemoParams:
     publish_gap: int
     """Before each phase that needs a published document (thresholds, medians): mirrors copy it, peers confirm it."""
     task: TaskKind = TaskKind.ENSEMBLE
-    """What the round computes (``[task] kind``): the ensemble, or statistic answers."""
+    """What the round computes (``[task] kind``): the ensemble, statistic answers, an SGD model or an averaged model."""
     queries: tuple[str, ...] = ()
     """A statistics task's ``[task] queries`` (none: the default set)."""
+    rows_per_peer: int = 1
+    """Rows each peer holds (a model-averaging round's ``[task] rows_per_peer``; 1 otherwise)."""
 
     def total_seconds(self) -> int:
         """From ``round new`` until the data phase's second delivery window closes (publish gaps included).
@@ -207,6 +209,11 @@ def learning_parameters(data: DemoData, task: TaskKind = TaskKind.ENSEMBLE, quer
         # partitions' feature subsets go unused, but the spec still checks that they cover every feature.
         return DemoLearning(k_p=SGD_STEPS, k_h=1, k_s=math.ceil(len(data.spec.features) / SGD_STEPS), plan="one",
                             median_rounds=SGD_STEPS, vote="naive-bayes", quantiles=1, comparison_pool=0.0)
+    if task == TaskKind.MODEL_AVERAGING:
+        # One partition (every peer's blocks hide among all peers'), one data survey per block of the
+        # model, no median search (rows are encoded from the features' public bounds).
+        return DemoLearning(k_p=1, k_h=model_blocks(data), k_s=1, plan="split", median_rounds=0, vote="naive-bayes", quantiles=1,
+                            comparison_pool=0.0)
     if task == TaskKind.STATISTICS:
         # One feature per report (k_s = 1), a partition per feature so "one" deals every feature;
         # the search as the ensemble's demo runs it.
@@ -222,9 +229,18 @@ def learning_parameters(data: DemoData, task: TaskKind = TaskKind.ENSEMBLE, quer
     return DemoLearning(k_p=12, k_h=1, k_s=1, plan="one", median_rounds=4, vote="naive-bayes", quantiles=3, comparison_pool=0.1)
 
 
+def model_blocks(data: DemoData) -> int:
+    """How many data surveys a model of the dataset's encoding needs at the demo's packet size (``learning.RoundModel``)."""
+    from anonml.crypto import SphinxGeometry
+    from anonml.learning import MIN_ROWS_PER_PEER, RoundModel
+    from anonml.protocol import report_capacity
+
+    return RoundModel.of(data.spec, 1.0, MIN_ROWS_PER_PEER, report_capacity(SphinxGeometry.create().message_size)).blocks.blocks
+
+
 def plan_round(data: DemoData, peers: int, epsilon: float, workers: int, seed: int, costs: PhaseCosts,
                n_cores: int | None = None, outage: float = 0.0, task: TaskKind = TaskKind.ENSEMBLE, queries: Sequence[str] = (),
-               round_trip: float = 0.0) -> DemoParams:
+               rows_per_peer: int = 1, round_trip: float = 0.0) -> DemoParams:
     """The demo's round with every window sized by the rule of the module docstring from ``costs``.
 
     ``outage``: the longest a killed relay or aggregator stays away (the fault bench's downtime and restart;
@@ -297,7 +313,7 @@ def plan_round(data: DemoData, peers: int, epsilon: float, workers: int, seed: i
         data_send_window=send(data_messages),
         data_delivery_window=delivery(data_messages),
         check_seconds=max(MIN_CHECK_SECONDS, math.ceil(publication)),
-        publish_gap=max(MIN_PUBLISH_GAP, math.ceil(publication)), task=task, queries=tuple(queries),
+        publish_gap=max(MIN_PUBLISH_GAP, math.ceil(publication)), task=task, queries=tuple(queries), rows_per_peer=rows_per_peer,
     )
 
 
@@ -348,7 +364,8 @@ def round_spec(data: DemoData, params: DemoParams, relays: list[dict[str, Any]],
     return {
         "name": f"demo-{data.name}",
         "task": {"kind": str(params.task), "features": spec["features"], "label": spec["label"], "quantiles": params.quantiles,
-                 **({"queries": list(params.queries)} if params.queries else {})},
+                 **({"queries": list(params.queries)} if params.queries else {}),
+                 **({"rows_per_peer": params.rows_per_peer} if params.task == TaskKind.MODEL_AVERAGING else {})},
         "learning": {"k_p": params.k_p, "k_h": params.k_h, "k_s": params.k_s, "plan": params.plan, "learner": "logreg",
                      "vote": params.vote, "comparison_pool": params.comparison_pool},
         # A statistics task needs a unary encoding (aggregator._spec): optimized unary encoding, the least variance of them.

@@ -34,6 +34,8 @@ class SwarmConfig:
     store: Path
     seed: int
     max_connections: int = 8
+    rows_per_peer: int = 1
+    """Consecutive rows of ``csv`` each peer holds (a model-averaging round's peers hold many)."""
 
     @property
     def sent_file(self) -> Path:
@@ -53,6 +55,7 @@ class SwarmConfig:
             store=Path(data["store"]),
             seed=int(data["seed"]),
             max_connections=int(data.get("max_connections", 16)),
+            rows_per_peer=int(data.get("rows_per_peer", 1)),
         )
 
 
@@ -106,13 +109,15 @@ async def run_swarm(config: SwarmConfig) -> dict[str, Any]:
             store.set_lifetime_epsilon(session_manifest.manifest.eps_total)
         pipeline = RoundPipeline.for_spec(spec)
         dataset = pipeline.importer.import_file(config.csv)
-        vectors = [pipeline.vector_of(Dataset((event,))) for event in dataset.events]
+        rows = [pipeline.vector_of(Dataset((event,))) for event in dataset.events]
+        size = config.rows_per_peer
+        holdings = [tuple(rows[g * size:(g + 1) * size]) for g in range(len(rows) // size)]
         geometry = session_manifest.manifest.sphinx_geometry()
-        _emit({"worker": config.worker, "peers": len(vectors)})
+        _emit({"worker": config.worker, "peers": len(holdings)})
 
-        async def one(vector: Any) -> None:
+        async def one(held: tuple[Any, ...]) -> None:
             # Each peer its own ChaCha20 generator keyed from the OS (peer_generator).
-            peer = Peer(PeerIdentity.generate(), store, vector, peer_generator())
+            peer = Peer(PeerIdentity.generate(), store, held[-1], peer_generator(), rows=held if size > 1 else ())
             try:
                 result = await join_round(peer, session, session_manifest, pipeline, listener=lambda event: events.update((event,)))
                 results.append(result)
@@ -134,8 +139,8 @@ async def run_swarm(config: SwarmConfig) -> dict[str, Any]:
             async with trio.open_nursery() as outer:
                 outer.start_soon(report_progress)
                 async with trio.open_nursery() as peers:
-                    for vector in vectors:
-                        peers.start_soon(one, vector)
+                    for held in holdings:
+                        peers.start_soon(one, held)
                 outer.cancel_scope.cancel()
     finally:
         store.close()

@@ -119,6 +119,8 @@ class RoundSetup:
 
     adjust_spec: SpecAdjustment | None = None
     peer_data: PeerData | None = None
+    rows_per_peer: int = 1
+    """Rows each peer holds (a model-averaging round's peers hold many), each drawn by ``peer_data``."""
 
 
 @dataclass
@@ -251,11 +253,12 @@ class _World:
         """One peer with its own client, session and transport (so the adversary can tell peers apart)."""
         seed = self.config.seed
         rng = np.random.default_rng(_seeded(seed, "data", outcome.index))
-        row = (self.setup.peer_data or peer_row)(outcome.index, rng)
-        vector = pipeline.vector_of(Dataset((Event(row, None, 1),)))
+        draw = self.setup.peer_data or peer_row
+        rows = tuple(pipeline.vector_of(Dataset((Event(draw(outcome.index, rng), None, 1),))) for _ in range(self.setup.rows_per_peer))
         identity = PeerIdentity(SigningKey(hashlib.sha256(f"{seed}:identity:{outcome.index}".encode()).digest()))
         outcome.key = identity.public_key
-        peer = Peer(identity, self.store, vector, peer_generator(_seeded(seed, "peer", outcome.index)))
+        peer = Peer(identity, self.store, rows[-1], peer_generator(_seeded(seed, "peer", outcome.index)),
+                    rows=rows if self.setup.rows_per_peer > 1 else ())
         network = self.network.node(outcome.address)
         client = AggregatorClient(self.state.manifest.aggregator_url, network=network,
                                   jitter=random.Random(_seeded(seed, "jitter", outcome.index)))
