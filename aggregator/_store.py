@@ -81,11 +81,17 @@ CREATE TABLE leases (name TEXT PRIMARY KEY, holder TEXT NOT NULL, expires {real}
 """
 
 
+_VERSION_6 = "ALTER TABLE credentials ADD COLUMN request_digest {blob};"
+"""Version 6 (issue 27): each credential keeps the SHA-256 of the blinded request it answered, so the
+identical request retried (its answer lost on a reset connection) gets the stored answer again. A
+credential stored before version 6 has none: a retry for it is refused 409, as it was then."""
+
 SCHEMA = Schema(
     name="round",
     application_id=0x414E4103,  # "ANA\x03"
-    version=5,
-    tables=_version_5_tables(blob="BLOB", integer="INTEGER", real="REAL", row_id="INTEGER PRIMARY KEY AUTOINCREMENT"),
+    version=6,
+    tables=_version_5_tables(blob="BLOB", integer="INTEGER", real="REAL", row_id="INTEGER PRIMARY KEY AUTOINCREMENT")
+    + _VERSION_6.format(blob="BLOB"),
     migrations={
         # Version 2 (issue 12): roster entries carry the peer's nonce and
         # signature; accepted packets their place in their survey's receipt
@@ -126,6 +132,7 @@ INSERT INTO log_sizes SELECT survey, COUNT(*) FROM packets GROUP BY survey;
 INSERT OR IGNORE INTO replay_tags SELECT tag FROM inbox;
 CREATE TABLE leases (name TEXT PRIMARY KEY, holder TEXT NOT NULL, expires REAL NOT NULL)
 """,
+        5: _VERSION_6.format(blob="BLOB"),
     },
     # Rounds from before stores were versioned wrote the version-1 tables.
     unversioned=1,
@@ -136,6 +143,8 @@ POSTGRES_MIGRATIONS: tuple[str, ...] = (
     _version_5_tables(
         blob="BYTEA", integer="BIGINT", real="DOUBLE PRECISION", row_id="BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY"
     ),
+    # Version 2: SQLite's version 6.
+    _VERSION_6.format(blob="BYTEA"),
 )
 """The PostgreSQL schema's history: entry ``i`` takes a round's schema from version ``i`` to ``i + 1``."""
 
@@ -153,7 +162,7 @@ _TABLE_COLUMNS: dict[str, tuple[str, ...]] = {
     "allow_list": ("identity_key",),
     "registrations": ("identity_key", "invitation", "registered_at", "nonce", "signature"),
     "client_registrations": ("client", "count"),
-    "credentials": ("identity_key", "partition", "response", "issued_at"),
+    "credentials": ("identity_key", "partition", "response", "issued_at", "request_digest"),
     "packets": ("survey", "tag_digest", "message_hash", "report", "receipt", "accepted_at", "position", "arrived"),
     "rejections": ("reason", "count"),
     "covers": ("reason", "count"),
@@ -189,6 +198,44 @@ class Refusal:
     """A registration the round's policy or caps refuse; ``reason`` is the 403 error text."""
 
     reason: str
+
+
+@dataclass(frozen=True)
+class IssuedCredential:
+    """One credential to record: the peer, its partition, the issuer's response, when, and the SHA-256 of the
+    blinded request the response answers."""
+
+    identity_key: bytes
+    partition: int
+    response: bytes
+    now: int
+    request_digest: bytes
+
+
+@dataclass(frozen=True)
+class IssuedAnswer:
+    """The credential answer stored for a peer, and whether a request with a given digest is the one it answered.
+
+    Only ``same_request`` answers may be given again (a retry whose first
+    answer was lost): the aggregator already saw that blinded request and
+    sent this answer for it, so replaying it tells it nothing new and gives
+    the peer no second credential. Any other request from that peer is
+    refused (409), as is every request for a credential stored before the
+    digests were (schema version 6), which has none to match.
+    """
+
+    partition: int
+    response: bytes
+    same_request: bool
+
+
+def _issued_answer(db: Session, identity_key: bytes, request_digest: bytes) -> IssuedAnswer | None:
+    row = db.execute("SELECT partition, response, request_digest FROM credentials WHERE identity_key = ?",
+                     (identity_key,)).fetchone()
+    if row is None:
+        return None
+    partition, response, stored_digest = row
+    return IssuedAnswer(int(partition), bytes(response), stored_digest is not None and bytes(stored_digest) == request_digest)
 
 
 @dataclass(frozen=True)
@@ -355,22 +402,34 @@ class RoundStore:
         with self._engine.read() as db:
             return db.execute("SELECT 1 FROM credentials WHERE identity_key = ?", (identity_key,)).fetchone() is not None
 
-    def record_credential(self, identity_key: bytes, partition: int, response: bytes, now: int) -> bool:
-        """Record an issued credential; False if this peer already had one (nothing stored)."""
-        return self.record_credentials([(identity_key, partition, response, now)])[0]
+    def issued_answer(self, identity_key: bytes, request_digest: bytes) -> IssuedAnswer | None:
+        """The credential answer stored for this peer, if any; see :class:`IssuedAnswer` for what a retry gets."""
+        with self._engine.read() as db:
+            return _issued_answer(db, identity_key, request_digest)
 
-    def record_credentials(self, items: Sequence[tuple[bytes, int, bytes, int]]) -> list[bool]:
-        """Record ``(identity_key, partition, response, now)`` credentials in one commit.
+    def record_credential(self, item: IssuedCredential) -> IssuedAnswer:
+        """Record one issued credential; what this request's peer is to be answered (:meth:`record_credentials`)."""
+        return self.record_credentials([item])[0]
 
-        Per item False if that peer already had one (the first stays: one credential per peer per round).
+    def record_credentials(self, items: Sequence[IssuedCredential]) -> list[IssuedAnswer]:
+        """Record issued credentials in one commit, each with the digest of the blinded request it answers.
+
+        Per item the answer stored for that peer once this commits: the item's
+        own if it is the peer's first, else the earlier one (the first stays:
+        one credential per peer per round), whose ``same_request`` says whether
+        the item was that very request again (two identical requests in one
+        batch, or in two workers' batches, get one answer).
         """
-        outcomes: list[bool] = []
+        outcomes: list[IssuedAnswer] = []
         with self._engine.transaction() as db:
             for item in items:
-                cursor = db.execute(
-                    "INSERT INTO credentials (identity_key, partition, response, issued_at) VALUES (?, ?, ?, ?) "
-                    "ON CONFLICT DO NOTHING", item)
-                outcomes.append(cursor.rowcount == 1)
+                db.execute(
+                    "INSERT INTO credentials (identity_key, partition, response, issued_at, request_digest) "
+                    "VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                    (item.identity_key, item.partition, item.response, item.now, item.request_digest))
+                answer = _issued_answer(db, item.identity_key, item.request_digest)
+                assert answer is not None, "a credential row conflicts or was just inserted"
+                outcomes.append(answer)
         return outcomes
 
     # -- the inbox: authentic messages received and durable, not yet verified ----------

@@ -639,8 +639,16 @@ async def test_one_credential_per_peer_over_http(served: Any) -> None:
     assert first.status_code == 200, first.text
     assert first.json()["partition"] == partition
     finish_issuance(issuance_state, bytes.fromhex(first.json()["response"]))
+    # The identical request again (a retry whose answer was lost) gets the stored answer, not a new one.
     again = await post(addresses.http_url, "/v1/credential", body)
-    assert again.status_code == 409 and "already" in again.json()["error"]
+    assert again.status_code == 200, again.text
+    assert again.json() == first.json()
+    # Another blinded request from the same peer would be a second credential: refused.
+    reblinded, _ = begin_issuance(peer.public, peer.secret, partition)
+    second = await post(addresses.http_url, "/v1/credential",
+                        CredentialRequest.create(peer.key, state.round_id, reblinded.to_bytes()).to_json())
+    assert second.status_code == 409 and "already" in second.json()["error"]
+    assert state.store.counts()["credentials"] == 1
     # A request whose proof does not verify is refused with the proof's reason, and issues nothing.
     other = Peer(state, 3)
     partition = state.assignment()[bytes(other.key.verify_key)]
@@ -984,6 +992,29 @@ async def test_two_concurrent_credential_requests_get_one_credential(served: Any
             for body in bodies:
                 nursery.start_soon(ask, body)
     assert sorted(codes) == [200, 409]
+    assert state.store.counts()["credentials"] == 1
+
+
+async def test_identical_credential_requests_at_once_get_the_one_stored_answer(served: Any) -> None:
+    state, addresses, clock = served
+    peer = Peer(state, 1)
+    peer.register()
+    Peer(state, 2).register()
+    clock.now = state.manifest.schedule.t_register_end
+    state.prepare()
+    request, _ = begin_issuance(peer.public, peer.secret, state.assignment()[peer.identity])
+    body = CredentialRequest.create(peer.key, state.round_id, request.to_bytes()).to_json()
+    answers: list[tuple[int, bytes]] = []
+    async with httpx.AsyncClient(base_url=addresses.http_url) as client:
+
+        async def ask() -> None:
+            answer = await client.post("/v1/credential", content=body)
+            answers.append((answer.status_code, answer.content))
+
+        async with trio.open_nursery() as nursery:
+            for _ in range(3):
+                nursery.start_soon(ask)
+    assert [code for code, _ in answers] == [200] * 3 and len({content for _, content in answers}) == 1
     assert state.store.counts()["credentials"] == 1
 
 
