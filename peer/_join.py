@@ -27,6 +27,7 @@ credential, ledger and cryptographic randomness.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
@@ -39,6 +40,8 @@ from randomgen import ChaCha
 from anonml.crypto import (
     Credential,
     CredentialSecret,
+    IssuanceRequest,
+    IssuanceState,
     begin_issuance,
     finish_issuance,
 )
@@ -87,6 +90,9 @@ from anonml.protocol import (
     seal_report,
 )
 from anonml.transport import AckStatus
+
+_ISSUANCE_SEED_BYTES = 32
+"""The random seed a stored credential request's blinding is derived from (``PeerRound.issuance``)."""
 
 def peer_generator(seed: int | None = None) -> np.random.Generator:
     """The peer's generator for every random choice it makes: noise, send times, paths, mirrors.
@@ -369,9 +375,8 @@ class PeerRound:
         if registration is not None and registration.credential is not None:
             return Credential.from_bytes(registration.credential)
         await self.recheck_manifest("issuance")
+        request, state = self.issuance(partition, None if registration is None else registration.issuance)
         async with self.session.slots:
-            secret = CredentialSecret.generate()
-            request, state = begin_issuance(self.issuer_key, secret, partition)
             body = CredentialRequest.create(self.peer.identity.signing_key, self.round_id, request.to_bytes())
             response = await self.session.client.credential(body)
             if response.partition != partition:
@@ -380,6 +385,23 @@ class PeerRound:
         self.peer.store.set_credential(self.key, self.round_id, credential.to_bytes())
         self.emit(PeerEvent.CREDENTIAL)
         return credential
+
+    def issuance(self, partition: int, stored: bytes | None) -> tuple[IssuanceRequest, IssuanceState]:
+        """This round's one blinded credential request, made once and stored before it is first sent.
+
+        Every retry sends the same request: the client's after a lost answer,
+        and this peer's run again after a crash (``stored``). The aggregator
+        answers the identical request with the answer it stored and refuses
+        any other (one credential per peer per round), so a re-blinded retry
+        would leave the peer without a credential. The request is the
+        secret ``s`` and a random seed the blinding is derived from; the
+        aggregator learns nothing from a retry that it did not see the first time.
+        """
+        if stored is None:
+            stored = CredentialSecret.generate().to_bytes() + os.urandom(_ISSUANCE_SEED_BYTES)
+            self.peer.store.set_issuance(self.key, self.round_id, stored)
+        secret, seed = CredentialSecret.from_bytes(stored[:-_ISSUANCE_SEED_BYTES]), stored[-_ISSUANCE_SEED_BYTES:]
+        return begin_issuance(self.issuer_key, secret, partition, rng=lambda n: hashlib.shake_256(seed).digest(n))
 
     def prepare(self, survey: SurveyId, report: bytes, features: Sequence[str], phase: PhaseTimes) -> _Outgoing:
         """Seal one report (``protocol.seal_report``) and commit its release to the ledger together

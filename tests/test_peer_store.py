@@ -124,6 +124,7 @@ def test_a_version_2_store_gains_the_lifetime_budget_and_keeps_its_ledger(tmp_pa
     # What a peer of the version before the lifetime budget left on disk.
     with sqlite3.connect(path) as db:
         db.execute("DROP TABLE settings")
+        db.execute("ALTER TABLE registrations DROP COLUMN issuance")
         db.execute("PRAGMA user_version = 2")
     reopened = PeerStore(path)
     assert reopened.lifetime_epsilon() == DEFAULT_LIFETIME_EPSILON
