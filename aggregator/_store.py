@@ -81,10 +81,8 @@ CREATE TABLE leases (name TEXT PRIMARY KEY, holder TEXT NOT NULL, expires {real}
 """
 
 
+# Version 6 (issue 27): each credential keeps the SHA-256 of the blinded request it answered (IssuedAnswer).
 _VERSION_6 = "ALTER TABLE credentials ADD COLUMN request_digest {blob};"
-"""Version 6 (issue 27): each credential keeps the SHA-256 of the blinded request it answered, so the
-identical request retried (its answer lost on a reset connection) gets the stored answer again. A
-credential stored before version 6 has none: a retry for it is refused 409, as it was then."""
 
 SCHEMA = Schema(
     name="round",
@@ -202,8 +200,7 @@ class Refusal:
 
 @dataclass(frozen=True)
 class IssuedCredential:
-    """One credential to record: the peer, its partition, the issuer's response, when, and the SHA-256 of the
-    blinded request the response answers."""
+    """One credential to record, with the SHA-256 of the blinded request its response answers."""
 
     identity_key: bytes
     partition: int
@@ -216,12 +213,10 @@ class IssuedCredential:
 class IssuedAnswer:
     """The credential answer stored for a peer, and whether a request with a given digest is the one it answered.
 
-    Only ``same_request`` answers may be given again (a retry whose first
-    answer was lost): the aggregator already saw that blinded request and
-    sent this answer for it, so replaying it tells it nothing new and gives
-    the peer no second credential. Any other request from that peer is
-    refused (409), as is every request for a credential stored before the
-    digests were (schema version 6), which has none to match.
+    Only a ``same_request`` answer is given again (a retry whose answer was
+    lost: the aggregator already saw that request and sent this answer). Any
+    other request is refused 409, as is any for a credential stored before
+    schema version 6, which kept no digest to match.
     """
 
     partition: int
@@ -398,10 +393,6 @@ class RoundStore:
 
     # -- credentials -----------------------------------------------------------
 
-    def credential_issued(self, identity_key: bytes) -> bool:
-        with self._engine.read() as db:
-            return db.execute("SELECT 1 FROM credentials WHERE identity_key = ?", (identity_key,)).fetchone() is not None
-
     def issued_answer(self, identity_key: bytes, request_digest: bytes) -> IssuedAnswer | None:
         """The credential answer stored for this peer, if any; see :class:`IssuedAnswer` for what a retry gets."""
         with self._engine.read() as db:
@@ -414,11 +405,9 @@ class RoundStore:
     def record_credentials(self, items: Sequence[IssuedCredential]) -> list[IssuedAnswer]:
         """Record issued credentials in one commit, each with the digest of the blinded request it answers.
 
-        Per item the answer stored for that peer once this commits: the item's
-        own if it is the peer's first, else the earlier one (the first stays:
-        one credential per peer per round), whose ``same_request`` says whether
-        the item was that very request again (two identical requests in one
-        batch, or in two workers' batches, get one answer).
+        Per item the answer stored for that peer once this commits: its own if
+        it is the peer's first, else the earlier one (one credential per peer
+        per round), ``same_request`` if the item was that very request again.
         """
         outcomes: list[IssuedAnswer] = []
         with self._engine.transaction() as db:

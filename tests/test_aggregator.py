@@ -656,7 +656,7 @@ async def test_one_credential_per_peer_over_http(served: Any) -> None:
     tampered = request.to_bytes()[:-1] + bytes([request.to_bytes()[-1] ^ 1])
     bad = await post(addresses.http_url, "/v1/credential", CredentialRequest.create(other.key, state.round_id, tampered).to_json())
     assert bad.status_code == 400 and bad.json()["error"] == "bad issuance request (bad-proof)"
-    assert not state.store.credential_issued(bytes(other.key.verify_key))
+    assert state.store.issued_answer(bytes(other.key.verify_key), bytes(32)) is None
     request, _ = begin_issuance(stranger.public, stranger.secret, 0)
     refused = await post(
         addresses.http_url, "/v1/credential", CredentialRequest.create(stranger.key, state.round_id, request.to_bytes()).to_json()

@@ -94,8 +94,9 @@ def test_windows_grow_with_the_measured_costs_and_the_default_round_is_not_padde
     bigger = plan_round(data, 4000, 2.0, 2, 0, costs(1.0), n_cores=2)  # type: ignore[arg-type]
     assert bigger.register_seconds > idle.register_seconds and bigger.data_send_window > idle.data_send_window
     # The default demo's 398 peers: about 30 s of CPU work in all at these costs. A restart's worth of
-    # padding in each of the query phases' windows and slices (the old rule) planned 578 s.
-    assert idle.total_seconds() <= 120
+    # padding in each of the query phases' windows and slices (the old rule) planned 578 s. The delivery
+    # windows hold the second attempt's two paths per message (protocol.SECOND_WINDOW_PATHS): 142 s, was 110 s.
+    assert idle.total_seconds() <= 150
 
 
 def test_under_planned_kills_every_delivery_slice_holds_one_outage_and_a_link_retry() -> None:

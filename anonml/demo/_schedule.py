@@ -8,7 +8,8 @@ times :data:`HEADROOM` — not a serial per-peer cost times a slack factor.
   the peers' workers on every core) at that rate. A first relay that is down
   costs no window time: the peer hands its packet to another first relay.
 * Each relay's slice of a delivery window holds every packet of the phase at
-  one relay's measured Sphinx rate; the last slice holds the aggregator's
+  one relay's measured Sphinx rate (the second attempt's: each message over
+  ``protocol.SECOND_WINDOW_PATHS`` paths); the last slice holds the aggregator's
   verification on its worker processes. Relays release each packet at a
   uniformly random time of their slice, and the first slice opens a guard
   after the send window has closed (at least a second,
@@ -42,7 +43,7 @@ from anonml.demo._calibrate import PhaseCosts
 from anonml.demo._data import DemoData
 from anonml.demo._ports import HOST
 from anonml.mechanisms import OracleName
-from anonml.protocol import DEFAULT_MIN_ANONYMITY_SET, RelayEntry, TaskKind, comparison_pool_size, shortest_delivery, smallest_anonymity_set
+from anonml.protocol import DEFAULT_MIN_ANONYMITY_SET, SECOND_WINDOW_PATHS, RelayEntry, TaskKind, comparison_pool_size, shortest_delivery, smallest_anonymity_set
 from anonml.transport import HttpLimits
 
 # More relays than a path is long: a relay that dies for good leaves paths
@@ -247,9 +248,11 @@ def plan_round(data: DemoData, peers: int, epsilon: float, workers: int, seed: i
         register_seconds=math.ceil(register),
         issue_seconds=math.ceil(issue),
         send_window=send(median_messages),
-        delivery_window=delivery(median_messages),
+        # Both attempts share one delivery window length; the second carries every message over
+        # SECOND_WINDOW_PATHS paths, so the window holds that many packets per message.
+        delivery_window=delivery(SECOND_WINDOW_PATHS * median_messages),
         data_send_window=send(data_messages),
-        data_delivery_window=delivery(data_messages),
+        data_delivery_window=delivery(SECOND_WINDOW_PATHS * data_messages),
         check_seconds=max(MIN_CHECK_SECONDS, math.ceil(publication)),
         publish_gap=max(MIN_PUBLISH_GAP, math.ceil(publication)), task=task,
     )
