@@ -970,7 +970,8 @@ async def test_the_roster_waits_for_registrations_admitted_before_the_deadline(
     assert state.roster().keys == tuple(sorted(bytes(k.verify_key) for k in peers))
 
 
-async def test_two_concurrent_credential_requests_get_one_credential(served: Any) -> None:
+async def credential_requests_at_once(served: Any, blindings: int, copies: int) -> tuple[RoundState, list[httpx.Response]]:
+    """One registered peer's credential requests, ``blindings`` different ones sent ``copies`` times each, all at once."""
     state, addresses, clock = served
     peer = Peer(state, 1)
     peer.register()
@@ -979,42 +980,31 @@ async def test_two_concurrent_credential_requests_get_one_credential(served: Any
     state.prepare()
     partition = state.assignment()[peer.identity]
     bodies = []
-    for _ in range(2):
+    for _ in range(blindings):
         request, _ = begin_issuance(peer.public, peer.secret, partition)
-        bodies.append(CredentialRequest.create(peer.key, state.round_id, request.to_bytes()).to_json())
-    codes: list[int] = []
+        bodies += [CredentialRequest.create(peer.key, state.round_id, request.to_bytes()).to_json()] * copies
+    answers: list[httpx.Response] = []
     async with httpx.AsyncClient(base_url=addresses.http_url) as client:
 
         async def ask(body: bytes) -> None:
-            codes.append((await client.post("/v1/credential", content=body)).status_code)
+            answers.append(await client.post("/v1/credential", content=body))
 
         async with trio.open_nursery() as nursery:
             for body in bodies:
                 nursery.start_soon(ask, body)
-    assert sorted(codes) == [200, 409]
+    return state, answers
+
+
+async def test_two_concurrent_credential_requests_get_one_credential(served: Any) -> None:
+    state, answers = await credential_requests_at_once(served, blindings=2, copies=1)
+    assert sorted(answer.status_code for answer in answers) == [200, 409]
     assert state.store.counts()["credentials"] == 1
 
 
 async def test_identical_credential_requests_at_once_get_the_one_stored_answer(served: Any) -> None:
-    state, addresses, clock = served
-    peer = Peer(state, 1)
-    peer.register()
-    Peer(state, 2).register()
-    clock.now = state.manifest.schedule.t_register_end
-    state.prepare()
-    request, _ = begin_issuance(peer.public, peer.secret, state.assignment()[peer.identity])
-    body = CredentialRequest.create(peer.key, state.round_id, request.to_bytes()).to_json()
-    answers: list[tuple[int, bytes]] = []
-    async with httpx.AsyncClient(base_url=addresses.http_url) as client:
-
-        async def ask() -> None:
-            answer = await client.post("/v1/credential", content=body)
-            answers.append((answer.status_code, answer.content))
-
-        async with trio.open_nursery() as nursery:
-            for _ in range(3):
-                nursery.start_soon(ask)
-    assert [code for code, _ in answers] == [200] * 3 and len({content for _, content in answers}) == 1
+    state, answers = await credential_requests_at_once(served, blindings=1, copies=3)
+    assert [answer.status_code for answer in answers] == [200] * 3
+    assert len({answer.content for answer in answers}) == 1
     assert state.store.counts()["credentials"] == 1
 
 
