@@ -15,8 +15,8 @@ if TYPE_CHECKING:
     from anonml.aggregator._setup import create_round, open_round
     from anonml.aggregator._sink import PacketSink
     from anonml.aggregator._spec import RoundSpec, RoundSpecError, parse_round_spec, read_round_spec
+    from anonml.aggregator._home import AggregatorHome
     from anonml.aggregator._store import (
-        AggregatorHome,
         RoundStore,
         ROSTER_FINAL,
         BatchTaken,

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     import trio
 
     from anonml.aggregator._round import RoundState
-    from anonml.aggregator._store import AggregatorHome
+    from anonml.aggregator._home import AggregatorHome
 
 # The aggregator's own modules are imported by the commands that use them, so
 # `anonml aggregator round new --help` loads click alone (issue 29).
@@ -62,7 +62,7 @@ def init(data_dir: Path) -> None:
     """Create the Ed25519 identity and the X25519 final-hop key (never overwrites)."""
     import os
 
-    from anonml.aggregator._store import AggregatorHome
+    from anonml.aggregator._home import AggregatorHome
     from anonml.crypto import generate_keypair
 
     home = AggregatorHome(data_dir)
@@ -77,7 +77,7 @@ def init(data_dir: Path) -> None:
 
 def _existing_home(data_dir: Path) -> AggregatorHome:
     """The aggregator's home, or a message naming the command that creates it."""
-    from anonml.aggregator._store import AggregatorHome
+    from anonml.aggregator._home import AggregatorHome
 
     home = AggregatorHome(data_dir)
     if not data_dir.is_dir():

@@ -24,7 +24,7 @@ from nacl.signing import SigningKey
 
 from anonml.aggregator._anonymity import RequestLog
 from anonml.aggregator._beacon import stored_commitments
-from anonml.aggregator._store import Refusal, Registered, Registration, RoundStore
+from anonml.aggregator._store import IssuedAnswer, IssuedCredential, Refusal, Registered, Registration, RoundStore
 from anonml.crypto import (
     IssueJob,
     IssuerSecretKey,
@@ -127,6 +127,24 @@ class Snapshots:
     heads: bytes | None = None
     status: bytes | None = None
     report: bytes | None = None
+
+
+def request_digest(request: CredentialRequest) -> bytes:
+    """SHA-256 of a credential request's blinded issuance request: what a retry must match to be answered again."""
+    return hashlib.sha256(request.request).digest()
+
+
+def credential_answer(answer: IssuedAnswer) -> CredentialResponse:
+    """The stored answer for the request it answered, or 409 for any other request from that identity.
+
+    Idempotent for the identical request only: a peer whose answer was lost
+    (a reset connection) retries the same bytes and gets the same answer,
+    which tells the aggregator nothing it did not see when it first issued
+    it; a different blinded request would be a second credential, never given.
+    """
+    if not answer.same_request:
+        raise ApiRefused(409, ALREADY_ISSUED)
+    return CredentialResponse(answer.response, answer.partition)
 
 
 def registration_outcome(outcome: Registered | Refusal) -> bool:
@@ -420,21 +438,27 @@ class RoundState:
         partition = self.assignment().get(request.identity_key)
         if partition is None:
             raise ApiRefused(403, "identity key is not on the roster")
-        if self.store.credential_issued(request.identity_key):
-            raise ApiRefused(409, ALREADY_ISSUED)
         return partition, now
+
+    def earlier_answer(self, request: CredentialRequest) -> CredentialResponse | None:
+        """The answer stored for this identity if it had one (the same request retried gets it again,
+        :func:`credential_answer`), None if it had none."""
+        answer = self.store.issued_answer(request.identity_key, request_digest(request))
+        return None if answer is None else credential_answer(answer)
 
     def issue(self, request: CredentialRequest) -> CredentialResponse:
         """Admit, issue and record one credential now (the HTTP path batches issuance and commits instead)."""
         partition, now = self.admit_credential(request)
+        earlier = self.earlier_answer(request)
+        if earlier is not None:
+            return earlier
         if self.secrets.issuer_key is None:
             raise ApiRefused(403, "credential issuance has closed")
         [response] = issue_credentials(self.secrets.issuer_key, [IssueJob(request.request, partition)])
         if isinstance(response, JobRefused):
             raise issuance_refused(response.reason)
-        if not self.store.record_credential(request.identity_key, partition, response, now):
-            raise ApiRefused(409, ALREADY_ISSUED)
-        return CredentialResponse(response, partition)
+        return credential_answer(self.store.record_credential(
+            IssuedCredential(request.identity_key, partition, response, now, request_digest(request))))
 
     # -- surveys -------------------------------------------------------------------
 

@@ -29,16 +29,17 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from anonml.aggregator._beacon import BeaconCollector, stored_reveals
 from anonml.aggregator._dashboard import RelayWatch, dashboard_routes
 from anonml.aggregator._round import (
-    ALREADY_ISSUED,
     ApiRefused,
     Clock,
     RoundState,
+    credential_answer,
     issuance_refused,
     registration_outcome,
+    request_digest,
 )
 from anonml.aggregator._health import Health, Part, render_metrics
 from anonml.aggregator._sink import PacketSink, SinkLimits
-from anonml.aggregator._store import ROSTER_FINAL, Refusal, Registered, Registration
+from anonml.aggregator._store import ROSTER_FINAL, IssuedAnswer, IssuedCredential, Refusal, Registered, Registration
 from anonml.aggregator._workers import IssuerWorkers
 from anonml.crypto import IssueJob, JobRefused
 from anonml.base.errors import StorageError
@@ -272,12 +273,13 @@ class RegistrationBatcher(GroupCommit[Registration, Registered | Refusal]):
         return registration_outcome(await self.submit(Registration(request.entry, request.invitation, client, now)))
 
 
-class CredentialBatcher(GroupCommit[tuple[bytes, bytes, int, int], "bytes | JobRefused | None"]):
+class CredentialBatcher(GroupCommit[tuple[CredentialRequest, int, int], "IssuedAnswer | JobRefused"]):
     """Blind issuance and its record, a batch at a time; one credential per peer per round (the first commit wins).
 
     A batch's P-256 proofs run together (in the worker processes when there
     are any, DESIGN.md §6) and its credentials are stored in one commit: one
-    thread hop and one fsync per batch instead of per request.
+    thread hop and one fsync per batch instead of per request. An answer is
+    sent only after it is stored, so a retry of the same request finds it.
     """
 
     def __init__(self, state: RoundState, workers: IssuerWorkers, health: Health, *, give_up_after: float = 20.0) -> None:
@@ -285,29 +287,26 @@ class CredentialBatcher(GroupCommit[tuple[bytes, bytes, int, int], "bytes | JobR
         self.state = state
         self.workers = workers
 
-    def _issue_and_record(self, items: list[tuple[bytes, bytes, int, int]]) -> list[bytes | JobRefused | None]:
-        responses = self.workers.issue([IssueJob(request, partition) for _, request, partition, _ in items])
-        issued = [(item, response) for item, response in zip(items, responses) if isinstance(response, bytes)]
-        recorded = iter(
-            self.state.store.record_credentials(
-                [(identity, partition, response, now) for (identity, _, partition, now), response in issued]
-            )
-        )
-        # Per request: the response, None if that peer already had a credential, or the refusal.
-        return [
-            (response if next(recorded) else None) if isinstance(response, bytes) else response
-            for response in responses
+    def _issue_and_record(self, items: list[tuple[CredentialRequest, int, int]]) -> list[IssuedAnswer | JobRefused]:
+        responses = self.workers.issue([IssueJob(request.request, partition) for request, partition, _ in items])
+        issued = [
+            IssuedCredential(request.identity_key, partition, response, now, request_digest(request))
+            for (request, partition, now), response in zip(items, responses) if isinstance(response, bytes)
         ]
+        recorded = iter(self.state.store.record_credentials(issued))
+        # Per request: the answer stored for its peer (its own, or the first one's), or the refusal.
+        return [next(recorded) if isinstance(response, bytes) else response for response in responses]
 
     async def issue(self, request: CredentialRequest) -> CredentialResponse:
-        """Admit, wait for the batch's issuance and commit; raises ApiRefused."""
+        """Admit, wait for the batch's issuance and commit (or replay the stored answer); raises ApiRefused."""
         partition, now = self.state.admit_credential(request)
-        outcome = await self.submit((request.identity_key, request.request, partition, now))
-        if outcome is None:
-            raise ApiRefused(409, ALREADY_ISSUED)
+        earlier = self.state.earlier_answer(request)
+        if earlier is not None:
+            return earlier
+        outcome = await self.submit((request, partition, now))
         if isinstance(outcome, JobRefused):
             raise issuance_refused(outcome.reason)
-        return CredentialResponse(outcome, partition)
+        return credential_answer(outcome)
 
 
 def _address(request: Request) -> str:

@@ -11,7 +11,8 @@ from pathlib import Path
 from anonml.aggregator._engines import PostgresLocation, redact
 from anonml.aggregator._round import Clock, RoundSecrets, RoundState
 from anonml.aggregator._spec import RoundSpec, release_plan
-from anonml.aggregator._store import AggregatorHome, RoundStore
+from anonml.aggregator._home import AggregatorHome
+from anonml.aggregator._store import RoundStore
 from anonml.base.errors import ConfigError
 from anonml.crypto import IssuerSecretKey, SphinxGeometry, node_id_of, public_key_of
 from anonml.mechanisms import total_epsilon

@@ -31,18 +31,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from nacl.signing import SigningKey
-
 from anonml.aggregator._engines import PostgresLocation, Session, execute_each, open_engine
 from anonml.base.errors import AnonMLError, ConfigError
 from anonml.protocol import Check, RegistrationPolicy, RosterEntry, SurveyId
-from anonml.base.storage import (
-    Database,
-    Schema,
-    make_private_dir,
-    read_secret_file,
-    write_secret_file,
-)
+from anonml.base.storage import Database, Schema
 
 def _version_5_tables(*, blob: str, integer: str, real: str, row_id: str) -> str:
     """Every table of the round schema's version 5 in one engine's column types: SQLite's tables for a new store,
@@ -81,11 +73,15 @@ CREATE TABLE leases (name TEXT PRIMARY KEY, holder TEXT NOT NULL, expires {real}
 """
 
 
+# Version 6 (issue 27): each credential keeps the SHA-256 of the blinded request it answered (IssuedAnswer).
+_VERSION_6 = "ALTER TABLE credentials ADD COLUMN request_digest {blob};"
+
 SCHEMA = Schema(
     name="round",
     application_id=0x414E4103,  # "ANA\x03"
-    version=5,
-    tables=_version_5_tables(blob="BLOB", integer="INTEGER", real="REAL", row_id="INTEGER PRIMARY KEY AUTOINCREMENT"),
+    version=6,
+    tables=_version_5_tables(blob="BLOB", integer="INTEGER", real="REAL", row_id="INTEGER PRIMARY KEY AUTOINCREMENT")
+    + _VERSION_6.format(blob="BLOB"),
     migrations={
         # Version 2 (issue 12): roster entries carry the peer's nonce and
         # signature; accepted packets their place in their survey's receipt
@@ -126,6 +122,7 @@ INSERT INTO log_sizes SELECT survey, COUNT(*) FROM packets GROUP BY survey;
 INSERT OR IGNORE INTO replay_tags SELECT tag FROM inbox;
 CREATE TABLE leases (name TEXT PRIMARY KEY, holder TEXT NOT NULL, expires REAL NOT NULL)
 """,
+        5: _VERSION_6.format(blob="BLOB"),
     },
     # Rounds from before stores were versioned wrote the version-1 tables.
     unversioned=1,
@@ -136,6 +133,8 @@ POSTGRES_MIGRATIONS: tuple[str, ...] = (
     _version_5_tables(
         blob="BYTEA", integer="BIGINT", real="DOUBLE PRECISION", row_id="BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY"
     ),
+    # Version 2: SQLite's version 6.
+    _VERSION_6.format(blob="BYTEA"),
 )
 """The PostgreSQL schema's history: entry ``i`` takes a round's schema from version ``i`` to ``i + 1``."""
 
@@ -153,7 +152,7 @@ _TABLE_COLUMNS: dict[str, tuple[str, ...]] = {
     "allow_list": ("identity_key",),
     "registrations": ("identity_key", "invitation", "registered_at", "nonce", "signature"),
     "client_registrations": ("client", "count"),
-    "credentials": ("identity_key", "partition", "response", "issued_at"),
+    "credentials": ("identity_key", "partition", "response", "issued_at", "request_digest"),
     "packets": ("survey", "tag_digest", "message_hash", "report", "receipt", "accepted_at", "position", "arrived"),
     "rejections": ("reason", "count"),
     "covers": ("reason", "count"),
@@ -189,6 +188,41 @@ class Refusal:
     """A registration the round's policy or caps refuse; ``reason`` is the 403 error text."""
 
     reason: str
+
+
+@dataclass(frozen=True)
+class IssuedCredential:
+    """One credential to record, with the SHA-256 of the blinded request its response answers."""
+
+    identity_key: bytes
+    partition: int
+    response: bytes
+    now: int
+    request_digest: bytes
+
+
+@dataclass(frozen=True)
+class IssuedAnswer:
+    """The credential answer stored for a peer, and whether a request with a given digest is the one it answered.
+
+    Only a ``same_request`` answer is given again (a retry whose answer was
+    lost: the aggregator already saw that request and sent this answer). Any
+    other request is refused 409, as is any for a credential stored before
+    schema version 6, which kept no digest to match.
+    """
+
+    partition: int
+    response: bytes
+    same_request: bool
+
+
+def _issued_answer(db: Session, identity_key: bytes, request_digest: bytes) -> IssuedAnswer | None:
+    row = db.execute("SELECT partition, response, request_digest FROM credentials WHERE identity_key = ?",
+                     (identity_key,)).fetchone()
+    if row is None:
+        return None
+    partition, response, stored_digest = row
+    return IssuedAnswer(int(partition), bytes(response), stored_digest is not None and bytes(stored_digest) == request_digest)
 
 
 @dataclass(frozen=True)
@@ -351,26 +385,32 @@ class RoundStore:
 
     # -- credentials -----------------------------------------------------------
 
-    def credential_issued(self, identity_key: bytes) -> bool:
+    def issued_answer(self, identity_key: bytes, request_digest: bytes) -> IssuedAnswer | None:
+        """The credential answer stored for this peer, if any; see :class:`IssuedAnswer` for what a retry gets."""
         with self._engine.read() as db:
-            return db.execute("SELECT 1 FROM credentials WHERE identity_key = ?", (identity_key,)).fetchone() is not None
+            return _issued_answer(db, identity_key, request_digest)
 
-    def record_credential(self, identity_key: bytes, partition: int, response: bytes, now: int) -> bool:
-        """Record an issued credential; False if this peer already had one (nothing stored)."""
-        return self.record_credentials([(identity_key, partition, response, now)])[0]
+    def record_credential(self, item: IssuedCredential) -> IssuedAnswer:
+        """Record one issued credential; what this request's peer is to be answered (:meth:`record_credentials`)."""
+        return self.record_credentials([item])[0]
 
-    def record_credentials(self, items: Sequence[tuple[bytes, int, bytes, int]]) -> list[bool]:
-        """Record ``(identity_key, partition, response, now)`` credentials in one commit.
+    def record_credentials(self, items: Sequence[IssuedCredential]) -> list[IssuedAnswer]:
+        """Record issued credentials in one commit, each with the digest of the blinded request it answers.
 
-        Per item False if that peer already had one (the first stays: one credential per peer per round).
+        Per item the answer stored for that peer once this commits: its own if
+        it is the peer's first, else the earlier one (one credential per peer
+        per round), ``same_request`` if the item was that very request again.
         """
-        outcomes: list[bool] = []
+        outcomes: list[IssuedAnswer] = []
         with self._engine.transaction() as db:
             for item in items:
-                cursor = db.execute(
-                    "INSERT INTO credentials (identity_key, partition, response, issued_at) VALUES (?, ?, ?, ?) "
-                    "ON CONFLICT DO NOTHING", item)
-                outcomes.append(cursor.rowcount == 1)
+                db.execute(
+                    "INSERT INTO credentials (identity_key, partition, response, issued_at, request_digest) "
+                    "VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                    (item.identity_key, item.partition, item.response, item.now, item.request_digest))
+                answer = _issued_answer(db, item.identity_key, item.request_digest)
+                assert answer is not None, "a credential row conflicts or was just inserted"
+                outcomes.append(answer)
         return outcomes
 
     # -- the inbox: authentic messages received and durable, not yet verified ----------
@@ -720,49 +760,3 @@ class RoundStore:
 def is_cover(reason: str) -> bool:
     """Whether an outcome reason counts a cover packet (``cover`` or ``cover/<why>``)."""
     return reason == "cover" or reason.startswith("cover/")
-
-
-class AggregatorHome:
-    """The aggregator's data directory (owner-only).
-
-    ``identity.key`` (Ed25519 seed) and ``final_hop.key`` (X25519 private key)
-    are created once by ``anonml aggregator init``; each round lives in
-    ``rounds/<round_id hex>/`` with its SQLite database and report files.
-    """
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-
-    @property
-    def identity_path(self) -> Path:
-        return self.root / "identity.key"
-
-    @property
-    def final_hop_path(self) -> Path:
-        return self.root / "final_hop.key"
-
-    def initialise(self, identity_seed: bytes, final_hop_private: bytes) -> None:
-        """Write both keys; refuses to overwrite an existing identity (FileExistsError)."""
-        make_private_dir(self.root)
-        for path, secret in ((self.identity_path, identity_seed), (self.final_hop_path, final_hop_private)):
-            write_secret_file(path, secret)
-
-    def signing_key(self) -> SigningKey:
-        """The aggregator's Ed25519 identity: it signs manifests and rosters; relays pin its public half."""
-        return SigningKey(self.read_key(self.identity_path))
-
-    def read_key(self, path: Path) -> bytes:
-        """A 32-byte key file of this home; ConfigError (naming the fix) if it is missing, open to others or malformed."""
-        if not path.exists():
-            raise ConfigError(f"{str(path)!r} is missing: run `anonml aggregator init --data-dir {self.root}` first")
-        data = read_secret_file(path, what="the aggregator key", max_bytes=32)
-        if len(data) != 32:
-            raise ConfigError(f"{str(path)!r} holds {len(data)} bytes, expected 32")
-        return data
-
-    def round_dir(self, round_id: bytes) -> Path:
-        return self.root / "rounds" / round_id.hex()
-
-    def rounds(self) -> list[str]:
-        base = self.root / "rounds"
-        return sorted(p.name for p in base.iterdir()) if base.is_dir() else []

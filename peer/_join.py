@@ -12,9 +12,9 @@ Then, for each phase it took part in, it behaves exactly as every other peer
 of its partition does, whatever happened to its packets (DESIGN.md §2,
 §3.7): at the phase's first check it fetches its partition's receipt-log
 segment, verifies the signed heads, compares them with a relay mirror's
-copies, and in the second-chance window sends exactly one packet per survey:
-the same message over another path if its receipt is missing, a cover packet
-otherwise. At the final check it reads the log once more. Two different
+copies, and in the second-chance window sends the same packets per survey as
+every other peer (one message over ``SECOND_WINDOW_PATHS`` paths): the same
+message over other paths if its receipt is missing, a cover otherwise. At the final check it reads the log once more. Two different
 signed documents for one slot (manifest, roster head, log head) are a proof
 of equivocation: the peer stores both and stops.
 
@@ -40,6 +40,8 @@ from randomgen import ChaCha
 from anonml.crypto import (
     Credential,
     CredentialSecret,
+    IssuanceRequest,
+    IssuanceState,
     begin_issuance,
     finish_issuance,
 )
@@ -63,6 +65,7 @@ from anonml.peer._session import (
     sleep_until_wall,
 )
 from anonml.protocol import (
+    SECOND_WINDOW_PATHS,
     Attempt,
     Check,
     CoverMessage,
@@ -90,6 +93,9 @@ from anonml.protocol import (
     seal_report,
 )
 from anonml.transport import AckStatus
+
+_ISSUANCE_SEED_BYTES = 32
+"""The random seed a stored credential request's blinding is derived from (``PeerRound.issuance``)."""
 
 def peer_generator(seed: int | None = None) -> np.random.Generator:
     """The peer's generator for every random choice it makes: noise, send times, paths, mirrors.
@@ -269,8 +275,8 @@ def choose_path(relays: Sequence[RelayEntry], length: int, rng: np.random.Genera
 class _Outgoing:
     """One survey this peer answers: its report (if it has one), the window the report goes in, the relays used.
 
-    Every survey gets exactly one packet in each of the phase's two send
-    windows. The report goes in ``window``, drawn at random (DESIGN.md §3.7:
+    Every survey gets one packet in the phase's first send window and one
+    message over ``SECOND_WINDOW_PATHS`` paths in the second. The report goes in ``window``, drawn at random (DESIGN.md §3.7:
     a report in the second window must not be recognisable as a repair);
     the other window gets a cover, unless a report sent in the first window
     is missing from the first check, when the second carries it again.
@@ -387,9 +393,8 @@ class PeerRound:
         if registration is not None and registration.credential is not None:
             return Credential.from_bytes(registration.credential)
         await self.recheck_manifest("issuance")
+        request, state = self.issuance(partition, None if registration is None else registration.issuance)
         async with self.session.slots:
-            secret = CredentialSecret.generate()
-            request, state = begin_issuance(self.issuer_key, secret, partition)
             body = CredentialRequest.create(self.peer.identity.signing_key, self.round_id, request.to_bytes())
             response = await self.session.client.credential(body)
             if response.partition != partition:
@@ -398,6 +403,23 @@ class PeerRound:
         self.peer.store.set_credential(self.key, self.round_id, credential.to_bytes())
         self.emit(PeerEvent.CREDENTIAL)
         return credential
+
+    def issuance(self, partition: int, stored: bytes | None) -> tuple[IssuanceRequest, IssuanceState]:
+        """This round's one blinded credential request, made once and stored before it is first sent.
+
+        Every retry sends the same request: the client's after a lost answer,
+        and this peer's run again after a crash (``stored``). The aggregator
+        answers the identical request with the answer it stored and refuses
+        any other (one credential per peer per round), so a re-blinded retry
+        would leave the peer without a credential. The request is the
+        secret ``s`` and a random seed the blinding is derived from; the
+        aggregator learns nothing from a retry that it did not see the first time.
+        """
+        if stored is None:
+            stored = CredentialSecret.generate().to_bytes() + os.urandom(_ISSUANCE_SEED_BYTES)
+            self.peer.store.set_issuance(self.key, self.round_id, stored)
+        secret, seed = CredentialSecret.from_bytes(stored[:-_ISSUANCE_SEED_BYTES]), stored[-_ISSUANCE_SEED_BYTES:]
+        return begin_issuance(self.issuer_key, secret, partition, rng=lambda n: hashlib.shake_256(seed).digest(n))
 
     def prepare(self, survey: SurveyId, report: bytes, features: Sequence[str], phase: PhaseTimes) -> _Outgoing:
         """Seal one report (``protocol.seal_report``) and commit its release to the ledger together
@@ -494,9 +516,11 @@ class PeerRound:
         assert out.sealed is not None
         sent = await self.send_in_window(out.survey, out.sealed.message, out.phase, attempt, out.tried, out.sealed.receipt)
         if sent is not None:
-            out.left = True
-            if attempt is Attempt.FIRST or out.window is Attempt.SECOND:
+            # The report's send, once: its first window's send, or the first copy a first relay
+            # took of a report kept for the second window (SECOND_WINDOW_PATHS copies go there).
+            if attempt is Attempt.FIRST or (out.window is Attempt.SECOND and not out.left):
                 self.result.sent.append(sent)
+            out.left = True
         self.emit(PeerEvent.SENT)
 
     async def send_first(self, out: _Outgoing) -> None:
@@ -510,8 +534,11 @@ class PeerRound:
         """The phase's first check, the uniform second-chance window, and the final check (DESIGN.md §3.7, §5).
 
         Every peer of the partition makes the same requests at the same
-        times and sends exactly one packet per survey it answers: the report
-        it kept for this window, a resend, or a cover. It resends only when a
+        times and sends the same packets per survey it answers: the report
+        it kept for this window, a resend, or a cover, each over
+        :data:`~anonml.protocol.SECOND_WINDOW_PATHS` independent paths (no
+        later window repairs what this one loses, so no report rides one
+        path alone here; every packet goes that way, so none stands out). It resends only when a
         log that a mirror confirms lacks its receipt; a log it could not
         compare with any mirror, or none at all, gets covers (a resend decided
         on a log shown to this peer alone would name it). A resend is one of
@@ -528,7 +555,7 @@ class PeerRound:
             for out in outgoing:
                 if out.sealed is not None and out.window is Attempt.SECOND:
                     self.result.deferred += 1
-                    nursery.start_soon(self.send_report, out, Attempt.SECOND)
+                    self._send_second(nursery, self.send_report, out)
             try:
                 view = await self.session.log_view(self.manifest, kind, partition, Check.FIRST)
             except JoinRefused as refused:  # the peer stops: nothing more goes out
@@ -543,10 +570,10 @@ class PeerRound:
                 if out.sealed is not None and view is not None and view.compared and not view.contains(out.survey, out.sealed.receipt):
                     self.result.resends += 1
                     self.emit(PeerEvent.RESENT)
-                    nursery.start_soon(self.send_report, out, Attempt.SECOND)
+                    self._send_second(nursery, self.send_report, out)
                 else:
                     self.result.covers += 1
-                    nursery.start_soon(self.send_cover, out, Attempt.SECOND)
+                    self._send_second(nursery, self.send_cover, out)
         if stopped is not None:
             raise self.stored(stopped) from None
         try:
@@ -568,6 +595,13 @@ class PeerRound:
                 self.result.missing += 1
                 self.result.missing_reasons[outcome] += 1
             self.emit(PeerEvent.MISSING if outcome in MISSING_REASONS else PeerEvent(outcome))
+
+    @staticmethod
+    def _send_second(nursery: trio.Nursery, send: Callable[[_Outgoing, Attempt], Awaitable[None]], out: _Outgoing) -> None:
+        """``send`` ``out``'s packet in the second window over each of its SECOND_WINDOW_PATHS paths, each at
+        its own uniform time; ``out.tried`` steers each path to relays the message has not crossed yet."""
+        for _ in range(SECOND_WINDOW_PATHS):
+            nursery.start_soon(send, out, Attempt.SECOND)
 
     def _check_grew(self, first: LogView, final: LogView) -> None:
         """The final log must extend the first (append-only); two signed heads that disagree are a proof."""

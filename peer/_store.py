@@ -50,7 +50,7 @@ their owner sets another (``anonml peer budget``): five rounds at the demo's ε_
 SCHEMA = Schema(
     name="peer",
     application_id=0x414E5002,  # "ANP\x02"
-    version=4,
+    version=5,
     tables="""
 CREATE TABLE registrations (
     peer TEXT NOT NULL,
@@ -61,6 +61,7 @@ CREATE TABLE registrations (
     partition INTEGER,
     credential BLOB,
     manifest BLOB,
+    issuance BLOB,
     PRIMARY KEY (peer, aggregator, round_name)
 );
 CREATE TABLE spends (
@@ -88,10 +89,6 @@ CREATE TABLE packets (
     + _EQUIVOCATIONS
     + _SETTINGS,
     migrations={
-        # Version 4 (issue 28): a release of another kind than a median answer or a subset report.
-        3: """
-ALTER TABLE spends ADD COLUMN kind TEXT;
-""",
         # Version 2 (issue 12): proofs of equivocation, two signed documents that contradict each other.
         1: """
 ALTER TABLE registrations ADD COLUMN manifest BLOB;
@@ -99,6 +96,11 @@ ALTER TABLE registrations ADD COLUMN manifest BLOB;
         + _EQUIVOCATIONS,
         # Version 3 (issue 11): the lifetime budget; until it is set, the default applies.
         2: _SETTINGS,
+        # Version 4 (issue 28): a release of another kind than a median answer or a subset report.
+        3: "ALTER TABLE spends ADD COLUMN kind TEXT;",
+        # Version 5 (issue 27): the blinded credential request in progress (its secret and blinding seed),
+        # so a retry after a crash sends the same request and the aggregator replays its stored answer.
+        4: "ALTER TABLE registrations ADD COLUMN issuance BLOB;",
     },
     # Peers from before stores were versioned wrote the version-1 tables.
     unversioned=1,
@@ -123,6 +125,8 @@ class Registration:
     round_name: str
     partition: int | None
     credential: bytes | None
+    issuance: bytes | None = None
+    """The credential request being made (``PeerRound.issuance``) until the credential is stored."""
 
 
 @dataclass(frozen=True)
@@ -193,12 +197,12 @@ class PeerStore:
     def registration(self, peer: bytes, round_id: bytes) -> Registration | None:
         with self._database.read() as db:
             row = db.execute(
-                "SELECT aggregator, round_name, partition, credential FROM registrations WHERE peer=? AND round_id=?",
+                "SELECT aggregator, round_name, partition, credential, issuance FROM registrations WHERE peer=? AND round_id=?",
                 (peer.hex(), round_id.hex()),
             ).fetchone()
         if row is None:
             return None
-        return Registration(round_id, row[0], row[1], row[2], row[3])
+        return Registration(round_id, row[0], row[1], row[2], row[3], row[4])
 
     def remember_manifest(self, peer: bytes, aggregator: str, round_name: str, round_id: bytes, manifest: bytes = b"") -> bytes | None:
         """Record the manifest (by its hash, the round id) a peer registers under.
@@ -230,9 +234,14 @@ class PeerStore:
             "UPDATE registrations SET partition=? WHERE peer=? AND round_id=?", (partition, peer.hex(), round_id.hex())
         )
 
+    def set_issuance(self, peer: bytes, round_id: bytes, issuance: bytes) -> None:
+        """Keep the credential request about to be sent (durable before it is)."""
+        self._write("UPDATE registrations SET issuance=? WHERE peer=? AND round_id=?", (issuance, peer.hex(), round_id.hex()))
+
     def set_credential(self, peer: bytes, round_id: bytes, credential: bytes) -> None:
+        """Store the credential; the request that obtained it is no longer needed and goes."""
         self._write(
-            "UPDATE registrations SET credential=? WHERE peer=? AND round_id=?",
+            "UPDATE registrations SET credential=?, issuance=NULL WHERE peer=? AND round_id=?",
             (credential, peer.hex(), round_id.hex()),
         )
 

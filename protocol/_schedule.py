@@ -263,6 +263,15 @@ def acceptance_window(schedule: RoundSchedule, survey: SurveyId) -> tuple[int, i
     return phase.send_end, phase.t_r
 
 
+SECOND_WINDOW_PATHS = 2
+"""Independent paths every packet of a phase's second send window takes, each its own Sphinx packet sent at its
+own uniform time: the report kept for that window, a resend and a cover alike (DESIGN.md §3.7, §5: "every packet
+goes over several paths"). Nothing after the second window repairs a report in it (the final check has no later
+window), so a report lost there on one path arrives by the other. The count is the same for every peer and
+survey, so it tells a relay or the aggregator nothing about which packet carries what; the aggregator counts
+two copies of one message once (``duplicate``). The first window keeps one path: the first check repairs it."""
+
+
 def first_hop_guard(delivery_seconds: int, n_relays: int) -> int:
     """Seconds between a send window's end and the opening of the first relay's window (:func:`hop_windows`).
 

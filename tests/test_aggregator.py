@@ -25,7 +25,7 @@ from anonml.aggregator._service import (
 )
 from anonml.aggregator._setup import create_round
 from anonml.aggregator._spec import RoundSpecError, parse_round_spec
-from anonml.aggregator._store import AggregatorHome
+from anonml.aggregator._home import AggregatorHome
 from anonml.aggregator._workers import IssuerWorkers
 from anonml.crypto import (
     CredentialSecret,
@@ -639,8 +639,16 @@ async def test_one_credential_per_peer_over_http(served: Any) -> None:
     assert first.status_code == 200, first.text
     assert first.json()["partition"] == partition
     finish_issuance(issuance_state, bytes.fromhex(first.json()["response"]))
+    # The identical request again (a retry whose answer was lost) gets the stored answer, not a new one.
     again = await post(addresses.http_url, "/v1/credential", body)
-    assert again.status_code == 409 and "already" in again.json()["error"]
+    assert again.status_code == 200, again.text
+    assert again.json() == first.json()
+    # Another blinded request from the same peer would be a second credential: refused.
+    reblinded, _ = begin_issuance(peer.public, peer.secret, partition)
+    second = await post(addresses.http_url, "/v1/credential",
+                        CredentialRequest.create(peer.key, state.round_id, reblinded.to_bytes()).to_json())
+    assert second.status_code == 409 and "already" in second.json()["error"]
+    assert state.store.counts()["credentials"] == 1
     # A request whose proof does not verify is refused with the proof's reason, and issues nothing.
     other = Peer(state, 3)
     partition = state.assignment()[bytes(other.key.verify_key)]
@@ -648,7 +656,7 @@ async def test_one_credential_per_peer_over_http(served: Any) -> None:
     tampered = request.to_bytes()[:-1] + bytes([request.to_bytes()[-1] ^ 1])
     bad = await post(addresses.http_url, "/v1/credential", CredentialRequest.create(other.key, state.round_id, tampered).to_json())
     assert bad.status_code == 400 and bad.json()["error"] == "bad issuance request (bad-proof)"
-    assert not state.store.credential_issued(bytes(other.key.verify_key))
+    assert state.store.issued_answer(bytes(other.key.verify_key), bytes(32)) is None
     request, _ = begin_issuance(stranger.public, stranger.secret, 0)
     refused = await post(
         addresses.http_url, "/v1/credential", CredentialRequest.create(stranger.key, state.round_id, request.to_bytes()).to_json()
@@ -962,7 +970,8 @@ async def test_the_roster_waits_for_registrations_admitted_before_the_deadline(
     assert state.roster().keys == tuple(sorted(bytes(k.verify_key) for k in peers))
 
 
-async def test_two_concurrent_credential_requests_get_one_credential(served: Any) -> None:
+async def credential_requests_at_once(served: Any, blindings: int, copies: int) -> tuple[RoundState, list[httpx.Response]]:
+    """One registered peer's credential requests, ``blindings`` different ones sent ``copies`` times each, all at once."""
     state, addresses, clock = served
     peer = Peer(state, 1)
     peer.register()
@@ -971,19 +980,31 @@ async def test_two_concurrent_credential_requests_get_one_credential(served: Any
     state.prepare()
     partition = state.assignment()[peer.identity]
     bodies = []
-    for _ in range(2):
+    for _ in range(blindings):
         request, _ = begin_issuance(peer.public, peer.secret, partition)
-        bodies.append(CredentialRequest.create(peer.key, state.round_id, request.to_bytes()).to_json())
-    codes: list[int] = []
+        bodies += [CredentialRequest.create(peer.key, state.round_id, request.to_bytes()).to_json()] * copies
+    answers: list[httpx.Response] = []
     async with httpx.AsyncClient(base_url=addresses.http_url) as client:
 
         async def ask(body: bytes) -> None:
-            codes.append((await client.post("/v1/credential", content=body)).status_code)
+            answers.append(await client.post("/v1/credential", content=body))
 
         async with trio.open_nursery() as nursery:
             for body in bodies:
                 nursery.start_soon(ask, body)
-    assert sorted(codes) == [200, 409]
+    return state, answers
+
+
+async def test_two_concurrent_credential_requests_get_one_credential(served: Any) -> None:
+    state, answers = await credential_requests_at_once(served, blindings=2, copies=1)
+    assert sorted(answer.status_code for answer in answers) == [200, 409]
+    assert state.store.counts()["credentials"] == 1
+
+
+async def test_identical_credential_requests_at_once_get_the_one_stored_answer(served: Any) -> None:
+    state, answers = await credential_requests_at_once(served, blindings=1, copies=3)
+    assert [answer.status_code for answer in answers] == [200] * 3
+    assert len({answer.content for answer in answers}) == 1
     assert state.store.counts()["credentials"] == 1
 
 

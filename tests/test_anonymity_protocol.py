@@ -17,7 +17,8 @@ from anonml.aggregator._round import ApiRefused, RoundState
 from anonml.aggregator._service import AggregatorConfig, serve_aggregator
 from anonml.aggregator._setup import create_round
 from anonml.aggregator._spec import RoundSpecError, parse_round_spec
-from anonml.aggregator._store import AggregatorHome, VerifiedPacket
+from anonml.aggregator._home import AggregatorHome
+from anonml.aggregator._store import VerifiedPacket
 from anonml.crypto import generate_keypair
 from anonml.protocol import (
     MAX_RESPONSE_BYTES,

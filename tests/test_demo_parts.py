@@ -18,7 +18,7 @@ import trio
 from anonml.demo import open_children
 from anonml.demo._calibrate import PhaseCosts
 from anonml.demo._schedule import AGGREGATOR_PROCESSES, HEADROOM, LINK_RETRY_GAP, PACED_SHARE, PATH_LENGTH, plan_round, recovery_seconds
-from anonml.protocol import hop_slice
+from anonml.protocol import SECOND_WINDOW_PATHS, hop_slice
 from anonml.transport import HttpLimits
 
 # A child that starts a grandchild in its process group (as the aggregator
@@ -76,6 +76,9 @@ def test_windows_hold_their_work_at_the_measured_rate_across_the_cores() -> None
     slice_seconds = hop_slice(plan.data_delivery_window, PATH_LENGTH)  # after the first hop's guard
     assert slice_seconds >= HEADROOM * 4000 * c.relay_hop
     assert slice_seconds >= HEADROOM * 4000 * (c.verify - PATH_LENGTH * c.relay_hop) / AGGREGATOR_PROCESSES
+    # The second attempt's slices hold each message over SECOND_WINDOW_PATHS paths (issue 27).
+    second_slice = hop_slice(plan.data_second_delivery_window, PATH_LENGTH)
+    assert second_slice >= HEADROOM * SECOND_WINDOW_PATHS * 4000 * c.relay_hop > slice_seconds
     # Registration and issuance hold their work and one restart of the aggregator: nothing repairs them later.
     assert plan.register_seconds >= HEADROOM * 4000 * (c.register + c.http) / 2 + recovery_seconds(c)
     assert plan.issue_seconds >= HEADROOM * 4000 * (c.issue + c.http) / 2 + recovery_seconds(c)
@@ -88,15 +91,17 @@ def test_windows_grow_with_the_measured_costs_and_the_default_round_is_not_padde
     data = SimpleNamespace(name="breast-cancer")
     idle = plan_round(data, 398, 2.0, 2, 0, costs(1.0), n_cores=2)  # type: ignore[arg-type]
     busy = plan_round(data, 398, 2.0, 2, 0, costs(3.0), n_cores=2)  # type: ignore[arg-type]
-    windows = ("register_seconds", "issue_seconds", "send_window", "delivery_window", "data_send_window", "data_delivery_window")
+    windows = ("register_seconds", "issue_seconds", "send_window", "delivery_window", "second_delivery_window",
+               "data_send_window", "data_delivery_window", "data_second_delivery_window")
     for name in windows:
         assert getattr(busy, name) > getattr(idle, name), name
     # More peers, more time for the per-peer phases.
     bigger = plan_round(data, 4000, 2.0, 2, 0, costs(1.0), n_cores=2)  # type: ignore[arg-type]
     assert bigger.register_seconds > idle.register_seconds and bigger.data_send_window > idle.data_send_window
     # The default demo's 398 peers: about 30 s of CPU work in all at these costs. A restart's worth of
-    # padding in each of the query phases' windows and slices (the old rule) planned 578 s.
-    assert idle.total_seconds() <= 120
+    # padding in each of the query phases' windows and slices (the old rule) planned 578 s. The delivery
+    # windows of the second attempt hold its two paths per message (protocol.SECOND_WINDOW_PATHS): 126 s, was 110 s.
+    assert idle.total_seconds() <= 130
 
 
 def test_under_planned_kills_every_delivery_slice_holds_one_outage_and_a_link_retry() -> None:
@@ -106,7 +111,7 @@ def test_under_planned_kills_every_delivery_slice_holds_one_outage_and_a_link_re
     quiet = plan_round(data, 398, 2.0, 2, 0, costs(1.0), n_cores=2)  # type: ignore[arg-type]
     outage = 1.0 + 2 * costs(1.0).process_start
     killed = plan_round(data, 398, 2.0, 2, 0, costs(1.0), n_cores=2, outage=outage)  # type: ignore[arg-type]
-    for window in ("delivery_window", "data_delivery_window"):
+    for window in ("delivery_window", "data_delivery_window", "second_delivery_window", "data_second_delivery_window"):
         assert getattr(quiet, window) / (PATH_LENGTH + 1) < outage + LINK_RETRY_GAP
         assert getattr(killed, window) / (PATH_LENGTH + 1) >= outage + LINK_RETRY_GAP
     # Only the delivery windows change: the rest holds no packet in flight to a hop that is down.

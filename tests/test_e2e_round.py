@@ -35,7 +35,7 @@ from anonml.aggregator._round import RoundState
 from anonml.aggregator._service import AggregatorConfig, serve_aggregator
 from anonml.aggregator._setup import create_round
 from anonml.aggregator._spec import parse_round_spec
-from anonml.aggregator._store import AggregatorHome
+from anonml.aggregator._home import AggregatorHome
 from anonml.base.process import anonml_command
 from anonml.crypto import (
     CredentialSecret,

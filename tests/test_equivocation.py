@@ -19,7 +19,7 @@ from anonml.aggregator._round import RoundState
 from anonml.aggregator._service import AggregatorConfig, serve_aggregator
 from anonml.aggregator._setup import create_round
 from anonml.aggregator._spec import parse_round_spec
-from anonml.aggregator._store import AggregatorHome
+from anonml.aggregator._home import AggregatorHome
 from anonml.crypto import IssuerSecretKey, generate_keypair
 from anonml.peer import Equivocation
 from anonml.peer._client import AggregatorClient

@@ -4,6 +4,8 @@ credential issuance, and the refusal of a manifest that changed under it."""
 
 from __future__ import annotations
 
+import socket
+import struct
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -20,10 +22,10 @@ from anonml.aggregator._round import RoundState
 from anonml.aggregator._service import AggregatorConfig, serve_aggregator
 from anonml.aggregator._setup import create_round
 from anonml.aggregator._spec import RoundSpec, parse_round_spec
-from anonml.aggregator._store import AggregatorHome
+from anonml.aggregator._home import AggregatorHome
 from anonml.crypto import generate_keypair
 from anonml.peer import PeerLedger, PeerRound, planned_releases
-from anonml.peer._client import AggregatorClient
+from anonml.peer._client import AggregatorClient, AggregatorError
 from anonml.peer._features import RoundPipeline
 from anonml.peer._framework import Dataset, Event
 from anonml.peer._identity import PeerIdentity
@@ -250,3 +252,70 @@ async def test_peer_cli_reports_a_malformed_csv_row_with_its_line_number(announc
     )
     assert result.returncode == 1
     assert b"line 3: expected 3 fields" in result.stderr
+
+
+async def _answer_losing_proxy(upstream_port: int, lost: list[int], task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+    """A loopback proxy that passes every request on to the aggregator and every answer back, except that it
+    resets the connection instead of passing on the answer to a credential request (it counts those in ``lost``):
+    the aggregator issued and stored the credential, the peer never hears it."""
+
+    async def handle(client: trio.SocketStream) -> None:
+        answer_lost = False
+        async with client, await trio.open_tcp_stream("127.0.0.1", upstream_port) as server:
+
+            async def requests() -> None:
+                nonlocal answer_lost
+                async for chunk in client:  # the peer's requests, passed on as they come
+                    answer_lost = answer_lost or chunk.startswith(b"POST /v1/credential")
+                    await server.send_all(chunk)
+
+            async def answers() -> None:
+                async for chunk in server:
+                    if answer_lost:
+                        lost.append(1)
+                        # Closed with an RST on leaving ``async with client``: the peer's read fails.
+                        client.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                        nursery.cancel_scope.cancel()
+                        return
+                    await client.send_all(chunk)
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(requests)
+                nursery.start_soon(answers)
+
+    await trio.serve_tcp(handle, 0, host="127.0.0.1", task_status=task_status)
+
+
+async def test_a_peer_whose_credential_answers_were_lost_gets_the_stored_answer_for_its_stored_request(
+    served: Any, tmp_path: Path, nursery: trio.Nursery
+) -> None:
+    """Issue 27: the answer to a credential request lost on a reset connection. The client retries the same
+    request, and a peer run again (after a crash, or after the client gave up) sends the request it stored
+    before the first send: the aggregator answers it with the stored credential. Before, every retry was
+    refused 409 (already issued) and a run again re-blinded, refused too: the peer sent nothing all round."""
+    state, url, clock = served
+    store = PeerStore(tmp_path / "peers.sqlite", durable=False)
+    lost: list[int] = []
+    [listener] = await nursery.start(_answer_losing_proxy, int(url.rsplit(":", 1)[1].strip("/")), lost)
+    proxy_url = f"http://127.0.0.1:{listener.socket.getsockname()[1]}"
+    async with registered_peers(url, clock, store, count=2) as runs:
+        clock.now = state.manifest.schedule.t_register_end
+        run = runs[0]
+        partition, _, _ = await run.partition()
+        # Every answer lost: the client retries the identical request until it gives up.
+        lossy = AggregatorClient(proxy_url, retry_for=1.5)
+        try:
+            cut_off = PeerRound(run.peer, RoundSession(lossy, run.session.transport, now=clock), run.signed, run.pipeline, lambda _: None)
+            with pytest.raises(AggregatorError):
+                await cut_off.obtain_credential(partition)
+        finally:
+            await lossy.aclose()
+        assert len(lost) >= 2 and state.store.counts()["credentials"] == 1
+        assert (registration := store.registration(run.key, run.round_id)) is not None and registration.credential is None
+        # Run again (a new PeerRound on the same store): the stored request, answered from the aggregator's store.
+        again = PeerRound(run.peer, run.session, run.signed, run.pipeline, lambda _: None)
+        credential = await again.obtain_credential(partition)
+        assert credential.partition == partition
+        assert state.store.counts()["credentials"] == 1
+        registration = store.registration(run.key, run.round_id)
+        assert registration is not None and registration.credential == credential.to_bytes() and registration.issuance is None

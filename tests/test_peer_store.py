@@ -131,7 +131,8 @@ def test_a_version_2_store_gains_the_lifetime_budget_and_keeps_its_ledger(tmp_pa
     from anonml.peer._store import DEFAULT_LIFETIME_EPSILON
 
     # What a peer of the version before the lifetime budget left on disk.
-    reopened = _older_store(tmp_path / "peer.sqlite", 2, "DROP TABLE settings", "ALTER TABLE spends DROP COLUMN kind")
+    reopened = _older_store(tmp_path / "peer.sqlite", 2, "DROP TABLE settings", "ALTER TABLE spends DROP COLUMN kind",
+                            "ALTER TABLE registrations DROP COLUMN issuance")
     assert reopened.lifetime_epsilon() == DEFAULT_LIFETIME_EPSILON
     assert [s.epsilon for s in reopened.spends(b"\x01" * 32)] == [1.0]
     reopened.set_lifetime_epsilon(3.0)
@@ -141,7 +142,8 @@ def test_a_version_2_store_gains_the_lifetime_budget_and_keeps_its_ledger(tmp_pa
 
 def test_a_version_3_store_gains_release_kinds_and_keeps_its_ledger(tmp_path: Path) -> None:
     # What a peer of the version before model releases left on disk.
-    reopened = _older_store(tmp_path / "peer.sqlite", 3, "ALTER TABLE spends DROP COLUMN kind")
+    reopened = _older_store(tmp_path / "peer.sqlite", 3, "ALTER TABLE spends DROP COLUMN kind",
+                            "ALTER TABLE registrations DROP COLUMN issuance")
     assert reopened.spends(b"\x01" * 32) == [Spend(b"\x09" * 8, ("age",), True, 1.0)]
     model = Spend(b"\x0a" * 8, ("age", "sex"), True, 2.0, ReleaseKind.MODEL)
     reopened.record_spend(b"\x01" * 32, b"\x02" * 32, model, (b"block 0", b"r0"), further=[(b"\x0b" * 8, b"block 1", b"r1")])
@@ -149,3 +151,15 @@ def test_a_version_3_store_gains_release_kinds_and_keeps_its_ledger(tmp_path: Pa
     assert [r.kind for r in model.releases()] == [ReleaseKind.MODEL]
     assert reopened.packet(b"\x01" * 32, b"\x0b" * 8) is not None
     reopened.close()
+
+
+def test_a_version_4_store_gains_the_credential_request_in_progress_and_keeps_its_ledger(tmp_path: Path) -> None:
+    import sqlite3
+
+    # What a peer of the version before credential requests were kept (issue 27) left on disk.
+    reopened = _older_store(tmp_path / "peer.sqlite", 4, "ALTER TABLE registrations DROP COLUMN issuance")
+    assert reopened.spends(b"\x01" * 32) == [Spend(b"\x09" * 8, ("age",), True, 1.0)]
+    reopened.close()
+    with sqlite3.connect(tmp_path / "peer.sqlite") as db:
+        assert "issuance" in {row[1] for row in db.execute("PRAGMA table_info(registrations)")}
+        assert db.execute("PRAGMA user_version").fetchone()[0] == 5

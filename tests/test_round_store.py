@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from anonml.aggregator import BatchTaken, PostgresLocation, RoundStore, VerifiedPacket
-from anonml.aggregator._store import POSTGRES_MIGRATIONS, SCHEMA
+from anonml.aggregator._store import POSTGRES_MIGRATIONS, SCHEMA, IssuedAnswer, IssuedCredential
 from anonml.protocol import SurveyId
 
 ROUND = hashlib.sha256(b"round").digest()
@@ -85,13 +85,51 @@ def test_a_sqlite_store_of_version_4_is_migrated_keeping_its_log_and_replay_tags
     db = sqlite3.connect(path)
     db.executescript("""
         ALTER TABLE inbox DROP COLUMN claimed_by; ALTER TABLE inbox DROP COLUMN claimed_at;
-        DROP TABLE log_sizes; DROP TABLE leases; DELETE FROM replay_tags; PRAGMA user_version = 4;""")
+        DROP TABLE log_sizes; DROP TABLE leases; DELETE FROM replay_tags;
+        ALTER TABLE credentials DROP COLUMN request_digest; PRAGMA user_version = 4;""")
     db.close()
     store = RoundStore(path)
     assert store.accepted_count(SURVEY) == 2
     assert store.enqueue([(b"t" * 32, b"waiting")], 1002.0) == [None]  # still a replay
     assert store.store_batch([packet(SURVEY, 2)], [], 1003) == ["accepted"]
     assert store.log_leaves(SURVEY) == [packet(SURVEY, n).receipt for n in range(3)]
+    store.close()
+
+
+PEER = b"p" * 32
+ASKED = hashlib.sha256(b"blinded request").digest()
+ASKED_AGAIN = hashlib.sha256(b"another blinded request").digest()
+
+
+def test_a_credential_answer_is_given_again_only_for_the_request_it_answered(open_store: Opener) -> None:
+    one, two = open_store(), open_store()
+    first = IssuedAnswer(partition=1, response=b"answer", same_request=True)
+    assert one.issued_answer(PEER, ASKED) is None
+    assert one.record_credential(IssuedCredential(PEER, 1, b"answer", 1000, ASKED)) == first
+    # The same request retried (its answer lost) finds the stored answer, from any worker.
+    assert two.issued_answer(PEER, ASKED) == first
+    # Issued again at once (two identical requests in one batch, or in two workers' batches): the first answer stays.
+    assert two.record_credentials([IssuedCredential(PEER, 1, b"answer, second proof", 1001, ASKED),
+                                   IssuedCredential(PEER, 1, b"a second credential", 1001, ASKED_AGAIN)]) == [
+        first, IssuedAnswer(1, b"answer", same_request=False)]
+    assert two.issued_answer(PEER, ASKED_AGAIN) == IssuedAnswer(1, b"answer", same_request=False)
+    assert one.counts()["credentials"] == 1
+
+
+def test_a_sqlite_store_of_version_5_keeps_its_credentials_whose_retries_stay_refused(tmp_path: Path) -> None:
+    path = tmp_path / "round.sqlite"
+    RoundStore(path).close()
+    db = sqlite3.connect(path)
+    db.executescript("ALTER TABLE credentials DROP COLUMN request_digest; PRAGMA user_version = 5;")
+    db.execute("INSERT INTO credentials (identity_key, partition, response, issued_at) VALUES (?, 0, ?, 1000)", (PEER, b"old"))
+    db.commit()
+    db.close()
+    store = RoundStore(path)
+    # Version 5 kept no request digest: nothing to match, so any retry is refused as it was then.
+    assert store.issued_answer(PEER, ASKED) == IssuedAnswer(0, b"old", same_request=False)
+    other = b"q" * 32
+    assert store.record_credential(IssuedCredential(other, 1, b"new", 1001, ASKED)).same_request
+    assert store.issued_answer(other, ASKED) == IssuedAnswer(1, b"new", same_request=True)
     store.close()
 
 

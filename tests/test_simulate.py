@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from anonml.peer import PeerStore
-from anonml.protocol import DocumentKind, MedianThresholds, SignedDocument, SignedManifest
+from anonml.protocol import SECOND_WINDOW_PATHS, DocumentKind, MedianThresholds, SignedDocument, SignedManifest
 from anonml.simulate import (
     STRATEGIES,
     StrategyName,
@@ -82,13 +82,38 @@ def test_a_dropping_relay_records_the_targets_frames_and_its_resend_hides_among_
     frames = [f for f in trace.view.frames if f.source == peer_ip(target)]
     assert frames and all(f.dropped for f in frames)
     result = trace.peers[target].result
-    # a dropped report of the first window is resent; one the peer kept for the second window is lost (it costs
-    # the report, never marks it): every report ends acknowledged or missing with its reason
+    # a dropped report of the first window is resent; one the peer kept for the second window goes over two
+    # paths there, and is lost only if both cross the dropping relay (it costs the report, never marks it):
+    # every report ends acknowledged or missing with its reason
     assert result is not None and result.acknowledged + result.missing == result.packets
     assert sum(result.missing_reasons.values()) == result.missing
     success, _ = estimate(trace, target)
     # the rule that knows of the drop guesses among the second window's reports, which half the partition sends
     assert success["after-drop"] and max(success["after-drop"]) < 1.0
+
+
+def test_every_peer_sends_one_packet_per_survey_in_the_first_window_and_one_per_path_in_the_second(
+    honest_round: RoundTrace,
+) -> None:
+    """Issue 27: the second window's packets (a report kept for it, a resend, a cover) all go over
+    SECOND_WINDOW_PATHS paths, so the count is every peer's, whatever its packets carry."""
+    for peer in honest_round.peers:
+        assert peer.result is not None
+        assert peer.result.sends == peer.result.packets * (1 + SECOND_WINDOW_PATHS) > 0
+
+
+def test_a_report_kept_for_the_second_window_arrives_though_a_relay_drops_one_of_its_paths() -> None:
+    """Issue 27: no window follows the second to repair a report lost there. Seed 1's target keeps one report
+    for the second window, whose first relay on one path acknowledges and drops it (before: that report ended
+    ``no-receipt-after-second-chance``); its other path arrives, and the aggregator counts it once."""
+    target = 1
+    trace = simulate_round(replace(SMALL, seed=1), DroppingRelay([peer_ip(target)], relay=0))
+    result = trace.peers[target].result
+    assert result is not None and result.deferred >= 1
+    assert any(f.dropped for f in trace.view.frames if f.source == peer_ip(target))
+    assert result.missing == 0 and result.acknowledged == result.packets
+    # every peer's reports accepted, each once, whichever of its copies arrived
+    assert len(trace.arrivals) == sum(p.result.packets for p in trace.peers if p.result is not None)
 
 
 def test_documents_held_past_the_send_window_cost_the_report_never_mark_it() -> None:

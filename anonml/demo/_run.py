@@ -313,7 +313,8 @@ def describe_plan(costs: PhaseCosts, params: DemoParams, round_trip: float = 0.0
         f"HTTP {1e3 * costs.http:.1f} ms{f' + round trip {1e3 * round_trip:.1f} ms' if round_trip else ''}; per message: token+packet {1e3 * costs.token:.1f} ms, "
         f"verify {1e3 * costs.verify:.1f} ms; process start {costs.process_start:.1f} s -> windows (s): "
         f"register {params.register_seconds}, issue {params.issue_seconds}, "
-        f"median {params.median_rounds}x({params.send_window}+{params.delivery_window}), "
-        f"data {params.data_send_window}+{params.data_delivery_window}, check {params.check_seconds}, "
+        f"median {params.median_rounds}x({params.send_window}+{params.delivery_window}, second delivery "
+        f"{params.second_delivery_window}), data {params.data_send_window}+{params.data_delivery_window} "
+        f"(second delivery {params.data_second_delivery_window}), check {params.check_seconds}, "
         f"gap {params.publish_gap}; round {params.total_seconds()} s"
     )

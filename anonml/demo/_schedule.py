@@ -7,8 +7,9 @@ times :data:`HEADROOM` — not a serial per-peer cost times a slack factor.
 * A send window holds the phase's messages (token and Sphinx packet, made by
   the peers' workers on every core) at that rate. A first relay that is down
   costs no window time: the peer hands its packet to another first relay.
-* Each relay's slice of a delivery window holds every packet of the phase at
-  one relay's measured Sphinx rate; the last slice holds the aggregator's
+* Each relay's slice of a delivery window holds every packet of the attempt
+  at one relay's measured Sphinx rate (the second attempt's: each message
+  over ``protocol.SECOND_WINDOW_PATHS`` paths); the last slice holds the aggregator's
   verification on its worker processes. Relays release each packet at a
   uniformly random time of their slice, and the first slice opens a guard
   after the send window has closed (at least a second,
@@ -51,6 +52,7 @@ from anonml.demo._swarm import SwarmConfig
 from anonml.mechanisms import OracleName
 from anonml.protocol import (
     DEFAULT_MIN_ANONYMITY_SET,
+    SECOND_WINDOW_PATHS,
     RelayEntry,
     TaskKind,
     check_queries,
@@ -125,8 +127,11 @@ class DemoParams:
     issue_seconds: int
     send_window: int
     delivery_window: int
+    second_delivery_window: int
+    """A median sub-round's second delivery window: each message over ``protocol.SECOND_WINDOW_PATHS`` paths."""
     data_send_window: int
     data_delivery_window: int
+    data_second_delivery_window: int
     check_seconds: int
     """After each delivery window: the aggregator signs the log heads, relays mirror them, peers compare."""
     publish_gap: int
@@ -142,7 +147,7 @@ class DemoParams:
         """From ``round new`` until the data phase's second delivery window closes (publish gaps included).
 
         Each phase runs twice, the second time as the uniform second chance
-        (every peer sends one packet per survey), with the check between.
+        (every peer sends each survey's message over two paths), with the check between.
         """
         return self.start_seconds + schedule_seconds(round_spec_schedule(self))
 
@@ -309,9 +314,13 @@ def plan_round(data: DemoData, peers: int, epsilon: float, workers: int, seed: i
         register_seconds=math.ceil(register),
         issue_seconds=math.ceil(issue),
         send_window=send(median_messages),
+        # The second attempt carries every message over SECOND_WINDOW_PATHS paths: its delivery
+        # window holds that many packets per message (the send window's work is the messages').
         delivery_window=delivery(median_messages),
+        second_delivery_window=delivery(SECOND_WINDOW_PATHS * median_messages),
         data_send_window=send(data_messages),
         data_delivery_window=delivery(data_messages),
+        data_second_delivery_window=delivery(SECOND_WINDOW_PATHS * data_messages),
         check_seconds=max(MIN_CHECK_SECONDS, math.ceil(publication)),
         publish_gap=max(MIN_PUBLISH_GAP, math.ceil(publication)), task=task, queries=tuple(queries), rows_per_peer=rows_per_peer,
     )
@@ -327,6 +336,8 @@ def round_spec_schedule(params: DemoParams) -> dict[str, int]:
         "median_delivery": params.delivery_window,
         "data_send": params.data_send_window,
         "data_delivery": params.data_delivery_window,
+        "median_second_delivery": params.second_delivery_window,
+        "data_second_delivery": params.data_second_delivery_window,
         "check": params.check_seconds,
         "publish_gap": params.publish_gap,
     }
