@@ -72,11 +72,19 @@ async def test_a_second_driver_waits_for_the_lease(tmp_path: Path, postgres_serv
 def test_a_worker_killed_mid_round_loses_nothing_and_counts_nothing_twice(tmp_path: Path, postgres_server: PostgresServer) -> None:
     prepared = prepare_round(tmp_path / "prepared", 400, seed=3)
     for kill in range(2):
-        result = run_config(prepared, tmp_path, f"kill{kill}", postgres_server.create_database(f"kill{kill}"), 2,
-                            kill_at=0.2 * kill, claim_seconds=2.0)
-        assert result.killed_after is not None and result.claimed_at_kill > 0  # it died holding undecided rows
-        assert result.lost == 0 and result.doubled == 0 and result.unacknowledged == 0, result
-        assert result.accepted == len(prepared.frames)
+        # The kill must land while the worker holds claimed, undecided rows: the bench waits for some, but
+        # on a quiet machine all 400 frames are delivered and decided in about 0.1 s (a kill 0.2 s in found
+        # an idle worker), and a batch may be decided between that look and the kill. Such a run must
+        # still lose nothing; it is run again, at most 3 times, for a kill that tests the claims.
+        for attempt in range(3):
+            result = run_config(prepared, tmp_path, f"kill{kill}-{attempt}", postgres_server.create_database(f"kill{kill}x{attempt}"), 2,
+                                kill_at=0.02 * kill, claim_seconds=2.0)
+            assert result.killed_after is not None
+            assert result.lost == 0 and result.doubled == 0 and result.unacknowledged == 0, result
+            assert result.accepted == len(prepared.frames)
+            if result.claimed_at_kill > 0:
+                break
+        assert result.claimed_at_kill > 0, "no kill in 3 runs landed while the worker held undecided rows"
 
 
 def test_the_bench_measures_cpu_per_report_and_the_cpu_bound_ceiling(tmp_path: Path, postgres_server: PostgresServer) -> None:
