@@ -190,7 +190,7 @@ def test_the_statistics_demo_accepts_every_message_and_charges_each_peer_its_pro
     assert all(a["query"].endswith(":0.5") for a in answers if a["kind"] == "quantile")
     assert all(a["std_error"] > 0 and a["formula"] for a in answers)
     # The operator's report lines, printed as plain text: the formulas keep their brackets.
-    assert "statistic: count of diagnosis positive" in output and "Var[n̂_c]" in output
+    assert "statistic: count:label (" in output and "Var[n̂_c]" in output
     assert "Traceback" not in output
 
 
