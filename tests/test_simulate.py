@@ -68,6 +68,24 @@ def test_one_seed_gives_one_trace(honest_round: RoundTrace) -> None:
     assert [(r.at, r.address, r.path) for r in again.view.http] == [(r.at, r.address, r.path) for r in honest_round.view.http]
 
 
+@pytest.mark.timeout(300)
+def test_a_round_of_another_packet_geometry_runs_to_its_end_with_every_report_accepted() -> None:
+    # The relays must serve the spec's geometry: with their default 2048 bytes they refused every 4096-byte
+    # packet's link, and the peers' send loops spun at the end of each window without the virtual clock
+    # moving (the round never ended; the timeout is the wall-clock bound that turns that hang into a failure).
+    def bigger_packets(document: dict[str, Any]) -> None:
+        document["network"].update(packet_size=4096, max_hops=6)
+
+    trace = simulate_round(replace(SMALL, peers=4), setup=RoundSetup(adjust_spec=bigger_packets))
+    geometry = trace.manifest.manifest.sphinx_geometry()
+    assert (geometry.packet_size, geometry.max_hops) == (4096, 6)
+    assert trace.outcome == "done"
+    results = [p.result for p in trace.peers]
+    assert all(r is not None for r in results), [p.error or p.refused for p in trace.peers]
+    packets = sum(r.packets for r in results if r is not None)
+    assert packets == len(trace.arrivals) == sum(r.acknowledged for r in results if r is not None) > 0
+
+
 def test_the_adversary_sees_each_request_with_its_requesters_address(honest_round: RoundTrace) -> None:
     addresses = {record.address for record in honest_round.view.http}
     assert {peer_ip(i) for i in range(SMALL.peers)} <= addresses

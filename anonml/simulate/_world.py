@@ -27,7 +27,7 @@ import random
 import shutil
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -227,6 +227,10 @@ class _World:
         if setup.adjust_spec is not None:
             setup.adjust_spec(document)
         spec = parse_round_spec(document)
+        # A relay serves one packet geometry (its config's, the default unless set), and refuses a link whose
+        # hello names another: every relay takes the spec's, or a round of another packet size never delivers.
+        self.relay_configs = [replace(c, packet_size=spec.network.packet_size, max_hops=spec.network.max_hops)
+                              for c in self.relay_configs]
         round_seed = random.Random(_seeded(config.seed, "round"))
         self.state, _ = create_round(self.home, spec, now=T0, rng_bytes=round_seed.randbytes)
         self.state.clock = lambda: T0 + trio.current_time()
