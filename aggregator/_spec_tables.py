@@ -137,7 +137,7 @@ def _read_queries(table: FieldReader, kind: TaskKind, features: FeatureSpec) -> 
     if kind != TaskKind.STATISTICS:
         table.fail("queries", f'queries are asked of a statistics task: set kind = "{TaskKind.STATISTICS}" (got {str(kind)!r})')
     try:
-        return check_queries(table.raw("queries"), features.names, features.numeric_names)
+        return check_queries(table.raw("queries"), features)
     except QueryError as exc:
         table.fail("queries", str(exc))
 

@@ -11,6 +11,9 @@ the default set: the positive count, every histogram, every numeric
 feature's mean and median) by post-processing alone (no further ε):
 
 * ``count:label``: the positive labels over every survey (every report carries the label);
+* ``count:F=V``: the bin ``V`` of ``F``'s bins summed over both labels, among the peers who
+  reported ``F``, and its share of them (their number is public, so the share's variance is the
+  count's over ``n^2``);
 * ``histogram:F``: ``F``'s bins summed over both labels;
 * ``mean:F``: of ``F``'s bins' midpoints between the public bounds and the
   cut points the median search published;
@@ -34,7 +37,17 @@ import numpy as np
 
 from anonml.learning._statistics import FloatArray, grid_quantile, plug_in_counts
 from anonml.mechanisms import FrequencyOracle
-from anonml.protocol import CategoricalFeature, FeatureSpec, NumericFeature, QueryKind, StatisticQuery, default_queries
+from anonml.protocol import (
+    CategoricalFeature,
+    Feature,
+    FeatureSpec,
+    NumericFeature,
+    QueryError,
+    QueryKind,
+    StatisticQuery,
+    counted_bin,
+    default_queries,
+)
 
 CELL_VARIANCE = "Var[n̂_c] = (n_c p(1-p) + (n-n_c) q(1-q))/(p-q)^2, n_c estimated"
 
@@ -104,6 +117,18 @@ def _numeric_answer(query: StatisticQuery, feature: NumericFeature, counted: _Fe
                    "Var[F̂(b)] = sum_{i<=b} Var[n̂_i] / n^2 at the chosen cut point (a rank error)", level=query.level, cut_index=chosen, cdf=cdf.tolist())
 
 
+def _value_count_answer(query: StatisticQuery, feature: Feature, counted: _FeatureBins) -> dict[str, Any]:
+    """``count:F=V``: bin ``V``'s count among ``F``'s reports, and its share of them."""
+    if not isinstance(feature, CategoricalFeature) or query.category is None:
+        raise QueryError(f"{query.text!r}: a count of a value needs a categorical feature; {feature.name!r} is numeric")
+    index = counted_bin(feature, query.category)
+    n = counted.reports
+    count, variance = float(counted.bins[index]), float(counted.variances[index])
+    return _answer(query, f"{feature.name} = {query.category}", count, variance, n,
+                   f"Var[n̂_b] = the sum of the bin's cells' {CELL_VARIANCE}; its share n̂_b / n: Var[n̂_b] / n^2 "
+                   f"(n: the reports of {feature.name})", bin=index, share=count / n, share_std_error=float(np.sqrt(variance)) / n)
+
+
 def _count_answer(spec: FeatureSpec, query: StatisticQuery, surveys: Sequence[SurveyCells]) -> dict[str, Any]:
     positives = sum(float(s.estimate[:, 1].sum()) for s in surveys)
     return _answer(query, f"{spec.label.name} positive", positives, sum(float(s.variance[:, 1].sum()) for s in surveys),
@@ -119,14 +144,16 @@ def round_statistics(spec: FeatureSpec, surveys: Sequence[SurveyCells], cut_poin
     if not surveys:
         return answers
     for query in queries or default_queries(spec.names, spec.numeric_names):
-        if query.kind == QueryKind.COUNT:
+        if query.uses_label:
             answers.append(_count_answer(spec, query, surveys))
             continue
         feature = spec.feature(query.subject)
         counted = _feature_bins(surveys, feature.name)
         if counted is None:
             continue
-        if query.kind == QueryKind.HISTOGRAM:
+        if query.kind == QueryKind.COUNT:
+            answers.append(_value_count_answer(query, feature, counted))
+        elif query.kind == QueryKind.HISTOGRAM:
             names = list(feature.bin_names) if isinstance(feature, CategoricalFeature) else None
             answers.append(_answer(
                 query, feature.name, counted.bins.tolist(), float(counted.variances.sum()), counted.reports,
@@ -142,5 +169,7 @@ def describe_answer(answer: Mapping[str, Any]) -> str:
     """One line of the report's text: the answer, its standard error and its formula."""
     estimate = answer["estimate"]
     shown = ", ".join(f"{v:.4g}" for v in estimate) if isinstance(estimate, list) else f"{estimate:.4g}"
+    if "share" in answer:
+        shown += f" (a share of {answer['share']:.4g} ± {answer['share_std_error']:.2g})"
     return (f"{answer['query']} ({answer['subject']}, {answer['reports']} reports): {shown}; "
             f"std error {answer['std_error']:.3g} from {answer['formula']}")

@@ -11,7 +11,8 @@ each feature's quantile levels, ``learning.exact_cut_points``): in a round the m
 own comparison pool, at the cost of those peers' one release each.
 
 What each error is measured against is what the formula states: the count of
-positive labels; the true bin counts (histogram, summed squared error); the mean of
+positive labels; the true count of the value's bin among the feature's reporters
+(``count:F=V``); the true bin counts (histogram, summed squared error); the mean of
 the bins' midpoints (the binning's bias is not in the formula); and the true CDF at
 the cut point the quantile answer chose (a rank error).
 """
@@ -33,11 +34,13 @@ from anonml.protocol import FeatureSpec, QueryKind, StatisticQuery, check_querie
 IntArray = npt.NDArray[np.int64]
 
 
-def _squared_error(answer: Mapping[str, Any], truth_bins: IntArray, positives: int) -> float:
+def _squared_error(query: StatisticQuery, answer: Mapping[str, Any], truth_bins: IntArray, positives: int) -> float:
     """The answer's squared error against what its formula is the variance of (module docstring)."""
-    kind = answer["kind"]
-    if kind == QueryKind.COUNT:
+    kind = query.kind
+    if query.uses_label:
         return float((answer["estimate"] - positives) ** 2)
+    if kind == QueryKind.COUNT:
+        return float((answer["estimate"] - truth_bins[answer["bin"]]) ** 2)
     if kind == QueryKind.HISTOGRAM:
         return float(np.sum(np.square(np.asarray(answer["estimate"]) - truth_bins)))
     n = truth_bins.sum()
@@ -70,12 +73,14 @@ def round_statistic_errors(
     errors: dict[str, list[float]] = {query.text: [] for query in asked}
     stated: dict[str, list[float]] = {query.text: [] for query in asked}
     subjects: dict[str, tuple[str, str]] = {}
+    by_text = {query.text: query for query in asked}
     for _ in range(trials):
         surveys = [survey_cells(spec, name, oracles[name], oracles[name].encode_reports(oracles[name].privatize(codes[name], rng)),
                                 labelled=labelled) for name in read]
         for answer in round_statistics(spec, surveys, cut_points, asked):
-            name = answer["subject"] if answer["kind"] != QueryKind.COUNT else read[0]
-            errors[answer["query"]].append(_squared_error(answer, truth[name], int(y.sum())))
+            query = by_text[answer["query"]]
+            name = read[0] if query.feature is None else query.feature
+            errors[query.text].append(_squared_error(query, answer, truth[name], int(y.sum())))
             stated[answer["query"]].append(answer["variance"])
             subjects[answer["query"]] = (answer["subject"], answer["formula"])
     rows = []
@@ -91,7 +96,7 @@ def table_statistic_errors(spec: FeatureSpec, table: Table, queries: Sequence[st
                            seed: int) -> list[dict[str, Any]]:
     """:func:`round_statistic_errors` on a table's rows (one peer each) at every ε: ``queries`` as a round
     spec writes them (none: the default set), the spec cut to the features they read, as ``round new`` cuts it."""
-    asked = check_queries(list(queries), spec.names, spec.numeric_names) if queries else default_queries(spec.names, spec.numeric_names)
+    asked = check_queries(list(queries), spec) if queries else default_queries(spec.names, spec.numeric_names)
     restricted = FeatureSpec(tuple(spec.feature(name) for name in queried_features(asked, spec.names)), spec.label)
     cut_points = {name: [float(c) for c in cuts] for name, cuts in exact_cut_points(restricted, table).items()}
     bins, labels = bin_table(restricted, table, cut_points)

@@ -160,12 +160,12 @@ async def _join(identity: PeerIdentity, data_dir: Path, url: str, data_file: Pat
         signed = await client.manifest()
         manifest = signed.manifest
         spec = FeatureSpec.from_dict(dict(manifest.features))
-        pipeline = RoundPipeline.for_spec(spec)
+        pipeline = RoundPipeline.for_manifest(manifest)
         _refuse_ended_round(manifest.name, manifest.schedule.end, time.time())
         try:
             dataset = pipeline.importer.import_file(data_file)
             vector = pipeline.vector_of(dataset)
-            label_value = dataset.latest(spec.label.name).fields[spec.label.name]
+            label_value = dataset.latest(spec.label.name).fields[spec.label.name] if vector.label is not None else None
         except (MalformedData, FeatureError, FeatureSpecError) as exc:
             raise click.ClickException(f"{data_file}: {exc}") from None
         disclosure = describe_release(signed, spec, vector, store, identity.public_key, label_value=label_value)

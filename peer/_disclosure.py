@@ -154,7 +154,7 @@ def describe_release(signed: SignedManifest, spec: FeatureSpec, vector: FeatureV
     lines = [
         f"Round {manifest.name!r} ({signed.round_id.hex()[:16]}…) at {manifest.aggregator_url}",
         f"  task: {_task_words(manifest)}; "
-        + (f"{_label_words(spec, vector.label, label_value)} (computed here from your file)." if manifest.labelled_reports
+        + (f"{_label_words(spec, vector.known_label(), label_value)} (computed here from your file)." if manifest.labelled_reports
            else "your label is never sent: no query reads it."),
         f"  registration: your public identity key {peer.hex()[:16]}… goes on the round's public roster.",
         "",

@@ -25,7 +25,10 @@ from anonml.peer._framework import (
     Featurizer,
     FieldValue,
 )
-from anonml.protocol import CategoricalFeature, Feature, FeatureSpec, NumericFeature
+from anonml.protocol import CategoricalFeature, Feature, FeatureSpec, NumericFeature, RoundManifest, TaskKind
+
+PREDICTED_LABEL = "the label the round's model predicts"
+"""What reads the label of a round that learns a model (every kind but statistics)."""
 
 
 def _where(dataset: Dataset, name: str) -> str:
@@ -82,6 +85,16 @@ def _label_function(spec: FeatureSpec) -> Callable[[Dataset], int]:
     return compute
 
 
+def label_use(manifest: RoundManifest) -> str | None:
+    """What reads the label in ``manifest``'s round, so a peer's file must hold it; None: nothing does
+    (a statistics round whose queries never count it: its reports carry no label)."""
+    if not manifest.labelled_reports:
+        return None
+    if manifest.task_kind == TaskKind.STATISTICS:
+        return "the label the round's 'count:label' query counts"
+    return PREDICTED_LABEL
+
+
 @dataclass(frozen=True)
 class RoundPipeline:
     """Importer, instancer and featurizer for one round's feature spec."""
@@ -92,13 +105,22 @@ class RoundPipeline:
     featurizer: Featurizer
 
     @classmethod
-    def for_spec(cls, spec: FeatureSpec) -> RoundPipeline:
+    def for_spec(cls, spec: FeatureSpec, *, reads_label: str | None = PREDICTED_LABEL) -> RoundPipeline:
+        """The pipeline of a round over ``spec``. ``reads_label``: what reads the label (a file must then
+        hold its column, and a missing one is refused saying so); None: nothing does, and the label's
+        column is neither required nor read."""
+        labels = {spec.label.name: reads_label} if reads_label is not None else {}
         return cls(
             spec,
-            CsvImporter(numeric=frozenset(spec.numeric_names), required=frozenset((*spec.names, spec.label.name))),
-            EntityIsPeerInstancer(_label_function(spec)),
+            CsvImporter(numeric=frozenset(spec.numeric_names), required=frozenset((*spec.names, *labels)), reasons=labels),
+            EntityIsPeerInstancer(_label_function(spec) if reads_label is not None else None),
             Featurizer(tuple(_feature_function(f) for f in spec.features)),
         )
+
+    @classmethod
+    def for_manifest(cls, manifest: RoundManifest) -> RoundPipeline:
+        """The pipeline of ``manifest``'s round: its features, and its label only if the round reads it."""
+        return cls.for_spec(FeatureSpec.from_dict(dict(manifest.features)), reads_label=label_use(manifest))
 
     def vector_of(self, dataset: Dataset) -> FeatureVector:
         """The peer's one feature vector (the entity is the peer, thesis §6.1)."""

@@ -103,18 +103,25 @@ def _sort_key(event: Event) -> float:
 
 @dataclass(frozen=True)
 class TrainingExample:
-    """An instance dataset and its label (thesis §3.1.3)."""
+    """An instance dataset and its label (thesis §3.1.3); None when the round reads no label."""
 
     dataset: Dataset
-    label: int
+    label: int | None
 
 
 @dataclass(frozen=True)
 class FeatureVector:
-    """Named features and the label of one instance (thesis Table 3.1)."""
+    """Named features and the label of one instance (thesis Table 3.1); the label is None when the round
+    reads none (a statistics round whose queries never count it), and was then never computed."""
 
     features: Mapping[str, FieldValue]
-    label: int
+    label: int | None
+
+    def known_label(self) -> int:
+        """The label, for a release that carries it; raises :class:`FeatureError` if none was computed."""
+        if self.label is None:
+            raise FeatureError("this round's pipeline reads no label, but a release needs one")
+        return self.label
 
 
 class Importer(Protocol):
@@ -153,14 +160,15 @@ class Featurizer:
 @dataclass(frozen=True)
 class EntityIsPeerInstancer:
     """The AnonML case (thesis §6.1): the entity is the peer, so its whole
-    dataset is one training example; ``label`` computes the label from it."""
+    dataset is one training example; ``label`` computes the label from it
+    (None: the round reads no label, and the example carries none)."""
 
-    label: Callable[[Dataset], int]
+    label: Callable[[Dataset], int] | None
 
     def make_instances(self, dataset: Dataset) -> list[TrainingExample]:
         if not dataset.events:
             raise FeatureError("the dataset has no events")
-        return [TrainingExample(dataset, self.label(dataset))]
+        return [TrainingExample(dataset, None if self.label is None else self.label(dataset))]
 
 
 @dataclass(frozen=True)
@@ -169,13 +177,15 @@ class CsvImporter:
 
     ``numeric`` names the columns whose values are numbers (parsed as floats,
     finite only); every other column is categorical text, stripped of
-    surrounding blanks. ``required`` columns must be in the header.
+    surrounding blanks. ``required`` columns must be in the header; a missing
+    one's entry in ``reasons`` (if any) says what needs it.
     ``timestamp_column``, if given, is parsed as the event's timestamp (seconds)
     and an empty cell means a static property. Empty lines are skipped.
     """
 
     numeric: frozenset[str] = frozenset()
     required: frozenset[str] = frozenset()
+    reasons: Mapping[str, str] = field(default_factory=dict)
     timestamp_column: str | None = None
     missing_markers: frozenset[str] = field(default_factory=lambda: frozenset({""}))
 
@@ -247,7 +257,8 @@ class CsvImporter:
             raise MalformedData(number, f"duplicate column names in the header: {header!r}")
         missing = sorted(self.required - set(header))
         if missing:
-            raise MalformedData(number, f"the header lacks the required columns {missing!r}")
+            why = "; ".join(f"{name!r} is {self.reasons[name]}" for name in missing if name in self.reasons)
+            raise MalformedData(number, f"the header lacks the required columns {missing!r}" + (f" ({why})" if why else ""))
         return header
 
     def _event(self, row: dict[str, str], number: int) -> Event:

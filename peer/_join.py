@@ -667,7 +667,7 @@ class PeerRound:
         if len(model.coefficients) != rule.encoding.dimension:
             raise JoinRefused(RefusalReason.BAD_THRESHOLDS, f"the model of SGD step {survey.sub_round} has {len(model.coefficients)} "
                               f"coefficients; the round's feature spec encodes {rule.encoding.dimension}")
-        report = rule.gradient_report(model, self.peer.vector.features, self.peer.vector.label, self.peer.rng)
+        report = rule.gradient_report(model, self.peer.vector.features, self.peer.vector.known_label(), self.peer.rng)
         async with self.session.slots:
             return [self.prepare(survey, report, self.spec.names, phase)]
 
@@ -720,7 +720,7 @@ class PeerRound:
         model = RoundModel.of_manifest(self.manifest)
         if model.blocks.blocks != blocks:
             raise JoinRefused(RefusalReason.MODEL_LAYOUT, f"the manifest deals {blocks} data surveys, the model needs {model.blocks.blocks}")
-        reports = model.reports([row.features for row in self.peer.rows], [row.label for row in self.peer.rows], self.peer.rng)
+        reports = model.reports([row.features for row in self.peer.rows], [row.known_label() for row in self.peer.rows], self.peer.rng)
         assert self.credential is not None
         async with self.session.slots:
             sealed = [seal_report(self.issuer_key, self.credential, survey, report, self.geometry.message_size)

@@ -556,7 +556,7 @@ def _read_queries(task: FieldReader, kind: TaskKind, features: Mapping[str, Any]
         task.fail("queries", f"only a {str(TaskKind.STATISTICS)!r} task takes queries, this one is {str(kind)!r}")
     try:
         spec = FeatureSpec.from_dict(dict(features))
-        queries = check_queries(task.raw("queries"), spec.names, spec.numeric_names)
+        queries = check_queries(task.raw("queries"), spec)
     except FeatureSpecError as exc:
         task.fail("features", str(exc))
     except QueryError as exc:

@@ -240,6 +240,37 @@ async def test_peer_cli_dry_run_shows_what_leaves_and_sends_nothing(announced: A
     assert state.store.counts()["registered"] == 0
 
 
+def label_free_statistics_document() -> dict[str, Any]:
+    """The test round as a statistics task whose queries read ``colour`` and never the label."""
+    document = spec_document(register_seconds=600)
+    document["task"].update(kind="statistics", queries=["histogram:colour"])
+    document["learning"] = {"k_p": 2, "k_h": 1, "k_s": 1, "plan": "one", "learner": "logreg"}
+    document["privacy"]["oracle"] = "oue"
+    for key in ("median_rounds", "median_send", "median_delivery"):  # no numeric feature is read: no median search
+        document["schedule"].pop(key)
+    return document
+
+
+async def test_peer_cli_joins_a_label_free_round_with_a_file_that_has_no_label_column(
+    home: AggregatorHome, nursery: trio.Nursery, tmp_path: Path,
+) -> None:
+    state, _ = create_round(home, parse_round_spec(label_free_statistics_document()), now=int(time.time()))
+    url = (await nursery.start(serve_aggregator, AggregatorConfig(state))).http_url
+    data_dir = tmp_path / "me"
+    await trio.run_process(peer_cli("init", "--data-dir", str(data_dir)), capture_stdout=True)
+    unlabelled = tmp_path / "me.csv"
+    unlabelled.write_text("age,colour\n41,green\n")
+    shown = await trio.run_process(
+        peer_cli("join", "--data-dir", str(data_dir), "--aggregator", url, "--data", str(unlabelled), "--dry-run"),
+        capture_stdout=True, capture_stderr=True, check=False,
+    )
+    text = shown.stdout.decode()
+    assert shown.returncode == 0, shown.stderr.decode()
+    assert "queries histogram:colour" in text and "your label is never sent" in text, text
+    assert "colour = 'green'" in text and "age = " not in text and "nothing was sent" in text, text
+    nursery.cancel_scope.cancel()
+
+
 async def test_peer_cli_reports_a_malformed_csv_row_with_its_line_number(announced: Any, tmp_path: Path) -> None:
     _, url = announced
     data_dir = tmp_path / "me"

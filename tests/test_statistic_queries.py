@@ -12,10 +12,11 @@ import pytest
 
 from anonml.aggregator._spec import RoundSpecError, parse_round_spec
 from anonml.mechanisms import OptimizedUnaryEncoding
-from anonml.peer import Dataset, Event, PeerStore, RoundPipeline, describe_release
+from anonml.peer import Dataset, Event, FeatureError, MalformedData, PeerStore, RoundPipeline, describe_release
 from anonml.protocol import FeatureSpec, InvalidManifest, PartitionPlan, RoundManifest, SignedManifest, TaskKind
 from anonml.simulate import RoundSetup, RoundTrace, SimulationConfig, simulate_round
 from test_manifest import SIGNING_KEY, fixed_manifest
+from anonml.simulate._world import peer_row
 from test_task_kinds import _as_statistics_task, _row_of, statistics_document
 
 LABEL_FREE = ["histogram:age", "mean:age", "quantile:age:0.25"]
@@ -32,6 +33,12 @@ def test_a_spec_names_its_queries_and_keeps_only_the_features_they_read() -> Non
     assert [query.text for query in spec.task.queries] == ["count:label", "histogram:colour", "quantile:size:0.5"]
     assert spec.task.features.names == ("colour", "size") and spec.task.labelled
     assert not parse_round_spec(_with_queries(["mean:size"])).task.labelled
+    # Counting a categorical feature's value reads that feature, not the label.
+    document = _with_queries(["count:colour=green", "count:shape=round"])
+    del document["learning"]["comparison_pool"]  # no numeric feature read: no median search
+    counted = parse_round_spec(document)
+    assert [query.text for query in counted.task.queries] == ["count:colour=green", "count:shape=round"]
+    assert counted.task.features.names == ("colour", "shape") and not counted.task.labelled
 
 
 @pytest.mark.parametrize(("queries", "words"), [
@@ -41,7 +48,13 @@ def test_a_spec_names_its_queries_and_keeps_only_the_features_they_read() -> Non
     (["quantile:size"], "'quantile:FEATURE:LEVEL'"),
     (["quantile:size:half"], "'half' is not a number"),
     (["histogram:weight"], "'weight' is not a feature of the task"),
-    (["count:y"], "write 'count:label'"),
+    (["count:y"], "a count query is 'count:label' (the positive labels) or 'count:FEATURE=VALUE'"),
+    (["count:colour=purple"], "[0] 'count:colour=purple': 'purple' is not a value of 'colour' (red, green, blue)"),
+    (["count:weight=red"], "'weight' is not a feature of the task"),
+    (["count:size=3"], "a count of a value needs a categorical feature; 'size' is numeric (ask 'histogram:size')"),
+    (["count:colour="], "a count of a value is 'count:FEATURE=VALUE'"),
+    (["count:=red"], "a count of a value is 'count:FEATURE=VALUE'"),
+    (["count:colour=red", "count:colour=red"], "[1] 'count:colour=red': asked twice"),
     (["mean:size", "mean:size"], "[1] 'mean:size': asked twice"),
     ([], "a list of 1 to 64 queries"),
     ("mean:size", "a list of 1 to 64 queries"),
@@ -104,6 +117,24 @@ def test_a_label_free_report_has_no_label_bit() -> None:
     assert pipeline.encode_subset(("age",), {"age": 1}, None) == 1 and pipeline.encode_subset(("age",), {"age": 1}, 0) == 2
 
 
+@pytest.mark.parametrize(("manifest", "needs"), [
+    (fixed_manifest(task_kind="statistics", features=AGE_ONLY, statistic_queries=("count:label", "mean:age")),
+     "the label the round's 'count:label' query counts"),
+    (fixed_manifest(features=AGE_ONLY), "the label the round's model predicts"),
+])
+def test_a_peer_reads_a_file_without_the_label_column_only_when_no_release_carries_the_label(manifest: RoundManifest, needs: str) -> None:
+    unlabelled = b"age\n41\n"
+    free = RoundPipeline.for_manifest(fixed_manifest(task_kind="statistics", features=AGE_ONLY, statistic_queries=("mean:age",)))
+    vector = free.vector_of(free.importer.import_bytes(unlabelled))
+    assert vector.features == {"age": 41.0} and vector.label is None
+    with pytest.raises(FeatureError, match="reads no label"):
+        vector.known_label()
+    # A round that reads the label says what reads it when the column is missing.
+    with pytest.raises(MalformedData) as info:
+        RoundPipeline.for_manifest(manifest).importer.import_bytes(unlabelled)
+    assert str(info.value) == f"line 1: the header lacks the required columns ['income'] ('income' is {needs})"
+
+
 def _label_free(document: dict[str, Any]) -> None:
     _as_statistics_task(document)
     document["task"]["queries"] = LABEL_FREE
@@ -149,6 +180,42 @@ def test_a_round_answers_the_chosen_queries_from_label_free_reports(label_free_r
     assert "your label is never sent" in text and "NOT your label" in text and "colour" not in text, text
 
 
+def _blue_count(document: dict[str, Any]) -> None:
+    """A statistics round asking only how many peers' colour is blue: no numeric feature, so no median search."""
+    document["task"].update(kind="statistics", queries=["count:colour=blue"])
+    document["learning"] = {"k_p": 2, "k_h": 1, "k_s": 1, "plan": "one", "learner": "logreg"}
+    document["privacy"] = {"eps_total": 4.0, "oracle": "oue"}
+    for key in ("median_rounds", "median_send", "median_delivery"):
+        document["schedule"].pop(key)
+
+
+def _unlabelled_row(index: int, rng: np.random.Generator) -> dict[str, Any]:
+    """The simulator's row without its label column (drawn as before, so the features match :func:`_row_of`)."""
+    row = peer_row(index, rng)
+    del row["y"]
+    return row
+
+
+def test_a_round_counts_a_categorical_value_from_peers_without_a_label_column() -> None:
+    trace = simulate_round(SimulationConfig(peers=12, seed=4), setup=RoundSetup(adjust_spec=_blue_count, peer_data=_unlabelled_row))
+    manifest = trace.manifest.manifest
+    assert trace.outcome == "done" and not manifest.labelled_reports
+    results = [p.result for p in trace.peers]
+    assert all(r is not None for r in results), [p.error or p.refused for p in trace.peers]
+    assert sum(r.acknowledged for r in results if r is not None) == len(trace.arrivals) == len(trace.peers)
+    (answer,) = trace.report["statistics"]
+    assert (answer["query"], answer["subject"], answer["bin"], answer["reports"]) == ("count:colour=blue", "colour = blue", 2, 12)
+    # Every cell of a unary encoding is perturbed alone: the bin's variance is its one cell's, whose formula
+    # grows with the (estimated) count from none of the 12 peers to all of them.
+    oracle = OptimizedUnaryEncoding(4.0, 3)
+    none, every = (float(oracle.value_variances(np.array(counts))[2]) for counts in ([12, 0, 0], [0, 0, 12]))
+    assert none <= answer["variance"] <= every and none < every
+    assert answer["share"] == pytest.approx(answer["estimate"] / 12)
+    assert answer["share_std_error"] == pytest.approx(np.sqrt(answer["variance"]) / 12)
+    blue = sum(_row_of(trace, p.index)["colour"] == "blue" for p in trace.peers)
+    assert abs(answer["estimate"] - blue) < 4 * answer["std_error"]
+
+
 EXPERIMENT_QUERIES = ["count:label", "histogram:mean radius", "mean:mean radius", "quantile:worst area:0.75"]
 
 
@@ -166,6 +233,34 @@ def test_the_experiment_prints_each_querys_error_beside_its_formula(tmp_path: Pa
     for row in rows:
         assert row["trials"] == 100 and 1 / 1.5 < row["ratio"] < 1.5, row
     assert "Var[n̂_b]" in result.output and "quantile:worst area:0.75" in result.output
+
+
+def test_the_adult_experiment_counts_a_categorical_value_within_its_formula(tmp_path: Path, adult_dir: Path) -> None:
+    from click.testing import CliRunner
+
+    from anonml.learning._command import experiment
+
+    out = tmp_path / "statistics.json"
+    arguments = ["adult", "--data-dir", str(adult_dir), "--task", "statistics", "--query", "count:sex=Female",
+                 "--query", "count:workclass=private-or-none", "--epsilon", "1,4", "--trials", "100", "--json", str(out)]
+    result = CliRunner().invoke(experiment, arguments)
+    assert result.exit_code == 0, result.output
+    rows = json.loads(out.read_text())["statistics"]
+    assert [(row["task"], row["column"], row["epsilon"]) for row in rows] == [
+        (query, column, eps) for eps in (1.0, 4.0)
+        for query, column in (("count:sex=Female", "sex = Female"), ("count:workclass=private-or-none", "workclass = private-or-none"))]
+    for row in rows:
+        assert row["trials"] == 100 and 1 / 1.5 < row["ratio"] < 1.5, row
+
+
+def test_a_count_of_a_bucketed_category_names_its_bucket() -> None:
+    from anonml.learning import adult_spec
+    from anonml.protocol import QueryError, check_queries
+
+    with pytest.raises(QueryError) as info:
+        check_queries(["count:sex=Female", "count:workclass=Private"], adult_spec())
+    assert str(info.value) == ("[1] 'count:workclass=Private': 'Private' is in bucket 'private-or-none' of 'workclass', and a "
+                               "report carries only the bucket: count 'count:workclass=private-or-none'")
 
 
 @pytest.mark.parametrize(("arguments", "words"), [

@@ -14,7 +14,7 @@ from anonml.aggregator._spec import RoundSpecError, parse_round_spec
 from anonml.learning import round_statistic_errors
 from anonml.mechanisms import OptimizedUnaryEncoding
 from anonml.peer import Dataset, Event, PeerStore, RoundPipeline, describe_release
-from anonml.protocol import FeatureSpec, InvalidManifest, RoundManifest, SignedManifest, TaskKind
+from anonml.protocol import FeatureSpec, InvalidManifest, RoundManifest, SignedManifest, TaskKind, check_queries
 from anonml.simulate import RoundSetup, RoundTrace, SimulationConfig, simulate_round
 from anonml.simulate._world import _seeded, peer_row
 from test_aggregator import spec_document, with_median
@@ -196,5 +196,28 @@ def test_a_statistics_rounds_errors_hold_their_formulas_over_100_trials() -> Non
     bins = np.searchsorted(cuts, ages, side="left")  # bin #{c : v > c}, as the peers bin
     rows = round_statistic_errors(spec, bins[:, None], labels, {"age": cuts}, (), epsilon=1.0, trials=100, rng=rng)
     assert [row["task"] for row in rows] == ["count:label", "histogram:age", "mean:age", "quantile:age:0.5"]
+    for row in rows:
+        assert 1 / 1.5 < row["ratio"] < 1.5, row
+
+
+@pytest.mark.parametrize("epsilon", [1.0, 4.0])
+def test_a_count_of_a_categorical_value_holds_its_formula_over_100_trials(epsilon: float) -> None:
+    """``count:F=V`` counts ``V``'s bin among the peers who reported ``F`` (half of them: two features, one each),
+    beside the label count over every peer; each within 1.5x of its formula over 100 seeded trials."""
+    spec = FeatureSpec.from_dict({
+        "features": [{"name": "age", "type": "numeric", "low": 0, "high": 100, "quantiles": 1},
+                     {"name": "colour", "type": "categorical", "categories": ["red", "green", "blue"]}],
+        "label": {"name": "y", "positive": ["1"], "negative": ["0"]},
+    })
+    queries = check_queries(["count:colour=green", "count:label", "histogram:age"], spec)
+    rng = np.random.default_rng(2029)
+    n = 600
+    colours = rng.choice(3, size=n, p=[0.6, 0.3, 0.1])
+    ages = rng.uniform(0, 100, n)
+    bins = np.column_stack([(ages > 50).astype(np.int64), colours])
+    labels = (rng.random(n) < 0.3 + 0.4 * (colours == 1)).astype(np.int64)
+    rows = round_statistic_errors(spec, bins, labels, {"age": [50.0]}, queries, epsilon=epsilon, trials=100, rng=rng)
+    assert [row["task"] for row in rows] == ["count:colour=green", "count:label", "histogram:age"]
+    assert rows[0]["column"] == "colour = green" and "Var[n̂_b] / n^2" in rows[0]["formula"]
     for row in rows:
         assert 1 / 1.5 < row["ratio"] < 1.5, row

@@ -78,7 +78,7 @@ def demo(peers: int | None, dataset: str, data_dir: Path | None, epsilon: float,
         raise click.UsageError("--query asks a statistics task: add --task statistics")
     try:
         if queries:
-            check_queries(list(queries), data.spec.names, data.spec.numeric_names)
+            check_queries(list(queries), data.spec)
     except QueryError as exc:
         raise click.BadParameter(str(exc), param_hint="--query") from None
     rows = demo_rows_per_peer(TaskKind(task), rows_per_peer)

@@ -224,7 +224,7 @@ def learning_parameters(data: DemoData, task: TaskKind = TaskKind.ENSEMBLE, quer
         # the search as the ensemble's demo runs it.
         ensemble = learning_parameters(data)
         spec = data.spec
-        read = queried_features(check_queries(list(queries), spec.names, spec.numeric_names), spec.names) if queries else spec.names
+        read = queried_features(check_queries(list(queries), spec), spec.names) if queries else spec.names
         if not any(name in spec.numeric_names for name in read):
             ensemble = ensemble._replace(median_rounds=0, comparison_pool=0.0)
         # Three cut points: four bins per numeric feature, so its median and mean say more than one cut point.

@@ -107,7 +107,7 @@ async def run_swarm(config: SwarmConfig) -> dict[str, Any]:
         # default lifetime budget (``anonml demo --epsilon 12``) is theirs to accept.
         if store.lifetime_epsilon() < session_manifest.manifest.eps_total:
             store.set_lifetime_epsilon(session_manifest.manifest.eps_total)
-        pipeline = RoundPipeline.for_spec(spec)
+        pipeline = RoundPipeline.for_manifest(session_manifest.manifest)
         dataset = pipeline.importer.import_file(config.csv)
         rows = [pipeline.vector_of(Dataset((event,))) for event in dataset.events]
         size = config.rows_per_peer

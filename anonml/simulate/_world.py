@@ -295,7 +295,7 @@ class _World:
     async def run(self) -> str:
         """Serve the round to its end with every relay and peer; the aggregator's outcome."""
         manifest = self.state.manifest
-        pipeline = RoundPipeline.for_spec(FeatureSpec.from_dict(dict(manifest.features)))
+        pipeline = RoundPipeline.for_manifest(manifest)
         config = AggregatorConfig(self.state, http_host=AGGREGATOR_IP, http_port=HTTP_PORT, sink_host=AGGREGATOR_IP,
                                   sink_port=SINK_PORT, on_learn=self.on_learn, network=self.network.node(AGGREGATOR_IP),
                                   linger=LINGER_SECONDS,
