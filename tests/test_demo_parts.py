@@ -12,7 +12,9 @@ from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import psutil
+import pytest
 import trio
 
 from anonml.demo import open_children
@@ -170,3 +172,28 @@ async def test_until_quiet_waits_for_the_children_start_up_and_no_longer(tmp_pat
         await children.start("spinning", [sys.executable, "-c", "while True: pass"])
         waited = await children.until_quiet(0.02, timeout=2.0, interval=0.5)
         assert 2.0 <= waited < 5.0
+
+
+def test_the_demos_baseline_is_fitted_on_exactly_the_rows_its_peers_held(tmp_path: Path) -> None:
+    """Model averaging's yardstick (issue 28): non-private logistic regression on the peers' own rows, the AUC on
+    every training row beside it only as a second, labelled figure."""
+    from anonml.demo._audit import Audit
+    from anonml.demo._data import baseline_auc, breast_cancer_data
+    from anonml.demo._progress import Progress
+    from anonml.demo._summary import baseline_lines, summarise
+
+    data = breast_cancer_data(0)
+    params = plan_round(data, 60, 2.0, 2, 0, costs(1.0), n_cores=2)
+    summary = summarise(data, params, Progress(peers=60), {}, Audit(), tmp_path, 1.0)
+    first = dataclasses.replace(data, train_rows=data.train_rows[:60], train_labels=data.train_labels[:60],
+                                train_columns={name: column[:60] for name, column in data.train_columns.items()})
+    assert (summary["baseline_rows"], summary["training_rows"]) == (60, len(data.train_rows)) == (60, 398)
+    assert summary["baseline_auc"] == baseline_auc(first, 60)
+    assert summary["baseline_auc_all_rows"] == baseline_auc(data, 398) != summary["baseline_auc"]
+    assert baseline_lines(summary) == [("the rows the peers held", 60, f"{summary['baseline_auc']:.4f}"),
+                                       ("every training row", 398, f"{summary['baseline_auc_all_rows']:.4f}")]
+    # Rows of one class: no baseline, said so rather than a crash at the end of a round.
+    one_class = int(np.flatnonzero(data.train_labels != data.train_labels[0])[0])  # rows before the other class's first
+    assert baseline_auc(data, one_class) is None
+    with pytest.raises(ValueError, match="399"):
+        baseline_auc(data, 399)

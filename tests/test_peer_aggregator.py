@@ -240,6 +240,16 @@ async def test_peer_cli_dry_run_shows_what_leaves_and_sends_nothing(announced: A
     assert state.store.counts()["registered"] == 0
 
 
+async def dry_run_join(url: str, tmp_path: Path, csv_text: str) -> Any:
+    """A new peer's `peer join --dry-run` at ``url`` with a file holding ``csv_text``: the finished process."""
+    data_dir = tmp_path / "me"
+    await trio.run_process(peer_cli("init", "--data-dir", str(data_dir)), capture_stdout=True)
+    data = tmp_path / "me.csv"
+    data.write_text(csv_text)
+    return await trio.run_process(peer_cli("join", "--data-dir", str(data_dir), "--aggregator", url, "--data", str(data), "--dry-run"),
+                                  capture_stdout=True, capture_stderr=True, check=False)
+
+
 def label_free_statistics_document() -> dict[str, Any]:
     """The test round as a statistics task whose queries read ``colour`` and never the label."""
     document = spec_document(register_seconds=600)
@@ -256,14 +266,7 @@ async def test_peer_cli_joins_a_label_free_round_with_a_file_that_has_no_label_c
 ) -> None:
     state, _ = create_round(home, parse_round_spec(label_free_statistics_document()), now=int(time.time()))
     url = (await nursery.start(serve_aggregator, AggregatorConfig(state))).http_url
-    data_dir = tmp_path / "me"
-    await trio.run_process(peer_cli("init", "--data-dir", str(data_dir)), capture_stdout=True)
-    unlabelled = tmp_path / "me.csv"
-    unlabelled.write_text("age,colour\n41,green\n")
-    shown = await trio.run_process(
-        peer_cli("join", "--data-dir", str(data_dir), "--aggregator", url, "--data", str(unlabelled), "--dry-run"),
-        capture_stdout=True, capture_stderr=True, check=False,
-    )
+    shown = await dry_run_join(url, tmp_path, "age,colour\n41,green\n")
     text = shown.stdout.decode()
     assert shown.returncode == 0, shown.stderr.decode()
     assert "queries histogram:colour" in text and "your label is never sent" in text, text
@@ -273,14 +276,7 @@ async def test_peer_cli_joins_a_label_free_round_with_a_file_that_has_no_label_c
 
 async def test_peer_cli_reports_a_malformed_csv_row_with_its_line_number(announced: Any, tmp_path: Path) -> None:
     _, url = announced
-    data_dir = tmp_path / "me"
-    await trio.run_process(peer_cli("init", "--data-dir", str(data_dir)), capture_stdout=True)
-    bad = tmp_path / "bad.csv"
-    bad.write_text("age,colour,y\n\n41,green\n")
-    result = await trio.run_process(
-        peer_cli("join", "--data-dir", str(data_dir), "--aggregator", url, "--data", str(bad), "--dry-run"),
-        capture_stdout=True, capture_stderr=True, check=False,
-    )
+    result = await dry_run_join(url, tmp_path, "age,colour,y\n\n41,green\n")
     assert result.returncode == 1
     assert b"line 3: expected 3 fields" in result.stderr
 

@@ -149,8 +149,10 @@ def write_experiment_files(data: DemoData, rows: list[list[str]], work: Path) ->
     return ["csv", "--spec", str(spec_path), "--train", str(train_path), "--test", str(write_test_file(data, work))]
 
 
-def baseline_auc(data: DemoData) -> float:
-    """Non-private logistic regression on the raw features of the same training rows."""
+def baseline_auc(data: DemoData, rows: int) -> float | None:
+    """Non-private logistic regression on the raw features of the first ``rows`` training rows, scored on the
+    held-out rows: with ``rows`` the rows the round's peers held (``run_demo`` deals them the first ones), the
+    yardstick of a round that learnt from exactly those rows. None when they hold one class only."""
     from sklearn.linear_model import LogisticRegression
     from sklearn.metrics import roc_auc_score
     from sklearn.preprocessing import OneHotEncoder, StandardScaler
@@ -166,8 +168,13 @@ def baseline_auc(data: DemoData) -> float:
             parts.append((encoder.fit_transform(raw) if fit else encoder.transform(raw)).toarray())
         return np.hstack(parts)
 
+    if not 0 < rows <= len(data.train_labels):
+        raise ValueError(f"rows={rows!r}: the table has {len(data.train_labels)} training rows")
+    labels = data.train_labels[:rows]
+    if np.unique(labels).size < 2:
+        return None
     scaler, encoder = StandardScaler(), OneHotEncoder(handle_unknown="ignore")
-    model = LogisticRegression(max_iter=5000).fit(design(data.train_columns, True), data.train_labels)
+    model = LogisticRegression(max_iter=5000).fit(design({n: c[:rows] for n, c in data.train_columns.items()}, True), labels)
     return float(roc_auc_score(data.test_labels, model.predict_proba(design(data.test_columns, False))[:, 1]))
 
 

@@ -143,6 +143,11 @@ class DemoParams:
     rows_per_peer: int = 1
     """Rows each peer holds (a model-averaging round's ``[task] rows_per_peer``; 1 otherwise)."""
 
+    @property
+    def rows_held(self) -> int:
+        """The training rows the peers hold between them (``run_demo`` deals them the first ones)."""
+        return self.peers * self.rows_per_peer
+
     def total_seconds(self) -> int:
         """From ``round new`` until the data phase's second delivery window closes (publish gaps included).
 

@@ -89,7 +89,12 @@ def summarise(data: DemoData, params: DemoParams, progress: Progress, report: di
         "ledgers": len(epsilons),
         "report": report,
         "phase": status.phase if status is not None else "unknown",
-        "baseline_auc": baseline_auc(data),
+        # Non-private logistic regression on exactly the rows the peers held (the round's yardstick), and on
+        # every training row when the peers held fewer (what more data would give, not what the round could).
+        "baseline_rows": params.rows_held,
+        "baseline_auc": baseline_auc(data, params.rows_held),
+        "training_rows": len(data.train_rows),
+        "baseline_auc_all_rows": baseline_auc(data, len(data.train_rows)) if params.rows_held < len(data.train_rows) else None,
         "wall_seconds": seconds,
         "work_dir": str(work),
         # ru_maxrss is in KiB on Linux; for RUSAGE_CHILDREN it is the largest child.
@@ -224,6 +229,17 @@ def sgd_experiment_command(params: DemoParams, dataset_args: list[str], n_train:
     return " ".join(args)
 
 
+def baseline_lines(summary: dict[str, Any]) -> list[tuple[str, int, str]]:
+    """The non-private baselines the summary prints, each named by the rows it was fitted on."""
+    def shown(auc: float | None) -> str:
+        return f"{auc:.4f}" if auc is not None else "n/a (those rows hold one class)"
+
+    lines = [("the rows the peers held", int(summary["baseline_rows"]), shown(summary["baseline_auc"]))]
+    if summary["baseline_rows"] < summary["training_rows"]:
+        lines.append(("every training row", int(summary["training_rows"]), shown(summary["baseline_auc_all_rows"])))
+    return lines
+
+
 def print_summary(console: Any, summary: dict[str, Any], params: DemoParams) -> None:
     from rich.table import Table
 
@@ -303,7 +319,8 @@ def print_summary(console: Any, summary: dict[str, Any], params: DemoParams) -> 
     else:
         auc = summary.get("auc")
         table.add_row("AUC on held-out data", f"{auc:.4f}" if isinstance(auc, float) else "n/a")
-        table.add_row("AUC, non-private logistic regression", f"{summary['baseline_auc']:.4f}")
+        for what, rows, figure in baseline_lines(summary):
+            table.add_row(f"AUC, non-private logistic regression on {what} ({rows:,} rows)", figure)
     if "experiment_command" in summary:
         table.add_row("closest round without the network (compare its AUC)", summary["experiment_command"])
     table.add_row("wall time", f"{summary['wall_seconds']:.1f} s")
