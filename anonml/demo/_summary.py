@@ -234,6 +234,7 @@ def baseline_lines(summary: dict[str, Any]) -> list[tuple[str, int, str]]:
     def shown(auc: float | None) -> str:
         return f"{auc:.4f}" if auc is not None else "n/a (those rows hold one class)"
 
+    # The rows dealt to every peer: a peer that never got into the round (registration closed first) held its rows too.
     lines = [("the rows the peers held", int(summary["baseline_rows"]), shown(summary["baseline_auc"]))]
     if summary["baseline_rows"] < summary["training_rows"]:
         lines.append(("every training row", int(summary["training_rows"]), shown(summary["baseline_auc_all_rows"])))
