@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from anonml.aggregator._spec import RoundSpecError, parse_round_spec
+from anonml.learning import describe_answer
 from anonml.mechanisms import OptimizedUnaryEncoding
 from anonml.peer import Dataset, Event, FeatureError, MalformedData, PeerStore, RoundPipeline, describe_release
 from anonml.protocol import FeatureSpec, InvalidManifest, PartitionPlan, RoundManifest, SignedManifest, TaskKind
@@ -212,6 +213,7 @@ def test_a_round_counts_a_categorical_value_from_peers_without_a_label_column() 
     assert none <= answer["variance"] <= every and none < every
     assert answer["share"] == pytest.approx(answer["estimate"] / 12)
     assert answer["share_std_error"] == pytest.approx(np.sqrt(answer["variance"]) / 12)
+    assert f"(a share of {answer['share']:.4g} ± {answer['share_std_error']:.2g})" in describe_answer(answer)
     blue = sum(_row_of(trace, p.index)["colour"] == "blue" for p in trace.peers)
     assert abs(answer["estimate"] - blue) < 4 * answer["std_error"]
 
