@@ -97,6 +97,12 @@ from anonml.transport import AckStatus
 _ISSUANCE_SEED_BYTES = 32
 """The random seed a stored credential request's blinding is derived from (``PeerRound.issuance``)."""
 
+# How long a peer waits before sending over another path after a first relay did not take its
+# packet: doubling from the first to the last (seconds).
+_FIRST_RETRY_SECONDS = 0.05
+_LAST_RETRY_SECONDS = 1.0
+
+
 def peer_generator(seed: int | None = None) -> np.random.Generator:
     """The peer's generator for every random choice it makes: noise, send times, paths, mirrors.
 
@@ -474,6 +480,7 @@ class PeerRound:
     async def send_once(self, survey: SurveyId, message: bytes, tried: set[bytes], attempt: Attempt, deadline: float) -> bytes | None:
         """Send ``message`` over a fresh path in ``attempt``'s hop windows; the packet once the first relay
         acknowledges it durably, None if none did by ``deadline``."""
+        retry_after = _FIRST_RETRY_SECONDS
         while self.session.now() < deadline:
             relays = choose_path(self.manifest.relays, self.manifest.path_length, self.peer.rng, tried,
                                  frozenset(self.session.unreachable))
@@ -489,6 +496,12 @@ class PeerRound:
             if status is AckStatus.ACCEPTED:
                 return packet
             self.emit(PeerEvent.FIRST_HOP_FAILED)
+            # A first relay that answers at once without taking the packet (busy, or refusing the
+            # link) must not make this a busy loop that rebuilds a packet and writes a send count
+            # per turn until the deadline: wait, doubling up to a cap, before the next path. Only
+            # first relays see these retries, and each already knows who is sending.
+            await trio.sleep(min(retry_after, max(0.0, deadline - self.session.now())))
+            retry_after = min(2 * retry_after, _LAST_RETRY_SECONDS)
         return None
 
     async def send_in_window(self, survey: SurveyId, message: bytes, phase: PhaseTimes, attempt: Attempt,

@@ -6,16 +6,22 @@ Each simulated round of 8 peers takes a few seconds of CPU; the strategy sweep i
 
 from __future__ import annotations
 
+import contextlib
+import functools
+from collections import Counter
 from dataclasses import replace
 
 from pathlib import Path
 from typing import Any
 
 import pytest
+import trio
 
 from anonml.peer import PeerStore
 from anonml.protocol import SECOND_WINDOW_PATHS, DocumentKind, MedianThresholds, SignedDocument, SignedManifest
 from anonml.simulate import (
+    Adversary,
+    RoundContext,
     STRATEGIES,
     StrategyName,
     DroppingRelay,
@@ -33,6 +39,8 @@ from anonml.simulate import (
     score_trial,
     simulate_round,
 )
+from anonml.simulate._adversary import _closed_stream
+from anonml.transport import AckStatus, Dial, LinkError, serve_link
 from anonml.simulate._command import run_trial
 from anonml.simulate._grind import GrindPartitions
 
@@ -247,3 +255,52 @@ def test_every_named_strategy_and_a_random_search_keep_the_property(strategy: st
 def test_every_strategy_name_has_its_strategy() -> None:
     """`anonml simulate --strategy` offers the names without loading the world; each must build a strategy."""
     assert set(STRATEGIES) == set(StrategyName)
+
+
+class _BusyRelays(Adversary):
+    """Every relay answers every peer's frames with BUSY at once (a relay at capacity, or one refusing the peers)."""
+
+    name = "busy-relays"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.frames: Counter[str] = Counter()
+
+    def attach(self, context: RoundContext) -> None:
+        super().attach(context)
+        relays = {tuple(address) for address in context.relays}
+        geometry = context.manifest.sphinx_geometry()
+
+        async def busy(source: str, frames: list[bytes]) -> list[AckStatus]:
+            self.frames[source] += len(frames)
+            return [AckStatus.BUSY] * len(frames)
+
+        async def serve_busy(stream: trio.abc.Stream, source: str) -> None:
+            with contextlib.suppress(LinkError):
+                await serve_link(stream, functools.partial(busy, source), packet_size=geometry.packet_size,
+                                 geometry_hash=geometry.canonical_hash())
+            await trio.aclose_forcefully(stream)
+
+        async def answer_busy(dial: Dial) -> None:
+            if dial.destination in relays and dial.source[0] not in {host for host, _ in relays}:
+                ours, dial.server = dial.server, await _closed_stream(dial)
+                context.nursery.start_soon(serve_busy, ours, dial.source[0])
+
+        context.network.on_connect = answer_busy
+
+
+@pytest.mark.timeout(300)
+def test_a_peer_whose_first_relays_all_answer_busy_waits_between_paths_instead_of_spinning() -> None:
+    # A first relay that answers at once without taking the packet used to send the peer straight to
+    # another path, with no wait: in the simulator the clock never moved and the round never ended
+    # (the timeout turns that hang into a failure); on a real network it was a busy loop writing a
+    # send count to the store per turn until the window's deadline.
+    busy = _BusyRelays()
+    trace = simulate_round(replace(SMALL, peers=4), busy)
+    assert all(p.error is None for p in trace.peers), [p.error for p in trace.peers]
+    assert not trace.arrivals
+    span = max(r.at for r in trace.view.http) - min(r.at for r in trace.view.http)
+    # Each of a peer's send loops waits a second per try once its wait has doubled to the cap (after
+    # 5 tries), and a peer runs only a few at once (a survey's packet; each second-window packet over
+    # SECOND_WINDOW_PATHS paths): about 80 tries each over a 236 s round here, none bounded before.
+    assert 0 < max(busy.frames.values()) < 2 * SECOND_WINDOW_PATHS * (5 + span)
