@@ -194,7 +194,8 @@ class PacketSink:
             return busy
         # Up to the relay's cap; the rest BUSY (resent later, when its backlog has shrunk).
         admitted = authentic[: max(0, self.max_inbox_per_relay - self.relay_backlog(flow))]
-        self.link_errors["relay-backlog-full"] += len(authentic) - len(admitted)
+        if len(admitted) < len(authentic):
+            self.link_errors["relay-backlog-full"] += len(authentic) - len(admitted)
         row_ids: list[int | None] = []
         if admitted:
             refused, self._refused = self._refused, Counter()

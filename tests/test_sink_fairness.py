@@ -3,6 +3,8 @@ relays' packets are not held behind it. Real SQLite, real sockets on loopback, t
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import numpy as np
@@ -10,7 +12,7 @@ import trio
 from test_aggregator import RELAY_IDENTITIES, credentialed_peers, make_round, relay_client
 
 from anonml.aggregator import IssuerWorkers, PacketSink, RoundState
-from anonml.crypto import TokenJob
+from anonml.crypto import JobRefused, TokenJob
 from anonml.protocol import SurveyId
 from anonml.testing import SettableClock
 from anonml.transport import TCP_NETWORK, AckStatus, LinkClient, listening_address, serve_streams
@@ -24,9 +26,9 @@ class CountingWorkers(IssuerWorkers):
 
     tokens = 0
 
-    def verify(self, jobs: list[TokenJob]) -> list[bytes | object]:  # type: ignore[override]
+    def verify(self, jobs: list[TokenJob]) -> list[bytes | JobRefused]:
         self.tokens += len(jobs)
-        return list(super().verify(jobs))
+        return super().verify(jobs)
 
 
 def packets(state: RoundState, clock: SettableClock, junk: int) -> tuple[bytes, list[bytes]]:
@@ -49,10 +51,22 @@ async def send(client: LinkClient, frames: list[bytes]) -> list[AckStatus | None
     return await client.send_batch(frames, give_up_at=trio.current_time() + 30)
 
 
-async def serve(sink: PacketSink, nursery: trio.Nursery) -> tuple[str, int]:
-    listeners = await nursery.start(serve_streams, TCP_NETWORK, sink.handle, "127.0.0.1", 0)
-    host, port = listening_address(listeners)
-    return host, port
+@asynccontextmanager
+async def relays_to(sink: PacketSink, verifying: bool = True) -> AsyncIterator[tuple[LinkClient, LinkClient]]:
+    """The sink served on loopback (verifying meanwhile, unless not ``verifying``), and the colluding and
+    the honest relay's links to it."""
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(serve_streams, TCP_NETWORK, sink.handle, "127.0.0.1", 0)
+        if verifying:
+            nursery.start_soon(sink.verify_forever)
+        address = listening_address(listeners)
+        colluder, relay = relay_client(address, sink.state, COLLUDER), relay_client(address, sink.state, HONEST)
+        try:
+            yield colluder, relay
+        finally:
+            await colluder.aclose()
+            await relay.aclose()
+            nursery.cancel_scope.cancel()
 
 
 async def test_a_quiet_relays_packet_is_accepted_before_a_flooding_relays_backlog_drains(tmp_path: Path) -> None:
@@ -62,10 +76,7 @@ async def test_a_quiet_relays_packet_is_accepted_before_a_flooding_relays_backlo
     state, _ = make_round(tmp_path, clock)
     honest, junk = packets(state, clock, 300)
     sink = PacketSink(state, IssuerWorkers(state.secrets.issuer_key))
-    async with trio.open_nursery() as nursery:
-        address = await serve(sink, nursery)
-        nursery.start_soon(sink.verify_forever)
-        colluder, relay = relay_client(address, state, COLLUDER), relay_client(address, state, HONEST)
+    async with relays_to(sink) as (colluder, relay):
         for offset in range(0, len(junk), 100):
             assert await send(colluder, junk[offset : offset + 100]) == [AckStatus.ACCEPTED] * 100
         assert await send(relay, [honest]) == [AckStatus.ACCEPTED]
@@ -78,9 +89,6 @@ async def test_a_quiet_relays_packet_is_accepted_before_a_flooding_relays_backlo
         with trio.fail_after(120):
             while state.store.inbox_size():
                 await trio.sleep(0.05)
-        await colluder.aclose()
-        await relay.aclose()
-        nursery.cancel_scope.cancel()
     assert state.store.counts()["accepted"] == 1
     assert state.store.rejections() == {"bad-token/bad-proof": 300}
 
@@ -91,9 +99,7 @@ async def test_a_relays_backlog_is_capped_and_only_that_relay_is_told_busy(tmp_p
     state, _ = make_round(tmp_path, clock)
     honest, junk = packets(state, clock, 8)
     sink = PacketSink(state, IssuerWorkers(state.secrets.issuer_key), max_inbox_per_relay=5)
-    async with trio.open_nursery() as nursery:
-        address = await serve(sink, nursery)
-        colluder, relay = relay_client(address, state, COLLUDER), relay_client(address, state, HONEST)
+    async with relays_to(sink, verifying=False) as (colluder, relay), trio.open_nursery() as nursery:
         assert await send(colluder, junk[:6]) == [AckStatus.ACCEPTED] * 5 + [AckStatus.BUSY]
         assert await send(colluder, junk[6:]) == [AckStatus.BUSY] * 2  # refused before the final layer
         assert await send(relay, [honest]) == [AckStatus.ACCEPTED]
@@ -104,8 +110,6 @@ async def test_a_relays_backlog_is_capped_and_only_that_relay_is_told_busy(tmp_p
             while state.store.inbox_size():
                 await trio.sleep(0.02)
         assert await send(colluder, junk[5:]) == [AckStatus.ACCEPTED] * 3
-        await colluder.aclose()
-        await relay.aclose()
         nursery.cancel_scope.cancel()
     assert state.store.counts()["accepted"] == 1
 
@@ -118,18 +122,12 @@ async def test_bad_mac_frames_are_refused_at_the_link_and_never_reach_the_verifi
     sink = PacketSink(state, workers)
     rng = np.random.default_rng(7)
     garbage = [rng.bytes(state.geometry.packet_size) for _ in range(512)]
-    async with trio.open_nursery() as nursery:
-        address = await serve(sink, nursery)
-        nursery.start_soon(sink.verify_forever)
-        colluder, relay = relay_client(address, state, COLLUDER), relay_client(address, state, HONEST)
+    async with relays_to(sink) as (colluder, relay):
         for offset in range(0, len(garbage), 128):
             assert await send(colluder, garbage[offset : offset + 128]) == [AckStatus.REJECTED] * 128
         assert await send(relay, [honest]) == [AckStatus.ACCEPTED]
         with trio.fail_after(30):
             while state.store.counts()["accepted"] == 0 or sum(state.store.rejections().values()) < 512:
                 await trio.sleep(0.02)
-        await colluder.aclose()
-        await relay.aclose()
-        nursery.cancel_scope.cancel()
     assert workers.tokens == 1  # the honest packet's token alone
     assert state.store.rejections() == {"bad-packet": 512}
