@@ -16,6 +16,24 @@ the acceptance window at arrival keeps a slow verifier from turning punctual
 packets into late ones, and acknowledging quickly keeps the last relay's
 releases on time.
 
+Fair per delivering relay (issue 25: a colluding relay holds a listed key,
+passes the handshake, and floods junk). Each relay's frames are opened in
+fair turns (``transport.FairTurns``, one flow per relay's node id), so a
+batch from a quiet relay waits for at most one slice of a flooding one's;
+frames whose final layer fails its MAC are refused there, before any token
+work. Each relay's backlog of undecided inbox rows is capped
+(``max_inbox_per_relay``): past it that relay alone is answered BUSY, before
+its frames are opened. The verifier takes each relay's rows in turn: one
+task per relay of the manifest claims only that relay's rows, and their
+tokens are verified in fair turns of a few tokens each, so a quiet relay's
+packets wait for one slice of the flood's, not its backlog. The relay that
+delivered a message is kept beside it in the inbox until it is decided, and
+nowhere else: the sink learns it from the link anyway (DESIGN.md §11's
+aggregator sees each packet's last hop). Batches of different relays are
+decided in the order their verification ends, not in arrival order: of two
+submissions of one token through two relays (a double submission), the one
+committed first is kept, as with several ingest workers.
+
 A failing commit (a full disk) never stops the sink: intake answers BUSY
 (the relay keeps the packets and resends), the verifier retries its commit
 with backoff, and both mark themselves unhealthy until a commit succeeds.
@@ -26,6 +44,7 @@ from __future__ import annotations
 import logging
 import math
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import tenacity
@@ -38,7 +57,7 @@ from anonml.aggregator._store import CLAIM_SECONDS, BatchTaken
 from anonml.aggregator._verify import (
     Delivered,
     JudgedBatch,
-    judge_batch,
+    judge_verified,
     open_batch,
     open_frames,
     store_judged,
@@ -46,7 +65,17 @@ from anonml.aggregator._verify import (
 from anonml.aggregator._workers import IssuerWorkers
 from anonml.base.errors import StorageError
 from anonml.base.threads import run_blocking
-from anonml.transport import AckStatus, ConnectionGate, LinkError, LinkIdentity, LinkLimits, peer_address, serve_link
+from anonml.crypto import JobRefused, TokenJob
+from anonml.transport import (
+    AckStatus,
+    ConnectionGate,
+    FairTurns,
+    LinkError,
+    LinkIdentity,
+    LinkLimits,
+    peer_address,
+    serve_link,
+)
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +83,16 @@ log = logging.getLogger(__name__)
 # X25519 and HMAC each) is split so another connection's frames get a turn
 # between slices (issue 13: a flood's batches delayed honest relays' acks).
 _OPEN_SLICE = 16
+# Tokens per verification turn at most. A relay whose slice had a refused token gets half as many next
+# (down to _MIN_VERIFY_SLICE), one whose slice passed twice as many: a refused proof costs its slice's batch
+# check a bisection (measured, load 8.8: 16 junk tokens 64 ms, 4.0 ms each; one alone 0.6 ms; 16 honest
+# 19 ms), so a junk relay's turns stay short and cheap, an honest relay's keep the batch check's saving.
+_VERIFY_SLICE = 16
+_MIN_VERIFY_SLICE = 2  # IssuerWorkers.verify runs a single token in the calling thread, not the pool
+_NOT_ADMITTED = -1  # not a row id (they start at 1): a message past its relay's cap, not stored
+_UNKNOWN_RELAY = ""
+"""The flow of inbox rows whose delivering relay is not known (stored by an older release, or by a caller
+that names none)."""
 
 
 @dataclass(frozen=True)
@@ -76,6 +115,7 @@ class PacketSink:
         *,
         verify_batch: int = 256,
         max_inbox: int = 500_000,
+        max_inbox_per_relay: int | None = None,
         limits: LinkLimits = LinkLimits(),
         connections: SinkLimits = SinkLimits(),
         health: Health | None = None,
@@ -99,6 +139,18 @@ class PacketSink:
         self._relay_hosts = frozenset(relay.host for relay in relays)
         self.gate = ConnectionGate(connections.max_connections, connections.max_per_source,
                                    min(connections.reserved, connections.max_connections - 1))
+        self.max_inbox_per_relay = (max_inbox_per_relay if max_inbox_per_relay is not None
+                                    else max(1, max_inbox // max(1, len(relays))))
+        """Undecided messages one relay may have in the inbox: its backlog is its own (default: an equal share)."""
+        if self.max_inbox_per_relay < 1:
+            raise ValueError(f"max_inbox_per_relay must be at least 1, got {self.max_inbox_per_relay}")
+        self.intake_turns = FairTurns()
+        self.verify_turns = FairTurns()
+        self._flows = (_UNKNOWN_RELAY, *sorted(relay.hex() for relay in self._relay_ids))
+        self._wakeups = {flow: trio.Event() for flow in self._flows}
+        self._verify_slice = dict.fromkeys(self._flows, _VERIFY_SLICE)
+        self._storing: Counter[str] = Counter()
+        """Authentic messages per relay being committed to the inbox (counted against its cap meanwhile)."""
         self._retry_wait = retry_wait
         self.worker = worker
         self.claim_seconds = claim_seconds
@@ -107,54 +159,75 @@ class PacketSink:
         # without waking anyone: an idle verifier looks again each second. Alone on its SQLite
         # file, only its own intake adds rows, and it wakes this verifier.
         self.idle_poll = 1.0 if state.store.engine == "postgresql" else math.inf
-        self._wakeup = trio.Event()
         self._refused: Counter[str] = Counter()
         """Frames refused at intake and not yet counted in the store (they ride on its next commit)."""
 
     # -- intake -----------------------------------------------------------------
 
-    async def on_packets(self, frames: list[bytes]) -> list[AckStatus]:
+    def relay_backlog(self, relay: str) -> int:
+        """Undecided inbox messages ``relay`` (a node id in hex) delivered, with those being stored."""
+        return self.state.store.inbox_by_relay[relay] + self._storing[relay]
+
+    async def on_packets(self, frames: list[bytes], relay: bytes | None = None) -> list[AckStatus]:
         """Check the final layer, store the authentic messages, then acknowledge (DESIGN.md §5, §10).
 
-        A full inbox (a flood, or a verifier far behind) or a failing store
-        answers BUSY: the sender keeps the packets and may resend later;
+        ``relay`` is the delivering relay's node id (None: unknown, one flow for all such callers).
+        A full inbox (a flood, or a verifier far behind), the relay's full backlog, or a failing
+        store answers BUSY: the sender keeps the packets and may resend later;
         disk use stays bounded and nothing not durable is acknowledged.
         """
+        flow = relay.hex() if relay is not None else _UNKNOWN_RELAY
+        if self.relay_backlog(flow) >= self.max_inbox_per_relay:
+            # Before any Sphinx work: the relay's own backlog is full, whatever it sends now.
+            self.link_errors["relay-backlog-full"] += len(frames)
+            return [AckStatus.BUSY] * len(frames)
+        lane = self.intake_turns.lane(flow)
         opened: list[Delivered | RejectionReason] = []
         for offset in range(0, len(frames), _OPEN_SLICE):
-            opened += await run_blocking(open_frames, self.state, frames[offset : offset + _OPEN_SLICE])
+            async with lane.turn(min(_OPEN_SLICE, len(frames) - offset)):
+                opened += await run_blocking(open_frames, self.state, frames[offset : offset + _OPEN_SLICE])
         authentic = [item for item in opened if isinstance(item, Delivered)]
         self._refused.update(str(item) for item in opened if isinstance(item, RejectionReason))
         busy = [AckStatus.BUSY if isinstance(item, Delivered) else AckStatus.REJECTED for item in opened]
-        if self.state.store.inbox_size() + len(authentic) > self.max_inbox:
+        if self.state.store.inbox_size() + self._storing.total() + len(authentic) > self.max_inbox:
             self.link_errors["inbox-full"] += len(authentic)
             return busy
+        # Up to the relay's cap; the rest BUSY (resent later, when its backlog has shrunk).
+        admitted = authentic[: max(0, self.max_inbox_per_relay - self.relay_backlog(flow))]
+        if len(admitted) < len(authentic):
+            self.link_errors["relay-backlog-full"] += len(authentic) - len(admitted)
         row_ids: list[int | None] = []
-        if authentic:
+        if admitted:
             refused, self._refused = self._refused, Counter()
             # The arrival to the sub-second: what an aggregator logging every arrival
             # has (the anonymity report, DESIGN.md §11); windows compare it with whole seconds.
             arrived = float(self.state.clock())
+            self._storing[flow] += len(admitted)
             try:
                 row_ids = await run_blocking(
-                    self.state.store.enqueue, [(d.tag, d.message) for d in authentic], arrived, refused)
+                    self.state.store.enqueue, [(d.tag, d.message) for d in admitted], arrived, refused, flow)
             except StorageError as exc:
                 self._refused.update(refused)
                 self.health.fail(Part.INBOX, exc)
-                self.link_errors["store-failing"] += len(authentic)
+                self.link_errors["store-failing"] += len(admitted)
                 return busy
+            finally:
+                self._storing[flow] -= len(admitted)
             self.health.recover(Part.INBOX)
         fresh = iter(row_ids)
         statuses: list[AckStatus] = []
         for item in opened:
             if not isinstance(item, Delivered):
                 statuses.append(AckStatus.REJECTED)
-            elif next(fresh) is None:
+            elif (row_id := next(fresh, _NOT_ADMITTED)) == _NOT_ADMITTED:
+                statuses.append(AckStatus.BUSY)
+            elif row_id is None:
                 self._refused[RejectionReason.REPLAY] += 1
                 statuses.append(AckStatus.REJECTED)
             else:
                 statuses.append(AckStatus.ACCEPTED)
-        self._wakeup.set()
+        if flow in self._wakeups:
+            self._wakeups[flow].set()
         return statuses
 
     async def admit_legacy_frames(self) -> None:
@@ -178,10 +251,11 @@ class PacketSink:
     async def verify_forever(self) -> None:
         """Verify the inbox, oldest first, until cancelled (also drains what a restart left).
 
-        Two stages overlap: one batch is opened (messages, surveys) and its
-        tokens verified in threads and processes while the previous one is
-        stored; batches are stored in arrival order, so the first of two
-        submissions stays the one accepted.
+        Two stages overlap: a batch of one relay's rows is opened (messages,
+        surveys) and its tokens verified in threads and processes, in fair
+        turns with the other relays' batches, while the previous one is
+        stored; each relay's batches are stored in arrival order, so of two
+        submissions through one relay the first stays the one accepted.
         """
         # What this worker claimed before a restart is its own to verify again, at once.
         async for attempt in self._retrying():
@@ -221,24 +295,46 @@ class PacketSink:
         self.health.fail(Part.VERIFIER, error if error is not None else StorageError("commit failed"))
 
     async def _judge_forever(self, judged: trio.MemorySendChannel[JudgedBatch]) -> None:
+        """One judging task per delivering relay (and one for rows whose relay is unknown)."""
+        async with trio.open_nursery() as nursery:
+            for flow in self._flows:
+                nursery.start_soon(self._judge_relay_forever, flow, judged)
+
+    async def _judge_relay_forever(self, flow: str, judged: trio.MemorySendChannel[JudgedBatch]) -> None:
+        """Claim, open and verify the rows relay ``flow`` delivered, a batch at a time, oldest first."""
         store = self.state.store
         while True:
             # A fresh event before looking, so a message stored after the look still wakes us.
-            self._wakeup = trio.Event()
+            wakeup = self._wakeups[flow] = trio.Event()
             # Off the event loop: the claim waits for the store's lock, which a commit holds through its fsync.
             # A claim is a commit too: on a failing store it is retried like the batch's.
             async for attempt in self._retrying():
                 with attempt:
                     rows = await run_blocking(store.claim_inbox, self.worker, self.verify_batch, self.state.clock(),
-                                              self.claim_seconds)
+                                              self.claim_seconds, flow)
             self.health.recover(Part.VERIFIER)
             if not rows:
                 await self._count_refusals()
                 with trio.move_on_after(self.idle_poll):
-                    await self._wakeup.wait()
+                    await wakeup.wait()
                 continue
             batch = await run_blocking(open_batch, self.state, rows)
-            await judged.send(await run_blocking(judge_batch, self.state, batch, self.workers))
+            verdicts = await self._verify_in_turns(flow, batch.token_jobs())
+            await judged.send(await run_blocking(judge_verified, self.state, batch, verdicts))
+
+    async def _verify_in_turns(self, flow: str, jobs: Sequence[TokenJob]) -> list[bytes | JobRefused]:
+        """``IssuerWorkers.verify`` on ``jobs``, a slice per fair turn of relay ``flow`` (``_VERIFY_SLICE``)."""
+        lane = self.verify_turns.lane(flow)
+        verdicts: list[bytes | JobRefused] = []
+        while len(verdicts) < len(jobs):
+            size = self._verify_slice[flow]
+            part = list(jobs[len(verdicts) : len(verdicts) + size])
+            async with lane.turn(len(part)):
+                results = await run_blocking(self.workers.verify, part)
+            verdicts += results
+            refused = any(isinstance(result, JobRefused) for result in results)
+            self._verify_slice[flow] = max(_MIN_VERIFY_SLICE, size // 2) if refused else min(_VERIFY_SLICE, size * 2)
+        return verdicts
 
     async def _count_refusals(self) -> None:
         """Store the counts of frames refused since the last commit (when intake had nothing else to store)."""
@@ -257,9 +353,6 @@ class PacketSink:
 
     # -- connections ------------------------------------------------------------
 
-    def _admit(self, node_id: bytes | None) -> bool:
-        """Only the manifest's relays deliver (DESIGN.md §5: the sink takes packets from last hops)."""
-        return node_id is not None and node_id in self._relay_ids
 
     async def handle(self, stream: trio.abc.Stream) -> None:
         """One relay connection; never raises (DESIGN.md §2: outsiders can send anything)."""
@@ -270,15 +363,25 @@ class PacketSink:
             await trio.aclose_forcefully(stream)
             return
 
+        relay: bytes | None = None  # its node id, once it has proven it in the handshake
+
+        def admit(node_id: bytes | None) -> bool:
+            """Only the manifest's relays deliver (DESIGN.md §5: the sink takes packets from last hops)."""
+            nonlocal relay
+            if node_id is None or node_id not in self._relay_ids:
+                return False
+            relay = node_id
+            return True
+
         async def on_packets(frames: list[bytes]) -> list[AckStatus]:
             with slot.busy():
-                return await self.on_packets(frames)
+                return await self.on_packets(frames, relay)
 
         try:
             with slot.cancel_scope:  # cancelled if the gate evicts this connection as the one idle longest
                 await serve_link(
                     slot.watch(stream), on_packets, packet_size=self.packet_size,
-                    geometry_hash=self.geometry_hash, limits=self.limits, identity=self.identity, admit=self._admit,
+                    geometry_hash=self.geometry_hash, limits=self.limits, identity=self.identity, admit=admit,
                 )
             if slot.evicted:
                 self.link_errors["evicted-idle"] += 1

@@ -75,13 +75,16 @@ CREATE TABLE leases (name TEXT PRIMARY KEY, holder TEXT NOT NULL, expires {real}
 
 # Version 6 (issue 27): each credential keeps the SHA-256 of the blinded request it answered (IssuedAnswer).
 _VERSION_6 = "ALTER TABLE credentials ADD COLUMN request_digest {blob};"
+# Version 7 (issue 25): each inbox row names the relay that delivered it (its node id in hex; '' unknown), so the
+# verifier takes each relay's rows in fair turns and caps each relay's backlog. Rows are deleted once decided.
+_VERSION_7 = "ALTER TABLE inbox ADD COLUMN relay TEXT NOT NULL DEFAULT '';\nCREATE INDEX inbox_relay ON inbox (relay, id);"
 
 SCHEMA = Schema(
     name="round",
     application_id=0x414E4103,  # "ANA\x03"
-    version=6,
+    version=7,
     tables=_version_5_tables(blob="BLOB", integer="INTEGER", real="REAL", row_id="INTEGER PRIMARY KEY AUTOINCREMENT")
-    + _VERSION_6.format(blob="BLOB"),
+    + _VERSION_6.format(blob="BLOB") + "\n" + _VERSION_7,
     migrations={
         # Version 2 (issue 12): roster entries carry the peer's nonce and
         # signature; accepted packets their place in their survey's receipt
@@ -123,6 +126,7 @@ INSERT OR IGNORE INTO replay_tags SELECT tag FROM inbox;
 CREATE TABLE leases (name TEXT PRIMARY KEY, holder TEXT NOT NULL, expires REAL NOT NULL)
 """,
         5: _VERSION_6.format(blob="BLOB"),
+        6: _VERSION_7,
     },
     # Rounds from before stores were versioned wrote the version-1 tables.
     unversioned=1,
@@ -135,6 +139,8 @@ POSTGRES_MIGRATIONS: tuple[str, ...] = (
     ),
     # Version 2: SQLite's version 6.
     _VERSION_6.format(blob="BYTEA"),
+    # Version 3: SQLite's version 7.
+    _VERSION_7,
 )
 """The PostgreSQL schema's history: entry ``i`` takes a round's schema from version ``i`` to ``i + 1``."""
 
@@ -159,7 +165,7 @@ _TABLE_COLUMNS: dict[str, tuple[str, ...]] = {
     "heads": ("survey", "check_index", "size", "document"),
     "replay_tags": ("tag",),
     "results": ("key", "value"),
-    "inbox": ("tag", "message", "arrived"),
+    "inbox": ("tag", "message", "arrived", "relay"),
     "log_sizes": ("survey", "size"),
     "leases": ("name", "holder", "expires"),
 }
@@ -260,6 +266,10 @@ class RoundStore:
             self.inbox_count = int(db.execute("SELECT COUNT(*) FROM inbox").fetchone()[0])
             """Frames waiting for verification: kept in memory (the sink checks it per batch),
             counted again from the table at each claim (other workers enqueue and decide too)."""
+            self.inbox_by_relay: Counter[str] = Counter(
+                {str(relay): int(count)
+                 for relay, count in db.execute("SELECT relay, COUNT(*) FROM inbox GROUP BY relay").fetchall()})
+            """The same per delivering relay (the sink's cap per relay), counted again at each claim of the relay's rows."""
 
     def close(self) -> None:
         self._engine.close()
@@ -416,9 +426,9 @@ class RoundStore:
     # -- the inbox: authentic messages received and durable, not yet verified ----------
 
     def enqueue(self, messages: Sequence[tuple[bytes, bytes]], arrived: float,
-                refusals: Mapping[str, int] | None = None) -> list[int | None]:
-        """Make received ``(replay tag, message)`` pairs durable with their arrival time (the
-        link acknowledges after this): per pair its inbox row id, or None if its tag was
+                refusals: Mapping[str, int] | None = None, relay: str = "") -> list[int | None]:
+        """Make received ``(replay tag, message)`` pairs durable with their arrival time and the ``relay`` that
+        delivered them (the link acknowledges after this): per pair its inbox row id, or None if its tag was
         seen before (a replay: nothing stored). The replay cache's primary key decides,
         in this commit, whichever worker the copy reached. ``refusals`` (frames refused
         at the link, by reason) are counted in the same commit."""
@@ -429,11 +439,13 @@ class RoundStore:
                 db, "INSERT INTO replay_tags (tag) VALUES (?) ON CONFLICT DO NOTHING RETURNING tag",
                 [(tag,) for tag, _ in messages])]
             inserted = iter(execute_each(
-                db, "INSERT INTO inbox (tag, message, arrived) VALUES (?, ?, ?) RETURNING id",
-                [(tag, message, arrived) for (tag, message), new in zip(messages, fresh) if new]))
+                db, "INSERT INTO inbox (tag, message, arrived, relay) VALUES (?, ?, ?, ?) RETURNING id",
+                [(tag, message, arrived, relay) for (tag, message), new in zip(messages, fresh) if new]))
             row_ids = [int(next(inserted)[0][0]) if new else None for new in fresh]
             self._count_rejections(db, refusals or {})
-        self.inbox_count += sum(row_id is not None for row_id in row_ids)
+        stored = sum(row_id is not None for row_id in row_ids)
+        self.inbox_count += stored
+        self.inbox_by_relay[relay] += stored
         return row_ids
 
     def count_rejections(self, counts: Mapping[str, int]) -> None:
@@ -453,22 +465,28 @@ class RoundStore:
                     rows,
                 )
 
-    def claim_inbox(self, worker: str, limit: int, now: float, claim_seconds: float = CLAIM_SECONDS) -> list[tuple[int, bytes, bytes, float]]:
+    def claim_inbox(self, worker: str, limit: int, now: float, claim_seconds: float = CLAIM_SECONDS,
+                    relay: str | None = None) -> list[tuple[int, bytes, bytes, float]]:
         """Claim for ``worker`` the oldest ``limit`` messages nobody holds (or whose claim by another
-        worker lapsed ``claim_seconds`` before ``now``), as ``(id, tag, message, arrived)`` in arrival order.
+        worker lapsed ``claim_seconds`` before ``now``), as ``(id, tag, message, arrived)`` in arrival order;
+        only those ``relay`` delivered, unless it is None.
 
         Workers sharing a store skip each other's locked rows, so two claims never overlap. A worker
         never takes back its own rows (a slow batch of its own is still in flight); it gives back
         what it will not decide (:meth:`release_claims`).
         """
+        of_relay, relay_args = (" AND relay = ?", (relay,)) if relay is not None else ("", ())
         with self._engine.transaction() as db:
             rows = db.execute(
                 "UPDATE inbox SET claimed_by = ?, claimed_at = ? WHERE id IN ("
-                "SELECT id FROM inbox WHERE claimed_by IS NULL OR (claimed_at < ? AND claimed_by <> ?) ORDER BY id LIMIT ?"
-                f"{self._engine.skip_locked}) RETURNING id, tag, message, arrived",
-                (worker, now, now - claim_seconds, worker, limit),
+                "SELECT id FROM inbox WHERE (claimed_by IS NULL OR (claimed_at < ? AND claimed_by <> ?))"
+                f"{of_relay} ORDER BY id LIMIT ?{self._engine.skip_locked}) RETURNING id, tag, message, arrived",
+                (worker, now, now - claim_seconds, worker, *relay_args, limit),
             ).fetchall()
             (waiting,) = db.execute("SELECT COUNT(*) FROM inbox").fetchone()
+            if relay is not None:
+                (backlog,) = db.execute("SELECT COUNT(*) FROM inbox WHERE relay = ?", (relay,)).fetchone()
+                self.inbox_by_relay[relay] = int(backlog)
         self.inbox_count = int(waiting)
         return sorted((int(i), bytes(t), bytes(m), float(a)) for i, t, m, a in rows)
 
@@ -540,16 +558,17 @@ class RoundStore:
         counted: Counter[str] = Counter(rejections)
         with self._engine.transaction() as db:
             ids = sorted(set(done_inbox_ids))
-            deleted = sum(
-                db.execute(f"DELETE FROM inbox WHERE id IN ({', '.join('?' * len(chunk))})", chunk).rowcount
-                for chunk in (ids[i : i + 500] for i in range(0, len(ids), 500))
-            )
+            relays = Counter(str(relay) for chunk in (ids[i : i + 500] for i in range(0, len(ids), 500)) for (relay,) in
+                             db.execute(f"DELETE FROM inbox WHERE id IN ({', '.join('?' * len(chunk))}) RETURNING relay",
+                                        chunk).fetchall())
+            deleted = relays.total()
             if deleted != len(ids):
                 raise BatchTaken(f"{len(ids) - deleted} of {len(ids)} inbox rows were decided elsewhere")
             outcomes = self._insert_packets(db, packets, now)
             counted.update(outcome for outcome in outcomes if outcome != "accepted")
             self._count_rejections(db, counted)
         self.inbox_count = max(self.inbox_count - deleted, 0)
+        self.inbox_by_relay -= relays
         return outcomes
 
     @staticmethod
@@ -754,6 +773,7 @@ class RoundStore:
                         [tuple(row) for row in rows])
                 copied += len(rows)
         self.inbox_count = source.inbox_count
+        self.inbox_by_relay = Counter(source.inbox_by_relay)
         return copied
 
 

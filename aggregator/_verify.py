@@ -106,6 +106,10 @@ class OpenedBatch:
     outcomes: list[str] = field(default_factory=list)
     rejections: list[str] = field(default_factory=list)
 
+    def token_jobs(self) -> list[TokenJob]:
+        """The tokens to verify, one per message that parsed (in ``opened`` order)."""
+        return [item.job for _, item in self.opened]
+
 
 def open_batch(state: RoundState, rows: Sequence[tuple[int, bytes, bytes, float]]) -> OpenedBatch:
     """Parse each inbox row ``(id, tag, message, arrived)``: message, open survey and window at arrival."""
@@ -134,7 +138,13 @@ def judge_batch(state: RoundState, batch: OpenedBatch, workers: IssuerWorkers) -
     The batch's tokens are verified together (``crypto.verify_tokens``: one
     small-exponent check of all their proofs, bisected when it fails), so a
     bad token is refused alone, counted by its reason like any other."""
-    results = workers.verify([item.job for _, item in batch.opened])
+    return judge_verified(state, batch, workers.verify(batch.token_jobs()))
+
+
+def judge_verified(state: RoundState, batch: OpenedBatch, results: Sequence[bytes | JobRefused]) -> JudgedBatch:
+    """Report formats, given the verdict on each of ``batch.token_jobs()`` (``IssuerWorkers.verify``'s)."""
+    if len(results) != len(batch.opened):
+        raise ValueError(f"{len(results)} token verdicts for {len(batch.opened)} tokens")
     verified: list[tuple[int, VerifiedPacket]] = []
     for (index, item), result in zip(batch.opened, results):
         if isinstance(result, JobRefused):

@@ -905,7 +905,8 @@ async def test_a_full_inbox_answers_busy_and_unauthenticated_frames_are_never_st
     peers = credentialed_peers(state, clock)
     data = state.manifest.schedule.data
     clock.now = data.t_s + data.delta + 1
-    sink = PacketSink(state, IssuerWorkers(state.secrets.issuer_key), max_inbox=3)
+    # The whole inbox's cap (each relay's share of it is tested in test_sink_fairness.py).
+    sink = PacketSink(state, IssuerWorkers(state.secrets.issuer_key), max_inbox=3, max_inbox_per_relay=3)
     rng = np.random.default_rng(3)
     garbage = [rng.bytes(state.geometry.packet_size) for _ in range(500)]
     assert await sink.on_packets(garbage) == [AckStatus.REJECTED] * 500

@@ -86,7 +86,8 @@ def test_a_sqlite_store_of_version_4_is_migrated_keeping_its_log_and_replay_tags
     db.executescript("""
         ALTER TABLE inbox DROP COLUMN claimed_by; ALTER TABLE inbox DROP COLUMN claimed_at;
         DROP TABLE log_sizes; DROP TABLE leases; DELETE FROM replay_tags;
-        ALTER TABLE credentials DROP COLUMN request_digest; PRAGMA user_version = 4;""")
+        ALTER TABLE credentials DROP COLUMN request_digest;
+        DROP INDEX inbox_relay; ALTER TABLE inbox DROP COLUMN relay; PRAGMA user_version = 4;""")
     db.close()
     store = RoundStore(path)
     assert store.accepted_count(SURVEY) == 2
@@ -120,7 +121,8 @@ def test_a_sqlite_store_of_version_5_keeps_its_credentials_whose_retries_stay_re
     path = tmp_path / "round.sqlite"
     RoundStore(path).close()
     db = sqlite3.connect(path)
-    db.executescript("ALTER TABLE credentials DROP COLUMN request_digest; PRAGMA user_version = 5;")
+    db.executescript("ALTER TABLE credentials DROP COLUMN request_digest; DROP INDEX inbox_relay; "
+                     "ALTER TABLE inbox DROP COLUMN relay; PRAGMA user_version = 5;")
     db.execute("INSERT INTO credentials (identity_key, partition, response, issued_at) VALUES (?, 0, ?, 1000)", (PEER, b"old"))
     db.commit()
     db.close()
@@ -176,6 +178,23 @@ def test_claims_never_overlap_a_lapsed_claim_is_taken_over_and_each_row_is_decid
     # A worker never takes back its own rows (a slow batch still in flight), however old; another does.
     assert one.claim_inbox("one", 10, now=2100.0) == []
     assert [r[0] for r in two.claim_inbox("two", 10, now=2100.0)] == ids[4:]
+
+
+def test_each_relays_rows_are_claimed_apart_and_its_backlog_counted(open_store: Opener) -> None:
+    """Issue 25: the sink verifies each delivering relay's rows in turn and caps each relay's backlog."""
+    one = open_store()
+    junk = one.enqueue([(bytes([n]) * 32, b"junk") for n in range(5)], 1000.0, relay="aa")
+    honest = one.enqueue([(bytes([100 + n]) * 32, b"honest") for n in range(2)], 1001.0, relay="bb")
+    assert one.inbox_by_relay == {"aa": 5, "bb": 2}
+    two = open_store()
+    assert two.inbox_by_relay == {"aa": 5, "bb": 2}  # counted from the table by another worker
+    # The later relay's rows are claimed before the earlier one's backlog drains, and only its own.
+    assert [r[0] for r in two.claim_inbox("two", 10, now=2000.0, relay="bb")] == honest
+    assert [r[0] for r in two.claim_inbox("two", 3, now=2000.0, relay="aa")] == junk[:3]
+    assert two.store_batch([], ["bad-token/bad-proof"] * 3, 2000, done_inbox_ids=junk[:3]) == []
+    assert two.inbox_by_relay == {"aa": 2, "bb": 2}
+    one.claim_inbox("one", 10, now=2000.0, relay="aa")  # counted again at a claim of the relay's rows
+    assert one.inbox_by_relay["aa"] == 2 and one.inbox_size() == 4
 
 
 def test_two_workers_storing_at_once_accept_each_report_once_with_a_dense_log(open_store: Opener) -> None:

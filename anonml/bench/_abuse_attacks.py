@@ -36,6 +36,7 @@ _SEND_BATCH = 32
 # Junk-token packets built before relay-junk-tokens starts (~0.75 ms each): more than the relay forwarded
 # in its 9 s on this machine (issue 25 measured 40,008 in 9.2 s from one address on a quieter one).
 _JUNK_PACKETS = 8000
+_COLLUDER_LINKS = 4  # sink-colluding-relay-junk: connections from the colluding relay (the sink allows it 8)
 _REOPEN_PAUSE = 0.005  # a closed connection is reopened after this (a spinning loop would only burn our core)
 
 
@@ -67,12 +68,22 @@ class _Attack:
                 for message, start, end in self.spec["junk"]]
         return [build_packet(self.geometry, junk[i % len(junk)][1], junk[i % len(junk)][0]) for i in range(count)]
 
+    def sink_junk_packets(self, count: int) -> list[bytes]:
+        """``count`` final-hop packets (what a last relay delivers) carrying the spec's junk-token messages in
+        turn: their final layers are authentic, so the sink stores them and verifies their tokens."""
+        junk = [(bytes.fromhex(message), [self._sink_hop(ReleaseWindow(start, end))])
+                for message, start, end in self.spec["junk"]]
+        return [build_packet(self.geometry, junk[i % len(junk)][1], junk[i % len(junk)][0]) for i in range(count)]
+
     def _path(self, relay_window: ReleaseWindow, sink_window: ReleaseWindow) -> list[PathHop]:
         spec = self.spec
         return [PathHop(bytes.fromhex(spec["relay_node"]), NodeAddress(*self.relay), bytes.fromhex(spec["relay_key"]),
                         relay_window),
-                PathHop(bytes.fromhex(spec["sink_node"]), NodeAddress(*self.sink), bytes.fromhex(spec["sink_key"]),
-                        sink_window)]
+                self._sink_hop(sink_window)]
+
+    def _sink_hop(self, window: ReleaseWindow) -> PathHop:
+        spec = self.spec
+        return PathHop(bytes.fromhex(spec["sink_node"]), NodeAddress(*self.sink), bytes.fromhex(spec["sink_key"]), window)
 
     async def send_frames(self, target: tuple[str, int], frames: list[bytes], source: str,
                           identity: LinkIdentity | None) -> None:
@@ -88,6 +99,7 @@ class _Attack:
                 statuses = await client.send_batch(frames[offset : offset + _SEND_BATCH], give_up_at=trio.current_time())
                 self.counts["accepted"] += statuses.count(AckStatus.ACCEPTED)
                 self.counts["refused"] += sum(s is AckStatus.REJECTED or s is AckStatus.BUSY for s in statuses)
+                self.counts["busy"] += statuses.count(AckStatus.BUSY)
                 self.counts["unanswered"] += statuses.count(None)
                 if None in statuses:
                     break
@@ -168,6 +180,8 @@ async def _attack(spec: dict[str, Any]) -> dict[str, Any]:
         prepared = attack.junk_packets(_JUNK_PACKETS)
     elif abuse in ("sink-stranger", "sink-garbage"):
         prepared = [os.urandom(attack.geometry.packet_size) for _ in range(640)]
+    elif abuse == "sink-colluding-relay-junk":
+        prepared = attack.sink_junk_packets(_JUNK_PACKETS)
     print(json.dumps({"ready": True}), flush=True)
     attack.until = trio.current_time() + float(spec["seconds"])
     hello = encode_hello(attack.geometry.packet_size, attack.geometry.canonical_hash())
@@ -195,6 +209,8 @@ async def _attack(spec: dict[str, Any]) -> dict[str, Any]:
             index += 1
             if identity is None:
                 await trio.sleep(0.01)  # each attempt ends at the handshake: do not spin
+    elif abuse == "sink-colluding-relay-junk":
+        await _colluding_relay_junk(attack, prepared)
     elif abuse == "http-churn":
         await attack.churn_many(attack.http, int(spec["http_slots"]) * 11 // 10, b"", None)
     elif abuse == "http-slow-bodies":
@@ -206,6 +222,24 @@ async def _attack(spec: dict[str, Any]) -> dict[str, Any]:
     else:
         raise SystemExit(f"unknown abuse {abuse!r}")
     return dict(attack.counts)
+
+
+async def _colluding_relay_junk(attack: _Attack, junk_tokens: list[bytes]) -> None:
+    """A colluding relay of the round's directory (its listed key, from its listed address) floods the sink on
+    ``_COLLUDER_LINKS`` connections: half deliver packets whose tokens fail their proofs (each stored, then
+    verified: resent, a replay), half random frames whose final-layer MAC fails; each reopened as it ends."""
+    colluder = LinkIdentity(bytes.fromhex(attack.spec["colluder_identity"]))
+    bad_mac = [os.urandom(attack.geometry.packet_size) for _ in range(640)]
+
+    async def flood(frames: list[bytes]) -> None:
+        while trio.current_time() < attack.until:
+            await attack.send_frames(attack.sink, frames, attack.spec["colluder_host"], colluder)
+
+    async with trio.open_nursery() as nursery:
+        for link in range(_COLLUDER_LINKS):
+            # Each junk-token link starts at its own offset, so their first passes deliver distinct packets.
+            offset = link * len(junk_tokens) // _COLLUDER_LINKS
+            nursery.start_soon(flood, junk_tokens[offset:] + junk_tokens[:offset] if link % 2 == 0 else bad_mac)
 
 
 def main(path: str) -> None:

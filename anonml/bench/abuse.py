@@ -14,7 +14,14 @@ sends honest traffic through five probes at a steady rate, each from
   manifest lists) delivers final-hop packets to the aggregator's sink
   (latency: until the sink's durable ack, the final Sphinx layer checked);
 - ``http``: ``GET /v1/manifest`` on the API on one kept-alive connection
-  (latency: the whole response); ``http-fresh``: on a new connection each.
+  (latency: the whole response); ``http-fresh``: on a new connection each;
+- ``accepted``: every honest packet's wait from its arrival at the sink to
+  its acceptance (read from the round's SQLite file every
+  ``_ACCEPTANCE_POLL`` s, read-only, as the aggregator commits: the
+  figure's resolution). Reported for every abuse, judged where the abuse
+  aims at verification (``_JUDGES_ACCEPTANCE``); before the next scenario
+  the bench waits until the aggregator's inbox is empty (an abuse's junk
+  decided), and reports how long that took.
 
 Each abuse runs in a fourth process (:mod:`anonml.bench._abuse_attacks`),
 as the README's attacker model: up to 64 addresses in each of 16 /24s of
@@ -50,7 +57,11 @@ snapshots, roster, receipt log, heads and status as fast as they are
 answered), ``relay-neighbour-fill`` (a colluding relay of the round's
 directory, authenticated with its listed key, sends packets inside the data
 phase, 1.25x the hold queue: while neighbours were exempt from the shares it
-took the whole queue and honest packets were refused BUSY).
+took the whole queue and honest packets were refused BUSY),
+``sink-colluding-relay-junk`` (the colluding relay floods the sink itself on
+4 connections: packets whose tokens fail their proofs, stored and then
+verified, and random frames whose final-layer MAC fails; the honest relay's
+packets must not wait for its backlog).
 """
 
 from __future__ import annotations
@@ -58,6 +69,7 @@ from __future__ import annotations
 import json
 import os
 import resource
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -123,6 +135,10 @@ _SUBSETS = 8  # k_h: each peer answers this many data surveys, so it has this ma
 _HOST = "127.0.0.1"
 _COLLUDER_HOST = "127.0.0.3"  # the colluding relay's listed address (the attacker's other sources: 127.N.0.H)
 _ROUTE_TIMEOUT = 120.0  # seconds for the relay to fetch its directory and the first packet to be accepted
+_ACCEPTANCE_POLL = 0.01  # seconds between looks at the aggregator's accepted packets (the figure's resolution)
+_DRAIN_TIMEOUT = 600.0  # seconds for an abuse's junk left in the aggregator's inbox to be decided
+_JUDGES_ACCEPTANCE = frozenset({"sink-colluding-relay-junk"})
+"""Abuses aimed at verification, where the ``accepted`` figure is judged too (elsewhere it is reported)."""
 
 
 def _free_port() -> int:
@@ -176,6 +192,7 @@ class _System:
     http_url: str
     sink: tuple[str, int]
     instant: int  # the relay's pinned clock: every hop window is [instant, instant]
+    database: Path  # the round's SQLite file (the aggregator's; the bench reads it only)
     via_relay: list[bytes]  # honest packets for the peer probe (relay, then the aggregator)
     direct: list[bytes]  # honest final-hop packets for the relay probe
     junk: list[tuple[bytes, ReleaseWindow]]  # junk-token messages and their final hop's window
@@ -271,7 +288,7 @@ def _start_system(work: Path, processes: list[subprocess.Popen[str]], nofile: in
                    relay_public=relay_key.public_key, relay_identity=LinkIdentity(load_identity_key(relay_dir)),
                    colluder_identity=colluder,
                    relay_metrics=int(relay["metrics"]), http_url=str(aggregator["http"]), sink=(_HOST, sink_port),
-                   instant=instant, via_relay=via_relay, direct=direct, junk=junk, nofile=nofile,
+                   instant=instant, database=home.round_dir(state.round_id) / "round.sqlite", via_relay=via_relay, direct=direct, junk=junk, nofile=nofile,
                    verifiers=verifiers)
 
 
@@ -303,6 +320,40 @@ class _Probe:
 
 
 PROBES = ("peer", "peer-fresh", "relay", "http", "http-fresh")
+
+
+class _Acceptances:
+    """Packets the aggregator accepts, seen in its SQLite file (read-only: a WAL reader never blocks its
+    commits): each one's wait from its arrival at the sink (``packets.arrived``, the sink's wall clock)."""
+
+    def __init__(self, database: Path) -> None:
+        self._db = sqlite3.connect(f"file:{database}?mode=ro", uri=True, check_same_thread=False)
+        self._seen = int(self._db.execute("SELECT COALESCE(MAX(rowid), 0) FROM packets").fetchone()[0])
+
+    def _look(self) -> list[float]:
+        """The waits of the packets accepted since the last look (the rowid grows with each insert)."""
+        rows = self._db.execute("SELECT rowid, arrived FROM packets WHERE rowid > ? ORDER BY rowid",
+                                (self._seen,)).fetchall()
+        now = time.time()
+        if rows:
+            self._seen = int(rows[-1][0])
+        return [now - float(arrived) for _, arrived in rows]
+
+    def inbox(self) -> int:
+        """Messages the aggregator holds undecided."""
+        return int(self._db.execute("SELECT COUNT(*) FROM inbox").fetchone()[0])
+
+    async def watch(self, probe: _Probe) -> None:
+        """Add each acceptance's wait to ``probe`` until cancelled."""
+        while True:
+            waits = await trio.to_thread.run_sync(self._look)
+            probe.latencies += waits
+            probe.sent += len(waits)
+            probe.ok += len(waits)
+            await trio.sleep(_ACCEPTANCE_POLL)
+
+    def close(self) -> None:
+        self._db.close()
 
 
 async def _packet_probe(open_client: Callable[[], LinkClient], fresh: bool, packets: Sequence[bytes], probe: _Probe,
@@ -409,13 +460,42 @@ async def _scenario(system: _System, abuse: str | None, work: Path, offsets: dic
     if attacker is not None:
         await trio.sleep(_ATTACK_LEAD)
     accepted_before = int((await _status(system.http_url))["counts"]["accepted"])
+    probes = {name: _Probe() for name in PROBES}
+    accepted_probe = _Probe()
+    acceptances = _Acceptances(system.database)
+    watching = trio.CancelScope()
+
+    async def watch_acceptances() -> None:
+        with watching:
+            await acceptances.watch(accepted_probe)
+
+    async with trio.open_nursery() as watcher:
+        watcher.start_soon(watch_acceptances)
+        result = await _probe_scenario(system, abuse, attacker, probes, offsets, accepted_before)
+        # The abuse's junk left in the inbox is decided before the next scenario starts.
+        drain_started = trio.current_time()
+        with trio.move_on_after(_DRAIN_TIMEOUT):
+            while await trio.to_thread.run_sync(acceptances.inbox):
+                await trio.sleep(0.25)
+        result["inbox_drain_seconds"] = round(trio.current_time() - drain_started, 1)
+        result["inbox_left"] = await trio.to_thread.run_sync(acceptances.inbox)
+        watching.cancel()
+    acceptances.close()
+    result["acked"]["accepted"] = f"{accepted_probe.ok}/{result['packets_sent']}"
+    result["p99_ms"]["accepted"] = _p99(accepted_probe.latencies)
+    return result
+
+
+async def _probe_scenario(system: _System, abuse: str | None, attacker: subprocess.Popen[str] | None,
+                          probes: dict[str, _Probe], offsets: dict[str, int], accepted_before: int) -> dict[str, Any]:
+    """The probes for _SCENARIO_SECONDS, the attacker stopped, then the wait for every acknowledged honest
+    packet to be accepted."""
     kept_count = int(_SCENARIO_SECONDS / _PROBE_INTERVAL)
     fresh_count = int(_SCENARIO_SECONDS / _FRESH_INTERVAL)
     start = offsets["peer"]
     peer_packets = system.via_relay[start : start + kept_count]
     fresh_packets = system.via_relay[start + kept_count : start + kept_count + fresh_count]
     direct_packets = system.direct[offsets["relay"] : offsets["relay"] + kept_count]
-    probes = {name: _Probe() for name in PROBES}
     services = [psutil.Process(process.pid) for process in system.processes]
     for service in services:
         service.cpu_percent()
@@ -511,6 +591,8 @@ def _judge(result: dict[str, Any]) -> None:
     ratios = {name: (value / base[name] if value is not None and base[name] else None)
               for name, value in result["p99_ms"].items()}
     result["p99_x_unloaded"] = {name: round(r, 2) if r is not None else None for name, r in ratios.items()}
+    if result["abuse"] not in _JUDGES_ACCEPTANCE:
+        del ratios["accepted"]
     missed = []
     if result["delivered"] is None or result["delivered"] < TARGET_DELIVERY:
         missed.append("delivery")

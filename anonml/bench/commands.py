@@ -19,8 +19,8 @@ import click
 
 # The relay's hold-filling abuses come last: on a relay that fails them the queue stays full (its
 # clock is pinned, so nothing is released) and would fail every later scenario too.
-ABUSES = ("relay-late-tags", "relay-junk-tokens", "relay-link-churn", "sink-stranger", "sink-garbage", "http-churn",
-          "http-slow-bodies", "http-polling", "relay-hold-fill-one", "relay-hold-fill", "relay-neighbour-fill")
+ABUSES = ("relay-late-tags", "relay-junk-tokens", "relay-link-churn", "sink-stranger", "sink-garbage",
+          "sink-colluding-relay-junk", "http-churn", "http-slow-bodies", "http-polling", "relay-hold-fill-one", "relay-hold-fill", "relay-neighbour-fill")
 """The abuse scenarios ``anonml bench abuse`` runs (:mod:`anonml.bench.abuse`)."""
 
 
