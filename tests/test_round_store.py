@@ -135,6 +135,60 @@ def test_a_sqlite_store_of_version_5_keeps_its_credentials_whose_retries_stay_re
     store.close()
 
 
+RELEASED_POSTGRES_VERSION_1 = "cbaf1aff0a108d748e5e0a97ce7a3130bafb8f0a37b7fc7d8a34fd34bdb9c083"
+"""SHA-256 of PostgreSQL's migration 1 as released (6e3e20f, unchanged up to 7ae5ab0^ where version 2 came):
+what every PostgreSQL store of schema version 1 in the field was made of."""
+
+
+def test_a_postgresql_store_of_version_1_is_migrated_and_replays_an_issuance(postgres_server: Any) -> None:
+    """Stores made before credentials kept their request's digest (schema version 1) gain the column on opening,
+    once, however many workers open the round at once, keep their rows, and serve an identical request again."""
+    from anonml.aggregator._engines import PostgresEngine
+
+    assert hashlib.sha256(POSTGRES_MIGRATIONS[0].encode()).hexdigest() == RELEASED_POSTGRES_VERSION_1
+    location = PostgresLocation(postgres_server.url, "test_from_version_1")
+    # What the release before version 2 did on opening a new round: the engine with migration 1 alone.
+    old = PostgresEngine(location, POSTGRES_MIGRATIONS[:1])
+    with old.transaction() as db:
+        db.execute("INSERT INTO credentials (identity_key, partition, response, issued_at) VALUES (?, 0, ?, 1000)",
+                   (PEER, b"old"))
+        db.execute("INSERT INTO inbox (tag, message, arrived) VALUES (?, ?, 1000.5)", (b"t" * 32, b"waiting"))
+    assert old.schema_versions() == [1]
+    old.close()
+
+    # Two workers open the round at once: one migrates, the other waits for it and applies nothing twice.
+    opened: list[RoundStore] = []
+    threads = [threading.Thread(target=lambda: opened.append(RoundStore(location))) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(opened) == 2
+    one, two = opened
+    try:
+        engine: Any = one._engine
+        assert engine.schema_versions() == [1, 2]
+        with one._engine.read() as db:
+            columns = {str(name) for (name,) in db.execute(
+                "SELECT column_name FROM information_schema.columns WHERE table_schema = ? AND table_name = ?",
+                (location.schema, "credentials")).fetchall()}
+        assert "request_digest" in columns
+        assert one.inbox_size() == 1
+        # Version 1 kept no request digest: a retry for that credential stays refused, as it was then.
+        assert one.issued_answer(PEER, ASKED) == IssuedAnswer(0, b"old", same_request=False)
+        # Issued after the migration: the identical request replayed gets its stored answer, from either worker.
+        newer = b"q" * 32
+        answer = IssuedAnswer(1, b"new", same_request=True)
+        assert one.record_credential(IssuedCredential(newer, 1, b"new", 1001, ASKED)) == answer
+        assert two.record_credential(IssuedCredential(newer, 1, b"new, second proof", 1002, ASKED)) == answer
+        assert two.issued_answer(newer, ASKED) == answer
+        assert two.issued_answer(newer, ASKED_AGAIN) == IssuedAnswer(1, b"new", same_request=False)
+        assert one.counts()["credentials"] == 2
+    finally:
+        for store in opened:
+            store.close()
+
+
 def test_each_report_is_accepted_once_and_the_log_is_dense_in_commit_order(open_store: Opener) -> None:
     store = open_store()
     first = [packet(SURVEY, 0), packet(OTHER, 1), packet(SURVEY, 2)]
