@@ -366,16 +366,21 @@ def netns_lines(result: dict[str, Any]) -> list[str]:
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--processes", type=click.IntRange(0, 64), default=1, show_default=True,
               help="Token verification processes per worker (0: in a thread of the worker, one process per worker).")
+@click.option("--one-session", is_flag=True,
+              help="Start the workers in the bench's own session, not each in its own: on Linux they then share one "
+                   "session's CPU share (autogroup) on a machine shared with other jobs.")
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
-def bench_ingest(packets: int, kills: int, seed: int, processes: int, as_json: bool) -> None:
+def bench_ingest(packets: int, kills: int, seed: int, processes: int, one_session: bool, as_json: bool) -> None:
     """Accepted reports/s through ingest workers: SQLite 1 worker, PostgreSQL 1 and 2; SIGKILL audits."""
     from anonml.bench.ingest import run_bench
 
-    figures = run_bench(packets, seed, kills, processes)
+    figures = run_bench(packets, seed, kills, processes, own_sessions=not one_session)
     if as_json:
         click.echo(json.dumps(figures, indent=2))
     else:
-        click.echo(f"{figures['frames']} frames; load average {figures['load_average'][0]:.2f} on {figures['cpus']} CPUs")
+        click.echo(f"{figures['frames']} frames; load average {figures['load_average'][0]:.2f} on {figures['cpus']} CPUs; "
+                   f"workers {'each in a session of its own' if figures['own_sessions'] else 'in the bench session'}, "
+                   f"{figures['processes']} verification processes each")
         for name, run in figures["runs"].items():
             click.echo(f"  {name:24} {run['accepted_per_second']:8.0f} accepted/s  ({run['accepted']} in {run['seconds']:.2f} s; "
                        f"lost {run['lost']}, doubled {run['doubled']}; CPU ms per report: workers "

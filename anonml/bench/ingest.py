@@ -11,6 +11,14 @@ empty). The ratio PostgreSQL-2 / PostgreSQL-1 is the scale-out figure; the
 machine's load average is printed beside it (DESIGN.md §11: ratios, because
 absolute times drift on shared machines).
 
+Each worker starts in a session of its own (``setsid``), as a service manager
+starts each service, or as a worker on its own host runs: Linux's scheduler
+(autogroup) shares the CPU fairly between sessions, not processes, so
+workers started in the bench's session would split that one session's
+share between them on a machine shared with other jobs: two would get no
+more CPU than one, and the ratio would measure that. ``--one-session`` starts
+them there, to show it.
+
 ``--kills N``: N more PostgreSQL runs with two workers, in each of which one
 worker is killed (SIGKILL) at a random moment of the delivery; the relay
 resends what the dead worker had not acknowledged to the survivor. Each run
@@ -170,9 +178,11 @@ def prepare_round(work: Path, n_packets: int, seed: int) -> PreparedRound:
 
 
 def _start_workers(home: Path, round_id: str, store: str | None, count: int, claim_seconds: float,
-                   *, processes: int = 1, within: float = 120.0) -> list[tuple[subprocess.Popen[bytes], int]]:
+                   *, processes: int = 1, own_sessions: bool = True,
+                   within: float = 120.0) -> list[tuple[subprocess.Popen[bytes], int]]:
     """``count`` ``anonml aggregator worker`` processes, each once it printed its port (stderr goes to a file
-    beside the round, so a worker that logs much never blocks on a full pipe)."""
+    beside the round, so a worker that logs much never blocks on a full pipe); each in a session of its own
+    unless not ``own_sessions`` (see the module's docstring)."""
     started = []
     environment = {**os.environ, **({"ANONML_AGGREGATOR_STORE": store} if store else {})}
     anonml = Path(sys.executable).with_name("anonml")
@@ -182,7 +192,7 @@ def _start_workers(home: Path, round_id: str, store: str | None, count: int, cla
                    "--name", f"w{index}", "--host", "127.0.0.1", "--claim-seconds", str(claim_seconds),
                    "--processes", str(processes)]
         with log_path.open("wb") as log_file:
-            child = subprocess.Popen(command, stderr=log_file, env=environment)
+            child = subprocess.Popen(command, stderr=log_file, env=environment, start_new_session=own_sessions)
         deadline = time.monotonic() + within
         while (port := _announced_port(log_path)) is None:
             if child.poll() is not None or time.monotonic() > deadline:
@@ -213,7 +223,7 @@ def _stop(workers: list[tuple[subprocess.Popen[bytes], int]]) -> None:
 
 def run_config(prepared: PreparedRound, work: Path, label: str, store: str | None, workers: int, *,
                kill_at: float | None = None, claim_seconds: float = 30.0, timeout: float = 600.0,
-               server_pid: int | None = None, processes: int = 1) -> RunResult:
+               server_pid: int | None = None, processes: int = 1, own_sessions: bool = True) -> RunResult:
     """Deliver every frame through ``workers`` worker processes (each with ``processes`` token verification
     processes) on a fresh copy of the round; audit the store.
     ``server_pid``: the PostgreSQL server's postmaster, whose CPU time is measured beside the workers'."""
@@ -224,7 +234,8 @@ def run_config(prepared: PreparedRound, work: Path, label: str, store: str | Non
         location = home / "rounds" / prepared.round_id / "round.sqlite"
     else:
         location = PostgresLocation(store, f"round_{prepared.round_id[:32]}")
-    children = _start_workers(home, prepared.round_id, store, workers, claim_seconds, processes=processes)
+    children = _start_workers(home, prepared.round_id, store, workers, claim_seconds, processes=processes,
+                              own_sessions=own_sessions)
     observer = RoundStore(location)
     worker_pids = [child.pid for child, _ in children]
     server_pids = [] if server_pid is None else [server_pid]
@@ -313,28 +324,33 @@ async def _deliver(prepared: PreparedRound, children: list[tuple[subprocess.Pope
     return len(still), resent, (killed[0] if killed else None), (held[0] if held else 0)
 
 
-def run_bench(n_packets: int, seed: int, kills: int, processes: int = 1) -> dict[str, Any]:
+def run_bench(n_packets: int, seed: int, kills: int, processes: int = 1, own_sessions: bool = True) -> dict[str, Any]:
     """The three configurations and ``kills`` kill runs, each on a fresh copy of one round (and a fresh database);
-    each worker verifies tokens in ``processes`` processes of its own (0: in a thread of the worker)."""
+    each worker verifies tokens in ``processes`` processes of its own (0: in a thread of the worker), in a
+    session of its own unless not ``own_sessions``."""
     with tempfile.TemporaryDirectory(prefix="anonml-bench-ingest-") as tmp, private_postgres() as server:
         work = Path(tmp)
         prepared = prepare_round(work / "prepared", n_packets, seed)
         runs = {
-            "sqlite, 1 worker": run_config(prepared, work, "sqlite1", None, 1, processes=processes),
+            "sqlite, 1 worker": run_config(prepared, work, "sqlite1", None, 1, processes=processes,
+                                           own_sessions=own_sessions),
             "postgresql, 1 worker": run_config(prepared, work, "pg1", _fresh_database(server, "pg1"), 1,
-                                               server_pid=server.postmaster_pid(), processes=processes),
+                                               server_pid=server.postmaster_pid(), processes=processes,
+                                               own_sessions=own_sessions),
             "postgresql, 2 workers": run_config(prepared, work, "pg2", _fresh_database(server, "pg2"), 2,
-                                                server_pid=server.postmaster_pid(), processes=processes),
+                                                server_pid=server.postmaster_pid(), processes=processes,
+                                                own_sessions=own_sessions),
         }
         one = runs["postgresql, 1 worker"].seconds
         rng = random.Random(seed)
         # Kill moments spread over the delivery and the verification after it (two workers take about half as long).
         killed = [run_config(prepared, work, f"kill{k}", _fresh_database(server, f"kill{k}"), 2,
-                             kill_at=rng.uniform(0.05, 0.9) * one / 2, claim_seconds=3.0, processes=processes)
+                             kill_at=rng.uniform(0.05, 0.9) * one / 2, claim_seconds=3.0, processes=processes,
+                             own_sessions=own_sessions)
                   for k in range(kills)]
     cores = os.cpu_count() or 1
     figures: dict[str, Any] = {"frames": len(prepared.frames), "load_average": os.getloadavg(), "cpus": cores,
-                               "processes": processes, "runs": {k: _figures(v) for k, v in runs.items()}}
+                               "processes": processes, "own_sessions": own_sessions, "runs": {k: _figures(v) for k, v in runs.items()}}
     base, sqlite = runs["postgresql, 1 worker"].per_second, runs["sqlite, 1 worker"].per_second
     figures["ratio_pg2_to_pg1"] = runs["postgresql, 2 workers"].per_second / base if base else 0.0
     figures["ratio_pg1_to_sqlite1"] = base / sqlite if sqlite else 0.0
