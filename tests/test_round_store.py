@@ -167,7 +167,7 @@ def test_a_postgresql_store_of_version_1_is_migrated_and_replays_an_issuance(pos
     one, two = opened
     try:
         engine: Any = one._engine
-        assert engine.schema_versions() == [1, 2]
+        assert engine.schema_versions() == list(range(1, len(POSTGRES_MIGRATIONS) + 1))  # each applied once
         with one._engine.read() as db:
             columns = {str(name) for (name,) in db.execute(
                 "SELECT column_name FROM information_schema.columns WHERE table_schema = ? AND table_name = ?",
