@@ -608,3 +608,25 @@ def test_multiples_of_g_and_h_come_from_their_tables_and_equal_the_ladder(monkey
     assert calls == []
     secret_mul(scalars[-1], other)
     assert calls == [other]
+
+
+def test_a_made_token_gives_its_makers_tag_digest_without_the_credential(secret_key: IssuerSecretKey) -> None:
+    # protocol.seal_report takes its receipt from the token it just made (one multiplication fewer): it must be the
+    # digest tag_digest gives and verify_token returns, and differ between surveys.
+    from anonml.crypto import made_tag_digest, tag_digest
+
+    public_key = secret_key.public_key()
+    request, state = begin_issuance(public_key, CredentialSecret.generate(seeded_rng(b"made tag")), 3)
+    credential = finish_issuance(state, issue_credential(secret_key, request.to_bytes(), 3).to_bytes())
+    token_a = make_token(public_key, credential, CTX_A, MESSAGE)
+    assert made_tag_digest(token_a) == tag_digest(credential, CTX_A) == verify_token(secret_key, CTX_A, MESSAGE, token_a, expected_partition=3)
+    assert made_tag_digest(make_token(public_key, credential, CTX_B, MESSAGE)) == tag_digest(credential, CTX_B) != made_tag_digest(token_a)
+    with pytest.raises(ValueError, match="a token is"):
+        made_tag_digest(token_a[:-1])
+    # The peer's receipt for a sealed report is still the digest of its tag in that survey.
+    from anonml.crypto import SphinxGeometry
+    from anonml.protocol import receipt_digest, seal_report
+
+    survey = SurveyId.data(ROUND, 3, 1)
+    sealed = seal_report(public_key, credential, survey, b"report", SphinxGeometry.create().message_size)
+    assert sealed.receipt == receipt_digest(tag_digest(credential, survey.to_bytes()))
