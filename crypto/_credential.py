@@ -466,8 +466,10 @@ def begin_issuance(
     s = secret._s
     elgamal_key = secret_mul(d, G)
     a1 = secret_mul(r, G)
-    a2 = secret_mul(s, G) + secret_mul(r, elgamal_key)
-    commitments = (secret_mul(kd, G), secret_mul(kr, G), secret_mul(ks, G) + secret_mul(kr, elgamal_key))
+    # The peer knows d, so s·g + r·D = (s + r·d)·g and ks·g + kr·D = (ks + kr·d)·g: the same points,
+    # every multiplication here by g from its table (crypto._group).
+    a2 = secret_mul((s + r * d) % ORDER, G)
+    commitments = (secret_mul(kd, G), secret_mul(kr, G), secret_mul((ks + kr * d) % ORDER, G))
     unsigned = IssuanceRequest(public_key.kid, partition, elgamal_key, a1, a2, 0, (0, 0, 0))
     c = _request_challenge(public_key, unsigned, commitments)
     responses = ((kd - c * d) % ORDER, (ks - c * s) % ORDER, (kr - c * r) % ORDER)
