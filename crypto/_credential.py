@@ -466,8 +466,10 @@ def begin_issuance(
     s = secret._s
     elgamal_key = secret_mul(d, G)
     a1 = secret_mul(r, G)
-    a2 = secret_mul(s, G) + secret_mul(r, elgamal_key)
-    commitments = (secret_mul(kd, G), secret_mul(kr, G), secret_mul(ks, G) + secret_mul(kr, elgamal_key))
+    # The peer knows d, so s·g + r·D = (s + r·d)·g and ks·g + kr·D = (ks + kr·d)·g: the same points,
+    # every multiplication here by g from its table (crypto._group).
+    a2 = secret_mul((s + r * d) % ORDER, G)
+    commitments = (secret_mul(kd, G), secret_mul(kr, G), secret_mul((ks + kr * d) % ORDER, G))
     unsigned = IssuanceRequest(public_key.kid, partition, elgamal_key, a1, a2, 0, (0, 0, 0))
     c = _request_challenge(public_key, unsigned, commitments)
     responses = ((kd - c * d) % ORDER, (ks - c * s) % ORDER, (kr - c * r) % ORDER)
@@ -556,11 +558,14 @@ def issue_credential(
         b"issuance-response", secret_key.to_bytes(), request_bytes, rng, 8
     )
     t1 = b * x1 % ORDER
+    # The issuer knows the logarithms of its own points (U = b·g, X1 = x1·h), so every multiple of
+    # U or X1 is a multiple of g or h by a product of scalars: the same points, from the generators'
+    # tables (crypto._group) at a fraction of a multiplication of an arbitrary point.
     u = secret_mul(b, G)
-    t1_point = secret_mul(b, public_key.x1_pub)
+    t1_point = secret_mul(t1, H)  # b·X1
     e1 = secret_mul(t1, request.a1) + secret_mul(rp, G)
     e2 = (
-        secret_mul((x0 + partition * x2) % ORDER, u)
+        secret_mul((x0 + partition * x2) * b % ORDER, G)  # (x0 + j·x2)·U
         + secret_mul(t1, request.a2)
         + secret_mul(rp, request.elgamal_key)
     )
@@ -568,10 +573,10 @@ def issue_credential(
         secret_mul(k_x0, G) + secret_mul(k_x0b, H),
         secret_mul(k_x2, H),
         secret_mul(k_b, G),
-        secret_mul(k_b, public_key.x1_pub),
+        secret_mul(k_b * x1 % ORDER, H),  # k_b·X1
         secret_mul(k_t1, H),
         secret_mul(k_t1, request.a1) + secret_mul(k_rp, G),
-        secret_mul((k_x0 + partition * k_x2) % ORDER, u)
+        secret_mul((k_x0 + partition * k_x2) * b % ORDER, G)  # (k_x0 + j·k_x2)·U
         + secret_mul(k_t1, request.a2)
         + secret_mul(k_rp, request.elgamal_key),
     )

@@ -14,19 +14,32 @@ Two multiplication helpers exist on purpose:
 * :func:`public_lincomb` is petlib's ``wsum`` (``EC_POINTs_mul``), a
   variable-time multi-scalar multiplication. It is faster and is only ever
   given public scalars (proof responses, challenges, the public partition).
+
+Both multiply the two fixed generators ``G`` and ``H`` from a table of their
+precomputed multiples (:class:`_GeneratorTable`): a copy of the curve's group
+whose generator is that point, after OpenSSL's ``EC_GROUP_precompute_mult``.
+A scalar times a group's generator is OpenSSL's fixed-base path (the one its
+ECDSA signing nonces take): for P-256 ``ecp_nistz256``'s table of 7-bit
+windows read with a constant-time gather (the generic code's Montgomery
+ladder elsewhere), so secret scalars stay constant time, at a fraction of
+the cost of a multiplication of an arbitrary point (half the issuer's
+multiplications and most of the peer's are by ``G`` or ``H``).
 """
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import os
 import struct
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, Union
 
 import numpy as np
-from petlib.bindings import _C
-from petlib.bn import Bn
+import petlib._petlib
+from petlib.bindings import _C, _FFI
+from petlib.bn import Bn, get_ctx
 from petlib.ec import EcGroup, EcPt
 
 from anonml.base.errors import InputError
@@ -118,21 +131,108 @@ def _to_bn(scalar: int) -> Bn:
     return Bn.from_binary(scalar.to_bytes(SCALAR_BYTES, "big"))
 
 
+def _address(pointer: Any) -> int:
+    return int(_FFI.cast("uintptr_t", pointer))
+
+
+class _GeneratorTable:
+    """OpenSSL's precomputed multiples of one fixed point: a copy of :data:`GROUP` with that point
+    as its generator, made on first use (a fraction of a second; one per process and point).
+
+    ``EC_GROUP_set_generator`` is not in petlib's bindings: it is looked up
+    through petlib's own extension (``dlsym`` on it searches the libcrypto it
+    was linked with), so the group it changes is one that library made.
+    """
+
+    def __init__(self, point: Point) -> None:
+        self.point = point
+        self._group: EcGroup | None = None
+        self._lock = threading.Lock()
+
+    def _ready(self) -> EcGroup:
+        group = self._group
+        if group is None:
+            with self._lock:
+                if self._group is None:
+                    self._group = self._build()
+                group = self._group
+        return group
+
+    def _build(self) -> EcGroup:
+        group = EcGroup(CURVE_NID)
+        set_generator = ctypes.CDLL(petlib._petlib.__file__).EC_GROUP_set_generator
+        set_generator.argtypes = [ctypes.c_void_p] * 4
+        set_generator.restype = ctypes.c_int
+        order, cofactor = GROUP.order(), Bn(1)  # kept alive across the call: OpenSSL copies them
+        if set_generator(_address(group.ecg), _address(self.point.pt), _address(order.bn), _address(cofactor.bn)) != 1:
+            raise RuntimeError("OpenSSL refused EC_GROUP_set_generator for a fixed P-256 point")
+        if _C.EC_GROUP_precompute_mult(group.ecg, get_ctx().bnctx) != 1:
+            raise RuntimeError("OpenSSL could not precompute the multiples of a fixed P-256 point")
+        return group
+
+    def mul(self, scalar: Bn) -> Point:
+        """``scalar·point`` from the table: constant time (module docstring)."""
+        result: Point = EcPt(GROUP)
+        if _C.EC_POINT_mul(self._ready().ecg, result.pt, scalar.bn, _FFI.NULL, _FFI.NULL, get_ctx().bnctx) != 1:
+            raise RuntimeError("OpenSSL failed a fixed-base P-256 multiplication")
+        return result
+
+    def mul_plus(self, scalar: Bn, scalars: Sequence[Bn], points: Sequence[Point]) -> Point:
+        """``scalar·point + Σ scalars[i]·points[i]`` in one ``EC_POINTs_mul`` (variable time: PUBLIC scalars only)."""
+        result: Point = EcPt(GROUP)
+        err = _C.EC_POINTs_mul(self._ready().ecg, result.pt, scalar.bn, len(points), [p.pt for p in points],
+                               [k.bn for k in scalars], get_ctx().bnctx)
+        if err != 1:
+            raise RuntimeError("OpenSSL failed a P-256 multi-scalar multiplication")
+        return result
+
+
+def _table_of(point: Point) -> _GeneratorTable | None:
+    """The table of ``G`` or ``H`` (by identity: the module's own two points), else None."""
+    return _FIXED_TABLES.get(id(point))
+
+
 def secret_mul(scalar: int, point: Point) -> Point:
     """``scalar·point`` in constant time, for secret scalars in ``[0, q)``.
 
     petlib's ``EcPt.pt_mul`` calls ``EC_POINT_mul`` with a single point and
     no generator scalar; for P-256 OpenSSL dispatches that to its
     constant-time windowed multiplication (``ecp_nistz256``, or the Montgomery
-    ladder in the generic code). ``wsum`` must never see these scalars.
+    ladder in the generic code). ``G`` and ``H`` go through their tables
+    (constant time too, module docstring). ``wsum`` must never see these scalars.
     """
+    table = _table_of(point)
+    if table is not None:
+        return table.mul(_to_bn(scalar))
     return point.pt_mul(_to_bn(scalar))
 
 
 def public_lincomb(scalars: Sequence[int], points: Sequence[Point]) -> Point:
-    """``Σ scalars[i]·points[i]`` in variable time; PUBLIC scalars only."""
-    result: Point = GROUP.wsum([_to_bn(k % ORDER) for k in scalars], list(points))
+    """``Σ scalars[i]·points[i]`` in variable time; PUBLIC scalars only (the terms on ``G`` and ``H``
+    from their tables)."""
+    fixed: list[tuple[_GeneratorTable, Bn]] = []
+    rest: list[Point] = []
+    weights: list[Bn] = []
+    for k, point in zip(scalars, points, strict=True):
+        table = _table_of(point)
+        if table is None:
+            rest.append(point)
+            weights.append(_to_bn(k % ORDER))
+        else:
+            fixed.append((table, _to_bn(k % ORDER)))
+    if not fixed:
+        result: Point = GROUP.wsum(weights, rest)
+        return result
+    # The first table's term rides in the same call, as that group's generator scalar.
+    (table, k), *others = fixed
+    result = table.mul_plus(k, weights, rest)
+    for table, k in others:
+        result = result + table.mul(k)
     return result
+
+
+# Keyed by identity: G and H live as long as the module, so their ids are never reused.
+_FIXED_TABLES: dict[int, _GeneratorTable] = {id(point): _GeneratorTable(point) for point in (G, H)}
 
 
 def encode_point(point: Point) -> bytes:

@@ -28,7 +28,7 @@ import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from anonml.crypto import TOKEN_BYTES, Credential, IssuerPublicKey, make_token, tag_digest
+from anonml.crypto import TOKEN_BYTES, Credential, IssuerPublicKey, made_tag_digest, make_token
 from anonml.base.errors import InputError
 from anonml.protocol._api import receipt_digest
 from anonml.protocol._features import MAX_QUANTILES
@@ -172,7 +172,8 @@ def seal_report(
     ctx = survey.to_bytes()
     token = make_token(issuer, credential, ctx, bound_bytes(survey, report))
     message = SurveyMessage(survey, token, report).to_bytes(message_size)
-    return SealedReport(survey, message, receipt_digest(tag_digest(credential, ctx)))
+    # The receipt from the tag the token holds: one P-256 multiplication fewer than crypto.tag_digest.
+    return SealedReport(survey, message, receipt_digest(made_tag_digest(token)))
 
 
 def bound_bytes(survey: SurveyId, report: bytes) -> bytes:

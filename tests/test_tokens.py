@@ -12,7 +12,9 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+import petlib.ec
 import pytest
+from petlib.bn import Bn
 from scipy import stats
 
 import anonml.crypto._credential as credential_module
@@ -50,7 +52,9 @@ from anonml.crypto._group import (
     H,
     Transcript,
     encode_point,
+    is_identity,
     length_prefixed,
+    public_lincomb,
     random_scalar,
     secret_mul,
     seeded_rng,
@@ -428,6 +432,14 @@ def test_secret_scalars_never_reach_wsum(secret_key: IssuerSecretKey, monkeypatc
         wsum_scalars.extend(int(w) for w in weights)
         return original_wsum(weights, points)
 
+    original_mul_plus = group_module._GeneratorTable.mul_plus
+
+    def recording_mul_plus(table: Any, scalar: Any, weights: list[Any], points: list[Any]) -> Any:
+        # The other variable-time sum: a term on g or h rides in EC_POINTs_mul as that table's generator.
+        wsum_calls.append(phase[0])
+        wsum_scalars.extend(int(w) for w in (scalar, *weights))
+        return original_mul_plus(table, scalar, weights, points)
+
     def recording_secret_mul(scalar: int, point: Any) -> Any:
         secret_scalars.add(scalar)
         return original_secret_mul(scalar, point)
@@ -438,6 +450,7 @@ def test_secret_scalars_never_reach_wsum(secret_key: IssuerSecretKey, monkeypatc
         return nonces
 
     monkeypatch.setattr(GROUP, "wsum", recording_wsum)
+    monkeypatch.setattr(group_module._GeneratorTable, "mul_plus", recording_mul_plus)
     for module in (credential_module, token_module):
         monkeypatch.setattr(module, "secret_mul", recording_secret_mul)
         monkeypatch.setattr(module, "hedged_scalars", recording_hedged)
@@ -566,3 +579,54 @@ def test_a_numpy_generator_is_accepted_as_rng(secret_key: IssuerSecretKey, peer_
     three = make_token(public_key, peer_a, CTX_A, MESSAGE, rng=np.random.default_rng(8))
     assert one == two != three
     assert verify_token(secret_key, CTX_A, MESSAGE, three, expected_partition=3) == tag_digest(peer_a, CTX_A)
+
+
+def test_multiples_of_g_and_h_come_from_their_tables_and_equal_the_ladder(monkeypatch: pytest.MonkeyPatch) -> None:
+    # crypto._group multiplies g and h from OpenSSL's precomputed multiples (a copy of the group with that point
+    # as generator): the same points as the arbitrary-point ladder, for secret and public scalars alike.
+    rng = seeded_rng(b"generator tables")
+    scalars = [1, 2, ORDER - 1, *(random_scalar(rng) for _ in range(8))]
+    other = secret_mul(random_scalar(rng), G)
+
+    def bn(k: int) -> Bn:
+        return Bn.from_binary((k % ORDER).to_bytes(32, "big"))
+
+    for base in (G, H):
+        for k in scalars:
+            assert encode_point(secret_mul(k, base)) == encode_point(base.pt_mul(bn(k)))
+    for k in scalars:
+        expected = GROUP.wsum([bn(k), bn(k + 1), bn(3)], [G, H, other])
+        assert encode_point(public_lincomb([k, k + 1, 3], [G, H, other])) == encode_point(expected)
+    # Two terms on g: one rides in EC_POINTs_mul as the table's generator, the other is added after.
+    assert is_identity(public_lincomb([5, ORDER - 5], [G, G]))
+    # Neither generator takes the ladder: a multiple of g or h never calls EcPt.pt_mul.
+    calls: list[object] = []
+    original = petlib.ec.EcPt.pt_mul
+    monkeypatch.setattr(petlib.ec.EcPt, "pt_mul", lambda point, k: calls.append(point) or original(point, k))
+    secret_mul(scalars[-1], G)
+    secret_mul(scalars[-1], H)
+    assert calls == []
+    secret_mul(scalars[-1], other)
+    assert calls == [other]
+
+
+def test_a_made_token_gives_its_makers_tag_digest_without_the_credential(secret_key: IssuerSecretKey) -> None:
+    # protocol.seal_report takes its receipt from the token it just made (one multiplication fewer): it must be the
+    # digest tag_digest gives and verify_token returns, and differ between surveys.
+    from anonml.crypto import made_tag_digest, tag_digest
+
+    public_key = secret_key.public_key()
+    request, state = begin_issuance(public_key, CredentialSecret.generate(seeded_rng(b"made tag")), 3)
+    credential = finish_issuance(state, issue_credential(secret_key, request.to_bytes(), 3).to_bytes())
+    token_a = make_token(public_key, credential, CTX_A, MESSAGE)
+    assert made_tag_digest(token_a) == tag_digest(credential, CTX_A) == verify_token(secret_key, CTX_A, MESSAGE, token_a, expected_partition=3)
+    assert made_tag_digest(make_token(public_key, credential, CTX_B, MESSAGE)) == tag_digest(credential, CTX_B) != made_tag_digest(token_a)
+    with pytest.raises(ValueError, match="a token is"):
+        made_tag_digest(token_a[:-1])
+    # The peer's receipt for a sealed report is still the digest of its tag in that survey.
+    from anonml.crypto import SphinxGeometry
+    from anonml.protocol import receipt_digest, seal_report
+
+    survey = SurveyId.data(ROUND, 3, 1)
+    sealed = seal_report(public_key, credential, survey, b"report", SphinxGeometry.create().message_size)
+    assert sealed.receipt == receipt_digest(tag_digest(credential, survey.to_bytes()))

@@ -241,7 +241,7 @@ def test_a_batch_costs_the_group_work_the_bench_prices_as_its_floor(
     # ``anonml bench crypto`` prices BATCH_POINTS_PER_TOKEN as the floor of a
     # batched verification: count the decompressions and the points summed.
     from anonml.crypto import BATCH_POINTS_PER_TOKEN
-    from anonml.crypto._group import GROUP
+    from anonml.crypto._group import GROUP, _GeneratorTable
 
     import petlib.ec
 
@@ -257,8 +257,20 @@ def test_a_batch_costs_the_group_work_the_bench_prices_as_its_floor(
         summed.append(len(points))
         return original_wsum(weights, points)
 
+    original_mul_plus, original_mul = _GeneratorTable.mul_plus, _GeneratorTable.mul
+
+    def counting_mul_plus(table: object, scalar: object, weights: list[object], points: list[object]) -> object:
+        summed.append(len(points) + 1)  # and the table's own point (g or h)
+        return original_mul_plus(table, scalar, weights, points)  # type: ignore[arg-type]
+
+    def counting_mul(table: object, scalar: object) -> object:
+        summed.append(1)
+        return original_mul(table, scalar)  # type: ignore[arg-type]
+
     monkeypatch.setattr(petlib.ec.EcPt, "from_binary", staticmethod(counting_from_binary))
     monkeypatch.setattr(GROUP, "wsum", counting_wsum)
+    monkeypatch.setattr(_GeneratorTable, "mul_plus", counting_mul_plus)
+    monkeypatch.setattr(_GeneratorTable, "mul", counting_mul)
     jobs = good_jobs[:64]
     assert _refused(verify_tokens(secret_key, jobs)) == {}
     per_token_decoded, per_token_summed = BATCH_POINTS_PER_TOKEN

@@ -35,11 +35,10 @@ from anonml.crypto import (
     never_replayed,
     node_id_of,
     process_packet,
-    tag_digest,
     verify_token,
 )
 from anonml.peer import PeerIdentity
-from anonml.protocol import RegisterRequest, SurveyId, SurveyMessage, bound_bytes
+from anonml.protocol import RegisterRequest, SurveyId, bound_bytes, seal_report
 
 # Samples per figure: enough for a stable mean of millisecond calls, a
 # fraction of a second in all.
@@ -112,10 +111,8 @@ def _crypto_costs(path_length: int, samples: int) -> dict[str, float]:
     report = b"\x00" * 8
 
     def token() -> bytes:
-        made = make_token(public, credential, survey.to_bytes(), bound_bytes(survey, report))
-        tag_digest(credential, survey.to_bytes())
-        message = SurveyMessage(survey, made, report).to_bytes(geometry.message_size)
-        return build_packet(geometry, hops, message)
+        # What a peer runs per message (peer._join.prepare): the sealed report, then its packet.
+        return build_packet(geometry, hops, seal_report(public, credential, survey, report, geometry.message_size).message)
 
     packet = token()
     made = make_token(public, credential, survey.to_bytes(), bound_bytes(survey, report))
