@@ -14,7 +14,7 @@ from sklearn.metrics import roc_auc_score
 from anonml.learning import SgdRule, averaged_model, sgd_encoding, sgd_iteration
 from anonml.learning._linear import clipped_gradients, harmony_step
 from anonml.learning._tables import load_builtin
-from anonml.mechanisms import PrivacyLedger
+from anonml.mechanisms import PrivacyLedger, ReleaseKind
 from anonml.protocol import (
     MAX_SGD_DIMENSION,
     DocumentKind,
@@ -29,7 +29,7 @@ from anonml.protocol import (
 )
 from anonml.aggregator._report import summarise
 from anonml.aggregator._store import RoundStore
-from anonml.peer import Dataset, Event, PeerStore, RoundPipeline, describe_release
+from anonml.peer import Dataset, Event, PeerLedger, PeerStore, RoundPipeline, describe_release
 from anonml.simulate import RoundSetup, RoundTrace, SimulationConfig, simulate_round
 from anonml.simulate._world import _seeded, peer_row
 from test_manifest import SIGNING_KEY, T0, fixed_manifest
@@ -215,6 +215,11 @@ def test_a_simulated_sgd_rounds_models_are_the_replayed_steps_and_the_consent_st
     outcome = trace.peers[0]
     row = peer_row(outcome.index, np.random.default_rng(_seeded(trace.config.seed, "data", outcome.index)))
     vector = RoundPipeline.for_spec(spec).vector_of(Dataset((Event(row, None, 1),)))
+    # Every peer's ledger holds ONE gradient release (not a subset report) at exactly the promise.
+    for taken in trace.peers:
+        releases = [r for spend in peer_store.spends(taken.key, trace.manifest.round_id) for r in spend.releases()]
+        assert [(r.kind, r.epsilon) for r in releases] == [(ReleaseKind.GRADIENT, manifest.eps_total)]
+        assert PeerLedger(peer_store, taken.key, trace.manifest.round_id, manifest.eps_total).spent() == manifest.eps_total
     # A peer that took part sees its one release in its ledger; a new peer is told what it would send.
     spent = describe_release(trace.manifest, spec, vector, peer_store, outcome.key)
     assert spent.cost == manifest.eps_total and "1 release(s), epsilon 4" in spent.text, spent.text
