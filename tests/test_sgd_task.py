@@ -245,6 +245,12 @@ def test_the_sgd_demo_plans_a_round_round_new_accepts_with_one_step_per_partitio
     spec = parse_round_spec(round_spec(data, params, relays, 8080, 8081))
     assert spec.task.kind == TaskKind.SGD and spec.schedule.median_rounds == SGD_STEPS == spec.learning.k_p
     assert spec.learning.comparison_pool == 0
+    # --sgd-steps: the round takes that many steps, a partition each, and the spec still covers every feature.
+    eight = parse_round_spec(round_spec(data, plan_round(data, 200, 4.0, 2, 0, costs(1.0), n_cores=2, task=TaskKind.SGD, sgd_steps=8),
+                                        relays, 8080, 8081))
+    assert eight.schedule.median_rounds == 8 == eight.learning.k_p and eight.learning.k_s * 8 >= len(data.spec.features)
+    with pytest.raises(ValueError, match="at least one gradient step"):
+        plan_round(data, 200, 4.0, 2, 0, costs(1.0), n_cores=2, task=TaskKind.SGD, sgd_steps=0)
 
 
 def test_an_sgd_spec_needs_a_partition_per_step_and_no_pool() -> None:
@@ -287,3 +293,12 @@ def test_an_sgd_rounds_aggregator_takes_gradients_in_the_steps_and_refuses_data_
     first = state.publish_thresholds(0)
     assert first == state.sgd.initial_model() == state.publish_thresholds(0) == state.sgd_model(0)
     assert state.phase_surveys(manifest.schedule.data) == {}
+
+
+def test_the_demo_refuses_sgd_steps_without_the_sgd_task_in_one_line() -> None:
+    from click.testing import CliRunner
+
+    from anonml.cli import main
+
+    result = CliRunner().invoke(main, ["demo", "--sgd-steps", "8"])
+    assert result.exit_code == 2 and "--sgd-steps is for --task sgd" in result.output and "Traceback" not in result.output, result.output
