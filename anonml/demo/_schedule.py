@@ -142,6 +142,8 @@ class DemoParams:
     """A statistics task's ``[task] queries`` (none: the default set)."""
     rows_per_peer: int = 1
     """Rows each peer holds (a model-averaging round's ``[task] rows_per_peer``; 1 otherwise)."""
+    sgd_learning_rate: float | None = None
+    """An SGD round's signed γ0 (``[task] learning_rate``); None: the learner's default, and no field."""
 
     def total_seconds(self) -> int:
         """From ``round new`` until the data phase's second delivery window closes (publish gaps included).
@@ -250,7 +252,8 @@ def model_blocks(data: DemoData) -> int:
 
 def plan_round(data: DemoData, peers: int, epsilon: float, workers: int, seed: int, costs: PhaseCosts,
                n_cores: int | None = None, outage: float = 0.0, task: TaskKind = TaskKind.ENSEMBLE, queries: Sequence[str] = (),
-               rows_per_peer: int = 1, round_trip: float = 0.0, sgd_steps: int = SGD_STEPS) -> DemoParams:
+               rows_per_peer: int = 1, round_trip: float = 0.0, sgd_steps: int = SGD_STEPS,
+               sgd_learning_rate: float | None = None) -> DemoParams:
     """The demo's round with every window sized by the rule of the module docstring from ``costs``.
 
     ``outage``: the longest a killed relay or aggregator stays away (the fault bench's downtime and restart;
@@ -328,6 +331,7 @@ def plan_round(data: DemoData, peers: int, epsilon: float, workers: int, seed: i
         data_second_delivery_window=delivery(SECOND_WINDOW_PATHS * data_messages),
         check_seconds=max(MIN_CHECK_SECONDS, math.ceil(publication)),
         publish_gap=max(MIN_PUBLISH_GAP, math.ceil(publication)), task=task, queries=tuple(queries), rows_per_peer=rows_per_peer,
+        sgd_learning_rate=sgd_learning_rate if task == TaskKind.SGD else None,
     )
 
 
@@ -381,7 +385,8 @@ def round_spec(data: DemoData, params: DemoParams, relays: list[dict[str, Any]],
         "name": f"demo-{data.name}",
         "task": {"kind": str(params.task), "features": spec["features"], "label": spec["label"], "quantiles": params.quantiles,
                  **({"queries": list(params.queries)} if params.queries else {}),
-                 **({"rows_per_peer": params.rows_per_peer} if params.task == TaskKind.MODEL_AVERAGING else {})},
+                 **({"rows_per_peer": params.rows_per_peer} if params.task == TaskKind.MODEL_AVERAGING else {}),
+                 **({"learning_rate": params.sgd_learning_rate} if params.sgd_learning_rate is not None else {})},
         "learning": {"k_p": params.k_p, "k_h": params.k_h, "k_s": params.k_s, "plan": params.plan, "learner": "logreg",
                      "vote": params.vote, "comparison_pool": params.comparison_pool},
         # A statistics task needs a unary encoding (aggregator._spec): optimized unary encoding, the least variance of them.
