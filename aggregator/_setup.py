@@ -112,7 +112,7 @@ def create_round(
         registration=participation.registration, identity_key=bytes(signing_key.verify_key), purpose=participation.purpose,
         max_roster=participation.max_roster, comparison_pool=round(plan.comparison_pool * 1000),
         min_anonymity_set=participation.min_anonymity_set, task_kind=spec.task.kind, rows_per_peer=spec.task.rows_per_peer,
-        statistic_queries=tuple(query.text for query in spec.task.queries),
+        statistic_queries=tuple(query.text for query in spec.task.queries), sgd_learning_rate=spec.task.learning_rate,
     )
     signed = SignedManifest.sign(manifest, signing_key)
     directory = home.round_dir(signed.round_id)

@@ -21,6 +21,8 @@ builtin = "adult"           # csv --spec` reads (relative to this spec); or feat
                             # histogram:F, mean:F (numeric), quantile:F:Q (numeric, 0 < Q < 1, on the cut points'
                             # grid). Peers release only the features the queries read, and no label unless
                             # count:label is asked
+# learning_rate = 3         # optional, kind = "sgd" only: γ0 of the gradient steps (step k moves by γ0/√k;
+                            # default 1), signed in the manifest
 quantiles = 3               # optional: cut points per numeric feature, found by the median search
                             # (default: each feature's own, 1 = the median; q cut points give q + 1 bins)
 

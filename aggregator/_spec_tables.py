@@ -30,6 +30,7 @@ from anonml.protocol import (
     MAX_QUANTILES,
     MAX_ROSTER,
     MAX_ROWS_PER_PEER,
+    MAX_SGD_LEARNING_RATE,
     PLAN_KINDS,
     REGISTRATION_POLICIES,
     TASK_KINDS,
@@ -95,6 +96,8 @@ class TaskTable:
     rows_per_peer: int = 0
     """A model-averaging task's minimum rows per data peer (``rows_per_peer``, at least the learner's
     ``MIN_ROWS_PER_PEER``, which is also its default); 0 for every other kind, which may not set it."""
+    learning_rate: float | None = None
+    """An SGD task's γ0 (``learning_rate``, signed in the manifest); None: the learner's default. No other kind may set it."""
 
     @property
     def labelled(self) -> bool:
@@ -124,12 +127,17 @@ class TaskTable:
             from anonml.learning import MIN_ROWS_PER_PEER
 
             rows_per_peer = table.integer("rows_per_peer", MIN_ROWS_PER_PEER, MAX_ROWS_PER_PEER) if table.optional("rows_per_peer") else MIN_ROWS_PER_PEER
+        learning_rate = None
+        if kind == TaskKind.SGD and table.optional("learning_rate"):
+            learning_rate = table.number("learning_rate", 0.0, MAX_SGD_LEARNING_RATE)
+            if learning_rate <= 0:
+                table.fail("learning_rate", f"a step size must be positive, got {learning_rate!r}")
         table.done()
         if queries:
             read = queried_features(queries, features.names)
             features = FeatureSpec(tuple(f for f in features.features if f.name in read), features.label)
         return cls(features=features if quantiles is None else features.with_quantiles(quantiles), quantiles=quantiles, kind=kind,
-                   queries=queries, rows_per_peer=rows_per_peer)
+                   queries=queries, rows_per_peer=rows_per_peer, learning_rate=learning_rate)
 
 
 def _read_queries(table: FieldReader, kind: TaskKind, features: FeatureSpec) -> tuple[StatisticQuery, ...]:

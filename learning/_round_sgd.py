@@ -37,7 +37,8 @@ from anonml.mechanisms import OneBitMean, Release, ReleaseKind
 from anonml.protocol import FeatureSpec, RoundManifest, SgdModel
 
 SGD_LEARNING_RATE = 1.0
-"""γ0 of the round's steps (``anonml experiment``'s default for LDP SGD); the peers' privacy does not depend on it."""
+"""γ0 of a round's steps unless its manifest signs another (``[task] learning_rate``; ``anonml experiment``'s
+default for LDP SGD); the peers' privacy does not depend on it."""
 SGD_REGULARIZATION = 1e-4
 """λ of the round's steps (``LDPGradientDescent``'s default)."""
 
@@ -66,7 +67,8 @@ class SgdRule:
 
     @classmethod
     def of(cls, manifest: RoundManifest) -> SgdRule:
-        return cls(sgd_encoding(FeatureSpec.from_dict(dict(manifest.features))), manifest.eps_total)
+        rate = SGD_LEARNING_RATE if manifest.sgd_learning_rate is None else manifest.sgd_learning_rate
+        return cls(sgd_encoding(FeatureSpec.from_dict(dict(manifest.features))), manifest.eps_total, learning_rate=rate)
 
     @property
     def mechanism(self) -> OneBitMean:

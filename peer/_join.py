@@ -433,11 +433,11 @@ class PeerRound:
         assert self.credential is not None
         sealed = seal_report(self.issuer_key, self.credential, survey, report, self.geometry.message_size)
         if self.manifest.task_kind == TaskKind.SGD:
-            self.ledger.spend_gradient(survey, features, self.manifest.eps_total, sealed=sealed)
+            self.ledger.spend_labelled(survey, features, self.manifest.eps_total, kind=ReleaseKind.GRADIENT, sealed=sealed)
         elif survey.kind == SurveyKind.MEDIAN:
             self.ledger.spend_median(survey, features, self.manifest.eps_median, sealed=sealed)
         else:
-            self.ledger.spend_subset(survey, features, self.manifest.eps_data, sealed=sealed)
+            self.ledger.spend_labelled(survey, features, self.manifest.eps_data, sealed=sealed)
         self.result.packets += 1
         return _Outgoing(survey, sealed, phase, window=self.draw_window())
 

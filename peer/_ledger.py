@@ -95,17 +95,17 @@ class PeerLedger:
         """
         self._spend(Spend(survey.to_bytes(), tuple(features), False, epsilon), sealed)
 
-    def spend_subset(self, survey: SurveyId, features: Sequence[str], epsilon: float, *, sealed: SealedReport | None = None) -> None:
-        """Record one subset release (these features and the label) at ``epsilon``, with ``sealed``, the message carrying it."""
-        self._spend(Spend(survey.to_bytes(), tuple(features), True, epsilon), sealed)
-
-    def spend_gradient(self, survey: SurveyId, features: Sequence[str], epsilon: float, *, sealed: SealedReport | None = None) -> None:
-        """Record an SGD round's one gradient report at ``epsilon``, with ``sealed``, the message carrying it.
-
-        A gradient of a linear model at the peer's record reveals, at most, every feature it is computed
-        from and the label: it is stored as one release of those features and the label, which is what
-        the record-level sum counts (one release at ``epsilon``)."""
-        self._spend(Spend(survey.to_bytes(), tuple(features), True, epsilon), sealed)
+    def spend_labelled(self, survey: SurveyId, features: Sequence[str], epsilon: float, *,
+                       kind: ReleaseKind = ReleaseKind.SUBSET, sealed: SealedReport | None = None) -> None:
+        """Record one release about these features and the label at ``epsilon``, with ``sealed``, the message
+        carrying it: a subset report (``kind`` SUBSET) or an SGD round's one gradient report (GRADIENT: a
+        gradient of a linear model at the peer's record reveals, at most, every feature it is computed from and
+        the label). Either is one release at ``epsilon`` in the record-level sum; the kind says what was sent."""
+        if kind not in (ReleaseKind.SUBSET, ReleaseKind.GRADIENT):
+            raise ValueError(f"a labelled report is a subset or a gradient release, got {kind!r} "
+                             f"(a median answer is spend_median's, a model spend_model's)")
+        # A subset report is stored as it always was (label set, no kind): the kind column names the others.
+        self._spend(Spend(survey.to_bytes(), tuple(features), True, epsilon, None if kind == ReleaseKind.SUBSET else kind), sealed)
 
     def spend_model(self, blocks: Sequence[SealedReport], features: Sequence[str], epsilon: float) -> None:
         """Record one output-perturbed model (every row's features and label) at ``epsilon``, carried by

@@ -50,7 +50,7 @@ their owner sets another (``anonml peer budget``): five rounds at the demo's ε_
 SCHEMA = Schema(
     name="peer",
     application_id=0x414E5002,  # "ANP\x02"
-    version=5,
+    version=6,
     tables="""
 CREATE TABLE registrations (
     peer TEXT NOT NULL,
@@ -101,6 +101,11 @@ ALTER TABLE registrations ADD COLUMN manifest BLOB;
         # Version 5 (issue 27): the blinded credential request in progress (its secret and blinding seed),
         # so a retry after a crash sends the same request and the aggregator replays its stored answer.
         4: "ALTER TABLE registrations ADD COLUMN issuance BLOB;",
+        # Version 6 (issue 28): an SGD round's gradient report, stored until now as a subset report (label set,
+        # no kind), becomes a gradient release. It is the only labelled spend on a median survey (a median
+        # answer carries no label): the survey id's kind byte (``protocol.SurveyId``: 16 bytes of domain,
+        # 32 of round id, then the kind, 1 = median) is hex digits 97-98. The ε stays as it was.
+        5: f"UPDATE spends SET kind = '{ReleaseKind.GRADIENT}' WHERE kind IS NULL AND label = 1 AND substr(survey, 97, 2) = '01';",
     },
     # Peers from before stores were versioned wrote the version-1 tables.
     unversioned=1,

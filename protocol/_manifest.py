@@ -216,6 +216,20 @@ MAX_ROWS_PER_PEER = 10_000_000
 """The most rows a model-averaging round may ask each peer for (``task.rows_per_peer``)."""
 
 
+MAX_SGD_LEARNING_RATE = 100.0
+"""The largest γ0 an SGD round may sign (``[task] learning_rate``)."""
+
+
+def _read_learning_rate(task: FieldReader, kind: TaskKind) -> float:
+    """An SGD round's signed γ0: a canonical decimal string in (0, :data:`MAX_SGD_LEARNING_RATE`]."""
+    if kind != TaskKind.SGD:
+        task.fail("learning_rate", f"only an SGD task takes gradient steps; this is a {str(kind)!r} task")
+    rate = task.epsilon("learning_rate")
+    if not 0 < rate <= MAX_SGD_LEARNING_RATE:
+        task.fail("learning_rate", f"expected a step size in (0, {MAX_SGD_LEARNING_RATE:g}], got {rate!r}")
+    return rate
+
+
 @dataclass(frozen=True)
 class RoundManifest:
     """DESIGN.md §4, field by field.
@@ -280,6 +294,10 @@ class RoundManifest:
     rows_per_peer: int = 0
     """A model-averaging round's public minimum of rows per data peer (``[task] rows_per_peer``): its
     noise is calibrated to it, and a peer holding fewer refuses to release. 0 for every other kind."""
+    sgd_learning_rate: float | None = None
+    """An SGD round's γ0 (``[task] learning_rate``: step k moves by γ0/√k), signed so everyone can replay the
+    published models; None: the learner's default (``learning.SGD_LEARNING_RATE``), and no field is written, so a
+    manifest made before the field encodes (and hashes) as it did. Only an SGD round may set it."""
     version: int = PROTOCOL_VERSION
     _canonical: bytes = field(init=False, repr=False, compare=False)
 
@@ -397,7 +415,8 @@ class RoundManifest:
             "task": {"label": self.label, "features": dict(self.features),
                      **({"kind": str(self.task_kind)} if self.task_kind != TaskKind.ENSEMBLE else {}),
                      **({"queries": list(self.statistic_queries)} if self.statistic_queries else {}),
-                     **({"rows_per_peer": self.rows_per_peer} if self.task_kind == TaskKind.MODEL_AVERAGING else {})},
+                     **({"rows_per_peer": self.rows_per_peer} if self.task_kind == TaskKind.MODEL_AVERAGING else {}),
+                     **({"learning_rate": format_epsilon(self.sgd_learning_rate)} if self.sgd_learning_rate is not None else {})},
             "learning": self._learning_dict(),
             "privacy": {
                 "eps_median": format_epsilon(self.eps_median),
@@ -471,6 +490,7 @@ class RoundManifest:
         queries = _read_queries(task, TaskKind(task_kind), features) if task.optional("queries") else ()
         # A model's noise is calibrated to its peers' row count: signed with the kind, and only with it.
         rows_per_peer = task.integer("rows_per_peer", 1, MAX_ROWS_PER_PEER) if task_kind == TaskKind.MODEL_AVERAGING else 0
+        learning_rate = _read_learning_rate(task, TaskKind(task_kind)) if task.optional("learning_rate") else None
         task.done()
         learning = reader.child("learning")
         k_p = learning.integer("k_p", 1, 4096)
@@ -540,7 +560,7 @@ class RoundManifest:
             min_participation=min_participation, registration=registration, identity_key=identity_key,
             purpose=purpose, max_roster=max_roster, vote=vote, comparison_pool=comparison_pool,
             min_anonymity_set=min_anonymity_set, task_kind=TaskKind(task_kind), statistic_queries=queries,
-            rows_per_peer=rows_per_peer, version=version,
+            rows_per_peer=rows_per_peer, sgd_learning_rate=learning_rate, version=version,
         )
         for key, item in values.items():
             object.__setattr__(manifest, key, item)

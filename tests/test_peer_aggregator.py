@@ -196,7 +196,7 @@ def test_the_promised_epsilon_is_what_a_peer_consents_to_and_bounds_what_it_spen
         if manifest.median_rounds:
             ledger.spend_median(manifest.median_survey(partition), spec.numeric_names, manifest.eps_median)
         for index, subset in enumerate(partition_subsets):
-            ledger.spend_subset(SurveyId.data(state.round_id, partition, index), subset, manifest.eps_data)
+            ledger.spend_labelled(SurveyId.data(state.round_id, partition, index), subset, manifest.eps_data)
         assert ledger.spent() <= manifest.eps_total
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from anonml.mechanisms import BudgetExceeded
+from anonml.mechanisms import BudgetExceeded, ReleaseKind
 from anonml.peer._ledger import PeerLedger
 from anonml.peer._store import PeerStore
 from anonml.protocol._survey import SurveyId
@@ -19,15 +19,15 @@ def test_the_ledger_refuses_an_over_budget_release_and_records_nothing(tmp_path:
     store = PeerStore(tmp_path / "peer.sqlite")
     ledger = PeerLedger(store, PEER, ROUND, epsilon_total=2.0)
     ledger.spend_median(SurveyId.median(ROUND, 0, 0), ("age", "hours"), 0.5)
-    ledger.spend_subset(SurveyId.data(ROUND, 0, 0), ("age", "sex"), 0.5)
+    ledger.spend_labelled(SurveyId.data(ROUND, 0, 0), ("age", "sex"), 0.5)
     # Record level: two comparison bits and one report, 0.5 each -> 1.5
     # (eq. 7.4 called this 1.0).
     assert ledger.spent() == pytest.approx(1.5)
     with pytest.raises(BudgetExceeded):
         # 1.5 + 0.6 = 2.1 > 2.0, whatever the report is about
-        ledger.spend_subset(SurveyId.data(ROUND, 0, 1), ("race",), 0.6)
+        ledger.spend_labelled(SurveyId.data(ROUND, 0, 1), ("race",), 0.6)
     assert len(store.spends(PEER, ROUND)) == 2
-    ledger.spend_subset(SurveyId.data(ROUND, 0, 1), ("race",), 0.5)
+    ledger.spend_labelled(SurveyId.data(ROUND, 0, 1), ("race",), 0.5)
     store.close()
 
     reopened = PeerLedger(PeerStore(tmp_path / "peer.sqlite"), PEER, ROUND, epsilon_total=2.0)
@@ -40,9 +40,9 @@ def test_a_survey_is_spent_on_once(tmp_path: Path) -> None:
     from anonml.peer._store import StoreError
 
     ledger = PeerLedger(PeerStore(tmp_path / "peer.sqlite"), PEER, ROUND, epsilon_total=10.0)
-    ledger.spend_subset(SurveyId.data(ROUND, 0, 0), ("age",), 0.5)
+    ledger.spend_labelled(SurveyId.data(ROUND, 0, 0), ("age",), 0.5)
     with pytest.raises(StoreError):
-        ledger.spend_subset(SurveyId.data(ROUND, 0, 0), ("age",), 0.5)
+        ledger.spend_labelled(SurveyId.data(ROUND, 0, 0), ("age",), 0.5)
     assert ledger.spent() == pytest.approx(0.5)
 
 
@@ -86,27 +86,41 @@ def test_epsilons_add_up_across_rounds_and_the_lifetime_budget_caps_the_sum(tmp_
     for round_id in rounds[:2]:
         ledger = PeerLedger(store, PEER, round_id, epsilon_total=2.0)
         ledger.spend_median(SurveyId.median(round_id, 0, 0), ("age",), 0.5)
-        ledger.spend_subset(SurveyId.data(round_id, 0, 0), ("age", "sex"), 1.5)
+        ledger.spend_labelled(SurveyId.data(round_id, 0, 0), ("age", "sex"), 1.5)
     third = PeerLedger(store, PEER, rounds[2], epsilon_total=2.0)
     assert third.earlier_rounds() == {rounds[0]: pytest.approx(2.0), rounds[1]: pytest.approx(2.0)}
     assert third.lifetime_after(medians={"age": 0.5}, subsets=[(("age",), 1.5)]) == pytest.approx(6.0)
     with pytest.raises(BudgetExceeded, match="lifetime budget of 5"):
         third.check(medians={"age": 0.5}, subsets=[(("age",), 1.5)])
     with pytest.raises(BudgetExceeded, match="lifetime budget"):
-        third.spend_subset(SurveyId.data(rounds[2], 0, 0), ("age",), 1.5)
+        third.spend_labelled(SurveyId.data(rounds[2], 0, 0), ("age",), 1.5)
     assert store.spends(PEER, rounds[2]) == []
-    third.spend_subset(SurveyId.data(rounds[2], 0, 0), ("age",), 1.0)  # 5.0: exactly the budget
+    third.spend_labelled(SurveyId.data(rounds[2], 0, 0), ("age",), 1.0)  # 5.0: exactly the budget
     # Another identity in the same store has its own sum (the demo keeps many peers in one store).
-    PeerLedger(store, b"\x03" * 32, rounds[2], epsilon_total=2.0).spend_subset(SurveyId.data(rounds[2], 0, 1), ("age",), 2.0)
+    PeerLedger(store, b"\x03" * 32, rounds[2], epsilon_total=2.0).spend_labelled(SurveyId.data(rounds[2], 0, 1), ("age",), 2.0)
     store.close()
 
     # The budget and the sums persist; raising the budget lets the peer join again.
     reopened = PeerStore(tmp_path / "peer.sqlite")
     assert reopened.lifetime_epsilon() == 5.0
     with pytest.raises(BudgetExceeded):
-        PeerLedger(reopened, PEER, b"\x20" * 32, epsilon_total=2.0).spend_subset(SurveyId.data(b"\x20" * 32, 0, 0), ("age",), 0.1)
+        PeerLedger(reopened, PEER, b"\x20" * 32, epsilon_total=2.0).spend_labelled(SurveyId.data(b"\x20" * 32, 0, 0), ("age",), 0.1)
     reopened.set_lifetime_epsilon(7.0)
-    PeerLedger(reopened, PEER, b"\x20" * 32, epsilon_total=2.0).spend_subset(SurveyId.data(b"\x20" * 32, 0, 0), ("age",), 2.0)
+    PeerLedger(reopened, PEER, b"\x20" * 32, epsilon_total=2.0).spend_labelled(SurveyId.data(b"\x20" * 32, 0, 0), ("age",), 2.0)
     with pytest.raises(ValueError):
         reopened.set_lifetime_epsilon(0.0)
     reopened.close()
+
+
+def test_a_gradient_report_is_stored_as_a_gradient_release_and_sums_to_the_promise(tmp_path: Path) -> None:
+    store = PeerStore(tmp_path / "peer.sqlite")
+    ledger = PeerLedger(store, PEER, ROUND, epsilon_total=4.0)
+    with pytest.raises(ValueError, match="subset or a gradient"):
+        ledger.spend_labelled(SurveyId.median(ROUND, 0, 1), ("age", "sex"), 4.0, kind=ReleaseKind.MODEL)
+    ledger.spend_labelled(SurveyId.median(ROUND, 0, 1), ("age", "sex"), 4.0, kind=ReleaseKind.GRADIENT)
+    # Rebuilt from the store (as a restarted peer does): one gradient release at exactly ε_T, not a subset report.
+    reopened = PeerLedger(PeerStore(tmp_path / "peer.sqlite"), PEER, ROUND, epsilon_total=4.0)
+    assert [(r.kind, r.features, r.epsilon) for r in reopened.releases()] == [(ReleaseKind.GRADIENT, ("age", "sex"), 4.0)]
+    assert reopened.spent() == 4.0
+    with pytest.raises(BudgetExceeded):
+        reopened.spend_labelled(SurveyId.data(ROUND, 0, 0), ("age",), 1e-6)

@@ -15,7 +15,8 @@ from anonml.peer._identity import (
     load_identity,
 )
 from anonml.mechanisms import ReleaseKind
-from anonml.peer._store import PeerStore, Spend, StoreError
+from anonml.peer._store import SCHEMA, PeerStore, Spend, StoreError
+from anonml.protocol import SurveyId
 
 
 def test_identity_is_owner_only_never_overwritten_and_never_created_by_load(tmp_path: Path) -> None:
@@ -162,4 +163,28 @@ def test_a_version_4_store_gains_the_credential_request_in_progress_and_keeps_it
     reopened.close()
     with sqlite3.connect(tmp_path / "peer.sqlite") as db:
         assert "issuance" in {row[1] for row in db.execute("PRAGMA table_info(registrations)")}
-        assert db.execute("PRAGMA user_version").fetchone()[0] == 5
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA.version
+
+
+def test_a_version_5_store_holds_its_sgd_gradients_as_gradient_releases_and_nothing_else_changes(tmp_path: Path) -> None:
+    import sqlite3
+
+    peer, round_id = b"\x01" * 32, b"\x02" * 32
+    store = PeerStore(tmp_path / "peer.sqlite")
+    # What version 5 stored: an SGD round's gradient (a median survey) as a subset report, beside an ensemble
+    # round's median answer (no label) and subset report (a data survey).
+    gradient = Spend(SurveyId.median(round_id, 0, 1).to_bytes(), ("age", "sex"), True, 4.0)
+    median = Spend(SurveyId.median(round_id, 1, 0).to_bytes(), ("age",), False, 0.5)
+    subset = Spend(SurveyId.data(round_id, 1, 0).to_bytes(), ("age", "sex"), True, 1.5)
+    for spend in (gradient, median, subset):
+        store.record_spend(peer, round_id, spend)
+    store.close()
+    with sqlite3.connect(tmp_path / "peer.sqlite") as db:
+        db.execute("PRAGMA user_version = 5")
+    reopened = PeerStore(tmp_path / "peer.sqlite")
+    by_survey = {s.survey: s for s in reopened.spends(peer)}
+    assert by_survey[gradient.survey].kind == ReleaseKind.GRADIENT
+    assert [(r.kind, r.epsilon) for r in by_survey[gradient.survey].releases()] == [(ReleaseKind.GRADIENT, 4.0)]
+    assert by_survey[median.survey] == median and by_survey[subset.survey] == subset
+    assert [r.kind for r in subset.releases()] == [ReleaseKind.SUBSET]
+    reopened.close()

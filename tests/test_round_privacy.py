@@ -151,7 +151,7 @@ def test_every_peer_releases_exactly_its_ledger_within_the_record_level_promise(
         assert released == pytest.approx(manifest.eps_total)
         # ... and its ledger, rebuilt from disk, refuses anything more in this round.
         with pytest.raises(BudgetExceeded):
-            ledger.spend_subset(SurveyId.data(signed.round_id, 0, 7), ("colour",), 1e-3)
+            ledger.spend_labelled(SurveyId.data(signed.round_id, 0, 7), ("colour",), 1e-3)
         # A resumed join after spending counts each release once (before: spent + planned, 2·ε_T, refused).
         text, cost, _, _ = describe_release(signed, spec_, vector(signed, outcome.index), reopened, key)
         assert cost == pytest.approx(manifest.eps_total), text
@@ -172,7 +172,7 @@ def test_every_peer_releases_exactly_its_ledger_within_the_record_level_promise(
     assert "OVER it: the round is refused" in describe_release(later.signed, spec_, first_vector, reopened, key).text
     later_ledger = PeerLedger(reopened, key, later.signed.round_id, later.manifest.eps_total)
     with pytest.raises(BudgetExceeded, match="lifetime budget"):
-        later_ledger.spend_subset(SurveyId.data(later.signed.round_id, 0, 0), ("colour",), later.manifest.eps_total)
+        later_ledger.spend_labelled(SurveyId.data(later.signed.round_id, 0, 0), ("colour",), later.manifest.eps_total)
     assert reopened.spends(key, later.signed.round_id) == []
     reopened.close()
 

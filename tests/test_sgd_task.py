@@ -14,7 +14,7 @@ from sklearn.metrics import roc_auc_score
 from anonml.learning import SgdRule, averaged_model, sgd_encoding, sgd_iteration
 from anonml.learning._linear import clipped_gradients, harmony_step
 from anonml.learning._tables import load_builtin
-from anonml.mechanisms import PrivacyLedger
+from anonml.mechanisms import PrivacyLedger, ReleaseKind
 from anonml.protocol import (
     MAX_SGD_DIMENSION,
     DocumentKind,
@@ -29,7 +29,7 @@ from anonml.protocol import (
 )
 from anonml.aggregator._report import summarise
 from anonml.aggregator._store import RoundStore
-from anonml.peer import Dataset, Event, PeerStore, RoundPipeline, describe_release
+from anonml.peer import Dataset, Event, PeerLedger, PeerStore, RoundPipeline, describe_release
 from anonml.simulate import RoundSetup, RoundTrace, SimulationConfig, simulate_round
 from anonml.simulate._world import _seeded, peer_row
 from test_manifest import SIGNING_KEY, T0, fixed_manifest
@@ -215,6 +215,11 @@ def test_a_simulated_sgd_rounds_models_are_the_replayed_steps_and_the_consent_st
     outcome = trace.peers[0]
     row = peer_row(outcome.index, np.random.default_rng(_seeded(trace.config.seed, "data", outcome.index)))
     vector = RoundPipeline.for_spec(spec).vector_of(Dataset((Event(row, None, 1),)))
+    # Every peer's ledger holds ONE gradient release (not a subset report) at exactly the promise.
+    for taken in trace.peers:
+        releases = [r for spend in peer_store.spends(taken.key, trace.manifest.round_id) for r in spend.releases()]
+        assert [(r.kind, r.epsilon) for r in releases] == [(ReleaseKind.GRADIENT, manifest.eps_total)]
+        assert PeerLedger(peer_store, taken.key, trace.manifest.round_id, manifest.eps_total).spent() == manifest.eps_total
     # A peer that took part sees its one release in its ledger; a new peer is told what it would send.
     spent = describe_release(trace.manifest, spec, vector, peer_store, outcome.key)
     assert spent.cost == manifest.eps_total and "1 release(s), epsilon 4" in spent.text, spent.text
@@ -228,6 +233,7 @@ def test_the_sgd_demo_plans_a_round_round_new_accepts_with_one_step_per_partitio
     from anonml.aggregator._spec import parse_round_spec
     from anonml.demo._data import breast_cancer_data
     from anonml.demo._schedule import SGD_STEPS, plan_round, round_spec
+    from anonml.demo._summary import sgd_experiment_command
     from test_demo_parts import costs
 
     data = breast_cancer_data(0)
@@ -240,6 +246,16 @@ def test_the_sgd_demo_plans_a_round_round_new_accepts_with_one_step_per_partitio
     spec = parse_round_spec(round_spec(data, params, relays, 8080, 8081))
     assert spec.task.kind == TaskKind.SGD and spec.schedule.median_rounds == SGD_STEPS == spec.learning.k_p
     assert spec.learning.comparison_pool == 0
+    # --sgd-steps: the round takes that many steps, a partition each, and the spec still covers every feature.
+    eight = parse_round_spec(round_spec(data, plan_round(data, 200, 4.0, 2, 0, costs(1.0), n_cores=2, task=TaskKind.SGD, sgd_steps=8),
+                                        relays, 8080, 8081))
+    assert eight.schedule.median_rounds == 8 == eight.learning.k_p and eight.learning.k_s * 8 >= len(data.spec.features)
+    with pytest.raises(ValueError, match="at least one gradient step"):
+        plan_round(data, 200, 4.0, 2, 0, costs(1.0), n_cores=2, task=TaskKind.SGD, sgd_steps=0)
+    # --sgd-learning-rate: written in the spec (hence signed), and the in-process command the demo prints takes it.
+    fast = plan_round(data, 200, 4.0, 2, 0, costs(1.0), n_cores=2, task=TaskKind.SGD, sgd_learning_rate=3.0)
+    assert parse_round_spec(round_spec(data, fast, relays, 8080, 8081)).task.learning_rate == 3.0 and spec.task.learning_rate is None
+    assert "--sgd-learning-rate 3 " in sgd_experiment_command(fast, ["csv"], 200) + " "
 
 
 def test_an_sgd_spec_needs_a_partition_per_step_and_no_pool() -> None:
@@ -282,3 +298,53 @@ def test_an_sgd_rounds_aggregator_takes_gradients_in_the_steps_and_refuses_data_
     first = state.publish_thresholds(0)
     assert first == state.sgd.initial_model() == state.publish_thresholds(0) == state.sgd_model(0)
     assert state.phase_surveys(manifest.schedule.data) == {}
+
+
+def test_the_demo_refuses_sgd_steps_without_the_sgd_task_in_one_line() -> None:
+    from click.testing import CliRunner
+
+    from anonml.cli import main
+
+    result = CliRunner().invoke(main, ["demo", "--sgd-steps", "8"])
+    assert result.exit_code == 2 and "--sgd-steps and --sgd-learning-rate are for --task sgd" in result.output and "Traceback" not in result.output, result.output
+
+
+def test_an_sgd_rounds_learning_rate_is_signed_in_the_manifest_and_steps_the_rule() -> None:
+    from anonml.aggregator._spec import RoundSpecError, parse_round_spec
+    from anonml.learning import SGD_LEARNING_RATE
+    from anonml.protocol import InvalidManifest, RoundManifest
+    from test_aggregator import spec_document
+
+    plain = fixed_manifest(k_p=2, schedule=schedule(2), task_kind="sgd")
+    fast = fixed_manifest(k_p=2, schedule=schedule(2), task_kind="sgd", sgd_learning_rate=3.0)
+    # Unset: no field, so an earlier SGD manifest keeps its bytes and round id; set: signed, and another round.
+    assert "learning_rate" not in plain.to_dict()["task"] and fast.to_dict()["task"]["learning_rate"] == "3.0"
+    assert RoundManifest.from_dict(fast.to_dict()) == fast and fast.round_id != plain.round_id
+    assert SgdRule.of(plain).learning_rate == SGD_LEARNING_RATE and SgdRule.of(fast).learning_rate == 3.0
+    # The aggregator's step and every replay use the signed rate: γ0 = 3 moves the model three times as far.
+    rule, faster = SgdRule.of(plain), SgdRule.of(fast)
+    reports = [faster.mechanism.encode_report(faster.mechanism.privatize(np.full((1, rule.encoding.dimension), 0.5),
+                                                                           np.random.default_rng(i))[0]) for i in range(40)]
+    np.testing.assert_allclose(faster.step(faster.initial_model(), reports).coefficients,
+                               3.0 * np.asarray(rule.step(rule.initial_model(), reports).coefficients))
+    for kind, rate in (("ensemble", "1.0"), ("sgd", "0.0"), ("sgd", "1000.0")):
+        document = fast.to_dict()
+        document["task"]["learning_rate"] = rate
+        if kind == "ensemble":
+            del document["task"]["kind"]
+        with pytest.raises(InvalidManifest, match="learning_rate"):
+            RoundManifest.from_dict(document)
+    # The round spec's [task] learning_rate reaches the manifest; another kind may not set it.
+    spec = spec_document()
+    spec["task"].update(kind="sgd", learning_rate=3)
+    spec["schedule"]["median_rounds"] = 2
+    assert parse_round_spec(spec).task.learning_rate == 3.0
+    spec["task"]["learning_rate"] = 0
+    with pytest.raises(RoundSpecError) as info:
+        parse_round_spec(spec)
+    assert info.value.field == "task.learning_rate"
+    ensemble = spec_document()
+    ensemble["task"]["learning_rate"] = 3
+    with pytest.raises(RoundSpecError) as info:
+        parse_round_spec(ensemble)
+    assert info.value.field == "task.learning_rate"

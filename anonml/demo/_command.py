@@ -36,12 +36,17 @@ import click
 @click.option("--query", "queries", multiple=True, help="With --task statistics: one of the round's [task] queries (count:label, histogram:F, mean:F, quantile:F:Q); repeat it. Peers then release only the features the queries read, and no label unless count:label is asked.")
 @click.option("--rows-per-peer", type=click.IntRange(min=1), default=None,
               help="Rows each peer holds (--task model-averaging only; default and minimum: the learner's 100).")
+@click.option("--sgd-steps", type=click.IntRange(min=1), default=None,
+              help="Gradient steps of --task sgd (its median sub-rounds, one partition each; default 4).")
+@click.option("--sgd-learning-rate", type=click.FloatRange(min=0, min_open=True, max=100), default=None,
+              help="γ0 of --task sgd (step k moves by γ0/√k), signed in the manifest as [task] learning_rate; default 1.")
 @click.option("--linger", type=click.FloatRange(0, 3600), default=0.0, help="Keep the aggregator's dashboard up this many seconds after the round.")
 @click.option("--explain-anonymity", "explain", type=click.Path(file_okay=False, exists=True, path_type=Path), default=None,
               help="Run no round: split the send-vs-arrival rank correlation of the finished demo in this --work-dir by stage "
                    "(each relay hop, the arrival), and write its per-message trace there.")
 def demo(peers: int | None, dataset: str, data_dir: Path | None, epsilon: float, workers: int, work_dir: Path | None, seed: int,
-         json_out: Path | None, linger: float, task: str, queries: tuple[str, ...], rows_per_peer: int | None, explain: Path | None) -> None:
+         json_out: Path | None, linger: float, task: str, queries: tuple[str, ...], rows_per_peer: int | None, sgd_steps: int | None,
+         sgd_learning_rate: float | None, explain: Path | None) -> None:
     """Run one complete round on loopback: 5 relays (paths of 3), the aggregator, N peers.
 
     Exits 0 when the round is done and the aggregator accepted at least 99%
@@ -56,6 +61,7 @@ def demo(peers: int | None, dataset: str, data_dir: Path | None, epsilon: float,
     from anonml.demo._children import until_signalled
     from anonml.demo._data import adult_data, breast_cancer_data, write_experiment_files
     from anonml.demo._run import run_demo
+    from anonml.demo._schedule import SGD_STEPS
     from anonml.demo._summary import exit_code, experiment_command, print_summary, sgd_experiment_command
     from anonml.protocol import QueryError, TaskKind, check_queries
 
@@ -81,13 +87,16 @@ def demo(peers: int | None, dataset: str, data_dir: Path | None, epsilon: float,
             check_queries(list(queries), data.spec)
     except QueryError as exc:
         raise click.BadParameter(str(exc), param_hint="--query") from None
+    if (sgd_steps is not None or sgd_learning_rate is not None) and task != TaskKind.SGD:
+        raise click.UsageError("--sgd-steps and --sgd-learning-rate are for --task sgd: no other task takes gradient steps")
     rows = demo_rows_per_peer(TaskKind(task), rows_per_peer)
     n = min(peers or len(data.train_rows) // rows, len(data.train_rows) // rows)
     work = work_dir or Path(tempfile.mkdtemp(prefix="anonml-demo-"))
     work.mkdir(parents=True, exist_ok=True)
     result = trio.run(until_signalled, partial(run_demo, data, peers=n, epsilon=epsilon, workers=workers, seed=seed, work=work,
                                                console=console, linger=linger, task=TaskKind(task), queries=queries,
-                                               rows_per_peer=rows))
+                                               rows_per_peer=rows, sgd_steps=sgd_steps or SGD_STEPS,
+                                               sgd_learning_rate=sgd_learning_rate))
     if isinstance(result, int):
         console.print(f"stopped by {signal.Signals(result).name}; every child process was stopped; files in {work}")
         raise SystemExit(128 + result)

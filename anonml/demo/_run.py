@@ -33,7 +33,7 @@ from anonml.demo._children import Child, ChildFailed, Children, open_children, r
 from anonml.demo._data import DemoData, held_out_auc, write_peer_files, write_test_file
 from anonml.demo._ports import HOST, free_port
 from anonml.demo._progress import Progress, phase_rows, read_worker, scrape_relay
-from anonml.demo._schedule import AGGREGATOR_PROCESSES, PATH_LENGTH, RELAYS, DemoParams, plan_round, round_spec, to_toml
+from anonml.demo._schedule import AGGREGATOR_PROCESSES, PATH_LENGTH, RELAYS, SGD_STEPS, DemoParams, plan_round, round_spec, to_toml
 from anonml.demo._summary import anonymity_figures, summarise
 from anonml.demo._trace import explain_work_dir, relay_trace_file
 from anonml.protocol import TaskKind
@@ -235,9 +235,10 @@ async def collect_report(aggregator: Child, round_dir: Path, children: Children,
 
 async def run_demo(data: DemoData, *, peers: int, epsilon: float, workers: int, seed: int, work: Path, console: Any,
                    linger: float = 0.0, task: TaskKind = TaskKind.ENSEMBLE, queries: Sequence[str] = (),
-                   rows_per_peer: int = 1, network: Network | None = None) -> tuple[dict[str, Any], DemoParams]:
-    """Run one complete round (``peers`` peers of ``rows_per_peer`` rows each); returns the summary figures and the
-    round's parameters.
+                   rows_per_peer: int = 1, network: Network | None = None, sgd_steps: int = SGD_STEPS,
+                   sgd_learning_rate: float | None = None) -> tuple[dict[str, Any], DemoParams]:
+    """Run one complete round (``peers`` peers of ``rows_per_peer`` rows each; an SGD task's in ``sgd_steps`` gradient
+    steps of γ0 ``sgd_learning_rate``, None: the learner's default); returns the summary figures and the round's parameters.
 
     ``network``: where each role listens and how its processes start (default: every role on loopback)."""
     started = time.monotonic()
@@ -266,7 +267,8 @@ async def run_demo(data: DemoData, *, peers: int, epsilon: float, workers: int, 
         await children.until_quiet(QUIET_SHARE, QUIET_TIMEOUT)
         costs = await measure_costs(PATH_LENGTH, process_start)
         params = plan_round(data, peers, epsilon, workers, seed, costs, task=task, queries=queries, rows_per_peer=rows_per_peer,
-                            round_trip=network.round_trip)
+                            round_trip=network.round_trip, sgd_steps=sgd_steps,
+                            sgd_learning_rate=sgd_learning_rate)
         console.print("    " + describe_plan(costs, params, network.round_trip))
         step(3, "the aggregator opens the round (anonml aggregator round new / run)")
         round_id, aggregator = await open_round(children, work, agg_dir, data, params, descriptors, network, linger)

@@ -142,6 +142,8 @@ class DemoParams:
     """A statistics task's ``[task] queries`` (none: the default set)."""
     rows_per_peer: int = 1
     """Rows each peer holds (a model-averaging round's ``[task] rows_per_peer``; 1 otherwise)."""
+    sgd_learning_rate: float | None = None
+    """An SGD round's signed γ0 (``[task] learning_rate``); None: the learner's default, and no field."""
 
     @property
     def rows_held(self) -> int:
@@ -179,11 +181,12 @@ class DemoLearning(NamedTuple):
 
 
 SGD_STEPS = 4
-"""The SGD demo's gradient steps: Harmony's group size ``max(2 d log d / ε², n / 1000)`` asks for fewer, larger
-groups at the demo's few hundred peers; 4 keeps each step's mean over ~50-100 gradients."""
+"""The SGD demo's gradient steps by default (``--sgd-steps``): Harmony's group size ``max(2 d log d / ε², n / 1000)``
+asks for fewer, larger groups at the demo's few hundred peers; 4 keeps each step's mean over ~50-100 gradients."""
 
 
-def learning_parameters(data: DemoData, task: TaskKind = TaskKind.ENSEMBLE, queries: Sequence[str] = ()) -> DemoLearning:
+def learning_parameters(data: DemoData, task: TaskKind = TaskKind.ENSEMBLE, queries: Sequence[str] = (),
+                        sgd_steps: int = SGD_STEPS) -> DemoLearning:
     """The demo's plan for the dataset and task: one data packet per peer (the "one"
     plan), combined by naive Bayes over the partitions' noisy histograms.
 
@@ -213,12 +216,16 @@ def learning_parameters(data: DemoData, task: TaskKind = TaskKind.ENSEMBLE, quer
     A statistics task sends one feature per report (``k_s = 1``) in at least one
     partition per feature, with the ensemble's median search and pool; with
     ``queries`` that read no numeric feature, no search and no pool.
+
+    An SGD task takes ``sgd_steps`` gradient steps, one partition each.
     """
     if task == TaskKind.SGD:
-        # SGD_STEPS gradient steps (the median sub-rounds), one partition each: every peer sends one gradient. The
+        # sgd_steps gradient steps (the median sub-rounds), one partition each: every peer sends one gradient. The
         # partitions' feature subsets go unused, but the spec still checks that they cover every feature.
-        return DemoLearning(k_p=SGD_STEPS, k_h=1, k_s=math.ceil(len(data.spec.features) / SGD_STEPS), plan="one",
-                            median_rounds=SGD_STEPS, vote="naive-bayes", quantiles=1, comparison_pool=0.0)
+        if sgd_steps < 1:
+            raise ValueError(f"an SGD round takes at least one gradient step, got {sgd_steps!r}")
+        return DemoLearning(k_p=sgd_steps, k_h=1, k_s=math.ceil(len(data.spec.features) / sgd_steps), plan="one",
+                            median_rounds=sgd_steps, vote="naive-bayes", quantiles=1, comparison_pool=0.0)
     if task == TaskKind.MODEL_AVERAGING:
         # One partition (every peer's blocks hide among all peers'), one data survey per block of the
         # model, no median search (rows are encoded from the features' public bounds).
@@ -250,14 +257,15 @@ def model_blocks(data: DemoData) -> int:
 
 def plan_round(data: DemoData, peers: int, epsilon: float, workers: int, seed: int, costs: PhaseCosts,
                n_cores: int | None = None, outage: float = 0.0, task: TaskKind = TaskKind.ENSEMBLE, queries: Sequence[str] = (),
-               rows_per_peer: int = 1, round_trip: float = 0.0) -> DemoParams:
+               rows_per_peer: int = 1, round_trip: float = 0.0, sgd_steps: int = SGD_STEPS,
+               sgd_learning_rate: float | None = None) -> DemoParams:
     """The demo's round with every window sized by the rule of the module docstring from ``costs``.
 
     ``outage``: the longest a killed relay or aggregator stays away (the fault bench's downtime and restart;
     0: no kills planned). Each delivery slice then holds one outage and a link retry's gap, so a hop killed
     in the slice before its own is back, and takes the packets held for it, while its window is still open,
     and one killed in its own slice releases what it held into the next hop's window."""
-    k_p, k_h, k_s, plan, median_rounds, vote, quantiles, pool = learning_parameters(data, task, queries)
+    k_p, k_h, k_s, plan, median_rounds, vote, quantiles, pool = learning_parameters(data, task, queries, sgd_steps)
     recovery = recovery_seconds(costs)
     spread = n_cores or cores()
     # Every peer here comes from one address, which the aggregator's HTTP server
@@ -328,6 +336,7 @@ def plan_round(data: DemoData, peers: int, epsilon: float, workers: int, seed: i
         data_second_delivery_window=delivery(SECOND_WINDOW_PATHS * data_messages),
         check_seconds=max(MIN_CHECK_SECONDS, math.ceil(publication)),
         publish_gap=max(MIN_PUBLISH_GAP, math.ceil(publication)), task=task, queries=tuple(queries), rows_per_peer=rows_per_peer,
+        sgd_learning_rate=sgd_learning_rate if task == TaskKind.SGD else None,
     )
 
 
@@ -381,7 +390,8 @@ def round_spec(data: DemoData, params: DemoParams, relays: list[dict[str, Any]],
         "name": f"demo-{data.name}",
         "task": {"kind": str(params.task), "features": spec["features"], "label": spec["label"], "quantiles": params.quantiles,
                  **({"queries": list(params.queries)} if params.queries else {}),
-                 **({"rows_per_peer": params.rows_per_peer} if params.task == TaskKind.MODEL_AVERAGING else {})},
+                 **({"rows_per_peer": params.rows_per_peer} if params.task == TaskKind.MODEL_AVERAGING else {}),
+                 **({"learning_rate": params.sgd_learning_rate} if params.sgd_learning_rate is not None else {})},
         "learning": {"k_p": params.k_p, "k_h": params.k_h, "k_s": params.k_s, "plan": params.plan, "learner": "logreg",
                      "vote": params.vote, "comparison_pool": params.comparison_pool},
         # A statistics task needs a unary encoding (aggregator._spec): optimized unary encoding, the least variance of them.

@@ -217,12 +217,13 @@ def experiment_command(params: DemoParams, dataset_args: list[str], n_train: int
 
 def sgd_experiment_command(params: DemoParams, dataset_args: list[str], n_train: int) -> str:
     """The in-process ``anonml experiment`` of an SGD round: Harmony's LDP SGD logistic regression on the same
-    rows and ε, with the round's steps (its median sub-rounds) and step size, every peer dealt into one step."""
+    rows and ε, with the round's steps (its median sub-rounds) and step size γ0, every peer dealt into one step."""
     from anonml.learning import SGD_LEARNING_RATE
 
     args = [
         "anonml", "experiment", *dataset_args, "--epsilon", f"{params.epsilon:g}", "--learner", "ldp-sgd-lr",
-        "--linear-tuning", "fixed", "--sgd-steps", str(params.median_rounds), "--sgd-learning-rate", f"{SGD_LEARNING_RATE:g}",
+        "--linear-tuning", "fixed", "--sgd-steps", str(params.median_rounds), "--sgd-learning-rate",
+        f"{SGD_LEARNING_RATE if params.sgd_learning_rate is None else params.sgd_learning_rate:g}",
     ]
     if params.peers is not None and params.peers < n_train:
         args += ["--max-train-rows", str(max(50, params.peers))]
