@@ -37,14 +37,7 @@ import numpy as np
 import trio
 from randomgen import ChaCha
 
-from anonml.crypto import (
-    Credential,
-    CredentialSecret,
-    IssuanceRequest,
-    IssuanceState,
-    begin_issuance,
-    finish_issuance,
-)
+from anonml.crypto import Credential, CredentialSecret, IssuanceRequest, IssuanceState, begin_issuance, finish_issuance
 from anonml.learning import SgdRule
 from anonml.mechanisms import BudgetExceeded, ReleaseKind, answer_is_greater
 from anonml.peer._events import MISSING_REASONS, MessageOutcome, PeerEvent, RefusalReason
@@ -97,10 +90,8 @@ from anonml.transport import AckStatus
 _ISSUANCE_SEED_BYTES = 32
 """The random seed a stored credential request's blinding is derived from (``PeerRound.issuance``)."""
 
-# How long a peer waits before sending over another path after a first relay did not take its
-# packet: doubling from the first to the last (seconds).
-_FIRST_RETRY_SECONDS = 0.05
-_LAST_RETRY_SECONDS = 1.0
+_FIRST_RETRY_SECONDS, _LAST_RETRY_SECONDS = 0.05, 1.0
+"""A peer's wait before another path once a first relay did not take its packet: doubling from the first to the last."""
 
 
 def peer_generator(seed: int | None = None) -> np.random.Generator:
@@ -496,10 +487,8 @@ class PeerRound:
             if status is AckStatus.ACCEPTED:
                 return packet
             self.emit(PeerEvent.FIRST_HOP_FAILED)
-            # A first relay that answers at once without taking the packet (busy, or refusing the
-            # link) must not make this a busy loop that rebuilds a packet and writes a send count
-            # per turn until the deadline: wait, doubling up to a cap, before the next path. Only
-            # first relays see these retries, and each already knows who is sending.
+            # Not a busy loop (a packet built and a send count written per turn) on a first relay that answers
+            # at once without taking it. Only first relays see the retries, and each knows who is sending.
             await trio.sleep(min(retry_after, max(0.0, deadline - self.session.now())))
             retry_after = min(2 * retry_after, _LAST_RETRY_SECONDS)
         return None
