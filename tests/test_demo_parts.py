@@ -133,13 +133,21 @@ def test_a_request_counts_at_least_its_pacing_when_every_peer_is_one_address() -
     assert plan.register_seconds <= math.ceil(paced) and plan.issue_seconds <= math.ceil(paced)
 
 
-def test_the_exit_code_says_failed_degraded_or_lost() -> None:
-    from anonml.demo._summary import EXIT_MESSAGES_LOST, EXIT_ROUND_DEGRADED, EXIT_ROUND_FAILED, exit_code
+def test_the_exit_code_says_failed_degraded_lost_or_left_out() -> None:
+    from anonml.demo._summary import (
+        EXIT_MESSAGES_LOST,
+        EXIT_PEERS_LEFT_OUT,
+        EXIT_REASONS,
+        EXIT_ROUND_DEGRADED,
+        EXIT_ROUND_FAILED,
+        exit_code,
+    )
 
-    def summary(phase: str, prepared: int = 1000, accepted: int = 1000, twice: int = 0, acknowledged_lost: int = 0) -> dict[str, object]:
+    def summary(phase: str, prepared: int = 1000, accepted: int = 1000, twice: int = 0, acknowledged_lost: int = 0,
+                joined: int = 500) -> dict[str, object]:
         audit = {"prepared": prepared, "accepted": accepted, "lost": prepared - accepted, "counted_twice": twice,
                  "peer_acknowledged_but_lost": acknowledged_lost}
-        return {"phase": phase, "audit": audit}
+        return {"phase": phase, "audit": audit, "peers": 500, "joined": joined}
 
     assert exit_code(summary("done")) == 0
     assert exit_code(summary("done", accepted=990)) == 0  # 99% accepted: the demo's bar
@@ -151,7 +159,12 @@ def test_the_exit_code_says_failed_degraded_or_lost() -> None:
     assert exit_code(summary("degraded", accepted=10)) == EXIT_ROUND_DEGRADED  # the round's own verdict comes first
     assert exit_code(summary("failed")) == EXIT_ROUND_FAILED
     assert exit_code(summary("unknown")) == EXIT_ROUND_FAILED
-    assert len({0, EXIT_MESSAGES_LOST, EXIT_ROUND_DEGRADED, EXIT_ROUND_FAILED}) == 4
+    # Half the peers shut out of registration, every message of the other half accepted: exited 0 before.
+    assert exit_code(summary("done", prepared=500, accepted=500, joined=250)) == EXIT_PEERS_LEFT_OUT
+    assert exit_code(summary("done", joined=495)) == 0  # 99% of the peers answered
+    assert exit_code(summary("done", joined=494)) == EXIT_PEERS_LEFT_OUT
+    assert len({0, EXIT_MESSAGES_LOST, EXIT_ROUND_DEGRADED, EXIT_ROUND_FAILED, EXIT_PEERS_LEFT_OUT}) == 5
+    assert set(EXIT_REASONS) == {EXIT_MESSAGES_LOST, EXIT_ROUND_DEGRADED, EXIT_ROUND_FAILED, EXIT_PEERS_LEFT_OUT}
 
 
 async def test_until_quiet_waits_for_the_children_start_up_and_no_longer(tmp_path: Path) -> None:

@@ -62,7 +62,7 @@ def demo(peers: int | None, dataset: str, data_dir: Path | None, epsilon: float,
     from anonml.demo._data import adult_data, breast_cancer_data, write_experiment_files
     from anonml.demo._run import run_demo
     from anonml.demo._schedule import SGD_STEPS
-    from anonml.demo._summary import exit_code, experiment_command, print_summary, sgd_experiment_command
+    from anonml.demo._summary import EXIT_REASONS, exit_code, experiment_command, print_summary, sgd_experiment_command
     from anonml.protocol import QueryError, TaskKind, check_queries
 
     console = Console()
@@ -117,6 +117,7 @@ def demo(peers: int | None, dataset: str, data_dir: Path | None, epsilon: float,
         json_out.write_text(json.dumps(summary, indent=2, default=str))
     code = exit_code(summary)
     if code:
+        console.print(f"exit status {code}: {EXIT_REASONS[code]}")
         raise SystemExit(code)
 
 

@@ -145,6 +145,9 @@ EXIT_MESSAGES_LOST = 4
 """Under 99% of the prepared messages accepted, or a message counted twice, or one the peer saw acknowledged lost."""
 EXIT_ROUND_DEGRADED = 5
 """The round ended ``degraded``: a survey got fewer reports than its spec's minimum (a model was still published)."""
+EXIT_PEERS_LEFT_OUT = 7  # (6 is `bench netns`: timing off chance)
+"""Under 99% of the demo's peers answered (most often: registration or issuance closed before they got through).
+The accepted fraction counts only the messages of peers that answered, so it cannot see them."""
 
 
 # The anonymity report is "at chance" while the aggregator's timing guess is less than this many standard errors
@@ -175,7 +178,8 @@ def accepted_fraction(summary: dict[str, Any]) -> float:
 
 
 def exit_code(summary: dict[str, Any]) -> int:
-    """0 when the round is done, lost at most 1% of the prepared messages and counted none twice."""
+    """0 when the round is done, lost at most 1% of the prepared messages, counted none twice, and at least 99%
+    of the peers answered."""
     if summary["phase"] == "degraded":
         return EXIT_ROUND_DEGRADED
     if summary["phase"] != "done":
@@ -183,7 +187,18 @@ def exit_code(summary: dict[str, Any]) -> int:
     audit = summary["audit"]
     if accepted_fraction(summary) < MIN_ACCEPTED_FRACTION or audit["counted_twice"] or audit["peer_acknowledged_but_lost"]:
         return EXIT_MESSAGES_LOST
+    if summary["joined"] < MIN_ACCEPTED_FRACTION * summary["peers"]:
+        return EXIT_PEERS_LEFT_OUT
     return 0
+
+
+EXIT_REASONS = {
+    EXIT_ROUND_FAILED: "the round failed",
+    EXIT_MESSAGES_LOST: f"under {100 * MIN_ACCEPTED_FRACTION:g}% of the peers' messages accepted, or one counted twice or lost after its ack",
+    EXIT_ROUND_DEGRADED: "the round ended degraded (a survey got fewer reports than its minimum)",
+    EXIT_PEERS_LEFT_OUT: f"under {100 * MIN_ACCEPTED_FRACTION:g}% of the peers answered (see 'peers registered / answered')",
+}
+"""One line per non-zero exit status of :func:`exit_code`."""
 
 
 def experiment_command(params: DemoParams, dataset_args: list[str], n_train: int) -> str:
