@@ -123,8 +123,9 @@ class FirstHopWork:
                 packets.append(packet)
             else:
                 short.append(index)
-        self._counters.received += len(short)
-        self._counters.drop(DropReason.INSUFFICIENT_WORK, len(short))
+        if short:  # (a zero count would still add the reason to the metrics)
+            self._counters.received += len(short)
+            self._counters.drop(DropReason.INSUFFICIENT_WORK, len(short))
         return packets, short
 
     def _update(self, now: float) -> None:
