@@ -54,7 +54,7 @@ from anonml.relay._metrics import DropReason, RelayCounters
 INTERVAL = 0.5
 RAISE_BACKLOG = 4.0
 FALL_BACKLOG = 1.0
-FIRST_BITS = 8
+FIRST_BITS = 12
 RAISE_BITS = 1
 FALL_SECONDS = 2.0
 GRACE_SECONDS = 0.5
