@@ -37,6 +37,7 @@ if TYPE_CHECKING:
         worst_case_releases,
     )
     from anonml.protocol._sgd import MAX_SGD_DIMENSION, InvalidSgdModel, SgdModel
+    from anonml.protocol._work import MAX_WORK_BITS, STAMP_BYTES, WORK_CONTEXT_BYTES, solve_stamp, stamp_work
     from anonml.protocol._vocabulary import (
         DEFAULT_COMPARISON_POOL,
         DEFAULT_MEDIAN_STEPS,
@@ -185,6 +186,11 @@ else:
     __getattr__, __dir__ = lazy_exports(__name__, __file__)
 
 __all__ = [
+    "MAX_WORK_BITS",
+    "STAMP_BYTES",
+    "WORK_CONTEXT_BYTES",
+    "solve_stamp",
+    "stamp_work",
     "AggregatorHop",
     "Assignment",
     "Attempt",

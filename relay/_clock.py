@@ -13,10 +13,29 @@ minute per day, well inside any window a round would use.)
 
 from __future__ import annotations
 
+import random
 import time
+from collections.abc import Callable
 from typing import Protocol
 
+import numpy as np
 import trio
+
+Uniform = Callable[[float, float], float]
+"""A draw uniform on ``[low, high]``: a relay's release times."""
+
+
+def uniform_from(rng: np.random.Generator | None) -> Uniform:
+    """Draws from the operating system's CSPRNG, or from a seeded ``rng`` (tests; relay._server says why not
+    in production)."""
+    if rng is None:
+        return random.SystemRandom().uniform
+    generator = rng
+
+    def uniform(low: float, high: float) -> float:
+        return float(generator.uniform(low, high)) if high > low else low
+
+    return uniform
 
 
 class RelayClock(Protocol):

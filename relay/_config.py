@@ -21,7 +21,7 @@ import tomli_w
 
 from anonml.crypto import DEFAULT_MAX_HOPS, DEFAULT_PACKET_SIZE
 from anonml.protocol import format_host_port
-from anonml.transport import CONNECT_TIMEOUT, LinkLimits
+from anonml.transport import CONNECT_TIMEOUT, DEFAULT_MAX_WORK_BITS, LinkLimits
 from anonml.relay._errors import RelayConfigError
 
 CONFIG_FILE = "relay.toml"
@@ -129,6 +129,9 @@ class RelayConfig:
     # batches wait (relay._budget): ~0.3 ms of Sphinx each, so 50/s bounds a flood to ~2% of a core.
     refusals_per_second: float = 50.0
     refusal_burst: int = 200
+    # The most work asked of a first-hop frame (relay._work): what a peer's link client pays by default,
+    # so a loaded relay still serves every honest peer; 0 asks no work.
+    max_work_bits: int = DEFAULT_MAX_WORK_BITS
     link: LinkLimits = field(default_factory=LinkLimits)
     connect_timeout: float = CONNECT_TIMEOUT
     ack_timeout: float = 30.0
@@ -172,6 +175,9 @@ class RelayConfig:
                                    f"({self.source_shares}): a network may hold at least what one of its addresses may")
         if type(self.refusal_burst) is not int or self.refusal_burst < 1:
             raise RelayConfigError(f"refusal_burst must be a positive integer, got {self.refusal_burst!r}")
+        if type(self.max_work_bits) is not int or not 0 <= self.max_work_bits <= DEFAULT_MAX_WORK_BITS:
+            raise RelayConfigError(f"max_work_bits must be an integer in [0, {DEFAULT_MAX_WORK_BITS}] (what a peer "
+                                   f"pays at most), got {self.max_work_bits!r}")
         for name in ("connect_timeout", "ack_timeout", "directory_min_refresh_seconds", "directory_fetch_timeout",
                      "refusals_per_second"):
             value = getattr(self, name)
@@ -319,6 +325,10 @@ _KEYS: tuple[_Key, ...] = (
          "refusal_burst, its next batch waits: a flood of useless packets costs a bounded\n"
          "share of the CPU, and nothing is refused for it."),
     _Key("limits", "refusal_burst", "refusal_burst", ""),
+    _Key("limits", "max_work_bits", "max_work_bits",
+         "Most work asked of a frame from a sender that is not a directory neighbour:\n"
+         "2**bits hashes, asked while the first-hop intake is busy (0: never asked).\n"
+         "Peers pay at most 2**20 by default; more would leave them refused."),
     _Key("link", "hello_timeout", "link.hello_timeout", ""),
     _Key("link", "first_frame_timeout", "link.first_frame_timeout", ""),
     _Key("link", "idle_timeout", "link.idle_timeout", ""),

@@ -65,6 +65,7 @@ class DropReason(enum.StrEnum):
     PREFIX_SHARE = "prefix-share"  # its /24 (or /48) holds its share
     NEIGHBOUR_SHARE = "neighbour-share"  # an authenticated neighbour (by node id) holds its share
     REPLAY_CACHE_FULL = "replay-cache-full"
+    INSUFFICIENT_WORK = "insufficient-work"  # a first-hop frame's stamp did less work than asked (relay._work)
     STORE_ERROR = "store-error"
     EXPIRED_WHILE_DOWN = "expired-while-down"
     # Forwarding.
@@ -154,6 +155,8 @@ class RelayCounters:
     # inside SQLite (fsync waits included).
     intake_cpu_seconds: float = 0.0
     store_seconds: float = 0.0
+    work_bits: int = 0
+    """The work asked of first-hop frames now (relay._work)."""
 
     def drop(self, reason: DropReason, count: int = 1) -> None:
         self.dropped[reason] += count
@@ -209,6 +212,7 @@ class _CountersCollector(Collector):
                       c.intake_cpu_seconds)
         yield counter("store_seconds", "Seconds spent in SQLite writes and commits.", c.store_seconds)
         yield counter("process_cpu_seconds", "CPU seconds used by the relay process.", time.process_time())
+        yield gauge("work_bits", "Bits of work asked of each first-hop frame now (2**bits hashes).", c.work_bits)
         yield gauge("connections_open", "Link connections open now.", c.connections_open)
         yield gauge("neighbour_connections_open", "Link connections from authenticated directory neighbours.",
                     c.neighbour_connections_open)

@@ -36,7 +36,8 @@ from anonml.relay._keys import EpochKey, KeyRing, load_identity, load_identity_k
 from anonml.relay._metrics import METRICS_CONNECTIONS, RelayCounters, log_event, serve_metrics
 from anonml.relay._beacon import relay_beacon
 from anonml.relay._mirror import MIRROR_LIMITS, serve_mirror
-from anonml.relay._server import Relay, _uniform_from
+from anonml.relay._clock import uniform_from
+from anonml.relay._server import Relay
 from anonml.relay._store import STORE_FILE, RelayStore
 from anonml.relay._trace import PacketTrace, TracingRelay
 
@@ -120,7 +121,7 @@ async def serve_relay(
             keyring=keyring,
             store=store,
             clock=clock if clock is not None else WallClock.anchored(),
-            uniform=_uniform_from(rng),
+            uniform=uniform_from(rng),
             counters=counters,
             identity=identity,
             directory=directory,

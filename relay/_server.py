@@ -50,7 +50,8 @@ who they are in the link handshake. A silent connection is closed after
 ``link.first_frame_timeout``. A source (not a neighbour) whose frames the
 relay refuses beyond its :class:`relay._budget.RefusalBudget` waits before
 its next batch is processed, so a flood of authentic but useless packets
-costs the relay a bounded share of its CPU. Each batch is checked in slices
+costs the relay a bounded share of its CPU; a frame from anyone but a neighbour
+carries a stamp of the work the relay asks, checked first (relay._work). Each batch is checked in slices
 of 16 frames, each taking a fair turn per source network or neighbour
 (:class:`transport.FairTurns`; issue 25), so another connection's frames
 never wait for a whole batch, and a network sending little goes before
@@ -96,7 +97,6 @@ from __future__ import annotations
 
 import logging
 import math
-import random
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -104,7 +104,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-import numpy as np
 import trio
 
 from anonml.crypto import (
@@ -126,12 +125,13 @@ from anonml.transport import (
     LinkClient,
     LinkError,
     LinkIdentity,
+    LinkSessionStats,
     Network,
     peer_address,
     serve_link,
     source_prefix,
 )
-from anonml.relay._clock import RelayClock
+from anonml.relay._clock import RelayClock, Uniform
 from anonml.relay._config import RelayConfig
 from anonml.relay._directory import (
     DirectoryError,
@@ -149,6 +149,7 @@ from anonml.relay._holdings import Holdings, Neighbour
 from anonml.relay._keys import EpochKey, KeyRing
 from anonml.relay._metrics import DropReason, LateIntake, RelayCounters, log_event
 from anonml.relay._store import HeldPacket, RelayStore, StoredManifest
+from anonml.relay._work import FirstHopWork, with_refusals
 
 logger = logging.getLogger("anonml.relay")
 
@@ -179,7 +180,6 @@ _OVERDUE_SPREAD = 0.25
 # many (~16 MiB of 2 KiB packets) and after a restart, they are read back.
 _RESIDENT_PACKETS = 8192
 
-Uniform = Callable[[float, float], float]
 
 
 class PacketSender(Protocol):
@@ -191,17 +191,6 @@ class PacketSender(Protocol):
 
 
 OpenSender = Callable[[Neighbour], PacketSender]
-
-
-def _uniform_from(rng: np.random.Generator | None) -> Uniform:
-    if rng is None:
-        return random.SystemRandom().uniform
-    generator = rng
-
-    def uniform(low: float, high: float) -> float:
-        return float(generator.uniform(low, high)) if high > low else low
-
-    return uniform
 
 
 @dataclass
@@ -272,6 +261,8 @@ class Relay:
         self.gate = ConnectionGate(config.max_connections, config.max_connections_per_source,
                                    config.neighbour_connections, refused=counters.connections_refused)
         self.refusals = RefusalBudget(config.refusals_per_second, config.refusal_burst)
+        self.work = FirstHopWork(lambda node: self.directory is not None and self.directory.is_neighbour(node),
+                                 counters, max_bits=config.max_work_bits)
         self.shares = HeldShares(per_source=config.max_held_per_source, per_prefix=config.max_held_per_prefix,
                                  per_neighbour=self._held_per_neighbour)
         self._wakeup = trio.Event()
@@ -311,6 +302,7 @@ class Relay:
     def _sync_counters(self) -> None:
         self.counters.held = self.holdings.held
         self.counters.replay_tags = self.replay_tags
+        self.counters.work_bits = self.work.bits()
         self.counters.store_seconds = self.store.busy_seconds
 
     # -- restart ---------------------------------------------------------
@@ -517,6 +509,7 @@ class Relay:
         counters.connections_open += 1
         counters.connections_accepted += 1
         neighbour: bytes | None = None  # its node id, once it has proven it in the handshake
+        session = LinkSessionStats()
 
         def admit(node_id: bytes | None) -> bool:
             nonlocal neighbour
@@ -536,10 +529,11 @@ class Relay:
             if wait > 0:
                 counters.throttled_batches += 1
                 await trio.sleep(wait)  # idle meanwhile: an overspent source may be evicted
-            with slot.busy():
-                statuses, charged = await self.receive(frames, source)
-            self.refusals.spend(source, charged, trio.current_time())
-            return statuses
+            with slot.busy(), self.work.inside():
+                packets, short = self.work.check(frames, session.work_context)  # before any Sphinx work
+                statuses, charged = await self.receive(packets, source)
+            self.refusals.spend(source, charged + len(short), trio.current_time())
+            return with_refusals(statuses, short)
 
         try:
             with slot.cancel_scope:  # cancelled if the gate evicts this connection as the one idle longest
@@ -551,6 +545,8 @@ class Relay:
                     limits=self.config.link,
                     identity=self.identity,
                     admit=admit,
+                    stats=session,
+                    work=self.work,
                 )
             if slot.evicted:
                 counters.link_errors["evicted-idle"] += 1

@@ -41,7 +41,8 @@ from anonml.relay import (
     parse_metrics,
     render_prometheus,
 )
-from anonml.relay._server import PacketSender, Relay, _uniform_from
+from anonml.relay._clock import uniform_from
+from anonml.relay._server import PacketSender, Relay
 from anonml.relay._store import STORE_FILE
 from anonml.testing import loopback_relay, relay_keyring
 
@@ -108,7 +109,7 @@ class Harness:
             keyring=relay_keyring(self.config),
             store=self.store,
             clock=clock,
-            uniform=_uniform_from(np.random.default_rng(seed)),
+            uniform=uniform_from(np.random.default_rng(seed)),
             counters=RelayCounters(),
             identity=self.identity,
             open_sender=self._open,

@@ -47,14 +47,12 @@ if TYPE_CHECKING:
         socket_of,
     )
     from anonml.transport._link import (
-        CONNECT_TIMEOUT,
         HELLO_BYTES,
         HELLO_REPLY_BYTES,
         LINK_VERSION,
         AckStatus,
         AuthVerdict,
         HelloStatus,
-        LinkClient,
         LinkError,
         LinkErrorReason,
         LinkIdentity,
@@ -67,7 +65,9 @@ if TYPE_CHECKING:
         parse_hello_reply,
         receive_exactly,
         serve_link,
+        WorkDemand,
     )
+    from anonml.transport._link_client import CONNECT_TIMEOUT, DEFAULT_MAX_WORK_BITS, LinkClient
     from anonml.transport._descriptors import DescriptorLimitError, fit_connection_caps, raise_descriptor_limit
 else:
     from anonml.base.lazy import lazy_exports
@@ -75,6 +75,8 @@ else:
     __getattr__, __dir__ = lazy_exports(__name__, __file__)
 
 __all__ = [
+    "DEFAULT_MAX_WORK_BITS",
+    "WorkDemand",
     "HELLO_BYTES",
     "HELLO_REPLY_BYTES",
     "LINK_VERSION",

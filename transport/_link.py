@@ -5,16 +5,27 @@ every read") and §10 ("a packet is acknowledged only after it is durable").
 Relays use both sides; the aggregator's packet sink reuses the receiving side
 to take packets from last-hop relays.
 
-Wire format, version 2 (all integers big-endian)::
+Wire format, version 3 (all integers big-endian)::
 
     client -> server   HELLO   = b"AMLK" | version u8 | packet_size u32 | geometry_hash[32]
                                  | client_key[32] | client_nonce[32]
     server -> client   REPLY   = b"AMLK" | version u8 | HelloStatus u8 | server_key[32] | server_nonce[32]
+                                 | work u8
     (only when both keys are non-zero: the authenticated handshake)
     client -> server   PROOF   = HMAC(K, "client" | HELLO | REPLY)                      [32]
     server -> client   CONFIRM = AuthVerdict u8 | HMAC(K, "server" | HELLO | REPLY)     [33]
-    client -> server   FRAME*  = packet_size bytes each, back to back, no header
-    server -> client   ACK*    = one AckStatus byte per frame, in frame order
+    client -> server   FRAME*  = packet_size bytes each (+ a stamp, see below), back to back, no header
+    server -> client   ACK*    = one AckStatus byte per frame, in frame order (0x40 | k: MORE_WORK, k bits)
+
+First-hop work (issue 25, protocol._work). A server given a :class:`WorkDemand`
+decides in the handshake whether the client must do work: ``work`` is 0 when
+its frames are bare packets (a listed neighbour, or a server asking no work),
+else 1 + the bits of work asked now, and every frame of the session is then
+the packet followed by its ``STAMP_BYTES`` stamp, bound to the packet and to
+``server_nonce``. A frame whose stamp does less work than the server asks
+when it checks it is answered MORE_WORK with the bits asked in the ack byte
+itself, so the client can re-stamp and resend on the same connection; the
+server checks a stamp before anything else of the frame.
 
 Authentication (crypto._link_auth). A key is a node's static X25519 public
 key, whose hash is the node id every relay directory and round manifest lists
@@ -59,8 +70,8 @@ import os
 import struct
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
-import tenacity
 import trio
 
 from anonml.crypto import (
@@ -75,17 +86,18 @@ from anonml.crypto import (
     public_key_of,
 )
 from anonml.base.errors import TransportError
+from anonml.protocol import MAX_WORK_BITS, STAMP_BYTES
 from anonml.transport._network import TCP_NETWORK, Network
 
 LINK_MAGIC = b"AMLK"
-LINK_VERSION = 2
+LINK_VERSION = 3
 GEOMETRY_HASH_BYTES = 32
 LINK_KEY_BYTES = 32
 _NONCE_BYTES = 32
 ANONYMOUS = bytes(LINK_KEY_BYTES)
 _PREFIX = struct.Struct(">4sB")
 _HELLO = struct.Struct(">4sBI32s32s32s")
-_REPLY = struct.Struct(">4sBB32s32s")
+_REPLY = struct.Struct(">4sBB32s32sB")
 _CONFIRM = struct.Struct(">B32s")
 HELLO_BYTES = _HELLO.size
 HELLO_REPLY_BYTES = _REPLY.size
@@ -117,6 +129,7 @@ class AckStatus(enum.IntEnum):
     ACCEPTED = 1  # durable at the receiver; the sender may forget the packet
     REJECTED = 2  # invalid, late or a replay; resending cannot help
     BUSY = 3  # the receiver is at capacity (or not ready); the sender may resend later
+    MORE_WORK = 4  # the frame's stamp did less work than the receiver asks; on the wire 0x40 | bits asked
 
 
 class LinkErrorReason(enum.StrEnum):
@@ -229,8 +242,17 @@ def encode_hello(packet_size: int, geometry_hash: bytes, *, key: bytes = ANONYMO
     return _HELLO.pack(LINK_MAGIC, LINK_VERSION, packet_size, geometry_hash, key, nonce if nonce is not None else _nonce())
 
 
-def encode_hello_reply(status: HelloStatus, *, key: bytes = ANONYMOUS, nonce: bytes | None = None) -> bytes:
-    return _REPLY.pack(LINK_MAGIC, LINK_VERSION, int(status), key, nonce if nonce is not None else _nonce())
+def encode_hello_reply(status: HelloStatus, *, key: bytes = ANONYMOUS, nonce: bytes | None = None,
+                       work_bits: int | None = None) -> bytes:
+    """The server's hello reply; ``work_bits`` is the work its frames must carry now (None: bare packets)."""
+    work = 0 if work_bits is None else 1 + min(work_bits, MAX_WORK_BITS)
+    return _REPLY.pack(LINK_MAGIC, LINK_VERSION, int(status), key, nonce if nonce is not None else _nonce(), work)
+
+
+def reply_work(reply: bytes) -> tuple[bytes, int | None]:
+    """A parsed hello reply's session nonce and the work its frames must carry (None: bare packets)."""
+    nonce, work = _REPLY.unpack(reply)[4:]
+    return nonce, (None if work == 0 else work - 1)
 
 
 def check_hello(data: bytes, packet_size: int, geometry_hash: bytes) -> HelloStatus:
@@ -261,23 +283,47 @@ def parse_hello_reply(data: bytes) -> HelloStatus:
     """Parse the server's hello reply's status, or raise :class:`LinkError`."""
     if len(data) != HELLO_REPLY_BYTES:
         raise LinkError(LinkErrorReason.TRUNCATED, f"hello reply must be {HELLO_REPLY_BYTES} bytes, got {len(data)}")
-    magic, version, status, _, _ = _REPLY.unpack(data)
+    magic, version, status, _, _, work = _REPLY.unpack(data)
     if magic != LINK_MAGIC:
         raise LinkError(LinkErrorReason.BAD_MAGIC, f"not a link hello reply: magic {magic!r}")
     if version != LINK_VERSION:
         raise LinkError(LinkErrorReason.BAD_VERSION, f"server speaks link version {version!r}")
+    if work > MAX_WORK_BITS + 1:
+        raise LinkError(LinkErrorReason.BAD_MAGIC, f"hello reply asks unnamable work {work!r}")
     try:
         return HelloStatus(status)
     except ValueError:
         raise LinkError(LinkErrorReason.BAD_MAGIC, f"unknown hello status {status!r}") from None
 
 
+_MORE_WORK_ACK = 0x40  # | the bits asked (0..MAX_WORK_BITS)
+
+
+def encode_acks(statuses: Sequence[AckStatus], work_bits: int) -> bytes:
+    """The ack bytes of ``statuses``; MORE_WORK names ``work_bits``, the work asked now."""
+    more_work = _MORE_WORK_ACK | min(work_bits, MAX_WORK_BITS)
+    return bytes(more_work if status is AckStatus.MORE_WORK else int(status) for status in statuses)
+
+
+def parse_acks_and_work(data: bytes) -> tuple[list[AckStatus], int]:
+    """Parse ack bytes: their statuses, and the most work a MORE_WORK among them asks (0 if none);
+    ``LinkError(BAD_ACK)`` for any other byte."""
+    statuses: list[AckStatus] = []
+    asked = 0
+    for byte in data:
+        if (byte & ~MAX_WORK_BITS) == _MORE_WORK_ACK:
+            statuses.append(AckStatus.MORE_WORK)
+            asked = max(asked, byte & MAX_WORK_BITS)
+        elif byte in (AckStatus.ACCEPTED, AckStatus.REJECTED, AckStatus.BUSY):
+            statuses.append(AckStatus(byte))
+        else:
+            raise LinkError(LinkErrorReason.BAD_ACK, f"invalid ack bytes {data!r}")
+    return statuses, asked
+
+
 def parse_acks(data: bytes) -> list[AckStatus]:
     """Parse ack bytes, or raise ``LinkError(BAD_ACK)``."""
-    try:
-        return [AckStatus(byte) for byte in data]
-    except ValueError:
-        raise LinkError(LinkErrorReason.BAD_ACK, f"invalid ack bytes {data!r}") from None
+    return parse_acks_and_work(data)[0]
 
 
 async def receive_exactly(stream: trio.abc.ReceiveStream, size: int) -> bytes:
@@ -403,6 +449,19 @@ def _admit_everyone(node_id: bytes | None) -> bool:
     return True
 
 
+class WorkDemand(Protocol):
+    """What a server asks of a client's frames (module docstring: first-hop work)."""
+
+    def asks_work(self, node_id: bytes | None) -> bool:
+        """Whether the frames of a client claiming ``node_id`` (None: anonymous) must carry stamps (decided in
+        the handshake; a claimed node id that the client then fails to prove ends the session)."""
+        ...
+
+    def bits(self) -> int:
+        """The work (leading zero bits) asked of a stamp now."""
+        ...
+
+
 @dataclass
 class LinkSessionStats:
     """What one :func:`serve_link` session did (for the caller's counters)."""
@@ -411,6 +470,8 @@ class LinkSessionStats:
     batches: int = 0
     peer: bytes | None = None
     """The client's authenticated node id (None: anonymous)."""
+    work_context: bytes | None = None
+    """The nonce its frames' stamps are bound to (None: its frames are bare packets)."""
 
 
 async def _server_handshake(
@@ -422,8 +483,10 @@ async def _server_handshake(
     identity: LinkIdentity | None,
     admit: Admit,
     limits: LinkLimits,
-) -> bytes | None:
-    """Run the server's side of the handshake; the client's node id (None: anonymous) once admitted."""
+    work: WorkDemand | None,
+) -> tuple[bytes | None, bytes | None]:
+    """Run the server's side of the handshake; the client's node id (None: anonymous) once admitted, and the
+    nonce its frames' stamps are bound to (None: bare packets)."""
     deadline = trio.current_time() + limits.hello_timeout
     prefix = await reader.read_handshake(_PREFIX.size, deadline)
     magic, version = _PREFIX.unpack(prefix)
@@ -442,10 +505,15 @@ async def _server_handshake(
     if not authenticating and not admit(None):
         await _send_with_timeout(stream, encode_hello_reply(HelloStatus.AUTH_REQUIRED), limits.send_timeout)
         raise LinkError(LinkErrorReason.AUTH_REQUIRED, "an anonymous client was not admitted")
-    reply = encode_hello_reply(HelloStatus.OK, key=identity.public_key if identity is not None else ANONYMOUS)
+    claimed = node_id_of(client_key) if authenticating else None
+    stamped = work is not None and work.asks_work(claimed)
+    nonce = _nonce()
+    reply = encode_hello_reply(HelloStatus.OK, key=identity.public_key if identity is not None else ANONYMOUS,
+                               nonce=nonce, work_bits=work.bits() if work is not None and stamped else None)
+    context = nonce if stamped else None
     await _send_with_timeout(stream, reply, limits.send_timeout)
     if not authenticating:
-        return None
+        return None, context
     assert identity is not None
     transcript = hello + reply
     proof = await reader.read_handshake(LINK_PROOF_BYTES, deadline)
@@ -463,7 +531,7 @@ async def _server_handshake(
     await _send_with_timeout(stream, confirm, limits.send_timeout)
     if not admitted:
         raise LinkError(LinkErrorReason.REFUSED, f"node {node_id.hex()} is not admitted")
-    return node_id
+    return node_id, context
 
 
 async def serve_link(
@@ -476,6 +544,7 @@ async def serve_link(
     stats: LinkSessionStats | None = None,
     identity: LinkIdentity | None = None,
     admit: Admit = _admit_everyone,
+    work: WorkDemand | None = None,
 ) -> None:
     """Serve one link session on ``stream`` until the sender closes it.
 
@@ -488,15 +557,19 @@ async def serve_link(
     still handed over and acknowledged. Returns on a clean end of stream at a
     frame boundary; raises :class:`LinkError` for everything the sender can
     cause. Exceptions from ``on_packets`` propagate unchanged (they are the
-    caller's bugs, not the sender's). Does not close ``stream``.
+    caller's bugs, not the sender's). Does not close ``stream``. With ``work``,
+    a client it asks work of sends stamped frames (module docstring), handed
+    to ``on_packets`` whole (packet then stamp, ``stats.work_context`` their
+    context): the caller checks them, and answers MORE_WORK for those short of it.
     """
     _check_link_parameters(packet_size, geometry_hash)
     stats = stats if stats is not None else LinkSessionStats()
     reader = _ExactReader(stream)
-    stats.peer = await _server_handshake(
+    stats.peer, stats.work_context = await _server_handshake(
         stream, reader, packet_size=packet_size, geometry_hash=geometry_hash, identity=identity, admit=admit,
-        limits=limits,
+        limits=limits, work=work,
     )
+    frame_size = packet_size + (STAMP_BYTES if stats.work_context is not None else 0)
 
     reader_error: list[LinkError] = []
     # Items are lists of frames: every complete frame already buffered when
@@ -510,7 +583,7 @@ async def serve_link(
             try:
                 while True:
                     frame = await reader.read_exactly(
-                        packet_size,
+                        frame_size,
                         first_byte_deadline=trio.current_time() + wait,
                         complete_timeout=limits.frame_timeout,
                         idle_reason=reason,
@@ -519,7 +592,7 @@ async def serve_link(
                     if frame is None:
                         return
                     wait, reason = limits.idle_timeout, LinkErrorReason.IDLE_TIMEOUT
-                    await send_batches.send([frame, *reader.take_complete(packet_size, limits.max_batch - 1)])
+                    await send_batches.send([frame, *reader.take_complete(frame_size, limits.max_batch - 1)])
             except LinkError as exc:
                 reader_error.append(exc)
 
@@ -549,7 +622,8 @@ async def serve_link(
                         raise RuntimeError(f"on_packets returned {len(statuses)} statuses for {len(batch)} frames")
                     stats.frames += len(batch)
                     stats.batches += 1
-                    await _send_with_timeout(stream, bytes(int(s) for s in statuses), limits.send_timeout)
+                    acks = encode_acks(statuses, work.bits() if work is not None else 0)
+                    await _send_with_timeout(stream, acks, limits.send_timeout)
         except Exception as exc:
             loop_error.append(exc)
             nursery.cancel_scope.cancel()
@@ -557,225 +631,3 @@ async def serve_link(
         raise loop_error[0]
     if reader_error:
         raise reader_error[0]
-
-
-class _Connection:
-    """One connected stream of a :class:`LinkClient` and its ack order.
-
-    Batches are written in ticket order under the client's write lock, and
-    their acks (which the receiver sends in frame order) are read in the same
-    ticket order: ``served`` is the ticket whose acks are read next.
-    """
-
-    def __init__(self, stream: trio.abc.Stream, reader: _ExactReader) -> None:
-        self.stream = stream
-        self.reader = reader
-        self.issued = 0
-        self.served = 0
-        self.turn = trio.Event()
-        self.broken = False
-
-
-# Seconds for a connection and its handshake (two round trips): room for a 300 ms round trip on a busy
-# receiver, while a connection that swallows the hello (a black hole) costs this plus a backoff, not most
-# of a delivery slice (issue 27: at 5 s, a black-holed relay link made a whole slice's packets late).
-CONNECT_TIMEOUT = 2.0
-
-
-def _stop_before(give_up_at: float) -> Callable[[tenacity.RetryCallState], bool]:
-    """Stop when the next attempt would start at or after ``give_up_at`` (trio time, so MockClock works)."""
-
-    def stop(state: tenacity.RetryCallState) -> bool:
-        return trio.current_time() + (state.upcoming_sleep or 0.0) >= give_up_at
-
-    return stop
-
-
-class LinkClient:
-    """The sending side of a link: one reused connection to one neighbour.
-
-    :meth:`send_batch` writes frames and waits for their acks; on a broken
-    connection or timeout it reconnects (with exponential backoff, tenacity)
-    and resends only the frames not yet acknowledged, until ``give_up_at``. A
-    frame may thus reach the receiver twice (its ack was lost); the
-    receiver's replay cache rejects the copy, which is harmless because the
-    first copy was durably accepted.
-
-    ``identity`` authenticates this client to the server (a relay to its
-    next hop); ``expect_node_id`` makes the client refuse a server that does
-    not prove it is that node; ``local_address`` binds the source address;
-    ``network`` is where it connects (TCP unless the round simulator's).
-
-    Several tasks may call :meth:`send_batch` at once: their batches are
-    pipelined on the one connection (the next batch is written while earlier
-    ones wait for their acks), which keeps a receiver that commits batch by
-    batch busy instead of idle for a round trip per batch.
-    """
-
-    def __init__(
-        self,
-        host: str,
-        port: int,
-        *,
-        packet_size: int,
-        geometry_hash: bytes,
-        identity: LinkIdentity | None = None,
-        expect_node_id: bytes | None = None,
-        local_address: str | None = None,
-        network: Network = TCP_NETWORK,
-        connect_timeout: float = CONNECT_TIMEOUT,
-        ack_timeout: float = 30.0,
-        initial_backoff: float = 0.05,
-        max_backoff: float = 2.0,
-    ) -> None:
-        _check_link_parameters(packet_size, geometry_hash)
-        self.host = host
-        self.port = port
-        self.packet_size = packet_size
-        self.geometry_hash = geometry_hash
-        self.identity = identity
-        self.expect_node_id = expect_node_id
-        self._local_address = local_address
-        self._network = network
-        self._connect_timeout = connect_timeout
-        self._ack_timeout = ack_timeout
-        self._wait = tenacity.wait_exponential(multiplier=initial_backoff, max=max_backoff)
-        self._connection: _Connection | None = None
-        self._write_lock = trio.Lock()
-        self.connects = 0
-        self.failures = 0
-
-    async def _handshake(self, stream: trio.abc.Stream, reader: _ExactReader) -> None:
-        where = f"{self.host}:{self.port}"
-        deadline = trio.current_time() + self._connect_timeout
-        own_key = self.identity.public_key if self.identity is not None else ANONYMOUS
-        hello = encode_hello(self.packet_size, self.geometry_hash, key=own_key)
-        await _send_with_timeout(stream, hello, self._connect_timeout)
-        reply = await reader.read_handshake(HELLO_REPLY_BYTES, deadline)
-        status = parse_hello_reply(reply)
-        if status is HelloStatus.AUTH_REQUIRED:
-            raise LinkError(LinkErrorReason.AUTH_REQUIRED, f"{where} takes packets only from directory nodes")
-        if status is not HelloStatus.OK:
-            raise LinkError(LinkErrorReason.GEOMETRY_MISMATCH, f"{where} refused the hello: {status.name}")
-        server_key = _REPLY.unpack(reply)[3]
-        if self.expect_node_id is not None and (server_key == ANONYMOUS or node_id_of(server_key) != self.expect_node_id):
-            raise LinkError(LinkErrorReason.WRONG_PEER, f"{where} is not node {self.expect_node_id.hex()}")
-        if self.identity is None or server_key == ANONYMOUS:
-            return
-        transcript = hello + reply
-        try:
-            key = link_session_key(self.identity.private_key, server_key, transcript)
-        except InvalidKey:
-            raise LinkError(LinkErrorReason.AUTH_FAILED, f"{where} sent an unusable key") from None
-        proof = link_proof(key, CLIENT_ROLE, transcript)
-        await _send_with_timeout(stream, proof, self._connect_timeout)
-        verdict, server_proof = _CONFIRM.unpack(await reader.read_handshake(CONFIRM_BYTES, deadline))
-        if verdict != AuthVerdict.ACCEPTED:
-            raise LinkError(LinkErrorReason.REFUSED, f"{where} refused this node ({self.identity.node_id.hex()})")
-        if not link_proof_valid(key, SERVER_ROLE, transcript + proof, server_proof):
-            raise LinkError(LinkErrorReason.AUTH_FAILED, f"{where} did not prove it holds its key")
-
-    async def _connect(self) -> _Connection:
-        """The open connection, or a new one (handshake done); call under the write lock."""
-        if self._connection is not None:
-            return self._connection
-        try:
-            with trio.fail_after(self._connect_timeout):
-                stream = await self._network.connect(self.host, self.port, local_address=self._local_address)
-        except (OSError, trio.TooSlowError) as exc:
-            raise LinkError(LinkErrorReason.CONNECT_FAILED, f"cannot connect to {self.host}:{self.port}: {exc!r}") from None
-        reader = _ExactReader(stream)
-        try:
-            await self._handshake(stream, reader)
-        except BaseException:
-            await trio.aclose_forcefully(stream)
-            raise
-        self._connection = _Connection(stream, reader)
-        self.connects += 1
-        return self._connection
-
-    async def _break(self, connection: _Connection) -> None:
-        """Give up ``connection``: every batch waiting on it fails and is retried."""
-        if self._connection is connection:
-            self._connection = None
-        if not connection.broken:
-            connection.broken = True
-            connection.turn.set()
-            await trio.aclose_forcefully(connection.stream)
-
-    async def _attempt(self, frames: Sequence[bytes], statuses: list[AckStatus]) -> None:
-        """Send ``frames`` on the current connection, appending their acks to ``statuses``."""
-        async with self._write_lock:
-            connection = await self._connect()
-            ticket = connection.issued
-            connection.issued += 1
-            try:
-                await _send_with_timeout(connection.stream, b"".join(frames), self._ack_timeout)
-            except BaseException:
-                await self._break(connection)
-                raise
-        try:
-            while connection.served != ticket and not connection.broken:
-                await connection.turn.wait()
-            if connection.broken:
-                raise LinkError(LinkErrorReason.BROKEN, f"connection to {self.host}:{self.port} failed before these acks")
-            outstanding = len(frames)
-            while outstanding:
-                record = await connection.reader.read_available(
-                    outstanding, deadline=trio.current_time() + self._ack_timeout, reason=LinkErrorReason.ACK_TIMEOUT
-                )
-                if record is None:
-                    raise LinkError(
-                        LinkErrorReason.TRUNCATED, f"{self.host}:{self.port} closed with {outstanding} frames unacknowledged"
-                    )
-                statuses.extend(parse_acks(record))
-                outstanding -= len(record)
-        except BaseException:
-            # A failed or cancelled read leaves the ack stream out of step.
-            await self._break(connection)
-            raise
-        connection.served += 1
-        connection.turn.set()
-        connection.turn = trio.Event()
-
-    async def _attempt_until_progress(self, packets: Sequence[bytes], statuses: list[AckStatus]) -> None:
-        """One attempt at what is not yet acknowledged; raises only if it acknowledged nothing."""
-        acked_before = len(statuses)
-        try:
-            await self._attempt(packets[acked_before:], statuses)
-        except LinkError:
-            self.failures += 1
-            if len(statuses) == acked_before:
-                raise
-
-    async def send_batch(self, packets: Sequence[bytes], *, give_up_at: float) -> list[AckStatus | None]:
-        """Send ``packets``; one status per packet, None where none was acknowledged.
-
-        Retries (reconnecting, with backoff) start only before ``give_up_at``
-        (trio time, ``trio.current_time()``); the first attempt always runs,
-        bounded by the connect and ack timeouts, so a packet released at the
-        very end of its window still gets sent. An attempt that got some acks
-        before failing starts a fresh backoff. Raises ``ValueError`` for a
-        packet of the wrong size (a caller bug).
-        """
-        for packet in packets:
-            if len(packet) != self.packet_size:
-                raise ValueError(f"packet must be {self.packet_size} bytes, got {len(packet)}")
-        statuses: list[AckStatus] = []
-        while len(statuses) < len(packets):
-            retrying = tenacity.AsyncRetrying(
-                retry=tenacity.retry_if_exception_type(LinkError), wait=self._wait, stop=_stop_before(give_up_at),
-                sleep=trio.sleep, reraise=True,
-            )
-            try:
-                async for attempt in retrying:
-                    with attempt:
-                        await self._attempt_until_progress(packets, statuses)
-            except LinkError:
-                break
-        return [*statuses, *([None] * (len(packets) - len(statuses)))]
-
-    async def aclose(self) -> None:
-        async with self._write_lock:
-            if self._connection is not None:
-                await self._break(self._connection)

@@ -105,6 +105,10 @@ class _Attack:
                     break
         finally:
             await client.aclose()
+            # The first-hop work this attacker paid (relay._work): LinkClient stamps each frame with the work
+            # the relay asks, as a peer's does, on this process's one core.
+            self.counts["stamped"] += client.stamps
+            self.counts["max-work-bits"] = max(self.counts["max-work-bits"], client.work_bits)
 
     async def flood_relay(self, frames: list[bytes], sources: list[str]) -> None:
         """``frames`` to the relay, a share from each source, one connection per source at a time per network."""

@@ -44,7 +44,9 @@ Abuses: ``relay-hold-fill`` (packets inside the data phase from all 1,024
 addresses, 1.25x the hold queue: a full queue refused honest packets BUSY),
 ``relay-junk-tokens`` (8,000 packets from all 1,024 addresses that the relay
 releases at once and the sink unwraps, each carrying a token that parses and
-fails its proof: verification work on honest packets' path),
+fails its proof: verification work on honest packets' path; the attacker pays
+the first-hop work the relay asks, stamping each frame on its one core, and
+its summary says how many frames it stamped and the most bits it was asked),
 ``relay-hold-fill-one`` (the same from one address), ``relay-late-tags``
 (late packets from every address), ``relay-link-churn`` (1.1x the link slots
 in silent connections that sent the hello), ``sink-stranger`` (strangers

@@ -244,7 +244,10 @@ class _World:
         keys = random.Random(_seeded(self.config.seed, "relay-keys", index)).randbytes
         create_identity(data_dir, rng_bytes=keys)
         config = RelayConfig(data_dir=data_dir, listen=(relay_ip(index), LINK_PORT), mirror=(relay_ip(index), MIRROR_PORT),
-                             synchronous="NORMAL", key_epoch_seconds=86_400, directory_aggregators=(aggregator,))
+                             synchronous="NORMAL", key_epoch_seconds=86_400, directory_aggregators=(aggregator,),
+                             # No first-hop work (relay._work): its level follows wall time, and these relays
+                             # run on a virtual clock, all in this one process.
+                             max_work_bits=0)
         # The epoch key the manifest names must exist before the descriptor is read.
         KeyRing(data_dir, epoch_seconds=config.key_epoch_seconds, grace_seconds=config.key_grace_seconds).rotate(T0, rng_bytes=keys)
         return config
