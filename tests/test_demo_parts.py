@@ -61,7 +61,8 @@ async def test_a_killed_child_is_restarted_and_nothing_outlives_the_block(tmp_pa
 
 def costs(scale: float) -> PhaseCosts:
     return PhaseCosts(register=1e-3 * scale, issue=10e-3 * scale, token=10e-3 * scale, relay_hop=1.5e-3 * scale,
-                      verify=8e-3 * scale, http=8e-3 * scale, process_start=1.5 * scale)
+                      verify=8e-3 * scale, http=8e-3 * scale, process_start=1.5 * scale,
+                      serving_start=3.0 * scale)
 
 
 def test_windows_hold_their_work_at_the_measured_rate_across_the_cores() -> None:
@@ -102,6 +103,17 @@ def test_windows_grow_with_the_measured_costs_and_the_default_round_is_not_padde
     # padding in each of the query phases' windows and slices (the old rule) planned 578 s. The delivery
     # windows of the second attempt hold its two paths per message (protocol.SECOND_WINDOW_PATHS): 126 s, was 110 s.
     assert idle.total_seconds() <= 130
+
+
+def test_registration_opens_after_twice_the_aggregators_measured_serving_start() -> None:
+    """Issue 27: `aggregator run` took 4-8 s to answer at load 12-17 while the round opened 2-3 s after `round new`
+    (sized by `aggregator init`'s 0.3-0.8 s); registration had closed, or nearly, before it answered."""
+    data = SimpleNamespace(name="breast-cancer")
+    light_init = dataclasses.replace(costs(1.0), process_start=0.3, serving_start=6.0)
+    plan = plan_round(data, 40, 2.0, 2, 0, light_init, n_cores=2)  # type: ignore[arg-type]
+    assert plan.start_seconds >= 2 * light_init.serving_start
+    assert plan_round(data, 40, 2.0, 2, 0, dataclasses.replace(light_init, serving_start=1.0),  # type: ignore[arg-type]
+                      n_cores=2).start_seconds < plan.start_seconds
 
 
 def test_under_planned_kills_every_delivery_slice_holds_one_outage_and_a_link_retry() -> None:
