@@ -42,18 +42,25 @@ class SlowApp:
         await send({"type": "http.response.body", "body": b"answered"})
 
 
+async def served_slowly(nursery: trio.Nursery) -> tuple[SlowApp, Counter[str], str]:
+    """A :class:`SlowApp` served on loopback with SLOTS_PER_SOURCE connections per address; its counts and URL."""
+    app = SlowApp()
+    counts: Counter[str] = Counter()
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    url = await nursery.start(serve_http_on, app, listeners, HttpLimits(max_connections_per_source=SLOTS_PER_SOURCE),
+                              counts)
+    return app, counts, url
+
+
 async def requests_seen(app: SlowApp, count: int) -> None:
     while app.requests < count:
         await trio.sleep(0.01)
 
 
 async def test_connections_whose_clients_hung_up_leave_their_slots_to_the_clients_retries(nursery: trio.Nursery) -> None:
-    app = SlowApp()
-    counts: Counter[str] = Counter()
-    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
-    url = await nursery.start(serve_http_on, app, listeners, HttpLimits(max_connections_per_source=SLOTS_PER_SOURCE),
-                              counts)
-    host, port = listeners[0].socket.getsockname()[:2]
+    app, counts, url = await served_slowly(nursery)
+    host, port = httpx.URL(url).host, httpx.URL(url).port
+    assert port is not None
     # As many attempts as the address may hold connections: each sends its request, waits, and hangs up.
     for attempt in range(SLOTS_PER_SOURCE):
         stream = await trio.open_tcp_stream(host, port)
@@ -77,11 +84,7 @@ async def test_connections_whose_clients_hung_up_leave_their_slots_to_the_client
 
 
 async def test_a_client_still_waiting_for_its_answer_is_never_evicted_for_a_newcomer(nursery: trio.Nursery) -> None:
-    app = SlowApp()
-    counts: Counter[str] = Counter()
-    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
-    url = await nursery.start(serve_http_on, app, listeners, HttpLimits(max_connections_per_source=SLOTS_PER_SOURCE),
-                              counts)
+    app, counts, url = await served_slowly(nursery)
     answers: list[int] = []
     async with httpx.AsyncClient(base_url=url) as client:
 
