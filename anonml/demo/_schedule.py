@@ -88,6 +88,9 @@ PACED_SHARE = 0.9
 # A relay's mirror refreshes at each scheduled publication and then this often until it holds the
 # document (relay._mirror.DUE_POLL_SECONDS).
 MIRROR_POLL_SECONDS = 0.2
+# The aggregator asks the relays' mirrors for their beacon reveals once a second, one relay after another
+# (aggregator._beacon.POLL_SECONDS); a credential request is answered 503 until every reveal is in.
+BEACON_POLL_SECONDS = 1.0
 # A peer's first two polls for a document not served yet (peer._client.retry_delay(0) + retry_delay(1)).
 PEER_POLL_SECONDS = 0.25 + 0.375
 # Requests a worker process makes in a check, one after another: the log segment and each mirror's heads (polled).
@@ -287,7 +290,12 @@ def plan_round(data: DemoData, peers: int, epsilon: float, workers: int, seed: i
     register = seconds(peers * (costs.register + costs.http), workers, peers) + recovery
     # One exchange per peer for its credential, issued on the aggregator's processes (each worker
     # process fetches the roster once for all its peers: peer.RoundSession).
-    issue = seconds(peers * (costs.issue + costs.http), AGGREGATOR_PROCESSES, peers) + recovery
+    # Issuance starts once the relays' reveals are in: the roster head reaches each mirror (its poll), the
+    # relay reveals, the aggregator's next poll fetches each in turn (a round trip each), and a peer answered
+    # 503 meanwhile comes back within its client's longest retry gap (issue 27: reveals in 1.7 s and the
+    # retries of a worker's 20 peers 3.6 s later, after a 5 s window had closed).
+    reveals = HEADROOM * (MIRROR_POLL_SECONDS + BEACON_POLL_SECONDS + RELAYS * round_trip) + PEER_RETRY_GAP
+    issue = seconds(peers * (costs.issue + costs.http), AGGREGATOR_PROCESSES, peers) + reveals + recovery
     # A median sub-round asks its pool partition, or without a pool every partition p with
     # p % median_rounds equal to its index (at most ceil(k_p / median_rounds) of them);
     # the data phase every peer k_h times.
