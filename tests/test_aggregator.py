@@ -4,6 +4,7 @@ and real tokens, and the phase driver under trio's MockClock."""
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -159,6 +160,27 @@ async def test_manifest_and_registration(served: Any) -> None:
     assert roster.entries[0] == good.entry  # the first registration's own signed entry
     mirrored = SignedDocument.from_json((await get(addresses.http_url, "/v1/roster/head")).content, max_bytes=4096)
     assert mirrored.same_as(roster.head)
+
+
+async def test_registration_is_answered_while_the_worker_pool_is_still_starting(
+    tmp_path: Path, nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 27: the aggregator's worker processes took 4.5 s to start at load 12, and registration, answered only
+    after that, closed before any peer heard back. Here they take until the test ends."""
+    pool_started = threading.Event()
+    monkeypatch.setattr(IssuerWorkers, "warm", lambda workers: pool_started.wait(timeout=20))
+    state, _ = make_round(tmp_path, SettableClock(T0 + 1))
+    peer = SigningKey(b"\x01" * 32)
+    try:
+        with trio.fail_after(10):
+            addresses = await nursery.start(serve_aggregator, AggregatorConfig(state))
+            response = await post(addresses.http_url, "/v1/register", RegisterRequest.create(peer, state.round_id).to_json())
+        assert response.json() == {"registered": True}
+        assert not pool_started.is_set()
+        assert state.store.roster() == [bytes(peer.verify_key)]
+    finally:
+        pool_started.set()
+        nursery.cancel_scope.cancel()
 
 
 async def test_bad_input_gets_a_4xx_with_a_reason(served: Any) -> None:

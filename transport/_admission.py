@@ -17,7 +17,11 @@ must hear from. :class:`ConnectionGate` bounds both, per listener:
   silent, or are reopened as fast as they are closed, from however many
   addresses, cannot keep an honest client out (an active connection is
   never the one evicted while a silent one is open), and peers behind one
-  address or network take turns instead of being refused;
+  address or network take turns instead of being refused; a connection
+  whose client has hung up (its end of the stream read) goes first, even
+  while the server still works on its request (issue 27: clients that gave
+  up on a slow answer and retried left as many such connections as the
+  source's cap, and every new one from that address was refused);
 - ``reserved`` of the slots only for *privileged* sources: addresses of the
   server's directory neighbours. A connection from such an address takes a
   privileged slot at accept time; once its link handshake shows who it is, a
@@ -121,11 +125,11 @@ class ConnectionGate:
         self.refused[GateRefusal.EVICTED] += 1
         return True
 
-    def _mark_active(self, slot: GateSlot) -> None:
+    def _mark_active(self, slot: GateSlot, *, first_to_evict: bool = False) -> None:
         for pool in ("", slot.source, slot.prefix):
             order = self._idle_order.setdefault(pool, OrderedDict())
             order[slot] = None
-            order.move_to_end(slot)
+            order.move_to_end(slot, last=not first_to_evict)
 
     def _forget(self, slot: GateSlot) -> None:
         for pool in ("", slot.source, slot.prefix):
@@ -186,6 +190,8 @@ class GateSlot:
         self._stream: trio.abc.Stream | None = None
         self._busy = 0
         self._open = True
+        self.hung_up = False
+        """The client closed its end: whatever the server still works on has no one to answer."""
 
     def watch(self, stream: trio.abc.Stream) -> ActiveStream:
         """``stream``, each byte through which marks this connection active (and evictable when idle)."""
@@ -195,9 +201,19 @@ class GateSlot:
         return ActiveStream(stream, self)
 
     def touch(self) -> None:
-        """The connection moved a byte: it is now the most recently active."""
-        if self._watched and self._open and not self.privileged and not self._busy:
+        """The connection moved a byte: it is now the most recently active (a hung-up one stays first to evict)."""
+        if self._watched and self._open and not self.privileged and not self._busy and not self.hung_up:
             self._gate._mark_active(self)
+
+    def client_hung_up(self) -> None:
+        """The client closed its end of the stream: busy or not, this connection is the first one its
+        pools evict (an answer it still waits for reaches nobody; a half-closing client that still
+        reads loses its answer only when its address's slots are all taken)."""
+        if self.hung_up:
+            return
+        self.hung_up = True
+        if self._watched and self._open and not self.privileged:
+            self._gate._mark_active(self, first_to_evict=True)
 
     @contextlib.contextmanager
     def busy(self) -> Iterator[None]:
@@ -205,7 +221,8 @@ class GateSlot:
         moves no byte but is not idle: it is never evicted, however long the work takes (a loaded
         machine made an honest request wait longer than silent connections had been open)."""
         self._busy += 1
-        self._gate._forget(self)
+        if not self.hung_up:
+            self._gate._forget(self)
         try:
             yield
         finally:
@@ -272,7 +289,10 @@ class ActiveStream(trio.abc.HalfCloseableStream):
 
     async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
         data = await self._stream.receive_some(max_bytes)
-        self._slot.touch()
+        if data:
+            self._slot.touch()
+        else:
+            self._slot.client_hung_up()
         return data
 
     async def send_eof(self) -> None:

@@ -11,6 +11,7 @@ contention is in the figure; the minimum would hide it.
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -62,6 +63,8 @@ class PhaseCosts:
     message checked (every relay's hop, the final hop, the token).
     ``http``: one loopback request and response through the aggregator's HTTP
     stack. ``process_start``: one ``anonml`` child process run to completion.
+    ``serving_start``: a fresh interpreter importing what ``anonml aggregator
+    run`` imports before it answers (:func:`serving_start_seconds`).
     """
 
     register: float
@@ -71,6 +74,7 @@ class PhaseCosts:
     verify: float
     http: float
     process_start: float
+    serving_start: float
 
     def to_dict(self) -> dict[str, float]:
         return {name: round(value, 6) for name, value in asdict(self).items()}
@@ -160,8 +164,22 @@ async def _http_round_trip(samples: int) -> float:
     return seconds
 
 
+# What `anonml aggregator run` imports before it serves (aggregator/_cli.py imports them in the command).
+_SERVING_MODULES = ("anonml.aggregator._report", "anonml.aggregator._round", "anonml.aggregator._service",
+                    "anonml.aggregator._setup", "anonml.aggregator._progress")
+
+
+async def serving_start_seconds() -> float:
+    """Wall seconds a fresh interpreter takes to import the aggregator's serving stack: most of the time between
+    ``aggregator run`` starting and its first answer. ``aggregator init`` (``process_start``) imports a fraction
+    of it: 0.6-0.7 s against 3.8-10.2 s here at load 15 (issue 27)."""
+    started = time.perf_counter()
+    await trio.run_process([sys.executable, "-c", "import " + ", ".join(_SERVING_MODULES)])
+    return time.perf_counter() - started
+
+
 async def measure_costs(path_length: int, process_start: float, samples: int = SAMPLES) -> PhaseCosts:
     """Time every phase's per-unit work now; ``process_start`` is a child process run the caller timed."""
     crypto = await trio.to_thread.run_sync(_crypto_costs, path_length, samples)
     http = await _http_round_trip(samples)
-    return PhaseCosts(http=http, process_start=process_start, **crypto)
+    return PhaseCosts(http=http, process_start=process_start, serving_start=await serving_start_seconds(), **crypto)

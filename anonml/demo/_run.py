@@ -313,7 +313,8 @@ def describe_plan(costs: PhaseCosts, params: DemoParams, round_trip: float = 0.0
     return (
         f"per peer: register {1e3 * costs.register:.1f} ms, credential {1e3 * costs.issue:.1f} ms, "
         f"HTTP {1e3 * costs.http:.1f} ms{f' + round trip {1e3 * round_trip:.1f} ms' if round_trip else ''}; per message: token+packet {1e3 * costs.token:.1f} ms, "
-        f"verify {1e3 * costs.verify:.1f} ms; process start {costs.process_start:.1f} s -> windows (s): "
+        f"verify {1e3 * costs.verify:.1f} ms; process start {costs.process_start:.1f} s, aggregator serving "
+        f"{costs.serving_start:.1f} s -> windows (s): start {params.start_seconds}, "
         f"register {params.register_seconds}, issue {params.issue_seconds}, "
         f"median {params.median_rounds}x({params.send_window}+{params.delivery_window}, second delivery "
         f"{params.second_delivery_window}), data {params.data_send_window}+{params.data_delivery_window} "

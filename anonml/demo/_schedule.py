@@ -88,6 +88,9 @@ PACED_SHARE = 0.9
 # A relay's mirror refreshes at each scheduled publication and then this often until it holds the
 # document (relay._mirror.DUE_POLL_SECONDS).
 MIRROR_POLL_SECONDS = 0.2
+# The aggregator asks the relays' mirrors for their beacon reveals once a second, one relay after another
+# (aggregator._beacon.POLL_SECONDS); a credential request is answered 503 until every reveal is in.
+BEACON_POLL_SECONDS = 1.0
 # A peer's first two polls for a document not served yet (peer._client.retry_delay(0) + retry_delay(1)).
 PEER_POLL_SECONDS = 0.25 + 0.375
 # Requests a worker process makes in a check, one after another: the log segment and each mirror's heads (polled).
@@ -300,7 +303,12 @@ def plan_round(data: DemoData, peers: int, epsilon: float, workers: int, seed: i
     register = seconds(peers * (costs.register + costs.http), workers, peers) + recovery
     # One exchange per peer for its credential, issued on the aggregator's processes (each worker
     # process fetches the roster once for all its peers: peer.RoundSession).
-    issue = seconds(peers * (costs.issue + costs.http), AGGREGATOR_PROCESSES, peers) + recovery
+    # Issuance starts once the relays' reveals are in: the roster head reaches each mirror (its poll), the
+    # relay reveals, the aggregator's next poll fetches each in turn (a round trip each), and a peer answered
+    # 503 meanwhile comes back within its client's longest retry gap (issue 27: reveals in 1.7 s and the
+    # retries of a worker's 20 peers 3.6 s later, after a 5 s window had closed).
+    reveals = HEADROOM * (MIRROR_POLL_SECONDS + BEACON_POLL_SECONDS + RELAYS * round_trip) + PEER_RETRY_GAP
+    issue = seconds(peers * (costs.issue + costs.http), AGGREGATOR_PROCESSES, peers) + reveals + recovery
     # A median sub-round asks its pool partition, or without a pool every partition p with
     # p % median_rounds equal to its index (at most ceil(k_p / median_rounds) of them);
     # the data phase every peer k_h times.
@@ -320,10 +328,14 @@ def plan_round(data: DemoData, peers: int, epsilon: float, workers: int, seed: i
     return DemoParams(
         peers=peers, epsilon=epsilon, workers=workers, seed=seed, k_p=k_p, k_h=k_h, k_s=k_s, plan=plan,
         vote=vote, median_rounds=median_rounds, quantiles=quantiles, comparison_pool=pool,
-        # `aggregator run` starts, then starts its issuer processes, before it
-        # takes registrations: both after `round new`, measured. A slower start
-        # is held by the registration window's room for a restart.
-        start_seconds=math.ceil(2 * costs.process_start) + 1,
+        # `aggregator run` starts after `round new` and takes registrations once it
+        # has imported its stack (measured: serving_start; its issuer processes
+        # start in the background), with as much again for the load to change
+        # (issue 27: timed by `aggregator init`, 0.3-0.8 s against 4-8 s to
+        # serve at load 12-17, registration had closed or nearly before it
+        # answered). A slower start is held by the registration window's room
+        # for a restart.
+        start_seconds=math.ceil(2 * costs.serving_start) + 1,
         register_seconds=math.ceil(register),
         issue_seconds=math.ceil(issue),
         send_window=send(median_messages),
