@@ -186,8 +186,9 @@ def test_the_anonymity_report_is_at_chance_within_three_standard_errors() -> Non
 
 def test_the_verdict_is_the_demos_exit_code_then_the_anonymity_report() -> None:
     summary = {"phase": "done", "audit": {"accepted": 100, "prepared": 100, "counted_twice": 0, "peer_acknowledged_but_lost": 0},
-               "anonymity": figures(40, 0.0)}
+               "anonymity": figures(40, 0.0), "peers": 50, "joined": 50}
     assert verdict({"summary": summary}) == (0, [])
+    assert verdict({"summary": {**summary, "joined": 25}})[0] == 7  # half the peers shut out: the demo's 7
     assert verdict({"summary": {**summary, "anonymity": figures(80, 0.0)}})[0] == 6
     assert verdict({"summary": {**summary, "audit": {**summary["audit"], "accepted": 98}}})[0] == 4
     assert verdict({"driver_exit": 1})[0] == 3
