@@ -138,6 +138,10 @@ class TaskTable:
             from anonml.learning import MIN_ROWS_PER_PEER
 
             rows_per_peer = table.integer("rows_per_peer", MIN_ROWS_PER_PEER, MAX_ROWS_PER_PEER) if table.optional("rows_per_peer") else MIN_ROWS_PER_PEER
+        for key, owner in (("learning_rate", TaskKind.SGD), ("loss", TaskKind.SGD),
+                           ("regularization_rule", TaskKind.MODEL_AVERAGING), ("categorical_weight", TaskKind.MODEL_AVERAGING)):
+            if kind != owner and table.optional(key):
+                table.fail(key, f"only a {str(owner)!r} task sets {key}; this is a {str(kind)!r} task")
         learning_rate, loss = None, None
         if kind == TaskKind.SGD:
             learning_rate = _positive(table, "learning_rate", MAX_SGD_LEARNING_RATE) if table.optional("learning_rate") else None

@@ -102,7 +102,7 @@ def test_the_round_spec_signs_the_loss_and_refuses_an_unknown_one_in_one_line() 
     assert info.value.field == "task.loss" and "'cubic' is not one of" in str(info.value) and "\n" not in str(info.value), str(info.value)
     with pytest.raises(RoundSpecError) as info:
         parse_round_spec(spec_with("ensemble", loss="hinge"))
-    assert info.value.field == "task.loss"
+    assert info.value.field == "task.loss" and "only a 'sgd' task sets loss; this is a 'ensemble' task" in str(info.value), str(info.value)
 
 
 def test_the_consent_preview_and_the_report_name_the_loss_and_its_model(tmp_path: Path) -> None:
@@ -211,6 +211,7 @@ def test_the_spec_defaults_to_the_validated_settings_and_refuses_bad_ones() -> N
         with pytest.raises(RoundSpecError) as info:
             parse_round_spec(spec_with(kind, **{field: value}))
         assert info.value.field == f"task.{field}", (field, value, kind)
+    assert "only a 'model-averaging' task sets categorical_weight" in str(info.value), str(info.value)
 
 
 def test_the_model_averaging_demo_signs_the_validated_defaults_or_its_options() -> None:
