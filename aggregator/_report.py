@@ -140,10 +140,12 @@ def _average_models(state: RoundState, directory: Path, report: dict[str, Any], 
     published = {"format": "anonml-averaged-logistic-1", "coef": averaged.coef.tolist(), "reports_per_block": list(averaged.reports),
                  "blocks": model.blocks.blocks, "per_block": model.blocks.per_block, "weights": model.weights.tolist(),
                  "norm_bound": model.norm_bound, "log_scaled": sorted(model.encoding.log_scaled),
-                 "noise_norm_scale": model.mechanism.noise_norm_scale, "regularization": model.mechanism.regularization}
+                 "noise_norm_scale": model.mechanism.noise_norm_scale, "regularization": model.mechanism.regularization,
+                 "regularization_rule": model.regularization_rule, "categorical_weight": model.categorical_weight}
     replace_file(directory / AVERAGED_MODEL_FILE, json.dumps(published, indent=2, sort_keys=True))
     report["model"] = AVERAGED_MODEL_FILE
-    report["averaged_model"] = {key: published[key] for key in ("coef", "blocks", "per_block", "reports_per_block", "noise_norm_scale")}
+    report["averaged_model"] = {key: published[key] for key in ("coef", "blocks", "per_block", "reports_per_block", "noise_norm_scale",
+                                                                "regularization", "regularization_rule", "categorical_weight")}
     if test_file is not None:
         report["utility"] = _utility(state, lambda table: model.scores(averaged.coef, table), test_file)
 
@@ -207,7 +209,7 @@ def _sgd_result(state: RoundState, test_file: Path | None) -> dict[str, Any]:
     published = [model for model in models if model is not None]
     coefficients = averaged_model(published)
     result: dict[str, Any] = {
-        "loss": "logistic", "mechanism": "Harmony's 1-bit gradient, one coordinate sampled (OneBitMean)",
+        "loss": str(state.sgd.loss), "model": state.sgd.loss.model, "mechanism": "Harmony's 1-bit gradient, one coordinate sampled (OneBitMean)",
         "steps": steps, "dimension": state.sgd.encoding.dimension, "learning_rate": state.sgd.learning_rate,
         "regularization": state.sgd.regularization,
         "reports_per_step": [len(state.iteration_reports(i)) for i in range(steps)],
@@ -291,12 +293,16 @@ def summarise(report: dict[str, Any]) -> list[str]:
         lines.append(f"statistic: {describe_answer(answer)}")
     if report.get("sgd"):
         sgd = report["sgd"]
-        lines.append(f"LDP SGD logistic regression: {sgd['steps']} steps, reports per step {sgd['reports_per_step']}")
+        lines.append(f"LDP SGD {sgd.get('model', 'logistic regression')} ({sgd['loss']} loss): {sgd['steps']} steps, "
+                     f"γ0 {sgd['learning_rate']:g}, reports per step {sgd['reports_per_step']}")
         if sgd.get("utility"):
             lines.append(f"utility: AUC {sgd['utility']['auc']:.4f} on {sgd['utility']['rows']} held-out rows")
     if averaged := report.get("averaged_model"):
         lines.append(f"averaged model: {averaged['blocks']} block(s) of at most {averaged['per_block']} coordinates, reports per block "
                      f"{', '.join(map(str, averaged['reports_per_block']))}; each peer's noise norm scale {averaged['noise_norm_scale']:.3g}")
+        if "regularization_rule" in averaged:
+            lines.append(f"local models: λ = {averaged['regularization']:.4g} (rule {averaged['regularization_rule']:g} / (rows per peer · ε)), "
+                         f"categorical weight {averaged['categorical_weight']:g}")
     if report.get("utility"):
         lines.append(f"utility: AUC {report['utility']['auc']:.4f} on {report['utility']['rows']} held-out rows")
     if report.get("reason"):

@@ -113,6 +113,7 @@ def create_round(
         max_roster=participation.max_roster, comparison_pool=round(plan.comparison_pool * 1000),
         min_anonymity_set=participation.min_anonymity_set, task_kind=spec.task.kind, rows_per_peer=spec.task.rows_per_peer,
         statistic_queries=tuple(query.text for query in spec.task.queries), sgd_learning_rate=spec.task.learning_rate,
+        sgd_loss=spec.task.loss, regularization_rule=spec.task.regularization_rule, categorical_weight=spec.task.categorical_weight,
     )
     signed = SignedManifest.sign(manifest, signing_key)
     directory = home.round_dir(signed.round_id)

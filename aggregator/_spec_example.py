@@ -23,6 +23,13 @@ builtin = "adult"           # csv --spec` reads (relative to this spec); or feat
                             # count:label is asked
 # learning_rate = 3         # optional, kind = "sgd" only: γ0 of the gradient steps (step k moves by γ0/√k;
                             # default 1), signed in the manifest
+# loss = "hinge"            # optional, kind = "sgd" only: "logistic" (default), "hinge" (linear SVM) or
+                            # "squared" (linear regression): whose gradient each peer releases; signed
+# regularization_rule = 1.5 # optional, kind = "model-averaging" only: λ = rule / (rows_per_peer ε_T)
+                            # (default 1.5), signed; the noise is calibrated to it, so ε is unchanged
+# categorical_weight = 0.35 # optional, kind = "model-averaging" only, in (0, 1]: a public factor on the
+                            # categorical columns before each peer scales its rows into the unit ball
+                            # (default 0.35), signed; ε unchanged
 quantiles = 3               # optional: cut points per numeric feature, found by the median search
                             # (default: each feature's own, 1 = the median; q cut points give q + 1 bins)
 

@@ -30,8 +30,10 @@ from anonml.protocol import (
     MAX_QUANTILES,
     MAX_ROSTER,
     MAX_ROWS_PER_PEER,
+    MAX_REGULARIZATION_RULE,
     MAX_SGD_LEARNING_RATE,
     PLAN_KINDS,
+    SGD_LOSSES,
     REGISTRATION_POLICIES,
     TASK_KINDS,
     VOTES,
@@ -44,6 +46,7 @@ from anonml.protocol import (
     RegistrationPolicy,
     RelayEntry,
     RoundPurpose,
+    SgdLoss,
     StatisticQuery,
     TaskKind,
     check_queries,
@@ -98,6 +101,14 @@ class TaskTable:
     ``MIN_ROWS_PER_PEER``, which is also its default); 0 for every other kind, which may not set it."""
     learning_rate: float | None = None
     """An SGD task's γ0 (``learning_rate``, signed in the manifest); None: the learner's default. No other kind may set it."""
+    loss: SgdLoss | None = None
+    """An SGD task's loss (``loss``, signed in the manifest; logistic unless set); None for every other kind."""
+    regularization_rule: float | None = None
+    """A model-averaging task's λ rule (``regularization_rule``: λ = rule / (rows_per_peer ε_T), signed; default
+    ``learning.ROUND_REGULARIZATION_RULE``); None for every other kind, which may not set it."""
+    categorical_weight: float | None = None
+    """A model-averaging task's categorical-column weight (``categorical_weight`` in (0, 1], signed; default
+    ``learning.ROUND_CATEGORICAL_WEIGHT``); None for every other kind, which may not set it."""
 
     @property
     def labelled(self) -> bool:
@@ -127,17 +138,35 @@ class TaskTable:
             from anonml.learning import MIN_ROWS_PER_PEER
 
             rows_per_peer = table.integer("rows_per_peer", MIN_ROWS_PER_PEER, MAX_ROWS_PER_PEER) if table.optional("rows_per_peer") else MIN_ROWS_PER_PEER
-        learning_rate = None
-        if kind == TaskKind.SGD and table.optional("learning_rate"):
-            learning_rate = table.number("learning_rate", 0.0, MAX_SGD_LEARNING_RATE)
-            if learning_rate <= 0:
-                table.fail("learning_rate", f"a step size must be positive, got {learning_rate!r}")
+        for key, owner in (("learning_rate", TaskKind.SGD), ("loss", TaskKind.SGD),
+                           ("regularization_rule", TaskKind.MODEL_AVERAGING), ("categorical_weight", TaskKind.MODEL_AVERAGING)):
+            if kind != owner and table.optional(key):
+                table.fail(key, f"only a {str(owner)!r} task sets {key}; this is a {str(kind)!r} task")
+        learning_rate, loss = None, None
+        if kind == TaskKind.SGD:
+            learning_rate = _positive(table, "learning_rate", MAX_SGD_LEARNING_RATE) if table.optional("learning_rate") else None
+            loss = SgdLoss(table.choice("loss", SGD_LOSSES)) if table.optional("loss") else SgdLoss.LOGISTIC
+        rule, weight = None, None
+        if kind == TaskKind.MODEL_AVERAGING:
+            from anonml.learning import ROUND_CATEGORICAL_WEIGHT, ROUND_REGULARIZATION_RULE
+
+            rule = _positive(table, "regularization_rule", MAX_REGULARIZATION_RULE) if table.optional("regularization_rule") else ROUND_REGULARIZATION_RULE
+            weight = _positive(table, "categorical_weight", 1.0) if table.optional("categorical_weight") else ROUND_CATEGORICAL_WEIGHT
         table.done()
         if queries:
             read = queried_features(queries, features.names)
             features = FeatureSpec(tuple(f for f in features.features if f.name in read), features.label)
         return cls(features=features if quantiles is None else features.with_quantiles(quantiles), quantiles=quantiles, kind=kind,
-                   queries=queries, rows_per_peer=rows_per_peer, learning_rate=learning_rate)
+                   queries=queries, rows_per_peer=rows_per_peer, learning_rate=learning_rate, loss=loss,
+                   regularization_rule=rule, categorical_weight=weight)
+
+
+def _positive(table: FieldReader, key: str, highest: float) -> float:
+    """A number of the task in (0, ``highest``]."""
+    value = table.number(key, 0.0, highest)
+    if value <= 0:
+        table.fail(key, f"must be positive, got {value!r}")
+    return value
 
 
 def _read_queries(table: FieldReader, kind: TaskKind, features: FeatureSpec) -> tuple[StatisticQuery, ...]:

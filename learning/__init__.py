@@ -87,7 +87,7 @@ if TYPE_CHECKING:
         quantile_task,
     )
     from anonml.learning._tables import adult_spec, builtin_spec, load_builtin
-    from anonml.learning._vocabulary import LearnerName, LinearSettings, TableName
+    from anonml.learning._vocabulary import ROUND_CATEGORICAL_WEIGHT, ROUND_REGULARIZATION_RULE, SGD_LEARNER_LOSS, LearnerName, LinearSettings, TableName
     from anonml.learning._trial import TrialResult, estimate_histograms, exact_histograms, fit_combiners, run_trial
     from anonml.learning._mixed import MixedAnswer, MixedReport, hadamard_entries, hadamard_order, mixed_statistics
 else:
@@ -96,6 +96,9 @@ else:
     __getattr__, __dir__ = lazy_exports(__name__, __file__)
 
 __all__ = [
+    "ROUND_CATEGORICAL_WEIGHT",
+    "ROUND_REGULARIZATION_RULE",
+    "SGD_LEARNER_LOSS",
     "DataError",
     "LDPGradientDescent",
     "LearnerName",

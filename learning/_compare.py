@@ -20,13 +20,11 @@ from sklearn.metrics import roc_auc_score
 
 from anonml.learning._averaging import ModelAveraging
 from anonml.learning._data import Table
-from anonml.learning._linear import FloatArray, LDPGradientDescent, LinearEncoding, Loss, fit_logistic_reference, wide_range_features
+from anonml.learning._linear import FloatArray, LDPGradientDescent, LinearEncoding, fit_logistic_reference, wide_range_features
 from anonml.learning._tuning import choose_settings, describe, validation_rows
-from anonml.learning._vocabulary import LearnerName, LinearSettings, Tuning
+from anonml.learning._vocabulary import SGD_LEARNER_LOSS, LearnerName, LinearSettings, Tuning
 from anonml.mechanisms import PrivacyLedger
 from anonml.protocol import FeatureSpec
-
-_SGD_LOSS = {LearnerName.SGD_LR: Loss.LOGISTIC, LearnerName.SGD_SVM: Loss.HINGE, LearnerName.SGD_LINREG: Loss.SQUARED}
 
 
 def linear_encoding(settings: LinearSettings, spec: FeatureSpec) -> LinearEncoding:
@@ -68,9 +66,9 @@ def linear_trial(learner: LearnerName, split: EncodedSplit, epsilon: float, seed
     started = time.perf_counter()
     X, y, X_test, y_test, features = split.X, split.y, split.X_test, split.y_test, split.features
     details: dict[str, Any] = {}
-    if learner in _SGD_LOSS:
+    if learner in SGD_LEARNER_LOSS:
         sgd = LDPGradientDescent(
-            loss=_SGD_LOSS[learner], epsilon=epsilon, steps=settings.sgd_steps, learning_rate=settings.sgd_learning_rate, random_state=seed,
+            loss=SGD_LEARNER_LOSS[learner], epsilon=epsilon, steps=settings.sgd_steps, learning_rate=settings.sgd_learning_rate, random_state=seed,
         ).fit(X, y, features=features)
         scores, (spent, releases) = sgd.decision_function(X_test), _max_spent(sgd.ledgers_)
         details = {"steps": sgd.steps_, "group_size": sgd.group_size_}

@@ -21,24 +21,19 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from enum import StrEnum
 
 import numpy as np
 import numpy.typing as npt
 
 from anonml.learning._data import Table
 from anonml.mechanisms import OneBitMean, PrivacyLedger, Release, ReleaseKind
-from anonml.protocol import FeatureSpec, NumericFeature
+from anonml.protocol import FeatureSpec, NumericFeature, SgdLoss
 
 FloatArray = npt.NDArray[np.float64]
 
 
-class Loss(StrEnum):
-    """Harmony §4.1's three losses."""
-
-    LOGISTIC = "logistic"  # log(1 + exp(-y x'β)), y in {-1, 1}
-    HINGE = "hinge"  # max(0, 1 - y x'β) (linear SVM), y in {-1, 1}
-    SQUARED = "squared"  # (x'β - y)^2 (linear regression), y in [-1, 1]
+Loss = SgdLoss
+"""Harmony §4.1's three losses: the names an SGD round signs (``[task] loss``) are the learners' own."""
 
 
 # A numeric feature whose public bounds satisfy ``low >= 0`` and

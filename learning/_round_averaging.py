@@ -134,27 +134,43 @@ def average_blocks(blocks: ModelBlocks, reports: Sequence[Sequence[bytes]], grid
 class RoundModel:
     """What every party of a model-averaging round derives from the signed manifest alone: the rows'
     encoding (:class:`LinearEncoding`, wide-range features on a log scale, categorical columns weighted
-    by ``AVERAGING_CATEGORICAL_WEIGHT`` as in ``anonml experiment``), the public norm bound the rows are
-    divided by, the output perturbation (λ = ``AVERAGING_RULE / (rows_per_peer ε_T)``) and the blocks."""
+    by ``categorical_weight`` as in ``anonml experiment``), the public norm bound the rows are
+    divided by, the output perturbation (λ = ``regularization_rule / (rows_per_peer ε_T)``) and the blocks.
+
+    Neither setting changes the ε: λ enters the noise's calibration (sensitivity 2 / (rows_per_peer λ)), and
+    the weight is a public map of each row before the peer itself clips it into the unit ball."""
 
     encoding: LinearEncoding
     weights: FloatArray
     mechanism: OutputPerturbation
     blocks: ModelBlocks
+    regularization_rule: float
+    """λ · rows_per_peer · ε_T, as the round signs it."""
+    categorical_weight: float
+    """The factor of the categorical columns in ``weights``, as the round signs it."""
 
     @classmethod
-    def of(cls, spec: FeatureSpec, epsilon: float, rows_per_peer: int, report_bytes: int) -> RoundModel:
+    def of(cls, spec: FeatureSpec, epsilon: float, rows_per_peer: int, report_bytes: int, *,
+           regularization_rule: float = AVERAGING_RULE, categorical_weight: float = AVERAGING_CATEGORICAL_WEIGHT) -> RoundModel:
+        if not (math.isfinite(regularization_rule) and regularization_rule > 0):
+            raise ValueError(f"the λ rule must be finite and > 0, got {regularization_rule!r}")
+        if not 0 < categorical_weight <= 1:
+            raise ValueError(f"the categorical weight must be in (0, 1], got {categorical_weight!r}")
         encoding = LinearEncoding(spec, wide_range_features(spec))
-        weights: FloatArray = np.where(encoding.categorical_columns, AVERAGING_CATEGORICAL_WEIGHT, 1.0)
-        regularization = AVERAGING_RULE / (rows_per_peer * epsilon)
+        weights: FloatArray = np.where(encoding.categorical_columns, categorical_weight, 1.0)
+        regularization = regularization_rule / (rows_per_peer * epsilon)
         mechanism = OutputPerturbation(epsilon, rows_per_peer, regularization, encoding.dimension)
-        return cls(encoding, weights, mechanism, ModelBlocks.fitting(encoding.dimension, report_bytes))
+        return cls(encoding, weights, mechanism, ModelBlocks.fitting(encoding.dimension, report_bytes), regularization_rule, categorical_weight)
 
     @classmethod
     def of_manifest(cls, manifest: RoundManifest) -> RoundModel:
-        """The round's model from its signed fields: the features, ε_T, ``rows_per_peer`` and the packet geometry."""
+        """The round's model from its signed fields: the features, ε_T, ``rows_per_peer``, the λ rule and the
+        categorical weight (a manifest made before those fields: the settings rounds used then) and the packet geometry."""
         spec = FeatureSpec.from_dict(dict(manifest.features))
-        return cls.of(spec, manifest.eps_total, manifest.rows_per_peer, report_capacity(manifest.sphinx_geometry().message_size))
+        rule = AVERAGING_RULE if manifest.regularization_rule is None else manifest.regularization_rule
+        weight = AVERAGING_CATEGORICAL_WEIGHT if manifest.categorical_weight is None else manifest.categorical_weight
+        return cls.of(spec, manifest.eps_total, manifest.rows_per_peer, report_capacity(manifest.sphinx_geometry().message_size),
+                      regularization_rule=rule, categorical_weight=weight)
 
     @property
     def norm_bound(self) -> float:

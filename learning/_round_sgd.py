@@ -1,6 +1,8 @@
 """An SGD round's pieces (``[task] kind = "sgd"``, issue 28): Harmony's LDP
-gradient descent for logistic regression (``learning._linear``), one
-gradient step per median sub-round of the schedule.
+gradient descent (``learning._linear``) for the loss the manifest signs
+(``[task] loss``: logistic regression, linear SVM's hinge or linear
+regression's squared loss; logistic when unset), one gradient step per
+median sub-round of the schedule.
 
 * **Iterations** are the schedule's median sub-rounds, and the peers of an
   iteration are the peers of the partitions that answer it
@@ -9,7 +11,7 @@ gradient step per median sub-round of the schedule.
   neither the aggregator nor a Sybil chooses who takes which step. Every data
   peer is in exactly one partition, hence in exactly one iteration.
 * **The peer** encodes its record from the public feature spec alone
-  (:class:`LinearEncoding`), takes its logistic-loss gradient at the published
+  (:class:`LinearEncoding`), takes its loss's gradient at the published
   model of its iteration, clips it to ``[-1, 1]^d`` and releases it with the
   1-bit mechanism at the round's whole ε_T (:class:`OneBitMean`: one
   coordinate ``j`` uniformly at random and one bit, ``2j + u`` in
@@ -64,11 +66,15 @@ class SgdRule:
     """Each peer's one release: the round's ε_T."""
     learning_rate: float = SGD_LEARNING_RATE
     regularization: float = SGD_REGULARIZATION
+    loss: Loss = Loss.LOGISTIC
+    """Whose gradient the peers release (``[task] loss``): the model the round trains, as ``anonml experiment``'s
+    ``ldp-sgd-lr``, ``ldp-sgd-svm`` or ``ldp-sgd-linreg`` trains it."""
 
     @classmethod
     def of(cls, manifest: RoundManifest) -> SgdRule:
         rate = SGD_LEARNING_RATE if manifest.sgd_learning_rate is None else manifest.sgd_learning_rate
-        return cls(sgd_encoding(FeatureSpec.from_dict(dict(manifest.features))), manifest.eps_total, learning_rate=rate)
+        loss = Loss.LOGISTIC if manifest.sgd_loss is None else Loss(manifest.sgd_loss)
+        return cls(sgd_encoding(FeatureSpec.from_dict(dict(manifest.features))), manifest.eps_total, learning_rate=rate, loss=loss)
 
     @property
     def mechanism(self) -> OneBitMean:
@@ -90,13 +96,13 @@ class SgdRule:
 
     def gradient_report(self, model: SgdModel, features: Mapping[str, float | str], label: int,
                         rng: np.random.Generator) -> bytes:
-        """A peer's one report: its clipped logistic-loss gradient at ``model``, through the 1-bit mechanism.
+        """A peer's one report: its clipped gradient of the round's loss at ``model``, through the 1-bit mechanism.
 
         ``label`` is the encoded label (0 or 1, ``LabelSpec.encode``)."""
         if label not in (0, 1):
             raise ValueError(f"label must be the encoded label, 0 or 1, got {label!r}")
         x = self.encoding.record(features)[None, :]
-        gradient = clipped_gradients(Loss.LOGISTIC, self._coefficients(model), x, np.asarray([2.0 * label - 1.0]))
+        gradient = clipped_gradients(self.loss, self._coefficients(model), x, np.asarray([2.0 * label - 1.0]))
         mechanism = self.mechanism
         return mechanism.encode_report(mechanism.privatize(gradient, rng)[0])
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
+from anonml.protocol import SgdLoss
+
 PLANNER = "planner"
 """``--plan planner``: the planner's choice by simulation."""
 CSV = "csv"
@@ -30,11 +32,22 @@ class LearnerName(StrEnum):
     LOGREG = "logreg"  # non-private reference
 
 
+SGD_LEARNER_LOSS = {LearnerName.SGD_LR: SgdLoss.LOGISTIC, LearnerName.SGD_SVM: SgdLoss.HINGE, LearnerName.SGD_LINREG: SgdLoss.SQUARED}
+"""The loss each LDP SGD learner trains: an SGD round signing ``[task] loss`` trains the same model."""
+
 AVERAGING_RULE = 2.0
 """Model averaging's default ``λ = AVERAGING_RULE / (rows_per_peer ε)``."""
 AVERAGING_CATEGORICAL_WEIGHT = 0.5
 """Model averaging's default weight of the categorical columns (the
 intercept and numeric columns weigh 1): see ``LinearSettings``."""
+
+
+ROUND_REGULARIZATION_RULE = 1.5
+"""A model-averaging round's λ rule unless its spec sets another (``[task] regularization_rule``, signed): the rule
+``anonml experiment``'s validation rows chose on Adult at ε_T 1 with 100 rows per peer (never the test rows)."""
+ROUND_CATEGORICAL_WEIGHT = 0.35
+"""A model-averaging round's categorical-column weight unless its spec sets another (``[task] categorical_weight``,
+signed): the weight the same validation chose."""
 
 
 class Tuning(StrEnum):

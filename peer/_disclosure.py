@@ -20,7 +20,7 @@ from anonml.peer._join import releases_still_to_make
 from anonml.peer._ledger import PeerLedger
 from anonml.peer._store import PeerStore
 from anonml.protocol import CategoricalFeature, FeatureSpec, NumericFeature
-from anonml.protocol import RoundManifest, SignedManifest, TaskKind
+from anonml.protocol import RoundManifest, SgdLoss, SignedManifest, TaskKind
 
 
 def _when(t: int) -> str:
@@ -45,7 +45,7 @@ def _gradient_packet(manifest: RoundManifest) -> str:
     flip = 1 / (1 + math.exp(manifest.eps_total))
     return (
         f"  - 1 gradient report (in your partition's step, sent between {_when(median[0].t_s)} and "
-        f"{_when(median[-1].send_end)}): the gradient of the logistic loss of your record (every feature above and the "
+        f"{_when(median[-1].send_end)}): the gradient of the {_sgd_loss(manifest)} loss of your record (every feature above and the "
         f"label) at the model the aggregator published for that step, each coordinate clipped to [-1, 1]; ONE coordinate, "
         f"picked at random, is sent as its index and one bit, 1 with a probability between {flip:.3f} and {1 - flip:.3f} that grows with "
         f"that coordinate (Harmony's 1-bit mechanism, epsilon {manifest.eps_total:g}: your whole budget for this round)"
@@ -116,11 +116,16 @@ def _label_words(spec: FeatureSpec, label: int, value: FieldValue | None) -> str
             f"it is sent as {label}, like every value that is not positive")
 
 
+def _sgd_loss(manifest: RoundManifest) -> SgdLoss:
+    """The loss an SGD round signs (logistic for a manifest made before ``[task] loss``)."""
+    return SgdLoss.LOGISTIC if manifest.sgd_loss is None else SgdLoss(manifest.sgd_loss)
+
+
 def _task_words(manifest: RoundManifest) -> str:
     """What the round computes from everyone's perturbed reports (its signed ``task_kind``)."""
     if manifest.task_kind == TaskKind.SGD:
-        return (f"a logistic regression predicting {manifest.label!r}, trained by local-DP gradient descent over "
-                f"{manifest.median_rounds} steps (each peer takes part in one)")
+        return (f"a {_sgd_loss(manifest).model} predicting {manifest.label!r}, trained by local-DP gradient descent on the "
+                f"{_sgd_loss(manifest)} loss over {manifest.median_rounds} steps (each peer takes part in one)")
     if manifest.task_kind == TaskKind.STATISTICS and manifest.statistic_queries:
         counted = f" ('count:label' counts positive {manifest.label!r})" if manifest.labelled_reports else ""
         return f"statistics: the requester's queries {', '.join(manifest.statistic_queries)}{counted}, each published with its error (no model)"
@@ -128,8 +133,14 @@ def _task_words(manifest: RoundManifest) -> str:
         return (f"statistics: every feature's histogram, the count of positive {manifest.label!r} and each numeric "
                 "feature's mean and median, each published with its error (no model)")
     if manifest.task_kind == TaskKind.MODEL_AVERAGING:
+        from anonml.learning import RoundModel
+
+        model = RoundModel.of_manifest(manifest)
+        scaled = (f"your categorical columns scaled by {model.categorical_weight:g} (a public map) before every row is scaled into the unit ball; "
+                  if model.encoding.categorical_columns.any() else "every row scaled into the unit ball; ")
         return (f"predict {manifest.label!r} by averaging the peers' models: a logistic regression trained on your "
-                f"{manifest.rows_per_peer} or more rows, released once with noise at the whole promise, in blocks of its coordinates")
+                f"{manifest.rows_per_peer} or more rows ({scaled}regularisation λ = {model.mechanism.regularization:.4g}, "
+                f"which sets the noise), released once with noise at the whole promise, in blocks of its coordinates")
     return f"predict {manifest.label!r}"
 
 

@@ -23,7 +23,7 @@ from anonml.crypto import NodeAddress, PathHop, ReleaseWindow, SphinxGeometry, b
 from anonml.protocol._api import MAX_ROSTER, format_host_port
 from anonml.protocol._canonical import FieldReader, InvalidDocument, canonical_json, format_epsilon, parse_json_object
 from anonml.protocol._queries import QueryError, StatisticQuery, check_queries, queried_features, uses_label
-from anonml.protocol._vocabulary import TASK_KINDS, Combiner, TaskKind
+from anonml.protocol._vocabulary import SGD_LOSSES, TASK_KINDS, Combiner, SgdLoss, TaskKind
 from anonml.protocol._signed import ed25519_holds
 from anonml.protocol._schedule import Attempt, RoundSchedule, acceptance_window, hop_windows
 from anonml.protocol._survey import ROUND_ID_BYTES, SurveyId
@@ -220,14 +220,25 @@ MAX_SGD_LEARNING_RATE = 100.0
 """The largest γ0 an SGD round may sign (``[task] learning_rate``)."""
 
 
-def _read_learning_rate(task: FieldReader, kind: TaskKind) -> float:
-    """An SGD round's signed γ0: a canonical decimal string in (0, :data:`MAX_SGD_LEARNING_RATE`]."""
+MAX_REGULARIZATION_RULE = 100.0
+"""The largest λ rule a model-averaging round may sign (``[task] regularization_rule``: λ = rule / (rows_per_peer ε_T))."""
+
+
+def _read_task_number(task: FieldReader, key: str, kind: TaskKind, owner: TaskKind, highest: float) -> float:
+    """A number only ``owner`` rounds sign in ``[task]``: a canonical decimal string in (0, ``highest``]."""
+    if kind != owner:
+        task.fail(key, f"only a {str(owner)!r} task sets {key}; this is a {str(kind)!r} task")
+    value = task.epsilon(key)
+    if not 0 < value <= highest:
+        task.fail(key, f"expected a number in (0, {highest:g}], got {value!r}")
+    return value
+
+
+def _read_loss(task: FieldReader, kind: TaskKind) -> SgdLoss:
+    """An SGD round's signed loss (:class:`SgdLoss`)."""
     if kind != TaskKind.SGD:
-        task.fail("learning_rate", f"only an SGD task takes gradient steps; this is a {str(kind)!r} task")
-    rate = task.epsilon("learning_rate")
-    if not 0 < rate <= MAX_SGD_LEARNING_RATE:
-        task.fail("learning_rate", f"expected a step size in (0, {MAX_SGD_LEARNING_RATE:g}], got {rate!r}")
-    return rate
+        task.fail("loss", f"only an SGD task takes a loss's gradient; this is a {str(kind)!r} task")
+    return SgdLoss(task.choice("loss", SGD_LOSSES))
 
 
 @dataclass(frozen=True)
@@ -298,6 +309,16 @@ class RoundManifest:
     """An SGD round's γ0 (``[task] learning_rate``: step k moves by γ0/√k), signed so everyone can replay the
     published models; None: the learner's default (``learning.SGD_LEARNING_RATE``), and no field is written, so a
     manifest made before the field encodes (and hashes) as it did. Only an SGD round may set it."""
+    sgd_loss: str | None = None
+    """An SGD round's loss (``[task] loss``, :class:`SgdLoss`), whose clipped gradient each peer releases; None:
+    logistic, and no field is written (manifests made before the field). Only an SGD round may set it."""
+    regularization_rule: float | None = None
+    """A model-averaging round's λ rule (``[task] regularization_rule``: λ = rule / (rows_per_peer ε_T)); None: the
+    rule rounds used before the field (``learning.AVERAGING_RULE``), and no field is written."""
+    categorical_weight: float | None = None
+    """A model-averaging round's public weight of the categorical columns (``[task] categorical_weight`` in (0, 1]:
+    each peer multiplies them by it before dividing its rows by the weights' norm, into the unit ball); None: the
+    weight rounds used before the field (``learning.AVERAGING_CATEGORICAL_WEIGHT``), and no field is written."""
     version: int = PROTOCOL_VERSION
     _canonical: bytes = field(init=False, repr=False, compare=False)
 
@@ -416,7 +437,10 @@ class RoundManifest:
                      **({"kind": str(self.task_kind)} if self.task_kind != TaskKind.ENSEMBLE else {}),
                      **({"queries": list(self.statistic_queries)} if self.statistic_queries else {}),
                      **({"rows_per_peer": self.rows_per_peer} if self.task_kind == TaskKind.MODEL_AVERAGING else {}),
-                     **({"learning_rate": format_epsilon(self.sgd_learning_rate)} if self.sgd_learning_rate is not None else {})},
+                     **({"learning_rate": format_epsilon(self.sgd_learning_rate)} if self.sgd_learning_rate is not None else {}),
+                     **({"loss": str(self.sgd_loss)} if self.sgd_loss is not None else {}),
+                     **({"regularization_rule": format_epsilon(self.regularization_rule)} if self.regularization_rule is not None else {}),
+                     **({"categorical_weight": format_epsilon(self.categorical_weight)} if self.categorical_weight is not None else {})},
             "learning": self._learning_dict(),
             "privacy": {
                 "eps_median": format_epsilon(self.eps_median),
@@ -490,7 +514,12 @@ class RoundManifest:
         queries = _read_queries(task, TaskKind(task_kind), features) if task.optional("queries") else ()
         # A model's noise is calibrated to its peers' row count: signed with the kind, and only with it.
         rows_per_peer = task.integer("rows_per_peer", 1, MAX_ROWS_PER_PEER) if task_kind == TaskKind.MODEL_AVERAGING else 0
-        learning_rate = _read_learning_rate(task, TaskKind(task_kind)) if task.optional("learning_rate") else None
+        kind = TaskKind(task_kind)
+        learning_rate = _read_task_number(task, "learning_rate", kind, TaskKind.SGD, MAX_SGD_LEARNING_RATE) if task.optional("learning_rate") else None
+        loss = _read_loss(task, kind) if task.optional("loss") else None
+        rule = (_read_task_number(task, "regularization_rule", kind, TaskKind.MODEL_AVERAGING, MAX_REGULARIZATION_RULE)
+                if task.optional("regularization_rule") else None)
+        weight = _read_task_number(task, "categorical_weight", kind, TaskKind.MODEL_AVERAGING, 1.0) if task.optional("categorical_weight") else None
         task.done()
         learning = reader.child("learning")
         k_p = learning.integer("k_p", 1, 4096)
@@ -560,7 +589,8 @@ class RoundManifest:
             min_participation=min_participation, registration=registration, identity_key=identity_key,
             purpose=purpose, max_roster=max_roster, vote=vote, comparison_pool=comparison_pool,
             min_anonymity_set=min_anonymity_set, task_kind=TaskKind(task_kind), statistic_queries=queries,
-            rows_per_peer=rows_per_peer, sgd_learning_rate=learning_rate, version=version,
+            rows_per_peer=rows_per_peer, sgd_learning_rate=learning_rate, sgd_loss=loss, regularization_rule=rule,
+            categorical_weight=weight, version=version,
         )
         for key, item in values.items():
             object.__setattr__(manifest, key, item)

@@ -60,8 +60,23 @@ class TaskKind(StrEnum):
     ε_T, cut into fixed blocks of coordinates, one data survey per block; the aggregator averages each block."""
 
 
+class SgdLoss(StrEnum):
+    """The loss an SGD round's peers take the gradient of (``[task] loss``, signed in the manifest): Harmony §4.1's
+    three, the names ``anonml experiment``'s ``ldp-sgd-lr``, ``ldp-sgd-svm`` and ``ldp-sgd-linreg`` train."""
+
+    LOGISTIC = "logistic"  # log(1 + exp(-y x'β)), y in {-1, 1}
+    HINGE = "hinge"  # max(0, 1 - y x'β) (linear SVM), y in {-1, 1}
+    SQUARED = "squared"  # (x'β - y)^2 (linear regression), y in [-1, 1]
+
+    @property
+    def model(self) -> str:
+        """The model this loss trains, in words (the consent preview, the report and the dashboard name it)."""
+        return {SgdLoss.LOGISTIC: "logistic regression", SgdLoss.HINGE: "linear SVM", SgdLoss.SQUARED: "linear regression"}[self]
+
+
 PLAN_KINDS = tuple(PlanKind)
 TASK_KINDS = tuple(TaskKind)
+SGD_LOSSES = tuple(SgdLoss)
 EPSILON_TOTAL_RANGE = (1e-6, 20.0)
 """The record-level ε_T a round or an experiment may promise. At ε = 1e-300 a
 randomised response's two probabilities are the same float; 1e-6 keeps them

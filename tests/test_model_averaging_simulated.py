@@ -75,6 +75,10 @@ def test_a_model_averaging_round_accepts_every_block_and_charges_each_peer_its_p
     vector = RoundPipeline.for_spec(spec).vector_of(Dataset((Event(_row(0, np.random.default_rng(0)), None, 1),)))
     text, cost, _, _ = describe_release(trace.manifest, spec, vector, store, outcome.key)
     assert cost == manifest.eps_total and "averaging the peers' models" in text, text
+    # The spec left the settings out, so the round signed the ones chosen on validation, and every party used them.
+    assert (manifest.regularization_rule, manifest.categorical_weight) == (1.5, 0.35)
+    assert (trace.report["averaged_model"]["regularization_rule"], trace.report["averaged_model"]["categorical_weight"]) == (1.5, 0.35)
+    assert "categorical columns scaled by 0.35" in text and f"λ = {1.5 / (ROWS * manifest.eps_total):.4g}" in text, text
 
 
 def test_the_averaged_model_ranks_held_out_rows(averaging_round: RoundTrace) -> None:

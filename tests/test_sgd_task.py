@@ -44,6 +44,11 @@ SPEC = FeatureSpec.from_dict({
 })
 
 
+DEMO_RELAYS = [{"node_id": bytes([i + 1]).hex() * 32, "host": "127.0.0.1", "port": 9000 + i, "public_key": bytes([0x40 + i]).hex() * 32,
+                "key_epoch": 1, "mirror_port": None, "beacon_key": None} for i in range(5)]
+"""Five relays' ``relay info`` entries, for the demo's round specs."""
+
+
 def schedule(iterations: int) -> RoundSchedule:
     median = tuple(PhaseTimes(T0 + 120 + 30 * i, 10, T0 + 135 + 30 * i, T0 + 137 + 30 * i, 10, T0 + 150 + 30 * i)
                    for i in range(iterations))
@@ -192,7 +197,9 @@ def test_a_simulated_sgd_round_accepts_every_gradient_and_charges_each_peer_its_
     assert sgd["steps"] == 2 and len(sgd["coefficients"]) == 1 + 1 + 2
     assert trace.report["privacy"]["eps_gradient"] == 4.0 and trace.report["model"] is None
     assert trace.report["accepted_by_survey"] == {"gradient step 0": sgd["reports_per_step"][0], "gradient step 1": sgd["reports_per_step"][1]}
-    assert any(line.startswith("LDP SGD logistic regression: 2 steps") for line in summarise(trace.report))
+    # The spec named no loss: the round signed the default, logistic, and trained that model.
+    assert manifest.sgd_loss == "logistic" and (sgd["loss"], sgd["model"]) == ("logistic", "logistic regression")
+    assert any(line.startswith("LDP SGD logistic regression (logistic loss): 2 steps") for line in summarise(trace.report))
 
 
 def test_a_simulated_sgd_rounds_models_are_the_replayed_steps_and_the_consent_states_the_gradient(
@@ -241,8 +248,7 @@ def test_the_sgd_demo_plans_a_round_round_new_accepts_with_one_step_per_partitio
     ensemble = plan_round(data, 200, 4.0, 2, 0, costs(1.0), n_cores=2)
     # Nothing is sent in the data phase: its windows are the shortest the planner makes.
     assert params.data_send_window < ensemble.data_send_window
-    relays = [{"node_id": bytes([i + 1]).hex() * 32, "host": "127.0.0.1", "port": 9000 + i, "public_key": bytes([0x40 + i]).hex() * 32,
-               "key_epoch": 1, "mirror_port": None, "beacon_key": None} for i in range(5)]
+    relays = DEMO_RELAYS
     spec = parse_round_spec(round_spec(data, params, relays, 8080, 8081))
     assert spec.task.kind == TaskKind.SGD and spec.schedule.median_rounds == SGD_STEPS == spec.learning.k_p
     assert spec.learning.comparison_pool == 0
@@ -306,7 +312,7 @@ def test_the_demo_refuses_sgd_steps_without_the_sgd_task_in_one_line() -> None:
     from anonml.cli import main
 
     result = CliRunner().invoke(main, ["demo", "--sgd-steps", "8"])
-    assert result.exit_code == 2 and "--sgd-steps and --sgd-learning-rate are for --task sgd" in result.output and "Traceback" not in result.output, result.output
+    assert result.exit_code == 2 and "--sgd-steps, --sgd-learning-rate and --sgd-loss are for --task sgd" in result.output and "Traceback" not in result.output, result.output
 
 
 def test_an_sgd_rounds_learning_rate_is_signed_in_the_manifest_and_steps_the_rule() -> None:

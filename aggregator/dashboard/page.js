@@ -155,8 +155,11 @@
       status.textContent = "A statistics round: " + report.statistics.length + " answers from " + (data.counts.accepted || 0) + " accepted reports, each beside its error.";
       renderStatistics(report.statistics);
     } else if (utility) {
-      status.textContent = (report.sgd ? "A logistic regression by LDP gradient descent, " + report.sgd.steps + " steps (" +
-        report.sgd.reports_per_step.join(", ") + " gradients each); trained on " : "Trained on ") +
+      var averaged = report.averaged_model;
+      status.textContent = (report.sgd ? "A " + (report.sgd.model || "logistic regression") + " by LDP gradient descent on the " +
+        report.sgd.loss + " loss, " + report.sgd.steps + " steps (" + report.sgd.reports_per_step.join(", ") + " gradients each); trained on " :
+        averaged && averaged.regularization_rule ? "An average of the peers' output-perturbed logistic regressions (λ rule " +
+        averaged.regularization_rule.toPrecision(3) + ", categorical weight " + averaged.categorical_weight + "); trained on " : "Trained on ") +
         (data.counts.accepted || 0) + " accepted reports, measured on held-out data.";
       figures.hidden = false;
       figure("auc", utility.auc.toFixed(3));

@@ -16,6 +16,9 @@ from typing import Any
 
 import click
 
+from anonml.learning import ROUND_CATEGORICAL_WEIGHT, ROUND_REGULARIZATION_RULE
+from anonml.protocol import SGD_LOSSES
+
 # The demo's modules (trio, the roles, scipy) are imported when it runs, so
 # `anonml demo --help` loads click alone (issue 29).
 
@@ -40,13 +43,24 @@ import click
               help="Gradient steps of --task sgd (its median sub-rounds, one partition each; default 4).")
 @click.option("--sgd-learning-rate", type=click.FloatRange(min=0, min_open=True, max=100), default=None,
               help="γ0 of --task sgd (step k moves by γ0/√k), signed in the manifest as [task] learning_rate; default 1.")
+@click.option("--sgd-loss", type=click.Choice([str(loss) for loss in SGD_LOSSES]), default=None,
+              help="The loss of --task sgd, signed in the manifest as [task] loss: logistic regression, linear SVM (hinge) "
+                   "or linear regression (squared); default logistic.")
+@click.option("--regularization-rule", type=click.FloatRange(min=0, min_open=True, max=100), default=None,
+              help="--task model-averaging: λ = RULE / (rows per peer · ε), signed as [task] regularization_rule; default "
+                   f"{ROUND_REGULARIZATION_RULE:g} (chosen on Adult's validation rows).")
+@click.option("--categorical-weight", type=click.FloatRange(min=0, min_open=True, max=1), default=None,
+              help="--task model-averaging: the public weight of the categorical columns before each peer divides its rows "
+                   "into the unit ball, signed as [task] categorical_weight; default "
+                   f"{ROUND_CATEGORICAL_WEIGHT:g} (chosen on Adult's validation rows).")
 @click.option("--linger", type=click.FloatRange(0, 3600), default=0.0, help="Keep the aggregator's dashboard up this many seconds after the round.")
 @click.option("--explain-anonymity", "explain", type=click.Path(file_okay=False, exists=True, path_type=Path), default=None,
               help="Run no round: split the send-vs-arrival rank correlation of the finished demo in this --work-dir by stage "
                    "(each relay hop, the arrival), and write its per-message trace there.")
 def demo(peers: int | None, dataset: str, data_dir: Path | None, epsilon: float, workers: int, work_dir: Path | None, seed: int,
          json_out: Path | None, linger: float, task: str, queries: tuple[str, ...], rows_per_peer: int | None, sgd_steps: int | None,
-         sgd_learning_rate: float | None, explain: Path | None) -> None:
+         sgd_learning_rate: float | None, sgd_loss: str | None, regularization_rule: float | None, categorical_weight: float | None,
+         explain: Path | None) -> None:
     """Run one complete round on loopback: 5 relays (paths of 3), the aggregator, N peers.
 
     Exits 0 when the round is done and the aggregator accepted at least 99%
@@ -87,8 +101,10 @@ def demo(peers: int | None, dataset: str, data_dir: Path | None, epsilon: float,
             check_queries(list(queries), data.spec)
     except QueryError as exc:
         raise click.BadParameter(str(exc), param_hint="--query") from None
-    if (sgd_steps is not None or sgd_learning_rate is not None) and task != TaskKind.SGD:
-        raise click.UsageError("--sgd-steps and --sgd-learning-rate are for --task sgd: no other task takes gradient steps")
+    if (sgd_steps is not None or sgd_learning_rate is not None or sgd_loss is not None) and task != TaskKind.SGD:
+        raise click.UsageError("--sgd-steps, --sgd-learning-rate and --sgd-loss are for --task sgd: no other task takes gradient steps")
+    if (regularization_rule is not None or categorical_weight is not None) and task != TaskKind.MODEL_AVERAGING:
+        raise click.UsageError("--regularization-rule and --categorical-weight are for --task model-averaging: no other task averages models")
     rows = demo_rows_per_peer(TaskKind(task), rows_per_peer)
     n = min(peers or len(data.train_rows) // rows, len(data.train_rows) // rows)
     work = work_dir or Path(tempfile.mkdtemp(prefix="anonml-demo-"))
@@ -96,7 +112,8 @@ def demo(peers: int | None, dataset: str, data_dir: Path | None, epsilon: float,
     result = trio.run(until_signalled, partial(run_demo, data, peers=n, epsilon=epsilon, workers=workers, seed=seed, work=work,
                                                console=console, linger=linger, task=TaskKind(task), queries=queries,
                                                rows_per_peer=rows, sgd_steps=sgd_steps or SGD_STEPS,
-                                               sgd_learning_rate=sgd_learning_rate))
+                                               sgd_learning_rate=sgd_learning_rate, sgd_loss=sgd_loss,
+                                               regularization_rule=regularization_rule, categorical_weight=categorical_weight))
     if isinstance(result, int):
         console.print(f"stopped by {signal.Signals(result).name}; every child process was stopped; files in {work}")
         raise SystemExit(128 + result)

@@ -236,9 +236,11 @@ async def collect_report(aggregator: Child, round_dir: Path, children: Children,
 async def run_demo(data: DemoData, *, peers: int, epsilon: float, workers: int, seed: int, work: Path, console: Any,
                    linger: float = 0.0, task: TaskKind = TaskKind.ENSEMBLE, queries: Sequence[str] = (),
                    rows_per_peer: int = 1, network: Network | None = None, sgd_steps: int = SGD_STEPS,
-                   sgd_learning_rate: float | None = None) -> tuple[dict[str, Any], DemoParams]:
+                   sgd_learning_rate: float | None = None, sgd_loss: str | None = None,
+                   regularization_rule: float | None = None, categorical_weight: float | None = None) -> tuple[dict[str, Any], DemoParams]:
     """Run one complete round (``peers`` peers of ``rows_per_peer`` rows each; an SGD task's in ``sgd_steps`` gradient
-    steps of γ0 ``sgd_learning_rate``, None: the learner's default); returns the summary figures and the round's parameters.
+    steps of γ0 ``sgd_learning_rate`` on ``sgd_loss``; a model-averaging task's ``regularization_rule`` and
+    ``categorical_weight``; None: the spec's default); returns the summary figures and the round's parameters.
 
     ``network``: where each role listens and how its processes start (default: every role on loopback)."""
     started = time.monotonic()
@@ -268,7 +270,8 @@ async def run_demo(data: DemoData, *, peers: int, epsilon: float, workers: int, 
         costs = await measure_costs(PATH_LENGTH, process_start)
         params = plan_round(data, peers, epsilon, workers, seed, costs, task=task, queries=queries, rows_per_peer=rows_per_peer,
                             round_trip=network.round_trip, sgd_steps=sgd_steps,
-                            sgd_learning_rate=sgd_learning_rate)
+                            sgd_learning_rate=sgd_learning_rate, sgd_loss=sgd_loss,
+                            regularization_rule=regularization_rule, categorical_weight=categorical_weight)
         console.print("    " + describe_plan(costs, params, network.round_trip))
         step(3, "the aggregator opens the round (anonml aggregator round new / run)")
         round_id, aggregator = await open_round(children, work, agg_dir, data, params, descriptors, network, linger)

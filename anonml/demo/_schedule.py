@@ -147,6 +147,12 @@ class DemoParams:
     """Rows each peer holds (a model-averaging round's ``[task] rows_per_peer``; 1 otherwise)."""
     sgd_learning_rate: float | None = None
     """An SGD round's signed γ0 (``[task] learning_rate``); None: the learner's default, and no field."""
+    sgd_loss: str | None = None
+    """An SGD round's loss (``[task] loss``); None: no field, so the spec's default (logistic)."""
+    regularization_rule: float | None = None
+    """A model-averaging round's λ rule (``[task] regularization_rule``); None: no field, so the spec's default."""
+    categorical_weight: float | None = None
+    """A model-averaging round's categorical weight (``[task] categorical_weight``); None: no field, so the spec's default."""
 
     @property
     def rows_held(self) -> int:
@@ -261,8 +267,12 @@ def model_blocks(data: DemoData) -> int:
 def plan_round(data: DemoData, peers: int, epsilon: float, workers: int, seed: int, costs: PhaseCosts,
                n_cores: int | None = None, outage: float = 0.0, task: TaskKind = TaskKind.ENSEMBLE, queries: Sequence[str] = (),
                rows_per_peer: int = 1, round_trip: float = 0.0, sgd_steps: int = SGD_STEPS,
-               sgd_learning_rate: float | None = None) -> DemoParams:
+               sgd_learning_rate: float | None = None, sgd_loss: str | None = None,
+               regularization_rule: float | None = None, categorical_weight: float | None = None) -> DemoParams:
     """The demo's round with every window sized by the rule of the module docstring from ``costs``.
+
+    ``sgd_learning_rate`` and ``sgd_loss`` (an SGD task), ``regularization_rule`` and ``categorical_weight`` (a
+    model-averaging task): the round spec's ``[task]`` fields, None to leave each to the spec's default.
 
     ``outage``: the longest a killed relay or aggregator stays away (the fault bench's downtime and restart;
     0: no kills planned). Each delivery slice then holds one outage and a link retry's gap, so a hop killed
@@ -348,7 +358,9 @@ def plan_round(data: DemoData, peers: int, epsilon: float, workers: int, seed: i
         data_second_delivery_window=delivery(SECOND_WINDOW_PATHS * data_messages),
         check_seconds=max(MIN_CHECK_SECONDS, math.ceil(publication)),
         publish_gap=max(MIN_PUBLISH_GAP, math.ceil(publication)), task=task, queries=tuple(queries), rows_per_peer=rows_per_peer,
-        sgd_learning_rate=sgd_learning_rate if task == TaskKind.SGD else None,
+        sgd_learning_rate=sgd_learning_rate if task == TaskKind.SGD else None, sgd_loss=sgd_loss if task == TaskKind.SGD else None,
+        regularization_rule=regularization_rule if task == TaskKind.MODEL_AVERAGING else None,
+        categorical_weight=categorical_weight if task == TaskKind.MODEL_AVERAGING else None,
     )
 
 
@@ -403,7 +415,9 @@ def round_spec(data: DemoData, params: DemoParams, relays: list[dict[str, Any]],
         "task": {"kind": str(params.task), "features": spec["features"], "label": spec["label"], "quantiles": params.quantiles,
                  **({"queries": list(params.queries)} if params.queries else {}),
                  **({"rows_per_peer": params.rows_per_peer} if params.task == TaskKind.MODEL_AVERAGING else {}),
-                 **({"learning_rate": params.sgd_learning_rate} if params.sgd_learning_rate is not None else {})},
+                 **{key: value for key, value in (("learning_rate", params.sgd_learning_rate), ("loss", params.sgd_loss),
+                                                  ("regularization_rule", params.regularization_rule),
+                                                  ("categorical_weight", params.categorical_weight)) if value is not None}},
         "learning": {"k_p": params.k_p, "k_h": params.k_h, "k_s": params.k_s, "plan": params.plan, "learner": "logreg",
                      "vote": params.vote, "comparison_pool": params.comparison_pool},
         # A statistics task needs a unary encoding (aggregator._spec): optimized unary encoding, the least variance of them.

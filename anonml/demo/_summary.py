@@ -231,12 +231,15 @@ def experiment_command(params: DemoParams, dataset_args: list[str], n_train: int
 
 
 def sgd_experiment_command(params: DemoParams, dataset_args: list[str], n_train: int) -> str:
-    """The in-process ``anonml experiment`` of an SGD round: Harmony's LDP SGD logistic regression on the same
+    """The in-process ``anonml experiment`` of an SGD round: Harmony's LDP SGD of the round's loss on the same
     rows and ε, with the round's steps (its median sub-rounds) and step size γ0, every peer dealt into one step."""
-    from anonml.learning import SGD_LEARNING_RATE
+    from anonml.learning import SGD_LEARNER_LOSS, SGD_LEARNING_RATE
+    from anonml.protocol import SgdLoss
 
+    loss = SgdLoss.LOGISTIC if params.sgd_loss is None else SgdLoss(params.sgd_loss)
+    learner = next(name for name, trained in SGD_LEARNER_LOSS.items() if trained == loss)
     args = [
-        "anonml", "experiment", *dataset_args, "--epsilon", f"{params.epsilon:g}", "--learner", "ldp-sgd-lr",
+        "anonml", "experiment", *dataset_args, "--epsilon", f"{params.epsilon:g}", "--learner", str(learner),
         "--linear-tuning", "fixed", "--sgd-steps", str(params.median_rounds), "--sgd-learning-rate",
         f"{SGD_LEARNING_RATE if params.sgd_learning_rate is None else params.sgd_learning_rate:g}",
     ]
