@@ -149,8 +149,6 @@ class PacketSink:
         self._flows = (_UNKNOWN_RELAY, *sorted(relay.hex() for relay in self._relay_ids))
         self._wakeups = {flow: trio.Event() for flow in self._flows}
         self._verify_slice = dict.fromkeys(self._flows, _VERIFY_SLICE)
-        self._storing: Counter[str] = Counter()
-        """Authentic messages per relay being committed to the inbox (counted against its cap meanwhile)."""
         self._retry_wait = retry_wait
         self.worker = worker
         self.claim_seconds = claim_seconds
@@ -164,10 +162,6 @@ class PacketSink:
 
     # -- intake -----------------------------------------------------------------
 
-    def relay_backlog(self, relay: str) -> int:
-        """Undecided inbox messages ``relay`` (a node id in hex) delivered, with those being stored."""
-        return self.state.store.inbox_by_relay[relay] + self._storing[relay]
-
     async def on_packets(self, frames: list[bytes], relay: bytes | None = None) -> list[AckStatus]:
         """Check the final layer, store the authentic messages, then acknowledge (DESIGN.md §5, §10).
 
@@ -177,7 +171,10 @@ class PacketSink:
         disk use stays bounded and nothing not durable is acknowledged.
         """
         flow = relay.hex() if relay is not None else _UNKNOWN_RELAY
-        if self.relay_backlog(flow) >= self.max_inbox_per_relay:
+        # The store keeps each relay's backlog, committed and being committed (RoundStore.relay_backlog): the one
+        # count the caps read, refreshed from the stored counters at each of the verifier's claims.
+        store = self.state.store
+        if store.relay_backlog(flow) >= self.max_inbox_per_relay:
             # Before any Sphinx work: the relay's own backlog is full, whatever it sends now.
             self.link_errors["relay-backlog-full"] += len(frames)
             return [AckStatus.BUSY] * len(frames)
@@ -189,11 +186,11 @@ class PacketSink:
         authentic = [item for item in opened if isinstance(item, Delivered)]
         self._refused.update(str(item) for item in opened if isinstance(item, RejectionReason))
         busy = [AckStatus.BUSY if isinstance(item, Delivered) else AckStatus.REJECTED for item in opened]
-        if self.state.store.inbox_size() + self._storing.total() + len(authentic) > self.max_inbox:
+        if store.inbox_backlog() + len(authentic) > self.max_inbox:
             self.link_errors["inbox-full"] += len(authentic)
             return busy
         # Up to the relay's cap; the rest BUSY (resent later, when its backlog has shrunk).
-        admitted = authentic[: max(0, self.max_inbox_per_relay - self.relay_backlog(flow))]
+        admitted = authentic[: max(0, self.max_inbox_per_relay - store.relay_backlog(flow))]
         if len(admitted) < len(authentic):
             self.link_errors["relay-backlog-full"] += len(authentic) - len(admitted)
         row_ids: list[int | None] = []
@@ -202,17 +199,15 @@ class PacketSink:
             # The arrival to the sub-second: what an aggregator logging every arrival
             # has (the anonymity report, DESIGN.md §11); windows compare it with whole seconds.
             arrived = float(self.state.clock())
-            self._storing[flow] += len(admitted)
             try:
-                row_ids = await run_blocking(
-                    self.state.store.enqueue, [(d.tag, d.message) for d in admitted], arrived, refused, flow)
+                with store.entering(flow, len(admitted)):
+                    row_ids = await run_blocking(
+                        store.enqueue, [(d.tag, d.message) for d in admitted], arrived, refused, flow)
             except StorageError as exc:
                 self._refused.update(refused)
                 self.health.fail(Part.INBOX, exc)
                 self.link_errors["store-failing"] += len(admitted)
                 return busy
-            finally:
-                self._storing[flow] -= len(admitted)
             self.health.recover(Part.INBOX)
         fresh = iter(row_ids)
         statuses: list[AckStatus] = []
