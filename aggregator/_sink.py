@@ -63,7 +63,7 @@ from anonml.aggregator._verify import (
     store_judged,
 )
 from anonml.aggregator._workers import IssuerWorkers
-from anonml.base.errors import StorageError
+from anonml.base.errors import ConfigError, StorageError
 from anonml.base.threads import run_blocking
 from anonml.crypto import JobRefused, TokenJob
 from anonml.transport import (
@@ -105,6 +105,30 @@ class SinkLimits:
     reserved: int = 64
 
 
+@dataclass(frozen=True)
+class InboxLimits:
+    """How many undecided messages the sink keeps in the round's inbox before it answers BUSY.
+
+    ``max_inbox`` in all; ``max_per_relay`` per delivering relay, so that a relay flooding the sink fills
+    only its own backlog (issue 25). None: an equal share of ``max_inbox`` among the manifest's relays
+    (``max_inbox // relays``, at least 1).
+    """
+
+    max_inbox: int = 500_000
+    max_per_relay: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_inbox < 1:
+            raise ConfigError(f"max_inbox must be at least 1, got {self.max_inbox!r}")
+        if self.max_per_relay is not None and not 1 <= self.max_per_relay <= self.max_inbox:
+            raise ConfigError(f"max_inbox_per_relay must be between 1 and max_inbox ({self.max_inbox}), "
+                              f"got {self.max_per_relay!r}")
+
+    def per_relay(self, relays: int) -> int:
+        """The cap per relay among ``relays`` relays: ``max_per_relay``, or an equal share of ``max_inbox``."""
+        return self.max_per_relay if self.max_per_relay is not None else max(1, self.max_inbox // max(1, relays))
+
+
 class PacketSink:
     """Receives link batches durably, verifies them in the background, counts refusals by reason."""
 
@@ -114,8 +138,7 @@ class PacketSink:
         workers: IssuerWorkers,
         *,
         verify_batch: int = 256,
-        max_inbox: int = 500_000,
-        max_inbox_per_relay: int | None = None,
+        inbox: InboxLimits = InboxLimits(),
         limits: LinkLimits = LinkLimits(),
         connections: SinkLimits = SinkLimits(),
         health: Health | None = None,
@@ -126,7 +149,7 @@ class PacketSink:
         self.state = state
         self.workers = workers
         self.verify_batch = verify_batch
-        self.max_inbox = max_inbox
+        self.max_inbox = inbox.max_inbox
         self.limits = limits
         self.health = health if health is not None else Health()
         self.link_errors = state.link_errors
@@ -139,11 +162,8 @@ class PacketSink:
         self._relay_hosts = frozenset(relay.host for relay in relays)
         self.gate = ConnectionGate(connections.max_connections, connections.max_per_source,
                                    min(connections.reserved, connections.max_connections - 1))
-        self.max_inbox_per_relay = (max_inbox_per_relay if max_inbox_per_relay is not None
-                                    else max(1, max_inbox // max(1, len(relays))))
+        self.max_inbox_per_relay = inbox.per_relay(len(relays))
         """Undecided messages one relay may have in the inbox: its backlog is its own (default: an equal share)."""
-        if self.max_inbox_per_relay < 1:
-            raise ValueError(f"max_inbox_per_relay must be at least 1, got {self.max_inbox_per_relay}")
         self.intake_turns = FairTurns()
         self.verify_turns = FairTurns()
         self._flows = (_UNKNOWN_RELAY, *sorted(relay.hex() for relay in self._relay_ids))
