@@ -13,7 +13,7 @@ if TYPE_CHECKING:
     from anonml.aggregator._round import ApiRefused, RoundSecrets, RoundState
     from anonml.aggregator._service import AggregatorConfig, BoundAddresses, build_app, drive_round, serve_aggregator
     from anonml.aggregator._setup import create_round, open_round
-    from anonml.aggregator._sink import PacketSink
+    from anonml.aggregator._sink import InboxLimits, PacketSink
     from anonml.aggregator._spec import RoundSpec, RoundSpecError, parse_round_spec, read_round_spec
     from anonml.aggregator._home import AggregatorHome
     from anonml.aggregator._store import (
@@ -45,6 +45,7 @@ __all__ = [
     "ApiRefused",
     "BoundAddresses",
     "FullView",
+    "InboxLimits",
     "IssuerWorkers",
     "LinkScore",
     "PacketSink",

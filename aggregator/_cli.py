@@ -51,6 +51,12 @@ _store_option = click.option(
          "out of the process list). The round's SQLite store is copied there the first time. Default: SQLite.")
 
 
+_max_inbox_per_relay_option = click.option(
+    "--max-inbox-per-relay", type=click.IntRange(min=1), default=None, metavar="N",
+    help="Undecided messages one delivering relay may have in the round's inbox; past it the sink answers that relay "
+         "alone BUSY. Default: an equal share of the whole inbox's cap among the manifest's relays.")
+
+
 @click.group()
 def aggregator() -> None:
     """Run rounds: announce, register peers, issue credentials, collect, learn."""
@@ -267,8 +273,9 @@ def rounds(data_dir: Path, as_json: bool) -> None:
 @_store_option
 @click.option("--sink-port", type=click.IntRange(1, 65535), default=None,
               help="Take packets at this port instead of the manifest's (something in front forwards the manifest's port here).")
+@_max_inbox_per_relay_option
 def run(data_dir: Path, round_id: str | None, test_file: Path | None, linger: float, processes: int, store: str | None,
-        sink_port: int | None) -> None:
+        sink_port: int | None, max_inbox_per_relay: int | None) -> None:
     """Serve the round through all its phases, then learn and write the report.
 
     While it runs, its live dashboard is at http://HOST:PORT/dashboard.
@@ -280,7 +287,9 @@ def run(data_dir: Path, round_id: str | None, test_file: Path | None, linger: fl
     from anonml.aggregator._round import RoundState
     from anonml.aggregator._service import AggregatorConfig, serve_aggregator
     from anonml.aggregator._setup import open_round
+    from anonml.aggregator._sink import InboxLimits
 
+    inbox = InboxLimits(max_per_relay=max_inbox_per_relay)
     home = _existing_home(data_dir)
     chosen = resolve_round(home, round_id)
     lock = lock_data_dir(data_dir, command="anonml aggregator run")
@@ -309,7 +318,7 @@ def run(data_dir: Path, round_id: str | None, test_file: Path | None, linger: fl
     config = AggregatorConfig(
         state, http_host=url.host, http_port=url.port or 80, sink_host=manifest.aggregator_hop.host,
         sink_port=sink_port or manifest.aggregator_hop.port, worker_processes=processes, linger=linger,
-        on_learn=on_learn, on_end=on_end,
+        on_learn=on_learn, on_end=on_end, inbox_limits=inbox,
     )
 
     stopped_by: list[str] = []
@@ -407,8 +416,9 @@ def _print_outcome(state: Any, directory: Path, outcome: str) -> None:
               help="Token verification processes, at a lower CPU priority (0: a thread).")
 @click.option("--claim-seconds", type=click.FloatRange(0.5, 3600), default=30.0, show_default=True,
               help="How long inbox rows this worker claimed stay its own if it stops deciding them (then others take them).")
+@_max_inbox_per_relay_option
 def worker(data_dir: Path, round_id: str | None, store: str | None, name: str, host: str | None, port: int,
-           processes: int, claim_seconds: float) -> None:
+           processes: int, claim_seconds: float, max_inbox_per_relay: int | None) -> None:
     """Take and verify a round's packets beside `aggregator run`, sharing its store (--store: PostgreSQL).
 
     Relays may deliver to any worker; one killed at any moment loses nothing and counts nothing twice.
@@ -418,7 +428,9 @@ def worker(data_dir: Path, round_id: str | None, store: str | None, name: str, h
 
     from anonml.aggregator._ingest import serve_ingest
     from anonml.aggregator._setup import open_round
+    from anonml.aggregator._sink import InboxLimits
 
+    inbox = InboxLimits(max_per_relay=max_inbox_per_relay)
     home = _existing_home(data_dir)
     chosen = resolve_round(home, round_id)
     state = open_round(home, chosen, store_url=store)
@@ -429,7 +441,7 @@ def worker(data_dir: Path, round_id: str | None, store: str | None, name: str, h
             async with trio.open_nursery() as nursery:
                 address = await nursery.start(lambda task_status: serve_ingest(
                     state, host=bind, port=port, worker=name, processes=processes, claim_seconds=claim_seconds,
-                    task_status=task_status))
+                    inbox=inbox, task_status=task_status))
                 click.echo(f"worker {name} of round {chosen[:SHORT_ID]} taking packets at {address[0]}:{address[1]}", err=True)
                 async for _ in signals:
                     nursery.cancel_scope.cancel()

@@ -25,7 +25,7 @@ import time
 import trio
 
 from anonml.aggregator._round import RoundState
-from anonml.aggregator._sink import PacketSink
+from anonml.aggregator._sink import InboxLimits, PacketSink
 from anonml.aggregator._store import CLAIM_SECONDS, ROSTER_FINAL, RoundStore
 from anonml.aggregator._workers import IssuerWorkers
 from anonml.base.errors import AnonMLError, StorageError
@@ -45,12 +45,13 @@ class LeaseLost(AnonMLError):
 
 async def serve_ingest(
     state: RoundState, *, host: str, port: int, worker: str, processes: int = 0,
-    claim_seconds: float = CLAIM_SECONDS, task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED,
+    claim_seconds: float = CLAIM_SECONDS, inbox: InboxLimits = InboxLimits(),
+    task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Take and verify packets for the round until cancelled; reports the bound (host, port)."""
     workers = IssuerWorkers(state.secrets.issuer_key, processes)
     try:
-        sink = PacketSink(state, workers, worker=worker, claim_seconds=claim_seconds)
+        sink = PacketSink(state, workers, inbox=inbox, worker=worker, claim_seconds=claim_seconds)
         async with trio.open_nursery() as nursery:
             listeners = await nursery.start(serve_streams, TCP_NETWORK, sink.handle, host, port)
             await run_blocking(workers.warm)

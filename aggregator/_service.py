@@ -38,7 +38,7 @@ from anonml.aggregator._round import (
     request_digest,
 )
 from anonml.aggregator._health import Health, Part, render_metrics
-from anonml.aggregator._sink import PacketSink, SinkLimits
+from anonml.aggregator._sink import InboxLimits, PacketSink, SinkLimits
 from anonml.aggregator._store import ROSTER_FINAL, IssuedAnswer, IssuedCredential, Refusal, Registered, Registration
 from anonml.aggregator._workers import IssuerWorkers
 from anonml.crypto import IssueJob, JobRefused
@@ -100,6 +100,8 @@ class AggregatorConfig:
     on_end: Callable[[RoundPhase], None] | None = None
     http_limits: HttpLimits = field(default_factory=HttpLimits)
     sink_limits: SinkLimits = field(default_factory=SinkLimits)
+    inbox_limits: InboxLimits = field(default_factory=InboxLimits)
+    """Undecided messages the sink keeps in all and per delivering relay before it answers BUSY."""
     commit_retry_seconds: float = 20.0
     """How long a registration or credential commit is retried on a failing store before its requests get 503."""
     network: Network = TCP_NETWORK
@@ -612,7 +614,7 @@ async def serve_aggregator(
     health = Health()
     workers = IssuerWorkers(state.secrets.issuer_key, config.worker_processes)
     try:
-        sink = PacketSink(state, workers, connections=config.sink_limits, health=health)
+        sink = PacketSink(state, workers, inbox=config.inbox_limits, connections=config.sink_limits, health=health)
         registrations = RegistrationBatcher(state, health, give_up_after=config.commit_retry_seconds)
         credentials = CredentialBatcher(state, workers, health, give_up_after=config.commit_retry_seconds)
         relays = RelayWatch(state, config.network)

@@ -63,7 +63,7 @@ from anonml.aggregator._verify import (
     store_judged,
 )
 from anonml.aggregator._workers import IssuerWorkers
-from anonml.base.errors import StorageError
+from anonml.base.errors import ConfigError, StorageError
 from anonml.base.threads import run_blocking
 from anonml.crypto import JobRefused, TokenJob
 from anonml.transport import (
@@ -105,6 +105,30 @@ class SinkLimits:
     reserved: int = 64
 
 
+@dataclass(frozen=True)
+class InboxLimits:
+    """How many undecided messages the sink keeps in the round's inbox before it answers BUSY.
+
+    ``max_inbox`` in all; ``max_per_relay`` per delivering relay, so that a relay flooding the sink fills
+    only its own backlog (issue 25). None: an equal share of ``max_inbox`` among the manifest's relays
+    (``max_inbox // relays``, at least 1).
+    """
+
+    max_inbox: int = 500_000
+    max_per_relay: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_inbox < 1:
+            raise ConfigError(f"max_inbox must be at least 1, got {self.max_inbox!r}")
+        if self.max_per_relay is not None and not 1 <= self.max_per_relay <= self.max_inbox:
+            raise ConfigError(f"max_inbox_per_relay must be between 1 and max_inbox ({self.max_inbox}), "
+                              f"got {self.max_per_relay!r}")
+
+    def per_relay(self, relays: int) -> int:
+        """The cap per relay among ``relays`` relays: ``max_per_relay``, or an equal share of ``max_inbox``."""
+        return self.max_per_relay if self.max_per_relay is not None else max(1, self.max_inbox // max(1, relays))
+
+
 class PacketSink:
     """Receives link batches durably, verifies them in the background, counts refusals by reason."""
 
@@ -114,8 +138,7 @@ class PacketSink:
         workers: IssuerWorkers,
         *,
         verify_batch: int = 256,
-        max_inbox: int = 500_000,
-        max_inbox_per_relay: int | None = None,
+        inbox: InboxLimits = InboxLimits(),
         limits: LinkLimits = LinkLimits(),
         connections: SinkLimits = SinkLimits(),
         health: Health | None = None,
@@ -126,7 +149,7 @@ class PacketSink:
         self.state = state
         self.workers = workers
         self.verify_batch = verify_batch
-        self.max_inbox = max_inbox
+        self.max_inbox = inbox.max_inbox
         self.limits = limits
         self.health = health if health is not None else Health()
         self.link_errors = state.link_errors
@@ -139,18 +162,13 @@ class PacketSink:
         self._relay_hosts = frozenset(relay.host for relay in relays)
         self.gate = ConnectionGate(connections.max_connections, connections.max_per_source,
                                    min(connections.reserved, connections.max_connections - 1))
-        self.max_inbox_per_relay = (max_inbox_per_relay if max_inbox_per_relay is not None
-                                    else max(1, max_inbox // max(1, len(relays))))
+        self.max_inbox_per_relay = inbox.per_relay(len(relays))
         """Undecided messages one relay may have in the inbox: its backlog is its own (default: an equal share)."""
-        if self.max_inbox_per_relay < 1:
-            raise ValueError(f"max_inbox_per_relay must be at least 1, got {self.max_inbox_per_relay}")
         self.intake_turns = FairTurns()
         self.verify_turns = FairTurns()
         self._flows = (_UNKNOWN_RELAY, *sorted(relay.hex() for relay in self._relay_ids))
         self._wakeups = {flow: trio.Event() for flow in self._flows}
         self._verify_slice = dict.fromkeys(self._flows, _VERIFY_SLICE)
-        self._storing: Counter[str] = Counter()
-        """Authentic messages per relay being committed to the inbox (counted against its cap meanwhile)."""
         self._retry_wait = retry_wait
         self.worker = worker
         self.claim_seconds = claim_seconds
@@ -164,10 +182,6 @@ class PacketSink:
 
     # -- intake -----------------------------------------------------------------
 
-    def relay_backlog(self, relay: str) -> int:
-        """Undecided inbox messages ``relay`` (a node id in hex) delivered, with those being stored."""
-        return self.state.store.inbox_by_relay[relay] + self._storing[relay]
-
     async def on_packets(self, frames: list[bytes], relay: bytes | None = None) -> list[AckStatus]:
         """Check the final layer, store the authentic messages, then acknowledge (DESIGN.md §5, §10).
 
@@ -177,7 +191,10 @@ class PacketSink:
         disk use stays bounded and nothing not durable is acknowledged.
         """
         flow = relay.hex() if relay is not None else _UNKNOWN_RELAY
-        if self.relay_backlog(flow) >= self.max_inbox_per_relay:
+        # The store keeps each relay's backlog, committed and being committed (RoundStore.relay_backlog): the one
+        # count the caps read, refreshed from the stored counters at each of the verifier's claims.
+        store = self.state.store
+        if store.relay_backlog(flow) >= self.max_inbox_per_relay:
             # Before any Sphinx work: the relay's own backlog is full, whatever it sends now.
             self.link_errors["relay-backlog-full"] += len(frames)
             return [AckStatus.BUSY] * len(frames)
@@ -189,11 +206,11 @@ class PacketSink:
         authentic = [item for item in opened if isinstance(item, Delivered)]
         self._refused.update(str(item) for item in opened if isinstance(item, RejectionReason))
         busy = [AckStatus.BUSY if isinstance(item, Delivered) else AckStatus.REJECTED for item in opened]
-        if self.state.store.inbox_size() + self._storing.total() + len(authentic) > self.max_inbox:
+        if store.inbox_backlog() + len(authentic) > self.max_inbox:
             self.link_errors["inbox-full"] += len(authentic)
             return busy
         # Up to the relay's cap; the rest BUSY (resent later, when its backlog has shrunk).
-        admitted = authentic[: max(0, self.max_inbox_per_relay - self.relay_backlog(flow))]
+        admitted = authentic[: max(0, self.max_inbox_per_relay - store.relay_backlog(flow))]
         if len(admitted) < len(authentic):
             self.link_errors["relay-backlog-full"] += len(authentic) - len(admitted)
         row_ids: list[int | None] = []
@@ -202,17 +219,15 @@ class PacketSink:
             # The arrival to the sub-second: what an aggregator logging every arrival
             # has (the anonymity report, DESIGN.md §11); windows compare it with whole seconds.
             arrived = float(self.state.clock())
-            self._storing[flow] += len(admitted)
             try:
-                row_ids = await run_blocking(
-                    self.state.store.enqueue, [(d.tag, d.message) for d in admitted], arrived, refused, flow)
+                with store.entering(flow, len(admitted)):
+                    row_ids = await run_blocking(
+                        store.enqueue, [(d.tag, d.message) for d in admitted], arrived, refused, flow)
             except StorageError as exc:
                 self._refused.update(refused)
                 self.health.fail(Part.INBOX, exc)
                 self.link_errors["store-failing"] += len(admitted)
                 return busy
-            finally:
-                self._storing[flow] -= len(admitted)
             self.health.recover(Part.INBOX)
         fresh = iter(row_ids)
         statuses: list[AckStatus] = []

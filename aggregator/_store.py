@@ -26,123 +26,16 @@ from __future__ import annotations
 
 import enum
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 from anonml.aggregator._engines import PostgresLocation, Session, execute_each, open_engine
+from anonml.aggregator._store_schema import POSTGRES_MIGRATIONS, SCHEMA
 from anonml.base.errors import AnonMLError, ConfigError
 from anonml.protocol import Check, RegistrationPolicy, RosterEntry, SurveyId
-from anonml.base.storage import Database, Schema
-
-def _version_5_tables(*, blob: str, integer: str, real: str, row_id: str) -> str:
-    """Every table of the round schema's version 5 in one engine's column types: SQLite's tables for a new store,
-    and PostgreSQL's version 1 (its stores began there). Written once so the two engines cannot drift apart. A
-    later version must leave this text as it is and add its change after it on both engines (SQLite's tables and
-    migrations, PostgreSQL's migrations)."""
-    return f"""
-CREATE TABLE meta (key TEXT PRIMARY KEY, value {blob} NOT NULL);
-CREATE TABLE invitations (code TEXT PRIMARY KEY, used_by {blob});
-CREATE TABLE allow_list (identity_key {blob} PRIMARY KEY);
-CREATE TABLE registrations (
-    identity_key {blob} PRIMARY KEY, invitation TEXT, registered_at {integer} NOT NULL,
-    nonce {blob}, signature {blob});
-CREATE TABLE client_registrations (client TEXT PRIMARY KEY, count {integer} NOT NULL);
-CREATE TABLE credentials (
-    identity_key {blob} PRIMARY KEY, partition {integer} NOT NULL, response {blob} NOT NULL,
-    issued_at {integer} NOT NULL);
-CREATE TABLE packets (
-    survey {blob} NOT NULL, tag_digest {blob} NOT NULL, message_hash {blob} NOT NULL,
-    report {blob} NOT NULL, receipt {blob} NOT NULL, accepted_at {integer} NOT NULL,
-    position {integer}, arrived {real},
-    PRIMARY KEY (survey, tag_digest));
-CREATE UNIQUE INDEX packets_log ON packets (survey, position);
-CREATE TABLE rejections (reason TEXT PRIMARY KEY, count {integer} NOT NULL);
-CREATE TABLE covers (reason TEXT PRIMARY KEY, count {integer} NOT NULL);
-CREATE TABLE heads (
-    survey {blob} NOT NULL, check_index {integer} NOT NULL, size {integer} NOT NULL, document {blob} NOT NULL,
-    PRIMARY KEY (survey, check_index));
-CREATE TABLE replay_tags (tag {blob} PRIMARY KEY);
-CREATE TABLE results (key TEXT PRIMARY KEY, value {blob} NOT NULL);
-CREATE TABLE inbox (
-    id {row_id}, tag {blob} NOT NULL UNIQUE, message {blob} NOT NULL,
-    arrived {real} NOT NULL, claimed_by TEXT, claimed_at {real});
-CREATE TABLE log_sizes (survey {blob} PRIMARY KEY, size {integer} NOT NULL);
-CREATE TABLE leases (name TEXT PRIMARY KEY, holder TEXT NOT NULL, expires {real} NOT NULL);
-"""
-
-
-# Version 6 (issue 27): each credential keeps the SHA-256 of the blinded request it answered (IssuedAnswer).
-_VERSION_6 = "ALTER TABLE credentials ADD COLUMN request_digest {blob};"
-# Version 7 (issue 25): each inbox row names the relay that delivered it (its node id in hex; '' unknown), so the
-# verifier takes each relay's rows in fair turns and caps each relay's backlog. Rows are deleted once decided.
-_VERSION_7 = "ALTER TABLE inbox ADD COLUMN relay TEXT NOT NULL DEFAULT '';\nCREATE INDEX inbox_relay ON inbox (relay, id);"
-
-SCHEMA = Schema(
-    name="round",
-    application_id=0x414E4103,  # "ANA\x03"
-    version=7,
-    tables=_version_5_tables(blob="BLOB", integer="INTEGER", real="REAL", row_id="INTEGER PRIMARY KEY AUTOINCREMENT")
-    + _VERSION_6.format(blob="BLOB") + "\n" + _VERSION_7,
-    migrations={
-        # Version 2 (issue 12): roster entries carry the peer's nonce and
-        # signature; accepted packets their place in their survey's receipt
-        # log; signed tree heads; covers; registrations per client.
-        1: """
-ALTER TABLE registrations ADD COLUMN nonce BLOB;
-ALTER TABLE registrations ADD COLUMN signature BLOB;
-CREATE TABLE client_registrations (client TEXT PRIMARY KEY, count INTEGER NOT NULL);
-ALTER TABLE packets ADD COLUMN position INTEGER;
-CREATE UNIQUE INDEX packets_log ON packets (survey, position);
-CREATE TABLE covers (reason TEXT PRIMARY KEY, count INTEGER NOT NULL);
-CREATE TABLE heads (
-    survey BLOB NOT NULL, check_index INTEGER NOT NULL, size INTEGER NOT NULL, document BLOB NOT NULL,
-    PRIMARY KEY (survey, check_index));
-""",
-        # Version 3 (issue 12, the anonymity report): each accepted packet's
-        # arrival time to the sub-second, as an aggregator that logs every
-        # arrival would have it (the inbox's INTEGER column holds REAL values as they are).
-        2: "ALTER TABLE packets ADD COLUMN arrived REAL;",
-        # Version 4 (issue 13): version 3 stored raw frames before any check.
-        # Frames waiting then are kept aside and opened (or refused) when the
-        # round's sink starts (PacketSink.admit_legacy_frames), in arrival order.
-        3: """
-ALTER TABLE inbox RENAME TO inbox_frames_v1;
-CREATE TABLE inbox (
-    id INTEGER PRIMARY KEY AUTOINCREMENT, tag BLOB NOT NULL UNIQUE, message BLOB NOT NULL,
-    arrived REAL NOT NULL)
-""",
-        # Version 5 (issue 27): the rules several ingest workers share. Inbox
-        # rows are claimed before verification; each survey's log size is a
-        # counter row; a message's replay tag is taken when it enters the inbox;
-        # the round driver holds a lease.
-        4: """
-ALTER TABLE inbox ADD COLUMN claimed_by TEXT;
-ALTER TABLE inbox ADD COLUMN claimed_at REAL;
-CREATE TABLE log_sizes (survey BLOB PRIMARY KEY, size INTEGER NOT NULL);
-INSERT INTO log_sizes SELECT survey, COUNT(*) FROM packets GROUP BY survey;
-INSERT OR IGNORE INTO replay_tags SELECT tag FROM inbox;
-CREATE TABLE leases (name TEXT PRIMARY KEY, holder TEXT NOT NULL, expires REAL NOT NULL)
-""",
-        5: _VERSION_6.format(blob="BLOB"),
-        6: _VERSION_7,
-    },
-    # Rounds from before stores were versioned wrote the version-1 tables.
-    unversioned=1,
-)
-
-POSTGRES_MIGRATIONS: tuple[str, ...] = (
-    # Version 1: the tables of SQLite's version 5 (PostgreSQL stores began there).
-    _version_5_tables(
-        blob="BYTEA", integer="BIGINT", real="DOUBLE PRECISION", row_id="BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY"
-    ),
-    # Version 2: SQLite's version 6.
-    _VERSION_6.format(blob="BYTEA"),
-    # Version 3: SQLite's version 7.
-    _VERSION_7,
-)
-"""The PostgreSQL schema's history: entry ``i`` takes a round's schema from version ``i`` to ``i + 1``."""
 
 ROSTER_FINAL = "roster_final"
 """The meta key the round driver sets once every registration is stored and the roster frozen:
@@ -166,6 +59,7 @@ _TABLE_COLUMNS: dict[str, tuple[str, ...]] = {
     "replay_tags": ("tag",),
     "results": ("key", "value"),
     "inbox": ("tag", "message", "arrived", "relay"),
+    "inbox_counters": ("relay", "counter", "value"),
     "log_sizes": ("survey", "size"),
     "leases": ("name", "holder", "expires"),
 }
@@ -262,14 +156,17 @@ class RoundStore:
         self._engine = open_engine(location, SCHEMA, POSTGRES_MIGRATIONS)
         self.engine = self._engine.dialect
         """``"sqlite"`` or ``"postgresql"``."""
+        # The one count of each relay's backlog, which the sink's caps read (:meth:`relay_backlog`): rows committed
+        # (refreshed from the stored counters at each claim, since other workers enqueue and decide too) and
+        # messages being committed now. Kept here, beside the rows they count, so no second copy can drift.
+        self.inbox_by_relay: Counter[str] = Counter()
+        """Undecided inbox messages per delivering relay, as of this process's last look."""
+        self.inbox_count = 0
+        """Their sum, the messages waiting for verification."""
+        self._entering: Counter[str] = Counter()
+        """Messages per relay a caller is committing to the inbox now (:meth:`entering`)."""
         with self._engine.read() as db:
-            self.inbox_count = int(db.execute("SELECT COUNT(*) FROM inbox").fetchone()[0])
-            """Frames waiting for verification: kept in memory (the sink checks it per batch),
-            counted again from the table at each claim (other workers enqueue and decide too)."""
-            self.inbox_by_relay: Counter[str] = Counter(
-                {str(relay): int(count)
-                 for relay, count in db.execute("SELECT relay, COUNT(*) FROM inbox GROUP BY relay").fetchall()})
-            """The same per delivering relay (the sink's cap per relay), counted again at each claim of the relay's rows."""
+            self._read_inbox_counters(db)
 
     def close(self) -> None:
         self._engine.close()
@@ -443,7 +340,8 @@ class RoundStore:
                 [(tag, message, arrived, relay) for (tag, message), new in zip(messages, fresh) if new]))
             row_ids = [int(next(inserted)[0][0]) if new else None for new in fresh]
             self._count_rejections(db, refusals or {})
-        stored = sum(row_id is not None for row_id in row_ids)
+            stored = sum(row_id is not None for row_id in row_ids)
+            self._add_to_inbox_counter(db, "entered", {relay: stored})
         self.inbox_count += stored
         self.inbox_by_relay[relay] += stored
         return row_ids
@@ -465,6 +363,23 @@ class RoundStore:
                     rows,
                 )
 
+    @staticmethod
+    def _add_to_inbox_counter(db: Session, counter: Literal["entered", "decided"], rows: Mapping[str, int]) -> None:
+        """Add to the inbox counter ``counter`` of each relay in ``rows``. Last in its commit, after the
+        rejection counters, relays in one order: every commit takes these row locks last and in one order, so no
+        two wait on each other, and holds them only to its end."""
+        db.executemany(
+            "INSERT INTO inbox_counters (relay, counter, value) VALUES (?, ?, ?) "
+            "ON CONFLICT (relay, counter) DO UPDATE SET value = inbox_counters.value + excluded.value",
+            [(relay, counter, added) for relay, added in sorted(rows.items()) if added])
+
+    def _read_inbox_counters(self, db: Session) -> None:
+        """Set :attr:`inbox_by_relay` and :attr:`inbox_count` from the stored counters (committed by every worker)."""
+        rows = db.execute("SELECT relay, SUM(CASE counter WHEN 'entered' THEN value ELSE -value END) "
+                          "FROM inbox_counters GROUP BY relay").fetchall()
+        self.inbox_by_relay = Counter({str(relay): int(size) for relay, size in rows if size})
+        self.inbox_count = self.inbox_by_relay.total()
+
     def claim_inbox(self, worker: str, limit: int, now: float, claim_seconds: float = CLAIM_SECONDS,
                     relay: str | None = None) -> list[tuple[int, bytes, bytes, float]]:
         """Claim for ``worker`` the oldest ``limit`` messages nobody holds (or whose claim by another
@@ -483,11 +398,7 @@ class RoundStore:
                 f"{of_relay} ORDER BY id LIMIT ?{self._engine.skip_locked}) RETURNING id, tag, message, arrived",
                 (worker, now, now - claim_seconds, worker, *relay_args, limit),
             ).fetchall()
-            (waiting,) = db.execute("SELECT COUNT(*) FROM inbox").fetchone()
-            if relay is not None:
-                (backlog,) = db.execute("SELECT COUNT(*) FROM inbox WHERE relay = ?", (relay,)).fetchone()
-                self.inbox_by_relay[relay] = int(backlog)
-        self.inbox_count = int(waiting)
+            self._read_inbox_counters(db)
         return sorted((int(i), bytes(t), bytes(m), float(a)) for i, t, m, a in rows)
 
     def claims(self) -> dict[str, int]:
@@ -525,6 +436,25 @@ class RoundStore:
 
     def inbox_size(self) -> int:
         return self.inbox_count
+
+    @contextmanager
+    def entering(self, relay: str, count: int) -> Iterator[None]:
+        """Count ``count`` messages of ``relay`` in its backlog while the caller commits them (:meth:`enqueue`):
+        a cap checked meanwhile sees them. Entered and left on one thread (the sink's event loop), as the
+        caps are checked there."""
+        self._entering[relay] += count
+        try:
+            yield
+        finally:
+            self._entering[relay] -= count
+
+    def relay_backlog(self, relay: str) -> int:
+        """Undecided inbox messages ``relay`` delivered, with those being committed (:meth:`entering`)."""
+        return self.inbox_by_relay[relay] + self._entering[relay]
+
+    def inbox_backlog(self) -> int:
+        """Undecided inbox messages of every relay, with those being committed (:meth:`entering`)."""
+        return self.inbox_count + self._entering.total()
 
     def inbox_pending_before(self, when: int) -> bool:
         """Whether a frame that arrived before ``when`` still awaits its verdict."""
@@ -567,6 +497,7 @@ class RoundStore:
             outcomes = self._insert_packets(db, packets, now)
             counted.update(outcome for outcome in outcomes if outcome != "accepted")
             self._count_rejections(db, counted)
+            self._add_to_inbox_counter(db, "decided", relays)
         self.inbox_count = max(self.inbox_count - deleted, 0)
         self.inbox_by_relay -= relays
         return outcomes

@@ -919,7 +919,7 @@ async def test_a_comparison_pool_answers_the_search_and_data_partitions_answer_n
 async def test_a_full_inbox_answers_busy_and_unauthenticated_frames_are_never_stored(tmp_path: Path) -> None:
     """Issue 13 "sink flood": random frames were stored durably before any MAC check (5,603 per
     second from one connection) until the inbox cap made honest relays' packets BUSY."""
-    from anonml.aggregator._sink import PacketSink
+    from anonml.aggregator._sink import InboxLimits, PacketSink
     from anonml.transport import AckStatus
 
     clock = SettableClock(T0 + 1)
@@ -928,7 +928,7 @@ async def test_a_full_inbox_answers_busy_and_unauthenticated_frames_are_never_st
     data = state.manifest.schedule.data
     clock.now = data.t_s + data.delta + 1
     # The whole inbox's cap (each relay's share of it is tested in test_sink_fairness.py).
-    sink = PacketSink(state, IssuerWorkers(state.secrets.issuer_key), max_inbox=3, max_inbox_per_relay=3)
+    sink = PacketSink(state, IssuerWorkers(state.secrets.issuer_key), inbox=InboxLimits(max_inbox=3, max_per_relay=3))
     rng = np.random.default_rng(3)
     garbage = [rng.bytes(state.geometry.packet_size) for _ in range(500)]
     assert await sink.on_packets(garbage) == [AckStatus.REJECTED] * 500

@@ -22,7 +22,8 @@ from typing import Any
 import pytest
 
 from anonml.aggregator import BatchTaken, PostgresLocation, RoundStore, VerifiedPacket
-from anonml.aggregator._store import POSTGRES_MIGRATIONS, SCHEMA, IssuedAnswer, IssuedCredential
+from anonml.aggregator._store import IssuedAnswer, IssuedCredential
+from anonml.aggregator._store_schema import POSTGRES_MIGRATIONS, SCHEMA
 from anonml.protocol import SurveyId
 
 ROUND = hashlib.sha256(b"round").digest()
@@ -87,7 +88,8 @@ def test_a_sqlite_store_of_version_4_is_migrated_keeping_its_log_and_replay_tags
         ALTER TABLE inbox DROP COLUMN claimed_by; ALTER TABLE inbox DROP COLUMN claimed_at;
         DROP TABLE log_sizes; DROP TABLE leases; DELETE FROM replay_tags;
         ALTER TABLE credentials DROP COLUMN request_digest;
-        DROP INDEX inbox_relay; ALTER TABLE inbox DROP COLUMN relay; PRAGMA user_version = 4;""")
+        DROP INDEX inbox_relay; ALTER TABLE inbox DROP COLUMN relay; DROP TABLE inbox_counters;
+        PRAGMA user_version = 4;""")
     db.close()
     store = RoundStore(path)
     assert store.accepted_count(SURVEY) == 2
@@ -121,7 +123,7 @@ def test_a_sqlite_store_of_version_5_keeps_its_credentials_whose_retries_stay_re
     path = tmp_path / "round.sqlite"
     RoundStore(path).close()
     db = sqlite3.connect(path)
-    db.executescript("ALTER TABLE credentials DROP COLUMN request_digest; DROP INDEX inbox_relay; "
+    db.executescript("ALTER TABLE credentials DROP COLUMN request_digest; DROP INDEX inbox_relay; DROP TABLE inbox_counters; "
                      "ALTER TABLE inbox DROP COLUMN relay; PRAGMA user_version = 5;")
     db.execute("INSERT INTO credentials (identity_key, partition, response, issued_at) VALUES (?, 0, ?, 1000)", (PEER, b"old"))
     db.commit()
@@ -249,6 +251,89 @@ def test_each_relays_rows_are_claimed_apart_and_its_backlog_counted(open_store: 
     assert two.inbox_by_relay == {"aa": 2, "bb": 2}
     one.claim_inbox("one", 10, now=2000.0, relay="aa")  # counted again at a claim of the relay's rows
     assert one.inbox_by_relay["aa"] == 2 and one.inbox_size() == 4
+
+
+@pytest.mark.parametrize("engine", ["sqlite", "postgresql"])
+def test_a_store_of_the_version_before_the_inbox_counters_counts_its_waiting_rows_per_relay(
+        engine: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    """SQLite's version 7 and PostgreSQL's version 3 counted the inbox at each claim; opened now, a store gains its
+    counters from the rows it holds, once, and claims and decisions keep them right from there."""
+    location: Path | PostgresLocation
+    if engine == "postgresql":
+        from anonml.aggregator._engines import PostgresEngine
+
+        location = PostgresLocation(request.getfixturevalue("postgres_server").url, "test_from_version_3")
+        # What the release with version 3 made of a new round: the engine with migrations 1 to 3 alone.
+        old = PostgresEngine(location, POSTGRES_MIGRATIONS[:3])
+        with old.transaction() as db:
+            db.executemany("INSERT INTO inbox (tag, message, arrived, relay) VALUES (?, ?, 1000.5, ?)",
+                           [(bytes([n]) * 32, b"waiting", "aa" if n < 3 else "bb") for n in range(5)])
+        assert old.schema_versions() == [1, 2, 3]
+        old.close()
+    else:
+        location = tmp_path / "round.sqlite"
+        RoundStore(location).close()
+        with contextlib.closing(sqlite3.connect(location)) as db:  # back to version 7's tables
+            db.executemany("INSERT INTO inbox (tag, message, arrived, relay) VALUES (?, ?, 1000.5, ?)",
+                           [(bytes([n]) * 32, b"waiting", "aa" if n < 3 else "bb") for n in range(5)])
+            db.executescript("DROP TABLE inbox_counters; PRAGMA user_version = 7;")
+    one, two = RoundStore(location), RoundStore(location)
+    assert one.inbox_by_relay == {"aa": 3, "bb": 2} and one.inbox_size() == 5
+    taken = one.claim_inbox("one", 2, now=2000.0, relay="aa")
+    one.store_batch([], ["expired"] * 2, 2000, done_inbox_ids=[r[0] for r in taken])
+    two.enqueue([(b"z" * 32, b"new")], 2001.0, relay="bb")
+    two.claim_inbox("two", 1, now=2002.0, relay="cc")  # nothing of "cc", but it reads every relay's counters
+    assert two.inbox_by_relay == {"aa": 1, "bb": 3} and two.inbox_size() == 4
+    engine: Any = two._engine
+    if isinstance(location, PostgresLocation):
+        assert engine.schema_versions() == [1, 2, 3, 4]
+    else:
+        with two._engine.read() as db:
+            assert db.execute("PRAGMA user_version").fetchone()[0] == 8
+    one.close()
+    two.close()
+
+
+def test_a_claims_cost_does_not_grow_with_the_inbox(tmp_path: Path) -> None:
+    """Issue 25's review: each claim counted the whole inbox and its relay's rows, so draining a deep inbox cost its
+    depth per claim. Measured in SQLite's virtual machine instructions (not time: the machine is shared)."""
+    store = RoundStore(tmp_path / "round.sqlite")
+    connection: sqlite3.Connection = store._engine._database._db  # type: ignore[union-attr]
+    tags = (hashlib.sha256(b"%d" % n).digest() for n in itertools.count())
+
+    def instructions_of_a_claim() -> int:
+        ticks = [0]
+
+        def tick() -> int:
+            ticks[0] += 1
+            return 0  # go on
+
+        connection.set_progress_handler(tick, 10)  # called every 10 instructions
+        try:
+            assert len(store.claim_inbox("w", 4, now=2000.0, relay="aa")) == 4
+        finally:
+            connection.set_progress_handler(None, 0)
+        return 10 * ticks[0]
+
+    store.enqueue([(next(tags), b"m") for _ in range(8)], 1000.0, relay="aa")
+    shallow = instructions_of_a_claim()
+    for relay in ("aa", "bb"):
+        for _ in range(10):
+            store.enqueue([(next(tags), b"m") for _ in range(1000)], 1000.0, relay=relay)
+    deep = instructions_of_a_claim()
+    assert store.inbox_size() == 20_008
+    assert deep < 2 * shallow, (shallow, deep)
+    store.close()
+
+
+def test_a_relays_backlog_counts_the_messages_being_committed(open_store: Opener) -> None:
+    """The sink's caps read one count (RoundStore.relay_backlog): rows committed and messages in a commit now."""
+    store = open_store()
+    store.enqueue([(b"a" * 32, b"m")], 1000.0, relay="aa")
+    with store.entering("aa", 3):
+        assert store.relay_backlog("aa") == 4 and store.relay_backlog("bb") == 0 and store.inbox_backlog() == 4
+        store.enqueue([(b"b" * 32, b"m"), (b"c" * 32, b"m")], 1000.0, relay="aa")
+    assert store.relay_backlog("aa") == 3 and store.inbox_backlog() == store.inbox_size() == 3
 
 
 def test_two_workers_storing_at_once_accept_each_report_once_with_a_dense_log(open_store: Opener) -> None:

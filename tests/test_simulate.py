@@ -258,13 +258,20 @@ def test_every_strategy_name_has_its_strategy() -> None:
 
 
 class _BusyRelays(Adversary):
-    """Every relay answers every peer's frames with BUSY at once (a relay at capacity, or one refusing the peers)."""
+    """Every relay answers every peer's frames with BUSY at once (a relay at capacity, or one refusing the peers).
+
+    A peer that sent again without waiting would never let the virtual clock move (no deadline in virtual time
+    could fire): so each answer checks that the peer did not send more than ``max_at_one_instant`` frames at
+    one virtual instant, and fails the round with an assertion as soon as it did."""
 
     name = "busy-relays"
 
-    def __init__(self) -> None:
+    def __init__(self, max_at_one_instant: int) -> None:
         super().__init__()
+        self.max_at_one_instant = max_at_one_instant
         self.frames: Counter[str] = Counter()
+        self.at_instant: Counter[tuple[str, float]] = Counter()
+        """Frames per (source, virtual time) they arrived at."""
 
     def attach(self, context: RoundContext) -> None:
         super().attach(context)
@@ -273,6 +280,10 @@ class _BusyRelays(Adversary):
 
         async def busy(source: str, frames: list[bytes]) -> list[AckStatus]:
             self.frames[source] += len(frames)
+            instant = (source, trio.current_time())
+            self.at_instant[instant] += len(frames)
+            assert self.at_instant[instant] <= self.max_at_one_instant, (
+                f"{source} sent {self.at_instant[instant]} frames at virtual time {instant[1]} without waiting")
             return [AckStatus.BUSY] * len(frames)
 
         async def serve_busy(stream: trio.abc.Stream, source: str) -> None:
@@ -292,10 +303,11 @@ class _BusyRelays(Adversary):
 @pytest.mark.timeout(300)
 def test_a_peer_whose_first_relays_all_answer_busy_waits_between_paths_instead_of_spinning() -> None:
     # A first relay that answers at once without taking the packet used to send the peer straight to
-    # another path, with no wait: in the simulator the clock never moved and the round never ended
-    # (the timeout turns that hang into a failure); on a real network it was a busy loop writing a
-    # send count to the store per turn until the window's deadline.
-    busy = _BusyRelays()
+    # another path, with no wait: in the simulator the clock never moved and the round never ended; on a
+    # real network it was a busy loop writing a send count to the store per turn until the window's
+    # deadline. The adversary fails the round at the first instant a peer exceeds what its concurrent
+    # send loops send at once (94d02cc^'s peer did so within its first second-window send, not a hang).
+    busy = _BusyRelays(max_at_one_instant=2 * SECOND_WINDOW_PATHS)
     trace = simulate_round(replace(SMALL, peers=4), busy)
     assert all(p.error is None for p in trace.peers), [p.error for p in trace.peers]
     assert not trace.arrivals

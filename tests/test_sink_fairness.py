@@ -8,10 +8,13 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import numpy as np
+import pytest
 import trio
+from click.testing import CliRunner
 from test_aggregator import RELAY_IDENTITIES, credentialed_peers, make_round, relay_client
 
-from anonml.aggregator import IssuerWorkers, PacketSink, RoundState
+from anonml.aggregator import AggregatorConfig, InboxLimits, IssuerWorkers, PacketSink, RoundState, serve_aggregator
+from anonml.base.errors import ConfigError
 from anonml.crypto import JobRefused, TokenJob
 from anonml.protocol import SurveyId
 from anonml.testing import SettableClock
@@ -100,7 +103,7 @@ async def test_a_relays_backlog_is_capped_and_only_that_relay_is_told_busy(tmp_p
     clock = SettableClock(T0 + 1)
     state, _ = make_round(tmp_path, clock)
     honest, junk = packets(state, clock, 8)
-    sink = PacketSink(state, IssuerWorkers(state.secrets.issuer_key), max_inbox_per_relay=5)
+    sink = PacketSink(state, IssuerWorkers(state.secrets.issuer_key), inbox=InboxLimits(max_per_relay=5))
     async with relays_to(sink, verifying=False) as (colluder, relay), trio.open_nursery() as nursery:
         assert await send(colluder, junk[:6]) == [AckStatus.ACCEPTED] * 5 + [AckStatus.BUSY]
         assert await send(colluder, junk[6:]) == [AckStatus.BUSY] * 2  # refused before the final layer
@@ -114,6 +117,41 @@ async def test_a_relays_backlog_is_capped_and_only_that_relay_is_told_busy(tmp_p
         assert await send(colluder, junk[5:]) == [AckStatus.ACCEPTED] * 3
         nursery.cancel_scope.cancel()
     assert state.store.counts()["accepted"] == 1
+
+
+async def test_the_cap_per_relay_is_set_in_the_aggregators_config(tmp_path: Path) -> None:
+    """Before: ``max_inbox_per_relay`` was the sink's argument alone; ``aggregator run`` always served the default."""
+    clock = SettableClock(T0 + 1)
+    state, _ = make_round(tmp_path, clock)
+    _, junk = packets(state, clock, 3)
+    async with trio.open_nursery() as nursery:
+        addresses = await nursery.start(serve_aggregator, AggregatorConfig(state, inbox_limits=InboxLimits(max_per_relay=2)))
+        colluder = relay_client(addresses.sink, state, COLLUDER)
+        assert await send(colluder, junk) == [AckStatus.ACCEPTED] * 2 + [AckStatus.BUSY]
+        await colluder.aclose()
+        nursery.cancel_scope.cancel()
+
+
+def test_the_cap_per_relay_is_an_equal_share_of_the_inbox_unless_set_and_bad_caps_are_refused(tmp_path: Path) -> None:
+    state, _ = make_round(tmp_path, SettableClock(T0 + 1))
+    workers = IssuerWorkers(state.secrets.issuer_key)
+    assert len(state.manifest.relays) == 2
+    assert PacketSink(state, workers, inbox=InboxLimits(max_inbox=11)).max_inbox_per_relay == 5
+    assert PacketSink(state, workers, inbox=InboxLimits(max_inbox=11, max_per_relay=11)).max_inbox_per_relay == 11
+    assert PacketSink(state, workers).max_inbox_per_relay == 250_000
+    for bad, message in (({"max_per_relay": 0}, "max_inbox_per_relay must be between 1 and max_inbox"),
+                         ({"max_inbox": 10, "max_per_relay": 11}, r"max_inbox \(10\), got 11"),
+                         ({"max_inbox": 0}, "max_inbox must be at least 1, got 0")):
+        with pytest.raises(ConfigError, match=message):
+            InboxLimits(**bad)
+
+
+def test_the_cli_refuses_a_cap_per_relay_above_the_inbox(tmp_path: Path) -> None:
+    from anonml.aggregator import command
+
+    result = CliRunner().invoke(command, ["worker", "--data-dir", str(tmp_path), "--name", "w",
+                                          "--max-inbox-per-relay", "500001"])
+    assert isinstance(result.exception, ConfigError) and "got 500001" in str(result.exception)
 
 
 async def test_bad_mac_frames_are_refused_at_the_link_and_never_reach_the_verifier(tmp_path: Path) -> None:
