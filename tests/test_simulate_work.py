@@ -15,7 +15,7 @@ import trio.testing
 
 from anonml.base.threads import blocking_work_inline
 from anonml.protocol import STAMP_BYTES, stamp_seconds, stamp_work
-from anonml.simulate import SimulationConfig, estimate, peer_ip, simulate_round
+from anonml.simulate import RandomStrategy, SimulationConfig, estimate, peer_ip, simulate_round
 from anonml.simulate._work import FirstHopWork
 from anonml.transport import AckStatus, LinkClient, LinkSessionStats, MemoryNetwork, serve_link
 
@@ -112,3 +112,11 @@ def test_colluding_first_relays_that_make_one_peer_work_move_its_sends_but_do_no
     assert reports == result.packets
     # The rules that know of the work guess among half a partition or a quarter of a window's reports: not one.
     assert success["after-work"] and max(success["after-work"] + success["late-after-work"]) < 1.0
+
+
+def test_the_random_search_draws_first_hop_work_where_no_relay_drops() -> None:
+    drawn = [RandomStrategy([peer_ip(0)], seed) for seed in range(60)]
+    workers = [d.worker for d in drawn if d.worker is not None]
+    assert 10 < len(workers) < 30 and not [d for d in drawn if d.worker is not None and d.dropper is not None]
+    assert all(isinstance(w, FirstHopWork) and 12 <= w.bits <= 20 for w in workers)
+    assert {w.refusals for w in workers} == set(range(5)) and any(w.hold > 0 for w in workers)

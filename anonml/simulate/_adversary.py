@@ -472,11 +472,15 @@ async def _closed_stream(dial: Dial) -> trio.abc.Stream:
 
 
 class RandomStrategy(Adversary):
-    """Per-requester delays and withholdings on random paths, and random first-hop drops, drawn from a seed.
+    """Per-requester delays and withholdings on random paths, and random first-hop drops or work, drawn from a seed.
 
     Each draw picks targets, a set of API paths to disturb for them, a delay
     (or withholding) per path, and whether one relay colludes by dropping
-    their frames. Strategies nobody named come from here.
+    their frames; if none drops, whether one asks them for work (``_work``:
+    its level, how often it refuses a paid stamp, how long it holds each
+    refusal). The work is drawn after everything else, so a seed's earlier
+    draws are those it made before work was drawn at all. Strategies nobody
+    named come from here.
     """
 
     name = "random"
@@ -490,6 +494,13 @@ class RandomStrategy(Adversary):
         self.delays = {path: (math.inf if rng.random() < 0.2 else float(rng.exponential(40.0)))
                        for path, pick in zip(self.PATHS, chosen) if pick}
         self.dropper = DroppingRelay(targets, relay=int(rng.integers(4))) if rng.random() < 0.5 else None
+        self.worker: Adversary | None = None
+        if self.dropper is None and rng.random() < 0.5:
+            from anonml.simulate._work import FirstHopWork  # it builds on this module's Adversary
+
+            hold = float(rng.exponential(10.0)) if rng.random() < 0.5 else 0.0
+            self.worker = FirstHopWork(targets, relays=(int(rng.integers(4)),), bits=int(rng.integers(12, 21)),
+                                       refusals=int(rng.integers(5)), hold=hold)
         self.name = f"random-{seed}"
 
     def attach(self, context: RoundContext) -> None:
@@ -497,6 +508,8 @@ class RandomStrategy(Adversary):
         if self.dropper is not None:
             self.dropper.relay %= len(context.relays)
             self.dropper.attach(context)
+        if self.worker is not None:
+            self.worker.attach(context)
 
     def on_request(self, record: HttpRecord) -> HttpAction:
         if record.address not in self.targets:
@@ -509,7 +522,8 @@ class RandomStrategy(Adversary):
     def describe(self) -> str:
         paths = ", ".join(f"{p}{'=withheld' if math.isinf(d) else f'+{d:.0f}s'}" for p, d in self.delays.items())
         relay = f"; relay {self.dropper.relay} drops" if self.dropper is not None else ""
-        return f"{self.name} ({paths or 'no HTTP change'}{relay})"
+        work = f"; {self.worker.describe()}" if self.worker is not None else ""
+        return f"{self.name} ({paths or 'no HTTP change'}{relay}{work})"
 
 
 def asgi_interposer(app: ASGIApp, adversary: Adversary, view: AdversaryView, clock: Clock) -> ASGIApp:

@@ -84,6 +84,11 @@ class FirstHopWork(Adversary):
         self.refused: Counter[bytes] = Counter()
         """MORE_WORK answers given per packet (the packet's bytes, its stamp left off)."""
 
+    def describe(self) -> str:
+        relays = "the first path_length - 1 relays" if self.relays is None else f"relays {list(self.relays)}"
+        return (f"{self.name} ({relays} ask {self.bits} bits, refuse {self.refusals} stamps per packet, "
+                f"hold each refusal {self.hold:.0f} s)")
+
     def attach(self, context: RoundContext) -> None:
         super().attach(context)
         colluding = self.relays if self.relays is not None else range(context.manifest.path_length - 1)
