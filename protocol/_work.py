@@ -26,7 +26,9 @@ stripped there: the packet the relay forwards is the same whatever work was
 done, so no later relay nor the aggregator sees it. The effort asked is one
 relay-wide level, the same for every sender at a time; a malicious first relay
 could ask one peer for more, but it knows that peer's address already and can
-delay or drop its packets anyway, so the effort gives it nothing new. What
+delay or drop its packets anyway, so the effort gives it nothing new (the
+round simulator's ``first-hop-work`` strategies play that relay, with each
+stamp taking :func:`stamp_seconds` on its clock). What
 another party could observe is only the peer's timing on that link (its
 frames have one fixed size, stamped or not): a peer computes at most
 ``2**max_bits`` hashes (its client's cap, the same for every peer) before it

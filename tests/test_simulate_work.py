@@ -17,24 +17,11 @@ from anonml.base.threads import blocking_work_inline
 from anonml.protocol import STAMP_BYTES, stamp_seconds, stamp_work
 from anonml.simulate import RandomStrategy, SimulationConfig, estimate, peer_ip, simulate_round
 from anonml.simulate._work import FirstHopWork
-from anonml.transport import AckStatus, LinkClient, LinkSessionStats, MemoryNetwork, serve_link
+from anonml.transport import AckStatus, FixedWork, LinkClient, LinkSessionStats, MemoryNetwork, serve_link
 
 from test_relay_windows import GEOMETRY
 
 RELAY = ("10.9.0.1", 9000)
-
-
-class _Asks:
-    """A server asking ``bits`` of every client."""
-
-    def __init__(self, bits: int) -> None:
-        self.level = bits
-
-    def asks_work(self, node_id: bytes | None) -> bool:
-        return True
-
-    def bits(self) -> int:
-        return self.level
 
 
 def _send_stamped(bits: int, packets: int) -> tuple[float, list[AckStatus | None], list[int]]:
@@ -56,7 +43,7 @@ def _send_stamped(bits: int, packets: int) -> tuple[float, list[AckStatus | None
                 return [AckStatus.ACCEPTED] * len(frames)
 
             await serve_link(stream, on_packets, packet_size=size, geometry_hash=GEOMETRY.canonical_hash(),
-                             stats=session, work=_Asks(bits))
+                             stats=session, work=FixedWork(bits))
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(functools.partial(trio.serve_listeners, handler, listeners, handler_nursery=nursery))

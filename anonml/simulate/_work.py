@@ -39,25 +39,12 @@ from anonml.simulate._adversary import (
     collude_on_link,
     forward_frames,
 )
-from anonml.transport import DEFAULT_MAX_WORK_BITS, AckStatus, LinkClient, LinkSessionStats
+from anonml.transport import DEFAULT_MAX_WORK_BITS, AckStatus, FixedWork, LinkClient, LinkSessionStats
 
 REFUSE_ALWAYS = 1_000
 """More MORE_WORK answers per frame than any client re-stamps: the frame is never taken."""
 HOLD_SECONDS = 25.0
 """How long the held variant keeps each MORE_WORK answer: just under the link client's ack timeout (30 s)."""
-
-
-class _AskTargets:
-    """The colluding relay's work demand on a target's link (a ``transport.WorkDemand``): ``bits`` always."""
-
-    def __init__(self, bits: int) -> None:
-        self.level = bits
-
-    def asks_work(self, node_id: bytes | None) -> bool:
-        return True
-
-    def bits(self) -> int:
-        return self.level
 
 
 class FirstHopWork(Adversary):
@@ -115,7 +102,7 @@ class FirstHopWork(Adversary):
             forwarded = iter(await forward_frames(forward, paid) if paid else [])
             return [next(forwarded) if status is None else status for status in statuses]
 
-        collude_on_link(context, relay, self.targets, on_packets_from, work=_AskTargets(self.bits))
+        collude_on_link(context, relay, self.targets, on_packets_from, work=FixedWork(self.bits))
 
 
 def held_first_hop_work(targets: Sequence[str]) -> FirstHopWork:
