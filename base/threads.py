@@ -36,6 +36,21 @@ async def run_blocking(function: Callable[[Unpack[Ts]], T], *args: Unpack[Ts]) -
     return await trio.to_thread.run_sync(function, *args)
 
 
+async def run_timed_work(seconds: float, function: Callable[[Unpack[Ts]], T], *args: Unpack[Ts]) -> T:
+    """``function(*args)`` in a worker thread, for work whose wall time the protocol depends on: ``seconds`` is
+    what it takes on the machine the protocol is sized for. Inside :func:`blocking_work_inline` it runs on the
+    event loop and then sleeps ``seconds`` on the (virtual) clock, so the simulator's round sees the work take
+    that time, the same in every run; inline alone it would take none, and in a thread under autojump the
+    clock would jump to whatever deadline came next."""
+    if not (isinstance(seconds, (int, float)) and 0 <= seconds < float("inf")):
+        raise ValueError(f"seconds must be a finite number >= 0, got {seconds!r}")
+    if _INLINE.get():
+        result = function(*args)
+        await trio.sleep(seconds)
+        return result
+    return await trio.to_thread.run_sync(function, *args)
+
+
 @contextmanager
 def blocking_work_inline() -> Iterator[None]:
     """Run every :func:`run_blocking` call of the tasks started inside this block on the event loop."""

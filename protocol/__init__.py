@@ -37,7 +37,15 @@ if TYPE_CHECKING:
         worst_case_releases,
     )
     from anonml.protocol._sgd import MAX_SGD_DIMENSION, InvalidSgdModel, SgdModel
-    from anonml.protocol._work import MAX_WORK_BITS, STAMP_BYTES, WORK_CONTEXT_BYTES, solve_stamp, stamp_work
+    from anonml.protocol._work import (
+        MAX_WORK_BITS,
+        REFERENCE_HASHES_PER_SECOND,
+        STAMP_BYTES,
+        WORK_CONTEXT_BYTES,
+        solve_stamp,
+        stamp_seconds,
+        stamp_work,
+    )
     from anonml.protocol._vocabulary import (
         DEFAULT_COMPARISON_POOL,
         DEFAULT_MEDIAN_STEPS,
@@ -190,9 +198,11 @@ else:
 
 __all__ = [
     "MAX_WORK_BITS",
+    "REFERENCE_HASHES_PER_SECOND",
     "STAMP_BYTES",
     "WORK_CONTEXT_BYTES",
     "solve_stamp",
+    "stamp_seconds",
     "stamp_work",
     "AggregatorHop",
     "Assignment",

@@ -26,7 +26,9 @@ stripped there: the packet the relay forwards is the same whatever work was
 done, so no later relay nor the aggregator sees it. The effort asked is one
 relay-wide level, the same for every sender at a time; a malicious first relay
 could ask one peer for more, but it knows that peer's address already and can
-delay or drop its packets anyway, so the effort gives it nothing new. What
+delay or drop its packets anyway, so the effort gives it nothing new (the
+round simulator's ``first-hop-work`` strategies play that relay, with each
+stamp taking :func:`stamp_seconds` on its clock). What
 another party could observe is only the peer's timing on that link (its
 frames have one fixed size, stamped or not): a peer computes at most
 ``2**max_bits`` hashes (its client's cap, the same for every peer) before it
@@ -46,6 +48,10 @@ WORK_CONTEXT_BYTES = 32
 MAX_WORK_BITS = 63
 """The most work a level can name on the wire (6 bits of an ack byte)."""
 DOMAIN = b"anonml-first-hop-work-v1"
+REFERENCE_HASHES_PER_SECOND = 2**20
+"""The hash rate a stamp's wall time is reckoned at: a slow peer's one core in Python (~1.7 million a second
+measured on this project's 2-core machine; a phone's or an old laptop's is less). The round simulator charges
+a stamp this time on its virtual clock (:func:`stamp_seconds`), where hashing itself takes none."""
 
 
 def _check(context: bytes, bits: int) -> None:
@@ -82,3 +88,11 @@ def solve_stamp(context: bytes, packet: bytes, bits: int) -> bytes:
         if int.from_bytes(attempt.digest()[:8], "big") < bound:
             break
     return stamp
+
+
+def stamp_seconds(bits: int) -> float:
+    """The wall time one stamp of ``bits`` takes a peer hashing at :data:`REFERENCE_HASHES_PER_SECOND` (the
+    mean of its ``2**bits`` tries; none when ``bits`` is 0, whose stamp is the first candidate)."""
+    if not (isinstance(bits, int) and 0 <= bits <= MAX_WORK_BITS):
+        raise ValueError(f"work bits must be an integer in 0..{MAX_WORK_BITS}, got {bits!r}")
+    return 0.0 if bits == 0 else 2**bits / REFERENCE_HASHES_PER_SECOND

@@ -36,8 +36,12 @@ hello named is not refused for a rise it could not have seen (it learns the
 new level from a MORE_WORK ack, and re-stamps on the same connection).
 
 The round simulator runs every relay on one virtual clock in one process;
-it asks no work (its relays' max_work_bits is 0): work is what this module's
-tests and bench abuse's relay-junk-tokens check.
+its honest relays ask no work (max_work_bits 0: this level follows
+``time.monotonic`` and the intake's backlog, neither of which a virtual
+round has), while its colluding relays ask one target for work
+(``anonml.simulate._work``), each stamp charged its modelled wall time
+(``protocol.stamp_seconds``). The level itself is what this module's tests
+and bench abuse's relay-junk-tokens check.
 """
 
 from __future__ import annotations

@@ -29,6 +29,7 @@ from anonml.relay._work import (
 from anonml.transport import (
     HELLO_REPLY_BYTES,
     AckStatus,
+    FixedWork,
     LinkClient,
     LinkError,
     LinkSessionStats,
@@ -218,25 +219,12 @@ async def test_a_stamp_moved_onto_another_packet_is_refused_unwrapped(
     assert harness.relay.counters.dropped["replay"] == 1
 
 
-class _Demand:
-    """A server's work demand, set by the test."""
-
-    def __init__(self, bits: int) -> None:
-        self.level = bits
-
-    def asks_work(self, node_id: bytes | None) -> bool:
-        return True
-
-    def bits(self) -> int:
-        return self.level
-
-
 async def test_a_peer_stamps_with_the_work_asked_and_restamps_on_the_same_connection_when_it_rises() -> None:
     """The client pays the hello's level; when the server asks more, its MORE_WORK ack names the level and
     the client re-stamps and resends those packets on the same connection."""
     network = MemoryNetwork()
     listeners = await network.listen(*RELAY)
-    demand = _Demand(0)
+    demand = FixedWork(0)
     size = GEOMETRY.packet_size
     received: list[tuple[int, int]] = []  # (work done, work asked) per frame the server took
 

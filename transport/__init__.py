@@ -66,6 +66,7 @@ if TYPE_CHECKING:
         receive_exactly,
         serve_link,
         WorkDemand,
+        FixedWork,
     )
     from anonml.transport._link_client import CONNECT_TIMEOUT, DEFAULT_MAX_WORK_BITS, LinkClient
     from anonml.transport._descriptors import DescriptorLimitError, fit_connection_caps, raise_descriptor_limit
@@ -77,6 +78,7 @@ else:
 __all__ = [
     "DEFAULT_MAX_WORK_BITS",
     "WorkDemand",
+    "FixedWork",
     "HELLO_BYTES",
     "HELLO_REPLY_BYTES",
     "LINK_VERSION",

@@ -462,6 +462,20 @@ class WorkDemand(Protocol):
         ...
 
 
+class FixedWork:
+    """A :class:`WorkDemand` asking every client ``level`` bits, whatever the load (set it to change it): a
+    server that does not follow its intake, as in tests and the round simulator's colluding relays."""
+
+    def __init__(self, level: int) -> None:
+        self.level = level
+
+    def asks_work(self, node_id: bytes | None) -> bool:
+        return True
+
+    def bits(self) -> int:
+        return self.level
+
+
 @dataclass
 class LinkSessionStats:
     """What one :func:`serve_link` session did (for the caller's counters)."""

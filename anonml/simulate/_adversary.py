@@ -59,7 +59,17 @@ from anonml.protocol import (
     receipt_leaves_root,
 )
 from anonml.simulate._names import StrategyName
-from anonml.transport import AckStatus, Dial, LinkClient, LinkError, MemoryNetwork, connection_pair, serve_link
+from anonml.transport import (
+    AckStatus,
+    Dial,
+    LinkClient,
+    LinkError,
+    LinkSessionStats,
+    MemoryNetwork,
+    WorkDemand,
+    connection_pair,
+    serve_link,
+)
 
 Clock = Callable[[], float]
 
@@ -81,12 +91,14 @@ class HttpRecord:
 
 @dataclass(frozen=True)
 class FrameRecord:
-    """One link frame a colluding relay took from a sender: when, from whom, and whether it was dropped."""
+    """One link frame a colluding relay took from a sender: when, from whom, whether it was dropped, the work asked."""
 
     at: float
     relay: int
     source: str
     dropped: bool
+    work_bits: int = 0
+    """The work the relay asked of it (it answered MORE_WORK for a stamp short of that, or regardless)."""
 
 
 @dataclass
@@ -249,41 +261,66 @@ class DroppingRelay(Adversary):
 
     def attach(self, context: RoundContext) -> None:
         super().attach(context)
-        address = tuple(context.relays[self.relay])
-        geometry = context.manifest.sphinx_geometry()
-        previous = context.network.on_connect
 
-        async def on_packets_from(source: str, forward: LinkClient, frames: list[bytes]) -> list[AckStatus]:
+        async def on_packets_from(source: str, forward: LinkClient, session: LinkSessionStats,
+                                  frames: list[bytes]) -> list[AckStatus]:
             dropped = self.drops_now(context.manifest, context.clock())
             context.view.frames.extend(FrameRecord(context.clock(), self.relay, source, dropped) for _ in frames)
             if dropped:
                 return [AckStatus.ACCEPTED] * len(frames)
-            statuses = await forward.send_batch(frames, give_up_at=trio.current_time() + FORWARD_SECONDS)
-            return [AckStatus.BUSY if status is None else status for status in statuses]
+            return await forward_frames(forward, frames)
 
-        async def collude(dial: Dial) -> None:
-            if previous is not None:
-                await previous(dial)
-            if dial.destination != address or dial.source[0] not in self.targets:
-                return
-            # The colluding operator answers the target's link itself; the relay's own listener gets a
-            # connection that is closed at once (as a sender that gave up would leave it).
-            ours, dial.server = dial.server, await _closed_stream(dial)
-            forward = LinkClient(*address, packet_size=geometry.packet_size, geometry_hash=geometry.canonical_hash(),
-                                 network=context.network, local_address=address[0])
-            context.nursery.start_soon(serve_colluding_link, ours, forward, functools.partial(on_packets_from, dial.source[0], forward))
+        collude_on_link(context, self.relay, self.targets, on_packets_from)
 
-        async def serve_colluding_link(stream: trio.abc.Stream, forward: LinkClient,
-                                       on_packets: Callable[[list[bytes]], Awaitable[list[AckStatus]]]) -> None:
-            try:
-                await serve_link(stream, on_packets, packet_size=geometry.packet_size, geometry_hash=geometry.canonical_hash())
-            except LinkError:
-                pass  # the sender went quiet or away, as links do
-            finally:
-                await trio.aclose_forcefully(stream)
-                await forward.aclose()
 
-        context.network.on_connect = collude
+TargetPackets = Callable[[str, LinkClient, LinkSessionStats, list[bytes]], Awaitable[list[AckStatus]]]
+"""A colluding relay's answer to a batch of a target's frames: ``(source, forward, session, frames)``."""
+
+
+async def forward_frames(forward: LinkClient, packets: Sequence[bytes]) -> list[AckStatus]:
+    """Hand ``packets`` on to the colluding operator's own relay; their statuses (BUSY where none came)."""
+    statuses = await forward.send_batch(packets, give_up_at=trio.current_time() + FORWARD_SECONDS)
+    return [AckStatus.BUSY if status is None else status for status in statuses]
+
+
+def collude_on_link(context: RoundContext, relay: int, targets: frozenset[str], on_packets_from: TargetPackets,
+                    work: WorkDemand | None = None) -> None:
+    """Stand in front of relay ``relay``'s link address for the targets' connections, as its colluding operator.
+
+    Each batch of a target's frames goes to ``on_packets_from(source, forward, session, frames)``: ``forward``
+    hands frames on to the real relay (from the relay's own address: the operator hands them to its own
+    relay), ``session.work_context`` binds the frames' stamps when ``work`` asks the target for work (then
+    each frame is packet then stamp). Every other sender's link reaches the real relay untouched.
+    """
+    address = tuple(context.relays[relay])
+    geometry = context.manifest.sphinx_geometry()
+    previous = context.network.on_connect
+
+    async def collude(dial: Dial) -> None:
+        if previous is not None:
+            await previous(dial)
+        if dial.destination != address or dial.source[0] not in targets:
+            return
+        # The colluding operator answers the target's link itself; the relay's own listener gets a
+        # connection that is closed at once (as a sender that gave up would leave it).
+        ours, dial.server = dial.server, await _closed_stream(dial)
+        forward = LinkClient(*address, packet_size=geometry.packet_size, geometry_hash=geometry.canonical_hash(),
+                             network=context.network, local_address=address[0])
+        context.nursery.start_soon(serve_colluding_link, ours, forward, dial.source[0])
+
+    async def serve_colluding_link(stream: trio.abc.Stream, forward: LinkClient, source: str) -> None:
+        session = LinkSessionStats()
+        try:
+            await serve_link(stream, functools.partial(on_packets_from, source, forward, session),
+                             packet_size=geometry.packet_size, geometry_hash=geometry.canonical_hash(), stats=session,
+                             work=work)
+        except LinkError:
+            pass  # the sender went quiet or away, as links do
+        finally:
+            await trio.aclose_forcefully(stream)
+            await forward.aclose()
+
+    context.network.on_connect = collude
 
 
 class TailoredLog(Adversary):
@@ -413,6 +450,20 @@ def grind_partitions(targets: Sequence[str]) -> Adversary:
     return GrindPartitions(targets)
 
 
+def first_hop_work(targets: Sequence[str]) -> Adversary:
+    """Colluding first relays asking the targets alone for work (``_work``, imported here: it builds on this module)."""
+    from anonml.simulate._work import FirstHopWork
+
+    return FirstHopWork(targets)
+
+
+def first_hop_work_held(targets: Sequence[str]) -> Adversary:
+    """The same, every stamp refused and each refusal held until just before the client's ack timeout."""
+    from anonml.simulate._work import held_first_hop_work
+
+    return held_first_hop_work(targets)
+
+
 async def _closed_stream(dial: Dial) -> trio.abc.Stream:
     """A server end whose client end is already gone."""
     client, server = connection_pair(dial.source, dial.destination)
@@ -421,11 +472,15 @@ async def _closed_stream(dial: Dial) -> trio.abc.Stream:
 
 
 class RandomStrategy(Adversary):
-    """Per-requester delays and withholdings on random paths, and random first-hop drops, drawn from a seed.
+    """Per-requester delays and withholdings on random paths, and random first-hop drops or work, drawn from a seed.
 
     Each draw picks targets, a set of API paths to disturb for them, a delay
     (or withholding) per path, and whether one relay colludes by dropping
-    their frames. Strategies nobody named come from here.
+    their frames; if none drops, whether one asks them for work (``_work``:
+    its level, how often it refuses a paid stamp, how long it holds each
+    refusal). The work is drawn after everything else, so a seed's earlier
+    draws are those it made before work was drawn at all. Strategies nobody
+    named come from here.
     """
 
     name = "random"
@@ -439,6 +494,13 @@ class RandomStrategy(Adversary):
         self.delays = {path: (math.inf if rng.random() < 0.2 else float(rng.exponential(40.0)))
                        for path, pick in zip(self.PATHS, chosen) if pick}
         self.dropper = DroppingRelay(targets, relay=int(rng.integers(4))) if rng.random() < 0.5 else None
+        self.worker: Adversary | None = None
+        if self.dropper is None and rng.random() < 0.5:
+            from anonml.simulate._work import FirstHopWork  # it builds on this module's Adversary
+
+            hold = float(rng.exponential(10.0)) if rng.random() < 0.5 else 0.0
+            self.worker = FirstHopWork(targets, relays=(int(rng.integers(4)),), bits=int(rng.integers(12, 21)),
+                                       refusals=int(rng.integers(5)), hold=hold)
         self.name = f"random-{seed}"
 
     def attach(self, context: RoundContext) -> None:
@@ -446,6 +508,8 @@ class RandomStrategy(Adversary):
         if self.dropper is not None:
             self.dropper.relay %= len(context.relays)
             self.dropper.attach(context)
+        if self.worker is not None:
+            self.worker.attach(context)
 
     def on_request(self, record: HttpRecord) -> HttpAction:
         if record.address not in self.targets:
@@ -458,7 +522,8 @@ class RandomStrategy(Adversary):
     def describe(self) -> str:
         paths = ", ".join(f"{p}{'=withheld' if math.isinf(d) else f'+{d:.0f}s'}" for p, d in self.delays.items())
         relay = f"; relay {self.dropper.relay} drops" if self.dropper is not None else ""
-        return f"{self.name} ({paths or 'no HTTP change'}{relay})"
+        work = f"; {self.worker.describe()}" if self.worker is not None else ""
+        return f"{self.name} ({paths or 'no HTTP change'}{relay}{work})"
 
 
 def asgi_interposer(app: ASGIApp, adversary: Adversary, view: AdversaryView, clock: Clock) -> ASGIApp:
@@ -545,5 +610,7 @@ STRATEGIES: dict[StrategyName, Callable[[Sequence[str]], Adversary]] = {
     StrategyName.STARVED_MIRRORS: StarvedMirrors,
     StrategyName.ROUND_OF_ITS_OWN: RoundOfItsOwn,
     StrategyName.GRIND_PARTITIONS: grind_partitions,
+    StrategyName.FIRST_HOP_WORK: first_hop_work,
+    StrategyName.FIRST_HOP_WORK_HELD: first_hop_work_held,
 }
 """The named strategies, each built for a set of target addresses (one per :class:`StrategyName`)."""

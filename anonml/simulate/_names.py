@@ -17,3 +17,5 @@ class StrategyName(StrEnum):
     STARVED_MIRRORS = "starved-mirrors"
     ROUND_OF_ITS_OWN = "round-of-its-own"
     GRIND_PARTITIONS = "grind-partitions"
+    FIRST_HOP_WORK = "first-hop-work"
+    FIRST_HOP_WORK_HELD = "first-hop-work-held"

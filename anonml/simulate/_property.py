@@ -17,6 +17,12 @@ saw is its right):
 * ``after-late-answer``: the second window's reports, for a phase whose
   document the aggregator answered the target only after its first send
   window had closed;
+* ``after-work``: the second window's reports, for a phase in which a
+  colluding first relay asked the target for work in the first window
+  (``_work``: the target's report moved out of it, if anything moved it);
+* ``late-after-work``: the latest-arriving quarter of the first delivery
+  window's reports, for such a phase (a send the work made late, if the
+  hops after the first did not re-time it);
 * ``isolated``: certainty, when the target went on in a round the adversary
   ran for it alone (:attr:`AdversaryView.isolated`): every report it sends
   there is its own. It scores the round once, as one report named.
@@ -99,6 +105,8 @@ class Evidence:
     """A colluding relay dropped a packet of the target's in this phase's first send or delivery window."""
     held: bool
     """The aggregator answered the target a document of this phase only after the phase's first send window."""
+    worked: bool
+    """A colluding first relay asked work of a frame of the target's in this phase's first send or delivery window."""
 
     def all(self) -> list[bytes]:
         return [receipt for receipt, _ in self.reports]
@@ -107,12 +115,19 @@ class Evidence:
         """The second window's reports when there are any, else all."""
         return [receipt for receipt, arrived in self.reports if arrived >= self.second_window] or self.all()
 
+    def latest_first(self) -> list[bytes]:
+        """The latest-arriving quarter (at least one) of the first delivery window's reports, when there are any, else all."""
+        first = sorted((arrived, receipt) for receipt, arrived in self.reports if arrived < self.second_window)
+        return [receipt for _, receipt in first[-max(1, len(first) // 4):]] or self.all()
+
 
 ESTIMATORS: dict[str, Callable[[Evidence], list[bytes] | None]] = {
     "uniform": Evidence.all,
     "second-window": Evidence.late,
     "after-drop": lambda e: e.late() if e.dropped else None,
     "after-late-answer": lambda e: e.late() if e.held else None,
+    "after-work": lambda e: e.late() if e.worked else None,
+    "late-after-work": lambda e: e.latest_first() if e.worked else None,
 }
 """Each estimator: the set of reports it guesses among, or None where it does not speak."""
 ISOLATED = "isolated"
@@ -133,10 +148,12 @@ def evidence(trace: RoundTrace, target: int) -> list[tuple[bytes, Evidence]]:
             if trace.senders.get(receipt) != target:
                 continue
             phase = _phase(manifest, survey)
-            dropped = any(f.source == address and f.dropped and phase.t_s <= f.at < phase.t_c for f in trace.view.frames)
+            first_window = [f for f in trace.view.frames if f.source == address and phase.t_s <= f.at < phase.t_c]
+            dropped = any(f.dropped for f in first_window)
+            worked = any(f.work_bits > 0 for f in first_window)
             held = any(record.address == address and _document_phase(manifest, record.path) is phase
                        and answered > phase.send_end for record, answered in trace.view.held)
-            found.append((receipt, Evidence(reports, float(phase.t_2), dropped, held)))
+            found.append((receipt, Evidence(reports, float(phase.t_2), dropped, held, worked)))
     return found
 
 

@@ -245,8 +245,9 @@ class _World:
         create_identity(data_dir, rng_bytes=keys)
         config = RelayConfig(data_dir=data_dir, listen=(relay_ip(index), LINK_PORT), mirror=(relay_ip(index), MIRROR_PORT),
                              synchronous="NORMAL", key_epoch_seconds=86_400, directory_aggregators=(aggregator,),
-                             # No first-hop work (relay._work): its level follows wall time, and these relays
-                             # run on a virtual clock, all in this one process.
+                             # No first-hop work from honest relays (relay._work): its level follows wall time,
+                             # and these relays run on a virtual clock, all in this one process. Colluding ones
+                             # ask it of their targets (simulate._work), each stamp charged its modelled time.
                              max_work_bits=0)
         # The epoch key the manifest names must exist before the descriptor is read.
         KeyRing(data_dir, epoch_seconds=config.key_epoch_seconds, grace_seconds=config.key_grace_seconds).rotate(T0, rng_bytes=keys)
