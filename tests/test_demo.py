@@ -203,20 +203,24 @@ def test_the_sgd_demo_accepts_every_gradient_and_charges_each_peer_its_promise(t
     sgd = summary["report"]["sgd"]
     assert sum(sgd["reports_per_step"]) == 60 and len(sgd["reports_per_step"]) == 4
     assert isinstance(summary["auc"], float) and sgd["utility"]["auc"] == summary["auc"]
-    assert "LDP SGD logistic regression: 4 steps" in output and "Traceback" not in output
+    assert "LDP SGD logistic regression (logistic loss): 4 steps" in output and "Traceback" not in output
 
 
 def test_the_model_averaging_demo_accepts_every_block_charges_each_peer_its_promise_and_scores_held_out_rows(tmp_path: Path) -> None:
     adult = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "adult"
     if not (adult / "adult.data").is_file():
         pytest.skip("the Adult data is not at ../shared/data/adult")
+    # Twenty peers is a small ensemble: the defaults (rule 1.5, weight 0.35, tuned on 100-peer rounds) leave its
+    # held-out AUC at 0.79 ± 0.055 over peers' noise draws (about 1 run in 20 below 0.7), while a stronger
+    # regulariser and categorical weight give 0.83 ± 0.023 (offline replay of 20 draws), so the test asks for those.
     summary, output = finished_demo(tmp_path, "--task", "model-averaging", "--dataset", "adult", "--data-dir", str(adult), "--peers", "20",
-                                    "--rows-per-peer", "100", "--epsilon", "1")
+                                    "--rows-per-peer", "100", "--epsilon", "1", "--regularization-rule", "5", "--categorical-weight", "0.5")
     assert summary["phase"] == "done" and summary["report"]["task_kind"] == "model-averaging"
     # One packet per block from every peer, each accepted; one model release at ε_T in every ledger.
     blocks = summary["report"]["averaged_model"]["blocks"]
     assert summary["audit"]["accepted"] == summary["audit"]["prepared"] == 20 * blocks
     assert summary["ledgers_at_promise"] == summary["ledgers"] == 20 and summary["epsilon_promised"] == 1.0
     assert summary["report"]["averaged_model"]["reports_per_block"] == [20] * blocks
+    assert (summary["report"]["averaged_model"]["regularization_rule"], summary["report"]["averaged_model"]["categorical_weight"]) == (5, 0.5)
     assert isinstance(summary["auc"], float) and summary["auc"] > 0.7
     assert "Traceback" not in output
