@@ -574,7 +574,7 @@ class RoundState:
         if self.store.get_result(key) is None:
             values = tuple(tuple(float(t) for t in search.thresholds()) for search in self._searches_after(sub_round))
             published = MedianThresholds(sub_round, self.numeric, values)
-            self.store.put_result(key, published.sign(self.secrets.signing_key, self.round_id).to_json())
+            self.store.publish_result(key, published.sign(self.secrets.signing_key, self.round_id).to_json())
         return self.thresholds(sub_round)
 
     def thresholds_json(self, sub_round: int) -> bytes | None:
@@ -599,7 +599,7 @@ class RoundState:
         key = f"thresholds/{iteration}"
         if self.store.get_result(key) is None:
             model = self.sgd.replay([self.iteration_reports(i) for i in range(iteration)])[-1]
-            self.store.put_result(key, model.sign(self.secrets.signing_key, self.round_id).to_json())
+            self.store.publish_result(key, model.sign(self.secrets.signing_key, self.round_id).to_json())
         return self.sgd_model(iteration)
 
     def sgd_model(self, iteration: int) -> SgdModel | None:
@@ -616,7 +616,7 @@ class RoundState:
         if self.store.get_result("medians") is None:
             searches = self._searches_after(self.manifest.median_rounds)
             medians = MedianResults({n: tuple(sorted(float(e) for e in s.estimates())) for n, s in zip(self.numeric, searches)})
-            self.store.put_result("medians", medians.sign(self.secrets.signing_key, self.round_id).to_json())
+            self.store.publish_result("medians", medians.sign(self.secrets.signing_key, self.round_id).to_json())
         published = self.medians()
         assert published is not None
         return published

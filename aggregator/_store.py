@@ -202,6 +202,20 @@ class RoundStore:
     def get_result(self, key: str) -> bytes | None:
         return self._get("results", key)
 
+    def publish_result(self, key: str, value: bytes) -> bytes:
+        """Store ``value`` under ``key`` unless a value is stored there already; return the stored one.
+
+        For what the round signs once and peers compare (thresholds, an SGD
+        step's model, the medians): a second driver (one that stalled past
+        its lease, beside its successor) may compute its own copy, but the
+        key's uniqueness decides in one statement which is ever served, so no
+        two signed versions exist; a read before the write could not.
+        """
+        with self._engine.transaction() as db:
+            db.execute("INSERT INTO results (key, value) VALUES (?, ?) ON CONFLICT (key) DO NOTHING", (key, value))
+            (stored,) = db.execute("SELECT value FROM results WHERE key = ?", (key,)).fetchone()
+        return bytes(stored)
+
     # -- registration ----------------------------------------------------------
 
     def add_invitations(self, codes: Iterable[str]) -> None:

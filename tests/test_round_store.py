@@ -378,6 +378,30 @@ def test_a_lease_has_one_holder_until_it_expires(open_store: Opener) -> None:
     assert one.lease_holder("driver", now=119.0) == "b"
 
 
+def test_a_signed_result_is_published_once_whichever_driver_writes_first(open_store: Opener) -> None:
+    """Two drivers (one stalled past its lease, its successor) each publish their own thresholds: the first
+    committed is the one both serve, and racing publishers all get the bytes that are stored."""
+    one, two = open_store(), open_store()
+    assert one.publish_result("thresholds/0", b"first") == b"first"
+    assert two.publish_result("thresholds/0", b"second") == b"first"
+    assert one.get_result("thresholds/0") == two.get_result("thresholds/0") == b"first"
+    stores = [open_store() for _ in range(4)]
+    for attempt in range(5):
+        start = threading.Barrier(len(stores))
+        returned: list[bytes] = [b""] * len(stores)
+
+        def publish(index: int) -> None:
+            start.wait()
+            returned[index] = stores[index].publish_result(f"medians/{attempt}", f"driver {index}".encode())
+
+        threads = [threading.Thread(target=publish, args=(i,)) for i in range(len(stores))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert len(set(returned)) == 1 and returned[0] == one.get_result(f"medians/{attempt}")
+
+
 def test_an_erased_secret_is_gone_from_the_table(open_store: Opener) -> None:
     store = open_store()
     store.put_meta("issuer_key", b"secret" * 4)
