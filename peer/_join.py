@@ -502,9 +502,13 @@ class PeerRound:
         start, end = phase.send_window(attempt)
         drawn_at = self.peer.rng.uniform(start, end)
         await sleep_until_wall(drawn_at, self.session.now)
-        # A packet must reach the first relay before that relay's window closes.
+        # A packet must be taken by its first relay before that relay's window opens: one taken later would be
+        # released in what is left of the window, after an intake that follows this send (a colluding first
+        # relay that refuses or holds its ack could push a retry there). Honest relays refuse it as late; a
+        # packet not taken by then counts as not sent (a first-window report missing from the log is resent in
+        # the second window, where every peer sends).
         windows = self.manifest.hop_windows(survey, attempt)
-        packet = await self.send_once(survey, message, tried, attempt, windows[0].end - _MARGIN)
+        packet = await self.send_once(survey, message, tried, attempt, windows[0].start - _MARGIN)
         if packet is None:
             return None
         return SentMessage(survey, receipt, self.session.now(), float(drawn_at), hashlib.sha256(packet).digest(), attempt)

@@ -51,8 +51,9 @@ class DropReason(enum.StrEnum):
     INVALID_PACKET = "invalid-packet"
     REPLAY = "replay"
     NOT_FOR_RELAY = "not-for-relay"
-    # Its window: closed, too far ahead, or in no known round's phases.
+    # Its window: closed, too far ahead, or in no known round's phases; at the first hop, already open.
     LATE = "late"
+    LATE_FIRST_HOP = "late-first-hop"
     WINDOW_TOO_FAR = "window-too-far"
     UNKNOWN_WINDOW = "unknown-window"
     # Its next hop.
@@ -94,34 +95,32 @@ def log_event(logger: logging.Logger, level: int, event: str, **context: object)
 
 @dataclass
 class LateIntake:
-    """Packets accepted after their hop window had opened (``relay._server``, step 3).
+    """Packets accepted after their hop window had opened (``relay._server``, step 3): later hops only.
 
     Each one's release time is drawn from what was left of its window, so it
-    follows the packet's intake time. At a packet's first hop, intake follows
-    its send, and such packets' arrival at the aggregator would follow their
-    send order: ``protocol.hop_windows`` opens the first relay's window a guard
-    after the send window (``protocol.first_hop_guard``) so that this count
-    stays at 0 (DESIGN.md §7). At a later hop, intake follows the previous
-    hop's release, which is already independent of the send.
+    follows the packet's intake time. At a later hop, intake follows the
+    previous hop's release, which is already independent of the send, so
+    this changes how releases spread over the window, not their independence.
+    At a packet's first hop, intake follows its send, and such packets'
+    arrival at the aggregator would follow their send order: the relay
+    refuses them ("late-first-hop"), and ``protocol.hop_windows`` opens the
+    first relay's window a guard after the send window
+    (``protocol.first_hop_guard``) so that a punctual peer's packet is in by then.
     """
 
     packets: int = 0
-    first_hop: int = 0
-    """Of them, those from a source that is not an authenticated neighbour: a peer (or an unlisted relay)."""
     seconds_open: float = 0.0
     """How long their windows had been open when they were accepted, summed."""
     due_before_stored: int = 0
     """Accepted packets (late or not) whose drawn release time had passed when their batch was stored:
     released at once, in the order they were stored, which at a first hop is their send order."""
 
-    def add(self, seconds_open: float, *, first_hop: bool) -> None:
+    def add(self, seconds_open: float) -> None:
         self.packets += 1
-        self.first_hop += first_hop
         self.seconds_open += seconds_open
 
     def merge(self, other: LateIntake) -> None:
         self.packets += other.packets
-        self.first_hop += other.first_hop
         self.seconds_open += other.seconds_open
         self.due_before_stored += other.due_before_stored
 
@@ -189,8 +188,6 @@ class _CountersCollector(Collector):
         late = c.late_intake
         yield counter("packets_held_after_window_opened",
                       "Packets accepted after their window had opened: released in what was left of it.", late.packets)
-        yield counter("packets_held_after_window_opened_first_hop",
-                      "Of them, those from a source that is not an authenticated neighbour (a first hop).", late.first_hop)
         yield counter("packets_held_after_window_opened_seconds",
                       "How long those packets' windows had been open when they were accepted, summed.", late.seconds_open)
         yield counter("packets_due_before_stored",

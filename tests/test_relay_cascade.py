@@ -168,7 +168,8 @@ async def test_late_and_replayed_packets_are_dropped_and_counted_in_the_metrics(
         late_path = [hop(started, ReleaseWindow(now - 30, now - 2)), sink_hop(sink_address)]
         # Open for as long as building and sending seven packets may take now.
         w = seconds_for(7, GEOMETRY, late_path)
-        open_path = [hop(started, ReleaseWindow(now - 1, now + w)), sink_hop(sink_address)]
+        # A first relay takes a packet only before its window opens: this one opens once they are sent.
+        open_path = [hop(started, ReleaseWindow(now + w, now + 2 * w)), sink_hop(sink_address)]
         late = [build_packet(GEOMETRY, late_path, bytes([i])) for i in range(5)]
         good = build_packet(GEOMETRY, open_path, b"on time")
         client = client_for(started)
@@ -176,7 +177,7 @@ async def test_late_and_replayed_packets_are_dropped_and_counted_in_the_metrics(
         assert statuses == [AckStatus.REJECTED] * 5 + [AckStatus.ACCEPTED, AckStatus.REJECTED]
         assert await client.send_batch([good], give_up_at=trio.current_time() + 5) == [AckStatus.REJECTED]
         await client.aclose()
-        with trio.fail_after(now + w + 5 - time.time()):
+        with trio.fail_after(now + 2 * w + 5 - time.time()):
             await sink.wait_for(1)
         metrics = await http_get(started.metrics, "/metrics")
         assert (await http_get(started.metrics, "/nope")).startswith("HTTP/1.1 404")
@@ -287,7 +288,7 @@ async def test_garbage_truncated_slow_and_flooding_clients_do_not_disturb_an_hon
         # Still serving a newcomer afterwards.
         late_client = client_for(started)
         now = int(time.time())
-        extra = build_packet(GEOMETRY, [hop(started, ReleaseWindow(now, now + w)), sink_hop(sink_address)], b"after")
+        extra = build_packet(GEOMETRY, [hop(started, ReleaseWindow(now + 2, now + 2 + w)), sink_hop(sink_address)], b"after")
         assert await late_client.send_batch([extra], give_up_at=trio.current_time() + 5) == [AckStatus.ACCEPTED]
         await late_client.aclose()
         nursery.cancel_scope.cancel()
@@ -349,7 +350,7 @@ async def test_silent_connections_from_one_source_cannot_take_the_slots_of_hones
                    + last.counters.connections_open) < 40:
                 await trio.sleep(0.05)
         started = trio.current_time()
-        t = int(time.time())
+        t = int(time.time()) + 2  # the first hops' window opens after the probes are sent
         probe_path = [hop(first, ReleaseWindow(0, 1)), hop(last, ReleaseWindow(0, 1)), sink_hop(sink_address)]
         window = ReleaseWindow(t, t + seconds_for(2, GEOMETRY, probe_path, floor=3))
         # A peer on another address sends straight to the last relay, and through the first one.

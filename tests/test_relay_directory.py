@@ -81,12 +81,12 @@ async def _record(stream: trio.SocketStream, connections: list[object]) -> None:
 
 
 def open_window() -> ReleaseWindow:
-    """A hop window open now, drawn when the packet is built: a window fixed at
-    the test's start can close on a loaded machine before a later packet is
-    sent, and the relay would then count it "late" instead of checking its
-    next hop."""
+    """A first hop's window opening a few seconds after the packet is built (a first relay refuses a packet
+    whose window has opened: its release would follow its intake), drawn then: a window fixed at the test's
+    start can open or close on a loaded machine before a later packet is sent, and the relay would then
+    refuse it as late instead of checking its next hop."""
     now = int(time.time())
-    return ReleaseWindow(now - 1, now + 4)  # released within 4 s of acceptance
+    return ReleaseWindow(now + 3, now + 6)  # released within 6 s of acceptance
 
 
 async def test_packets_to_unknown_or_readdressed_next_hops_are_dropped_counted_and_never_sent(
@@ -113,7 +113,7 @@ async def test_packets_to_unknown_or_readdressed_next_hops_are_dropped_counted_a
         await client.aclose()
         # Refused BUSY: the sender may retry once the directory knows them (it never will).
         assert statuses == [AckStatus.BUSY, AckStatus.BUSY, AckStatus.ACCEPTED]
-        with trio.fail_after(5):
+        with trio.fail_after(9):
             await sink.wait_for(1)
         await trio.sleep(0.3)  # time for a (wrong) forward to the rogue address to show up
         nursery.cancel_scope.cancel()

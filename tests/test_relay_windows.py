@@ -194,19 +194,24 @@ async def test_late_packets_are_dropped_and_counted_and_mid_window_ones_released
     harness = Harness(tmp_path, clock)
     late = [harness.packet(i, ReleaseWindow(T0 - 60, T0 - 1)) for i in range(3)]
     open_now = [harness.packet(100 + i, ReleaseWindow(T0 - 10, T0 + 10)) for i in range(20)]
+    from_peer = [harness.packet(200 + i, ReleaseWindow(T0 - 10, T0 + 10)) for i in range(5)]
     async with trio.open_nursery() as nursery:
         harness.start(nursery)
-        statuses = await harness.relay.on_packets(late + open_now)
+        # A later hop's packets come from an authenticated neighbour (its node id).
+        statuses = await harness.relay.on_packets(late + open_now, node_id_of(NEXT_PUBLIC))
         assert statuses == [AckStatus.REJECTED] * 3 + [AckStatus.ACCEPTED] * 20
+        # A first hop (from a peer's address) whose window has opened would be released in what is left of it,
+        # after its intake, which follows its send: refused, so that the peer counts it as not sent.
+        assert await harness.relay.on_packets(from_peer, "192.0.2.7") == [AckStatus.REJECTED] * 5
         await trio.sleep_until(clock.to_trio(T0 + 11))
         nursery.cancel_scope.cancel()
-    assert harness.relay.counters.dropped["late"] == 3
+    assert harness.relay.counters.dropped["late"] == 3 and harness.relay.counters.dropped["late-first-hop"] == 5
     assert sorted(i for _, i in harness.sent) == list(range(100, 120))
     assert all(T0 <= t <= T0 + 10 for t, _ in harness.sent)
-    # Each accepted one is counted as taken in 10 s after its window opened, from a non-neighbour (a first hop).
-    assert harness.relay.counters.late_intake == LateIntake(packets=20, first_hop=20, seconds_open=200.0)
+    # Each accepted one is counted as taken in 10 s after its window opened.
+    assert harness.relay.counters.late_intake == LateIntake(packets=20, seconds_open=200.0)
     scraped = parse_metrics(render_prometheus(harness.relay.counters).decode())
-    assert [scraped[f"packets_held_after_window_opened{suffix}"] for suffix in ("", "_first_hop", "_seconds")] == [20, 20, 200]
+    assert [scraped[f"packets_held_after_window_opened{suffix}"] for suffix in ("", "_seconds")] == [20, 200]
 
 
 async def test_replays_are_dropped_within_and_across_batches(

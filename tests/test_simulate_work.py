@@ -107,3 +107,24 @@ def test_the_random_search_draws_first_hop_work_where_no_relay_drops() -> None:
     assert 10 < len(workers) < 30 and not [d for d in drawn if d.worker is not None and d.dropper is not None]
     assert all(isinstance(w, FirstHopWork) and 12 <= w.bits <= 20 for w in workers)
     assert {w.refusals for w in workers} == set(range(5)) and any(w.hold > 0 for w in workers)
+
+
+def test_a_first_relay_that_holds_its_refusals_cannot_push_a_retry_into_an_open_window() -> None:
+    # Seed 1's target meets colluding relay 0 first; it refuses every stamp and holds each refusal until just
+    # before the client's ack timeout, so the target's retry comes late. Before the rule, the retry reached an
+    # honest first relay 0.2 s after that relay's window had opened and was released in what was left of it,
+    # after an intake that followed the send. Now a packet not taken before its first relay's window opens
+    # is not sent: every packet any peer sent was acknowledged before that window opened.
+    from anonml.simulate._work import held_first_hop_work
+
+    trace = simulate_round(replace(SimulationConfig(peers=8), seed=1), held_first_hop_work([peer_ip(1)]))
+    assert trace.outcome == "done"
+    manifest = trace.manifest.manifest
+    sent = [s for p in trace.peers if p.result is not None for s in p.result.sent]
+    assert sent and len({s.attempt for s in sent}) == 2
+    late = [(s.sent_at - manifest.hop_windows(s.survey, s.attempt)[0].start, s.attempt) for s in sent
+            if s.sent_at >= manifest.hop_windows(s.survey, s.attempt)[0].start]
+    assert not late, f"taken after the first relay's window opened (seconds, window): {late}"
+    # The target's reports that the work kept from their first relay still arrive: resent in the second window.
+    result = trace.peers[1].result
+    assert result is not None and result.missing == 0 and result.acknowledged == result.packets > 0

@@ -105,14 +105,14 @@ def phase_rows(progress: Progress, peers: int) -> list[tuple[str, str]]:
 
 # The relay counters the demo keeps (besides the drops by reason).
 _SCRAPED = ("packets_forwarded", "packets_received", "packets_held_after_window_opened",
-            "packets_held_after_window_opened_first_hop", "packets_held_after_window_opened_seconds",
+            "packets_held_after_window_opened_seconds",
             "packets_due_before_stored")
 
 
 async def scrape_relay(client: httpx.AsyncClient, host: str, port: int) -> dict[str, float]:
     """A relay's counters from its Prometheus endpoint (parsed by ``relay.parse_metrics``, i.e.
     prometheus_client): ``forwarded``, ``received``, ``dropped/<reason>``,
-    ``held_after_window_opened`` (and its ``_first_hop`` and ``_seconds``), ``due_before_stored``. ``client`` is the
+    ``held_after_window_opened`` (and its ``_seconds``), ``due_before_stored``. ``client`` is the
     one the demo keeps for its whole run (a new httpx client costs a TLS context each)."""
     from anonml.relay import parse_metrics
 
