@@ -114,15 +114,17 @@ async def test_three_relay_cascade_delivers_everything_inside_the_final_window_i
         def path_through(windows: Sequence[ReleaseWindow]) -> list[PathHop]:
             return [hop(r, w) for r, w in zip(relays, windows)] + [sink_hop(sink_address)]
 
-        # A sending slice until T, then one window per hop: [T, T+w], [T+w, T+2w], [T+2w, T+3w],
-        # w sized for n packets at the cost measured now (every relay shares this test's thread).
+        # A building and sending slice until T, then one window per hop: [T, T+w], [T+w, T+2w], [T+2w, T+3w],
+        # w sized for n packets at the cost measured now (every relay shares this test's thread). The first
+        # relay takes a packet only before its window opens, so the slice holds the building (up to w) and
+        # the sending (the first relay's intake of every packet, and the pauses between slices) after it.
         cost = packet_seconds(GEOMETRY, path_through([ReleaseWindow(0, 1)] * 3))
 
         def draw(slack: float) -> tuple[tuple[int, list[ReleaseWindow], list[bytes]], float]:
             w = window_seconds(n, cost, slack=slack)
-            t = math.ceil(time.time()) + w
+            t = math.ceil(time.time()) + 2 * w
             windows = [ReleaseWindow(t + i * w, t + (i + 1) * w) for i in range(3)]
-            return (w, windows, [build_packet(GEOMETRY, path_through(windows), i.to_bytes(4, "big")) for i in range(n)]), t
+            return (w, windows, [build_packet(GEOMETRY, path_through(windows), i.to_bytes(4, "big")) for i in range(n)]), t - w
 
         w, windows, packets = drawn_in_time(draw)
         client = client_for(relays[0])
@@ -266,9 +268,11 @@ async def test_garbage_truncated_slow_and_flooding_clients_do_not_disturb_an_hon
 
         def draw(slack: float) -> tuple[tuple[int, int, list[bytes]], float]:
             w = window_seconds(2 * n, cost, slack=slack)
-            t = int(time.time()) + w
+            # Built within the first w, sent (under attack) within the second: the first relay takes a packet
+            # only before its window opens.
+            t = int(time.time()) + 2 * w
             path = [hop(started, ReleaseWindow(t, t + w)), sink_hop(sink_address)]
-            return (t, w, [build_packet(GEOMETRY, path, i.to_bytes(4, "big")) for i in range(n)]), t
+            return (t, w, [build_packet(GEOMETRY, path, i.to_bytes(4, "big")) for i in range(n)]), t - w
 
         t, w, packets = drawn_in_time(draw)
         client = client_for(started)
