@@ -62,16 +62,19 @@ def relay_entry(started: RelayStarted) -> DirectoryEntry:
 
 async def start_cascade(nursery: trio.Nursery, tmp_path: Path, sink_address: tuple[str, int],
                         count: int = 3) -> list[RelayStarted]:
-    """``count`` relays, each with only the next one (the last: the sink) in
-    its directory; started last to first so each next hop's port is known."""
-    relays: list[RelayStarted] = []
-    next_hop = sink_entry(sink_address)
-    for i in reversed(range(count)):
-        started = await nursery.start(functools.partial(
-            serve_relay, relay_config(tmp_path / f"r{i}", [next_hop]), rng=np.random.default_rng(i)))
-        relays.insert(0, started)
-        next_hop = relay_entry(started)
-    return relays
+    """``count`` relays in a line, each listing its next hop (the last: the sink) and the relay before it.
+
+    As in a round, where every relay lists every other, a relay's upstream is
+    an authenticated neighbour: a relay refuses a first hop (a packet from
+    anyone else) once its window has opened, and a packet the previous relay
+    releases at its window's end reaches the next one just after that opens."""
+    configs = [relay_config(tmp_path / f"r{i}", []).with_listen("127.0.0.1", free_port()) for i in range(count)]
+    entries = [DirectoryEntry(load_identity(config.data_dir)[0], *config.listen) for config in configs]
+    for i, config in enumerate(configs):
+        listed = [entries[i + 1] if i + 1 < count else sink_entry(sink_address), *entries[max(0, i - 1) : i]]
+        (config.data_dir / DIRECTORY_FILE).write_text(render_directory_file(listed))
+    return [await nursery.start(functools.partial(serve_relay, config, rng=np.random.default_rng(i)))
+            for i, config in enumerate(configs)]
 
 
 def hop(started: RelayStarted, window: ReleaseWindow) -> PathHop:
