@@ -8,7 +8,7 @@ Per accepted frame (DESIGN.md §5 order, §7 behaviour):
    transaction as the packet, and kept until the packet's window ends (issue
    13: tags recorded first let late packets fill the cache).
 2. Its hop window must not have closed ("late"), nor, at the first hop
-   (from anyone but an authenticated neighbour), have opened
+   (from an address, not an authenticated neighbour), have opened
    ("late-first-hop": the peer counts such a packet as not sent), must end within
    ``max_hold_seconds`` ("window-too-far"), and, once the relay knows a
    round from a signed manifest, lie inside one of its phases
@@ -387,7 +387,8 @@ class Relay:
         neighbour = (result.next_address.host, result.next_address.port)
         release_at = self.uniform(max(batch.now, float(window.start)), float(window.end))
         if batch.now > window.start:
-            # From an authenticated neighbour (a later hop): a first hop this late was refused above.
+            # From an authenticated neighbour (a later hop), or a caller naming no sender: a first hop this late
+            # was refused above.
             batch.late_intake.add(batch.now - window.start)
         batch.rows.append((release_at, float(window.end), neighbour[0], neighbour[1], result.packet))
         batch.tags.append((result.replay_tag, float(window.end)))
@@ -406,9 +407,9 @@ class Relay:
             self.counters.drop(DropReason.LATE)
             return AckStatus.REJECTED
         if now > window.start and isinstance(batch.sender, str):
-            # A first hop (from an address, not an authenticated neighbour's node id) whose window has opened: its release
-            # would be drawn from what is left of the window, so follow its intake, which follows the send
-            # (protocol.first_hop_guard). The peer counts a packet not taken by then as not sent.
+            # A first hop (from an address, not an authenticated neighbour's node id) whose window has opened: its
+            # release would be drawn from what is left of the window, so it would follow its intake, which follows
+            # the send (protocol.first_hop_guard). The peer counts a packet not taken by then as not sent.
             self.counters.drop(DropReason.LATE_FIRST_HOP)
             return AckStatus.REJECTED
         if window.end > now + self.config.max_hold_seconds:
