@@ -17,9 +17,7 @@ abort a round, never bias one).
 
 from __future__ import annotations
 
-import json
 import logging
-from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 import httpx
@@ -41,38 +39,39 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("anonml.aggregator")
 
-_COMMITMENTS_KEY = "beacon/commitments"
-_REVEALS_KEY = "beacon/reveals"
+# One key per relay, written once (``RoundStore.put_meta_once``): a stalled driver beside its successor can store
+# a relay's value only if none is stored, and never overwrites another relay's (a read-modify-write of one shared
+# key could). Values are the hex of the bytes, as the round store's version 8 held them in one JSON object.
+_COMMITMENT_PREFIX = "beacon/commitment/"
+_REVEAL_PREFIX = "beacon/reveal/"
 POLL_SECONDS = 1.0
 """Between rounds of asking the mirrors (a relay refreshes its mirror about once a second)."""
 _TIMEOUT_SECONDS = 5.0
 
 
-def _stored(store: RoundStore, key: str) -> dict[bytes, bytes]:
-    raw = store.get_meta(key)
-    return {} if raw is None else {bytes.fromhex(k): bytes.fromhex(v) for k, v in json.loads(raw).items()}
+def _stored(store: RoundStore, prefix: str) -> dict[bytes, bytes]:
+    return {bytes.fromhex(key[len(prefix):]): bytes.fromhex(value.decode("ascii"))
+            for key, value in store.meta_under(prefix).items()}
 
 
-def _store(store: RoundStore, key: str, values: Mapping[bytes, bytes]) -> None:
-    store.put_meta(key, json.dumps({k.hex(): v.hex() for k, v in sorted(values.items())}).encode())
+def _store_once(store: RoundStore, prefix: str, node_id: bytes, value: bytes) -> bytes:
+    return bytes.fromhex(store.put_meta_once(prefix + node_id.hex(), value.hex().encode("ascii")).decode("ascii"))
 
 
 def stored_commitments(store: RoundStore, relays: tuple[RelayEntry, ...]) -> tuple[BeaconCommitment, ...]:
     """The commitments collected so far, in the manifest's relay order (the order the head lists them in)."""
-    commitments = _stored(store, _COMMITMENTS_KEY)
+    commitments = _stored(store, _COMMITMENT_PREFIX)
     return tuple(BeaconCommitment(relay.node_id, commitments[relay.node_id]) for relay in relays if relay.node_id in commitments)
 
 
 def store_commitment(store: RoundStore, node_id: bytes, commitment: bytes) -> None:
     """Keep a relay's commitment (its first: a later one for the same relay is ignored) before the head is signed."""
-    committed = _stored(store, _COMMITMENTS_KEY)
-    committed.setdefault(node_id, commitment)
-    _store(store, _COMMITMENTS_KEY, committed)
+    _store_once(store, _COMMITMENT_PREFIX, node_id, commitment)
 
 
 def stored_reveals(store: RoundStore) -> dict[bytes, bytes]:
     """Node id → revealed value, each checked against its commitment before it was stored."""
-    return _stored(store, _REVEALS_KEY)
+    return _stored(store, _REVEAL_PREFIX)
 
 
 class BeaconCollector:
@@ -113,13 +112,13 @@ class BeaconCollector:
         async with self.network.http_client(timeout=httpx.Timeout(_TIMEOUT_SECONDS), verify=tls_context()) as client:
             while True:
                 for relay in self.mirrors:
-                    if relay.node_id in _stored(self.state.store, _COMMITMENTS_KEY):
+                    if relay.node_id in _stored(self.state.store, _COMMITMENT_PREFIX):
                         continue
                     statement = await self._statement(client, relay)
                     # A commitment that comes after registration closed is not in the head: never store it.
                     if statement is not None and self.state.now() < schedule.t_register_end:
                         store_commitment(self.state.store, relay.node_id, statement.commitment)
-                committed = _stored(self.state.store, _COMMITMENTS_KEY)
+                committed = _stored(self.state.store, _COMMITMENT_PREFIX)
                 if len(committed) == len(self.mirrors) or self.state.now() >= schedule.t_register_end:
                     return
                 await trio.sleep(POLL_SECONDS)
@@ -140,8 +139,7 @@ class BeaconCollector:
                     if statement.commitment != entry.commitment or not statement.opened():
                         self.state.beacon_refused["reveal-mismatch"] += 1
                         continue
-                    revealed[entry.node_id] = statement.reveal
-                    _store(self.state.store, _REVEALS_KEY, revealed)
+                    revealed[entry.node_id] = _store_once(self.state.store, _REVEAL_PREFIX, entry.node_id, statement.reveal)
                 if all(entry.node_id in revealed for entry in commitments):
                     return tuple(revealed[entry.node_id] for entry in commitments)
                 if self.state.now() >= until:

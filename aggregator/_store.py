@@ -196,6 +196,17 @@ class RoundStore:
             db.execute("DELETE FROM meta WHERE key = ?", (key,))
         self._engine.scrub("meta")
 
+    def put_meta_once(self, key: str, value: bytes) -> bytes:
+        """Store ``value`` under ``key`` unless a value is stored there already; return the stored one (as
+        :meth:`publish_result`, for metadata: a relay's beacon commitment, its reveal)."""
+        return self._put_once("meta", key, value)
+
+    def meta_under(self, prefix: str) -> dict[str, bytes]:
+        """Every metadata key that starts with ``prefix`` (one per relay, say), with its value."""
+        with self._engine.read() as db:
+            rows = db.execute("SELECT key, value FROM meta WHERE substr(key, 1, length(?)) = ?", (prefix, prefix)).fetchall()
+        return {key: bytes(value) for key, value in rows}
+
     def put_result(self, key: str, value: bytes) -> None:
         self._put("results", key, value)
 
@@ -211,9 +222,12 @@ class RoundStore:
         key's uniqueness decides in one statement which is ever served, so no
         two signed versions exist; a read before the write could not.
         """
+        return self._put_once("results", key, value)
+
+    def _put_once(self, table: _KeyValueTable, key: str, value: bytes) -> bytes:
         with self._engine.transaction() as db:
-            db.execute("INSERT INTO results (key, value) VALUES (?, ?) ON CONFLICT (key) DO NOTHING", (key, value))
-            (stored,) = db.execute("SELECT value FROM results WHERE key = ?", (key,)).fetchone()
+            db.execute(f"INSERT INTO {table} (key, value) VALUES (?, ?) ON CONFLICT (key) DO NOTHING", (key, value))
+            (stored,) = db.execute(f"SELECT value FROM {table} WHERE key = ?", (key,)).fetchone()
         return bytes(stored)
 
     # -- registration ----------------------------------------------------------

@@ -63,10 +63,26 @@ CREATE TABLE inbox_counters (
 INSERT INTO inbox_counters (relay, counter, value) SELECT relay, 'entered', COUNT(*) FROM inbox GROUP BY relay;
 """
 
+# Version 9 (issue 27's review): each relay's beacon commitment and reveal under a key of its own, written once
+# (aggregator._beacon), instead of one JSON object per kind that every store rewrote whole. The values stay the
+# hex of the bytes. The old keys are split and removed. The two engines' JSON functions differ, so the text does.
+_BEACON_KINDS = (("beacon/commitments", "beacon/commitment/"), ("beacon/reveals", "beacon/reveal/"))
+_SQLITE_VERSION_9 = "".join(f"""
+INSERT OR IGNORE INTO meta (key, value)
+    SELECT '{prefix}' || item.key, CAST(item.value AS BLOB) FROM meta, json_each(CAST(meta.value AS TEXT)) AS item
+    WHERE meta.key = '{old}';
+DELETE FROM meta WHERE key = '{old}';""" for old, prefix in _BEACON_KINDS)
+_POSTGRES_VERSION_5 = "".join(f"""
+INSERT INTO meta (key, value)
+    SELECT '{prefix}' || item.key, convert_to(item.value, 'UTF8')
+    FROM meta, jsonb_each_text(convert_from(meta.value, 'UTF8')::jsonb) AS item WHERE meta.key = '{old}'
+    ON CONFLICT (key) DO NOTHING;
+DELETE FROM meta WHERE key = '{old}';""" for old, prefix in _BEACON_KINDS)
+
 SCHEMA = Schema(
     name="round",
     application_id=0x414E4103,  # "ANA\x03"
-    version=8,
+    version=9,
     tables=_version_5_tables(blob="BLOB", integer="INTEGER", real="REAL", row_id="INTEGER PRIMARY KEY AUTOINCREMENT")
     + _VERSION_6.format(blob="BLOB") + "\n" + _VERSION_7 + "\n" + _VERSION_8.format(integer="INTEGER"),
     migrations={
@@ -112,6 +128,7 @@ CREATE TABLE leases (name TEXT PRIMARY KEY, holder TEXT NOT NULL, expires REAL N
         5: _VERSION_6.format(blob="BLOB"),
         6: _VERSION_7,
         7: _VERSION_8.format(integer="INTEGER"),
+        8: _SQLITE_VERSION_9,
     },
     # Rounds from before stores were versioned wrote the version-1 tables.
     unversioned=1,
@@ -128,5 +145,7 @@ POSTGRES_MIGRATIONS: tuple[str, ...] = (
     _VERSION_7,
     # Version 4: SQLite's version 8.
     _VERSION_8.format(integer="BIGINT"),
+    # Version 5: SQLite's version 9.
+    _POSTGRES_VERSION_5,
 )
 """The PostgreSQL schema's history: entry ``i`` takes a round's schema from version ``i`` to ``i + 1``."""

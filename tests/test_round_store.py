@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import itertools
+import json
 import socket
 import sqlite3
 import threading
@@ -22,9 +23,10 @@ from typing import Any
 import pytest
 
 from anonml.aggregator import BatchTaken, PostgresLocation, RoundStore, VerifiedPacket
+from anonml.aggregator._beacon import store_commitment, stored_commitments, stored_reveals
 from anonml.aggregator._store import IssuedAnswer, IssuedCredential
 from anonml.aggregator._store_schema import POSTGRES_MIGRATIONS, SCHEMA
-from anonml.protocol import SurveyId
+from anonml.protocol import RelayEntry, SurveyId
 
 ROUND = hashlib.sha256(b"round").digest()
 _schemas = itertools.count()
@@ -286,10 +288,10 @@ def test_a_store_of_the_version_before_the_inbox_counters_counts_its_waiting_row
     assert two.inbox_by_relay == {"aa": 1, "bb": 3} and two.inbox_size() == 4
     engine: Any = two._engine
     if isinstance(location, PostgresLocation):
-        assert engine.schema_versions() == [1, 2, 3, 4]
+        assert engine.schema_versions() == list(range(1, len(POSTGRES_MIGRATIONS) + 1))
     else:
         with two._engine.read() as db:
-            assert db.execute("PRAGMA user_version").fetchone()[0] == 8
+            assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA.version
     one.close()
     two.close()
 
@@ -400,6 +402,68 @@ def test_a_signed_result_is_published_once_whichever_driver_writes_first(open_st
         for thread in threads:
             thread.join()
         assert len(set(returned)) == 1 and returned[0] == one.get_result(f"medians/{attempt}")
+
+
+def test_each_relays_beacon_value_is_stored_once_and_racing_drivers_lose_none(open_store: Opener) -> None:
+    """A stalled driver beside its successor: each stores the commitments it fetched as they come. Every relay's
+    first commitment is kept whoever stores it, a later one is ignored (a read-modify-write of one key for all
+    relays lost some), and a reveal likewise."""
+    stores = [open_store() for _ in range(4)]
+    relays = [bytes([n]) * 32 for n in range(24)]
+    start = threading.Barrier(len(stores))
+
+    def collect(index: int) -> None:
+        start.wait()
+        for node_id in relays[index::len(stores)] + relays[:3]:  # its share, and three every driver stores
+            store_commitment(stores[index], node_id, node_id[:1] * 32 if node_id in relays[index::len(stores)]
+                             else bytes([index + 100]) * 32)
+
+    threads = [threading.Thread(target=collect, args=(i,)) for i in range(len(stores))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    entries = tuple(RelayEntry(node_id, "127.0.0.1", 9000 + n, bytes(32), 0) for n, node_id in enumerate(relays))
+    stored = stored_commitments(stores[0], entries)
+    assert [c.node_id for c in stored] == relays  # none lost, in the relays' order
+    assert all(c.commitment == c.node_id[:1] * 32 for c in stored[3:])
+    others = {bytes([index + 100]) * 32 for index in range(len(stores))}
+    assert all(c.commitment in others | {c.node_id[:1] * 32} for c in stored[:3])  # whichever racing driver stored first
+    assert stores[1].put_meta_once("beacon/reveal/" + relays[0].hex(), b"00") == b"00"
+    assert stores[2].put_meta_once("beacon/reveal/" + relays[0].hex(), b"11") == b"00"
+    assert stored_reveals(stores[3]) == {relays[0]: b"\x00"}
+
+
+@pytest.mark.parametrize("engine", ["sqlite", "postgresql"])
+def test_a_store_of_the_version_before_per_relay_beacon_keys_splits_them(
+        engine: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    """SQLite's version 8 and PostgreSQL's version 4 kept all commitments (and all reveals) as one JSON object
+    of hex strings; opened now, each relay's value is under its own key and reads back the same."""
+    old_layout = {"beacon/commitments": {"aa" * 32: "01" * 32, "bb" * 32: "02" * 32},
+                  "beacon/reveals": {"aa" * 32: "03" * 16}}
+    rows = [(key, json.dumps(value).encode()) for key, value in old_layout.items()]
+    location: Path | PostgresLocation
+    if engine == "postgresql":
+        from anonml.aggregator._engines import PostgresEngine
+
+        location = PostgresLocation(request.getfixturevalue("postgres_server").url, "test_from_version_4")
+        old = PostgresEngine(location, POSTGRES_MIGRATIONS[:4])
+        with old.transaction() as db:
+            db.executemany("INSERT INTO meta (key, value) VALUES (?, ?)", rows)
+        old.close()
+    else:
+        location = tmp_path / "round.sqlite"
+        RoundStore(location).close()
+        with contextlib.closing(sqlite3.connect(location)) as db:
+            db.executemany("INSERT INTO meta (key, value) VALUES (?, ?)", rows)
+            db.execute("PRAGMA user_version = 8")
+            db.commit()
+    store = RoundStore(location)
+    assert store.get_meta("beacon/commitments") is None and store.get_meta("beacon/reveals") is None
+    assert store.meta_under("beacon/commitment/") == {
+        "beacon/commitment/" + "aa" * 32: b"01" * 32, "beacon/commitment/" + "bb" * 32: b"02" * 32}
+    assert stored_reveals(store) == {bytes.fromhex("aa" * 32): bytes.fromhex("03" * 16)}
+    store.close()
 
 
 def test_an_erased_secret_is_gone_from_the_table(open_store: Opener) -> None:
