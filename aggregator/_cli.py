@@ -421,7 +421,8 @@ def worker(data_dir: Path, round_id: str | None, store: str | None, name: str, h
            processes: int, claim_seconds: float, max_inbox_per_relay: int | None) -> None:
     """Take and verify a round's packets beside `aggregator run`, sharing its store (--store: PostgreSQL).
 
-    Relays may deliver to any worker; one killed at any moment loses nothing and counts nothing twice.
+    Relays spread their deliveries over the sink addresses the manifest lists (network.sink_workers) and
+    move what one fails to take to the others; a worker killed at any moment loses nothing and counts nothing twice.
     Workers on one SQLite file follow the same rules but take turns at its write lock.
     """
     import trio
@@ -443,6 +444,9 @@ def worker(data_dir: Path, round_id: str | None, store: str | None, name: str, h
                     state, host=bind, port=port, worker=name, processes=processes, claim_seconds=claim_seconds,
                     inbox=inbox, task_status=task_status))
                 click.echo(f"worker {name} of round {chosen[:SHORT_ID]} taking packets at {address[0]}:{address[1]}", err=True)
+                if (address[0], address[1]) not in state.manifest.aggregator_hop.endpoints:
+                    click.echo("note: the manifest does not list this address (network.sink_workers in the round's "
+                               "spec): relays deliver here only if it is reached at one that it lists", err=True)
                 async for _ in signals:
                     nursery.cancel_scope.cancel()
 

@@ -76,6 +76,8 @@ http_host = "127.0.0.1"
 http_port = 8080
 sink_host = "127.0.0.1"     # where last relays deliver (the aggregator is the last Sphinx hop)
 sink_port = 8081
+# sink_workers = [{ host = "10.0.0.2", port = 8081 }]   # optional: further sink addresses, each an `aggregator worker`
+                            # sharing the round's store; last relays spread their deliveries over all of them
 relays = [                  # each: a file `anonml relay info --json > relay-1.json` wrote (relative to
   "relay-1.json",           # this spec), or its fields written out:
   { node_id = "<hex>", host = "127.0.0.1", port = 9001, public_key = "<hex>", key_epoch = 1 },

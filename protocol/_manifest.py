@@ -193,22 +193,50 @@ class RelayEntry:
         return entry
 
 
+MAX_SINK_WORKERS = 16
+"""The most further packet-sink addresses (ingest workers) a manifest may list for its final hop."""
+
+
 @dataclass(frozen=True)
 class AggregatorHop:
-    """The aggregator as the last Sphinx hop: its X25519 key and packet-sink address."""
+    """The aggregator as the last Sphinx hop: its X25519 key and packet-sink address.
+
+    ``workers`` are further addresses of the same hop (``aggregator worker``
+    processes holding its key, sharing its store): a last relay may deliver
+    a packet to any of :attr:`endpoints`, whichever the packet names.
+    """
 
     node_id: bytes
     host: str
     port: int
     public_key: bytes
+    workers: tuple[tuple[str, int], ...] = ()
+
+    @property
+    def endpoints(self) -> tuple[tuple[str, int], ...]:
+        """Every address the final hop takes packets at: its own first (the one packets name), then its workers'."""
+        return ((self.host, self.port), *self.workers)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"node_id": self.node_id.hex(), "host": self.host, "port": self.port, "public_key": self.public_key.hex()}
+        hop = {"node_id": self.node_id.hex(), "host": self.host, "port": self.port, "public_key": self.public_key.hex()}
+        # Written only when there are some: a manifest without workers keeps the canonical bytes (and round id) it had.
+        return hop if not self.workers else {**hop, "workers": [{"host": h, "port": p} for h, p in self.workers]}
 
     @classmethod
     def read(cls, reader: FieldReader) -> AggregatorHop:
-        hop = cls(*_read_hop_address(reader))
+        address = _read_hop_address(reader)
+        workers: list[tuple[str, int]] = []
+        if reader.optional("workers"):
+            for index, item in enumerate(reader.items("workers", max_items=MAX_SINK_WORKERS)):
+                worker = reader.nested(item, f"{reader.name('workers')}[{index}]")
+                workers.append((worker.text("host", max_len=255, pattern=_HOST_PATTERN), worker.integer("port", 1, _MAX_PORT)))
+                worker.done()
+            if not workers:
+                reader.fail("workers", "an empty list: leave it out")
+        hop = cls(*address, workers=tuple(workers))
         reader.done()
+        if len(set(hop.endpoints)) != len(hop.endpoints):
+            reader.fail("workers", "an address is listed twice (the hop's own address counts)")
         return hop
 
 

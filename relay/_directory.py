@@ -38,7 +38,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -95,24 +95,38 @@ def _normalised_host(host: str) -> str:
     return str(parsed)
 
 
+@dataclass(frozen=True)
+class _Source:
+    """What one source (a static file, a round's manifest) lists."""
+
+    entries: tuple[DirectoryEntry, ...]
+    spans: tuple[Span, ...] | None
+    relays: frozenset[bytes]
+    sink: tuple[tuple[str, int], ...]
+    """A round's final hop's addresses (its own, then its workers'); empty for a static file."""
+
+
 class NextHopDirectory:
     """node id -> allowed addresses, and the phases of known rounds, merged over named sources."""
 
     def __init__(self) -> None:
-        self._sources: dict[str, tuple[tuple[DirectoryEntry, ...], tuple[Span, ...] | None, frozenset[bytes]]] = {}
+        self._sources: dict[str, _Source] = {}
         self._allowed: dict[bytes, frozenset[tuple[str, int]]] = {}
+        self._endpoints: dict[tuple[str, int], tuple[tuple[str, int], ...]] = {}
         self._at: dict[tuple[str, int], bytes] = {}
         self._hosts: frozenset[str] = frozenset()
         self._spans: tuple[Span, ...] | None = None
         self._relays: frozenset[bytes] = frozenset()
 
     def replace_source(self, source: str, entries: Iterable[DirectoryEntry], spans: Iterable[Span] | None = None,
-                       relays: Iterable[bytes] | None = None) -> None:
-        """Set the entries (and, for a round manifest, the phase spans and the node ids of its relays, not
-        its final hop) that ``source`` provides; ``relays`` None: every entry is a relay (a static file)."""
+                       relays: Iterable[bytes] | None = None, sink: Sequence[tuple[str, int]] = ()) -> None:
+        """Set the entries (and, for a round manifest, the phase spans, the node ids of its relays, not its
+        final hop, and its final hop's addresses, ``sink``) that ``source`` provides; ``relays`` None: every
+        entry is a relay (a static file)."""
         entries = tuple(entries)
         listed = frozenset(entry.node_id for entry in entries) if relays is None else frozenset(relays)
-        self._sources[source] = (entries, None if spans is None else tuple(spans), listed)
+        sink = tuple((_normalised_host(host), port) for host, port in sink)
+        self._sources[source] = _Source(entries, None if spans is None else tuple(spans), listed, sink)
         self._merge()
 
     def remove_source(self, source: str) -> None:
@@ -122,24 +136,29 @@ class NextHopDirectory:
     def _merge(self) -> None:
         allowed: dict[bytes, set[tuple[str, int]]] = {}
         spans: list[Span] | None = None
-        for entries, source_spans, _ in self._sources.values():
-            for entry in entries:
+        endpoints: dict[tuple[str, int], tuple[tuple[str, int], ...]] = {}
+        for source in self._sources.values():
+            for entry in source.entries:
                 allowed.setdefault(entry.node_id, set()).add((_normalised_host(entry.host), entry.port))
-            if source_spans is not None:
-                spans = [*(spans or []), *source_spans]
+            if source.spans is not None:
+                spans = [*(spans or []), *source.spans]
+            # A round's own sink addresses only: another round's (another sink, perhaps the same key) would refuse
+            # a packet of this one, so a relay never spreads over addresses of one node id merged from two sources.
+            endpoints.update((address, source.sink) for address in source.sink if len(source.sink) > 1)
+        self._endpoints = endpoints
         self._allowed = {node_id: frozenset(addresses) for node_id, addresses in allowed.items()}
         self._at = {address: node_id for node_id, addresses in allowed.items() for address in addresses}
         # Asked on every accepted connection (a flood's too): built here, once per directory change.
         self._hosts = frozenset(host for host, _ in self._at)
         self._spans = None if spans is None else tuple(sorted(spans))
-        self._relays = frozenset(node_id for _, _, relays in self._sources.values() for node_id in relays)
+        self._relays = frozenset(node_id for source in self._sources.values() for node_id in source.relays)
 
     def __len__(self) -> int:
         return len(self._allowed)
 
     def sources(self) -> Mapping[str, int]:
         """Entries per source (for logs)."""
-        return {source: len(entries) for source, (entries, _, _) in self._sources.items()}
+        return {name: len(source.entries) for name, source in self._sources.items()}
 
     def check(self, node_id: bytes, address: NodeAddress) -> DropReason | None:
         """None if ``node_id`` is a next hop at ``address``, else the drop reason."""
@@ -165,6 +184,12 @@ class NextHopDirectory:
         ends = [t_r for t_s, t_r in self._spans or () if t_s < window_end <= t_r]
         return max(ends) if ends else None
 
+    def sink_endpoints(self, host: str, port: int) -> tuple[tuple[str, int], ...]:
+        """The addresses a packet for the next hop at ``host:port`` may be delivered to: every sink address
+        of the round whose final hop is listed there (its ingest workers'), or that address alone."""
+        address = (_normalised_host(host), port)
+        return self._endpoints.get(address, (address,))
+
     def node_at(self, host: str, port: int) -> bytes | None:
         """The node id listed at ``host:port``, if exactly one source names one."""
         return self._at.get((_normalised_host(host), port))
@@ -182,11 +207,11 @@ class NextHopDirectory:
 
 
 def entries_from_manifest(signed: SignedManifest) -> tuple[DirectoryEntry, ...]:
-    """Every relay of a verified manifest's directory and its final hop."""
+    """Every relay of a verified manifest's directory and its final hop, at each of its sink addresses."""
     network = signed.manifest
     entries = [DirectoryEntry(relay.node_id, relay.host, relay.port) for relay in network.relays]
     hop = network.aggregator_hop
-    entries.append(DirectoryEntry(hop.node_id, hop.host, hop.port))
+    entries.extend(DirectoryEntry(hop.node_id, host, port) for host, port in hop.endpoints)
     return tuple(entries)
 
 

@@ -174,6 +174,10 @@ _FORWARD_PIPELINE = 4
 # A batch the next hop answered BUSY is retried after this long, until no next hop can take it any more
 # (Relay.forward_deadline); an unreachable one is retried by the link client, with backoff, until then.
 _FORWARD_RETRY_DELAY = 0.5
+# A packet sink with several addresses (its ingest workers): a batch is tried at one for this long, then
+# retried at the others, which take the next batches while the one that failed rests.
+_SINK_ATTEMPT_SECONDS = 5.0
+_UNREACHABLE_REST = 30.0
 # A packet whose window closed while the relay was down is released within this many seconds of the
 # restart, at an i.i.d. uniform time (module docstring: restart).
 _OVERDUE_SPREAD = 0.25
@@ -269,6 +273,10 @@ class Relay:
                                  per_neighbour=self._held_per_neighbour)
         self._wakeup = trio.Event()
         self._forwarders: dict[Neighbour, trio.MemorySendChannel[HeldPacket]] = {}
+        """One forwarder per address delivered to (a packet sink's each address, its workers')."""
+        self._sink_turn = 0
+        self._unreachable_until: dict[Neighbour, float] = {}
+        """Addresses that failed to take a batch, passed over until then (when their sink has others)."""
         self._nursery: trio.Nursery | None = None
         self._open_sender = open_sender if open_sender is not None else self._link_client
         self.directory = directory
@@ -598,15 +606,30 @@ class Relay:
         packets, stored_only = self.holdings.take_resident(row_ids)
         packets.extend(self.store.load(stored_only))
         for packet in packets:
-            neighbour = (packet.next_host, packet.next_port)
-            channel = self._forwarders.get(neighbour)
+            endpoint = self._delivery_address((packet.next_host, packet.next_port))
+            channel = self._forwarders.get(endpoint)
             if channel is None:
                 assert self._nursery is not None  # attach() runs before the scheduler starts
                 self._retire_idle_forwarders()
                 channel, receive = trio.open_memory_channel[HeldPacket](math.inf)
-                self._forwarders[neighbour] = channel
-                self._nursery.start_soon(self._run_forwarder, neighbour, receive)
+                self._forwarders[endpoint] = channel
+                self._nursery.start_soon(self._run_forwarder, endpoint, receive)
             channel.send_nowait(packet)
+
+    def _endpoints(self, neighbour: Neighbour) -> tuple[Neighbour, ...]:
+        return self.directory.sink_endpoints(*neighbour) if self.directory is not None else (neighbour,)
+
+    def _delivery_address(self, neighbour: Neighbour) -> Neighbour:
+        """Where to deliver a packet for ``neighbour``: itself, or, when it is a round's packet sink with
+        ingest workers, each of their addresses in turn, passing over one that just failed to take a batch
+        (issue 27: several workers share the round's intake, and one that stops loses nothing)."""
+        endpoints = self._endpoints(neighbour)
+        if len(endpoints) == 1:
+            return neighbour
+        now = self.clock.now()
+        reachable = [e for e in endpoints if self._unreachable_until.get(e, -math.inf) <= now] or list(endpoints)
+        self._sink_turn += 1
+        return reachable[self._sink_turn % len(reachable)]
 
     def _retire_idle_forwarders(self) -> None:
         """Close forwarders (and their connections) with nothing held, once
@@ -614,8 +637,9 @@ class Relay:
         neighbours change with the directory."""
         if len(self._forwarders) < self.config.max_neighbours:
             return
-        for neighbour in [n for n in self._forwarders if n not in self.holdings.neighbours]:
-            self._forwarders.pop(neighbour).close()
+        in_use = {endpoint for neighbour in self.holdings.neighbours for endpoint in self._endpoints(neighbour)}
+        for endpoint in [e for e in self._forwarders if e not in in_use]:
+            self._forwarders.pop(endpoint).close()
 
     async def _run_forwarder(self, neighbour: Neighbour, receive: trio.MemoryReceiveChannel[HeldPacket]) -> None:
         client = self._open_sender(neighbour)
@@ -630,6 +654,8 @@ class Relay:
                         except trio.WouldBlock:
                             break
                     give_up_at = self.clock.to_trio(min(self.forward_deadline(p.window_end) for p in batch))
+                    if len(self._endpoints(neighbour)) > 1:  # a packet sink with other addresses to try
+                        give_up_at = min(give_up_at, trio.current_time() + _SINK_ATTEMPT_SECONDS)
                     statuses = await client.send_batch([p.packet for p in batch], give_up_at=give_up_at)
                     self._settle(neighbour, batch, statuses)
 
@@ -641,33 +667,40 @@ class Relay:
         finally:
             await client.aclose()
 
-    def _settle(self, neighbour: Neighbour, batch: list[HeldPacket], statuses: list[AckStatus | None]) -> None:
+    def _settle(self, endpoint: Neighbour, batch: list[HeldPacket], statuses: list[AckStatus | None]) -> None:
+        """Account for a batch sent to ``endpoint``; its packets are held under the next hop they name
+        (``endpoint`` itself, or another address of the same packet sink)."""
         now = self.clock.now()
-        finished: list[int] = []
+        finished: dict[Neighbour, list[int]] = {}
         retried = 0
         for packet, status in zip(batch, statuses):
+            done = finished.setdefault((packet.next_host, packet.next_port), [])
             if status is AckStatus.ACCEPTED:
                 self.counters.forwarded += 1
-                finished.append(packet.row_id)
+                done.append(packet.row_id)
             elif status is AckStatus.REJECTED:
                 self.counters.drop(DropReason.NEXT_HOP_REJECTED)
-                finished.append(packet.row_id)
+                done.append(packet.row_id)
             elif now + _FORWARD_RETRY_DELAY <= (deadline := self.forward_deadline(packet.window_end)):
                 self.holdings.retry(packet, now + _FORWARD_RETRY_DELAY)
                 retried += 1
             else:
                 reason = DropReason.NEXT_HOP_BUSY if status is AckStatus.BUSY else DropReason.NEXT_HOP_UNREACHABLE
                 self.counters.drop(reason)
-                log_event(logger, logging.WARNING, "forward-dropped", neighbour=format_host_port(*neighbour),
+                log_event(logger, logging.WARNING, "forward-dropped", neighbour=format_host_port(*endpoint),
                           reason=reason, window_end=packet.window_end, deadline=deadline)
-                finished.append(packet.row_id)
+                done.append(packet.row_id)
+        if None in statuses and len(self._endpoints(endpoint)) > 1:
+            # Not reached, or no answer: the retries go to the sink's other addresses for a while.
+            self._unreachable_until[endpoint] = now + _UNREACHABLE_REST
         if retried:
             self.counters.forward_retries += 1
-            log_event(logger, logging.WARNING, "forward-retry", neighbour=format_host_port(*neighbour), packets=retried)
+            log_event(logger, logging.WARNING, "forward-retry", neighbour=format_host_port(*endpoint), packets=retried)
             self._wakeup.set()
         # Deleting is not urgent: a row that outlives a crash is re-sent after
         # the restart and the next hop's replay cache rejects the copy.
-        self.holdings.finish(neighbour, finished)
+        for neighbour, row_ids in finished.items():
+            self.holdings.finish(neighbour, row_ids)
         self._sync_counters()
 
     async def run_housekeeping(self) -> None:
@@ -704,7 +737,7 @@ class Relay:
         label = f"round {round_id.hex()[:16]} from {source}"
         self._rounds[round_id] = (ends_at, label)
         self.directory.replace_source(label, entries_from_manifest(signed), spans_from_manifest(signed),
-                                      relays_from_manifest(signed))
+                                      relays_from_manifest(signed), sink=signed.manifest.aggregator_hop.endpoints)
         log_event(logger, logging.INFO, "round-known", round=round_id.hex()[:16], source=source, ends_at=ends_at)
         if persist:
             try:

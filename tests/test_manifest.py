@@ -390,3 +390,23 @@ def test_the_minimum_anonymity_set_is_signed_and_a_manifest_without_one_hashes_a
     with pytest.raises(InvalidManifest) as refused:
         RoundManifest.from_dict(document)
     assert refused.value.field == "participation.min_anonymity_set"
+
+
+def test_a_sinks_worker_addresses_are_signed_and_a_manifest_without_them_hashes_as_before() -> None:
+    """Issue 27: the final hop lists its ingest workers' addresses (relays deliver to any of them); written
+    only when there are some, so earlier manifests keep their round ids."""
+    hop = fixed_manifest().aggregator_hop
+    assert hop.endpoints == (("127.0.0.1", 7100),) and b"workers" not in fixed_manifest().canonical_bytes()
+    workers = (("127.0.0.2", 7100), ("10.0.0.3", 7101))
+    listed = fixed_manifest(aggregator_hop=AggregatorHop(hop.node_id, hop.host, hop.port, hop.public_key, workers=workers))
+    assert listed.round_id.hex() != PINNED_ROUND_ID
+    assert RoundManifest.from_json(listed.canonical_bytes()) == listed
+    assert listed.aggregator_hop.endpoints == (("127.0.0.1", 7100), *workers)
+    for bad in ([], [{"host": "127.0.0.1", "port": 7100}], [{"host": "127.0.0.2", "port": 7100}] * 2,
+                [{"host": "127.0.0.2", "port": 0}], [{"host": "127.0.0.2", "port": 7100, "node_id": "aa"}],
+                [{"host": "127.0.0.2", "port": 7000 + i} for i in range(17)], "127.0.0.2:7100"):
+        document = listed.to_dict()
+        document["network"]["aggregator"]["workers"] = bad
+        with pytest.raises(InvalidManifest) as refused:
+            RoundManifest.from_dict(document)
+        assert refused.value.field.startswith("network.aggregator.workers"), (bad, refused.value)

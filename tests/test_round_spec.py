@@ -41,7 +41,8 @@ def every_key() -> dict[str, Any]:
         "data_send": 105, "data_delivery": 106, "check": 107, "median_second_send": 108, "median_second_delivery": 109,
         "data_second_send": 110, "data_second_delivery": 111, "publish_gap": 112,
     }
-    document["network"].update({"packet_size": 2048, "max_hops": 5, "sink_host": "127.0.0.2", "http_port": 8090, "sink_port": 8091})
+    document["network"].update({"packet_size": 2048, "max_hops": 5, "sink_host": "127.0.0.2", "http_port": 8090, "sink_port": 8091,
+                                "sink_workers": [{"host": "127.0.0.3", "port": 8091}]})
     document["participation"] = {
         "min_participation": 21, "registration": "allow-list", "purpose": "production", "max_roster": 1000, "max_per_client": 3,
         "invitations": 7, "allow_list": ["ab" * 32], "min_reports_per_survey": 4, "on_shortfall": "fail", "min_anonymity_set": 6,
@@ -64,6 +65,8 @@ def test_each_table_is_read_by_name_into_fields_named_as_its_keys() -> None:
                 assert [relay.node_id.hex() for relay in read] == [relay["node_id"] for relay in value]
             elif key == "allow_list":
                 assert read == tuple(bytes.fromhex(item) for item in value)
+            elif key == "sink_workers":
+                assert read == tuple((item["host"], item["port"]) for item in value)
             else:
                 assert read == value, (table, key)
     assert spec.task.quantiles is None and spec.task.features.names == ("colour", "shape", "size")
@@ -153,6 +156,23 @@ def test_round_new_refuses_a_sink_on_the_http_port_in_one_line(agg: Path, tmp_pa
     (line,) = output.strip().splitlines()
     assert "network.sink_port" in line and f"{http_port.group(1)} is also http_port" in line
     assert not (agg / "rounds").exists() or not any((agg / "rounds").iterdir())
+
+
+def test_sink_workers_are_signed_in_the_manifest_and_a_clash_is_refused() -> None:
+    """Issue 27: `sink_workers` lists where `aggregator worker` processes take packets; the manifest's final hop
+    lists them, and an address listed twice or taken by the sink or the HTTP API is refused by name."""
+    document = spec_document()
+    network = document["network"]
+    network["sink_workers"] = [{"host": "127.0.0.2", "port": network["sink_port"]}]
+    assert parse_round_spec(copy.deepcopy(document)).network.sink_workers == (("127.0.0.2", network["sink_port"]),)
+    for clash in ({"host": network["sink_host"], "port": network["sink_port"]},
+                  {"host": network["http_host"], "port": network["http_port"]},
+                  {"host": "127.0.0.2", "port": network["sink_port"]}):
+        clashing = copy.deepcopy(document)
+        clashing["network"]["sink_workers"].append(clash)
+        with pytest.raises(RoundSpecError) as refused:
+            parse_round_spec(clashing)
+        assert refused.value.field.startswith("network.sink_workers"), refused.value
 
 
 def test_round_new_states_the_smallest_survey_and_the_signed_minimum(agg: Path, tmp_path: Path) -> None:  # noqa: F811
