@@ -187,8 +187,7 @@ class NextHopDirectory:
     def sink_endpoints(self, host: str, port: int) -> tuple[tuple[str, int], ...]:
         """The addresses a packet for the next hop at ``host:port`` may be delivered to: every sink address
         of the round whose final hop is listed there (its ingest workers'), or that address alone."""
-        address = (_normalised_host(host), port)
-        return self._endpoints.get(address, (address,))
+        return self._endpoints.get((_normalised_host(host), port), ((host, port),))
 
     def node_at(self, host: str, port: int) -> bytes | None:
         """The node id listed at ``host:port``, if exactly one source names one."""

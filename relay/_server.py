@@ -146,6 +146,7 @@ from anonml.relay._directory import (
     verify_manifest,
 )
 from anonml.relay._budget import RefusalBudget
+from anonml.relay._delivery import SINK_ATTEMPT_SECONDS, DeliveryAddresses, Forwarders
 from anonml.relay._shares import HeldShares, Sender
 from anonml.relay._holdings import Holdings, Neighbour
 from anonml.relay._keys import EpochKey, KeyRing
@@ -174,10 +175,6 @@ _FORWARD_PIPELINE = 4
 # A batch the next hop answered BUSY is retried after this long, until no next hop can take it any more
 # (Relay.forward_deadline); an unreachable one is retried by the link client, with backoff, until then.
 _FORWARD_RETRY_DELAY = 0.5
-# A packet sink with several addresses (its ingest workers): a batch is tried at one for this long, then
-# retried at the others, which take the next batches while the one that failed rests.
-_SINK_ATTEMPT_SECONDS = 5.0
-_UNREACHABLE_REST = 30.0
 # A packet whose window closed while the relay was down is released within this many seconds of the
 # restart, at an i.i.d. uniform time (module docstring: restart).
 _OVERDUE_SPREAD = 0.25
@@ -272,11 +269,9 @@ class Relay:
         self.shares = HeldShares(per_source=config.max_held_per_source, per_prefix=config.max_held_per_prefix,
                                  per_neighbour=self._held_per_neighbour)
         self._wakeup = trio.Event()
-        self._forwarders: dict[Neighbour, trio.MemorySendChannel[HeldPacket]] = {}
-        """One forwarder per address delivered to (a packet sink's each address, its workers')."""
-        self._sink_turn = 0
-        self._unreachable_until: dict[Neighbour, float] = {}
-        """Addresses that failed to take a batch, passed over until then (when their sink has others)."""
+        self.delivery = DeliveryAddresses(
+            lambda neighbour: self.directory.sink_endpoints(*neighbour) if self.directory is not None else (neighbour,))
+        self._forwarders = Forwarders(self.delivery, self._start_forwarder, config.max_neighbours)
         self._nursery: trio.Nursery | None = None
         self._open_sender = open_sender if open_sender is not None else self._link_client
         self.directory = directory
@@ -606,40 +601,11 @@ class Relay:
         packets, stored_only = self.holdings.take_resident(row_ids)
         packets.extend(self.store.load(stored_only))
         for packet in packets:
-            endpoint = self._delivery_address((packet.next_host, packet.next_port))
-            channel = self._forwarders.get(endpoint)
-            if channel is None:
-                assert self._nursery is not None  # attach() runs before the scheduler starts
-                self._retire_idle_forwarders()
-                channel, receive = trio.open_memory_channel[HeldPacket](math.inf)
-                self._forwarders[endpoint] = channel
-                self._nursery.start_soon(self._run_forwarder, endpoint, receive)
-            channel.send_nowait(packet)
+            self._forwarders.send(packet, self.clock.now(), self.holdings.neighbours)
 
-    def _endpoints(self, neighbour: Neighbour) -> tuple[Neighbour, ...]:
-        return self.directory.sink_endpoints(*neighbour) if self.directory is not None else (neighbour,)
-
-    def _delivery_address(self, neighbour: Neighbour) -> Neighbour:
-        """Where to deliver a packet for ``neighbour``: itself, or, when it is a round's packet sink with
-        ingest workers, each of their addresses in turn, passing over one that just failed to take a batch
-        (issue 27: several workers share the round's intake, and one that stops loses nothing)."""
-        endpoints = self._endpoints(neighbour)
-        if len(endpoints) == 1:
-            return neighbour
-        now = self.clock.now()
-        reachable = [e for e in endpoints if self._unreachable_until.get(e, -math.inf) <= now] or list(endpoints)
-        self._sink_turn += 1
-        return reachable[self._sink_turn % len(reachable)]
-
-    def _retire_idle_forwarders(self) -> None:
-        """Close forwarders (and their connections) with nothing held, once
-        there are max_neighbours of them: a long-lived relay sees its
-        neighbours change with the directory."""
-        if len(self._forwarders) < self.config.max_neighbours:
-            return
-        in_use = {endpoint for neighbour in self.holdings.neighbours for endpoint in self._endpoints(neighbour)}
-        for endpoint in [e for e in self._forwarders if e not in in_use]:
-            self._forwarders.pop(endpoint).close()
+    def _start_forwarder(self, address: Neighbour, receive: trio.MemoryReceiveChannel[HeldPacket]) -> None:
+        assert self._nursery is not None  # attach() runs before the scheduler starts
+        self._nursery.start_soon(self._run_forwarder, address, receive)
 
     async def _run_forwarder(self, neighbour: Neighbour, receive: trio.MemoryReceiveChannel[HeldPacket]) -> None:
         client = self._open_sender(neighbour)
@@ -654,8 +620,8 @@ class Relay:
                         except trio.WouldBlock:
                             break
                     give_up_at = self.clock.to_trio(min(self.forward_deadline(p.window_end) for p in batch))
-                    if len(self._endpoints(neighbour)) > 1:  # a packet sink with other addresses to try
-                        give_up_at = min(give_up_at, trio.current_time() + _SINK_ATTEMPT_SECONDS)
+                    if self.delivery.has_others(neighbour):
+                        give_up_at = min(give_up_at, trio.current_time() + SINK_ATTEMPT_SECONDS)
                     statuses = await client.send_batch([p.packet for p in batch], give_up_at=give_up_at)
                     self._settle(neighbour, batch, statuses)
 
@@ -690,9 +656,8 @@ class Relay:
                 log_event(logger, logging.WARNING, "forward-dropped", neighbour=format_host_port(*endpoint),
                           reason=reason, window_end=packet.window_end, deadline=deadline)
                 done.append(packet.row_id)
-        if None in statuses and len(self._endpoints(endpoint)) > 1:
-            # Not reached, or no answer: the retries go to the sink's other addresses for a while.
-            self._unreachable_until[endpoint] = now + _UNREACHABLE_REST
+        if None in statuses:
+            self.delivery.failed(endpoint, now)
         if retried:
             self.counters.forward_retries += 1
             log_event(logger, logging.WARNING, "forward-retry", neighbour=format_host_port(*endpoint), packets=retried)

@@ -51,9 +51,11 @@ def _row(verdict: StrategyVerdict) -> str:
               help="Only these named strategies (repeatable; default: all).")
 @click.option("--seed", type=int, default=0, show_default=True, help="The first seed; trial i uses seed + i.")
 @click.option("--workers", type=click.IntRange(min=1), default=2, show_default=True, help="Processes running rounds.")
+@click.option("--clock-skew", type=click.FloatRange(0, 3600, max_open=True), default=0.0, show_default=True,
+              help="Seconds the target's clock runs slow; every other peer's is off by a uniform draw within as much.")
 @click.option("--json", "as_json", is_flag=True, help="Print the verdicts as JSON.")
 def simulate(peers: int, trials: int, random_trials: int, strategies: tuple[str, ...], seed: int, workers: int,
-             as_json: bool) -> None:
+             clock_skew: float, as_json: bool) -> None:
     """Run whole rounds in process on a virtual clock, each against an adversarial aggregator and relays.
 
     Every role runs its real code over an in-memory network. For each
@@ -66,7 +68,7 @@ def simulate(peers: int, trials: int, random_trials: int, strategies: tuple[str,
     from anonml.simulate._property import StrategyVerdict
     from anonml.simulate._world import SimulationConfig
 
-    base = SimulationConfig(peers=peers)
+    base = SimulationConfig(peers=peers, clock_skew=clock_skew)
     plan: list[tuple[str, SimulationConfig]] = []
     for name in strategies or tuple(StrategyName):
         plan += [(name, replace(base, seed=seed + i)) for i in range(trials)]
@@ -80,7 +82,7 @@ def simulate(peers: int, trials: int, random_trials: int, strategies: tuple[str,
     verdicts = [StrategyVerdict(name, trial_scores) for name, trial_scores in by_strategy.items()]
     seconds = time.monotonic() - started
     if as_json:
-        document: dict[str, Any] = {"peers": peers, "seconds": round(seconds, 1), "rounds": len(plan),
+        document: dict[str, Any] = {"peers": peers, "clock_skew": clock_skew, "seconds": round(seconds, 1), "rounds": len(plan),
                                     "verdicts": [v.as_dict() for v in verdicts]}
         click.echo(json.dumps(document, indent=2))
     else:

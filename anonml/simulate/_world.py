@@ -99,8 +99,13 @@ class SimulationConfig:
     partitions: int = 2
     seed: int = 0
     epsilon_total: float = 4.0
+    clock_skew: float = 0.0
+    """How far off the peers' clocks are, in seconds: the target's (the peer the seed names) runs this much
+    slow, so it sends that much late, and every other peer's is off by a uniform draw in ``±clock_skew``."""
 
     def __post_init__(self) -> None:
+        if not 0 <= self.clock_skew < 3_600:
+            raise ValueError(f"clock_skew={self.clock_skew!r} must be in [0, 3600) seconds")
         if self.peers < 2 * self.partitions:
             raise ValueError(f"peers={self.peers!r}: at least two peers per partition")
         if not 1 <= self.path_length <= self.relays:
@@ -130,6 +135,8 @@ class PeerOutcome:
     index: int
     address: str
     key: bytes
+    clock_offset: float = 0.0
+    """Its clock minus true time (``SimulationConfig.clock_skew``; negative: slow)."""
     result: JoinResult | None = None
     refused: JoinRefused | None = None
     error: str | None = None
@@ -187,6 +194,15 @@ def peer_row(index: int, rng: np.random.Generator) -> dict[str, Any]:
     return {"age": age, "colour": colour, "y": "1" if rng.random() < (0.8 if positive else 0.2) else "0"}
 
 
+def _clock_offset(config: SimulationConfig, index: int) -> float:
+    """Peer ``index``'s clock error: ``-clock_skew`` for the target, a seeded uniform draw for the others."""
+    if config.clock_skew == 0:
+        return 0.0
+    if index == config.seed % config.peers:
+        return -config.clock_skew
+    return random.Random(_seeded(config.seed, "clock", index)).uniform(-config.clock_skew, config.clock_skew)
+
+
 def _seeded(seed: int, *purpose: object) -> int:
     """A 64-bit seed for one purpose, derived from the run's seed (streams never overlap)."""
     text = ":".join(str(part) for part in (seed, *purpose)).encode()
@@ -236,7 +252,7 @@ class _World:
         self.state.clock = lambda: T0 + trio.current_time()
         self.round_dir = self.home.round_dir(self.state.round_id)
         self.report: dict[str, Any] = {}
-        self.peers = [PeerOutcome(i, peer_ip(i), b"") for i in range(config.peers)]
+        self.peers = [PeerOutcome(i, peer_ip(i), b"", _clock_offset(config, i)) for i in range(config.peers)]
         self.store = PeerStore(root / "peers.sqlite", durable=False)
 
     def _relay_config(self, index: int, aggregator: PinnedAggregator) -> RelayConfig:
@@ -280,8 +296,9 @@ class _World:
         geometry = signed.manifest.sphinx_geometry()
         async with open_transport(packet_size=geometry.packet_size, geometry_hash=geometry.canonical_hash(),
                                   network=self.network, local_address=outcome.address) as transport:
+            offset, clock = outcome.clock_offset, self.state.clock
             session = RoundSession(
-                client, transport, now=self.state.clock,
+                client, transport, now=clock if offset == 0 else lambda: clock() + offset,
                 mirror_client=mirror_clients(network),
                 mirror_order=random.Random(_seeded(seed, "mirrors", outcome.index)),
             )
