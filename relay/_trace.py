@@ -13,7 +13,8 @@ between send and arrival times (``anonml.demo._trace``). ``anonml relay run
   ``packet`` what goes to the next hop (the next hop's ``in``), ``taken_in``
   the wall time its link batch was read, ``release_at`` the drawn release time,
   the window that of this hop;
-* ``{"out": H(packet), "forwarded": t}`` when the next hop acknowledged it.
+* ``{"out": H(packet), "forwarded": t, "to": "host:port"}`` when the next hop (at that address: one of a
+  packet sink's, if it has ingest workers) acknowledged it.
 
 Written by a relay whose operator is an adversary, this is nothing it could
 not record anyway (it sees every frame and its own release times); written
@@ -33,6 +34,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from anonml.crypto import ForwardPacket, ReleaseWindow
+from anonml.protocol import format_host_port
 from anonml.relay._keys import EpochKey
 from anonml.relay._server import Relay, _Batch
 from anonml.relay._store import HeldPacket
@@ -56,8 +58,8 @@ class PacketTrace:
                      "taken_in": taken_in, "release_at": release_at,
                      "window_start": float(window.start), "window_end": float(window.end)})
 
-    def forwarded(self, packet: bytes, at: float) -> None:
-        self._write({"out": hashlib.sha256(packet).hexdigest(), "forwarded": at})
+    def forwarded(self, packet: bytes, at: float, to: tuple[str, int]) -> None:
+        self._write({"out": hashlib.sha256(packet).hexdigest(), "forwarded": at, "to": format_host_port(*to)})
 
     def close(self) -> None:
         self._file.close()
@@ -89,5 +91,5 @@ class TracingRelay(Relay):
         now = self.clock.now()
         for packet, status in zip(batch, statuses):
             if status is AckStatus.ACCEPTED:
-                self.trace.forwarded(packet.packet, now)
+                self.trace.forwarded(packet.packet, now, neighbour)
         super()._settle(neighbour, batch, statuses)

@@ -224,3 +224,17 @@ def test_the_model_averaging_demo_accepts_every_block_charges_each_peer_its_prom
     assert (summary["report"]["averaged_model"]["regularization_rule"], summary["report"]["averaged_model"]["categorical_weight"]) == (5, 0.5)
     assert isinstance(summary["auc"], float) and summary["auc"] > 0.7
     assert "Traceback" not in output
+
+
+@pytest.mark.whole_round
+def test_relays_spread_a_demos_packets_over_the_aggregators_sink_and_its_ingest_workers(tmp_path: Path) -> None:
+    """Issue 27: `--sink-workers 2` lists two `aggregator worker` processes in the manifest; the last relays deliver
+    to all three addresses, and every message is accepted once."""
+    summary, output = finished_demo(tmp_path, "--peers", "20", "--sink-workers", "2")
+    assert summary["phase"] == "done" and summary["audit"]["accepted"] == summary["audit"]["prepared"] == 40
+    assert summary["audit"]["counted_twice"] == 0
+    taken = summary["sink_deliveries"]
+    assert len(taken) == 3 and min(taken.values()) >= sum(taken.values()) / 6, taken
+    network = tomllib.loads((tmp_path / "work" / "round.toml").read_text())["network"]
+    assert [f"{worker['host']}:{worker['port']}" for worker in network["sink_workers"]] == list(taken)[1:]
+    assert "packets each sink address took" in output and "Traceback" not in output

@@ -53,6 +53,9 @@ from anonml.protocol import SGD_LOSSES
               help="--task model-averaging: the public weight of the categorical columns before each peer divides its rows "
                    "into the unit ball, signed as [task] categorical_weight; default "
                    f"{ROUND_CATEGORICAL_WEIGHT:g} (chosen on Adult's validation rows).")
+@click.option("--sink-workers", type=click.IntRange(0, 16), default=0, show_default=True,
+              help="Ingest workers (`aggregator worker`) beside the aggregator, listed in the manifest: relays spread "
+                   "their deliveries over them and its own sink.")
 @click.option("--linger", type=click.FloatRange(0, 3600), default=0.0, help="Keep the aggregator's dashboard up this many seconds after the round.")
 @click.option("--explain-anonymity", "explain", type=click.Path(file_okay=False, exists=True, path_type=Path), default=None,
               help="Run no round: split the send-vs-arrival rank correlation of the finished demo in this --work-dir by stage "
@@ -60,7 +63,7 @@ from anonml.protocol import SGD_LOSSES
 def demo(peers: int | None, dataset: str, data_dir: Path | None, epsilon: float, workers: int, work_dir: Path | None, seed: int,
          json_out: Path | None, linger: float, task: str, queries: tuple[str, ...], rows_per_peer: int | None, sgd_steps: int | None,
          sgd_learning_rate: float | None, sgd_loss: str | None, regularization_rule: float | None, categorical_weight: float | None,
-         explain: Path | None) -> None:
+         sink_workers: int, explain: Path | None) -> None:
     """Run one complete round on loopback: 5 relays (paths of 3), the aggregator, N peers.
 
     Exits 0 when the round is done and the aggregator accepted at least 99%
@@ -74,7 +77,8 @@ def demo(peers: int | None, dataset: str, data_dir: Path | None, epsilon: float,
 
     from anonml.demo._children import until_signalled
     from anonml.demo._data import adult_data, breast_cancer_data, write_experiment_files
-    from anonml.demo._run import run_demo
+    from anonml.demo._ports import free_port
+    from anonml.demo._run import Network, run_demo
     from anonml.demo._schedule import SGD_STEPS
     from anonml.demo._summary import EXIT_REASONS, exit_code, experiment_command, print_summary, sgd_experiment_command
     from anonml.protocol import QueryError, TaskKind, check_queries
@@ -113,7 +117,8 @@ def demo(peers: int | None, dataset: str, data_dir: Path | None, epsilon: float,
                                                console=console, linger=linger, task=TaskKind(task), queries=queries,
                                                rows_per_peer=rows, sgd_steps=sgd_steps or SGD_STEPS,
                                                sgd_learning_rate=sgd_learning_rate, sgd_loss=sgd_loss,
-                                               regularization_rule=regularization_rule, categorical_weight=categorical_weight))
+                                               regularization_rule=regularization_rule, categorical_weight=categorical_weight,
+                                               network=Network(sink_worker_ports=[free_port() for _ in range(sink_workers)])))
     if isinstance(result, int):
         console.print(f"stopped by {signal.Signals(result).name}; every child process was stopped; files in {work}")
         raise SystemExit(128 + result)

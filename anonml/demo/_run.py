@@ -35,8 +35,8 @@ from anonml.demo._ports import HOST, free_port
 from anonml.demo._progress import Progress, phase_rows, read_worker, scrape_relay
 from anonml.demo._schedule import AGGREGATOR_PROCESSES, PATH_LENGTH, RELAYS, SGD_STEPS, DemoParams, plan_round, round_spec, to_toml
 from anonml.demo._summary import anonymity_figures, summarise
-from anonml.demo._trace import explain_work_dir, relay_trace_file
-from anonml.protocol import TaskKind
+from anonml.demo._trace import deliveries_to, explain_work_dir, relay_trace_file
+from anonml.protocol import TaskKind, format_host_port
 from anonml.demo._swarm import SwarmConfig
 from anonml.transport import tls_context
 
@@ -60,6 +60,9 @@ class Network:
     relay_listen_ports: list[int] = field(default_factory=list)
     """Where each relay listens, if not there (the fault benchmark puts a lossy proxy between)."""
     metrics_ports: list[int] = field(default_factory=lambda: [free_port() for _ in range(RELAYS)])
+    sink_worker_ports: list[int] = field(default_factory=list)
+    """Where each of the aggregator's ingest workers takes packets (``anonml demo --sink-workers N``): the manifest
+    lists them, and the last relays spread their deliveries over them and the aggregator's own sink."""
     sink_listen_port: int | None = None
     """Where the aggregator takes packets, if not at ``sink_port`` (the fault benchmark puts a lossy proxy between)."""
     aggregator_host: str = HOST
@@ -152,7 +155,7 @@ async def open_round(children: Children, work: Path, agg_dir: Path, data: DemoDa
     # `bench round` and the browser test read the spec as soon as it exists:
     # a half-written one once failed CI there (no [network] table yet).
     replace_file(spec_path, to_toml(round_spec(data, params, descriptors, network.http_port, network.sink_port,
-                                                  host=network.aggregator_host)))
+                                                  host=network.aggregator_host, sink_workers=network.sink_worker_ports)))
     # The schedule starts once `aggregator run` can be serving: its start-up, measured, with headroom.
     out = await children.run("aggregator-round-new", [
         "aggregator", "round", "new", "--data-dir", str(agg_dir), "--spec", str(spec_path),
@@ -171,6 +174,11 @@ async def open_round(children: Children, work: Path, agg_dir: Path, data: DemoDa
     aggregator = await children.start(
         "aggregator", [*network.prefix("aggregator"), *anonml_command(*run_aggregator)], restart=True, done=lambda code: code in AGGREGATOR_ENDS,
     )
+    for i, port in enumerate(network.sink_worker_ports):
+        # Beside `aggregator run` on its SQLite store (they take turns at its write lock), verifying in a thread.
+        run_worker = ["aggregator", "worker", "--data-dir", str(agg_dir), "--round", round_id, "--name", f"w{i}",
+                      "--host", network.aggregator_host, "--port", str(port), "--processes", "0"]
+        await children.start(f"ingest-{i}", [*network.prefix("aggregator"), *anonml_command(*run_worker)], restart=True)
     return round_id, aggregator
 
 
@@ -304,6 +312,9 @@ async def run_demo(data: DemoData, *, peers: int, epsilon: float, workers: int, 
     else:
         summary["auc"] = held_out_auc(data, round_dir / "model.json")
     summary["report_path"] = str(round_dir / "report.html")
+    if network.sink_worker_ports:
+        summary["sink_deliveries"] = deliveries_to(work, RELAYS, [format_host_port(network.aggregator_host, port)
+                                                                  for port in (network.sink_port, *network.sink_worker_ports)])
     summary["anonymity"] = anonymity_figures(progress, round_dir / LINKS_JSON)
     if (round_dir / LINKS_JSON).is_file():
         # Which stage of the paths carries any correlation (anonml demo --explain-anonymity reads it again).

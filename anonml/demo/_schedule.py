@@ -403,9 +403,9 @@ def schedule_seconds(schedule: Mapping[str, int]) -> int:
 
 
 def round_spec(data: DemoData, params: DemoParams, relays: list[dict[str, Any]], http_port: int, sink_port: int,
-               host: str = HOST) -> dict[str, Any]:
+               host: str = HOST, sink_workers: Sequence[int] = ()) -> dict[str, Any]:
     """The round spec for ``anonml aggregator round new`` (durations count from that command); the aggregator
-    serves its HTTP API and packet sink at ``host``."""
+    serves its HTTP API and packet sink at ``host``, its ingest workers at the ports ``sink_workers``."""
     spec = data.spec.to_dict()
     min_participation = max(1, params.peers // 2)
     # The demo runs at any --peers: it signs the minimum anonymity set its own
@@ -432,6 +432,7 @@ def round_spec(data: DemoData, params: DemoParams, relays: list[dict[str, Any]],
             "http_port": http_port,
             "sink_host": host,
             "sink_port": sink_port,
+            **({"sink_workers": [{"host": host, "port": port} for port in sink_workers]} if sink_workers else {}),
         },
         # A demo: open registration, and every peer comes from this machine's one address.
         "participation": {

@@ -299,6 +299,9 @@ def print_summary(console: Any, summary: dict[str, Any], params: DemoParams) -> 
         + ", ".join(f"relay {i}: {n}" for i, n in late["per_relay"].items())
         + f"; window open {late['mean_seconds_open']:.2f} s on average); {late['due_before_stored']} due before stored",
     )
+    if "sink_deliveries" in summary:
+        table.add_row("packets each sink address took (the aggregator's, then its workers')",
+                      ", ".join(f"{address}: {count}" for address, count in summary["sink_deliveries"].items()))
     table.add_row("dropped by relays", ", ".join(f"{k}: {v}" for k, v in sorted(summary["relay_drops"].items())) or "none")
     table.add_row(
         "epsilon per peer, local, record level (ledger sums)",

@@ -42,6 +42,18 @@ def relay_trace_file(work: Path, relay: int) -> Path:
     return work / "traces" / f"relay-{relay}.jsonl"
 
 
+def deliveries_to(work: Path, relays: int, addresses: Sequence[str]) -> dict[str, int]:
+    """How many packets the relays' traces show each of ``addresses`` (``host:port``) acknowledged: a sink's own
+    and its ingest workers' (``anonml demo --sink-workers``)."""
+    counts = dict.fromkeys(addresses, 0)
+    for relay in range(relays):
+        path = relay_trace_file(work, relay)
+        for record in _read_lines(path) if path.is_file() else ():
+            if record.get("to") in counts:
+                counts[record["to"]] += 1
+    return counts
+
+
 @dataclass(frozen=True)
 class Hop:
     """One relay's handling of one message: when it took the packet in, the release time it drew, and
