@@ -34,6 +34,7 @@ import trio
 from anonml.base.errors import InputError, TransportError
 from anonml.base.memo import PureCache
 from anonml.protocol import (
+    CLOCK_HEADER,
     MAX_RESPONSE_BYTES,
     PATH_CREDENTIAL,
     PATH_HEADS,
@@ -178,6 +179,8 @@ class AggregatorClient:
         # Draws the retry delays; seeded in the simulator, so one seed gives one trace.
         self._jitter = jitter if jitter is not None else random.Random()
         self.requests = 0
+        self.server_clock: tuple[float, float] | None = None
+        """The last answer's ``protocol.CLOCK_HEADER`` (a relay mirror's clock) and the trio time it arrived."""
         self.retries = 0
 
     def _permanent(self, exc: httpx.HTTPError) -> AggregatorError | None:
@@ -221,6 +224,9 @@ class AggregatorClient:
                 failure: AggregatorError = AggregatorError(0, f"{type(exc).__name__}: {exc}")
             else:
                 self._reached = True
+                told = _clock_header(response)
+                if told is not None:
+                    self.server_clock = (told, trio.current_time())
                 if len(response.content) > MAX_RESPONSE_BYTES:
                     raise AggregatorError(response.status_code, f"response of {len(response.content)} bytes is too large")
                 if response.status_code == 404:
@@ -353,6 +359,16 @@ def _error_reason(response: httpx.Response) -> str:
 def retry_delay(attempt: int) -> float:
     """Seconds between polls for a document not published yet (capped exponential)."""
     return min(0.25 * math.pow(1.5, attempt), 2.0)
+
+
+def _clock_header(response: httpx.Response) -> float | None:
+    """A relay mirror's clock from its answer (``protocol.CLOCK_HEADER``), if it gives a plausible one."""
+    value = response.headers.get(CLOCK_HEADER)
+    try:
+        told = float(value) if value is not None and len(value) <= 32 else None
+    except ValueError:
+        return None
+    return told if told is not None and 0 < told < 1e11 else None
 
 
 def mirror_clients(network: Network = TCP_NETWORK) -> Callable[[str], AggregatorClient]:

@@ -44,6 +44,7 @@ class RefusalReason(StrEnum):
     BEACON_UNREVEALED = "beacon-unrevealed"
     TOO_FEW_ROWS = "too-few-rows"
     MODEL_LAYOUT = "model-layout"
+    CLOCK_OFF = "clock-off"
 
 
 class PeerEvent(StrEnum):

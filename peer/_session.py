@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -23,9 +23,11 @@ from anonml.base.errors import AnonMLError
 from anonml.crypto import IssuerPublicKey, SphinxGeometry
 from anonml.peer._beacon import BeaconRefused, check_commitments, collect_reveals
 from anonml.peer._client import AggregatorClient, AggregatorError, answer_by, mirror_clients, retry_delay
+from anonml.peer._events import RefusalReason
 from anonml.peer._store import EquivocationProof
 from anonml.peer._transport import PacketTransport
 from anonml.protocol import (
+    MAX_CLOCK_ERROR,
     Check,
     DocumentKind,
     FeatureSpec,
@@ -63,7 +65,8 @@ class JoinRefused(AnonMLError):
     document fails to verify, the aggregator equivocated (``"equivocation"``,
     both documents stored), the relays' beacon does not give unbiased
     partitions (``"beacon-incomplete"``, ``"beacon-mismatch"``,
-    ``"beacon-unrevealed"``: ``peer._beacon``), or a release would exceed its budget. ``reason``
+    ``"beacon-unrevealed"``: ``peer._beacon``), its clock is off the relays' (``"clock-off"``), or a release
+    would exceed its budget. ``reason``
     is a short machine-readable name (counted by the demo)."""
 
     def __init__(self, reason: str, message: str) -> None:
@@ -122,6 +125,18 @@ class _SingleFlight:
         finally:
             del self._pending[key]
             event.set()
+
+
+def check_clock(offsets: Sequence[float]) -> None:
+    """Refuse (``clock-off``) when more than half of the mirrors that told their clock put this machine's
+    beyond ``protocol.MAX_CLOCK_ERROR`` on one side: its sends would reach first relays after their windows
+    opened, and be refused. A minority of mirrors (colluding relays) can neither force the refusal nor hide it."""
+    for side, behind in ((1, "behind"), (-1, "ahead of")):
+        off = sorted(side * offset for offset in offsets if side * offset > MAX_CLOCK_ERROR)
+        if 2 * len(off) > len(offsets):
+            raise JoinRefused(RefusalReason.CLOCK_OFF, f"this machine's clock is at least {off[0]:.1f} s {behind} the "
+                              f"clocks of {len(off)} of the round's {len(offsets)} relay mirrors asked; a first relay "
+                              "refuses a packet that reaches it after its window opened: set the clock (NTP) and join again")
 
 
 @dataclass(frozen=True)
@@ -239,14 +254,19 @@ class RoundSession:
 
         async def compare() -> bool:
             identity = manifest.identity_key
+            offsets: list[float] = []
 
             async def fetch(mirror: AggregatorClient) -> SignedManifest | None:
                 mirrored = await mirror.mirrored_manifest(identity)
+                if mirror.server_clock is not None:
+                    told, at = mirror.server_clock
+                    offsets.append(told - (self.now() - (trio.current_time() - at)))
                 if mirrored is not None:
                     mirrored.verify(identity)
                 return mirrored
 
             answers = await self._from_mirrors(manifest, fetch, manifest.schedule.t_issue_end - _MARGIN)
+            check_clock(offsets)
             for mirrored in answers:
                 # DESIGN.md §5: two manifests of one signer with overlapping schedules, whatever their names.
                 if mirrored.round_id != signed.round_id and _overlap(mirrored.manifest, manifest):

@@ -63,6 +63,8 @@ if TYPE_CHECKING:
         TaskKind,
     )
     from anonml.protocol._api import (
+        CLOCK_HEADER,
+        MAX_CLOCK_ERROR,
         MAX_REQUEST_BYTES,
         MAX_RESPONSE_BYTES,
         MAX_ROSTER,
@@ -355,6 +357,8 @@ __all__ = [
     "verify_inclusion",
     "worst_case_releases",
     "BEACON_BYTES",
+    "CLOCK_HEADER",
+    "MAX_CLOCK_ERROR",
     "BeaconCommitment",
     "BeaconStatement",
     "InvalidBeacon",

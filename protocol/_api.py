@@ -61,6 +61,16 @@ PATH_MIRROR = "/v1/mirror/{identity}"
 """A relay's read-only mirror of one aggregator's documents (``relay._mirror``)."""
 
 
+CLOCK_HEADER = "anonml-clock"
+"""Every relay mirror answer carries the relay's wall clock as it answered (UTC seconds, a decimal): a peer
+compares its own clock with the mirrors' before it asks for its credential (``peer._session``)."""
+
+MAX_CLOCK_ERROR = 2.0
+"""Seconds a peer's clock may be off the relays' before it stops. A first relay refuses a packet whose window
+has opened by its own clock; the first hop's guard absorbs at least a second, and in the simulator a peer 3 s
+slow lost nothing while 4 s slow lost reports (README, "Peers' clocks")."""
+
+
 def mirror_path(identity: bytes, what: str) -> str:
     """The mirror's path for ``what`` (``manifest``, ``roster/head``, ``heads``, ``conflicts``) of one aggregator."""
     return PATH_MIRROR.format(identity=identity.hex()) + "/" + what

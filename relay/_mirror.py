@@ -56,6 +56,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from anonml.protocol import (
+    CLOCK_HEADER,
     MAX_RESPONSE_BYTES,
     PATH_HEADS,
     PATH_MANIFEST,
@@ -269,14 +270,18 @@ async def refresh_one(client: httpx.AsyncClient, mirrored: MirroredAggregator, n
         log_event(logger, logging.DEBUG, "mirror-fetch-failed", aggregator=mirrored.pinned.url, error=str(exc)[:200])
 
 
-def build_mirror_app(mirrored: Sequence[MirroredAggregator], beacon: RelayBeacon | None = None) -> Starlette:
-    """The read-only HTTP face of the mirror (and of the relay's beacon, if it has one)."""
+def build_mirror_app(mirrored: Sequence[MirroredAggregator], beacon: RelayBeacon | None = None,
+                     now: Callable[[], float] = time.time) -> Starlette:
+    """The read-only HTTP face of the mirror (and of the relay's beacon, if it has one); every answer carries
+    the relay's clock ``now`` (``protocol.CLOCK_HEADER``), which peers check theirs against."""
     by_identity = {m.pinned.identity.hex(): m for m in mirrored}
 
     def found(body: bytes | None) -> Response:
+        clock = {CLOCK_HEADER: f"{now():.3f}"}
         if body is None:
-            return Response(canonical_json({"error": "not mirrored (yet)"}), status_code=404, media_type="application/json")
-        return Response(body, media_type="application/json")
+            return Response(canonical_json({"error": "not mirrored (yet)"}), status_code=404, media_type="application/json",
+                            headers=clock)
+        return Response(body, media_type="application/json", headers=clock)
 
     def lookup(request: Request) -> MirroredAggregator | None:
         return by_identity.get(str(request.path_params["identity"]))
@@ -344,7 +349,7 @@ async def serve_mirror(
         network.http_client(timeout=httpx.Timeout(timeout), verify=tls_context()) as client,
         trio.open_nursery() as nursery,
     ):
-        url = await nursery.start(serve_http_on, build_mirror_app(mirrored, beacon), listeners, limits, counts)
+        url = await nursery.start(serve_http_on, build_mirror_app(mirrored, beacon, now), listeners, limits, counts)
 
         async def refresh_forever(m: MirroredAggregator) -> None:
             while True:

@@ -336,9 +336,12 @@ async def test_a_relay_mirror_serves_and_refreshes_over_the_network(autojump_clo
     network = MemoryNetwork(on_connect=record)
     pinned = PinnedAggregator("http://10.0.0.1:8080", bytes(range(32)))  # nobody serves it: refreshes fail
     async with trio.open_nursery() as nursery:
-        url = await nursery.start(partial(serve_mirror, (RELAY_IP, 8081), [pinned], network=network.node(RELAY_IP)))
+        url = await nursery.start(partial(serve_mirror, (RELAY_IP, 8081), [pinned], network=network.node(RELAY_IP),
+                                          now=lambda: 1_800_000_000.25))
         client = AggregatorClient(url, network=network.node(PEER_IP))
         assert await client.mirrored_manifest(pinned.identity) is None  # 404: not mirrored (yet)
+        # Every answer, a 404 too, tells the relay's clock: the peer checks its own against it.
+        assert client.server_clock is not None and client.server_clock[0] == 1_800_000_000.25
         await client.aclose()
         nursery.cancel_scope.cancel()
     assert url == f"http://{RELAY_IP}:8081"
