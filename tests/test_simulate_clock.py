@@ -15,8 +15,9 @@ from anonml.peer import JoinRefused, PeerEvent, RefusalReason
 from anonml.peer._session import check_clock
 from anonml.protocol import MAX_CLOCK_ERROR
 from anonml.simulate import SimulationConfig, simulate_round
+from anonml.simulate._clocks import LyingMirrorClocks
 from anonml.simulate._property import StrategyVerdict, score_trial
-from anonml.simulate._world import RoundTrace
+from anonml.simulate._world import RoundTrace, peer_ip
 
 
 def _round(skew: float, seed: int) -> tuple[RoundTrace, Counter[PeerEvent], StrategyVerdict]:
@@ -58,3 +59,17 @@ def test_a_minority_of_mirrors_can_neither_force_the_refusal_nor_hide_it() -> No
         with pytest.raises(JoinRefused, match=side) as refused:
             check_clock(offsets)
         assert refused.value.reason == RefusalReason.CLOCK_OFF
+
+
+def test_mirrors_answering_404_with_a_false_clock_count_once_however_often_they_are_asked() -> None:
+    """Two colluding mirrors of five answer the target's manifest requests 404, each stating a clock 100 s ahead,
+    while the route to one honest mirror is down for 10 s after registration ends: the target polls for a
+    quorum and asks the two again and again. Counted once each they are two of four clocks, and the target
+    goes on; counted at every answer (the code before 5b4f79d) they outvoted the honest mirrors and it
+    stopped with `clock-off`."""
+    config = SimulationConfig(peers=8, relays=5, seed=0)
+    adversary = LyingMirrorClocks([peer_ip(0)])
+    trace = simulate_round(config, adversary)
+    assert adversary.refused > 0 and adversary.lies >= 3 * 2  # asked at least three times each
+    assert not any(peer.refused for peer in trace.peers) and len(trace.arrivals) == 2 * config.peers
+    assert StrategyVerdict(adversary.name, [score_trial(trace, 0)]).holds

@@ -464,6 +464,13 @@ def first_hop_work_held(targets: Sequence[str]) -> Adversary:
     return held_first_hop_work(targets)
 
 
+def lying_mirror_clocks(targets: Sequence[str]) -> Adversary:
+    """Colluding mirrors stating a false clock to the targets (``_clocks``, imported here: it builds on this module)."""
+    from anonml.simulate._clocks import LyingMirrorClocks
+
+    return LyingMirrorClocks(targets)
+
+
 async def _closed_stream(dial: Dial) -> trio.abc.Stream:
     """A server end whose client end is already gone."""
     client, server = connection_pair(dial.source, dial.destination)
@@ -612,5 +619,6 @@ STRATEGIES: dict[StrategyName, Callable[[Sequence[str]], Adversary]] = {
     StrategyName.GRIND_PARTITIONS: grind_partitions,
     StrategyName.FIRST_HOP_WORK: first_hop_work,
     StrategyName.FIRST_HOP_WORK_HELD: first_hop_work_held,
+    StrategyName.LYING_MIRROR_CLOCKS: lying_mirror_clocks,
 }
 """The named strategies, each built for a set of target addresses (one per :class:`StrategyName`)."""

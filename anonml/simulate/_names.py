@@ -19,3 +19,4 @@ class StrategyName(StrEnum):
     GRIND_PARTITIONS = "grind-partitions"
     FIRST_HOP_WORK = "first-hop-work"
     FIRST_HOP_WORK_HELD = "first-hop-work-held"
+    LYING_MIRROR_CLOCKS = "lying-mirror-clocks"
