@@ -40,7 +40,6 @@ aggregator sees that every peer of that relay would not do too.
 from __future__ import annotations
 
 import hashlib
-import itertools
 
 STAMP_BYTES = 8
 """Bytes of the stamp after each packet in a frame from a sender that must do work."""
@@ -52,6 +51,9 @@ REFERENCE_HASHES_PER_SECOND = 2**20
 """The hash rate a stamp's wall time is reckoned at: a slow peer's one core in Python (~1.7 million a second
 measured on this project's 2-core machine; a phone's or an old laptop's is less). The round simulator charges
 a stamp this time on its virtual clock (:func:`stamp_seconds`), where hashing itself takes none."""
+
+
+_LAST_BYTE = tuple(bytes([value]) for value in range(256))
 
 
 def _check(context: bytes, bits: int) -> None:
@@ -79,15 +81,21 @@ def solve_stamp(context: bytes, packet: bytes, bits: int) -> bytes:
     if bits == 0:
         return bytes(STAMP_BYTES)
     prefix = hashlib.blake2b(DOMAIN + context + packet, digest_size=32)
-    # A digest below this bound has at least ``bits`` leading zero bits (compared on its first 8 bytes).
-    bound = 1 << (64 - bits)
-    for counter in itertools.count():
-        stamp = counter.to_bytes(STAMP_BYTES, "big")
-        attempt = prefix.copy()
-        attempt.update(stamp)
-        if int.from_bytes(attempt.digest()[:8], "big") < bound:
-            break
-    return stamp
+    # A digest with at least ``bits`` leading zero bits is below this bound, compared as bytes (big-endian).
+    bound = (1 << (64 - bits)).to_bytes(8, "big")
+    # Stamps in counting order, the last byte varied innermost on a copy of the hash of the other seven:
+    # the loop body is a copy, an update and a digest (0.75 µs a try against 1.35 µs counting in ints).
+    high = 0
+    while True:
+        head = high.to_bytes(STAMP_BYTES - 1, "big")
+        partial = prefix.copy()
+        partial.update(head)
+        for low in _LAST_BYTE:
+            attempt = partial.copy()
+            attempt.update(low)
+            if attempt.digest() < bound:
+                return head + low
+        high += 1
 
 
 def stamp_seconds(bits: int) -> float:
