@@ -105,6 +105,8 @@ def test_round_new_with_plan_auto_prints_the_planners_choice(tmp_path: Path) -> 
     assert "the planner chose one kp=" in created.stderr and "simulated AUC" in created.stderr
 
 
+# System suite: a real `aggregator run` serving a registration window nobody joins (20 s at least).
+@pytest.mark.system
 def test_round_missing_participation_exits_with_a_clear_status(tmp_path: Path) -> None:
     runner = CliRunner()
     runner.invoke(main, ["aggregator", "init", "--data-dir", str(tmp_path / "agg")])
@@ -236,6 +238,7 @@ def test_sigterm_stops_run_and_its_worker_processes_and_a_second_run_is_refused(
         assert alive == [], alive
 
 
+@pytest.mark.system
 def test_a_lingering_run_prints_its_summary_before_the_linger_and_sigterm_then_offers_no_resume(tmp_path: Path) -> None:
     """Issue 29: `--linger` held the summary back until it ended, and a SIGTERM to the finished round said
     `aggregator run` "resumes the round" (which has nothing left to do)."""

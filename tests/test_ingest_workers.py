@@ -68,7 +68,8 @@ async def test_a_second_driver_waits_for_the_lease(tmp_path: Path, postgres_serv
     assert second.store.lease_holder("driver", __import__("time").time()) == "second"
 
 
-@pytest.mark.slow
+# System suite: worker processes killed mid-round on PostgreSQL, each run a real round (20 s at load 3).
+@pytest.mark.system
 def test_a_worker_killed_mid_round_loses_nothing_and_counts_nothing_twice(tmp_path: Path, postgres_server: PostgresServer) -> None:
     prepared = prepare_round(tmp_path / "prepared", 400, seed=3)
     for kill in range(2):
