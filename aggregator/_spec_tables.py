@@ -32,7 +32,6 @@ from anonml.protocol import (
     MAX_ROWS_PER_PEER,
     MAX_REGULARIZATION_RULE,
     MAX_SGD_LEARNING_RATE,
-    MAX_SINK_WORKERS,
     PLAN_KINDS,
     SGD_LOSSES,
     REGISTRATION_POLICIES,
@@ -52,6 +51,7 @@ from anonml.protocol import (
     TaskKind,
     check_queries,
     queried_features,
+    read_sink_workers,
     uses_label,
 )
 
@@ -363,7 +363,7 @@ class NetworkTable:
             relays=relays, path_length=path_length, packet_size=packet_size, max_hops=max_hops,
             http_host=table.text("http_host", max_len=255), http_port=table.integer("http_port", 1, 65535),
             sink_host=table.text("sink_host", max_len=255), sink_port=table.integer("sink_port", 1, 65535),
-            sink_workers=_read_sink_workers(table) if table.optional("sink_workers") else (),
+            sink_workers=read_sink_workers(table, "sink_workers") if table.optional("sink_workers") else (),
         )
         table.done()
         if values.http_port == values.sink_port:
@@ -374,19 +374,6 @@ class NetworkTable:
         if (values.http_host, values.http_port) in values.sink_workers:
             table.fail("sink_workers", f"{values.http_host}:{values.http_port} is the HTTP API's address")
         return values
-
-
-def _read_sink_workers(table: FieldReader) -> tuple[tuple[str, int], ...]:
-    """``sink_workers = [{ host = "10.0.0.2", port = 8081 }, ...]``: where ``aggregator worker`` processes take packets."""
-    workers: list[tuple[str, int]] = []
-    for index, item in enumerate(table.items("sink_workers", max_items=MAX_SINK_WORKERS)):
-        worker = table.nested(item, f"{table.name('sink_workers')}[{index}]")
-        address = (worker.text("host", max_len=255), worker.integer("port", 1, 65535))
-        worker.done()
-        if address in workers:
-            worker.fail("port", f"{address[0]}:{address[1]} is listed twice")
-        workers.append(address)
-    return tuple(workers)
 
 
 @dataclass(frozen=True)

@@ -225,19 +225,29 @@ class AggregatorHop:
     @classmethod
     def read(cls, reader: FieldReader) -> AggregatorHop:
         address = _read_hop_address(reader)
-        workers: list[tuple[str, int]] = []
-        if reader.optional("workers"):
-            for index, item in enumerate(reader.items("workers", max_items=MAX_SINK_WORKERS)):
-                worker = reader.nested(item, f"{reader.name('workers')}[{index}]")
-                workers.append((worker.text("host", max_len=255, pattern=_HOST_PATTERN), worker.integer("port", 1, _MAX_PORT)))
-                worker.done()
-            if not workers:
-                reader.fail("workers", "an empty list: leave it out")
-        hop = cls(*address, workers=tuple(workers))
+        listed = reader.optional("workers")
+        workers = read_sink_workers(reader, "workers") if listed else ()
+        if listed and not workers:
+            reader.fail("workers", "an empty list: leave it out")
+        hop = cls(*address, workers=workers)
         reader.done()
-        if len(set(hop.endpoints)) != len(hop.endpoints):
-            reader.fail("workers", "an address is listed twice (the hop's own address counts)")
+        if hop.endpoints[0] in workers:
+            reader.fail("workers", "the hop's own address is listed")
         return hop
+
+
+def read_sink_workers(reader: FieldReader, key: str) -> tuple[tuple[str, int], ...]:
+    """``key = [{ host, port }, ...]``: where the sink's ingest workers take packets (at most
+    :data:`MAX_SINK_WORKERS`, none listed twice); a spec's ``sink_workers`` and a manifest's ``workers``."""
+    workers: list[tuple[str, int]] = []
+    for index, item in enumerate(reader.items(key, max_items=MAX_SINK_WORKERS)):
+        worker = reader.nested(item, f"{reader.name(key)}[{index}]")
+        address = (worker.text("host", max_len=255, pattern=_HOST_PATTERN), worker.integer("port", 1, _MAX_PORT))
+        worker.done()
+        if address in workers:
+            worker.fail("port", f"{address[0]}:{address[1]} is listed twice")
+        workers.append(address)
+    return tuple(workers)
 
 
 MAX_ROWS_PER_PEER = 10_000_000
