@@ -104,10 +104,8 @@ class LyingMirrorClocks(Adversary):
                     sent += (data := await stream.receive_some(MAX_REQUEST_BYTES))
                     connection.receive_data(bytes(data))
                 if not event.target.decode().endswith("/manifest"):
-                    # A mirror request is a GET (its whole request is read); the answer goes back as it comes.
-                    await relay.send_all(bytes(sent))
-                    while answer := await relay.receive_some():
-                        await stream.send_all(answer)
+                    await relay.send_all(bytes(sent))  # a mirror request is a GET: its whole request is read
+                    await _pass_answer(relay, stream, event)
                     return
                 headers = [("content-type", "application/json"), ("content-length", str(len(NOT_HELD))),
                            (CLOCK_HEADER, f"{clock() + self.lie:.3f}"), ("connection", "close")]
@@ -117,3 +115,18 @@ class LyingMirrorClocks(Adversary):
         except (h11.ProtocolError, trio.BrokenResourceError, trio.ClosedResourceError):
             pass  # the target gave up on the request
 
+
+
+async def _pass_answer(relay: trio.abc.Stream, stream: trio.abc.Stream, request: h11.Request) -> None:
+    """Pass the relay's answer to ``request`` back as it comes, until it ends (the relay keeps the connection)."""
+    answer = h11.Connection(h11.CLIENT)
+    answer.send(h11.Request(method=request.method, target=request.target, headers=request.headers))
+    answer.send(h11.EndOfMessage())
+    while True:
+        event = answer.next_event()
+        if isinstance(event, (h11.EndOfMessage, h11.ConnectionClosed)):
+            return
+        if event is h11.NEED_DATA:
+            data = bytes(await relay.receive_some())
+            answer.receive_data(data)
+            await stream.send_all(data)
