@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 from collections import Counter
 from dataclasses import replace
 
@@ -16,7 +17,9 @@ from typing import Any
 
 import pytest
 import trio
+from click.testing import CliRunner
 
+from anonml.cli import main
 from anonml.peer import PeerStore
 from anonml.protocol import SECOND_WINDOW_PATHS, DocumentKind, MedianThresholds, SignedDocument, SignedManifest
 from anonml.simulate import (
@@ -252,6 +255,21 @@ def test_every_named_strategy_and_a_random_search_keep_the_property(strategy: st
     """What CI runs of the simulator: each named strategy over seeds, and randomly drawn ones."""
     verdict = StrategyVerdict(strategy, [run_trial(strategy, SimulationConfig(peers=16, seed=seed))])
     assert verdict.holds, verdict.as_dict()
+
+
+def test_the_command_prints_each_strategys_verdict_and_refuses_a_round_without_room_for_its_paths() -> None:
+    """`anonml simulate` as a user runs it: rounds in a worker process, the verdicts as JSON, exit 0 as all hold."""
+    runner = CliRunner()
+    arguments = ["simulate", "--peers", "8", "--relays", "5", "--trials", "1", "--random", "1", "--workers", "1",
+                 "--strategy", "lying-mirror-clocks"]
+    result = runner.invoke(main, [*arguments, "--json"])
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.stdout)
+    assert (document["peers"], document["relays"], document["rounds"]) == (8, 5, 2)
+    assert [(v["strategy"], v["trials"], v["holds"]) for v in document["verdicts"]] == [
+        ("lying-mirror-clocks", 1, True), ("random", 1, True)]
+    refused = runner.invoke(main, [*arguments[:3], "--relays", "2"])
+    assert refused.exit_code == 2 and "--relays" in refused.output
 
 
 def test_every_strategy_name_has_its_strategy() -> None:

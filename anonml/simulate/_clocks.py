@@ -61,7 +61,8 @@ class LyingMirrorClocks(Adversary):
 
     def describe(self) -> str:
         relays = "the last (relays - 1) // 2 relays" if self.relays is None else f"relays {list(self.relays)}"
-        return f"{self.name} ({relays} answer 404, clock {self.lie:.0f} s ahead; one honest mirror {self.outage:.0f} s out of reach)"
+        return (f"{self.name} ({relays} answer 404, clock {self.lie:.0f} s ahead; "
+                f"one honest mirror {self.outage:.0f} s out of reach)")
 
     def attach(self, context: RoundContext) -> None:
         super().attach(context)

@@ -43,6 +43,8 @@ def _row(verdict: StrategyVerdict) -> str:
 
 @click.command(name="simulate")
 @click.option("--peers", type=click.IntRange(min=4), default=40, show_default=True, help="Peers in each simulated round.")
+@click.option("--relays", type=click.IntRange(3, 16), default=4, show_default=True,
+              help="Relays in each round (each path crosses 3 of them).")
 @click.option("--trials", type=click.IntRange(min=1), default=6, show_default=True,
               help="Rounds per named strategy (each with its own seed and target).")
 @click.option("--random", "random_trials", type=click.IntRange(min=0), default=12, show_default=True,
@@ -54,7 +56,7 @@ def _row(verdict: StrategyVerdict) -> str:
 @click.option("--clock-skew", type=click.FloatRange(0, 3600, max_open=True), default=0.0, show_default=True,
               help="Seconds the target's clock runs slow; every other peer's is off by a uniform draw within as much.")
 @click.option("--json", "as_json", is_flag=True, help="Print the verdicts as JSON.")
-def simulate(peers: int, trials: int, random_trials: int, strategies: tuple[str, ...], seed: int, workers: int,
+def simulate(peers: int, relays: int, trials: int, random_trials: int, strategies: tuple[str, ...], seed: int, workers: int,
              clock_skew: float, as_json: bool) -> None:
     """Run whole rounds in process on a virtual clock, each against an adversarial aggregator and relays.
 
@@ -68,7 +70,7 @@ def simulate(peers: int, trials: int, random_trials: int, strategies: tuple[str,
     from anonml.simulate._property import StrategyVerdict
     from anonml.simulate._world import SimulationConfig
 
-    base = SimulationConfig(peers=peers, clock_skew=clock_skew)
+    base = SimulationConfig(peers=peers, relays=relays, clock_skew=clock_skew)
     plan: list[tuple[str, SimulationConfig]] = []
     for name in strategies or tuple(StrategyName):
         plan += [(name, replace(base, seed=seed + i)) for i in range(trials)]
@@ -82,11 +84,12 @@ def simulate(peers: int, trials: int, random_trials: int, strategies: tuple[str,
     verdicts = [StrategyVerdict(name, trial_scores) for name, trial_scores in by_strategy.items()]
     seconds = time.monotonic() - started
     if as_json:
-        document: dict[str, Any] = {"peers": peers, "clock_skew": clock_skew, "seconds": round(seconds, 1), "rounds": len(plan),
+        document: dict[str, Any] = {"peers": peers, "relays": relays, "clock_skew": clock_skew,
+                                    "seconds": round(seconds, 1), "rounds": len(plan),
                                     "verdicts": [v.as_dict() for v in verdicts]}
         click.echo(json.dumps(document, indent=2))
     else:
-        click.echo(f"{len(plan)} simulated rounds of {peers} peers in {seconds:.0f} s")
+        click.echo(f"{len(plan)} simulated rounds of {peers} peers and {relays} relays in {seconds:.0f} s")
         click.echo(f"{'strategy':<30} {'trials':>6} {'worst estimator':<18} {'reports':>7} {'success':>8} {'chance':>7} "
                    f"{'bound':>7} {'s.e.':>7} {'detected':>8} {'verdict':>7}")
         for verdict in verdicts:
