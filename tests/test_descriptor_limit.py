@@ -85,5 +85,10 @@ def test_an_aggregator_refuses_a_limit_below_its_minimum_and_serves_with_caps_th
         lines = read_until(child, "serving")
         assert any("connection caps lowered to fit the open-file limit" in line for line in lines), lines
     finally:
-        child.kill()
-        child.wait()
+        # SIGTERM: the aggregator stops its verification worker too (a SIGKILL left it running, orphaned).
+        child.terminate()
+        try:
+            child.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
