@@ -10,6 +10,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import psutil
 import pytest
 from test_aggregator_cli import new_round
 
@@ -84,6 +85,7 @@ def test_an_aggregator_refuses_a_limit_below_its_minimum_and_serves_with_caps_th
     try:
         lines = read_until(child, "serving")
         assert any("connection caps lowered to fit the open-file limit" in line for line in lines), lines
+        workers = psutil.Process(child.pid).children(recursive=True)
     finally:
         # SIGTERM: the aggregator stops its verification worker too (a SIGKILL left it running, orphaned).
         child.terminate()
@@ -92,3 +94,4 @@ def test_an_aggregator_refuses_a_limit_below_its_minimum_and_serves_with_caps_th
         except subprocess.TimeoutExpired:
             child.kill()
             child.wait()
+    assert workers and not any(worker.is_running() for worker in psutil.wait_procs(workers, timeout=30)[1])
