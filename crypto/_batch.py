@@ -13,8 +13,10 @@ Results are plain bytes (a tag digest or a blind response) or the error's
 
 from __future__ import annotations
 
+import multiprocessing.connection
 import os
 import signal
+import threading
 from dataclasses import dataclass
 
 from anonml.crypto._credential import InvalidIssuance, InvalidToken, IssuerSecretKey, issue_credential
@@ -99,6 +101,23 @@ def init_worker(issuer_key_bytes: bytes, niceness: int = 0) -> None:
     if niceness:
         os.nice(niceness)
     _WORKER_KEY[:] = [IssuerSecretKey.from_bytes(issuer_key_bytes)]
+    threading.Thread(target=_exit_with_parent, name="exit-with-parent", daemon=True).start()
+
+
+def _exit_with_parent() -> None:
+    """End this worker when its parent process ends, however it ends.
+
+    A parent killed with SIGKILL shuts no pool down, and the worker's task
+    queue never reads end-of-file (every worker holds its write end), so the
+    worker would wait on it for ever, holding the issuer key. The parent's
+    sentinel is the read end of a pipe only the parent writes to
+    (``multiprocessing.parent_process``): it becomes readable when the
+    parent is gone."""
+    parent = multiprocessing.parent_process()
+    if parent is None:
+        return
+    multiprocessing.connection.wait([parent.sentinel])
+    os._exit(1)
 
 
 def verify_in_worker(jobs: list[TokenJob]) -> list[bytes | JobRefused]:

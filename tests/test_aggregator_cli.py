@@ -238,6 +238,24 @@ def test_sigterm_stops_run_and_its_worker_processes_and_a_second_run_is_refused(
         assert alive == [], alive
 
 
+def test_a_run_killed_with_sigkill_leaves_no_worker_process_behind(tmp_path: Path) -> None:
+    """A SIGKILLed ``aggregator run`` shuts no pool down: its verification worker waited on its task
+    queue for ever, holding the issuer key, and multiprocessing's resource tracker waited on it."""
+    import signal
+
+    import psutil
+
+    data_dir = new_round(tmp_path, register=600)
+    command = [*anonml_command("aggregator", "run", "--data-dir", str(data_dir), "--processes", "1")]
+    with running_until(command, "serving", within=120) as run:
+        family = psutil.Process(run.pid).children(recursive=True)
+        assert family  # the worker (and the resource tracker)
+        run.send_signal(signal.SIGKILL)
+        assert run.wait(timeout=60) == -signal.SIGKILL
+        _, alive = psutil.wait_procs(family, timeout=30)
+        assert alive == [], alive
+
+
 @pytest.mark.system
 def test_a_lingering_run_prints_its_summary_before_the_linger_and_sigterm_then_offers_no_resume(tmp_path: Path) -> None:
     """Issue 29: `--linger` held the summary back until it ended, and a SIGTERM to the finished round said
