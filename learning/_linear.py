@@ -223,7 +223,9 @@ class LDPGradientDescent:
             steps = self.steps
         # Every peer in exactly one group: np.array_split deals all n rows.
         groups = np.array_split(rng.permutation(n), steps)
-        ledgers = [PrivacyLedger(mechanism.epsilon) for _ in range(n)]
+        # One ledger per peer, each recording its gradient below (a second release would be refused).
+        unspent = PrivacyLedger(mechanism.epsilon)
+        ledgers = [unspent.copy() for _ in range(n)]
         release = Release.about(ReleaseKind.GRADIENT, features, mechanism.epsilon)
         beta = np.zeros(d)
         tail_sum, tail_count = np.zeros(d), 0

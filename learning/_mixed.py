@@ -35,7 +35,7 @@ import numpy as np
 import numpy.typing as npt
 
 from anonml.learning._data import Table
-from anonml.mechanisms import OneBitMean, PrivacyLedger, Release, ReleaseKind
+from anonml.mechanisms import OneBitMean, PrivacyLedger, Release, ReleaseKind, ledgers_of_one_release
 from anonml.protocol import FeatureSpec, NumericFeature
 
 FloatArray = npt.NDArray[np.float64]
@@ -107,10 +107,7 @@ def mixed_statistics(spec: FeatureSpec, table: Table, epsilon: float, rng: np.ra
         secret[mine] = hadamard_entries(rows[mine], codes[feature.name][mine])
     bits = mechanism.privatize(secret[:, None], rng)[:, 1]
     z = c * (2.0 * bits - 1.0)
-    release = Release.about(ReleaseKind.STATISTIC, spec.names, mechanism.epsilon)
-    ledgers = [PrivacyLedger(mechanism.epsilon) for _ in range(n)]
-    for ledger in ledgers:
-        ledger.record(release)
+    ledgers = ledgers_of_one_release(Release.about(ReleaseKind.STATISTIC, spec.names, mechanism.epsilon), n, mechanism.epsilon)
     worst = d * c * c / n
     answers: dict[str, MixedAnswer] = {}
     for j, feature in enumerate(features):

@@ -24,6 +24,7 @@ from anonml.mechanisms import (
     PrivacyLedger,
     Release,
     ReleaseKind,
+    ledgers_of_one_release,
     make_oracle,
     one_bit_mean_variance,
 )
@@ -47,11 +48,7 @@ class StatisticAnswer:
 
 
 def _ledgers(n: int, column: str, epsilon: float) -> list[PrivacyLedger]:
-    release = Release.about(ReleaseKind.STATISTIC, (column,), epsilon)
-    ledgers = [PrivacyLedger(epsilon) for _ in range(n)]
-    for ledger in ledgers:
-        ledger.record(release)
-    return ledgers
+    return ledgers_of_one_release(Release.about(ReleaseKind.STATISTIC, (column,), epsilon), n, epsilon)
 
 
 def count_variance(epsilon: float, n: int) -> float:

@@ -154,7 +154,19 @@ class PrivacyLedger:
     def __init__(self, epsilon_total: float, *, releases: Iterable[Release] = ()) -> None:
         self.epsilon_total = check_epsilon(epsilon_total, "epsilon_total")
         self._releases: list[Release] = []
-        self._commit(list(releases))
+        self._spent = 0.0
+        earlier = list(releases)
+        if earlier:
+            self._commit(earlier)
+
+    def copy(self) -> PrivacyLedger:
+        """An independent ledger with this one's budget and records: one per peer of a group that made
+        the same releases, checked against the budget once (a simulated population's millions of peers)."""
+        twin = PrivacyLedger.__new__(PrivacyLedger)
+        twin.epsilon_total = self.epsilon_total
+        twin._releases = list(self._releases)
+        twin._spent = self._spent
+        return twin
 
     @property
     def releases(self) -> list[Release]:
@@ -162,8 +174,8 @@ class PrivacyLedger:
         return list(self._releases)
 
     def spent(self) -> float:
-        """The record-level epsilon of everything recorded so far."""
-        return record_level_epsilon(self._releases)
+        """The record-level epsilon of everything recorded so far (its sum, kept as each record is made)."""
+        return self._spent
 
     def per_attribute(self) -> float:
         """Eq. 7.4 of everything recorded (secondary figure, see :func:`per_attribute_epsilon`)."""
@@ -184,6 +196,7 @@ class PrivacyLedger:
                 f"release would bring the record-level epsilon to {total!r}, over epsilon_total={self.epsilon_total!r}"
             )
         self._releases.extend(releases)
+        self._spent = total
 
     def record(self, *releases: Release) -> None:
         """Record these releases together, or none of them."""
@@ -249,3 +262,13 @@ def shuffle_central_privacy(epsilon0: float, n: int, delta: float | None = None)
         return CentralPrivacy(epsilon0, n, delta, None, max(minimum_n, 2))
     bound = math.log1p((lam - 1) / (lam + 1) * (8 * math.sqrt(lam * math.log(4 / delta) / n) + 8 * lam / n))
     return CentralPrivacy(epsilon0, n, delta, bound if bound < epsilon0 else None, minimum_n)
+
+
+def ledgers_of_one_release(release: Release, peers: int, epsilon_total: float) -> list[PrivacyLedger]:
+    """``peers`` ledgers of budget ``epsilon_total``, each holding ``release``: every peer of a simulated
+    population made the same one release (raises ``BudgetExceeded`` if it does not fit the budget)."""
+    if peers == 0:
+        return []
+    ledger = PrivacyLedger(epsilon_total)
+    ledger.record(release)
+    return [ledger, *(ledger.copy() for _ in range(peers - 1))]

@@ -54,31 +54,48 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture
 def machine_share(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """Held (shared) by tests that start a demo's dozen processes: see :func:`quiet_machine`."""
-    with _machine_lock(tmp_path_factory, fcntl.LOCK_SH):
+    """Held by tests that start a demo's dozen processes: see :func:`quiet_machine`."""
+    with _machine_class(tmp_path_factory, "demos", "quiet"):
         yield
 
 
 @pytest.fixture
 def quiet_machine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """Held (exclusive) by relay tests on real sockets, whose windows are sized
-    from a cost measured at their start: they wait until no xdist worker runs a
-    demo (a demo beside one took the CPU its windows were sized without, and
-    packets missed them: CI, three times in a day)."""
-    with _machine_lock(tmp_path_factory, fcntl.LOCK_EX):
+    """Held by relay tests on real sockets, whose windows are sized from a cost
+    measured at their start: they wait until no xdist worker runs a demo (a
+    demo beside one took the CPU its windows were sized without, and packets
+    missed them: CI, three times in a day). They run beside each other, as
+    beside any other test: one waiting for another left a worker idle for
+    30 s of the README's test command."""
+    with _machine_class(tmp_path_factory, "quiet", "demos"):
         yield
 
 
 @contextlib.contextmanager
-def _machine_lock(tmp_path_factory: pytest.TempPathFactory, mode: int) -> Iterator[None]:
+def _machine_class(tmp_path_factory: pytest.TempPathFactory, mine: str, other: str) -> Iterator[None]:
+    """Run among tests of class ``mine`` only, never beside one of class ``other``.
+
+    Each class holds its lock file shared while its tests run. A newcomer
+    passes a gate one at a time: it takes its own class's lock shared, then
+    waits until nobody holds the other's (an exclusive lock it drops at
+    once). The other class cannot start a test meanwhile (the gate is
+    held), and whoever holds the gate holds no class lock of the other
+    class, so the wait ends."""
     # The parent of a worker's base temporary directory is the run's, shared by every xdist worker.
-    path = tmp_path_factory.getbasetemp().parent / "machine.lock"
-    with path.open("a") as handle:
-        fcntl.flock(handle, mode)
+    run_dir = tmp_path_factory.getbasetemp().parent
+    with (run_dir / f"{mine}.lock").open("a") as own, (run_dir / f"{other}.lock").open("a") as theirs:
+        with (run_dir / "gate.lock").open("a") as gate:
+            fcntl.flock(gate, fcntl.LOCK_EX)
+            try:
+                fcntl.flock(own, fcntl.LOCK_SH)
+                fcntl.flock(theirs, fcntl.LOCK_EX)
+                fcntl.flock(theirs, fcntl.LOCK_UN)
+            finally:
+                fcntl.flock(gate, fcntl.LOCK_UN)
         try:
             yield
         finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+            fcntl.flock(own, fcntl.LOCK_UN)
 
 
 @pytest.fixture(scope="session")
