@@ -7,6 +7,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,30 +22,41 @@ TARGET_NAMES: tuple[str, ...] = (
 """Every target :func:`anonml.fuzz._targets.build_targets` builds (kept here so listing them imports nothing)."""
 
 
-def run_target(name: str, runs: int, work: Path, seed: int, *, coverage: bool, hang_seconds: float) -> dict[str, Any]:
-    """Fuzz one target in a worker process; its counts, with ``crashes`` (0 or 1) and the exit status."""
+def run_targets(names: Sequence[str], runs: int, work: Path, seed: int, *, coverage: bool,
+                hang_seconds: float) -> Iterator[dict[str, Any]]:
+    """Fuzz each target in turn (:mod:`anonml.fuzz._worker`: one process imports them, a child forked
+    from it runs each); each target's counts as it ends, with ``crashes`` (0 or 1) and the exit status."""
     work.mkdir(parents=True, exist_ok=True)
-    result_path = work / f"{name}.json"
-    log_path = work / f"{name}.log"
     started = time.monotonic()
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "anonml.fuzz._worker", name, str(runs), str(result_path), str(work), str(seed),
-             "1" if coverage else "0"],
-            stdout=log, stderr=subprocess.STDOUT,
+    with (work / "worker.log").open("wb") as log:
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "anonml.fuzz._worker", str(work), str(runs), str(seed), "1" if coverage else "0",
+             str(hang_seconds), *names],
+            stdout=subprocess.PIPE, stderr=log, text=True,
         )
-        try:
-            returncode = process.wait(timeout=hang_seconds)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            returncode = process.wait()
+        assert worker.stdout is not None
+        statuses = {}
+        for line in worker.stdout:
+            ended = json.loads(line)
+            statuses[ended["target"]] = ended["exit_status"]
+            yield _result(ended["target"], runs, work / ended["target"], ended["exit_status"], time.monotonic() - started)
+            started = time.monotonic()
+        returncode = worker.wait()
+    for name in names:  # the worker itself died: every target it did not report
+        if name not in statuses:
+            yield _result(name, runs, work / name, returncode or 70, 0.0)
+
+
+def _result(name: str, runs: int, work: Path, exit_status: int, seconds: float) -> dict[str, Any]:
+    result_path, log_path = work / f"{name}.json", work / f"{name}.log"
     result: dict[str, Any] = (json.loads(result_path.read_text()) if result_path.exists()
                               else {"target": name, "inputs": 0, "parsed": 0, "refused": {}, "untyped": {}})
-    result["seconds"] = round(time.monotonic() - started, 1)
-    result["exit_status"] = returncode
-    result["crashes"] = int(returncode != 0 or result["inputs"] < runs)
+    result["seconds"] = round(seconds, 1)
+    result["exit_status"] = exit_status
+    result["crashes"] = int(exit_status != 0 or result["inputs"] < runs)
     if result["crashes"]:
-        result["log_tail"] = log_path.read_text(errors="replace")[-2000:]
+        log = log_path.read_text(errors="replace") if log_path.exists() else "(no log: the worker process died)"
+        result["log_tail"] = log[-2000:]
     return result
 
 
@@ -86,8 +98,7 @@ def fuzz(runs: int, targets: tuple[str, ...], coverage: bool, seed: int, work_di
             click.echo(f"{'target':<20} {'inputs':>10} {'parsed':>9} {'refused':>10} {'untyped':>8} {'crashes':>7} "
                        f"{'seconds':>8} {'per s':>8}")
         results = []
-        for name in chosen:
-            result = run_target(name, runs, work / name, seed, coverage=coverage, hang_seconds=hang_seconds)
+        for result in run_targets(chosen, runs, work, seed, coverage=coverage, hang_seconds=hang_seconds):
             results.append(result)
             if not as_json:
                 click.echo(_line(result))
