@@ -88,6 +88,10 @@ DUE_POLL_SECONDS = 0.2
 """Between refreshes while a scheduled document is missing: peers wait on the mirrors for it."""
 DUE_SECONDS = 5.0
 """How long after its scheduled time a missing document is polled for at that pace (then at the usual one)."""
+IN_ROUND_REFRESH_SECONDS = 5.0
+"""Between refreshes from registration's close to the round's last scheduled publication, when nothing the
+aggregator publishes is off the schedule (each scheduled document is fetched at its time and polled for):
+at the usual pace (1 s) these refreshes were 28% of a simulated round's CPU, for nothing."""
 
 @dataclass
 class MirroredAggregator:
@@ -181,7 +185,11 @@ class MirroredAggregator:
 
     def next_refresh(self, now: float, refresh_seconds: float) -> float:
         """Seconds until the next refresh: :data:`DUE_POLL_SECONDS` while a document is :meth:`due`, else
-        ``refresh_seconds`` or until the next scheduled publication if that comes sooner."""
+        ``refresh_seconds`` (:data:`IN_ROUND_REFRESH_SECONDS` from registration's close to the round's last
+        scheduled publication) or until the next scheduled publication if that comes sooner.
+
+        The usual pace holds while registration is open (the relay's beacon commitment waits on the
+        manifest) and once the round is over (the next round's manifest can come at any time)."""
         if self.due(now):
             return DUE_POLL_SECONDS
         if self.manifest is None:
@@ -189,7 +197,8 @@ class MirroredAggregator:
         schedule = self.manifest.manifest.schedule
         times = [schedule.t_register_end, *(phase.check_time(check) for phase in schedule.phases for check in Check)]
         upcoming = [at - now for at in times if at > now]
-        return min([refresh_seconds, *upcoming])
+        in_round = schedule.t_register_end <= now and bool(upcoming)
+        return min([IN_ROUND_REFRESH_SECONDS if in_round else refresh_seconds, *upcoming])
 
     def keep_heads(self, response: HeadsResponse) -> None:
         """Merge verified heads: the first per slot stays; a different one is a conflict."""
@@ -321,7 +330,7 @@ async def serve_mirror(
     listen: tuple[str, int],
     aggregators: Sequence[PinnedAggregator],
     *,
-    refresh_seconds: float = 5.0,
+    refresh_seconds: float = 1.0,
     timeout: float = 10.0,
     limits: HttpLimits = MIRROR_LIMITS,
     counts: Counter[str] | None = None,
@@ -332,11 +341,6 @@ async def serve_mirror(
 ) -> None:
     """Mirror every pinned aggregator, refreshing every ``refresh_seconds``; report the mirror's base URL.
     It listens and fetches over ``network``; ``now`` is the wall clock the manifest's schedule is read against.
-
-    ``refresh_seconds`` only paces what no schedule announces (a new round's
-    manifest): every scheduled publication is fetched at its time and polled
-    for until it is here (:meth:`MirroredAggregator.next_refresh`). At 1 s
-    the idle refreshes were 28% of a simulated round's CPU, for nothing.
 
     Served behind ``transport.serve_http``'s connection caps and deadlines
     (issue 13): the mirror is public and shares the relay's process, so slow

@@ -13,7 +13,7 @@ import pytest
 import anonml.relay._mirror as mirror_module
 from anonml.protocol import PATH_HEADS, PATH_MANIFEST, PATH_MEDIAN, PATH_MEDIANS, PATH_ROSTER_HEAD, Check, SignedDocument, SignedManifest
 from anonml.relay import PinnedAggregator
-from anonml.relay._mirror import DUE_POLL_SECONDS, DUE_SECONDS, MirroredAggregator, refresh_one
+from anonml.relay._mirror import DUE_POLL_SECONDS, DUE_SECONDS, IN_ROUND_REFRESH_SECONDS, MirroredAggregator, refresh_one
 from test_peer_aggregator import T0, home, served  # noqa: F401 - pytest fixtures
 
 
@@ -75,14 +75,22 @@ async def test_a_mirror_refreshes_at_each_scheduled_publication_and_polls_until_
     assert mirrored.next_refresh(schedule.t_register_end - 0.25, 1.0) == pytest.approx(0.25)
     # The roster head is due and not here: polled at the quick pace, for a few seconds at most.
     assert mirrored.next_refresh(float(schedule.t_register_end), 1.0) == DUE_POLL_SECONDS
-    assert mirrored.next_refresh(schedule.t_register_end + DUE_SECONDS, 1.0) == 1.0
+    # Once registration has closed, everything the aggregator publishes is on the schedule: the slower
+    # in-round pace, or the next publication if that comes sooner; after the round's last one, the usual.
+    after_due = schedule.t_register_end + DUE_SECONDS
+    first_check = schedule.median[0].check_time(Check.FIRST)
+    assert mirrored.next_refresh(after_due, 1.0) == pytest.approx(min(IN_ROUND_REFRESH_SECONDS, first_check - after_due))
+    times = sorted(phase.check_time(check) for phase in schedule.phases for check in Check)
+    quiet, following = next((a + DUE_SECONDS, b) for a, b in zip(times, times[1:]) if b - a > DUE_SECONDS + 2)
+    assert mirrored.next_refresh(quiet, 1.0) == pytest.approx(min(IN_ROUND_REFRESH_SECONDS, following - quiet))
+    assert mirrored.next_refresh(quiet, 1.0) > 1.0
+    assert mirrored.next_refresh(times[-1] + DUE_SECONDS, 1.0) == 1.0
     async with httpx.AsyncClient() as client:
         # Served from the start: a stand-in for a held roster head (only its presence matters here).
         mirrored.roster_head = SignedDocument.from_json(await client_get(client, url + PATH_MEDIAN.format(i=0)), max_bytes=1 << 20)
         await refresh_one(client, mirrored, float(schedule.t_register_end))
     assert not mirrored.due(float(schedule.t_register_end))
     # Sub-round 0's first check: its heads are due until the mirror holds them.
-    first_check = schedule.median[0].check_time(Check.FIRST)
     assert mirrored.due(float(first_check)) and not mirrored.due(first_check + DUE_SECONDS)
     # Sub-round 1's thresholds are due once sub-round 0 has ended.
     mirrored.heads = {}
