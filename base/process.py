@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import gc
+import multiprocessing.connection
+import os
 import sys
+import threading
 
 
 def freeze_startup_heap() -> None:
@@ -31,3 +34,24 @@ def anonml_command(*args: str) -> list[str]:
     below the command (the demo, the benchmarks) start it without importing it.
     """
     return [sys.executable, "-c", "import sys; from anonml.cli import main; sys.exit(main())", *args]
+
+
+def exit_with_parent() -> None:
+    """In a ``multiprocessing`` child (a pool's ``initializer``): end this process when its parent ends,
+    however it ends.
+
+    A parent killed with SIGKILL shuts no pool down, and a pool worker's task
+    queue never reads end-of-file (every worker holds its write end): the
+    worker waited on it for ever (an ``aggregator run``'s verification
+    worker, holding the issuer key). The parent's sentinel
+    (``multiprocessing.parent_process``) is the read end of a pipe only the
+    parent writes to: it becomes readable when the parent is gone."""
+    parent = multiprocessing.parent_process()
+    if parent is None:
+        return
+    threading.Thread(target=_exit_once_readable, args=(parent.sentinel,), name="exit-with-parent", daemon=True).start()
+
+
+def _exit_once_readable(sentinel: int) -> None:
+    multiprocessing.connection.wait([sentinel])
+    os._exit(1)

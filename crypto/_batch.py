@@ -13,12 +13,11 @@ Results are plain bytes (a tag digest or a blind response) or the error's
 
 from __future__ import annotations
 
-import multiprocessing.connection
 import os
 import signal
-import threading
 from dataclasses import dataclass
 
+from anonml.base.process import exit_with_parent
 from anonml.crypto._credential import InvalidIssuance, InvalidToken, IssuerSecretKey, issue_credential
 from anonml.crypto._group import RandomSource, system_rng
 from anonml.crypto._token import CheckedToken, Token, check_token, failing_proofs, tag_digest_of
@@ -101,23 +100,7 @@ def init_worker(issuer_key_bytes: bytes, niceness: int = 0) -> None:
     if niceness:
         os.nice(niceness)
     _WORKER_KEY[:] = [IssuerSecretKey.from_bytes(issuer_key_bytes)]
-    threading.Thread(target=_exit_with_parent, name="exit-with-parent", daemon=True).start()
-
-
-def _exit_with_parent() -> None:
-    """End this worker when its parent process ends, however it ends.
-
-    A parent killed with SIGKILL shuts no pool down, and the worker's task
-    queue never reads end-of-file (every worker holds its write end), so the
-    worker would wait on it for ever, holding the issuer key. The parent's
-    sentinel is the read end of a pipe only the parent writes to
-    (``multiprocessing.parent_process``): it becomes readable when the
-    parent is gone."""
-    parent = multiprocessing.parent_process()
-    if parent is None:
-        return
-    multiprocessing.connection.wait([parent.sentinel])
-    os._exit(1)
+    exit_with_parent()  # a SIGKILLed parent shuts no pool down
 
 
 def verify_in_worker(jobs: list[TokenJob]) -> list[bytes | JobRefused]:

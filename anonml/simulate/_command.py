@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from anonml.base.process import exit_with_parent
 from anonml.simulate._names import StrategyName
 
 if TYPE_CHECKING:
@@ -76,7 +77,8 @@ def simulate(peers: int, relays: int, trials: int, random_trials: int, strategie
         plan += [(name, replace(base, seed=seed + i)) for i in range(trials)]
     plan += [("random", replace(base, seed=seed + i)) for i in range(random_trials)]
     started = time.monotonic()
-    with ProcessPoolExecutor(max_workers=workers) as pool:
+    # Each worker ends with this process (exit_with_parent): a SIGKILLed `anonml simulate` shuts no pool down.
+    with ProcessPoolExecutor(max_workers=workers, initializer=exit_with_parent) as pool:
         scores = list(pool.map(run_trial, [name for name, _ in plan], [config for _, config in plan]))
     by_strategy: dict[str, list[TrialScore]] = {}
     for (name, _), score in zip(plan, scores, strict=True):
