@@ -86,3 +86,26 @@ def test_the_beacon_seed_is_a_signed_reveal_that_passes_every_check_an_unsigned_
     forged = BeaconStatement(statement.node_id, statement.round_id, statement.commitment, wrong_value, statement.signature)
     with pytest.raises(InvalidBeacon, match="signature"):
         target.run(forged.to_json())
+
+
+def test_a_killed_fuzz_command_leaves_no_fuzzing_process_behind(tmp_path: Path) -> None:
+    """A SIGKILLed `anonml fuzz` left its worker and the child fuzzing a target running on, a core busy
+    for up to --hang-seconds (six hours by default)."""
+    import signal
+
+    import psutil
+
+    command = anonml_command("fuzz", "--runs", "100000000", "--no-coverage", "--target", "manifest",
+                             "--work-dir", str(tmp_path))
+    fuzz = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while len(family := psutil.Process(fuzz.pid).children(recursive=True)) < 2:  # the worker and its child
+            assert time.monotonic() < deadline and fuzz.poll() is None
+            time.sleep(0.2)
+        fuzz.send_signal(signal.SIGKILL)
+        fuzz.wait(timeout=30)
+        _, alive = psutil.wait_procs(family, timeout=30)
+        assert alive == [], alive
+    finally:
+        fuzz.kill()

@@ -32,7 +32,7 @@ def run_targets(names: Sequence[str], runs: int, work: Path, seed: int, *, cover
         worker = subprocess.Popen(
             [sys.executable, "-m", "anonml.fuzz._worker", str(work), str(runs), str(seed), "1" if coverage else "0",
              str(hang_seconds), *names],
-            stdout=subprocess.PIPE, stderr=log, text=True,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True,  # stdin: its tie to this process
         )
         assert worker.stdout is not None
         statuses = {}

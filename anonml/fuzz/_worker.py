@@ -27,9 +27,11 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
 import traceback
 from collections import Counter
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
@@ -109,6 +111,7 @@ def run_in_child(name: str, runs: int, work: Path, seed_text: str, coverage: boo
     sys.stdout.flush()
     sys.stderr.flush()
     pid = os.fork()
+    _RUNNING[:] = [pid]
     if pid == 0:
         try:
             with (work / f"{name}.log").open("wb") as log:
@@ -131,8 +134,24 @@ def run_in_child(name: str, runs: int, work: Path, seed_text: str, coverage: boo
         time.sleep(0.05)
 
 
+_RUNNING: list[int] = []
+"""The child fuzzing now, if any (ended with this process: :func:`_end_with_the_command`)."""
+
+
+def _end_with_the_command() -> None:
+    """``anonml fuzz`` holds this process's stdin open and never writes to it: end-of-file means the
+    command is gone, however it ended (a SIGKILLed command left this process and its child fuzzing on,
+    a core busy for up to ``--hang-seconds``)."""
+    sys.stdin.buffer.read()
+    for pid in _RUNNING:
+        with suppress(ProcessLookupError):  # it has just ended
+            os.kill(pid, signal.SIGKILL)
+    os._exit(1)
+
+
 def main(argv: list[str]) -> None:
     work_text, runs_text, seed_text, coverage_text, hang_text, *names = argv[1:]
+    threading.Thread(target=_end_with_the_command, name="end-with-the-command", daemon=True).start()
     for name in names:
         status = run_in_child(name, int(runs_text), Path(work_text) / name, seed_text, coverage_text == "1", float(hang_text))
         print(json.dumps({"target": name, "exit_status": status}), flush=True)
