@@ -94,4 +94,4 @@ def test_an_aggregator_refuses_a_limit_below_its_minimum_and_serves_with_caps_th
         except subprocess.TimeoutExpired:
             child.kill()
             child.wait()
-    assert workers and not any(worker.is_running() for worker in psutil.wait_procs(workers, timeout=30)[1])
+    assert workers and psutil.wait_procs(workers, timeout=30)[1] == []
