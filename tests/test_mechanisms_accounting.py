@@ -11,6 +11,7 @@ from anonml.mechanisms import (
     BudgetExceeded,
     PrivacyLedger,
     Release,
+    ledgers_of_one_release,
     per_attribute_epsilon,
     releases_from,
     shuffle_central_privacy,
@@ -84,6 +85,22 @@ def test_ledger_rebuilds_from_its_records_and_refuses_over_budget_records() -> N
     assert PrivacyLedger(2.0, releases=ledger.releases).releases == ledger.releases
     with pytest.raises(BudgetExceeded):
         PrivacyLedger(1.4, releases=ledger.releases)
+
+
+def test_copies_of_a_ledger_are_independent_and_a_group_release_is_checked_against_the_budget() -> None:
+    """A simulated population's ledgers (``copy``, ``ledgers_of_one_release``): each peer's is its own,
+    a release that does not fit is refused for the whole group, and a copy refuses what its original would."""
+    release = Release.subset(["a"], 1.5)
+    ledgers = ledgers_of_one_release(release, 3, 2.0)
+    assert [ledger.releases for ledger in ledgers] == [[release]] * 3 and {ledger.spent() for ledger in ledgers} == {1.5}
+    ledgers[0].record(Release.subset(["b"], 0.5))
+    assert ledgers[0].spent() == 2.0 and ledgers[1].spent() == 1.5 and ledgers[1].releases == [release]
+    with pytest.raises(BudgetExceeded):
+        ledgers[1].record(Release.subset(["b"], 0.6))
+    assert ledgers[1].releases == [release] and ledgers[1].spent() == 1.5
+    with pytest.raises(BudgetExceeded):
+        ledgers_of_one_release(Release.subset(["a"], 2.5), 3, 2.0)
+    assert ledgers_of_one_release(release, 0, 2.0) == []
 
 
 def test_bad_ledger_input_is_rejected() -> None:
