@@ -1,7 +1,8 @@
 """Issue 15's newcomer walk: the README's commands and every bad input a newcomer
 tried, each as its own process, as a person types them. None may print a
-traceback; each refusal names its fix. (The full demo runs in test_demo.py and
-test_dashboard_browser.py, both slow.)"""
+traceback; each refusal names its fix. The two walks, a dozen and twenty processes
+in a row, are in the system suite; the full demo runs in test_demo.py and
+test_dashboard_browser.py, both system tests too."""
 
 from __future__ import annotations
 
@@ -46,8 +47,8 @@ def test_help_and_the_startup_benchmark() -> None:
     assert run.returncode == (1 if any(row["ratio"] > figures["max_ratio"] for row in figures["commands"]) else 0)
 
 
-# Slow: about twenty CLI processes in a row (72 s at load 8-19; the slowest non-slow test).
-@pytest.mark.slow
+# System: about twenty CLI processes in a row (72 s at load 8-19; 12-24 s quiet, the fast suite's slowest test).
+@pytest.mark.system
 def test_an_operators_walk_from_init_to_a_peers_dry_run(tmp_path: Path) -> None:
     agg, relay, me = tmp_path / "agg", tmp_path / "relay", tmp_path / "me"
     identity = re.search(r"identity ([0-9a-f]{64})", anonml("aggregator", "init", "--data-dir", str(agg)).stdout).group(1)  # type: ignore[union-attr]
@@ -99,8 +100,8 @@ def test_an_operators_walk_from_init_to_a_peers_dry_run(tmp_path: Path) -> None:
     assert "resumes the round" in err
 
 
-# Slow: a dozen CLI processes in a row (42 s at load 8-19).
-@pytest.mark.slow
+# System: a dozen CLI processes in a row (42 s at load 8-19, 8-19 s quiet).
+@pytest.mark.system
 def test_bad_inputs_fail_fast_and_name_their_fix(tmp_path: Path) -> None:
     anonml("peer", "init", "--data-dir", str(tmp_path / "me"))
     data = tmp_path / "me.csv"
