@@ -16,8 +16,7 @@ from anonml.base.process import exit_with_parent
 
 if __name__ == "__main__":
     context = multiprocessing.get_context(sys.argv[1])
-    initializer = exit_with_parent if sys.argv[2] == "watch" else None
-    with ProcessPoolExecutor(2, mp_context=context, initializer=initializer) as pool:
+    with ProcessPoolExecutor(2, mp_context=context, initializer=exit_with_parent) as pool:
         list(pool.map(time.sleep, [0.2, 0.2]))
         print("ready", flush=True)
         time.sleep(600)
@@ -28,7 +27,7 @@ if __name__ == "__main__":
 def test_pool_workers_end_when_their_parent_is_killed(start_method: str) -> None:
     """`anonml simulate`'s pool (fork) and the aggregator's verification workers (spawn): a SIGKILLed
     parent shuts no pool down, and its workers waited on their task queue for ever."""
-    parent = subprocess.Popen([sys.executable, "-c", POOL, start_method, "watch"], stdout=subprocess.PIPE, text=True)
+    parent = subprocess.Popen([sys.executable, "-c", POOL, start_method], stdout=subprocess.PIPE, text=True)
     try:
         assert parent.stdout is not None and parent.stdout.readline().strip() == "ready"
         workers = psutil.Process(parent.pid).children(recursive=True)

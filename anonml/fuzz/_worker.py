@@ -111,7 +111,6 @@ def run_in_child(name: str, runs: int, work: Path, seed_text: str, coverage: boo
     sys.stdout.flush()
     sys.stderr.flush()
     pid = os.fork()
-    _RUNNING[:] = [pid]
     if pid == 0:
         try:
             with (work / f"{name}.log").open("wb") as log:
@@ -123,15 +122,19 @@ def run_in_child(name: str, runs: int, work: Path, seed_text: str, coverage: boo
         finally:
             sys.stderr.flush()
             os._exit(70)
-    deadline = time.monotonic() + hang_seconds
-    while True:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            return os.waitstatus_to_exitcode(status)
-        if time.monotonic() > deadline:
-            os.kill(pid, signal.SIGKILL)
-            return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
-        time.sleep(0.05)
+    _RUNNING[:] = [pid]
+    try:
+        deadline = time.monotonic() + hang_seconds
+        while True:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                return os.waitstatus_to_exitcode(status)
+            if time.monotonic() > deadline:
+                os.kill(pid, signal.SIGKILL)
+                return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+            time.sleep(0.05)
+    finally:
+        _RUNNING.clear()  # reaped: its pid may be reused, and must not be killed at the command's end
 
 
 _RUNNING: list[int] = []
