@@ -5,8 +5,10 @@ windows sized by what each must achieve at the measured rate (anonml.demo._sched
 from __future__ import annotations
 
 import dataclasses
+import io
 import math
 import signal
+import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -62,6 +64,49 @@ async def test_a_killed_child_is_restarted_and_nothing_outlives_the_block(tmp_pa
     _, alive = psutil.wait_procs(seen, timeout=30)
     assert alive == []
     assert child.finished and child.exits[-1] == -signal.SIGTERM
+
+
+# A demo in miniature: two children, one with a grandchild, then a wait to be killed.
+KILLED_DEMO = f"""
+import sys, trio
+from pathlib import Path
+from anonml.demo import open_children
+
+async def main() -> None:
+    async with open_children(Path(sys.argv[1])) as children:
+        await children.start("parent", [sys.executable, "-c", {PARENT!r}])
+        await children.start("sleeper", [sys.executable, "-c", "import time; time.sleep(600)"])
+        while len(children.pids()) < 3:
+            await trio.sleep(0.05)
+        print(*children.pids(), flush=True)
+        await trio.sleep(600)
+
+trio.run(main)
+"""
+
+
+def test_a_killed_demo_leaves_no_child_behind(tmp_path: Path) -> None:
+    """A SIGKILLed `anonml demo` left 9 of its 11 processes running (relays, the aggregator and its workers,
+    the peers' workers), their ports still bound: each child runs in a session of its own, and SIGKILL runs
+    no clean-up. Its reaper ends them."""
+    demo = subprocess.Popen([sys.executable, "-c", KILLED_DEMO, str(tmp_path / "logs")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert demo.stdout is not None
+        family = [psutil.Process(int(pid)) for pid in demo.stdout.readline().split()]
+        assert len(family) == 3
+        demo.send_signal(signal.SIGKILL)
+        assert demo.wait(timeout=30) == -signal.SIGKILL
+        _, alive = psutil.wait_procs(family, timeout=30)
+        assert alive == [], alive
+    finally:
+        demo.kill()
+
+
+def test_the_reaper_ends_the_groups_still_listed_and_skips_other_lines() -> None:
+    from anonml.demo._reaper import read_groups
+
+    lines = io.BytesIO(b"+101\n+102\n-101\n+103\n-103\n-999\nkill 1\n+1\n+" + b"9" * 40 + b"\n+104\n")
+    assert read_groups(lines) == {102, 104}
 
 
 def costs(scale: float) -> PhaseCosts:

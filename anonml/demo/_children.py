@@ -5,7 +5,9 @@ group reaches everything it started too (the aggregator's issuer worker
 processes and multiprocessing's resource tracker); a sweep with psutil
 afterwards catches any descendant that left the group. :func:`open_children`
 stops every child when its block ends, however it ends (an error, a
-cancellation, SIGINT or SIGTERM to the demo), so no process outlives it.
+cancellation, SIGINT or SIGTERM to the demo), so no process outlives it; if
+the demo itself is killed (SIGKILL runs no clean-up), its reaper process
+(``_reaper``) ends the groups instead.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass, field
@@ -77,9 +80,11 @@ class Child:
 class Children:
     """The running children of one demo (or benchmark); see :func:`open_children`."""
 
-    def __init__(self, nursery: trio.Nursery, logs: Path, *, restart_delay: float, max_restarts: int,
+    def __init__(self, nursery: trio.Nursery, logs: Path, reaper: int, *, restart_delay: float, max_restarts: int,
                  on_restart: Callable[[Child, int], None] | None = None) -> None:
         self._nursery = nursery
+        self._reaper = reaper
+        """The write end of the reaper's stdin (see ``_reaper``)."""
         self.logs = logs
         self.restart_delay = restart_delay
         self.max_restarts = max_restarts
@@ -115,6 +120,7 @@ class Children:
                 child.command, stdout=subprocess.PIPE if child.capture_stdout else log, stderr=log,
                 start_new_session=True,
             )
+        self._tell_reaper(f"+{child.process.pid}")
         child.starts += 1
         child.running.set()
 
@@ -128,6 +134,7 @@ class Children:
             # Whatever it started goes with it: a restarted aggregator must not
             # find its predecessor's issuer workers still running.
             _signal_group(process.pid, signal.SIGKILL)
+            self._tell_reaper(f"-{process.pid}")
             if child.stopping or not child.restart or child.done(returncode) or child.restarts >= self.max_restarts:
                 child.finished = True
                 return
@@ -138,6 +145,12 @@ class Children:
                 child.finished = True
                 return
             await self._spawn(child)
+
+    def _tell_reaper(self, line: str) -> None:
+        # One short line is written whole (under PIPE_BUF) and the reaper reads
+        # all the time; if the reaper has died, the demo goes on without it.
+        with suppress(BrokenPipeError):
+            os.write(self._reaper, f"{line}\n".encode())
 
     def kill(self, child: Child, signum: int = signal.SIGKILL) -> bool:
         """Send ``signum`` to the child's whole process group now; False if it was not running."""
@@ -233,14 +246,33 @@ async def open_children(logs: Path, *, restart_delay: float = 0.5, max_restarts:
                         on_restart: Callable[[Child, int], None] | None = None) -> AsyncIterator[Children]:
     """Children that are all stopped when the block ends, however it ends."""
     logs.mkdir(parents=True, exist_ok=True)
-    async with trio.open_nursery() as nursery:
-        children = Children(nursery, logs, restart_delay=restart_delay, max_restarts=max_restarts, on_restart=on_restart)
-        try:
-            yield children
-        finally:
-            with trio.CancelScope(shield=True):
-                await children.stop_all()
-            nursery.cancel_scope.cancel()
+    # Only this process holds the write end (os.pipe's ends are not inherited), so the reaper reads
+    # end-of-file when it ends or closes it.
+    reaper_stdin, tell_reaper = os.pipe()
+    try:
+        with (logs / "reaper.log").open("ab") as log:
+            # In its own session: a Ctrl-C at the terminal stops the demo, which then stops its children.
+            reaper = await trio.lowlevel.open_process([sys.executable, "-m", "anonml.demo._reaper"], stdin=reaper_stdin,
+                                                      stdout=log, stderr=log, start_new_session=True)
+    except BaseException:
+        os.close(tell_reaper)
+        raise
+    finally:
+        os.close(reaper_stdin)
+    try:
+        async with trio.open_nursery() as nursery:
+            children = Children(nursery, logs, tell_reaper, restart_delay=restart_delay, max_restarts=max_restarts,
+                                on_restart=on_restart)
+            try:
+                yield children
+            finally:
+                with trio.CancelScope(shield=True):
+                    await children.stop_all()
+                nursery.cancel_scope.cancel()
+    finally:
+        os.close(tell_reaper)
+        with trio.CancelScope(shield=True):
+            await reaper.wait()
 
 
 def resident_mb(pids: Sequence[int]) -> float:
