@@ -58,7 +58,7 @@ import numpy.typing as npt
 
 from anonml.base.errors import AnonMLError
 from anonml.learning._vocabulary import AVERAGING_RULE
-from anonml.mechanisms import PrivacyLedger, Release, ReleaseKind
+from anonml.mechanisms import Release, ReleaseKind, ledgers_of_one_release
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -272,11 +272,7 @@ class ModelAveraging:
             raise ValueError(f"y must be ({n},), got {target.shape!r}")
         local = np.array([local_model(matrix[rows], target[rows], mechanism, norm_bound) for rows in slices])
         models = np.array([mechanism.release(model, rng) for model in local])
-        ledgers = []
-        for _ in slices:
-            ledger = PrivacyLedger(self.epsilon)
-            ledger.record(Release.about(ReleaseKind.MODEL, features, self.epsilon))
-            ledgers.append(ledger)
+        ledgers = ledgers_of_one_release(Release.about(ReleaseKind.MODEL, features, self.epsilon), len(slices), self.epsilon)
         # Equal weights: every peer's noise has the same public scale, so
         # the plain mean has the least noise variance of any weighting.
         self.coef_ = np.mean(models, axis=0)

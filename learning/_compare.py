@@ -16,14 +16,14 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from sklearn.metrics import roc_auc_score
+from anonml.learning._metrics import roc_auc
 
 from anonml.learning._averaging import ModelAveraging
 from anonml.learning._data import Table
 from anonml.learning._linear import FloatArray, LDPGradientDescent, LinearEncoding, fit_logistic_reference, wide_range_features
 from anonml.learning._tuning import choose_settings, describe, validation_rows
 from anonml.learning._vocabulary import SGD_LEARNER_LOSS, LearnerName, LinearSettings, Tuning
-from anonml.mechanisms import PrivacyLedger
+from anonml.mechanisms import PopulationLedgers
 from anonml.protocol import FeatureSpec
 
 
@@ -38,9 +38,9 @@ def summary(values: Sequence[float]) -> dict[str, float]:
     return {"mean": float(array.mean()), "std": float(array.std(ddof=1)) if array.size > 1 else 0.0, "min": float(array.min()), "max": float(array.max()), "n": int(array.size)}
 
 
-def _max_spent(ledgers: Sequence[PrivacyLedger]) -> tuple[float, int]:
+def _max_spent(ledgers: PopulationLedgers) -> tuple[float, int]:
     """The costliest peer's record-level ε and the most releases any peer made."""
-    return max(ledger.spent() for ledger in ledgers), max(len(ledger.releases) for ledger in ledgers)
+    return ledgers.max_spent(), ledgers.max_releases()
 
 
 @dataclass(frozen=True)
@@ -84,12 +84,12 @@ def linear_trial(learner: LearnerName, split: EncodedSplit, epsilon: float, seed
         scores, (spent, releases) = averaging.decision_function(X_test), _max_spent(averaging.ledgers_)
         details = {"peers": len(averaging.peer_rows_), "min_rows": min(averaging.peer_rows_), "regularization": averaging.regularization_,
                    "noise_norm_scale": averaging.perturbation_.noise_norm_scale,
-                   "noise_free_auc": float(roc_auc_score(y_test, X_test @ averaging.noise_free_coef_))}
+                   "noise_free_auc": roc_auc(y_test, X_test @ averaging.noise_free_coef_)}
     elif learner == LearnerName.LOGREG:
         scores, spent, releases = X_test @ fit_logistic_reference(X, y), 0.0, 0
     else:
         raise ValueError(f"{learner!r} is not a linear learner")
-    return {"auc": float(roc_auc_score(y_test, scores)), "epsilon_total": spent, "releases_per_peer": releases,
+    return {"auc": roc_auc(y_test, scores), "epsilon_total": spent, "releases_per_peer": releases,
             "seconds": time.perf_counter() - started, **details}
 
 

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 from sklearn.base import BaseEstimator, ClassifierMixin
-from sklearn.metrics import accuracy_score, f1_score, roc_auc_score
+from sklearn.metrics import roc_auc_score
 from sklearn.preprocessing import LabelEncoder
 from sklearn.tree import DecisionTreeClassifier
 # scikit-learn's declarative parameter validation, read by
@@ -155,8 +155,13 @@ def _fit_logreg(design: FloatArray, labels: IntArray, weights: FloatArray, C: fl
 
 
 def _weighted_score(scoring: str, labels: IntArray, proba: FloatArray, weights: FloatArray) -> float:
-    """f1, ROC AUC or accuracy of predictions over cells with weights
-    (scikit-learn's metrics with ``sample_weight``); 0 where undefined."""
+    """f1, ROC AUC or accuracy of predictions over cells with weights (the
+    figures of scikit-learn's metrics with ``sample_weight``); 0 where undefined.
+
+    f1 and accuracy are sums of weights, computed here: every member's
+    cross-validation scores each fold, and sklearn's f1_score spent about
+    3 ms a call checking its input (a third of an Adult experiment's time).
+    """
     keep = weights > 0
     if not keep.any():
         return 0.0
@@ -165,10 +170,14 @@ def _weighted_score(scoring: str, labels: IntArray, proba: FloatArray, weights: 
         if np.unique(labels).size < 2:
             return 0.0
         return float(roc_auc_score(labels, proba, sample_weight=weights))
-    predicted = (proba >= 0.5).astype(np.int64)
+    predicted_positive = proba >= 0.5
+    positive = labels == 1
     if scoring == "accuracy":
-        return float(accuracy_score(labels, predicted, sample_weight=weights))
-    return float(f1_score(labels, predicted, sample_weight=weights, zero_division=0.0))
+        return float(weights[predicted_positive == positive].sum() / weights.sum())
+    true_positive = weights[predicted_positive & positive].sum()
+    # F1 = 2 TP / (2 TP + FP + FN); the denominator is the predicted plus the actual positives' weight.
+    denominator = weights[predicted_positive].sum() + weights[positive].sum()
+    return float(2 * true_positive / denominator) if denominator > 0 else 0.0
 
 
 _SCORERS = ("f1", "roc_auc", "accuracy")

@@ -30,6 +30,7 @@ import numpy as np
 from anonml.learning._binning import bin_table, exact_cut_points
 from anonml.learning._compare import comparison_table, linear_encoding, run_comparison, summary
 from anonml.learning._data import DataError, Table, read_csv_table, split_table
+from anonml.learning._metrics import roc_auc
 from anonml.learning._planner import THESIS_SPLIT, PlanChoice, candidate_choices, choose_plan
 from anonml.learning._statistics_report import statistic_task_errors
 from anonml.learning._tables import load_builtin
@@ -92,7 +93,6 @@ def raw_baselines(spec: FeatureSpec, train: Table, test: Table, random_state: in
     from sklearn.compose import ColumnTransformer
     from sklearn.ensemble import HistGradientBoostingClassifier
     from sklearn.linear_model import LogisticRegression
-    from sklearn.metrics import roc_auc_score
     from sklearn.pipeline import make_pipeline
     from sklearn.preprocessing import OneHotEncoder, OrdinalEncoder, StandardScaler
 
@@ -121,9 +121,9 @@ def raw_baselines(spec: FeatureSpec, train: Table, test: Table, random_state: in
     one_hot = OneHotEncoder(drop="if_binary", handle_unknown="ignore").fit(B_train)
     binned = LogisticRegression(max_iter=5000).fit(one_hot.transform(B_train), y_train)
     return {
-        "logreg raw": float(roc_auc_score(y_test, linear.decision_function(X_test))),
-        "gradient boosting raw": float(roc_auc_score(y_test, boosting.predict_proba(X_test)[:, 1])),
-        f"logreg binned (q={quantiles})": float(roc_auc_score(y_test, binned.decision_function(one_hot.transform(B_test)))),
+        "logreg raw": roc_auc(y_test, linear.decision_function(X_test)),
+        "gradient boosting raw": roc_auc(y_test, boosting.predict_proba(X_test)[:, 1]),
+        f"logreg binned (q={quantiles})": roc_auc(y_test, binned.decision_function(one_hot.transform(B_test))),
     }
 
 

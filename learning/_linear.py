@@ -26,7 +26,7 @@ import numpy as np
 import numpy.typing as npt
 
 from anonml.learning._data import Table
-from anonml.mechanisms import OneBitMean, PrivacyLedger, Release, ReleaseKind
+from anonml.mechanisms import OneBitMean, PopulationLedgers, Release, ReleaseKind
 from anonml.protocol import FeatureSpec, NumericFeature, SgdLoss
 
 FloatArray = npt.NDArray[np.float64]
@@ -185,9 +185,9 @@ class LDPGradientDescent:
     which averages out the gradient noise; False: the last iterate, as
     Algorithm 4) and ``random_state``.
 
-    Learned: ``coef_``, ``steps_``, ``group_size_``, ``ledgers_`` (one
-    :class:`PrivacyLedger` per training row, each holding the one gradient
-    release of that peer).
+    Learned: ``coef_``, ``steps_``, ``group_size_``, ``ledgers_`` (a
+    :class:`PopulationLedgers`: one ledger per training row, each holding the
+    one gradient release of that peer).
     """
 
     def __init__(
@@ -224,15 +224,13 @@ class LDPGradientDescent:
         # Every peer in exactly one group: np.array_split deals all n rows.
         groups = np.array_split(rng.permutation(n), steps)
         # One ledger per peer, each recording its gradient below (a second release would be refused).
-        unspent = PrivacyLedger(mechanism.epsilon)
-        ledgers = [unspent.copy() for _ in range(n)]
+        ledgers = PopulationLedgers(n, mechanism.epsilon)
         release = Release.about(ReleaseKind.GRADIENT, features, mechanism.epsilon)
         beta = np.zeros(d)
         tail_sum, tail_count = np.zeros(d), 0
         for k, group in enumerate(groups, start=1):
             gradients = clipped_gradients(self.loss, beta, matrix[group], target[group])
-            for peer in group.tolist():
-                ledgers[peer].record(release)
+            ledgers.record(group, release)
             noisy_mean = mechanism.estimate(mechanism.privatize(gradients, rng))
             beta = harmony_step(beta, noisy_mean, k, self.learning_rate, self.regularization)
             if 2 * k > steps:

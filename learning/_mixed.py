@@ -35,7 +35,7 @@ import numpy as np
 import numpy.typing as npt
 
 from anonml.learning._data import Table
-from anonml.mechanisms import OneBitMean, PrivacyLedger, Release, ReleaseKind, ledgers_of_one_release
+from anonml.mechanisms import OneBitMean, PopulationLedgers, Release, ReleaseKind, ledgers_of_one_release
 from anonml.protocol import FeatureSpec, NumericFeature
 
 FloatArray = npt.NDArray[np.float64]
@@ -76,7 +76,7 @@ class MixedReport:
 
     answers: dict[str, MixedAnswer]
     epsilon: float
-    ledgers: list[PrivacyLedger] = field(repr=False)
+    ledgers: PopulationLedgers = field(repr=False)
 
 
 def mixed_statistics(spec: FeatureSpec, table: Table, epsilon: float, rng: np.random.Generator) -> MixedReport:

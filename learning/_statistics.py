@@ -21,7 +21,7 @@ from anonml.mechanisms import (
     OneBitMean,
     OptimizedUnaryEncoding,
     OracleName,
-    PrivacyLedger,
+    PopulationLedgers,
     Release,
     ReleaseKind,
     ledgers_of_one_release,
@@ -44,10 +44,10 @@ class StatisticAnswer:
     variance: float
     formula: str
     epsilon: float
-    ledgers: list[PrivacyLedger] = field(repr=False)
+    ledgers: PopulationLedgers = field(repr=False)
 
 
-def _ledgers(n: int, column: str, epsilon: float) -> list[PrivacyLedger]:
+def _ledgers(n: int, column: str, epsilon: float) -> PopulationLedgers:
     return ledgers_of_one_release(Release.about(ReleaseKind.STATISTIC, (column,), epsilon), n, epsilon)
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
-from sklearn.metrics import roc_auc_score
+from anonml.learning._metrics import roc_auc
 
 from anonml.learning._binning import bin_table, exact_cut_points, private_cut_points
 from anonml.learning._data import Table
@@ -149,7 +149,7 @@ def run_trial(
         per_attribute = max(ledger.per_attribute() for ledger in ledgers.values())
     X_test, y_test = bin_table(spec, test, cuts)
     models = fit_combiners(histograms, spec.n_bins, combiners, base=base, scoring=scoring, random_state=int(rng.integers(2**31)))
-    aucs = {combiner: float(roc_auc_score(y_test, model.decision_function(X_test))) for combiner, model in models.items()}
+    aucs = {combiner: roc_auc(y_test, model.decision_function(X_test)) for combiner, model in models.items()}
     return TrialResult(
         aucs=aucs,
         epsilon_total=spent,

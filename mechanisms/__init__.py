@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from anonml.mechanisms._accounting import (
         CentralPrivacy,
+        PopulationLedgers,
         PrivacyLedger,
         Release,
         ReleaseKind,
@@ -83,6 +84,7 @@ __all__ = [
     "OptimizedLocalHashing",
     "OptimizedPQEncoding",
     "OptimizedUnaryEncoding",
+    "PopulationLedgers",
     "PrivacyLedger",
     "QuantileSearch",
     "SubsetSelection",

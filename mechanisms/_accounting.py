@@ -21,6 +21,10 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import overload
+
+import numpy as np
+import numpy.typing as npt
 
 from anonml.mechanisms._errors import BudgetExceeded
 from anonml.mechanisms._validate import check_epsilon, check_positive_int, check_probability
@@ -264,11 +268,75 @@ def shuffle_central_privacy(epsilon0: float, n: int, delta: float | None = None)
     return CentralPrivacy(epsilon0, n, delta, bound if bound < epsilon0 else None, minimum_n)
 
 
-def ledgers_of_one_release(release: Release, peers: int, epsilon_total: float) -> list[PrivacyLedger]:
+class PopulationLedgers(Sequence[PrivacyLedger]):
+    """The ledgers of a simulated population's ``peers`` peers (an in-process experiment: one peer a row),
+    kept by history rather than by peer.
+
+    Such peers release in groups (LDP gradient descent: one group a step),
+    so many hold the same ledger. One :class:`PrivacyLedger` object a peer
+    cost LDP gradient descent on Adult (26,700 peers a fit) three quarters of
+    its time, nearly all of it the garbage collector walking the fresh
+    objects. This keeps each distinct history once, as a ledger, and for each
+    peer the history it holds. :meth:`record` checks a release on each
+    history's ledger, as each peer's own would, and records it for the whole
+    group or none of it.
+
+    ``population[i]`` is peer i's ledger (an independent copy).
+    """
+
+    def __init__(self, peers: int, epsilon_total: float) -> None:
+        self._histories = [PrivacyLedger(epsilon_total)]
+        self._held = np.zeros(check_positive_int(peers, "peers", minimum=0), dtype=np.intp)
+
+    def record(self, peers: npt.ArrayLike, *releases: Release) -> None:
+        """Record ``releases`` for each of ``peers`` (peer numbers, each at most once), or for none of them:
+        ``BudgetExceeded`` if any peer's record-level sum would pass the budget."""
+        group = np.asarray(peers)
+        if group.ndim != 1 or (group.size and not np.issubdtype(group.dtype, np.integer)):
+            raise ValueError(f"peers must be a 1-D array of peer numbers, got {group!r}")
+        if group.size == 0:
+            return
+        if group.min() < 0 or group.max() >= len(self) or np.unique(group).size != group.size:
+            raise ValueError(f"peers must be distinct numbers in [0, {len(self)}), got {group!r}")
+        held = self._held[group]
+        extended: dict[int, PrivacyLedger] = {}
+        for history in np.unique(held).tolist():
+            ledger = self._histories[history].copy()
+            ledger.record(*releases)  # raises before anything of this call is kept
+            extended[history] = ledger
+        for history, ledger in extended.items():
+            self._held[group[held == history]] = len(self._histories)
+            self._histories.append(ledger)
+
+    def _held_histories(self) -> list[PrivacyLedger]:
+        return [self._histories[history] for history in np.unique(self._held).tolist()]
+
+    def max_spent(self) -> float:
+        """The costliest peer's record-level epsilon (0 for no peers)."""
+        return max((ledger.spent() for ledger in self._held_histories()), default=0.0)
+
+    def max_releases(self) -> int:
+        """The most releases any one peer made."""
+        return max((len(ledger.releases) for ledger in self._held_histories()), default=0)
+
+    def __len__(self) -> int:
+        return int(self._held.size)
+
+    @overload
+    def __getitem__(self, peer: int) -> PrivacyLedger: ...
+
+    @overload
+    def __getitem__(self, peer: slice) -> list[PrivacyLedger]: ...
+
+    def __getitem__(self, peer: int | slice) -> PrivacyLedger | list[PrivacyLedger]:
+        if isinstance(peer, slice):
+            return [self[i] for i in range(len(self))[peer]]
+        return self._histories[int(self._held[peer])].copy()
+
+
+def ledgers_of_one_release(release: Release, peers: int, epsilon_total: float) -> PopulationLedgers:
     """``peers`` ledgers of budget ``epsilon_total``, each holding ``release``: every peer of a simulated
     population made the same one release (raises ``BudgetExceeded`` if it does not fit the budget)."""
-    if peers == 0:
-        return []
-    ledger = PrivacyLedger(epsilon_total)
-    ledger.record(release)
-    return [ledger, *(ledger.copy() for _ in range(peers - 1))]
+    population = PopulationLedgers(peers, epsilon_total)
+    population.record(np.arange(peers), release)
+    return population

@@ -329,3 +329,25 @@ def test_adult_spec_comes_from_its_feature_spec_file() -> None:
     assert set(spec.n_bins) == {2} and len(spec.names) == 12
     assert "education" not in spec.names and "fnlwgt" not in spec.names
     assert set(adult_spec(3).with_quantiles(3).n_bins) == {2, 4}
+
+
+def test_member_scores_are_sklearns_weighted_f1_and_accuracy() -> None:
+    """The cross-validation's f1 and accuracy are sums of weights (learning._ensemble._weighted_score), not
+    sklearn calls; they must be sklearn's figures, 0 where undefined."""
+    from sklearn.metrics import accuracy_score, f1_score
+
+    from anonml.learning._ensemble import _weighted_score
+
+    rng = np.random.default_rng(1)
+    for trial in range(100):
+        n = int(rng.integers(1, 60))
+        labels, proba = rng.integers(0, 2, n), rng.random(n)
+        weights = rng.random(n) * (rng.random(n) < 0.8)
+        if trial % 5 == 0:
+            proba = np.minimum(proba, 0.4)  # nothing predicted positive
+        keep = weights > 0
+        predicted = (proba[keep] >= 0.5).astype(np.int64)
+        expected_f1 = f1_score(labels[keep], predicted, sample_weight=weights[keep], zero_division=0.0) if keep.any() else 0.0
+        expected_accuracy = accuracy_score(labels[keep], predicted, sample_weight=weights[keep]) if keep.any() else 0.0
+        assert _weighted_score("f1", labels, proba, weights) == pytest.approx(expected_f1, abs=1e-12)
+        assert _weighted_score("accuracy", labels, proba, weights) == pytest.approx(expected_accuracy, abs=1e-12)

@@ -361,3 +361,21 @@ def test_experiment_reports_statistic_errors_beside_their_formulas(tmp_path: Pat
         # 30 trials: the measured MSE's relative sd is about 0.26; 2.5x is ~6 sd.
         assert 1 / 2.5 <= row["ratio"] <= 2.5, row
     assert "Statistic tasks on affairs" in result.output
+
+
+def test_the_rank_formula_auc_is_sklearns_with_ties_and_refuses_one_class() -> None:
+    """The experiments' AUC (anonml.learning._metrics): the rank formula, with ties counted one half."""
+    from sklearn.metrics import roc_auc_score
+
+    from anonml.learning._metrics import roc_auc
+
+    rng = np.random.default_rng(5)
+    for n in (2, 3, 50, 2_000):
+        labels = np.resize([-1.0, 1.0], n)
+        rng.shuffle(labels)
+        for scores in (rng.normal(size=n), np.round(rng.normal(size=n), 1), np.zeros(n)):
+            assert roc_auc(labels, scores) == pytest.approx(roc_auc_score(labels, scores), abs=1e-12)
+    assert roc_auc([0, 1, 1], [0.1, 0.9, 0.9]) == 1.0 and roc_auc([0, 1], [1.0, 0.0]) == 0.0
+    for labels, scores in (([1, 1], [0.1, 0.2]), ([0, 1, 2], [0.1, 0.2, 0.3]), ([0, 1], [0.1]), ([0, 1], [0.1, np.nan])):
+        with pytest.raises(ValueError):
+            roc_auc(labels, scores)

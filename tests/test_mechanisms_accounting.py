@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 
 from anonml.base.errors import AnonMLError
 from anonml.mechanisms import (
     BudgetExceeded,
+    PopulationLedgers,
     PrivacyLedger,
     Release,
+    ReleaseKind,
     ledgers_of_one_release,
     per_attribute_epsilon,
     releases_from,
@@ -88,19 +91,40 @@ def test_ledger_rebuilds_from_its_records_and_refuses_over_budget_records() -> N
 
 
 def test_copies_of_a_ledger_are_independent_and_a_group_release_is_checked_against_the_budget() -> None:
-    """A simulated population's ledgers (``copy``, ``ledgers_of_one_release``): each peer's is its own,
-    a release that does not fit is refused for the whole group, and a copy refuses what its original would."""
+    """A simulated population's ledgers (``PopulationLedgers``, ``ledgers_of_one_release``): each peer's is its
+    own, a release that does not fit is refused for the whole group, and a copy refuses what its original would."""
     release = Release.subset(["a"], 1.5)
     ledgers = ledgers_of_one_release(release, 3, 2.0)
     assert [ledger.releases for ledger in ledgers] == [[release]] * 3 and {ledger.spent() for ledger in ledgers} == {1.5}
-    ledgers[0].record(Release.subset(["b"], 0.5))
+    ledgers.record([0], Release.subset(["b"], 0.5))
     assert ledgers[0].spent() == 2.0 and ledgers[1].spent() == 1.5 and ledgers[1].releases == [release]
+    assert (ledgers.max_spent(), ledgers.max_releases()) == (2.0, 2)
     with pytest.raises(BudgetExceeded):
-        ledgers[1].record(Release.subset(["b"], 0.6))
-    assert ledgers[1].releases == [release] and ledgers[1].spent() == 1.5
+        ledgers.record([1, 0], Release.subset(["b"], 0.3))  # fits peer 1, not peer 0: neither records it
+    assert [ledger.spent() for ledger in ledgers] == [2.0, 1.5, 1.5] and ledgers[1].releases == [release]
+    copy = ledgers[2]
+    with pytest.raises(BudgetExceeded):
+        copy.record(Release.subset(["b"], 0.6))
+    copy.record(Release.subset(["b"], 0.5))
+    assert ledgers[2].spent() == 1.5  # a peer's ledger is a copy: changing it changes no one else's
     with pytest.raises(BudgetExceeded):
         ledgers_of_one_release(Release.subset(["a"], 2.5), 3, 2.0)
-    assert ledgers_of_one_release(release, 0, 2.0) == []
+    assert len(ledgers_of_one_release(release, 0, 2.0)) == 0 and [ledger.spent() for ledger in ledgers[1:]] == [1.5, 1.5]
+
+
+def test_a_population_refuses_a_peer_listed_twice_or_unknown_and_records_nothing() -> None:
+    ledgers = PopulationLedgers(4, 1.0)
+    release = Release.about(ReleaseKind.GRADIENT, ("x",), 0.5)
+    for bad in ([0, 0], [4], [-1], [[0, 1]], [0.0, 1.0]):
+        with pytest.raises(ValueError, match="peers"):
+            ledgers.record(bad, release)
+    ledgers.record(np.array([], dtype=np.int64), release)
+    ledgers.record(np.arange(4), release)
+    ledgers.record([1, 3], release)
+    assert [len(ledger.releases) for ledger in ledgers] == [1, 2, 1, 2] and ledgers.max_spent() == 1.0
+    with pytest.raises(BudgetExceeded):
+        ledgers.record([0, 1], release)  # peer 1 has spent its ε_T: a third gradient is refused, for peer 0 too
+    assert [ledger.spent() for ledger in ledgers] == [0.5, 1.0, 0.5, 1.0]
 
 
 def test_bad_ledger_input_is_rejected() -> None:
