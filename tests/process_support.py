@@ -1,11 +1,15 @@
-"""Shared by the command tests: a long-running command started as a child process."""
+"""Shared by the command tests: a long-running command started as a child process, and what is left of
+its processes once it is killed."""
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+
+import psutil
 
 
 @contextmanager
@@ -27,3 +31,13 @@ def running_until(command: Sequence[str], marker: str, *, within: float) -> Iter
         if child.poll() is None:
             child.kill()
             child.wait()
+
+
+def assert_sigkill_leaves_no_survivor(process: subprocess.Popen[str] | subprocess.Popen[bytes],
+                                      family: Sequence[psutil.Process]) -> None:
+    """SIGKILL ``process`` (it runs no clean-up) and check that every one of ``family``, the processes it
+    started, is gone within 30 s."""
+    process.send_signal(signal.SIGKILL)
+    assert process.wait(timeout=60) == -signal.SIGKILL
+    _, alive = psutil.wait_procs(family, timeout=30)
+    assert alive == [], alive

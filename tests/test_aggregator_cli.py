@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from process_support import running_until
+from process_support import assert_sigkill_leaves_no_survivor, running_until
 
 from anonml.base.process import anonml_command
 from anonml.cli import main
@@ -241,8 +241,6 @@ def test_sigterm_stops_run_and_its_worker_processes_and_a_second_run_is_refused(
 def test_a_run_killed_with_sigkill_leaves_no_worker_process_behind(tmp_path: Path) -> None:
     """A SIGKILLed ``aggregator run`` shuts no pool down: its verification worker waited on its task
     queue for ever, holding the issuer key, and multiprocessing's resource tracker waited on it."""
-    import signal
-
     import psutil
 
     data_dir = new_round(tmp_path, register=600)
@@ -250,10 +248,7 @@ def test_a_run_killed_with_sigkill_leaves_no_worker_process_behind(tmp_path: Pat
     with running_until(command, "serving", within=120) as run:
         family = psutil.Process(run.pid).children(recursive=True)
         assert family  # the worker (and the resource tracker)
-        run.send_signal(signal.SIGKILL)
-        assert run.wait(timeout=60) == -signal.SIGKILL
-        _, alive = psutil.wait_procs(family, timeout=30)
-        assert alive == [], alive
+        assert_sigkill_leaves_no_survivor(run, family)
 
 
 @pytest.mark.system

@@ -27,6 +27,7 @@ from anonml.demo._schedule import (
 )
 from anonml.protocol import SECOND_WINDOW_PATHS, hop_slice
 from anonml.transport import HttpLimits
+from process_support import assert_sigkill_leaves_no_survivor
 
 # A child that starts a grandchild in its process group (as the aggregator
 # starts its issuer workers), then waits.
@@ -94,10 +95,7 @@ def test_a_killed_demo_leaves_no_child_behind(tmp_path: Path) -> None:
         assert demo.stdout is not None
         family = [psutil.Process(int(pid)) for pid in demo.stdout.readline().split()]
         assert len(family) == 3
-        demo.send_signal(signal.SIGKILL)
-        assert demo.wait(timeout=30) == -signal.SIGKILL
-        _, alive = psutil.wait_procs(family, timeout=30)
-        assert alive == [], alive
+        assert_sigkill_leaves_no_survivor(demo, family)
     finally:
         demo.kill()
 

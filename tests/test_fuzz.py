@@ -15,6 +15,7 @@ from anonml.base.errors import AnonMLError
 from anonml.fuzz import TARGET_NAMES
 from anonml.fuzz._targets import build_targets
 from anonml.protocol import BeaconStatement, InvalidBeacon
+from process_support import assert_sigkill_leaves_no_survivor
 
 
 
@@ -91,8 +92,6 @@ def test_the_beacon_seed_is_a_signed_reveal_that_passes_every_check_an_unsigned_
 def test_a_killed_fuzz_command_leaves_no_fuzzing_process_behind(tmp_path: Path) -> None:
     """A SIGKILLed `anonml fuzz` left its worker and the child fuzzing a target running on, a core busy
     for up to --hang-seconds (six hours by default)."""
-    import signal
-
     import psutil
 
     command = anonml_command("fuzz", "--runs", "100000000", "--no-coverage", "--target", "manifest",
@@ -103,9 +102,6 @@ def test_a_killed_fuzz_command_leaves_no_fuzzing_process_behind(tmp_path: Path) 
         while len(family := psutil.Process(fuzz.pid).children(recursive=True)) < 2:  # the worker and its child
             assert time.monotonic() < deadline and fuzz.poll() is None
             time.sleep(0.2)
-        fuzz.send_signal(signal.SIGKILL)
-        fuzz.wait(timeout=30)
-        _, alive = psutil.wait_procs(family, timeout=30)
-        assert alive == [], alive
+        assert_sigkill_leaves_no_survivor(fuzz, family)
     finally:
         fuzz.kill()

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import signal
 import subprocess
 import sys
 
 import psutil
 import pytest
+
+from process_support import assert_sigkill_leaves_no_survivor
 
 POOL = """
 import multiprocessing, sys, time
@@ -32,9 +33,6 @@ def test_pool_workers_end_when_their_parent_is_killed(start_method: str) -> None
         assert parent.stdout is not None and parent.stdout.readline().strip() == "ready"
         workers = psutil.Process(parent.pid).children(recursive=True)
         assert len(workers) >= 2
-        parent.send_signal(signal.SIGKILL)
-        assert parent.wait(timeout=30) == -signal.SIGKILL
-        _, alive = psutil.wait_procs(workers, timeout=30)
-        assert alive == [], alive
+        assert_sigkill_leaves_no_survivor(parent, workers)
     finally:
         parent.kill()
