@@ -16,11 +16,11 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from anonml.learning._metrics import roc_auc
 
 from anonml.learning._averaging import ModelAveraging
 from anonml.learning._data import Table
 from anonml.learning._linear import FloatArray, LDPGradientDescent, LinearEncoding, fit_logistic_reference, wide_range_features
+from anonml.learning._metrics import roc_auc
 from anonml.learning._tuning import choose_settings, describe, validation_rows
 from anonml.learning._vocabulary import SGD_LEARNER_LOSS, LearnerName, LinearSettings, Tuning
 from anonml.mechanisms import PopulationLedgers

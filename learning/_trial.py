@@ -12,11 +12,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
-from anonml.learning._metrics import roc_auc
 
 from anonml.learning._binning import bin_table, exact_cut_points, private_cut_points
 from anonml.learning._data import Table
 from anonml.learning._ensemble import PartitionEnsemble, SubsetHistogram, estimate_histogram, exact_histogram
+from anonml.learning._metrics import roc_auc
 from anonml.mechanisms import PostprocessMethod, PrivacyLedger, make_oracle
 from anonml.protocol import Assignment, Combiner, FeatureSpec, Learner, ReleasePlan, row_keys
 

@@ -252,8 +252,8 @@ async def open_children(logs: Path, *, restart_delay: float = 0.5, max_restarts:
     try:
         with (logs / "reaper.log").open("ab") as log:
             # In its own session: a Ctrl-C at the terminal stops the demo, which then stops its children.
-            reaper = await trio.lowlevel.open_process([sys.executable, "-m", "anonml.demo._reaper"], stdin=reaper_stdin,
-                                                      stdout=log, stderr=log, start_new_session=True)
+            reaper = await trio.lowlevel.open_process([sys.executable, "-m", "anonml.demo._reaper", str(STOP_GRACE_SECONDS)],
+                                                      stdin=reaper_stdin, stdout=log, stderr=log, start_new_session=True)
     except BaseException:
         os.close(tell_reaper)
         raise

@@ -24,8 +24,6 @@ import time
 from collections.abc import Iterable
 from typing import BinaryIO
 
-# How long the groups have to exit after SIGTERM before they are killed (as _children.STOP_GRACE_SECONDS).
-GRACE_SECONDS = 10.0
 # A line is a sign and a process id: far below this; a longer one is not the demo's.
 MAX_LINE = 32
 
@@ -46,7 +44,7 @@ def read_groups(lines: BinaryIO) -> set[int]:
     return groups
 
 
-def end_groups(groups: Iterable[int], grace: float = GRACE_SECONDS) -> None:
+def end_groups(groups: Iterable[int], grace: float) -> None:
     """SIGTERM each group, then SIGKILL each one still there after ``grace`` seconds."""
     live = {group for group in groups if _signal_group(group, signal.SIGTERM)}
     deadline = time.monotonic() + grace
@@ -68,9 +66,10 @@ def _signal_group(group: int, signum: int) -> bool:
     return True
 
 
-def main() -> None:
-    end_groups(read_groups(sys.stdin.buffer))
+def main(argv: list[str]) -> None:
+    """``python -m anonml.demo._reaper GRACE_SECONDS`` (the demo's own grace: _children.STOP_GRACE_SECONDS)."""
+    end_groups(read_groups(sys.stdin.buffer), float(argv[1]))
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv)
