@@ -145,7 +145,7 @@ def descendants_left(processes: list[psutil.Process]) -> list[psutil.Process]:
     return found
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
 def test_a_signal_to_the_demo_stops_every_process_it_started(tmp_path: Path, signum: int) -> None:
     demo = start_demo(tmp_path / "work", "--peers", "20")
     try:

@@ -5,7 +5,7 @@ group reaches everything it started too (the aggregator's issuer worker
 processes and multiprocessing's resource tracker); a sweep with psutil
 afterwards catches any descendant that left the group. :func:`open_children`
 stops every child when its block ends, however it ends (an error, a
-cancellation, SIGINT or SIGTERM to the demo), so no process outlives it; if
+cancellation, SIGINT, SIGTERM or SIGHUP to the demo), so no process outlives it; if
 the demo itself is killed (SIGKILL runs no clean-up), its reaper process
 (``_reaper``) ends the groups instead.
 """
@@ -285,13 +285,14 @@ def resident_mb(pids: Sequence[int]) -> float:
 
 
 async def until_signalled(function: Callable[..., Awaitable[T]], *args: object) -> T | int:
-    """``await function(*args)``, or the number of the signal (SIGINT or SIGTERM) that cancelled it first.
+    """``await function(*args)``, or the number of the signal (SIGINT, SIGTERM or SIGHUP) that cancelled it first.
 
-    Either signal cancels ``function``; the children it opened with
-    :func:`open_children` are stopped on the way out.
+    Each cancels ``function``; the children it opened with :func:`open_children`
+    are stopped on the way out. SIGHUP is the terminal closing: without it the
+    demo died at once and left its children to the reaper, unsummarised.
     """
     outcome: list[T | int] = []
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
         async with trio.open_nursery() as nursery:
 
             async def stop_on_signal() -> None:

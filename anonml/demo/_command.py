@@ -1,6 +1,6 @@
 """``anonml demo``: the click command, and what ends the demo early.
 
-SIGINT and SIGTERM both cancel the round and stop every child process
+SIGINT, SIGTERM and SIGHUP (its terminal closing) each cancel the round and stop every child process
 (:func:`._children.open_children`); the demo then exits 128 + the signal's
 number, as a shell reports a process the signal ended.
 """
