@@ -372,9 +372,12 @@ class RoundManifest:
         object.__setattr__(self, "task_kind", TaskKind(self.task_kind))  # a known kind: _read refused any other
         object.__setattr__(self, "_canonical", encoded)
 
-    @property
+    @cached_property
     def round_id(self) -> bytes:
-        """SHA-256 of the canonical encoding: the round's name (``SurveyId.round_id``)."""
+        """SHA-256 of the canonical encoding: the round's name (``SurveyId.round_id``).
+
+        Computed once: a peer reads it a dozen times on its way to registering, and a demo worker runs
+        thousands of peers (issue 26: their start-up held back the Adult demo's registrations)."""
         return hashlib.sha256(self._canonical).digest()
 
     @cached_property
@@ -694,6 +697,11 @@ class SignedManifest:
         return {"manifest": self.manifest.to_dict(), "signature": self.signature.hex(), "round_id": self.round_id.hex()}
 
     def to_json(self) -> bytes:
+        return self._json
+
+    @cached_property
+    def _json(self) -> bytes:
+        # Encoded once: every peer records the manifest it registers under (peer._join.check_manifest_unchanged).
         return canonical_json(self.to_dict())
 
     @classmethod

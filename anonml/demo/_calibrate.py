@@ -27,7 +27,6 @@ from anonml.crypto import (
     PathHop,
     ReleaseWindow,
     SphinxGeometry,
-    TokenJob,
     begin_issuance,
     build_packet,
     finish_issuance,
@@ -37,7 +36,7 @@ from anonml.crypto import (
     never_replayed,
     node_id_of,
     process_packet,
-    verify_tokens,
+    verify_token,
 )
 from anonml.peer import PeerIdentity
 from anonml.protocol import RegisterRequest, SurveyId, bound_bytes, seal_report
@@ -45,8 +44,6 @@ from anonml.protocol import RegisterRequest, SurveyId, bound_bytes, seal_report
 # Samples per figure: enough for a stable mean of millisecond calls, a
 # fraction of a second in all.
 SAMPLES = 24
-# Timed batches of SAMPLES tokens each (after a warm-up batch).
-BATCHES = 4
 # The demo measures once its own processes (peer workers, relays, the
 # aggregator's identity) use under a tenth of a core together, their start-up
 # over; it waits at most QUIET_TIMEOUT seconds (a child that keeps working is
@@ -63,8 +60,7 @@ class PhaseCosts:
     its encoding, the aggregator's signature check). ``issue``: one blind
     credential (request, issuance with proof, the peer's check). ``token``:
     one message made at the peer (token and Sphinx packet). ``verify``: one
-    message checked (every relay's hop, the final hop, and its share of a
-    batch's token check, as the aggregator's processes check them).
+    message checked (every relay's hop, the final hop, the token).
     ``http``: one loopback request and response through the aggregator's HTTP
     stack. ``process_start``: one ``anonml`` child process run to completion.
     ``serving_start``: a fresh interpreter importing what ``anonml aggregator
@@ -123,13 +119,11 @@ def _crypto_costs(path_length: int, samples: int) -> dict[str, float]:
         return build_packet(geometry, hops, seal_report(public, credential, survey, report, geometry.message_size).message)
 
     packet = token()
+    made = make_token(public, credential, survey.to_bytes(), bound_bytes(survey, report))
     hop = mean_seconds(lambda: process_packet(geometry, keys[0][0], packet, is_replay=never_replayed), samples)
-    # The aggregator checks tokens in batches (crypto.verify_tokens: one small-exponent test of all their
-    # proofs), which costs about half as much a token as checking each alone: time a batch of distinct tokens.
-    batch = [TokenJob(survey.to_bytes(), bound_bytes(survey, report),
-                      make_token(public, credential, survey.to_bytes(), bound_bytes(survey, report)), 0)
-             for _ in range(samples)]
-    check = mean_seconds(lambda: verify_tokens(issuer, batch), BATCHES) / len(batch)
+    check = mean_seconds(
+        lambda: verify_token(issuer, survey.to_bytes(), bound_bytes(survey, report), made, expected_partition=0), samples
+    )
     return {
         "register": mean_seconds(_register, samples),
         "issue": mean_seconds(issue, samples),

@@ -9,11 +9,8 @@ times :data:`HEADROOM` — not a serial per-peer cost times a slack factor.
   costs no window time: the peer hands its packet to another first relay.
 * Each relay's slice of a delivery window holds every packet of the attempt
   at one relay's measured Sphinx rate (the second attempt's: each message
-  over ``protocol.SECOND_WINDOW_PATHS`` paths), the last relay's also the
-  aggregator's final hop (its own process, beside that relay's); the last
-  slice holds the token checks, batched on the aggregator's worker processes
-  as it runs them (:mod:`._calibrate` times a batch: about half the cost of
-  checking each token alone). Relays release each packet at a
+  over ``protocol.SECOND_WINDOW_PATHS`` paths); the last slice holds the aggregator's
+  verification on its worker processes. Relays release each packet at a
   uniformly random time of their slice, and the first slice opens a guard
   after the send window has closed (at least a second,
   ``protocol.first_hop_guard``), so arrival is independent of send time
@@ -307,12 +304,10 @@ def plan_round(data: DemoData, peers: int, epsilon: float, workers: int, seed: i
         # protocol.hop_windows cuts the window, after the first hop's guard, into PATH_LENGTH + 1 equal
         # slices: each hop's (one relay process each) and the last, where the aggregator verifies on its processes.
         # A relay's slice holds every packet of the phase: with RELAYS > PATH_LENGTH a relay
-        # sees fewer on average, but one random relay may be on most paths. The aggregator's own process
-        # takes the final hop as the last relay releases, inside that relay's slice and at the same Sphinx
-        # rate; the last slice holds the token checks, batched on its worker processes (``costs.verify`` is
-        # every hop of a path and the token's share of a batch check).
+        # sees fewer on average, but one random relay may be on most paths.
+        # ``costs.verify`` is every hop of a path and the token check; the aggregator does the last hop and the check.
         relay_slice = seconds(messages * costs.relay_hop, 1)
-        final_slice = seconds(messages * (costs.verify - (PATH_LENGTH + 1) * costs.relay_hop), AGGREGATOR_PROCESSES)
+        final_slice = seconds(messages * max(costs.relay_hop, costs.verify - PATH_LENGTH * costs.relay_hop), AGGREGATOR_PROCESSES)
         outage_slice = outage + LINK_RETRY_GAP if outage > 0 else 0.0
         return shortest_delivery(math.ceil(max(1.0, relay_slice, final_slice, outage_slice)), PATH_LENGTH)
 
