@@ -4,6 +4,7 @@ windows sized by what each must achieve at the measured rate (anonml.demo._sched
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import io
 import math
@@ -294,3 +295,40 @@ def test_the_demos_baseline_is_fitted_on_exactly_the_rows_its_peers_held(tmp_pat
     assert baseline_auc(data, one_class) is None
     with pytest.raises(ValueError, match="399"):
         baseline_auc(data, 399)
+
+
+
+async def test_a_workers_peers_start_in_step_with_their_registrations_and_a_stopped_peer_frees_its_slot(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Issue 26: each of a worker's 16,000 Adult peers started at once (about a millisecond each) and held back
+    the first 20 s of registration. At most ``ahead`` are between their start and their registration; a peer
+    gives its slot back when it registers (not at another event) or when it stops before that."""
+    from anonml.demo._swarm import StartSlots
+    from anonml.peer import PeerEvent
+
+    ahead, peers = 4, 40
+    slots, between, most, registered_at = StartSlots(ahead), [0], [0], []
+
+    async def peer(index: int) -> None:
+        with contextlib.suppress(ValueError):
+            async with slots.holding() as listener:
+                between[0] += 1
+                most[0] = max(most[0], between[0])
+                await trio.sleep(1)
+                listener(PeerEvent.MANIFEST_UNMIRRORED)  # not a registration: the slot stays taken
+                between[0] -= 1
+                if index % 5 == 0:
+                    raise ValueError("stopped before registering")
+                listener(PeerEvent.REGISTERED)
+                registered_at.append(trio.current_time())
+                await trio.sleep(30)  # the rest of its round, on no slot
+
+    started = trio.current_time()
+    with trio.fail_after(1000):  # a slot never given back leaves the last peers waiting for ever
+        async with trio.open_nursery() as nursery:
+            for index in range(peers):
+                nursery.start_soon(peer, index)
+    assert most[0] == ahead and len(registered_at) == peers - peers // 5
+    # One second each, ahead at a time: the last registers after peers / ahead seconds, not after 31 s per batch.
+    assert max(registered_at) - started == pytest.approx(peers / ahead)

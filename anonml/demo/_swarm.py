@@ -14,6 +14,8 @@ import json
 import sys
 import time
 from collections import Counter
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -21,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 if TYPE_CHECKING:
-    from anonml.peer import SentMessage
+    from anonml.peer import PeerEvent, SentMessage
 
 # Peers a worker has started that have not registered yet. A worker holds thousands of peers, and each
 # one's start (its identity, generator, ledger and manifest record: about a millisecond) used to run for
@@ -66,6 +68,34 @@ class SwarmConfig:
         )
 
 
+class StartSlots:
+    """At most ``ahead`` of a worker's peers between their start and their registration (:data:`STARTING_AHEAD`)."""
+
+    def __init__(self, ahead: int) -> None:
+        self._free = trio.Semaphore(ahead)
+
+    @asynccontextmanager
+    async def holding(self) -> AsyncIterator[Callable[[PeerEvent], None]]:
+        """Wait for a slot; yields the listener that gives it back when the peer has registered (or resumed
+        a registration), and gives it back on the way out if the peer stopped before that."""
+        from anonml.peer import PeerEvent
+
+        await self._free.acquire()
+        held = True
+
+        def registered(event: PeerEvent) -> None:
+            nonlocal held
+            if held and event in (PeerEvent.REGISTERED, PeerEvent.RESUMED):
+                held = False
+                self._free.release()
+
+        try:
+            yield registered
+        finally:
+            if held:
+                self._free.release()
+
+
 def sent_record(identity: str, message: SentMessage) -> dict[str, Any]:
     """A ``peer.SentMessage`` as the demo's anonymity trace reads it (``anonml.demo._trace``)."""
     return {"identity": identity, "survey": message.survey.to_bytes().hex(), "receipt": message.receipt.hex(),
@@ -87,7 +117,6 @@ async def run_swarm(config: SwarmConfig) -> dict[str, Any]:
         JoinRefused,
         JoinResult,
         Peer,
-        PeerEvent,
         PeerIdentity,
         PeerStore,
         RoundPipeline,
@@ -123,19 +152,18 @@ async def run_swarm(config: SwarmConfig) -> dict[str, Any]:
         geometry = session_manifest.manifest.sphinx_geometry()
         _emit({"worker": config.worker, "peers": len(holdings)})
 
-        starting = trio.Semaphore(STARTING_AHEAD)
+        slots = StartSlots(STARTING_AHEAD)
 
         async def one(held: tuple[Any, ...]) -> None:
-            await starting.acquire()
-            holding = True
+            async with slots.holding() as registered:
 
-            def listen(event: PeerEvent) -> None:
-                nonlocal holding
-                events.update((event,))
-                if holding and event in (PeerEvent.REGISTERED, PeerEvent.RESUMED):
-                    holding = False
-                    starting.release()
+                def listen(event: PeerEvent) -> None:
+                    events.update((event,))
+                    registered(event)
 
+                await run_peer(held, listen)
+
+        async def run_peer(held: tuple[Any, ...], listen: Callable[[PeerEvent], None]) -> None:
             try:
                 # Each peer its own ChaCha20 generator keyed from the OS (peer_generator).
                 peer = Peer(PeerIdentity.generate(), store, held[-1], peer_generator(), rows=held if size > 1 else ())
@@ -148,9 +176,6 @@ async def run_swarm(config: SwarmConfig) -> dict[str, Any]:
             except (JoinRefused, AggregatorError, BudgetExceeded) as exc:
                 failures[getattr(exc, "reason", type(exc).__name__)] += 1
                 _emit({"worker": config.worker, "error": str(exc)[:300]})
-            finally:
-                if holding:  # it stopped before registering
-                    starting.release()
 
         async def report_progress() -> None:
             while True:
