@@ -14,7 +14,7 @@ import json
 import sys
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 if TYPE_CHECKING:
-    from anonml.peer import PeerEvent, SentMessage
+    from anonml.peer import JoinResult, PeerEvent, SentMessage
 
 # Peers a worker has started that have not registered yet. A worker holds thousands of peers, and each
 # one's start (its identity, generator, ledger and manifest record: about a millisecond) used to run for
@@ -94,6 +94,22 @@ class StartSlots:
         finally:
             if held:
                 self._free.release()
+
+
+def results_summary(results: Sequence[JoinResult]) -> dict[str, Any]:
+    """What a worker's peers did, summed over their rounds (its summary line's counts)."""
+    return {
+        "joined": len(results),
+        "packets": sum(r.packets for r in results),
+        "sends": sum(r.sends for r in results),
+        "resends": sum(r.resends for r in results),
+        "covers": sum(r.covers for r in results),
+        "acknowledged": sum(r.acknowledged for r in results),
+        "missing": sum(r.missing for r in results),
+        "missing_reasons": dict(sum((r.missing_reasons for r in results), Counter[str]())),
+        "unconfirmed": sum(r.unconfirmed for r in results),
+        "epsilon": [r.epsilon_spent for r in results],
+    }
 
 
 def sent_record(identity: str, message: SentMessage) -> dict[str, Any]:
@@ -199,16 +215,7 @@ async def run_swarm(config: SwarmConfig) -> dict[str, Any]:
         "done": True,
         "events": dict(events),
         "failures": dict(failures),
-        "joined": len(results),
-        "packets": sum(r.packets for r in results),
-        "sends": sum(r.sends for r in results),
-        "resends": sum(r.resends for r in results),
-        "covers": sum(r.covers for r in results),
-        "acknowledged": sum(r.acknowledged for r in results),
-        "missing": sum(r.missing for r in results),
-        "missing_reasons": dict(sum((r.missing_reasons for r in results), Counter[str]())),
-        "unconfirmed": sum(r.unconfirmed for r in results),
-        "epsilon": [r.epsilon_spent for r in results],
+        **results_summary(results),
         "sent": sent,
         "http_requests": client.requests,
         "http_retries": client.retries,
