@@ -22,6 +22,7 @@ import trio
 
 from anonml.demo import open_children
 from anonml.demo._calibrate import PhaseCosts
+from anonml.demo._run import dead_workers
 from anonml.demo._schedule import (
     AGGREGATOR_PROCESSES, BEACON_POLL_SECONDS, HEADROOM, LINK_RETRY_GAP, MIRROR_POLL_SECONDS, PACED_SHARE, PATH_LENGTH,
     PEER_RETRY_GAP, RELAYS, plan_round, recovery_seconds,
@@ -66,6 +67,21 @@ async def test_a_killed_child_is_restarted_and_nothing_outlives_the_block(tmp_pa
     _, alive = psutil.wait_procs(seen, timeout=30)
     assert alive == []
     assert child.finished and child.exits[-1] == -signal.SIGTERM
+
+
+async def test_a_peer_worker_that_died_is_named_and_one_stopped_or_done_is_not(tmp_path: Path) -> None:
+    """SIGKILL of one of `anonml demo --peers 40`'s two peer workers ended the demo with exit 7 ("20 of 40
+    answered") and nothing said why: peer workers are not restarted, so none was listed as restarted."""
+    sleep = [sys.executable, "-c", "import time; time.sleep(600)"]
+    async with open_children(tmp_path / "logs", restart_delay=0.0) as children:
+        workers = [await children.start("worker-0", sleep), await children.start("worker-1", sleep),
+                   await children.start("worker-2", [sys.executable, "-c", "pass"])]
+        assert children.kill(workers[0], signal.SIGKILL)
+        await wait_for(lambda: workers[0].finished and workers[2].finished, "the killed and the finished worker")
+        assert dead_workers(workers) == [f"worker-0 ({-signal.SIGKILL})"]
+        children.stop(workers[1])
+        await wait_for(lambda: workers[1].finished, "the stopped worker")
+        assert dead_workers(workers) == [f"worker-0 ({-signal.SIGKILL})"]
 
 
 # A demo in miniature: two children, one with a grandchild, then a wait to be killed.

@@ -17,7 +17,9 @@ waiting slice with the smallest finish tag goes next, so flows that keep
 sending share the intake equally per unit of cost, served in turn. Before
 them all go the batches of quiet flows: a batch (a :class:`FairLane`) whose
 flow's last finish tag ``V`` had passed when it began (it used less than
-its share), or a new flow's, as fq_codel serves new flows first. So a peer's
+its share), or a new flow's, as fq_codel serves new flows first; when the
+intake goes idle a busy period ends and every flow is new again (the paper's
+rule: V becomes the largest finish tag served). So a peer's
 batch waits for at most the slice being processed, whatever flooding flows
 have queued, and its commit does not wait for their round either. Plain
 start-time order put a peer's slice behind the rest of a flooding round (14
@@ -111,6 +113,10 @@ class FairTurns:
                 entry.event.set()
                 return
         self._held = False
+        # The busy period has ended: every flow starts the next one at V, as a new flow. Kept, a flow's
+        # last finish tag stayed ahead of V and its next batch waited behind a round of every other
+        # flow's slices (test_fair_turns: a flow served in an earlier busy period).
+        self._finish.clear()
 
 
 @dataclass(frozen=True)

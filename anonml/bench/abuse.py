@@ -4,12 +4,14 @@ One relay and one aggregator run live, each in its own process (the real
 ``serve_relay`` and ``serve_aggregator``, real SQLite, loopback TCP), the
 relay's directory and known round fetched from the aggregator's signed
 manifest; this process makes the round and its peers' credentials, then
-sends honest traffic through five probes at a steady rate, each from
-127.0.0.1:
+sends honest traffic through five probes at a steady rate:
 
-- ``peer``: a peer sends packets to the relay on one kept-alive link
+- ``peer``: peers send packets to the relay, each on its kept-alive link
   (latency: until the relay's durable ack); the relay forwards them to the
-  aggregator; ``peer-fresh``: the same on a new connection per packet;
+  aggregator; ``peer-fresh``: the same on a new connection per packet.
+  Their packets come from the eight ``HONEST_PEERS`` in turn, each in its
+  own /24, so each keeps to a peer's budget (the rest of the probes, and
+  the bench itself, use 127.0.0.1);
 - ``relay``: a last-hop relay (authenticated with the relay's key, which the
   manifest lists) delivers final-hop packets to the aggregator's sink
   (latency: until the sink's durable ack, the final Sphinx layer checked);
@@ -104,7 +106,7 @@ from anonml.crypto import (
     generate_keypair,
 )
 from anonml.protocol import SurveyId, acceptance_window
-from anonml.transport import AckStatus, HttpLimits, LinkClient, LinkIdentity
+from anonml.transport import AckStatus, HttpLimits, LinkClient, LinkIdentity, tls_context
 from anonml.relay import (
     PinnedAggregator,
     RelayConfig,
@@ -125,13 +127,18 @@ _PROBE_INTERVAL = 0.04
 _SCENARIO_SECONDS = 8.0
 _ATTACK_LEAD = 1.0  # the abuse starts this long before the probes
 # 8 surveys each, half through the relay (peer 200 and peer-fresh 100 per scenario), half straight to
-# the sink (relay 200 per scenario): 22 scenarios (11 abuses, each after an unloaded run) take 6,600 of
-# the 6,800 through the relay and 4,400 of the 6,800 straight to the sink.
-_PEERS = 1700
+# the sink (relay 200 per scenario): 24 scenarios (12 abuses, each after an unloaded run) take 7,200 of
+# the 8,000 through the relay and 4,800 of the 8,000 straight to the sink. (With 6,800, the last
+# scenario's peer probes once had nothing left to send: their stalls had hidden how close it was.)
+_PEERS = 2000
 # Distinct junk-token messages (relay-junk-tokens): the last peers' last survey, which goes straight to
 # the sink and which no probe reaches, with one token byte flipped (it parses, and its proof fails).
 _JUNK_MESSAGES = 64
 _FRESH_INTERVAL = 0.08  # a new connection per request costs a handshake: half as many
+HONEST_PEERS = tuple(f"127.{200 + index}.0.1" for index in range(8))
+"""The peer probes' sources, taken in turn: honest peers keep to a peer's budget (a few packets a second at
+most), and a relay shares its intake per /24. From 127.0.0.1 alone the probes were one network sending 37
+packets a second, more than any attacker network (21-27), and fair turns rightly served it last."""
 _MAX_HELD = 1280  # the relay's hold queue: 20 packets per address, 40 per /24
 _SUBSETS = 8  # k_h: each peer answers this many data surveys, so it has this many packets
 _HOST = "127.0.0.1"
@@ -358,15 +365,20 @@ class _Acceptances:
         self._db.close()
 
 
-async def _packet_probe(open_client: Callable[[], LinkClient], fresh: bool, packets: Sequence[bytes], probe: _Probe,
-                        until: float) -> None:
-    """Send ``packets`` one at a time on one link (or a new link each when ``fresh``) until ``until``."""
+async def _packet_probe(open_client: Callable[[str | None], LinkClient], fresh: bool, sources: Sequence[str | None],
+                        packets: Sequence[bytes], probe: _Probe, until: float) -> None:
+    """Send ``packets`` one at a time until ``until``, from ``sources`` in turn: on one kept-alive link from
+    each (or a new link for each packet when ``fresh``)."""
     interval = _FRESH_INTERVAL if fresh else _PROBE_INTERVAL
-    client = open_client()
+    clients: dict[str | None, LinkClient] = {}
     try:
-        for packet in packets:
+        for index, packet in enumerate(packets):
             if trio.current_time() >= until:
                 return
+            source = sources[index % len(sources)]
+            client = clients.get(source)
+            if client is None:
+                client = clients[source] = open_client(source)
             started = trio.current_time()
             [status] = await client.send_batch([packet], give_up_at=started + 30)
             probe.sent += 1
@@ -374,23 +386,26 @@ async def _packet_probe(open_client: Callable[[], LinkClient], fresh: bool, pack
                 probe.ok += 1
                 probe.latencies.append(trio.current_time() - started)
             if fresh:
-                await client.aclose()
-                client = open_client()
+                await clients.pop(source).aclose()
             await trio.sleep_until(started + interval)
     finally:
-        await client.aclose()
+        for client in clients.values():
+            await client.aclose()
 
 
 async def _http_probe(url: str, fresh: bool, probe: _Probe, until: float) -> None:
     """``GET /v1/manifest`` on one kept-alive connection (or a new connection each when ``fresh``)."""
     interval = _FRESH_INTERVAL if fresh else _PROBE_INTERVAL
-    kept = httpx.AsyncClient(base_url=url, timeout=30)
+    # Every client shares one TLS context: httpx would load the CA bundle for each (~40 ms of this
+    # process's event loop, every 80 ms for the fresh probe), and that stall, not the services, set every
+    # probe's unloaded p99 (~60 ms) and a part of its loaded one.
+    kept = httpx.AsyncClient(base_url=url, timeout=30, verify=tls_context())
     try:
         while trio.current_time() < until:
             started = trio.current_time()
             try:
                 if fresh:
-                    async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+                    async with httpx.AsyncClient(base_url=url, timeout=30, verify=tls_context()) as client:
                         response = await client.get("/v1/manifest")
                 else:
                     response = await kept.get("/v1/manifest")
@@ -416,21 +431,22 @@ async def _status(url: str) -> dict[str, Any]:
     with trio.fail_after(60):
         while True:
             try:
-                async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+                async with httpx.AsyncClient(base_url=url, timeout=30, verify=tls_context()) as client:
                     status: dict[str, Any] = (await client.get("/v1/status")).json()["body"]  # a signed document
                 return status
             except httpx.HTTPError:
                 await trio.sleep(0.25)
 
 
-def _peer_client(system: _System) -> LinkClient:
-    """A peer's link to the relay (no identity: a peer is not a neighbour)."""
+def _peer_client(system: _System, source: str | None) -> LinkClient:
+    """A peer's link to the relay from ``source`` (no identity: a peer is not a neighbour)."""
     return LinkClient(*system.relay_link, packet_size=system.geometry.packet_size,
-                      geometry_hash=system.geometry.canonical_hash())
+                      geometry_hash=system.geometry.canonical_hash(), local_address=source)
 
 
-def _relay_client(system: _System) -> LinkClient:
-    """The last-hop relay's link to the sink (authenticated: the manifest lists the relay)."""
+def _relay_client(system: _System, source: str | None) -> LinkClient:
+    """The last-hop relay's link to the sink from its own address (authenticated: the manifest lists it)."""
+    assert source is None
     return LinkClient(*system.sink, packet_size=system.geometry.packet_size,
                       geometry_hash=system.geometry.canonical_hash(), identity=system.relay_identity,
                       expect_node_id=system.manifest.aggregator_hop.node_id)
@@ -445,7 +461,7 @@ async def _wait_for_relay_route(system: _System, offsets: dict[str, int]) -> Non
     """
     packet = system.via_relay[offsets["peer"]]
     offsets["peer"] += 1
-    client = _peer_client(system)
+    client = _peer_client(system, None)
     with trio.fail_after(_ROUTE_TIMEOUT):
         try:
             while (await client.send_batch([packet], give_up_at=trio.current_time() + 5))[0] is not AckStatus.ACCEPTED:
@@ -498,15 +514,19 @@ async def _probe_scenario(system: _System, abuse: str | None, attacker: subproce
     peer_packets = system.via_relay[start : start + kept_count]
     fresh_packets = system.via_relay[start + kept_count : start + kept_count + fresh_count]
     direct_packets = system.direct[offsets["relay"] : offsets["relay"] + kept_count]
+    if len(fresh_packets) < fresh_count or len(direct_packets) < kept_count:
+        raise RuntimeError(f"the bench has too few honest packets left for a scenario: raise _PEERS ({_PEERS})")
     services = [psutil.Process(process.pid) for process in system.processes]
     for service in services:
         service.cpu_percent()
     until = trio.current_time() + _SCENARIO_SECONDS
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(_packet_probe, partial(_peer_client, system), False, peer_packets, probes["peer"], until)
-        nursery.start_soon(_packet_probe, partial(_peer_client, system), True, fresh_packets, probes["peer-fresh"],
+        nursery.start_soon(_packet_probe, partial(_peer_client, system), False, HONEST_PEERS, peer_packets,
+                           probes["peer"], until)
+        nursery.start_soon(_packet_probe, partial(_peer_client, system), True, HONEST_PEERS, fresh_packets,
+                           probes["peer-fresh"], until)
+        nursery.start_soon(_packet_probe, partial(_relay_client, system), False, [None], direct_packets, probes["relay"],
                            until)
-        nursery.start_soon(_packet_probe, partial(_relay_client, system), False, direct_packets, probes["relay"], until)
         nursery.start_soon(_http_probe, system.http_url, False, probes["http"], until)
         nursery.start_soon(_http_probe, system.http_url, True, probes["http-fresh"], until)
     service_cpu = [round(service.cpu_percent(), 1) for service in services]

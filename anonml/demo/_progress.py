@@ -29,6 +29,7 @@ class Progress:
     peak_rss_mb: float = 0.0  # all demo processes together, sampled
     relays: dict[int, dict[str, float]] = field(default_factory=dict)  # last metrics scraped from each relay
     exits: list[str] = field(default_factory=list)  # children that died and were restarted, as "name (code)"
+    died: list[str] = field(default_factory=list)  # peer workers that died (never restarted), as "name (code)"
     cpu: dict[tuple[str, int], float] = field(default_factory=dict)  # CPU seconds by (child, pid), last sampled
 
     def cpu_by_role(self) -> dict[str, float]:
@@ -98,6 +99,8 @@ def phase_rows(progress: Progress, peers: int) -> list[tuple[str, str]]:
     rows.append(("relays: forwarded / dropped", f"{relayed} / " + (", ".join(f"{k}: {v}" for k, v in sorted(drops.items())) or "none")))
     if progress.exits:
         rows.append(("restarted after dying", f"{len(progress.exits)}: {', '.join(progress.exits[-4:])}"))
+    if progress.died:
+        rows.append(("peer workers that died", ", ".join(progress.died)))
     if progress.errors:
         rows.append(("peer errors", f"{len(progress.errors)}: {progress.errors[-1][:80]}"))
     return rows

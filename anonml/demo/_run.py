@@ -182,6 +182,16 @@ async def open_round(children: Children, work: Path, agg_dir: Path, data: DemoDa
     return round_id, aggregator
 
 
+def dead_workers(workers: Sequence[Child]) -> list[str]:
+    """The peer workers that ended other than by their normal exit (0) or the demo's stop, as "name (code)".
+
+    A worker is not restarted (its peers' state is in its memory), so its peers stop answering: the
+    summary names it beside "peers registered / answered" rather than leave that figure unexplained.
+    """
+    return [f"{worker.name} ({worker.exits[-1]})" for worker in workers
+            if worker.finished and not worker.stopping and worker.exits and worker.exits[-1] != 0]
+
+
 async def follow_round(children: Children, network: Network, workers: list[Child], aggregator: Child,
                        progress: Progress, console: Any, started: float) -> None:
     """Show the round's progress until it has ended and the peers are done (or have had their grace)."""
@@ -210,6 +220,7 @@ async def follow_round(children: Children, network: Network, workers: list[Child
                             progress.relays[i] = await scrape_relay(scraper, network.relay_host(i), port) or progress.relays.get(i, {})
                         progress.peak_rss_mb = max(progress.peak_rss_mb, resident_mb([*children.pids(), os.getpid()]))
                         progress.cpu.update(children.cpu_seconds())
+                    progress.died = dead_workers(workers)
                     board.update(phase_rows(progress, progress.peers), key=progress.status.phase if progress.status else "starting")
                     ended = progress.status is not None and progress.status.phase in ("done", "degraded", "failed")
                     if ended or aggregator.finished:
@@ -219,6 +230,7 @@ async def follow_round(children: Children, network: Network, workers: list[Child
                             break
                     # Twice a second: the board changes at most every few seconds, and each status costs the aggregator a request.
                     await trio.sleep(0.5)
+            progress.died = dead_workers(workers)  # before the stops, which end the rest
             for worker in workers:
                 children.stop(worker)
             readers.cancel_scope.cancel()

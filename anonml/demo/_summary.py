@@ -101,6 +101,7 @@ def summarise(data: DemoData, params: DemoParams, progress: Progress, report: di
         "peak_rss_mb_children": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024.0,
         "peak_rss_mb_total": progress.peak_rss_mb,
         "restarted": list(progress.exits),
+        "died": list(progress.died),
         # Sampled every 2 s while the round ran: what each role's processes cost, the demo's own beside them.
         "cpu_seconds": {**progress.cpu_by_role(), "demo": round(sum(resource.getrusage(resource.RUSAGE_SELF)[:2]), 1)},
     }
@@ -286,6 +287,8 @@ def print_summary(console: Any, summary: dict[str, Any], params: DemoParams) -> 
     table.add_row("counted twice / accepted but prepared by no peer", f"{audit['counted_twice']} / {audit['unknown_accepted']}")
     if summary["restarted"]:
         table.add_row("processes restarted after dying", ", ".join(summary["restarted"]))
+    if summary["died"]:
+        table.add_row("peer workers that died (their peers stopped answering)", ", ".join(summary["died"]))
     reasons = ", ".join(f"{v} {k}" for k, v in sorted(summary["missing_reasons"].items()))
     table.add_row(
         "peers: receipts found / missing / unconfirmed",
