@@ -129,6 +129,7 @@ class LinkClient:
         self.work_bits = 0
         """The work the server asked last (its stamps carry up to max_work_bits of it)."""
         self.stamps = 0  # frames stamped with work (bits > 0), for benchmarks
+        self.stamping_seconds = 0.0  # time (trio's clock) spent finding those stamps, for benchmarks
         self.host = host
         self.port = port
         self.packet_size = packet_size
@@ -208,10 +209,13 @@ class LinkClient:
         if bits == 0:
             return [frame + solve_stamp(context, frame, 0) for frame in frames]
         self.stamps += len(frames)
+        started = trio.current_time()
         # In a thread, so the caller's other tasks are not stalled for the whole search (2**bits hashes each);
         # in the round simulator on its clock, charged the time it takes a slow peer (protocol.stamp_seconds).
-        return await run_timed_work(len(frames) * stamp_seconds(bits),
-                                    lambda: [frame + solve_stamp(context, frame, bits) for frame in frames])
+        stamped = await run_timed_work(len(frames) * stamp_seconds(bits),
+                                       lambda: [frame + solve_stamp(context, frame, bits) for frame in frames])
+        self.stamping_seconds += trio.current_time() - started
+        return stamped
 
     async def _break(self, connection: _Connection) -> None:
         """Give up ``connection``: every batch waiting on it fails and is retried."""

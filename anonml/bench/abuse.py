@@ -11,7 +11,9 @@ sends honest traffic through five probes at a steady rate:
   aggregator; ``peer-fresh``: the same on a new connection per packet.
   Their packets come from the eight ``HONEST_PEERS`` in turn, each in its
   own /24, so each keeps to a peer's budget (the rest of the probes, and
-  the bench itself, use 127.0.0.1);
+  the bench itself, use 127.0.0.1). Each reports its stamps' share of the
+  latency too (``stamping_p99_ms``: the first-hop work the relay asked,
+  done on this process's share of the CPU);
 - ``relay``: a last-hop relay (authenticated with the relay's key, which the
   manifest lists) delivers final-hop packets to the aggregator's sink
   (latency: until the sink's durable ack, the final Sphinx layer checked);
@@ -324,6 +326,8 @@ async def _serve_aggregator(root: str, round_id: str, verifiers: int) -> None:
 @dataclass
 class _Probe:
     latencies: list[float] = field(default_factory=list)
+    stamping: list[float] = field(default_factory=list)
+    """Each acknowledged send's time spent on first-hop stamps (a part of its latency)."""
     sent: int = 0
     ok: int = 0
 
@@ -379,12 +383,13 @@ async def _packet_probe(open_client: Callable[[str | None], LinkClient], fresh: 
             client = clients.get(source)
             if client is None:
                 client = clients[source] = open_client(source)
-            started = trio.current_time()
+            started, stamping = trio.current_time(), client.stamping_seconds
             [status] = await client.send_batch([packet], give_up_at=started + 30)
             probe.sent += 1
             if status is AckStatus.ACCEPTED:
                 probe.ok += 1
                 probe.latencies.append(trio.current_time() - started)
+                probe.stamping.append(client.stamping_seconds - stamping)
             if fresh:
                 await clients.pop(source).aclose()
             await trio.sleep_until(started + interval)
@@ -552,6 +557,9 @@ async def _probe_scenario(system: _System, abuse: str | None, attacker: subproce
         "http_ok": (probes["http"].ok + probes["http-fresh"].ok) / http_sent if http_sent else None,
         "acked": {name: f"{probe.ok}/{probe.sent}" for name, probe in probes.items()},
         "p99_ms": {name: _p99(probe.latencies) for name, probe in probes.items()},
+        # What of the peer probes' latency was their own first-hop work (the relay's level, paid on this
+        # process's share of the CPU), not the services'.
+        "stamping_p99_ms": {name: _p99(probes[name].stamping) for name in ("peer", "peer-fresh")},
         "cpu_percent_relay_aggregator": service_cpu,
         "load_average": [round(x, 2) for x in os.getloadavg()],
     }

@@ -46,9 +46,11 @@ def bench_abuse(as_json: bool, only: tuple[str, ...], nofile: int | None, verifi
         for entry in result["abuses"]:
             p99 = ", ".join(f"{k} {v:.1f} vs {entry['unloaded_p99_ms'][k]:.1f} ({entry['p99_x_unloaded'][k]}x)"
                             for k, v in entry["p99_ms"].items() if v is not None and entry["unloaded_p99_ms"][k])
+            stamping = ", ".join(f"{k} {v:.1f}" for k, v in entry["stamping_p99_ms"].items() if v)
             verdict = "ok" if entry["meets_target"] else "MISSES " + ", ".join(entry["missed"])
             click.echo(f"{entry['abuse']:20} delivered {entry['delivered']:.1%} http {entry['http_ok']:.1%}  "
-                       f"p99 ms: {p99}  [{verdict}]  load {entry['load_average']}")
+                       f"p99 ms: {p99}{f'; stamping p99 ms: {stamping}' if stamping else ''}  [{verdict}]  "
+                       f"load {entry['load_average']}")
     if not result["all_meet_target"]:
         raise SystemExit(1)
 
