@@ -369,20 +369,20 @@ class _Acceptances:
         self._db.close()
 
 
-async def _packet_probe(open_client: Callable[[str | None], LinkClient], fresh: bool, sources: Sequence[str | None],
-                        packets: Sequence[bytes], probe: _Probe, until: float) -> None:
-    """Send ``packets`` one at a time until ``until``, from ``sources`` in turn: on one kept-alive link from
-    each (or a new link for each packet when ``fresh``)."""
+async def _packet_probe(senders: Sequence[Callable[[], LinkClient]], fresh: bool, packets: Sequence[bytes], probe: _Probe,
+                        until: float) -> None:
+    """Send ``packets`` one at a time until ``until``, from ``senders`` in turn (each opens a link from its
+    own address): on one kept-alive link each (or a new link for each packet when ``fresh``)."""
     interval = _FRESH_INTERVAL if fresh else _PROBE_INTERVAL
-    clients: dict[str | None, LinkClient] = {}
+    clients: dict[int, LinkClient] = {}
     try:
         for index, packet in enumerate(packets):
             if trio.current_time() >= until:
                 return
-            source = sources[index % len(sources)]
-            client = clients.get(source)
+            sender = index % len(senders)
+            client = clients.get(sender)
             if client is None:
-                client = clients[source] = open_client(source)
+                client = clients[sender] = senders[sender]()
             started, stamping = trio.current_time(), client.stamping_seconds
             [status] = await client.send_batch([packet], give_up_at=started + 30)
             probe.sent += 1
@@ -391,7 +391,7 @@ async def _packet_probe(open_client: Callable[[str | None], LinkClient], fresh: 
                 probe.latencies.append(trio.current_time() - started)
                 probe.stamping.append(client.stamping_seconds - stamping)
             if fresh:
-                await clients.pop(source).aclose()
+                await clients.pop(sender).aclose()
             await trio.sleep_until(started + interval)
     finally:
         for client in clients.values():
@@ -449,9 +449,8 @@ def _peer_client(system: _System, source: str | None) -> LinkClient:
                       geometry_hash=system.geometry.canonical_hash(), local_address=source)
 
 
-def _relay_client(system: _System, source: str | None) -> LinkClient:
-    """The last-hop relay's link to the sink from its own address (authenticated: the manifest lists it)."""
-    assert source is None
+def _relay_client(system: _System) -> LinkClient:
+    """The last-hop relay's link to the sink (authenticated: the manifest lists the relay)."""
     return LinkClient(*system.sink, packet_size=system.geometry.packet_size,
                       geometry_hash=system.geometry.canonical_hash(), identity=system.relay_identity,
                       expect_node_id=system.manifest.aggregator_hop.node_id)
@@ -526,12 +525,10 @@ async def _probe_scenario(system: _System, abuse: str | None, attacker: subproce
         service.cpu_percent()
     until = trio.current_time() + _SCENARIO_SECONDS
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(_packet_probe, partial(_peer_client, system), False, HONEST_PEERS, peer_packets,
-                           probes["peer"], until)
-        nursery.start_soon(_packet_probe, partial(_peer_client, system), True, HONEST_PEERS, fresh_packets,
-                           probes["peer-fresh"], until)
-        nursery.start_soon(_packet_probe, partial(_relay_client, system), False, [None], direct_packets, probes["relay"],
-                           until)
+        peers = [partial(_peer_client, system, source) for source in HONEST_PEERS]
+        nursery.start_soon(_packet_probe, peers, False, peer_packets, probes["peer"], until)
+        nursery.start_soon(_packet_probe, peers, True, fresh_packets, probes["peer-fresh"], until)
+        nursery.start_soon(_packet_probe, [partial(_relay_client, system)], False, direct_packets, probes["relay"], until)
         nursery.start_soon(_http_probe, system.http_url, False, probes["http"], until)
         nursery.start_soon(_http_probe, system.http_url, True, probes["http-fresh"], until)
     service_cpu = [round(service.cpu_percent(), 1) for service in services]
