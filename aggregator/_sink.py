@@ -375,7 +375,7 @@ class PacketSink:
         slot = self.gate.open(source, privileged=source in self._relay_hosts)
         if slot is None:
             self.link_errors[f"refused-{self.gate.last_refusal}"] += 1
-            await trio.aclose_forcefully(stream)
+            await self.gate.turn_away(stream)
             return
 
         relay: bytes | None = None  # its node id, once it has proven it in the handshake

@@ -19,12 +19,33 @@ def freeze_startup_heap() -> None:
     throughout (the outliers of every probe's p99). Once frozen, a collection
     walks only what was allocated since.
 
+    It also makes the youngest generation's collections rarer (every
+    ``_YOUNG_COLLECTION_THRESHOLD`` net new objects, was 700). A service's
+    objects are nearly all freed by reference counting (its connections'
+    cycles are broken as they end: ``transport._http``), so frequent
+    collections found little and each walked every live connection: under
+    issue 25's http-slow-bodies churn (460 connections a second, before
+    refused connections were held: ``ConnectionGate.turn_away``) the
+    aggregator spent 12% of its loop in them, with pauses of 20 ms (the
+    middle generation) and 100 ms (the oldest) every 2 s; with this
+    threshold no collection ran in the 8 s of the abuse, and the probes'
+    p99 through that process fell from 20x to 6-13x the unloaded one.
+    (With the churn held, a collection of either threshold still pauses
+    the loop 30-140 ms now and then, and no difference shows.)
+
     Call it once per service process, after start-up (``aggregator run``,
     ``relay run``), never in a process that keeps running other work: cycles
     among frozen objects are never collected.
     """
     gc.collect()
     gc.freeze()
+    _, middle, oldest = gc.get_threshold()
+    gc.set_threshold(_YOUNG_COLLECTION_THRESHOLD, middle, oldest)
+
+
+# Tracked objects allocated (net of those freed) between collections of the youngest generation: a
+# collection then walks at most this many (~40 ms on the 2-core machine), and their garbage waits at most as long.
+_YOUNG_COLLECTION_THRESHOLD = 50_000
 
 
 def anonml_command(*args: str) -> list[str]:

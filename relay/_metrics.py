@@ -279,7 +279,7 @@ async def serve_metrics(
     async def handler(stream: trio.abc.Stream) -> None:
         slot = gate.open(peer_address(stream))
         if slot is None:
-            await trio.aclose_forcefully(stream)
+            await gate.turn_away(stream)
             return
         try:
             await _handle_metrics(stream, counters)

@@ -516,7 +516,7 @@ class Relay:
         privileged = self.directory is not None and source in self.directory.neighbour_hosts()
         slot = self.gate.open(source, privileged=privileged)
         if slot is None:
-            await trio.aclose_forcefully(stream)
+            await self.gate.turn_away(stream)
             return
         counters.connections_open += 1
         counters.connections_accepted += 1

@@ -35,6 +35,7 @@ from anonml.transport import (
     serve_link,
 )
 from anonml.transport._link import CONFIRM_BYTES, check_hello, parse_acks, parse_hello_reply
+from anonml.transport._admission import holding_room
 
 SIZE = 64
 GEOMETRY = bytes(range(32))
@@ -527,6 +528,63 @@ def test_a_full_gate_evicts_the_connection_idle_longest() -> None:
     assert gate.public == 4 and "10.0.1.1" not in gate.public_by_source
 
 
+def test_a_full_gate_takes_slots_from_the_network_holding_the_most_and_refuses_its_newcomers() -> None:
+    """Issue 25's link churn: reopened 1,200 times a second, the churner's connections were each younger
+    than an honest peer's kept-alive link (idle 0.3 s between packets), which was the idlest and evicted
+    again and again; and each churned connection evicted another. Now a full gate takes a slot from the
+    /24 holding the most, and refuses a newcomer whose network already holds its share."""
+    gate = ConnectionGate(max_total=4, max_per_source=4)
+    stream = trio.testing.MemoryReceiveStream()
+    honest = gate.open("10.0.9.1")
+    churner = [gate.open(f"10.0.1.{i}") for i in range(1, 4)]
+    assert honest is not None and all(slot is not None for slot in churner)
+    honest.watch(stream)  # the idlest of all
+    for slot in churner:
+        assert slot is not None
+        slot.watch(stream)
+    assert gate.open("10.0.1.9") is None and gate.last_refusal == "over-share"  # 3 of 4 slots, 2 networks
+    newcomer = gate.open("192.0.2.1")  # a third network: the slot comes from the churner's, not the idlest
+    assert newcomer is not None and churner[0] is not None and churner[0].evicted and not honest.evicted
+    assert gate.refused == {"over-share": 1, "evicted-idle": 1}
+    newcomer.watch(stream)
+    # Two of four slots among three networks is still over a share: refused again.
+    assert gate.open("10.0.1.10") is None and gate.refused["over-share"] == 2
+
+
+def test_a_network_alone_takes_turns_among_its_own_connections() -> None:
+    """A loopback demo's peers are all one network: a full gate evicts its idlest for its newcomer."""
+    gate = ConnectionGate(max_total=2, max_per_source=2)
+    stream = trio.testing.MemoryReceiveStream()
+    first, second = gate.open("127.0.0.1"), gate.open("127.0.0.1")
+    assert first is not None and second is not None
+    first.watch(stream)
+    second.watch(stream)
+    assert gate.open("127.0.0.1") is not None and first.evicted and not second.evicted
+
+
+async def test_a_refused_connection_is_held_open_a_moment_while_there_is_room(autojump_clock: trio.testing.MockClock) -> None:
+    """A churner reopens each connection as soon as it is closed: held a second (unread), each costs the
+    server a descriptor and a sleeping task instead of an accept a millisecond. The room is bounded
+    (a quarter of the slots): beyond it a refused connection is closed at once."""
+    gate = ConnectionGate(max_total=4, max_per_source=4)  # room for one
+    assert holding_room(gate.max_total) == 1
+    closed_at: list[float] = []
+
+    async def refused() -> None:
+        left, _ = trio.testing.memory_stream_pair()
+        await gate.turn_away(left)
+        closed_at.append(trio.current_time())
+
+    started = trio.current_time()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(refused)
+        await trio.testing.wait_all_tasks_blocked()
+        assert gate.holding == 1
+        nursery.start_soon(refused)
+    assert closed_at[0] == started and gate.holding == 0
+    assert 0.5 * gate.hold_refused <= closed_at[1] - started <= 1.5 * gate.hold_refused
+
+
 def test_a_connection_the_server_is_working_for_is_never_evicted() -> None:
     """A slow answer (a loaded machine) must not make an honest request look idle: while busy, a
     connection is out of the eviction order, and it comes back as the most recently active."""
@@ -553,8 +611,9 @@ def test_a_demotion_needs_a_public_slot_but_no_new_one_of_the_total() -> None:
     assert gate.open_connections == 4 and gate.open("10.0.0.2") is None
     assert privileged[0] is not None and privileged[0].demote()
     assert gate.public == 2 and gate.privileged == 2 and gate.open_connections == 4
-    assert privileged[1] is not None and not privileged[1].demote()  # now no public slot is free
-    assert gate.refused["total"] == 2
+    # Now no public slot is free, and the neighbours' network holds one of the two: its share.
+    assert privileged[1] is not None and not privileged[1].demote()
+    assert gate.refused == {"total": 1, "over-share": 1}
 
 
 async def flood_and_trickle(pacer: RequestPacer, seconds: float) -> tuple[Counter[str], list[bool]]:

@@ -13,10 +13,12 @@ must hear from. :class:`ConnectionGate` bounds both, per listener:
   from 8 addresses take all 224 public slots);
 - when the slots are full (all of them, or the source's or its prefix's
   share), the public connection idle longest (no byte in either direction)
-  of that pool is closed to admit the new one, so connections that sit
+  of that pool (of all of them: of the /24 holding the most) is closed to
+  admit the new one, so connections that sit
   silent, or are reopened as fast as they are closed, from however many
-  addresses, cannot keep an honest client out (an active connection is
-  never the one evicted while a silent one is open), and peers behind one
+  addresses, cannot keep an honest client out (within a network, an active
+  connection is never the one evicted while a silent one is open; a
+  network is evicted from only while it holds the most), and peers behind one
   address or network take turns instead of being refused; a connection
   whose client has hung up (its end of the stream read) goes first, even
   while the server still works on its request (issue 27: clients that gave
@@ -45,6 +47,7 @@ import enum
 import functools
 import ipaddress
 import math
+import random
 from collections import Counter, OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -61,6 +64,7 @@ class GateRefusal(enum.StrEnum):
     PER_SOURCE = "per-source"
     PER_PREFIX = "per-prefix"
     EVICTED = "evicted-idle"  # an open connection closed to admit a new one (the oldest idle)
+    OVER_SHARE = "over-share"  # the slots are full and the newcomer's network holds its share of them or more
 
 
 @dataclass
@@ -80,6 +84,9 @@ class ConnectionGate:
     (checked on every accepted connection, a flood's too)."""
     privileged: int = 0
     last_refusal: GateRefusal | None = None
+    hold_refused: float = 1.0
+    """Seconds a refused connection is kept open, unread, before it is closed (:meth:`turn_away`), on average."""
+    holding: int = 0
     _idle_order: dict[str, OrderedDict[GateSlot, None]] = field(default_factory=dict)
     """The public slots that may be evicted, least recently active first: all of them under ``""``,
     and each source's and each prefix's under its own name."""
@@ -91,6 +98,8 @@ class ConnectionGate:
             raise ValueError(f"max_per_source must be a positive integer, got {self.max_per_source!r}")
         if not (isinstance(self.reserved, int) and 0 <= self.reserved < self.max_total):
             raise ValueError(f"reserved must be an integer in [0, max_total), got {self.reserved!r}")
+        if not (isinstance(self.hold_refused, (int, float)) and 0 <= self.hold_refused < math.inf):
+            raise ValueError(f"hold_refused must be a number of seconds of at least 0, got {self.hold_refused!r}")
         if self.max_per_prefix == 0:
             self.max_per_prefix = 2 * self.max_per_source
         if not (isinstance(self.max_per_prefix, int) and self.max_per_prefix >= self.max_per_source):
@@ -99,6 +108,26 @@ class ConnectionGate:
     @property
     def open_connections(self) -> int:
         return self.public + self.privileged
+
+    async def turn_away(self, stream: trio.abc.Stream) -> None:
+        """Close a connection :meth:`open` refused: after about ``hold_refused`` seconds, unread, while fewer than
+        :func:`holding_room` of ``max_total`` are held; at once otherwise.
+
+        A client that reopens each connection as soon as it is closed (issue 25's churn) would otherwise
+        get its next one accepted, counted and refused as fast as the server can: 1,200 a second took 76%
+        of the relay's process. Held, each of its connections costs the server a descriptor and a
+        sleeping task for a second, and the churn runs at the rate the hold allows.
+        """
+        if self.holding < holding_room(self.max_total):
+            self.holding += 1
+            try:
+                # Jittered: refusals that came together (a churner's connections, all refused at once) would
+                # otherwise come back together, a burst of accepts each ``hold_refused`` (stalls of 40-60 ms
+                # in the aggregator's process, every second, under http-slow-bodies).
+                await trio.sleep(self.hold_refused * random.uniform(0.5, 1.5))
+            finally:
+                self.holding -= 1
+        await trio.aclose_forcefully(stream)
 
     def _public_refusal(self, source: str, *, demoting: bool) -> GateRefusal | None:
         """Why ``source`` may not take one more public slot (None: it may, perhaps after an
@@ -110,9 +139,43 @@ class ConnectionGate:
         if self.public_by_prefix[prefix] >= self.max_per_prefix and not self._evict_oldest_idle(prefix):
             return GateRefusal.PER_PREFIX
         full = self.public >= self.max_total - self.reserved or (not demoting and self.open_connections >= self.max_total)
-        if full and not self._evict_oldest_idle(""):
+        if full and self._over_its_share(prefix):
+            return GateRefusal.OVER_SHARE
+        if full and not self._evict_from_the_largest_network():
             return GateRefusal.TOTAL
         return None
+
+    def _over_its_share(self, prefix: str) -> bool:
+        """Whether ``prefix``, one of several networks, holds its equal share of the public slots or more.
+
+        Such a network's newcomer is refused rather than admitted in place of one of its own connections:
+        issue 25's churners (16 networks, 10% more connections than slots) each evicted another of their
+        own as fast as the server could accept, which took all of its CPU. A network alone (a loopback
+        demo's peers) still takes turns among its own.
+        """
+        networks = len(self.public_by_prefix) + (prefix not in self.public_by_prefix)
+        return networks > 1 and self.public_by_prefix[prefix] * networks >= self.max_total - self.reserved
+
+    def _evict_from_the_largest_network(self) -> bool:
+        """Make room in the total: close a connection whose client hung up, or else the idlest one of
+        the /24 (or /48) that holds the most public slots; False if none may be closed.
+
+        Issue 25's link churn reopened 1,200 connections a second into the relay's slots, so each lived
+        about 0.2 s: an honest peer's kept-alive link, idle 0.3 s between its packets, was the idlest of
+        all and was evicted again and again. Taken from the network holding the most, a slot goes to a
+        network holding few, and churn only evicts the churner's own connections.
+        """
+        everyone = self._idle_order.get("")
+        if not everyone:
+            return False
+        idlest = next(iter(everyone))
+        if not idlest.hung_up:
+            by_size = self.public_by_prefix
+            most = max(by_size[prefix] for prefix in by_size if prefix in self._idle_order)
+            idlest = next(slot for slot in everyone if by_size[slot.prefix] == most)
+        idlest.evict()
+        self.refused[GateRefusal.EVICTED] += 1
+        return True
 
     def _evict_oldest_idle(self, pool: str) -> bool:
         """Close the public connection of ``pool`` (a source, a prefix, or ``""``: all) that has been
@@ -168,6 +231,16 @@ class ConnectionGate:
             return None
         self._take_public(source)
         return GateSlot(self, source, privileged=False)
+
+
+def holding_room(max_total: int) -> int:
+    """How many refused connections a gate of ``max_total`` slots holds open at once (:meth:`ConnectionGate.turn_away`):
+    what a server adds to its connection caps when it fits them to its descriptors.
+
+    A quarter of the slots: issue 25's churners bring 10% more connections than all the slots, and a
+    relay keeps an eighth of its slots for its neighbours, so 22% of its slots' worth come back refused.
+    """
+    return max(1, max_total // 4)
 
 
 class GateSlot:

@@ -22,6 +22,7 @@ import resource
 from collections.abc import Mapping
 
 from anonml.base.errors import ConfigError
+from anonml.transport._admission import holding_room
 
 
 class DescriptorLimitError(ConfigError):
@@ -47,19 +48,29 @@ def fit_connection_caps(
 
     Each listener gets what it wants when everything fits; otherwise its
     minimum plus a share of the rest in proportion to what it wanted beyond
-    it. Raises :class:`DescriptorLimitError` (one line naming ``server`` and
-    the limit it needs) when the minimums and the reserve do not fit.
+    it. A listener of cap ``c`` also holds up to ``holding_room(c)`` refused
+    connections open (:meth:`ConnectionGate.turn_away`), so it is counted as
+    ``c + holding_room(c)`` descriptors. Raises :class:`DescriptorLimitError`
+    (one line naming ``server`` and the limit it needs) when the minimums and
+    the reserve do not fit.
     """
-    needed = reserve + sum(minimum.values())
+
+    def descriptors(caps: Mapping[str, int]) -> int:
+        return sum(cap + holding_room(cap) for cap in caps.values())
+
+    needed = reserve + descriptors(minimum)
     if limit < needed:
         raise DescriptorLimitError(
             f"{server}: the open-file limit (RLIMIT_NOFILE) is {limit}, below the {needed} it needs "
-            f"({reserve} for itself, {', '.join(f'{n} {name}' for name, n in minimum.items())} connections); "
-            f"raise it (`ulimit -n {max(needed, 1024)}`, or LimitNOFILE= in a systemd unit)"
+            f"({reserve} for itself, {', '.join(f'{n} {name}' for name, n in minimum.items())} connections "
+            f"and the refused ones each holds a moment); raise it (`ulimit -n {max(needed, 1024)}`, or "
+            f"LimitNOFILE= in a systemd unit)"
         )
-    if reserve + sum(wanted.values()) <= limit:
+    if reserve + descriptors(wanted) <= limit:
         return dict(wanted)
-    spare = limit - needed
+    # holding_room(c) <= c // 4 + 1: slots of at most 4/5 of what is left after one held connection each.
+    spare = (limit - reserve - len(wanted)) * 4 // 5 - sum(minimum.values())
     beyond = {name: max(0, wanted[name] - minimum[name]) for name in wanted}
     total_beyond = sum(beyond.values())
-    return {name: minimum[name] + (spare * beyond[name] // total_beyond if total_beyond else 0) for name in wanted}
+    return {name: minimum[name] + (max(0, spare) * beyond[name] // total_beyond if total_beyond else 0)
+            for name in wanted}

@@ -10,15 +10,16 @@ sends honest traffic through five probes at a steady rate:
   (latency: until the relay's durable ack); the relay forwards them to the
   aggregator; ``peer-fresh``: the same on a new connection per packet.
   Their packets come from the eight ``HONEST_PEERS`` in turn, each in its
-  own /24, so each keeps to a peer's budget (the rest of the probes, and
-  the bench itself, use 127.0.0.1). Each reports its stamps' share of the
+  own /24, so each keeps to a peer's budget (as do the HTTP probes' requests;
+  the ``relay`` probe and the bench itself use 127.0.0.1). Each reports its stamps' share of the
   latency too (``stamping_p99_ms``: the first-hop work the relay asked,
   done on this process's share of the CPU);
 - ``relay``: a last-hop relay (authenticated with the relay's key, which the
   manifest lists) delivers final-hop packets to the aggregator's sink
   (latency: until the sink's durable ack, the final Sphinx layer checked);
-- ``http``: ``GET /v1/manifest`` on the API on one kept-alive connection
-  (latency: the whole response); ``http-fresh``: on a new connection each;
+- ``http``: ``GET /v1/manifest`` on the API, on a kept-alive connection per
+  ``HONEST_PEERS`` address (latency: the whole response); ``http-fresh``:
+  on a new connection each;
 - ``accepted``: every honest packet's wait from its arrival at the sink to
   its acceptance (read from the round's SQLite file every
   ``_ACCEPTANCE_POLL`` s, read-only, as the aggregator commits: the
@@ -73,6 +74,7 @@ packets must not wait for its backlog).
 from __future__ import annotations
 
 import json
+import itertools
 import os
 import resource
 import sqlite3
@@ -138,9 +140,11 @@ _PEERS = 2000
 _JUNK_MESSAGES = 64
 _FRESH_INTERVAL = 0.08  # a new connection per request costs a handshake: half as many
 HONEST_PEERS = tuple(f"127.{200 + index}.0.1" for index in range(8))
-"""The peer probes' sources, taken in turn: honest peers keep to a peer's budget (a few packets a second at
-most), and a relay shares its intake per /24. From 127.0.0.1 alone the probes were one network sending 37
-packets a second, more than any attacker network (21-27), and fair turns rightly served it last."""
+"""The peer and HTTP probes' sources, taken in turn: honest peers keep to a peer's budget (a few packets and
+requests a second at most), and a relay shares its intake per /24. From 127.0.0.1 alone the peer probes were
+one network sending 37 packets a second, more than any attacker network (21-27), and fair turns rightly
+served it last; the HTTP probes' 37 requests a second were held to a source's share of the request rate
+(``transport.RequestPacer``: 5 a second beside 1,000 attacking addresses)."""
 _MAX_HELD = 1280  # the relay's hold queue: 20 packets per address, 40 per /24
 _SUBSETS = 8  # k_h: each peer answers this many data surveys, so it has this many packets
 _HOST = "127.0.0.1"
@@ -398,22 +402,31 @@ async def _packet_probe(senders: Sequence[Callable[[], LinkClient]], fresh: bool
             await client.aclose()
 
 
-async def _http_probe(url: str, fresh: bool, probe: _Probe, until: float) -> None:
-    """``GET /v1/manifest`` on one kept-alive connection (or a new connection each when ``fresh``)."""
+async def _http_probe(url: str, fresh: bool, sources: Sequence[str], probe: _Probe, until: float) -> None:
+    """``GET /v1/manifest`` from ``sources`` in turn: on one kept-alive connection each (or a new connection
+    for each request when ``fresh``)."""
     interval = _FRESH_INTERVAL if fresh else _PROBE_INTERVAL
-    # Every client shares one TLS context: httpx would load the CA bundle for each (~40 ms of this
-    # process's event loop, every 80 ms for the fresh probe), and that stall, not the services, set every
-    # probe's unloaded p99 (~60 ms) and a part of its loaded one.
-    kept = httpx.AsyncClient(base_url=url, timeout=30, verify=tls_context())
+
+    def client(source: str) -> httpx.AsyncClient:
+        # Every client shares one TLS context: httpx would load the CA bundle for each (~40 ms of this
+        # process's event loop, every 80 ms for the fresh probe), and that stall, not the services, set every
+        # probe's unloaded p99 (~60 ms) and a part of its loaded one.
+        transport = httpx.AsyncHTTPTransport(verify=tls_context(), local_address=source)
+        return httpx.AsyncClient(base_url=url, timeout=30, transport=transport)
+
+    kept = {} if fresh else {source: client(source) for source in sources}
     try:
-        while trio.current_time() < until:
+        for index in itertools.count():
             started = trio.current_time()
+            if started >= until:
+                return
+            source = sources[index % len(sources)]
             try:
                 if fresh:
-                    async with httpx.AsyncClient(base_url=url, timeout=30, verify=tls_context()) as client:
-                        response = await client.get("/v1/manifest")
+                    async with client(source) as once:
+                        response = await once.get("/v1/manifest")
                 else:
-                    response = await kept.get("/v1/manifest")
+                    response = await kept[source].get("/v1/manifest")
                 ok = response.status_code == 200
             except httpx.HTTPError:
                 ok = False
@@ -423,7 +436,8 @@ async def _http_probe(url: str, fresh: bool, probe: _Probe, until: float) -> Non
                 probe.latencies.append(trio.current_time() - started)
             await trio.sleep_until(started + interval)
     finally:
-        await kept.aclose()
+        for each in kept.values():
+            await each.aclose()
 
 
 def _p99(latencies: Sequence[float]) -> float | None:
@@ -529,8 +543,8 @@ async def _probe_scenario(system: _System, abuse: str | None, attacker: subproce
         nursery.start_soon(_packet_probe, peers, False, peer_packets, probes["peer"], until)
         nursery.start_soon(_packet_probe, peers, True, fresh_packets, probes["peer-fresh"], until)
         nursery.start_soon(_packet_probe, [partial(_relay_client, system)], False, direct_packets, probes["relay"], until)
-        nursery.start_soon(_http_probe, system.http_url, False, probes["http"], until)
-        nursery.start_soon(_http_probe, system.http_url, True, probes["http-fresh"], until)
+        nursery.start_soon(_http_probe, system.http_url, False, HONEST_PEERS, probes["http"], until)
+        nursery.start_soon(_http_probe, system.http_url, True, HONEST_PEERS, probes["http-fresh"], until)
     service_cpu = [round(service.cpu_percent(), 1) for service in services]
     # Every packet of the slices is spent, sent or not: a packet a relay took but did not acknowledge
     # may still arrive, and must not be sent again in a later scenario (a replay).
