@@ -35,7 +35,7 @@ from anonml.transport import (
     serve_link,
 )
 from anonml.transport._link import CONFIRM_BYTES, check_hello, parse_acks, parse_hello_reply
-from anonml.transport._admission import holding_room
+from anonml.transport._admission import GateSlot, holding_room
 
 SIZE = 64
 GEOMETRY = bytes(range(32))
@@ -508,6 +508,15 @@ def test_the_gate_caps_each_source_and_network_from_the_first_slot_and_keeps_res
     assert gate.open_connections == 0 and not gate.public_by_prefix
 
 
+def watched_slots(gate: ConnectionGate, *sources: str) -> list[GateSlot]:
+    """A slot of ``gate`` for each of ``sources``, each watched (evictable), in order: the first is the idlest."""
+    slots = [gate.open(source) for source in sources]
+    for slot in slots:
+        assert slot is not None
+        slot.watch(trio.testing.MemoryReceiveStream())  # never read: watch() only wraps it
+    return [slot for slot in slots if slot is not None]
+
+
 def test_a_full_gate_evicts_the_connection_idle_longest() -> None:
     """When every public slot is taken, a new connection closes the one that moved a byte least
     recently (cancelled, counted), not one that is active: churn from many addresses cannot keep a
@@ -554,11 +563,7 @@ def test_a_full_gate_takes_slots_from_the_network_holding_the_most_and_refuses_i
 def test_a_network_alone_takes_turns_among_its_own_connections() -> None:
     """A loopback demo's peers are all one network: a full gate evicts its idlest for its newcomer."""
     gate = ConnectionGate(max_total=2, max_per_source=2)
-    stream = trio.testing.MemoryReceiveStream()
-    first, second = gate.open("127.0.0.1"), gate.open("127.0.0.1")
-    assert first is not None and second is not None
-    first.watch(stream)
-    second.watch(stream)
+    first, second = watched_slots(gate, "127.0.0.1", "127.0.0.1")
     assert gate.open("127.0.0.1") is not None and first.evicted and not second.evicted
 
 
@@ -590,10 +595,7 @@ def test_a_connection_the_server_is_working_for_is_never_evicted() -> None:
     connection is out of the eviction order, and it comes back as the most recently active."""
     gate = ConnectionGate(max_total=2, max_per_source=2)
     stream = trio.testing.MemoryReceiveStream()
-    first, second = gate.open("10.0.1.1"), gate.open("10.0.2.1")
-    assert first is not None and second is not None
-    first.watch(stream)
-    second.watch(stream)
+    first, second = watched_slots(gate, "10.0.1.1", "10.0.2.1")
     with first.busy():
         third = gate.open("10.0.3.1")  # the idlest is first, but it is busy: second goes
         assert third is not None and second.evicted and not first.evicted
