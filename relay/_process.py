@@ -25,6 +25,7 @@ from anonml.transport import (
     Listeners,
     Network,
     fit_connection_caps,
+    holding_room,
     listening_address,
     raise_descriptor_limit,
 )
@@ -176,8 +177,9 @@ def _fit_to_descriptors(config: RelayConfig) -> tuple[RelayConfig, HttpLimits]:
     if config.mirror is not None:
         wanted["mirror"], minimum["mirror"] = MIRROR_LIMITS.max_connections, _MIN_PUBLIC_SLOTS
     # The store (SQLite and its journal), the listeners, one forwarding link per next hop, the
-    # metrics endpoint's connections, directory and mirror fetches, logs: descriptors of its own.
-    reserve = _OWN_DESCRIPTORS + config.max_neighbours + METRICS_CONNECTIONS
+    # metrics endpoint's connections (and the refused ones it holds), directory and mirror fetches,
+    # logs: descriptors of its own.
+    reserve = _OWN_DESCRIPTORS + config.max_neighbours + METRICS_CONNECTIONS + holding_room(METRICS_CONNECTIONS)
     caps = fit_connection_caps(wanted, minimum, reserve=reserve, limit=raise_descriptor_limit(), server="relay")
     link = min(config.max_connections, caps["link"])
     fitted = replace(config, max_connections=link, max_connections_per_source=min(config.max_connections_per_source, link))

@@ -63,7 +63,7 @@ def test_a_relay_raises_its_soft_limit_and_refuses_a_hard_limit_below_its_minimu
     refused = run_limited(["relay", "run", "--data-dir", str(data_dir)], 150, 150)
     assert refused.returncode == 1 and "Traceback" not in refused.stderr
     [line] = [line for line in refused.stderr.splitlines() if "RLIMIT_NOFILE" in line]
-    assert "is 150, below the 228 it needs" in line and "ulimit -n" in line
+    assert "is 150, below the 232 it needs" in line and "ulimit -n" in line
     # A soft limit of 64 (a process could not even hold its slots) with room under the hard one: it serves.
     command = [*COMMAND, "relay", "run", "--data-dir", str(data_dir)]
     child = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, preexec_fn=limited(64, 4096))

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
         GateRefusal,
         GateSlot,
         RequestPacer,
+        holding_room,
         peer_address,
         source_prefix,
     )
@@ -127,6 +128,7 @@ __all__ = [
     "tls_context",
     "DescriptorLimitError",
     "fit_connection_caps",
+    "holding_room",
     "raise_descriptor_limit",
     "source_prefix",
 ]
