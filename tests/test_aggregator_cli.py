@@ -227,8 +227,15 @@ def test_sigterm_stops_run_and_its_worker_processes_and_a_second_run_is_refused(
     command = [sys.executable, "-c", "import sys; from anonml.cli import main; sys.exit(main())",
                "aggregator", "run", "--data-dir", str(data_dir), "--processes", "2"]
     with running_until(command, "serving", within=120) as run:
-        family = psutil.Process(run.pid).children(recursive=True)
-        assert len(family) >= 2  # the two workers (and the resource tracker)
+        # The two workers (and the resource tracker): the pool may still be starting them when the service
+        # says it is serving (beside four busy loops one of them was not there yet).
+        def workers(family: list[psutil.Process]) -> int:
+            return sum("multiprocessing.spawn" in " ".join(child.cmdline()) for child in family)
+
+        deadline = time.monotonic() + 60
+        while workers(family := psutil.Process(run.pid).children(recursive=True)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert workers(family) == 2
         second = subprocess.run(command, capture_output=True, text=True, timeout=120)
         assert second.returncode == 1 and "Traceback" not in second.stderr
         assert f"in use by pid {run.pid}" in second.stderr
