@@ -44,7 +44,8 @@ def freeze_startup_heap() -> None:
 
 
 # Tracked objects allocated (net of those freed) between collections of the youngest generation: a
-# collection then walks at most this many (~40 ms on the 2-core machine), and their garbage waits at most as long.
+# collection then walks at most this many (23-88 ms measured in the aggregator under bench abuse on the
+# 2-core machine), and their garbage waits at most as long.
 _YOUNG_COLLECTION_THRESHOLD = 50_000
 
 

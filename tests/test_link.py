@@ -558,6 +558,9 @@ def test_a_full_gate_takes_slots_from_the_network_holding_the_most_and_refuses_i
     newcomer.watch(stream)
     # Two of four slots among three networks is still over a share: refused again.
     assert gate.open("10.0.1.10") is None and gate.refused["over-share"] == 2
+    # A directory neighbour at a full gate also takes its slot from the network holding the most.
+    assert gate.open("10.0.7.7", privileged=True) is not None
+    assert churner[1] is not None and churner[1].evicted and not honest.evicted
 
 
 def test_a_network_alone_takes_turns_among_its_own_connections() -> None:

@@ -178,8 +178,8 @@ class ConnectionGate:
         return True
 
     def _evict_oldest_idle(self, pool: str) -> bool:
-        """Close the public connection of ``pool`` (a source, a prefix, or ``""``: all) that has been
-        idle longest (counted); False if none may be."""
+        """Close the public connection of ``pool`` (a source or a prefix) that has been idle longest
+        (counted); False if none may be."""
         order = self._idle_order.get(pool)
         if not order:
             return False
@@ -218,7 +218,7 @@ class ConnectionGate:
         """A slot for a new connection from ``source`` (an IP address), or None (counted) to close it."""
         self.last_refusal = None
         if privileged:
-            if self.open_connections >= self.max_total and not self._evict_oldest_idle(""):
+            if self.open_connections >= self.max_total and not self._evict_from_the_largest_network():
                 self.refused[GateRefusal.TOTAL] += 1
                 self.last_refusal = GateRefusal.TOTAL
                 return None
