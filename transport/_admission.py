@@ -163,7 +163,8 @@ class ConnectionGate:
         Issue 25's link churn reopened 1,200 connections a second into the relay's slots, so each lived
         about 0.2 s: an honest peer's kept-alive link, idle 0.3 s between its packets, was the idlest of
         all and was evicted again and again. Taken from the network holding the most, a slot goes to a
-        network holding few, and churn only evicts the churner's own connections.
+        network holding few, and churn from a few networks only evicts the churner's own connections
+        (from as many networks as there are slots, each holds one, and this protects nothing: README).
         """
         everyone = self._idle_order.get("")
         if not everyone:
