@@ -78,6 +78,12 @@ _FIRST_BACKOFF = 0.25
 _ATTEMPT_SHARE = 1 / 3
 _MIN_ATTEMPT_SECONDS = 1.0
 
+# The manifest is a peer's first request of a round, made before it knows the round's schedule, so no deadline
+# bounds its attempts: one that a connection swallows would wait the client's whole timeout (60 s), past a
+# small round's registration (bench faults, 60 peers: a peer worker's first request black-holed, and all its
+# 30 peers found registration closed). It is a small signed document the aggregator serves from memory.
+_MANIFEST_ATTEMPT_SECONDS = 5.0
+
 _answer_deadline: contextvars.ContextVar[float | None] = contextvars.ContextVar("answer_deadline", default=None)
 
 
@@ -200,8 +206,10 @@ class AggregatorClient:
     async def aclose(self) -> None:
         await self._http.aclose()
 
-    async def _call(self, method: str, path: str, body: bytes | None = None) -> httpx.Response | None:
-        """The response, or None for 404 (a document not published yet)."""
+    async def _call(self, method: str, path: str, body: bytes | None = None, *,
+                    attempt_cap: float | None = None) -> httpx.Response | None:
+        """The response, or None for 404 (a document not published yet). ``attempt_cap``: the longest one attempt
+        may take, where no deadline (:func:`answer_by`) gives a shorter one."""
         deadline = trio.current_time() + self._retry_for
         needed_by = _answer_deadline.get()
         if needed_by is not None:
@@ -212,7 +220,9 @@ class AggregatorClient:
             try:
                 async with self._limiter:
                     # Measured once the limiter lets it go: waiting for a turn is not the connection's fault.
-                    timeout = self._timeout if needed_by is None else attempt_timeout(needed_by - trio.current_time(), self._timeout)
+                    timeout = self._timeout if attempt_cap is None else min(self._timeout, attempt_cap)
+                    if needed_by is not None:
+                        timeout = attempt_timeout(needed_by - trio.current_time(), timeout)
                     response = await self._http.request(
                         method, path, content=body, headers={"content-type": "application/json"} if body else None,
                         timeout=httpx.Timeout(timeout),
@@ -246,9 +256,9 @@ class AggregatorClient:
             await trio.sleep(self._jitter.uniform(0, backoff))
             backoff = min(backoff * 2, 2.0)
 
-    async def _get(self, path: str, parse: Callable[[bytes], T]) -> T | None:
+    async def _get(self, path: str, parse: Callable[[bytes], T], *, attempt_cap: float | None = None) -> T | None:
         """The document at ``path`` as ``parse`` reads it (a pure function of the body's bytes), or None for 404."""
-        response = await self._call("GET", path)
+        response = await self._call("GET", path, attempt_cap=attempt_cap)
         if response is None:
             return None
         key = (parse, response.content)
@@ -266,7 +276,7 @@ class AggregatorClient:
 
     async def manifest(self) -> SignedManifest:
         """The signed manifest, signature checked (``SignedManifest.from_json``)."""
-        signed = await self._get(PATH_MANIFEST, SignedManifest.from_json)
+        signed = await self._get(PATH_MANIFEST, SignedManifest.from_json, attempt_cap=_MANIFEST_ATTEMPT_SECONDS)
         if signed is None:
             raise AggregatorError(404, "no round is being served")
         return signed

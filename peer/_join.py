@@ -389,14 +389,17 @@ class PeerRound:
         registration = self.peer.store.registration(self.key, self.round_id)
         if registration is not None and registration.credential is not None:
             return Credential.from_bytes(registration.credential)
-        await self.recheck_manifest("issuance")
-        request, state = self.issuance(partition, None if registration is None else registration.issuance)
-        async with self.session.slots:
-            body = CredentialRequest.create(self.peer.identity.signing_key, self.round_id, request.to_bytes())
-            response = await self.session.client.credential(body)
-            if response.partition != partition:
-                raise JoinRefused(RefusalReason.PARTITION_MISMATCH, f"the aggregator says partition {response.partition!r}, the seed says {partition!r}")
-            credential = finish_issuance(state, response.response)
+        # Needed before issuance closes: a black-holed attempt must leave time for another (the retry sends the
+        # same stored request, answered with the same credential).
+        with answer_by(self.session.trio_deadline(self.manifest.schedule.t_issue_end)):
+            await self.recheck_manifest("issuance")
+            request, state = self.issuance(partition, None if registration is None else registration.issuance)
+            async with self.session.slots:
+                body = CredentialRequest.create(self.peer.identity.signing_key, self.round_id, request.to_bytes())
+                response = await self.session.client.credential(body)
+        if response.partition != partition:
+            raise JoinRefused(RefusalReason.PARTITION_MISMATCH, f"the aggregator says partition {response.partition!r}, the seed says {partition!r}")
+        credential = finish_issuance(state, response.response)
         self.peer.store.set_credential(self.key, self.round_id, credential.to_bytes())
         self.emit(PeerEvent.CREDENTIAL)
         return credential

@@ -20,7 +20,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from anonml.peer import AggregatorClient, AggregatorError, answer_by
-from anonml.protocol import PATH_REGISTER, PATH_STATUS
+from anonml.protocol import PATH_CREDENTIAL, PATH_REGISTER, PATH_STATUS
 from anonml.simulate import Adversary, RoundTrace, SimulationConfig, simulate_round
 from anonml.simulate._adversary import HttpAction, HttpRecord
 from anonml.transport import Dial, HttpLimits, MemoryNetwork, connection_pair, serve_http
@@ -95,6 +95,19 @@ async def test_a_request_needed_by_a_deadline_gives_up_at_it_when_every_connecti
     assert attempts >= 3 and 5.0 <= gave_up <= 7.5
 
 
+async def test_a_black_holed_first_manifest_request_costs_seconds_not_the_clients_whole_timeout(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The manifest comes before any deadline is known (a peer learns the schedule from it): its attempt is
+    capped all the same, or a swallowed first request waits out the client's 60 s, past registration."""
+    async with aggregator_behind(lambda n: n == 1) as client:
+        started = trio.current_time()
+        with pytest.raises(AggregatorError, match="no round is being served"):
+            await client.manifest()  # the second attempt, on a new connection, is answered (404 here)
+        answered = trio.current_time() - started
+    assert client.requests == 2 and 5.0 <= answered < 5.5
+
+
 class BlackHoledFirstRequests(Adversary):
     """A network fault, not an attack: each peer's first request to each path ``swallow`` names is swallowed
     (the connection takes it and never answers)."""
@@ -138,6 +151,16 @@ def test_a_black_holed_registration_is_retried_before_registration_closes() -> N
     its retry was refused (403, registration has closed) and it never took part."""
     adversary = BlackHoledFirstRequests(lambda path: path == PATH_REGISTER)
     trace = simulate_round(SimulationConfig(peers=8, seed=4), adversary)
+    assert len(adversary.swallowed) == 8
+    packets, arrived, acknowledged = accepted_and_repaired(trace)
+    assert packets == arrived == acknowledged > 0
+
+
+def test_a_black_holed_credential_request_is_retried_before_issuance_closes() -> None:
+    """The old peer made its credential request with no deadline: a swallowed one waited out the client's 60 s,
+    past issuance, and its peer never took part (bench faults, 60 peers: 58 of 60 credentials)."""
+    adversary = BlackHoledFirstRequests(lambda path: path == PATH_CREDENTIAL)
+    trace = simulate_round(SimulationConfig(peers=8, seed=5), adversary)
     assert len(adversary.swallowed) == 8
     packets, arrived, acknowledged = accepted_and_repaired(trace)
     assert packets == arrived == acknowledged > 0
