@@ -12,7 +12,7 @@ if TYPE_CHECKING:
     from anonml.aggregator._report import learn, write_report
     from anonml.aggregator._round import ApiRefused, RoundSecrets, RoundState
     from anonml.aggregator._service import AggregatorConfig, BoundAddresses, build_app, drive_round, serve_aggregator
-    from anonml.aggregator._setup import create_round, open_round
+    from anonml.aggregator._setup import create_round, open_round, postgres_location
     from anonml.aggregator._sink import InboxLimits, PacketSink
     from anonml.aggregator._spec import RoundSpec, RoundSpecError, parse_round_spec, read_round_spec
     from anonml.aggregator._home import AggregatorHome
@@ -61,6 +61,7 @@ __all__ = [
     "learn",
     "linking_report",
     "open_round",
+    "postgres_location",
     "parse_round_spec",
     "read_round_spec",
     "process_batch",

@@ -91,15 +91,26 @@ def test_a_relay_killed_for_good_falls_in_the_first_attempt_and_later_kills_spar
     data = PhaseTimes(t_s=int(now) + 100, delta=10, t_c=int(now) + 140, t_2=int(now) + 150, delta_2=10, t_r=int(now) + 200)
     relays = ["relay-0", "relay-1", "relay-2", "relay-3", "relay-4"]
     plan = FaultPlan(12, 0, 1.0, LinkFaults(), data_kills=6, relay_for_good=True)
-    kills = plan_faults(plan, data, relays, "aggregator", random.Random(3))
+    kills = plan_faults(plan, data, relays, [*relays, "aggregator"], random.Random(3))
     (gone,) = [e for e in kills if e.outcome == "for good"]
     assert gone.target in relays and 98 <= gone.at < 141 and gone.planned == "data, first attempt"
     restarted = [e for e in kills if e is not gone]
     assert len(restarted) == 12 and gone.target not in {e.target for e in restarted}
     assert sum(1 for e in restarted if e.at >= 98) == 6
     assert [e.at for e in kills] == sorted(e.at for e in kills)
-    assert not any(e.outcome == "for good" for e in plan_faults(FaultPlan(4, 0, 1.0, LinkFaults()), data, relays, "aggregator",
-                                                                random.Random(3)))
+    assert not any(e.outcome == "for good" for e in plan_faults(FaultPlan(4, 0, 1.0, LinkFaults()), data, relays,
+                                                                [*relays, "aggregator"], random.Random(3)))
+
+
+def test_a_plan_that_kills_workers_only_kills_each_of_them_and_nothing_else() -> None:
+    now = time.time()
+    data = PhaseTimes(t_s=int(now) + 100, delta=10, t_c=int(now) + 140, t_2=int(now) + 150, delta_2=10, t_r=int(now) + 200)
+    plan = FaultPlan(20, 0, 1.0, LinkFaults(), data_kills=20, ingest_workers=2, kill_workers_only=True)
+    kills = plan_faults(plan, data, [f"relay-{i}" for i in range(5)], ["ingest-0", "ingest-1"], random.Random(5))
+    assert len(kills) == 20 and {e.target for e in kills} == {"ingest-0", "ingest-1"}
+    assert all(e.planned == "data" and 98 <= e.at < 201 for e in kills)
+    with pytest.raises(ValueError, match="ingest_workers"):
+        FaultPlan(2, 0, 1.0, LinkFaults(), kill_workers_only=True)
 
 
 def test_a_plan_cannot_put_more_kills_in_the_data_phase_than_it_has() -> None:

@@ -7,6 +7,7 @@ alone (issue 29: every ``--help`` within 5 x ``python -c pass``).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -194,11 +195,17 @@ def bench_demo(runs: int, hogs: int, peers: int | None, work_dir: Path | None, a
 @click.option("--delay", type=click.FloatRange(min=0), default=0.2, show_default=True, help="Largest delay per chunk on every link (s).")
 @click.option("--max-lost-share", type=click.FloatRange(0, 1), default=0.0, show_default=True,
               help="Exit non-zero when more than this share of the prepared messages is lost.")
+@click.option("--ingest-workers", type=click.IntRange(0, 16), default=0, show_default=True,
+              help="`aggregator worker` processes beside the driver, listed in the manifest; each a kill target.")
+@click.option("--kill-workers-only", is_flag=True, help="Every kill is an ingest worker's (needs --ingest-workers).")
+@click.option("--store", type=click.Choice(["sqlite", "postgresql"]), default="sqlite", show_default=True,
+              help="The round's store: its SQLite file, or a private PostgreSQL server the bench starts (initdb).")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--work-dir", type=click.Path(path_type=Path), default=None)
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
 def bench_faults(peers: int, events: int, data_kills: int | None, relay_down_for_good: bool, downtime: float, drop: float,
-                 reset: float, delay: float, max_lost_share: float, seed: int, work_dir: Path | None, as_json: bool) -> None:
+                 reset: float, delay: float, max_lost_share: float, ingest_workers: int, kill_workers_only: bool, store: str,
+                 seed: int, work_dir: Path | None, as_json: bool) -> None:
     """A round under SIGKILLed relays and aggregator and lossy links; audits every message.
 
     Exits 1 when a message was counted twice, accepted though no peer
@@ -211,6 +218,7 @@ def bench_faults(peers: int, events: int, data_kills: int | None, relay_down_for
     from anonml.bench._proxy import LinkFaults
     from anonml.bench.faults import FaultPlan, failures, run_faults
     from anonml.demo import until_signalled
+    from anonml.testing import private_postgres
     from rich.console import Console
 
     if drop + reset > 1:
@@ -218,12 +226,17 @@ def bench_faults(peers: int, events: int, data_kills: int | None, relay_down_for
     data_kills = events // 2 if data_kills is None else data_kills
     if data_kills > events:
         raise click.BadParameter(f"{data_kills} of {events} events", param_hint="--data-kills")
+    if kill_workers_only and not ingest_workers:
+        raise click.UsageError("--kill-workers-only needs --ingest-workers: there is no worker to kill")
     console = Console(stderr=True, quiet=as_json)
     work = work_dir or Path(tempfile.mkdtemp(prefix="anonml-faults-"))
     work.mkdir(parents=True, exist_ok=True)
-    plan = FaultPlan(events, seed, downtime, LinkFaults(drop=drop, reset=reset, delay=delay), data_kills=data_kills,
-                     relay_for_good=relay_down_for_good)
-    result = trio.run(until_signalled, run_faults, peers, plan, work, console)
+    with contextlib.ExitStack() as stack:
+        store_url = stack.enter_context(private_postgres()).create_database("faults") if store == "postgresql" else None
+        plan = FaultPlan(events, seed, downtime, LinkFaults(drop=drop, reset=reset, delay=delay), data_kills=data_kills,
+                         relay_for_good=relay_down_for_good, ingest_workers=ingest_workers, kill_workers_only=kill_workers_only,
+                         store_url=store_url)
+        result = trio.run(until_signalled, run_faults, peers, plan, work, console)
     if isinstance(result, int):
         click.echo(f"stopped by signal {result}; every child process was stopped; files in {work}", err=True)
         raise SystemExit(128 + result)
@@ -245,6 +258,8 @@ def bench_faults(peers: int, events: int, data_kills: int | None, relay_down_for
         click.echo(f"lost by kind {found['lost_by_kind']}, by reason {found['lost_by_reason']}")
         click.echo(f"round reported: {result['round']}; peers reported: {result['peers_reported']}")
         click.echo(f"relay drops {result['relay_drops']}; proxies {result['proxies']}")
+        click.echo(f"store {result['store']}, {result['ingest_workers']} ingest workers; packets each sink took "
+                   f"(the driver's first): {result['sink_deliveries']}")
         click.echo(f"work directory: {result['work_dir']}")
         click.echo("FAILED: " + "; ".join(problems) if problems else "passed: nothing lost beyond the allowed share, nothing counted twice")
     if problems:
@@ -371,12 +386,15 @@ def netns_lines(result: dict[str, Any]) -> list[str]:
 @click.option("--one-session", is_flag=True,
               help="Start the workers in the bench's own session, not each in its own: on Linux they then share one "
                    "session's CPU share (autogroup) on a machine shared with other jobs.")
+@click.option("--pairs", type=click.IntRange(1, 50), default=1, show_default=True,
+              help="Run PostgreSQL with 1 worker and with 2 this many times, alternating which goes first; "
+                   "the ratio printed is the median of the pairs'.")
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
-def bench_ingest(packets: int, kills: int, seed: int, processes: int, one_session: bool, as_json: bool) -> None:
+def bench_ingest(packets: int, kills: int, seed: int, processes: int, one_session: bool, pairs: int, as_json: bool) -> None:
     """Accepted reports/s through ingest workers: SQLite 1 worker, PostgreSQL 1 and 2; SIGKILL audits."""
     from anonml.bench.ingest import run_bench
 
-    figures = run_bench(packets, seed, kills, processes, own_sessions=not one_session)
+    figures = run_bench(packets, seed, kills, processes, own_sessions=not one_session, pairs=pairs)
     if as_json:
         click.echo(json.dumps(figures, indent=2))
     else:
@@ -388,7 +406,13 @@ def bench_ingest(packets: int, kills: int, seed: int, processes: int, one_sessio
                        f"lost {run['lost']}, doubled {run['doubled']}; CPU ms per report: workers "
                        f"{run['worker_cpu_ms_per_report']:.3f}, their verifiers {run['verifier_cpu_ms_per_report']:.3f}, "
                        f"server {run['server_cpu_ms_per_report']:.3f})")
-        click.echo(f"  PostgreSQL 2 workers / 1 worker: x{figures['ratio_pg2_to_pg1']:.2f}; "
+        for index, pair in enumerate(figures["pairs"][1:], start=2):
+            one, two = pair["postgresql, 1 worker"], pair["postgresql, 2 workers"]
+            click.echo(f"  pair {index}{' (2 workers first)' if index % 2 == 0 else ''}: 1 worker "
+                       f"{one['accepted_per_second']:.0f}/s, 2 workers {two['accepted_per_second']:.0f}/s: x{pair['ratio']:.2f}")
+        ratios = [f"{pair['ratio']:.2f}" for pair in figures["pairs"]]
+        median_of = f" (median of {len(ratios)} pairs: {', '.join(ratios)})" if len(ratios) > 1 else ""
+        click.echo(f"  PostgreSQL 2 workers / 1 worker: x{figures['ratio_pg2_to_pg1']:.2f}{median_of}; "
                    f"PostgreSQL / SQLite with 1 worker: x{figures['ratio_pg1_to_sqlite1']:.2f}; "
                    f"2 workers / 1 if CPU alone limited them: at most x{figures['cpu_bound_ratio_ceiling']:.2f}")
         for index, run in enumerate(figures["kills"]):
@@ -396,7 +420,8 @@ def bench_ingest(packets: int, kills: int, seed: int, processes: int, one_sessio
                        f"claimed rows, {run['resent']} resent; "
                        f"accepted {run['accepted']}, lost {run['lost']}, doubled {run['doubled']}, "
                        f"never acknowledged {run['unacknowledged']}; rejected {run['rejected']}")
-    bad = [run for run in [*figures["runs"].values(), *figures["kills"]] if run["lost"] or run["doubled"]]
+    paired = [run for pair in figures["pairs"] for run in (pair["postgresql, 1 worker"], pair["postgresql, 2 workers"])]
+    bad = [run for run in [*figures["runs"].values(), *paired, *figures["kills"]] if run["lost"] or run["doubled"]]
     if bad:
         raise SystemExit(1)
 

@@ -5,15 +5,24 @@ windows measured and planned on this machine, each delivery slice long
 enough to hold one kill's outage, its downtime and a restart), with two
 kinds of fault:
 
-- kill-and-restart events: at seeded random times across the round, a relay
-  or the aggregator gets SIGKILL (its whole process group); the supervisor
-  starts it again after ``--downtime`` seconds with the same command;
+- kill-and-restart events: at seeded random times across the round, a relay,
+  the aggregator or one of its ingest workers gets SIGKILL (its whole process
+  group); the supervisor starts it again after ``--downtime`` seconds with
+  the same command;
 - lossy links: a :class:`LossyProxy` that drops, delays and resets the
   connections it carries sits on every link: in front of each relay (what
-  peers and other relays open to it), of the aggregator's packet sink (what
-  relays deliver over) and of the aggregator's HTTP API as the peers reach it
-  (registration, credentials, documents, receipt logs). The relays' mirrors
-  are reached directly.
+  peers and other relays open to it), of the aggregator's packet sink and of
+  each ingest worker's (what relays deliver over) and of the aggregator's
+  HTTP API as the peers reach it (registration, credentials, documents,
+  receipt logs). The relays' mirrors are reached directly.
+
+With ``ingest_workers`` the manifest lists that many ``aggregator worker``
+processes beside the driver's own sink, and the last relays spread their
+deliveries over all of them (issue 27); on PostgreSQL (``store_url``) driver
+and workers share the round's schema, on SQLite its file. With
+``kill_workers_only`` every kill is a worker's: what a killed worker had
+acknowledged is committed, its claimed rows are taken again when it comes
+back, and a batch it never acknowledged goes from the relay to another sink.
 
 ``data_kills`` of the events land at uniform times inside the data phase
 (read from the round's signed schedule), the others before it, so the share
@@ -44,9 +53,9 @@ from typing import Any
 
 import trio
 
-from anonml.protocol import PhaseTimes, SignedManifest
+from anonml.protocol import PhaseTimes, SignedManifest, format_host_port
 from anonml.bench._proxy import LinkFaults, LossyProxy, serve_lossy_proxy
-from anonml.aggregator import RoundStore
+from anonml.aggregator import PostgresLocation, RoundStore
 from anonml.demo import (
     HOST,
     PATH_LENGTH,
@@ -58,6 +67,7 @@ from anonml.demo import (
     audit_round,
     breast_cancer_data,
     collect_report,
+    deliveries_to,
     follow_round,
     free_port,
     init_aggregator,
@@ -99,11 +109,19 @@ class FaultPlan:
     links: LinkFaults
     data_kills: int = 0
     relay_for_good: bool = False
+    ingest_workers: int = 0
+    """``aggregator worker`` processes beside the driver, listed in the manifest (relays spread deliveries over them)."""
+    kill_workers_only: bool = False
+    """Kill only the ingest workers (else relays, the aggregator and the workers alike)."""
+    store_url: str | None = None
+    """The PostgreSQL database the driver and workers keep the round in; None: its SQLite file."""
     kills: list[KillEvent] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not 0 <= self.data_kills <= self.events:
             raise ValueError(f"data_kills must be in [0, events={self.events}], got {self.data_kills}")
+        if self.kill_workers_only and not self.ingest_workers:
+            raise ValueError("kill_workers_only needs ingest_workers: there is no worker to kill")
 
 
 def plan_kills(events: int, data_kills: int, data: tuple[float, float], targets: list[str],
@@ -116,7 +134,7 @@ def plan_kills(events: int, data_kills: int, data: tuple[float, float], targets:
     return sorted((KillEvent(at, rng.choice(targets), planned=planned) for at, planned in times), key=lambda e: e.at)
 
 
-def data_phase(round_store: Path) -> PhaseTimes:
+def data_phase(round_store: Path | PostgresLocation) -> PhaseTimes:
     """The data phase's times (UTC seconds) from the manifest ``round new`` signed into the round's store."""
     store = RoundStore(round_store)
     try:
@@ -179,16 +197,17 @@ async def inject_kills(children: Children, targets: dict[str, Child], kills: lis
             event.outcome = "killed" if children.kill(child, signal.SIGKILL) else "not running"
 
 
-def plan_faults(plan: FaultPlan, data: PhaseTimes, relays: list[str], aggregator: str, rng: random.Random) -> list[KillEvent]:
-    """Every kill of ``plan``, seconds from now: the restarted ones, and the relay killed for good in the data
-    phase's first attempt (before its first check); later kills spare that relay."""
+def plan_faults(plan: FaultPlan, data: PhaseTimes, relays: list[str], restarted: list[str], rng: random.Random) -> list[KillEvent]:
+    """Every kill of ``plan``, seconds from now: the kill-and-restart events, each of one of ``restarted``, and
+    the relay killed for good (one of ``relays``) in the data phase's first attempt (before its first check);
+    later kills spare that relay."""
     now = time.time()
     for_good: list[KillEvent] = []
     if plan.relay_for_good:
         for_good.append(KillEvent(rng.uniform(data.t_s, data.t_c) - now, rng.choice(relays), outcome="for good",
                                   planned="data, first attempt"))
-    restarted = [*(r for r in relays if not for_good or r != for_good[0].target), aggregator]
-    kills = plan_kills(plan.events, plan.data_kills, (data.t_s - now, data.t_r - now), sorted(restarted), rng)
+    targets = [target for target in restarted if not for_good or target != for_good[0].target]
+    kills = plan_kills(plan.events, plan.data_kills, (data.t_s - now, data.t_r - now), sorted(targets), rng)
     return sorted([*kills, *for_good], key=lambda e: e.at)
 
 
@@ -198,11 +217,15 @@ async def run_faults(peers: int, plan: FaultPlan, work: Path, console: Any) -> d
     rows = data.train_rows[:peers]
     progress = Progress(peers=len(rows))
     sink_listen_port = free_port()
-    network = Network(relay_listen_ports=[free_port() for _ in range(RELAYS)], sink_listen_port=sink_listen_port)
+    network = Network(relay_listen_ports=[free_port() for _ in range(RELAYS)], sink_listen_port=sink_listen_port,
+                      sink_worker_ports=[free_port() for _ in range(plan.ingest_workers)],
+                      sink_worker_listen_ports=[free_port() for _ in range(plan.ingest_workers)], store_url=plan.store_url)
     rng = random.Random(plan.seed)
     # Each link's proxy: where it listens (what the others are told) and where it forwards to.
     links = {f"relay-{i}": (network.relay_ports[i], network.listen_port(i)) for i in range(RELAYS)}
     links["relay->aggregator"] = (network.sink_port, sink_listen_port)
+    for i in range(plan.ingest_workers):
+        links[f"relay->ingest-{i}"] = (network.sink_worker_ports[i], network.sink_worker_listen_port(i))
     links["peers->aggregator http"] = (free_port(), network.http_port)
     proxies = {name: LossyProxy((HOST, target), plan.links, random.Random(rng.getrandbits(64)))
                for name, (_, target) in links.items()}
@@ -229,18 +252,27 @@ async def run_faults(peers: int, plan: FaultPlan, work: Path, console: Any) -> d
         outage = plan.downtime + 2 * costs.process_start if plan.events else 0.0
         params = plan_round(data, len(rows), 2.0, 2, plan.seed, costs, outage=outage)
         round_id, aggregator = await open_round(children, work, agg_dir, data, params, descriptors, network)
-        targets = {child.name: child for child in children.children if child.name.startswith("relay-")}
+        targets = {child.name: child for child in children.children if child.name.startswith(("relay-", "ingest-"))}
         targets["aggregator"] = aggregator
-        data_times = data_phase(agg_dir / "rounds" / round_id / "round.sqlite")
-        plan.kills = plan_faults(plan, data_times, sorted(t for t in targets if t != "aggregator"), "aggregator", rng)
+        data_times = data_phase(network.round_store(agg_dir, round_id))
+        relays = sorted(t for t in targets if t.startswith("relay-"))
+        ingest = sorted(t for t in targets if t.startswith("ingest-"))
+        restarted = ingest if plan.kill_workers_only else [*relays, "aggregator", *ingest]
+        plan.kills = plan_faults(plan, data_times, relays, restarted, rng)
         faults.start_soon(inject_kills, children, targets, plan.kills, progress)
         await follow_round(children, network, workers, aggregator, progress, console, started)
         faults.cancel_scope.cancel()
         round_dir = agg_dir / "rounds" / round_id
         report = await collect_report(aggregator, round_dir, children, console, network.url)
-    found = audit_round(sorted((work / "peers").glob("worker-*.sqlite")), round_dir / "round.sqlite", bytes.fromhex(round_id))
+    found = audit_round(sorted((work / "peers").glob("worker-*.sqlite")), network.round_store(agg_dir, round_id),
+                        bytes.fromhex(round_id))
+    sinks = [format_host_port(HOST, port) for port in (network.sink_port, *network.sink_worker_ports)]
     return {
         "peers": len(rows),
+        "ingest_workers": plan.ingest_workers,
+        "store": "sqlite" if plan.store_url is None else "postgresql",
+        # What each sink address took (the driver's own first), from the relays' traces.
+        "sink_deliveries": deliveries_to(work, RELAYS, sinks),
         "seed": plan.seed,
         "links": plan.links.to_dict(),
         "downtime_seconds": plan.downtime,

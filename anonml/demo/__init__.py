@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from anonml.demo._run import Network, collect_report, follow_round, init_aggregator, open_round, run_demo, start_relays, start_workers
     from anonml.demo._schedule import PATH_LENGTH, RELAYS, cores, plan_round, schedule_seconds
     from anonml.demo._summary import anonymity_problems, exit_code, peer_totals
+    from anonml.demo._trace import deliveries_to
 else:
     from anonml.base.lazy import lazy_exports
 
@@ -57,6 +58,7 @@ __all__ = [
     "breast_cancer_data",
     "collect_report",
     "cores",
+    "deliveries_to",
     "demo",
     "exit_code",
     "follow_round",

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from anonml.aggregator import RoundStore
+from anonml.aggregator import PostgresLocation, RoundStore
 from anonml.peer import PeerStore, StoredPacket
 from anonml.protocol import SurveyId, SurveyKind
 
@@ -91,8 +91,9 @@ def audit(prepared: Iterable[StoredPacket], accepted: Mapping[SurveyId, list[byt
     return result
 
 
-def audit_round(peer_stores: Iterable[Path], round_store: Path, round_id: bytes) -> Audit:
-    """:func:`audit` over the packets in every peer store and the aggregator's round store."""
+def audit_round(peer_stores: Iterable[Path], round_store: Path | PostgresLocation, round_id: bytes) -> Audit:
+    """:func:`audit` over the packets in every peer store and the aggregator's round store (its SQLite file or
+    its schema on PostgreSQL)."""
     prepared: list[StoredPacket] = []
     for path in peer_stores:
         store = PeerStore(path, durable=False)

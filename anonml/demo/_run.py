@@ -24,8 +24,10 @@ from typing import Any
 import httpx
 import trio
 
-from anonml.aggregator import LINKS_JSON
+from anonml.aggregator import LINKS_JSON, AggregatorHome, PostgresLocation, postgres_location
+from anonml.aggregator import open_round as load_round
 from anonml.base.process import anonml_command
+from anonml.base.threads import run_blocking
 from anonml.base.storage import replace_file
 from anonml.demo._audit import audit_round
 from anonml.demo._calibrate import QUIET_SHARE, QUIET_TIMEOUT, PhaseCosts, measure_costs
@@ -65,6 +67,8 @@ class Network:
     lists them, and the last relays spread their deliveries over them and the aggregator's own sink."""
     sink_listen_port: int | None = None
     """Where the aggregator takes packets, if not at ``sink_port`` (the fault benchmark puts a lossy proxy between)."""
+    sink_worker_listen_ports: list[int] = field(default_factory=list)
+    """Where each ingest worker takes packets, if not at its ``sink_worker_ports`` entry (a lossy proxy between)."""
     aggregator_host: str = HOST
     """The aggregator's address: its HTTP API and packet sink listen there, and everyone reaches them there."""
     relay_hosts: list[str] = field(default_factory=list)
@@ -74,9 +78,15 @@ class Network:
     """Words put before a role's command (``ip netns exec NS``), by role: ``aggregator``, ``relay-N``, ``peers``."""
     round_trip: float = 0.0
     """The measured round trip between two hosts (0 on loopback): the planner's windows hold it (``plan_round``)."""
+    store_url: str | None = None
+    """The PostgreSQL database the aggregator and its ingest workers keep the round in (``anonml bench faults
+    --store postgresql``); None: the round's own SQLite file."""
 
     def listen_port(self, relay: int) -> int:
         return self.relay_listen_ports[relay] if self.relay_listen_ports else self.relay_ports[relay]
+
+    def sink_worker_listen_port(self, worker: int) -> int:
+        return self.sink_worker_listen_ports[worker] if self.sink_worker_listen_ports else self.sink_worker_ports[worker]
 
     def relay_host(self, relay: int) -> str:
         return self.relay_hosts[relay] if self.relay_hosts else HOST
@@ -87,6 +97,16 @@ class Network:
     @property
     def url(self) -> str:
         return f"http://{self.aggregator_host}:{self.http_port}"
+
+    def round_store(self, agg_dir: Path, round_id: str) -> Path | PostgresLocation:
+        """Where the round's store is, for what reads it beside the aggregator (the audit, the fault bench)."""
+        if self.store_url is None:
+            return agg_dir / "rounds" / round_id / "round.sqlite"
+        return postgres_location(self.store_url, round_id)
+
+    def store_options(self) -> list[str]:
+        """The options that point ``aggregator run`` and ``aggregator worker`` at the round's store."""
+        return ["--store", self.store_url] if self.store_url is not None else []
 
 
 async def start_workers(children: Children, data: DemoData, rows: list[list[str]], work: Path, workers: int, seed: int, url: str,
@@ -162,6 +182,10 @@ async def open_round(children: Children, work: Path, agg_dir: Path, data: DemoDa
         "--start", f"+{params.start_seconds}",
     ])
     round_id = out.strip().splitlines()[-1]
+    if network.store_url is not None:
+        # Moved to the server before any process opens it: the driver and its workers started together would
+        # each find it missing there and copy it (one copy wins, the others fail and are restarted).
+        await run_blocking(lambda: load_round(AggregatorHome(agg_dir), round_id, store_url=network.store_url).store.close())
     # Blind issuance and token verification in worker processes: the
     # aggregator's one interpreter then only serves HTTP and the sink.
     run_aggregator = [
@@ -170,14 +194,16 @@ async def open_round(children: Children, work: Path, agg_dir: Path, data: DemoDa
         # The report then carries the AUC on the held-out rows.
         "--test-file", str(write_test_file(data, work)),
         *(["--sink-port", str(network.sink_listen_port)] if network.sink_listen_port is not None else []),
+        *network.store_options(),
     ]
     aggregator = await children.start(
         "aggregator", [*network.prefix("aggregator"), *anonml_command(*run_aggregator)], restart=True, done=lambda code: code in AGGREGATOR_ENDS,
     )
-    for i, port in enumerate(network.sink_worker_ports):
-        # Beside `aggregator run` on its SQLite store (they take turns at its write lock), verifying in a thread.
+    for i in range(len(network.sink_worker_ports)):
+        # Beside `aggregator run` on its store (on SQLite they take turns at its write lock), verifying in a thread.
         run_worker = ["aggregator", "worker", "--data-dir", str(agg_dir), "--round", round_id, "--name", f"w{i}",
-                      "--host", network.aggregator_host, "--port", str(port), "--processes", "0"]
+                      "--host", network.aggregator_host, "--port", str(network.sink_worker_listen_port(i)), "--processes", "0",
+                      *network.store_options()]
         await children.start(f"ingest-{i}", [*network.prefix("aggregator"), *anonml_command(*run_worker)], restart=True)
     return round_id, aggregator
 
@@ -311,7 +337,8 @@ async def run_demo(data: DemoData, *, peers: int, epsilon: float, workers: int, 
                 # Plain text: the report's formulas hold brackets (Var[n̂_c]) that rich would read as markup.
                 console.print(f"    {line}", markup=False)
     step(6, "auditing every prepared message against the accepted set; evaluating the published model on the held-out rows")
-    found = audit_round(sorted((work / "peers").glob("worker-*.sqlite")), round_dir / "round.sqlite", bytes.fromhex(round_id))
+    found = audit_round(sorted((work / "peers").glob("worker-*.sqlite")), network.round_store(agg_dir, round_id),
+                        bytes.fromhex(round_id))
     summary = summarise(data, params, progress, report, found, work, time.monotonic() - started)
     summary["costs"] = costs.to_dict()
     # An SGD round's model is its coefficients in the report, and an averaged model the aggregator's own: each
