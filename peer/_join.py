@@ -90,6 +90,7 @@ from anonml.transport import AckStatus
 _ISSUANCE_SEED_BYTES = 32
 """The random seed a stored credential request's blinding is derived from (``PeerRound.issuance``)."""
 
+_MIN_FIRST_HOP_ATTEMPT = 0.25  # seconds; a first relay's ack takes milliseconds (p99 13-39 ms loaded, under attack)
 _FIRST_RETRY_SECONDS, _LAST_RETRY_SECONDS = 0.05, 1.0
 """A peer's wait before another path once a first relay did not take its packet: doubling from the first to the last."""
 
@@ -389,8 +390,7 @@ class PeerRound:
         registration = self.peer.store.registration(self.key, self.round_id)
         if registration is not None and registration.credential is not None:
             return Credential.from_bytes(registration.credential)
-        # Needed before issuance closes: a black-holed attempt must leave time for another (the retry sends the
-        # same stored request, answered with the same credential).
+        # Needed before issuance closes: a black-holed attempt leaves time for another (the same stored request).
         with answer_by(self.session.trio_deadline(self.manifest.schedule.t_issue_end)):
             await self.recheck_manifest("issuance")
             request, state = self.issuance(partition, None if registration is None else registration.issuance)
@@ -480,10 +480,9 @@ class PeerRound:
                                  frozenset(self.session.unreachable))
             tried.update(r.node_id for r in relays)
             packet = self.manifest.packet(relays, survey, message, attempt)
-            # Half the time left per attempt: a first relay that is down must
-            # leave time to try a path through another one.
+            # Half the time left per attempt (at least _MIN_FIRST_HOP_ATTEMPT): a down or black-holed first relay leaves time for another.
             left = max(0.0, deadline - self.session.now())
-            give_up_at = trio.current_time() + (left if left < 2.0 else max(2.0, left / 2))
+            give_up_at = trio.current_time() + min(left, max(_MIN_FIRST_HOP_ATTEMPT, left / 2))
             status = await self.session.transport.send(relays[0].host, relays[0].port, packet, give_up_at=give_up_at)
             self.result.sends += 1
             self.peer.store.count_send(self.key, survey.to_bytes())

@@ -88,7 +88,9 @@ class PacketTransport:
         queue.waiting.append(pending)
         queue.wakeup.set()
         self.sent += 1
-        with trio.move_on_at(give_up_at + 1.0):
+        # The link may still be in its connect or handshake timeout (a connection that swallows it) when the
+        # caller's time is up: the caller moves on, to another relay, and the queued packet goes when it can.
+        with trio.move_on_at(give_up_at):
             await pending.done.wait()
         if pending.status is AckStatus.ACCEPTED:
             self.acknowledged += 1

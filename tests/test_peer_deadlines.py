@@ -21,8 +21,8 @@ from starlette.routing import Route
 
 from anonml.peer import AggregatorClient, AggregatorError, answer_by
 from anonml.protocol import PATH_CREDENTIAL, PATH_REGISTER, PATH_STATUS
-from anonml.simulate import Adversary, RoundTrace, SimulationConfig, simulate_round
-from anonml.simulate._adversary import HttpAction, HttpRecord
+from anonml.simulate import Adversary, RoundTrace, SimulationConfig, peer_ip, simulate_round
+from anonml.simulate._adversary import HttpAction, HttpRecord, RoundContext
 from anonml.transport import Dial, HttpLimits, MemoryNetwork, connection_pair, serve_http
 
 PEER_IP = "10.1.0.1"
@@ -126,6 +126,34 @@ class BlackHoledFirstRequests(Adversary):
         return HttpAction()
 
 
+class BlackHoledFirstLinks(Adversary):
+    """A network fault, not an attack: each peer's first link connection, to whichever first relay it chose,
+    is swallowed (the connection takes the link's handshake and never answers)."""
+
+    name = "black-holed-first-links"
+
+    def __init__(self, peers: int) -> None:
+        super().__init__()
+        self.peers = {peer_ip(index) for index in range(peers)}
+        self.swallowed: set[str] = set()
+
+    def attach(self, context: RoundContext) -> None:
+        super().attach(context)
+        relays = {tuple(address) for address in context.relays}
+        previous = context.network.on_connect
+
+        async def on_connect(dial: Dial) -> None:
+            if previous is not None:
+                await previous(dial)
+            if dial.destination in relays and dial.source[0] in self.peers - self.swallowed:
+                self.swallowed.add(dial.source[0])
+                outer, inner = connection_pair(dial.source, dial.destination)
+                context.nursery.start_soon(swallow, outer)
+                dial.server = inner
+
+        context.network.on_connect = on_connect
+
+
 def accepted_and_repaired(trace: RoundTrace) -> tuple[int, int, int]:
     results = [p.result for p in trace.peers if p.result is not None]
     assert len(results) == len(trace.peers), [p.error or p.refused for p in trace.peers]
@@ -164,3 +192,17 @@ def test_a_black_holed_credential_request_is_retried_before_issuance_closes() ->
     assert len(adversary.swallowed) == 8
     packets, arrived, acknowledged = accepted_and_repaired(trace)
     assert packets == arrived == acknowledged > 0
+
+
+@pytest.mark.parametrize("seed", [6, 9])
+def test_a_first_relay_whose_connection_swallows_the_handshake_costs_half_the_time_left_not_the_send(seed: int) -> None:
+    """The old peer gave a send drawn in the window's last two seconds all of its time, and waited a second more:
+    one black-holed link took it all, the report missed its window and needed the second chance (resends 2 and
+    5 of 32 at these seeds; bench faults lost one report that three such sends missed)."""
+    adversary = BlackHoledFirstLinks(16)
+    trace = simulate_round(SimulationConfig(peers=16, seed=seed), adversary)
+    assert len(adversary.swallowed) == 16  # every peer's first link was a black hole
+    packets, arrived, acknowledged = accepted_and_repaired(trace)
+    assert packets == arrived == acknowledged == 32
+    # Every report went out in the window it was drawn for, through another first relay.
+    assert sum(p.result.resends for p in trace.peers if p.result is not None) == 0
