@@ -89,10 +89,12 @@ def test_a_worker_killed_mid_round_loses_nothing_and_counts_nothing_twice(tmp_pa
 
 
 def test_the_bench_measures_cpu_per_report_and_the_cpu_bound_ceiling(tmp_path: Path, postgres_server: PostgresServer) -> None:
-    prepared = prepare_round(tmp_path / "prepared", 200, seed=4)
+    # Enough reports that the server's share (about 0.12 ms each, spread over its backends) shows in CPU ticks of
+    # 10 ms: with 200 (about 24 ms in all) it once read 0.0 beside four busy loops.
+    prepared = prepare_round(tmp_path / "prepared", 1000, seed=4)
     result = run_config(prepared, tmp_path, "cpu", postgres_server.create_database("cpu"), 1,
                         server_pid=postgres_server.postmaster_pid(), processes=1)
-    assert result.accepted == 200
+    assert result.accepted == 1000
     # The worker's own process, its verification process and the server each did work for the reports.
     assert result.worker_cpu.own > 0 and result.worker_cpu.descendants > 0 and result.server_cpu > 0
     # One worker whose verifier takes as long as itself fills 2 cores alone: a second cannot help.
