@@ -580,3 +580,25 @@ def test_on_postgresql_a_batch_without_resends_writes_each_packet_row_once(open_
     assert sum(int(rows) for rows, _ in pages) == 200
     assert all(int(rows) == int(last) for rows, last in pages), pages
     assert store.log_leaves(SURVEY) == [packet(SURVEY, n).receipt for n in range(1, 200, 2)]
+
+
+def test_on_postgresql_a_claim_rewrites_each_row_on_its_own_page(open_store: Opener) -> None:
+    """A claim sets two columns of each row it takes. On full pages each new row version went to another page,
+    with an entry in each of the inbox's indexes (the server's largest statement per report); pages filled to
+    half keep it beside the old version, touching no index. Row versions are PostgreSQL's."""
+    store = open_store()
+    if store.engine != "postgresql":
+        pytest.skip("row versions are PostgreSQL's")
+    message = bytes(range(256)) * 8  # a Sphinx message's 2,048 bytes
+
+    def pages() -> dict[int, str]:
+        with store._engine.read() as db:
+            rows = db.execute("SELECT id, (ctid::text::point)[0] FROM inbox").fetchall()
+        return {int(row_id): str(page) for row_id, page in rows}
+
+    ids = store.enqueue([(hashlib.sha256(b"%d" % n).digest(), message) for n in range(400)], 1000.0, relay="aa")
+    before = pages()
+    assert len(set(before.values())) > 1  # the rows fill several pages
+    claimed = [row[0] for row in store.claim_inbox("w", 400, now=2000.0, relay="aa")]
+    assert claimed == ids
+    assert pages() == before
