@@ -37,11 +37,22 @@ class _RelayQueue:
         self.waiting: list[_Pending] = []
         self.wakeup = trio.Event()
 
+    def _drop_abandoned(self) -> bool:
+        """Drop the packets whose senders gave up while they waited (behind a batch in a black-holed
+        handshake); whether any are left. A sender that gave up has moved on, to another first relay or the
+        second window: a late copy would reach the relay after its send window (a timing leak) or as a duplicate."""
+        now = trio.current_time()
+        for pending in self.waiting:
+            if pending.give_up_at <= now:
+                pending.done.set()  # its status stays None: not acknowledged
+        self.waiting = [pending for pending in self.waiting if not pending.done.is_set()]
+        return bool(self.waiting)
+
     async def drain(self) -> None:
         while True:
             await self.wakeup.wait()
             self.wakeup = trio.Event()
-            while self.waiting:
+            while self._drop_abandoned():
                 batch, self.waiting = self.waiting[:MAX_BATCH], self.waiting[MAX_BATCH:]
                 give_up_at = max(p.give_up_at for p in batch)
                 statuses = await self.client.send_batch([p.packet for p in batch], give_up_at=give_up_at)
@@ -89,7 +100,8 @@ class PacketTransport:
         queue.wakeup.set()
         self.sent += 1
         # The link may still be in its connect or handshake timeout (a connection that swallows it) when the
-        # caller's time is up: the caller moves on, to another relay, and the queued packet goes when it can.
+        # caller's time is up: the caller moves on, to another relay. The packet is then dropped if it is still
+        # queued (_RelayQueue._drop_abandoned), and goes on if its batch is already being sent.
         with trio.move_on_at(give_up_at):
             await pending.done.wait()
         if pending.status is AckStatus.ACCEPTED:
