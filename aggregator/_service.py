@@ -407,7 +407,7 @@ def build_app(
 
     async def report(request: Request) -> Response:
         if snapshots.report is None:
-            body = state.store.get_result("report")
+            body = await run_blocking(state.store.get_result, "report")
             if body is None:
                 raise ApiRefused(404, "the report is published after the round")
             document = SignedDocument.create(state.secrets.signing_key, DocumentKind.REPORT, state.round_id, json.loads(body))
@@ -467,7 +467,7 @@ async def _settle(state: RoundState, when: int) -> None:
     computed for a phase ending at ``when`` must include every one of them.
     """
     await wait_until(state.clock, when)
-    while state.store.inbox_pending_before(when):
+    while await run_blocking(state.store.inbox_pending_before, when):
         await trio.sleep(0.05)
 
 
@@ -478,10 +478,9 @@ async def _beacon_plan(state: RoundState, beacon: BeaconCollector | None) -> boo
     commitments = RosterHead.from_document(state.final_roster.head).beacon
     reveals = None if beacon is None else await beacon.collect_reveals(commitments)
     if reveals is None:
-        missing = len(commitments) - len(stored_reveals(state.store))
+        missing = len(commitments) - len(await run_blocking(stored_reveals, state.store))
         reason = f"{missing} of the {len(commitments)} relays listed in the roster head did not reveal their beacon values"
-        log.warning("round %s failed: %s", state.round_id.hex()[:12], reason)
-        state.finish(RoundPhase.FAILED, {"reason": reason, "counts": state.store.counts()})
+        await _fail(state, {"reason": reason})
         return False
     await run_blocking(state.derive_plan, reveals)
     return True
@@ -507,22 +506,23 @@ async def drive_round(
     partitions wait for ``beacon``'s reveals (``aggregator._beacon``).
     ``on_learn(state)`` runs in a worker thread after the data phase.
     """
-    outcome = state.outcome()
+    # Every read and write of the store runs off the event loop, which serves the sink and the API meanwhile
+    # (on PostgreSQL each is a round trip to the server, and some read a whole survey's reports).
+    outcome = await run_blocking(state.outcome)
     if outcome is not None:
         return outcome
     schedule = state.manifest.schedule
     # Sub-round 0 asks about the middle of each feature's public bounds: nothing to wait for.
-    state.publish_thresholds(0)
+    await run_blocking(state.publish_thresholds, 0)
     for checkpoint in (schedule.t_register_end, schedule.t_issue_end):
         await wait_until(state.clock, checkpoint)
         # Requests admitted before a deadline count: wait until they are stored.
         for batcher in (registrations, credentials):
             if batcher is not None:
                 await batcher.drain()
-        failure = state.participation_failure(state.now())
+        failure = await run_blocking(state.participation_failure, state.now())
         if failure is not None:
-            log.warning("round %s failed: %s", state.round_id.hex()[:12], failure)
-            state.finish(RoundPhase.FAILED, {"reason": failure, "counts": state.store.counts()})
+            await _fail(state, {"reason": failure})
             return RoundPhase.FAILED
         if state.now() >= schedule.t_register_end:
             state.close_registration()
@@ -532,34 +532,39 @@ async def drive_round(
                 return RoundPhase.FAILED
             # Ingest workers verify from here on (every registration is stored: the batcher drained).
             await run_blocking(state.store.put_meta, ROSTER_FINAL, b"1")
-            state.rebuild_log_snapshots()
-    minimum, on_shortfall = state.shortfall_rule()
+            await run_blocking(state.rebuild_log_snapshots)
+    minimum, on_shortfall = await run_blocking(state.shortfall_rule)
     for index, phase in enumerate(schedule.phases):
         if phase is schedule.data and state.sgd is None:
-            state.publish_medians()
+            await run_blocking(state.publish_medians)
         for check in Check:
             await _settle(state, phase.check_time(check))
             await run_blocking(state.publish_heads, phase, check)
-        short = state.shortfall([phase])
+        short = await run_blocking(state.shortfall, [phase])
         if short and on_shortfall == "fail":
             # The spec says a short survey ends the round: now, before peers spend budget on later phases.
-            reason = f"too few reports: {_shortfall_words(short, minimum)}"
-            log.warning("round %s failed: %s", state.round_id.hex()[:12], reason)
-            state.finish(RoundPhase.FAILED, {"reason": reason, "shortfall": short, "counts": state.store.counts()})
+            await _fail(state, {"reason": f"too few reports: {_shortfall_words(short, minimum)}", "shortfall": short})
             return RoundPhase.FAILED
         # Publish the next sub-round's thresholds now (thesis Algorithm 1's next step), or an SGD round's next model.
-        state.publish_thresholds(index + 1)
+        await run_blocking(state.publish_thresholds, index + 1)
     # Decided before learning, which writes it into the report (state.ending()).
-    ending = state.ending()
+    ending = await run_blocking(state.ending)
     # Learning takes seconds on a large round: off the event loop, so the API keeps answering.
     state.learning_started_at = state.now()
     detail = await run_blocking(on_learn, state) if on_learn is not None else {}
     if ending is RoundPhase.DEGRADED:
-        short = state.shortfall(schedule.phases)
+        short = await run_blocking(state.shortfall, schedule.phases)
         detail = {**detail, "reason": f"too few reports: {_shortfall_words(short, minimum)}", "shortfall": short}
         log.warning("round %s degraded: %s", state.round_id.hex()[:12], detail["reason"])
-    state.finish(ending, detail)
+    await run_blocking(state.finish, ending, detail)
     return ending
+
+
+async def _fail(state: RoundState, detail: dict[str, Any]) -> None:
+    """End the round ``FAILED`` for ``detail["reason"]``, with the store's counts beside it."""
+    log.warning("round %s failed: %s", state.round_id.hex()[:12], detail["reason"])
+    counts = await run_blocking(state.store.counts)
+    await run_blocking(state.finish, RoundPhase.FAILED, {**detail, "counts": counts})
 
 
 def _shortfall_words(short: dict[str, int], minimum: int) -> str:
