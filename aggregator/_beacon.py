@@ -31,6 +31,7 @@ from anonml.protocol import (
     RelayEntry,
     mirror_path,
 )
+from anonml.base.threads import run_blocking
 from anonml.transport import TCP_NETWORK, Network, tls_context
 
 if TYPE_CHECKING:
@@ -111,14 +112,16 @@ class BeaconCollector:
         schedule = self.state.manifest.schedule
         async with self.network.http_client(timeout=httpx.Timeout(_TIMEOUT_SECONDS), verify=tls_context()) as client:
             while True:
+                # The store's reads and writes off the event loop, which serves the API meanwhile.
+                committed = await run_blocking(_stored, self.state.store, _COMMITMENT_PREFIX)
                 for relay in self.mirrors:
-                    if relay.node_id in _stored(self.state.store, _COMMITMENT_PREFIX):
+                    if relay.node_id in committed:
                         continue
                     statement = await self._statement(client, relay)
                     # A commitment that comes after registration closed is not in the head: never store it.
                     if statement is not None and self.state.now() < schedule.t_register_end:
-                        store_commitment(self.state.store, relay.node_id, statement.commitment)
-                committed = _stored(self.state.store, _COMMITMENT_PREFIX)
+                        await run_blocking(store_commitment, self.state.store, relay.node_id, statement.commitment)
+                committed = await run_blocking(_stored, self.state.store, _COMMITMENT_PREFIX)
                 if len(committed) == len(self.mirrors) or self.state.now() >= schedule.t_register_end:
                     return
                 await trio.sleep(POLL_SECONDS)
@@ -126,7 +129,7 @@ class BeaconCollector:
     async def collect_reveals(self, commitments: tuple[BeaconCommitment, ...]) -> tuple[bytes, ...] | None:
         """Each committed relay's value in the head's order, stored as it comes; None if one is missing at ``t_issue_end``."""
         until = self.state.manifest.schedule.t_issue_end
-        revealed = stored_reveals(self.state.store)
+        revealed = await run_blocking(stored_reveals, self.state.store)
         async with self.network.http_client(timeout=httpx.Timeout(_TIMEOUT_SECONDS), verify=tls_context()) as client:
             while True:
                 for entry in commitments:
@@ -139,7 +142,8 @@ class BeaconCollector:
                     if statement.commitment != entry.commitment or not statement.opened():
                         self.state.beacon_refused["reveal-mismatch"] += 1
                         continue
-                    revealed[entry.node_id] = _store_once(self.state.store, _REVEAL_PREFIX, entry.node_id, statement.reveal)
+                    revealed[entry.node_id] = await run_blocking(_store_once, self.state.store, _REVEAL_PREFIX, entry.node_id,
+                                                                 statement.reveal)
                 if all(entry.node_id in revealed for entry in commitments):
                     return tuple(revealed[entry.node_id] for entry in commitments)
                 if self.state.now() >= until:

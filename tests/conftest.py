@@ -179,3 +179,32 @@ def postgres_server() -> Iterator[Any]:
         yield running
     finally:
         server.__exit__(None, None, None)
+
+
+@pytest.fixture
+def store_calls_on_the_loop(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, ...]]:
+    """Every read and transaction of a SQLite round store made on the main thread (a trio run's event loop), as the
+    names of the functions on the stack when it began, innermost first. A spy: each call then runs as it would."""
+    import sys
+    import threading
+
+    from anonml.aggregator._engines import SqliteEngine
+
+    found: list[tuple[str, ...]] = []
+
+    def watched(name: str) -> Any:
+        real = getattr(SqliteEngine, name)
+
+        def call(self: SqliteEngine) -> Any:
+            if threading.current_thread() is threading.main_thread():
+                callers, frame = [], sys._getframe(1)
+                while frame is not None:
+                    callers.append(frame.f_code.co_name)
+                    frame = frame.f_back  # type: ignore[assignment]
+                found.append(tuple(callers))
+            return real(self)
+        return call
+
+    for name in ("read", "transaction"):
+        monkeypatch.setattr(SqliteEngine, name, watched(name))
+    return found

@@ -65,7 +65,9 @@ async def test_relay_health_is_a_real_link_hello(tmp_path: Path) -> None:
     assert all(watch.health[r.node_id].checked_at is not None for r in relays)
 
 
-async def test_the_dashboard_serves_its_page_and_figures_and_no_secret(tmp_path: Path) -> None:
+async def test_the_dashboard_serves_its_page_and_figures_and_no_secret(
+    tmp_path: Path, store_calls_on_the_loop: list[tuple[str, ...]],
+) -> None:
     state = make_round(home_at(tmp_path), int(time.time()), register_seconds=600)
     async with trio.open_nursery() as nursery:
         addresses = await nursery.start(serve_aggregator, AggregatorConfig(state))
@@ -78,6 +80,8 @@ async def test_the_dashboard_serves_its_page_and_figures_and_no_secret(tmp_path:
     assert plotly.status_code == 200 and "plotly" in plotly.text[:2000].lower()
     data = figures.json()
     assert data["phase"] == "registration" and data["counts"]["registered"] == 0
+    # The figures count every registration and accepted packet: off the event loop, which serves the sink.
+    assert [callers for callers in store_calls_on_the_loop if "figures" in callers] == []
     assert data["round"]["id"] == state.round_id.hex()
     assert [step["at"] for step in data["steps"]] == sorted(step["at"] for step in data["steps"])
     assert data["steps"][0] == {**data["steps"][0], "what": "registration closes", "at": state.manifest.schedule.t_register_end}
