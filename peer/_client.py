@@ -83,6 +83,13 @@ _MIN_ATTEMPT_SECONDS = 1.0
 # small round's registration (bench faults, 60 peers: a peer worker's first request black-holed, and all its
 # 30 peers found registration closed). It is a small signed document the aggregator serves from memory.
 _MANIFEST_ATTEMPT_SECONDS = 5.0
+# A receipt-log segment and a mirror's copy of the heads are needed by the final check, whose deadline lies
+# minutes after the round (peer._session's settle time): a third of that let one swallowed attempt wait the
+# client's whole 60 s, and every peer of the partition in that process waited on it (bench faults with ingest
+# workers on PostgreSQL, lossy links: in 2 of 3 runs some partitions' peers of one worker, each partition's
+# together, were still at their final check 30 s after the round). Both are served from memory; a large
+# round's partition segment is a few hundred kilobytes.
+_LOG_ATTEMPT_SECONDS = 15.0
 
 _answer_deadline: contextvars.ContextVar[float | None] = contextvars.ContextVar("answer_deadline", default=None)
 
@@ -300,7 +307,7 @@ class AggregatorClient:
     async def segment(self, kind: SurveyKind, partition: int, check: Check) -> ReceiptSegment | None:
         """One partition's receipt-log segment of a phase at a check (the caller verifies it)."""
         path = PATH_RECEIPTS.format(kind=kind.name.lower(), partition=partition, check=int(check))
-        return await self._get(path, ReceiptSegment.from_json)
+        return await self._get(path, ReceiptSegment.from_json, attempt_cap=_LOG_ATTEMPT_SECONDS)
 
     async def status(self) -> RoundStatus | None:
         """The round's status as signed by the aggregator (parsed; not checked against an identity)."""
@@ -324,7 +331,7 @@ class AggregatorClient:
         return await self._get(mirror_path(identity, "beacon"), BeaconStatement.from_json)
 
     async def mirrored_heads(self, identity: bytes) -> HeadsResponse | None:
-        return await self._get(mirror_path(identity, "heads"), HeadsResponse.from_json)
+        return await self._get(mirror_path(identity, "heads"), HeadsResponse.from_json, attempt_cap=_LOG_ATTEMPT_SECONDS)
 
     async def roster_head(self) -> SignedDocument | None:
         return await self._get(PATH_ROSTER_HEAD, _document)

@@ -21,7 +21,7 @@ from starlette.routing import Route
 
 from anonml.peer import AggregatorClient, AggregatorError, answer_by
 from anonml.peer._transport import open_transport
-from anonml.protocol import PATH_CREDENTIAL, PATH_REGISTER, PATH_STATUS
+from anonml.protocol import PATH_CREDENTIAL, PATH_REGISTER, PATH_STATUS, Check, SurveyKind
 from anonml.simulate import Adversary, RoundTrace, SimulationConfig, peer_ip, simulate_round
 from anonml.simulate._adversary import HttpAction, HttpRecord, RoundContext
 from anonml.transport import AckStatus, Dial, HttpLimits, MemoryNetwork, connection_pair, serve_http
@@ -259,3 +259,16 @@ async def test_a_packet_its_sender_gave_up_on_is_not_sent_when_the_link_recovers
     assert dialled == 2
     assert statuses == {stuck: None, abandoned: None, awaited: AckStatus.ACCEPTED}
     assert received == [awaited]
+
+
+async def test_a_black_holed_log_request_costs_seconds_even_with_minutes_left(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The final check's log is needed by a deadline minutes after the round: a third of that let one swallowed
+    request wait the client's whole 60 s, and every peer of its partition in the process waited with it."""
+    async with aggregator_behind(lambda n: n == 1) as client:
+        started = trio.current_time()
+        with answer_by(started + 300.0):
+            assert await client.segment(SurveyKind.DATA, 0, Check.FINAL) is None  # 404 on the second attempt
+        answered = trio.current_time() - started
+    assert client.requests == 2 and 15.0 <= answered < 15.5
