@@ -635,6 +635,9 @@ async def serve_aggregator(
             nursery.start_soon(credentials.run)
             beacon = BeaconCollector(state, config.network)
             nursery.start_soon(beacon.collect_commitments)
+            # Sub-round 0's thresholds are public from the API's first answer (a relay's mirror asks for them in
+            # its first refresh); drive_round publishes them too, a no-op then, for a round driven unserved.
+            await run_blocking(state.publish_thresholds, 0)
             http_url = await nursery.start(partial(serve_http, app, config.http_host, config.http_port,
                                                    config.http_limits, health.http, network=config.network))
             listeners = await nursery.start(serve_streams, config.network, sink.handle, config.sink_host,
