@@ -11,7 +11,8 @@ if TYPE_CHECKING:
     from anonml.aggregator._linking import LinkScore, rank_link, score_links, timing_figures
     from anonml.aggregator._report import learn, write_report
     from anonml.aggregator._round import ApiRefused, RoundSecrets, RoundState
-    from anonml.aggregator._service import AggregatorConfig, BoundAddresses, build_app, drive_round, serve_aggregator
+    from anonml.aggregator._beacon import REVEAL_POLL_SECONDS
+    from anonml.aggregator._service import CREDENTIAL_HOLD_SECONDS, AggregatorConfig, BoundAddresses, build_app, drive_round, serve_aggregator
     from anonml.aggregator._setup import create_round, open_round, postgres_location
     from anonml.aggregator._sink import InboxLimits, PacketSink
     from anonml.aggregator._spec import RoundSpec, RoundSpecError, parse_round_spec, read_round_spec
@@ -37,6 +38,8 @@ else:
 
 __all__ = [
     "command",
+    "CREDENTIAL_HOLD_SECONDS",
+    "REVEAL_POLL_SECONDS",
     "LINKS_JSON",
     "REJECTION_REASONS",
     "RejectionReason",

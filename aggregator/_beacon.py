@@ -8,7 +8,8 @@ and stores each one (the store's
 it signs at ``t_register_end`` carries them in manifest order. Then it asks
 the mirrors for their reveals, stores each value that opens its commitment,
 and derives the partitions once every committed relay has revealed; until
-then a credential request is answered 503 (the peer's client retries it).
+then a credential request waits (``aggregator._service.CREDENTIAL_HOLD_SECONDS``)
+and is then answered 503 (the peer's client retries it).
 
 A relay that never reveals leaves the round without partitions: it fails
 at ``t_issue_end`` with that relay named (DESIGN accepts this: a relay can
@@ -46,7 +47,11 @@ log = logging.getLogger("anonml.aggregator")
 _COMMITMENT_PREFIX = "beacon/commitment/"
 _REVEAL_PREFIX = "beacon/reveal/"
 POLL_SECONDS = 1.0
-"""Between rounds of asking the mirrors (a relay refreshes its mirror about once a second)."""
+"""Between rounds of asking the mirrors for commitments while registration is open (nobody waits on them)."""
+REVEAL_POLL_SECONDS = 0.2
+"""Between rounds of asking for the reveals once the head is signed: credentials wait on them. A relay's mirror
+fetches the head at ``t_register_end`` and then every ``relay._mirror.DUE_POLL_SECONDS`` (0.2 s) until it holds
+it, and reveals at once; polled once a second, the reveals lay unread for most of that second (issue 26)."""
 _TIMEOUT_SECONDS = 5.0
 
 
@@ -151,4 +156,4 @@ class BeaconCollector:
                     log.warning("round %s: relays %s did not reveal their beacon values by t_issue_end",
                                 self.state.round_id.hex()[:12], ", ".join(missing))
                     return None
-                await trio.sleep(POLL_SECONDS)
+                await trio.sleep(REVEAL_POLL_SECONDS)

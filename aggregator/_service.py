@@ -275,6 +275,15 @@ class RegistrationBatcher(GroupCommit[Registration, Registered | Refusal]):
         return registration_outcome(await self.submit(Registration(request.entry, request.invitation, client, now)))
 
 
+CREDENTIAL_HOLD_SECONDS = 1.0
+"""How long a credential request waits for the partitions before it is answered 503. They follow the relays'
+reveals a fraction of a second after registration closes (``aggregator._beacon.REVEAL_POLL_SECONDS``); a peer
+answered 503 comes back after its client's retry gap, up to 2 s (``peer._client``), so every peer that asked at
+``t_register_end`` got its credential a second or two after the partitions were there (issue 26). A peer's attempt
+at the start of issuance may take a third of the window (``peer._client.attempt_timeout``), seconds; one that
+times out all the same gets the stored answer at its retry."""
+
+
 class CredentialBatcher(GroupCommit[tuple[CredentialRequest, int, int], "IssuedAnswer | JobRefused"]):
     """Blind issuance and its record, a batch at a time; one credential per peer per round (the first commit wins).
 
@@ -288,6 +297,11 @@ class CredentialBatcher(GroupCommit[tuple[CredentialRequest, int, int], "IssuedA
         super().__init__(self._issue_and_record, health, Part.CREDENTIALS, give_up_after=give_up_after)
         self.state = state
         self.workers = workers
+        self._partitions_derived = trio.Event()
+
+    def partitions_derived(self) -> None:
+        """Answer the requests held for the partitions (:func:`drive_round` calls it once it has derived them)."""
+        self._partitions_derived.set()
 
     def _issue_and_record(self, items: list[tuple[CredentialRequest, int, int]]) -> list[IssuedAnswer | JobRefused]:
         responses = self.workers.issue([IssueJob(request.request, partition) for request, partition, _ in items])
@@ -300,7 +314,14 @@ class CredentialBatcher(GroupCommit[tuple[CredentialRequest, int, int], "IssuedA
         return [next(recorded) if isinstance(response, bytes) else response for response in responses]
 
     async def issue(self, request: CredentialRequest) -> CredentialResponse:
-        """Admit, wait for the batch's issuance and commit (or replay the stored answer); raises ApiRefused."""
+        """Admit, wait for the batch's issuance and commit (or replay the stored answer); raises ApiRefused.
+
+        A request that comes after registration closed but before the partitions follow the relays' reveals
+        waits for them up to :data:`CREDENTIAL_HOLD_SECONDS`, then is admitted or refused as it stands then.
+        """
+        if self.state.plan is None and self.state.seed_revealed(self.state.now()):
+            with trio.move_on_after(CREDENTIAL_HOLD_SECONDS):
+                await self._partitions_derived.wait()
         partition, now = self.state.admit_credential(request)
         earlier = self.state.earlier_answer(request)
         if earlier is not None:
@@ -530,6 +551,8 @@ async def drive_round(
             await run_blocking(state.freeze_roster)
             if state.plan is None and not await _beacon_plan(state, beacon):
                 return RoundPhase.FAILED
+            if credentials is not None:
+                credentials.partitions_derived()
             # Ingest workers verify from here on (every registration is stored: the batcher drained).
             await run_blocking(state.store.put_meta, ROSTER_FINAL, b"1")
             await run_blocking(state.rebuild_log_snapshots)

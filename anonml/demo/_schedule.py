@@ -45,6 +45,7 @@ from typing import Any, NamedTuple
 
 import tomli_w
 
+from anonml.aggregator import CREDENTIAL_HOLD_SECONDS, REVEAL_POLL_SECONDS
 from anonml.demo._calibrate import PhaseCosts
 from anonml.demo._data import DemoData
 from anonml.demo._ports import HOST
@@ -88,9 +89,6 @@ PACED_SHARE = 0.9
 # A relay's mirror refreshes at each scheduled publication and then this often until it holds the
 # document (relay._mirror.DUE_POLL_SECONDS).
 MIRROR_POLL_SECONDS = 0.2
-# The aggregator asks the relays' mirrors for their beacon reveals once a second, one relay after another
-# (aggregator._beacon.POLL_SECONDS); a credential request is answered 503 until every reveal is in.
-BEACON_POLL_SECONDS = 1.0
 # A peer's first two polls for a document not served yet (peer._client.retry_delay(0) + retry_delay(1)).
 PEER_POLL_SECONDS = 0.25 + 0.375
 # Requests a worker process makes in a check, one after another: the log segment and each mirror's heads (polled).
@@ -168,14 +166,16 @@ class DemoParams:
         return self.start_seconds + schedule_seconds(round_spec_schedule(self))
 
 
-def recovery_seconds(costs: PhaseCosts) -> float:
+def recovery_seconds(costs: PhaseCosts, *, issuing: bool = True) -> float:
     """Time for one restart of the aggregator: the supervisor notices and waits
     its restart delay (a second), ``aggregator run`` imports its stack until
     it answers (``serving_start``, measured: 3.8-10 s at load 15, where
-    ``aggregator init``'s whole run, ``process_start``, took 0.3-0.8 s), its
-    issuer processes start (as long as an operator command took, measured),
-    and the peers' next retry reaches it."""
-    return 1.0 + costs.serving_start + costs.process_start + PEER_RETRY_GAP
+    ``aggregator init``'s whole run, ``process_start``, took 0.3-0.8 s), for
+    ``issuing`` its issuer processes start (as long as an operator command
+    took, measured; registration does not wait for them:
+    ``aggregator.serve_aggregator`` answers before it warms them), and the
+    peers' next retry reaches it."""
+    return 1.0 + costs.serving_start + (costs.process_start if issuing else 0.0) + PEER_RETRY_GAP
 
 
 class DemoLearning(NamedTuple):
@@ -281,7 +281,6 @@ def plan_round(data: DemoData, peers: int, epsilon: float, workers: int, seed: i
     in the slice before its own is back, and takes the packets held for it, while its window is still open,
     and one killed in its own slice releases what it held into the next hop's window."""
     k_p, k_h, k_s, plan, median_rounds, vote, quantiles, pool = learning_parameters(data, task, queries, sgd_steps)
-    recovery = recovery_seconds(costs)
     spread = n_cores or cores()
     # Every peer here comes from one address, which the aggregator's HTTP server
     # (and each relay's mirror) paces to HttpLimits.request_rate requests a second.
@@ -312,15 +311,18 @@ def plan_round(data: DemoData, peers: int, epsilon: float, workers: int, seed: i
         return shortest_delivery(math.ceil(max(1.0, relay_slice, final_slice, outage_slice)), PATH_LENGTH)
 
     # One HTTP exchange per peer to register (the peer signs in its worker, the aggregator checks).
-    register = seconds(peers * (costs.register + costs.http), workers, peers) + recovery
+    register = seconds(peers * (costs.register + costs.http), workers, peers) + recovery_seconds(costs, issuing=False)
     # One exchange per peer for its credential, issued on the aggregator's processes (each worker
     # process fetches the roster once for all its peers: peer.RoundSession).
     # Issuance starts once the relays' reveals are in: the roster head reaches each mirror (its poll), the
-    # relay reveals, the aggregator's next poll fetches each in turn (a round trip each), and a peer answered
-    # 503 meanwhile comes back within its client's longest retry gap (issue 27: reveals in 1.7 s and the
-    # retries of a worker's 20 peers 3.6 s later, after a 5 s window had closed).
-    reveals = HEADROOM * (MIRROR_POLL_SECONDS + BEACON_POLL_SECONDS + RELAYS * round_trip) + PEER_RETRY_GAP
-    issue = seconds(peers * (costs.issue + costs.http), AGGREGATOR_PROCESSES, peers) + reveals + recovery
+    # relay reveals, the aggregator's next poll fetches each in turn (a round trip each). A credential request
+    # that comes meanwhile is held that long (CREDENTIAL_HOLD_SECONDS); past it, it is answered 503 and its peer
+    # comes back within its client's longest retry gap (issue 27: reveals in 1.7 s and the retries of a
+    # worker's 20 peers 3.6 s later, after a 5 s window had closed).
+    reveals = HEADROOM * (MIRROR_POLL_SECONDS + REVEAL_POLL_SECONDS + RELAYS * round_trip)
+    if reveals > CREDENTIAL_HOLD_SECONDS:
+        reveals += PEER_RETRY_GAP
+    issue = seconds(peers * (costs.issue + costs.http), AGGREGATOR_PROCESSES, peers) + reveals + recovery_seconds(costs)
     # A median sub-round asks its pool partition, or without a pool every partition p with
     # p % median_rounds equal to its index (at most ceil(k_p / median_rounds) of them);
     # the data phase every peer k_h times.
