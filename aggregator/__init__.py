@@ -10,6 +10,7 @@ if TYPE_CHECKING:
     from anonml.aggregator._anonymity import LINKS_JSON, FullView, RequestLog, linking_report, timing_guesses
     from anonml.aggregator._linking import LinkScore, rank_link, score_links, timing_figures
     from anonml.aggregator._report import learn, write_report
+    from anonml.aggregator._report import summarise as summarise_report
     from anonml.aggregator._round import ApiRefused, RoundSecrets, RoundState
     from anonml.aggregator._beacon import REVEAL_POLL_SECONDS
     from anonml.aggregator._service import CREDENTIAL_HOLD_SECONDS, AggregatorConfig, BoundAddresses, build_app, drive_round, serve_aggregator
@@ -38,6 +39,7 @@ else:
 
 __all__ = [
     "command",
+    "summarise_report",
     "CREDENTIAL_HOLD_SECONDS",
     "REVEAL_POLL_SECONDS",
     "LINKS_JSON",

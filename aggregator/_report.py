@@ -35,6 +35,15 @@ MODEL_FILE = "model.json"
 AVERAGED_MODEL_FILE = "averaged-model.json"
 
 
+def warm_learning() -> None:
+    """Import what :func:`learn` fits and scores with (scikit-learn and the SciPy it loads): 1.8 s of 2.0 in a
+    default demo's learning, all of it between ``t_r`` and the report (issue 26). The service calls it while
+    the round still runs (``aggregator._service.serve_aggregator``)."""
+    import sklearn.metrics  # noqa: F401
+
+    from anonml.learning import PartitionEnsemble  # noqa: F401 (its module imports scikit-learn's estimators)
+
+
 def learn(state: RoundState, directory: Path, *, test_file: Path | None = None) -> dict[str, Any]:
     """Fit the ensemble on the round's reports; write the model and the report files; return the report.
 

@@ -38,6 +38,7 @@ from anonml.aggregator._round import (
     request_digest,
 )
 from anonml.aggregator._health import Health, Part, render_metrics
+from anonml.aggregator._report import warm_learning
 from anonml.aggregator._sink import InboxLimits, PacketSink, SinkLimits
 from anonml.aggregator._store import ROSTER_FINAL, IssuedAnswer, IssuedCredential, Refusal, Registered, Registration
 from anonml.aggregator._workers import IssuerWorkers
@@ -481,6 +482,13 @@ async def wait_until(clock: Clock, when: float) -> None:
         await trio.sleep(remaining)
 
 
+async def _warm_learning(state: RoundState) -> None:
+    """Import the learning stack once issuance has closed, its blind issuance done: from then until the data
+    phase's last delivery slice the aggregator verifies only the median sub-rounds' few packets."""
+    await wait_until(state.clock, state.manifest.schedule.t_issue_end)
+    await run_blocking(warm_learning)
+
+
 async def _settle(state: RoundState, when: int) -> None:
     """Wait until ``when`` and until every frame that arrived before it has been verified.
 
@@ -671,6 +679,8 @@ async def serve_aggregator(
             # Spawning the worker processes only speeds up issuance and verification (the pool would spawn
             # them at its first batch anyway): never something the round waits for.
             nursery.start_soon(run_blocking, workers.warm)
+            if config.on_learn is not None:
+                nursery.start_soon(_warm_learning, state)
             await run_blocking(state.refresh_status, state.now())
             nursery.start_soon(keep_status, state, sink)
             task_status.started(BoundAddresses(http_url, (config.sink_host, sink_port)))

@@ -40,7 +40,6 @@ from anonml.protocol import (
     InvalidApiMessage,
     InvalidBeacon,
     InvalidManifest,
-    PATH_CREDENTIAL,
     RegisterRequest,
     RosterHead,
     RosterResponse,
@@ -280,17 +279,6 @@ def test_a_relay_that_never_reveals_stops_every_peer_before_its_credential_and_f
     trace = simulate_round(SimulationConfig(peers=4, seed=2), _StarveOneMirror())
     assert [p.refused.reason if p.refused else p.error for p in trace.peers] == ["beacon-unrevealed"] * 4
     assert trace.outcome == "failed" and not trace.arrivals
-
-
-def test_a_credential_request_waits_for_the_reveals_instead_of_a_refusal_and_a_retry() -> None:
-    """Issue 26: the peers ask for their credentials when registration closes, a fraction of a second before
-    the relays' reveals are in. Answered 503 then, each came back after its client's retry gap: 187 requests
-    for 40 peers, the last 2.7 s after registration closed, so issuance planned a 2 s gap it rarely needed.
-    Held until the partitions are derived (``CREDENTIAL_HOLD_SECONDS``), each peer asks once."""
-    trace = simulate_round(SimulationConfig(peers=40))
-    asked = [record for record in trace.view.http if record.method == "POST" and record.path == PATH_CREDENTIAL]
-    assert trace.outcome == "done" and len(trace.peers) == 40
-    assert len(asked) == 40
 
 
 REVEAL = re.compile(rb'"reveal":"([0-9a-f])')

@@ -250,7 +250,7 @@ async def run_faults(peers: int, plan: FaultPlan, work: Path, console: Any) -> d
         # A kill keeps its target away for the downtime and its restart (the aggregator's is the longer:
         # it starts its issuer processes too); every delivery slice holds that, so one kill costs no packet.
         outage = plan.downtime + 2 * costs.process_start if plan.events else 0.0
-        params = plan_round(data, len(rows), 2.0, 2, plan.seed, costs, outage=outage)
+        params = plan_round(data, len(rows), 2.0, 2, plan.seed, costs, outage=outage, restart_delay=plan.downtime)
         round_id, aggregator = await open_round(children, work, agg_dir, data, params, descriptors, network)
         targets = {child.name: child for child in children.children if child.name.startswith(("relay-", "ingest-"))}
         targets["aggregator"] = aggregator

@@ -32,6 +32,8 @@ T = TypeVar("T")
 
 # How long a child has to exit after SIGTERM before it is killed.
 STOP_GRACE_SECONDS = 10.0
+RESTART_DELAY = 0.5
+"""Seconds between a restartable child's exit (noticed at once: its process is awaited) and its new start."""
 
 
 class ChildFailed(click.ClickException):
@@ -233,7 +235,18 @@ class Children:
         for process in descendants:
             with suppress(psutil.Error):
                 process.kill()
-        await trio.to_thread.run_sync(lambda: psutil.wait_procs(descendants, timeout=STOP_GRACE_SECONDS))
+        with trio.move_on_after(STOP_GRACE_SECONDS):
+            while any(map(still_running, descendants)):
+                await trio.sleep(0.01)
+
+
+def still_running(process: psutil.Process) -> bool:
+    """Whether ``process`` still runs. A zombie has exited: an orphan stays one until whatever adopted it reaps
+    it (PID 1 here took 1.5 s, which ``psutil.wait_procs`` waited out at every demo's end), holding only its pid."""
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 def _signal_group(pid: int, signum: int) -> None:
@@ -242,7 +255,7 @@ def _signal_group(pid: int, signum: int) -> None:
 
 
 @asynccontextmanager
-async def open_children(logs: Path, *, restart_delay: float = 0.5, max_restarts: int = 20,
+async def open_children(logs: Path, *, restart_delay: float = RESTART_DELAY, max_restarts: int = 20,
                         on_restart: Callable[[Child, int], None] | None = None) -> AsyncIterator[Children]:
     """Children that are all stopped when the block ends, however it ends."""
     logs.mkdir(parents=True, exist_ok=True)

@@ -47,6 +47,7 @@ import tomli_w
 
 from anonml.aggregator import CREDENTIAL_HOLD_SECONDS, REVEAL_POLL_SECONDS
 from anonml.demo._calibrate import PhaseCosts
+from anonml.demo._children import RESTART_DELAY
 from anonml.demo._data import DemoData
 from anonml.demo._ports import HOST
 from anonml.demo._swarm import SwarmConfig
@@ -166,16 +167,27 @@ class DemoParams:
         return self.start_seconds + schedule_seconds(round_spec_schedule(self))
 
 
-def recovery_seconds(costs: PhaseCosts, *, issuing: bool = True) -> float:
-    """Time for one restart of the aggregator: the supervisor notices and waits
-    its restart delay (a second), ``aggregator run`` imports its stack until
+def recovery_seconds(costs: PhaseCosts, *, restart_delay: float = RESTART_DELAY, issuing: bool = True) -> float:
+    """Time for one restart of the aggregator: the supervisor notices at once
+    and waits ``restart_delay``, ``aggregator run`` imports its stack until
     it answers (``serving_start``, measured: 3.8-10 s at load 15, where
     ``aggregator init``'s whole run, ``process_start``, took 0.3-0.8 s), for
     ``issuing`` its issuer processes start (as long as an operator command
     took, measured; registration does not wait for them:
     ``aggregator.serve_aggregator`` answers before it warms them), and the
     peers' next retry reaches it."""
-    return 1.0 + costs.serving_start + (costs.process_start if issuing else 0.0) + PEER_RETRY_GAP
+    return restart_delay + costs.serving_start + (costs.process_start if issuing else 0.0) + PEER_RETRY_GAP
+
+
+def reveals_seconds(round_trip: float) -> float:
+    """From registration's close until credentials can be issued: the signed roster head reaches each
+    relay's mirror (its poll), the relay reveals its beacon value, the aggregator's next poll fetches each in
+    turn (a round trip each). A credential request that comes meanwhile is held that long
+    (``aggregator.CREDENTIAL_HOLD_SECONDS``); past it, it is answered 503 and its peer comes back within its
+    client's longest retry gap (issue 27: reveals in 1.7 s and the retries of a worker's 20 peers 3.6 s
+    later, after a 5 s window had closed)."""
+    reveals = HEADROOM * (MIRROR_POLL_SECONDS + REVEAL_POLL_SECONDS + RELAYS * round_trip)
+    return reveals if reveals <= CREDENTIAL_HOLD_SECONDS else reveals + PEER_RETRY_GAP
 
 
 class DemoLearning(NamedTuple):
@@ -270,7 +282,8 @@ def plan_round(data: DemoData, peers: int, epsilon: float, workers: int, seed: i
                n_cores: int | None = None, outage: float = 0.0, task: TaskKind = TaskKind.ENSEMBLE, queries: Sequence[str] = (),
                rows_per_peer: int = 1, round_trip: float = 0.0, sgd_steps: int = SGD_STEPS,
                sgd_learning_rate: float | None = None, sgd_loss: str | None = None,
-               regularization_rule: float | None = None, categorical_weight: float | None = None) -> DemoParams:
+               regularization_rule: float | None = None, categorical_weight: float | None = None,
+               restart_delay: float = RESTART_DELAY) -> DemoParams:
     """The demo's round with every window sized by the rule of the module docstring from ``costs``.
 
     ``sgd_learning_rate`` and ``sgd_loss`` (an SGD task), ``regularization_rule`` and ``categorical_weight`` (a
@@ -279,7 +292,10 @@ def plan_round(data: DemoData, peers: int, epsilon: float, workers: int, seed: i
     ``outage``: the longest a killed relay or aggregator stays away (the fault bench's downtime and restart;
     0: no kills planned). Each delivery slice then holds one outage and a link retry's gap, so a hop killed
     in the slice before its own is back, and takes the packets held for it, while its window is still open,
-    and one killed in its own slice releases what it held into the next hop's window."""
+    and one killed in its own slice releases what it held into the next hop's window.
+
+    ``restart_delay``: how long the supervisor waits before it starts a dead process again (the demo's
+    :data:`RESTART_DELAY`, the fault bench's downtime); registration and issuance hold one such restart."""
     k_p, k_h, k_s, plan, median_rounds, vote, quantiles, pool = learning_parameters(data, task, queries, sgd_steps)
     spread = n_cores or cores()
     # Every peer here comes from one address, which the aggregator's HTTP server
@@ -311,18 +327,12 @@ def plan_round(data: DemoData, peers: int, epsilon: float, workers: int, seed: i
         return shortest_delivery(math.ceil(max(1.0, relay_slice, final_slice, outage_slice)), PATH_LENGTH)
 
     # One HTTP exchange per peer to register (the peer signs in its worker, the aggregator checks).
-    register = seconds(peers * (costs.register + costs.http), workers, peers) + recovery_seconds(costs, issuing=False)
+    register_restart = recovery_seconds(costs, restart_delay=restart_delay, issuing=False)
+    register = seconds(peers * (costs.register + costs.http), workers, peers) + register_restart
     # One exchange per peer for its credential, issued on the aggregator's processes (each worker
-    # process fetches the roster once for all its peers: peer.RoundSession).
-    # Issuance starts once the relays' reveals are in: the roster head reaches each mirror (its poll), the
-    # relay reveals, the aggregator's next poll fetches each in turn (a round trip each). A credential request
-    # that comes meanwhile is held that long (CREDENTIAL_HOLD_SECONDS); past it, it is answered 503 and its peer
-    # comes back within its client's longest retry gap (issue 27: reveals in 1.7 s and the retries of a
-    # worker's 20 peers 3.6 s later, after a 5 s window had closed).
-    reveals = HEADROOM * (MIRROR_POLL_SECONDS + REVEAL_POLL_SECONDS + RELAYS * round_trip)
-    if reveals > CREDENTIAL_HOLD_SECONDS:
-        reveals += PEER_RETRY_GAP
-    issue = seconds(peers * (costs.issue + costs.http), AGGREGATOR_PROCESSES, peers) + reveals + recovery_seconds(costs)
+    # process fetches the roster once for all its peers: peer.RoundSession), once the relays' reveals are in.
+    issue_restart = recovery_seconds(costs, restart_delay=restart_delay)  # its issuer processes start too
+    issue = seconds(peers * (costs.issue + costs.http), AGGREGATOR_PROCESSES, peers) + reveals_seconds(round_trip) + issue_restart
     # A median sub-round asks its pool partition, or without a pool every partition p with
     # p % median_rounds equal to its index (at most ceil(k_p / median_rounds) of them);
     # the data phase every peer k_h times.
