@@ -261,12 +261,20 @@ def rounds(data_dir: Path, as_json: bool) -> None:
     Console(width=160).print(table)
 
 
+# Every peer reads its partition's final receipt log at t_r, polling at most 2 s apart until it is signed
+# (peer._client.retry_delay), then compares it with the relays' mirrors. Served no longer than the round, a peer
+# that asked a moment late found the port closed and ended unconfirmed (tests/test_readme_walk.py, once
+# learning no longer spent 2 s importing scikit-learn after t_r).
+FINAL_LOG_SECONDS = 10.0
+
+
 @aggregator.command()
 @_data_dir
 @click.option("--round", "round_id", default=None, help="Round id or a unique prefix of it (default: the newest round).")
 @click.option("--test-file", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None,
               help="Labelled held-out file to measure utility on: CSV with a header naming the features and the label, or UCI Adult format.")
-@click.option("--linger", type=float, default=0.0, help="Keep serving this many seconds after the round ends.")
+@click.option("--linger", type=click.FloatRange(min=0), default=FINAL_LOG_SECONDS, show_default=True,
+              help="Keep serving this many seconds after the round ends (its peers read the final receipt log then).")
 @click.option("--processes", type=click.IntRange(0, 64), default=1, show_default=True,
               help="Worker processes for blind issuance and token verification, at a lower CPU priority than the "
                    "service (0: in a thread of the service).")

@@ -123,7 +123,8 @@ def test_round_missing_participation_exits_with_a_clear_status(tmp_path: Path) -
     assert len(bytes.fromhex(round_id)) == 32
     # A real process: serves, nobody registers, the round fails when registration closes.
     result = subprocess.run(
-        [sys.executable, "-c", "from anonml.cli import main; main()", "aggregator", "run", "--data-dir", str(tmp_path / "agg"), "--round", round_id],
+        [sys.executable, "-c", "from anonml.cli import main; main()", "aggregator", "run", "--data-dir", str(tmp_path / "agg"), "--round", round_id,
+         "--linger", "0"],
         capture_output=True, text=True, timeout=180,
     )
     assert result.returncode == 3, result.stderr
@@ -194,6 +195,18 @@ def test_bench_aggregator_reports_its_figures() -> None:
     figures = json.loads(result.output)
     assert figures["processes=0"]["accepted"] == 20
     assert figures["processes=0"]["x_verify_token"] > 0
+
+
+def test_run_keeps_serving_after_the_round_while_its_peers_read_the_final_log() -> None:
+    """The clean-clone CI of stop 46 (tests/test_readme_walk.py): `aggregator run` without `--linger` closed its port
+    as the round ended, and one peer, polling for the final receipt log a moment later, ended unconfirmed. It had
+    worked while learning spent 2 s importing scikit-learn after t_r. By default it now serves two of a peer's
+    longest poll gaps and more."""
+    from anonml.aggregator._cli import run
+    from anonml.peer._client import retry_delay
+
+    [linger] = [param for param in run.params if param.name == "linger"]
+    assert isinstance(linger.default, float) and linger.default >= 2 * retry_delay(100)
 
 
 def test_run_on_a_taken_port_fails_with_a_clear_message(tmp_path: Path) -> None:
