@@ -9,7 +9,7 @@ While the round runs the benchmark samples every process it started (psutil,
 every :data:`SAMPLE_SECONDS`): CPU seconds and resident memory, summed per
 role (the aggregator with its worker processes, each relay, the peers'
 workers, the operators' one-shot commands), and the aggregator's public
-status, whose phase changes give the wall time per phase. After the round it
+status (every :data:`STATUS_SECONDS`), whose phase changes give the wall time per phase. After the round it
 measures, in the same process, each role's floor per accepted report: the
 cryptography one report needs at that role and nothing else (the aggregator:
 the final Sphinx hop and one token verified in a batch of 256; a relay: one
@@ -37,7 +37,9 @@ from anonml.demo import DemoData, cores, exit_code, run_demo
 from anonml.protocol import FeatureSpec, LabelSpec, NumericFeature
 
 SAMPLE_SECONDS = 0.5
-"""How often processes and the round's status are sampled (a process's last half second can be missed)."""
+"""How often processes are sampled (a process's last half second can be missed)."""
+STATUS_SECONDS = 0.1
+"""How often the round's status is asked for: its outcome shows for under a second before the demo stops it."""
 FLOOR_REPEAT = 200
 """Calls per floor figure; each figure is the least disturbed call (``anonml bench crypto``'s rule)."""
 SYNTHETIC_FEATURES = 8
@@ -199,28 +201,36 @@ def measure_floor(geometry: Any = None) -> dict[str, float]:
 
 
 async def follow(usage: Usage, work: Path) -> None:
-    """Sample the processes and, once the round's spec is written, the aggregator's status, until cancelled."""
+    """Sample the processes, and once the round's spec is written the aggregator's status, until cancelled."""
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_follow_status, usage, work)
+        while True:
+            await trio.to_thread.run_sync(usage.sample_processes)
+            await trio.sleep(SAMPLE_SECONDS)
+
+
+async def _follow_status(usage: Usage, work: Path) -> None:
+    """Note each phase change of the aggregator's status. Polled apart from the (slower) process samples: the
+    round's outcome shows only from the end of learning until the demo stops the aggregator, under a second
+    now that learning no longer imports scikit-learn then, and a 0.5 s loop behind the samples missed it."""
     from anonml.peer import AggregatorClient
 
     spec_path = work / "round.toml"
-    client: AggregatorClient | None = None
+    while not spec_path.is_file():
+        await trio.sleep(STATUS_SECONDS)
+    network = tomllib.loads(spec_path.read_text())["network"]
+    client = AggregatorClient(f"http://{network['http_host']}:{network['http_port']}", max_connections=1, retry_for=1.0)
     try:
         while True:
-            await trio.to_thread.run_sync(usage.sample_processes)
-            if client is None and spec_path.is_file():
-                network = tomllib.loads(spec_path.read_text())["network"]
-                client = AggregatorClient(f"http://{network['http_host']}:{network['http_port']}", max_connections=1, retry_for=1.0)
-            if client is not None:
-                with suppress(Exception):  # the aggregator may be starting, restarting or gone
-                    status = await client.status()
-                    if status is not None:
-                        usage.note_phase(str(status.phase) + (f" {status.sub_round}" if status.sub_round is not None else ""),
-                                         time.monotonic())
-            await trio.sleep(SAMPLE_SECONDS)
+            with suppress(Exception):  # the aggregator may be starting, restarting or gone
+                status = await client.status()
+                if status is not None:
+                    usage.note_phase(str(status.phase) + (f" {status.sub_round}" if status.sub_round is not None else ""),
+                                     time.monotonic())
+            await trio.sleep(STATUS_SECONDS)
     finally:
-        if client is not None:
-            with trio.CancelScope(shield=True):
-                await client.aclose()
+        with trio.CancelScope(shield=True):
+            await client.aclose()
 
 
 async def run_round_bench(peers: int, workers: int, seed: int, epsilon: float, work: Path, console: Any) -> dict[str, Any]:
