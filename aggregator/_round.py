@@ -424,9 +424,20 @@ class RoundState:
         except InvalidApiMessage:
             raise ApiRefused(403, "bad signature") from None
 
-    def admit_credential(self, request: CredentialRequest) -> tuple[int, int]:
-        """Check a credential request; ``(partition, now)`` to issue it with, or ApiRefused."""
+    def authenticate_credential(self, request: CredentialRequest) -> None:
+        """Refuse a credential request for another round (409), one its identity key did not sign (403), or,
+        once the roster is final, one whose identity key is not on it (403).
+
+        Checked before anything else, and before a request may wait for the partitions
+        (:meth:`CredentialBatcher.issue`): a stranger is answered at once, never held.
+        """
         self._authenticate(request)
+        if self.roster_final and not self.store.is_registered(request.identity_key):
+            raise ApiRefused(403, "identity key is not on the roster")
+
+    def place_credential(self, request: CredentialRequest) -> tuple[int, int]:
+        """For an authenticated request (:meth:`authenticate_credential`): ``(partition, now)`` to issue it with
+        if issuance is open, or ApiRefused."""
         now = self.now()
         if not self.seed_revealed(now):
             raise ApiRefused(409, "credentials are issued after registration closes")
@@ -435,10 +446,12 @@ class RoundState:
             raise ApiRefused(503, "the partitions are derived once the relays have revealed their beacon values")
         if now >= self.manifest.schedule.t_issue_end:
             raise ApiRefused(403, "credential issuance has closed")
-        partition = self.assignment().get(request.identity_key)
-        if partition is None:
-            raise ApiRefused(403, "identity key is not on the roster")
-        return partition, now
+        return self.plan.partition_of[request.identity_key], now
+
+    def admit_credential(self, request: CredentialRequest) -> tuple[int, int]:
+        """Check a credential request; ``(partition, now)`` to issue it with, or ApiRefused."""
+        self.authenticate_credential(request)
+        return self.place_credential(request)
 
     def earlier_answer(self, request: CredentialRequest) -> CredentialResponse | None:
         """The answer stored for this identity if it had one (the same request retried gets it again,

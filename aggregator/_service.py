@@ -319,11 +319,13 @@ class CredentialBatcher(GroupCommit[tuple[CredentialRequest, int, int], "IssuedA
 
         A request that comes after registration closed but before the partitions follow the relays' reveals
         waits for them up to :data:`CREDENTIAL_HOLD_SECONDS`, then is admitted or refused as it stands then.
+        Only a signed request from the roster waits: anybody else is refused first.
         """
+        self.state.authenticate_credential(request)
         if self.state.plan is None and self.state.seed_revealed(self.state.now()):
             with trio.move_on_after(CREDENTIAL_HOLD_SECONDS):
                 await self._partitions_derived.wait()
-        partition, now = self.state.admit_credential(request)
+        partition, now = self.state.place_credential(request)
         earlier = self.state.earlier_answer(request)
         if earlier is not None:
             return earlier

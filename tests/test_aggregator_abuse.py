@@ -14,6 +14,7 @@ developers' machines run as root); elsewhere the test is skipped, saying so.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import stat
@@ -38,10 +39,13 @@ from test_aggregator import (
 )
 
 from anonml.aggregator import AggregatorConfig, IssuerWorkers, PacketSink, RoundState, serve_aggregator
-from anonml.aggregator._health import Part
-from anonml.protocol import RegisterRequest, SurveyId
+from anonml.aggregator._health import Health, Part
+from anonml.aggregator._round import ApiRefused
+from anonml.aggregator._service import CREDENTIAL_HOLD_SECONDS, CredentialBatcher
+from anonml.crypto import begin_issuance
+from anonml.protocol import CredentialRequest, CredentialResponse, RegisterRequest, SurveyId
 from anonml.transport import AckStatus, HttpLimits, LinkClient, LinkIdentity
-from anonml.testing import SettableClock
+from anonml.testing import SettableClock, SimulatedPeer
 
 T0 = 1_800_000_000
 
@@ -312,3 +316,47 @@ def test_every_token_refusal_has_one_enumerated_rejection_label() -> None:
     assert all(isinstance(label, RejectionReason) for label in labels) and len(labels) == len(TOKEN_REASONS)
     assert {r for r in RejectionReason if r.startswith("bad-token/")} == labels - {RejectionReason.WRONG_PARTITION}
     assert all(r == r.lower() and "_" not in r for r in RejectionReason)
+
+
+async def test_only_a_signed_request_from_the_roster_waits_for_the_partitions(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """Between registration's close and the partitions (they follow the relays' reveals) a peer's credential
+    request waits for them, up to ``CREDENTIAL_HOLD_SECONDS``, instead of a 503 and a retry. The wait came
+    before the request was checked, so anybody's request was held that second: each a connection slot, for
+    nothing. A stranger, a forged signature and another round's request are refused at once now."""
+    clock = SettableClock(T0 + 1)
+    state, _ = make_round(tmp_path, clock)
+    member, stranger = SimulatedPeer(state, bytes([1]) * 32), SimulatedPeer(state, bytes([2]) * 32)
+    member.register()
+    clock.now = state.manifest.schedule.t_register_end
+    state.close_registration()  # the seed is public; the partitions are not derived yet
+    batcher = CredentialBatcher(state, IssuerWorkers(state.secrets.issuer_key), Health())
+
+    def request(peer: SimulatedPeer, round_id: bytes = state.round_id) -> CredentialRequest:
+        blinded, _ = begin_issuance(peer.public, peer.secret, 0)
+        return CredentialRequest.create(peer.key, round_id, blinded.to_bytes())
+
+    forged = dataclasses.replace(request(stranger), identity_key=member.identity)
+    for refused_request, status in ((request(stranger), 403), (forged, 403), (request(member, bytes(32)), 409)):
+        asked = trio.current_time()
+        with pytest.raises(ApiRefused) as refused:
+            await batcher.issue(refused_request)
+        assert (refused.value.status, trio.current_time() - asked) == (status, 0.0), refused.value.reason
+
+    answers: list[CredentialResponse] = []
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(batcher.run)
+
+        async def ask() -> None:
+            answers.append(await batcher.issue(request(member)))
+
+        nursery.start_soon(ask)
+        await trio.sleep(CREDENTIAL_HOLD_SECONDS / 2)
+        assert not answers  # held, not refused
+        state.freeze_roster()  # no beacon in this round's head: the plan follows at once
+        batcher.partitions_derived()
+        while not answers:
+            await trio.sleep(0.01)
+        nursery.cancel_scope.cancel()
+    assert answers[0].partition == state.assignment()[member.identity]
