@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 # Each name's module is imported when the name is first used (anonml.base.lazy).
 if TYPE_CHECKING:
-    from anonml.peer._client import AggregatorClient, AggregatorError, answer_by, mirror_clients
+    from anonml.peer._client import RETRY_GAP_CAP, AggregatorClient, AggregatorError, answer_by, mirror_clients, retry_delay
     from anonml.peer._disclosure import describe_release
     from anonml.peer._events import EVENT_WORDS, MISSING_REASONS, MessageOutcome, PeerEvent, RefusalReason
     from anonml.peer._features import RoundPipeline
@@ -58,6 +58,8 @@ __all__ = [
     "command",
     "EVENT_WORDS",
     "MISSING_REASONS",
+    "RETRY_GAP_CAP",
+    "retry_delay",
     "MessageOutcome",
     "PeerEvent",
     "RefusalReason",

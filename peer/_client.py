@@ -73,6 +73,8 @@ _RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
 # a second or so from ready (503 for credentials until the partitions follow the relays' beacon
 # reveals): starting at 50 ms took seven requests per peer to wait out one second.
 _FIRST_BACKOFF = 0.25
+RETRY_GAP_CAP = 2.0
+"""The longest a peer's client waits between two attempts of a request, or two polls for a document."""
 # Inside answer_by, an attempt takes at most this share of the time left before the deadline (so a black-holed
 # attempt leaves room for two more), but never less than _MIN_ATTEMPT_SECONDS (a loaded aggregator answers slowly).
 _ATTEMPT_SHARE = 1 / 3
@@ -255,13 +257,13 @@ class AggregatorClient:
                     raise failure
             if trio.current_time() + backoff > deadline:
                 raise failure
-            if backoff == _FIRST_BACKOFF or backoff >= 2.0 and self.retries % 5 == 0:
+            if backoff == _FIRST_BACKOFF or backoff >= RETRY_GAP_CAP and self.retries % 5 == 0:
                 left = deadline - trio.current_time()
                 self.on_retry(f"{method} {path}: {failure}; retrying for up to {left:.0f} s")
             self.retries += 1
             # Full jitter: thousands of peers retrying together must not come back in step.
             await trio.sleep(self._jitter.uniform(0, backoff))
-            backoff = min(backoff * 2, 2.0)
+            backoff = min(backoff * 2, RETRY_GAP_CAP)
 
     async def _get(self, path: str, parse: Callable[[bytes], T], *, attempt_cap: float | None = None) -> T | None:
         """The document at ``path`` as ``parse`` reads it (a pure function of the body's bytes), or None for 404."""
@@ -375,7 +377,7 @@ def _error_reason(response: httpx.Response) -> str:
 
 def retry_delay(attempt: int) -> float:
     """Seconds between polls for a document not published yet (capped exponential)."""
-    return min(0.25 * math.pow(1.5, attempt), 2.0)
+    return min(0.25 * math.pow(1.5, attempt), RETRY_GAP_CAP)
 
 
 def _clock_header(response: httpx.Response) -> float | None:

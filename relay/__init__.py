@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from anonml.relay._errors import RelayConfigError, RelayDataDirError
     from anonml.relay._keys import EpochKey, KeyRing, create_identity, load_identity, load_identity_key
     from anonml.relay._metrics import DropReason, LateIntake, RelayCounters, parse_metrics, render_prometheus
-    from anonml.relay._mirror import serve_mirror
+    from anonml.relay._mirror import DUE_POLL_SECONDS, serve_mirror
     from anonml.relay._store import STORE_FILE, HeldPacket, RelayStore
     # The role's click group (``anonml relay ...``), which ``anonml.cli`` mounts.
     from anonml.relay._cli import relay as command
@@ -49,6 +49,7 @@ __all__ = [
     "command",
     "CONFIG_FILE",
     "STORE_FILE",
+    "DUE_POLL_SECONDS",
     "DirectoryEntry",
     "DirectoryError",
     "DropReason",

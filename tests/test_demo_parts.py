@@ -27,11 +27,13 @@ from anonml.demo._children import RESTART_DELAY, still_running
 from anonml.demo._calibrate import PhaseCosts
 from anonml.demo._run import dead_workers
 from anonml.demo._schedule import (
-    AGGREGATOR_PROCESSES, HEADROOM, LINK_RETRY_GAP, MIRROR_POLL_SECONDS, PACED_SHARE, PATH_LENGTH,
-    PEER_RETRY_GAP, RELAYS, plan_round, recovery_seconds,
+    AGGREGATOR_PROCESSES, HEADROOM, PACED_SHARE, PATH_LENGTH,
+    RELAYS, plan_round, recovery_seconds,
 )
+from anonml.peer import RETRY_GAP_CAP
 from anonml.protocol import SECOND_WINDOW_PATHS, hop_slice
-from anonml.transport import HttpLimits
+from anonml.relay import DUE_POLL_SECONDS
+from anonml.transport import MAX_BACKOFF, HttpLimits
 from process_support import assert_sigkill_leaves_no_survivor
 
 # A child that starts a grandchild in its process group (as the aggregator
@@ -185,7 +187,7 @@ def test_registration_and_issuance_hold_a_restart_as_long_as_the_serving_aggrega
     data = SimpleNamespace(name="breast-cancer")
     quick, slow = costs(1.0), dataclasses.replace(costs(1.0), serving_start=10.0)
     assert recovery_seconds(slow) - recovery_seconds(quick) == pytest.approx(10.0 - quick.serving_start)
-    assert recovery_seconds(slow) >= RESTART_DELAY + slow.serving_start + PEER_RETRY_GAP
+    assert recovery_seconds(slow) >= RESTART_DELAY + slow.serving_start + RETRY_GAP_CAP
     # The fault bench's supervisor waits its --downtime before a restart, not the demo's RESTART_DELAY.
     assert recovery_seconds(slow, restart_delay=3.0) - recovery_seconds(slow) == pytest.approx(3.0 - RESTART_DELAY)
     downtime = plan_round(data, 398, 2.0, 2, 0, quick, n_cores=2, restart_delay=3.0)  # type: ignore[arg-type]
@@ -236,9 +238,9 @@ def test_issuance_holds_the_wait_for_the_relays_reveals_and_the_peers_retry_afte
     c = costs(1.0)
     for round_trip in (0.01, 0.2):
         plan = plan_round(data, 40, 2.0, 2, 0, c, n_cores=2, round_trip=round_trip)  # type: ignore[arg-type]
-        reveals = HEADROOM * (MIRROR_POLL_SECONDS + REVEAL_POLL_SECONDS + RELAYS * round_trip)
-        retry = PEER_RETRY_GAP if reveals > CREDENTIAL_HOLD_SECONDS else 0.0
-        assert retry == (PEER_RETRY_GAP if round_trip == 0.2 else 0.0)
+        reveals = HEADROOM * (DUE_POLL_SECONDS + REVEAL_POLL_SECONDS + RELAYS * round_trip)
+        retry = RETRY_GAP_CAP if reveals > CREDENTIAL_HOLD_SECONDS else 0.0
+        assert retry == (RETRY_GAP_CAP if round_trip == 0.2 else 0.0)
         assert plan.issue_seconds >= HEADROOM * 40 * (c.issue + c.http) / 2 + reveals + retry + recovery_seconds(c)
 
 
@@ -250,8 +252,8 @@ def test_under_planned_kills_every_delivery_slice_holds_one_outage_and_a_link_re
     outage = 1.0 + 2 * costs(1.0).process_start
     killed = plan_round(data, 398, 2.0, 2, 0, costs(1.0), n_cores=2, outage=outage)  # type: ignore[arg-type]
     for window in ("delivery_window", "data_delivery_window", "second_delivery_window", "data_second_delivery_window"):
-        assert getattr(quiet, window) / (PATH_LENGTH + 1) < outage + LINK_RETRY_GAP
-        assert getattr(killed, window) / (PATH_LENGTH + 1) >= outage + LINK_RETRY_GAP
+        assert getattr(quiet, window) / (PATH_LENGTH + 1) < outage + MAX_BACKOFF
+        assert getattr(killed, window) / (PATH_LENGTH + 1) >= outage + MAX_BACKOFF
     # Only the delivery windows change: the rest holds no packet in flight to a hop that is down.
     assert (killed.data_send_window, killed.register_seconds) == (quiet.data_send_window, quiet.register_seconds)
 
@@ -267,7 +269,7 @@ def test_a_request_counts_at_least_its_pacing_when_every_peer_is_one_address() -
     assert plan.register_seconds >= register_floor and plan.issue_seconds >= issue_floor
     # The pacer's rate is exact whatever the load (issue 26): no headroom doubles it. At 100,000
     # peers a doubled pacing term alone was 500 s of registration and 500 s of issuance.
-    reveals = HEADROOM * (MIRROR_POLL_SECONDS + REVEAL_POLL_SECONDS)  # no round trip here: within the hold
+    reveals = HEADROOM * (DUE_POLL_SECONDS + REVEAL_POLL_SECONDS)  # no round trip here: within the hold
     assert plan.register_seconds <= math.ceil(register_floor) and plan.issue_seconds <= math.ceil(issue_floor + reveals)
 
 

@@ -69,7 +69,7 @@ if TYPE_CHECKING:
         WorkDemand,
         FixedWork,
     )
-    from anonml.transport._link_client import CONNECT_TIMEOUT, DEFAULT_MAX_WORK_BITS, LinkClient
+    from anonml.transport._link_client import CONNECT_TIMEOUT, DEFAULT_MAX_WORK_BITS, MAX_BACKOFF, LinkClient
     from anonml.transport._descriptors import DescriptorLimitError, fit_connection_caps, raise_descriptor_limit
 else:
     from anonml.base.lazy import lazy_exports
@@ -100,6 +100,7 @@ __all__ = [
     "LinkIdentity",
     "LinkLimits",
     "CONNECT_TIMEOUT",
+    "MAX_BACKOFF",
     "LinkSessionStats",
     "Listeners",
     "MemoryHost",

@@ -66,6 +66,9 @@ class _Connection:
 # receiver, while a connection that swallows the hello (a black hole) costs this plus a backoff, not most
 # of a delivery slice (issue 27: at 5 s, a black-holed relay link made a whole slice's packets late).
 CONNECT_TIMEOUT = 2.0
+MAX_BACKOFF = 2.0
+"""The longest a link client waits between attempts to reach a next hop that is down (by default): a hop
+back from a restart gets its packets at most this long after."""
 
 
 def _stop_before(give_up_at: float) -> Callable[[tenacity.RetryCallState], bool]:
@@ -119,7 +122,7 @@ class LinkClient:
         connect_timeout: float = CONNECT_TIMEOUT,
         ack_timeout: float = 30.0,
         initial_backoff: float = 0.05,
-        max_backoff: float = 2.0,
+        max_backoff: float = MAX_BACKOFF,
         max_work_bits: int = DEFAULT_MAX_WORK_BITS,
     ) -> None:
         _check_link_parameters(packet_size, geometry_hash)

@@ -52,6 +52,7 @@ from anonml.demo._data import DemoData
 from anonml.demo._ports import HOST
 from anonml.demo._swarm import SwarmConfig
 from anonml.mechanisms import OracleName
+from anonml.peer import RETRY_GAP_CAP, retry_delay
 from anonml.protocol import (
     DEFAULT_MIN_ANONYMITY_SET,
     SECOND_WINDOW_PATHS,
@@ -63,7 +64,8 @@ from anonml.protocol import (
     shortest_delivery,
     smallest_anonymity_set,
 )
-from anonml.transport import HttpLimits
+from anonml.relay import DUE_POLL_SECONDS
+from anonml.transport import MAX_BACKOFF, HttpLimits
 
 # More relays than a path is long: a relay that dies for good leaves paths
 # that avoid it, so peers route a resend around it (issue 27; with 3 of 3, one
@@ -77,21 +79,12 @@ AGGREGATOR_PROCESSES = 2
 # doubles while it runs (measured here: one credential took 9 ms at load 4
 # and 114 ms at load 16; the planner measures just before the round).
 HEADROOM = 2.0
-# The peers' HTTP client waits up to this long between retries of a request
-# to an aggregator that is down (peer._client.retry_delay's cap).
-PEER_RETRY_GAP = 2.0
-# The longest a relay waits between attempts to reach a next hop that is down (transport.LinkClient's
-# max_backoff): a hop back from a restart gets its packets at most this long after.
-LINK_RETRY_GAP = 2.0
 # The share of the pacing rate (HttpLimits.request_rate, one source: 127.0.0.1) left to the peers' own
-# requests: the relays' mirrors (each polls up to 1 / MIRROR_POLL_SECONDS a second while it waits for a
+# requests: the relays' mirrors (each polls up to 1 / DUE_POLL_SECONDS a second while it waits for a
 # document, 25 a second for 5 relays) and the demo's status polls come from the same address.
 PACED_SHARE = 0.9
-# A relay's mirror refreshes at each scheduled publication and then this often until it holds the
-# document (relay._mirror.DUE_POLL_SECONDS).
-MIRROR_POLL_SECONDS = 0.2
-# A peer's first two polls for a document not served yet (peer._client.retry_delay(0) + retry_delay(1)).
-PEER_POLL_SECONDS = 0.25 + 0.375
+# A peer's first two polls for a document not served yet.
+PEER_POLL_SECONDS = retry_delay(0) + retry_delay(1)
 # Requests a worker process makes in a check, one after another: the log segment and each mirror's heads (polled).
 CHECK_REQUESTS = 2 + 2 * RELAYS
 # The shortest check: heads signed at t_c, the mirrors' poll, the peers' polls.
@@ -176,7 +169,7 @@ def recovery_seconds(costs: PhaseCosts, *, restart_delay: float = RESTART_DELAY,
     took, measured; registration does not wait for them:
     ``aggregator.serve_aggregator`` answers before it warms them), and the
     peers' next retry reaches it."""
-    return restart_delay + costs.serving_start + (costs.process_start if issuing else 0.0) + PEER_RETRY_GAP
+    return restart_delay + costs.serving_start + (costs.process_start if issuing else 0.0) + RETRY_GAP_CAP
 
 
 def reveals_seconds(round_trip: float) -> float:
@@ -186,8 +179,8 @@ def reveals_seconds(round_trip: float) -> float:
     (``aggregator.CREDENTIAL_HOLD_SECONDS``); past it, it is answered 503 and its peer comes back within its
     client's longest retry gap (issue 27: reveals in 1.7 s and the retries of a worker's 20 peers 3.6 s
     later, after a 5 s window had closed)."""
-    reveals = HEADROOM * (MIRROR_POLL_SECONDS + REVEAL_POLL_SECONDS + RELAYS * round_trip)
-    return reveals if reveals <= CREDENTIAL_HOLD_SECONDS else reveals + PEER_RETRY_GAP
+    reveals = HEADROOM * (DUE_POLL_SECONDS + REVEAL_POLL_SECONDS + RELAYS * round_trip)
+    return reveals if reveals <= CREDENTIAL_HOLD_SECONDS else reveals + RETRY_GAP_CAP
 
 
 class DemoLearning(NamedTuple):
@@ -323,7 +316,7 @@ def plan_round(data: DemoData, peers: int, epsilon: float, workers: int, seed: i
         # ``costs.verify`` is every hop of a path and the token check; the aggregator does the last hop and the check.
         relay_slice = seconds(messages * costs.relay_hop, 1)
         final_slice = seconds(messages * max(costs.relay_hop, costs.verify - PATH_LENGTH * costs.relay_hop), AGGREGATOR_PROCESSES)
-        outage_slice = outage + LINK_RETRY_GAP if outage > 0 else 0.0
+        outage_slice = outage + MAX_BACKOFF if outage > 0 else 0.0
         return shortest_delivery(math.ceil(max(1.0, relay_slice, final_slice, outage_slice)), PATH_LENGTH)
 
     # One HTTP exchange per peer to register (the peer signs in its worker, the aggregator checks).
@@ -347,7 +340,7 @@ def plan_round(data: DemoData, peers: int, epsilon: float, workers: int, seed: i
     # A published document (the log heads at a check; thresholds and medians in the gap before the
     # phase that needs them) reaches every peer through one mirror refresh and a poll (a round trip each), and
     # a worker's check makes its requests one after another (a round trip each).
-    publication = (HEADROOM * (MIRROR_POLL_SECONDS + PEER_POLL_SECONDS + (2 + CHECK_REQUESTS) * round_trip)
+    publication = (HEADROOM * (DUE_POLL_SECONDS + PEER_POLL_SECONDS + (2 + CHECK_REQUESTS) * round_trip)
                    + seconds(CHECK_REQUESTS * costs.http, 1))
     return DemoParams(
         peers=peers, epsilon=epsilon, workers=workers, seed=seed, k_p=k_p, k_h=k_h, k_s=k_s, plan=plan,
