@@ -174,6 +174,25 @@ class Database:
                     raise
                 raise StorageError(f"the {self.schema.name} store {str(self.path)!r} failed: {exc}") from exc
 
+    @contextmanager
+    def snapshot(self) -> Iterator[sqlite3.Connection]:
+        """One read transaction for several reads (``BEGIN`` … ``COMMIT``, nothing written): they share
+        one snapshot and one acquisition of SQLite's WAL read lock rather than one per statement. Run no
+        writes in it, and nothing that waits: another writer's commit would not be seen until it ends."""
+        with self._lock:
+            try:
+                self._db.execute("BEGIN")
+                try:
+                    yield self._db
+                finally:
+                    if self._db.in_transaction:
+                        self._db.execute("COMMIT")
+            except sqlite3.Error as exc:
+                if not _is_io_failure(exc):
+                    raise
+                self._rollback()
+                raise StorageError(f"the {self.schema.name} store {str(self.path)!r} failed: {exc}") from exc
+
     def _rollback(self) -> None:
         # SQLite has already rolled back after some errors (a full disk during
         # COMMIT): only roll back what is still open, and never let a failing

@@ -465,7 +465,10 @@ class Relay:
                     # CPU time per slice: one thread_time call per slice (a system call,
                     # ~0.6 µs measured) rather than two per packet.
                     cpu_started = time.thread_time()
-                    statuses += [self._intake(frame, batch, keys) for frame in sliced]
+                    # One read transaction for the slice's replay-tag lookups (no await inside, no writes:
+                    # the batch is stored by _commit below).
+                    with self.store.reading():
+                        statuses += [self._intake(frame, batch, keys) for frame in sliced]
                     self.counters.intake_cpu_seconds += time.thread_time() - cpu_started
             if batch.rows:
                 # The commit's fsync holds the event loop too (~5 ms, more on a busy disk): a turn.

@@ -112,6 +112,7 @@ class RelayStore:
             raise ValueError(f"synchronous must be FULL or NORMAL, got {synchronous!r}")
         self._database = Database(path, SCHEMA, durable=synchronous == "FULL", private=True)
         self._tx: sqlite3.Connection | None = None
+        self._snapshot: sqlite3.Connection | None = None
         # Ids of held rows are assigned here so a batch's rows go in with one
         # executemany rather than an INSERT per row; ids only need to be
         # unique, and a rolled-back batch merely skips some.
@@ -127,6 +128,8 @@ class RelayStore:
         try:
             if self._tx is not None:
                 return list(self._tx.execute(sql, parameters).fetchall())
+            if self._snapshot is not None:
+                return list(self._snapshot.execute(sql, parameters).fetchall())
             with self._database.read() as db:
                 return list(db.execute(sql, parameters).fetchall())
         finally:
@@ -156,6 +159,22 @@ class RelayStore:
         finally:
             # Whole transactions (the commit's fsync included) count as store time.
             self.busy_seconds += time.perf_counter() - started
+
+    @contextmanager
+    def reading(self) -> Iterator[None]:
+        """Run the reads inside in one read transaction (relay intake: a slice's replay-tag lookups).
+
+        Nothing may be written inside, and the caller must not wait (no ``await``) inside: a commit by
+        another task would not be seen until it ends. Inside a write transaction it adds nothing."""
+        if self._tx is not None or self._snapshot is not None:
+            yield
+            return
+        with self._database.snapshot() as db:  # its reads count in busy_seconds one by one (_query)
+            self._snapshot = db
+            try:
+                yield
+            finally:
+                self._snapshot = None
 
     def tag_seen(self, tag: bytes) -> bool:
         """Whether ``tag`` is in the replay cache (an unexpired packet carried it)."""
