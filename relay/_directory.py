@@ -35,6 +35,7 @@ many relays are listed (each neighbour's share of the held packets,
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import json
 import logging
@@ -81,11 +82,15 @@ class DirectoryEntry:
     port: int
 
 
+@functools.lru_cache(maxsize=4096)
 def _normalised_host(host: str) -> str:
     """The host as a Sphinx :class:`NodeAddress` spells it after parsing, so
     ``::ffff:127.0.0.1`` and ``127.0.0.1`` compare equal; a host name (never
     in a Sphinx address) is kept as written and so never matches. A manifest
-    may bracket an IPv6 literal (``[::1]``)."""
+    may bracket an IPv6 literal (``[::1]``).
+
+    Cached (a pure function of the string): every released packet asks for its next hop's sink addresses
+    (``sink_endpoints``), and parsing the address cost more than the lookup."""
     try:
         parsed = ipaddress.ip_address(host.removeprefix("[").removesuffix("]"))
     except ValueError:
