@@ -55,7 +55,9 @@ class Schema:
     open a peer's file). ``migrations[v]`` is the SQL that takes a database
     from version ``v`` to ``v + 1``. ``unversioned`` is the version a file
     written before stores were versioned (``user_version`` 0, tables present)
-    is taken to be, or None to refuse such files.
+    is taken to be, or None to refuse such files. ``page_size``: SQLite's
+    page size for a file created new (None: SQLite's default, 4096); an
+    existing file keeps the size it was created with.
     """
 
     name: str
@@ -64,6 +66,7 @@ class Schema:
     tables: str
     migrations: Mapping[int, str] = field(default_factory=dict)
     unversioned: int | None = None
+    page_size: int | None = None
 
     def __post_init__(self) -> None:
         if not 0 < self.application_id < 2**31:
@@ -103,6 +106,8 @@ class Database:
         except (OSError, sqlite3.Error) as exc:
             raise StorageError(f"cannot open the {schema.name} store {str(path)!r}: {exc}") from None
         try:
+            if schema.page_size is not None:  # before WAL mode: SQLite applies it only to a file with no pages yet
+                self._db.execute(f"PRAGMA page_size={int(schema.page_size)}")
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute(f"PRAGMA synchronous={'FULL' if durable else 'NORMAL'}")
             self._upgrade()
