@@ -301,8 +301,13 @@ _MORE_WORK_ACK = 0x40  # | the bits asked (0..MAX_WORK_BITS)
 
 def encode_acks(statuses: Sequence[AckStatus], work_bits: int) -> bytes:
     """The ack bytes of ``statuses``; MORE_WORK names ``work_bits``, the work asked now."""
+    if AckStatus.MORE_WORK not in statuses:
+        return bytes(statuses)  # each status is its own byte (an IntEnum); no generator step per frame
     more_work = _MORE_WORK_ACK | min(work_bits, MAX_WORK_BITS)
     return bytes(more_work if status is AckStatus.MORE_WORK else int(status) for status in statuses)
+
+
+_FINAL_ACKS = {int(status): status for status in (AckStatus.ACCEPTED, AckStatus.REJECTED, AckStatus.BUSY)}
 
 
 def parse_acks_and_work(data: bytes) -> tuple[list[AckStatus], int]:
@@ -311,11 +316,13 @@ def parse_acks_and_work(data: bytes) -> tuple[list[AckStatus], int]:
     statuses: list[AckStatus] = []
     asked = 0
     for byte in data:
-        if (byte & ~MAX_WORK_BITS) == _MORE_WORK_ACK:
+        # A dict lookup, not AckStatus(byte): an enum call per acked packet cost more than the rest of the loop.
+        status = _FINAL_ACKS.get(byte)
+        if status is not None:
+            statuses.append(status)
+        elif (byte & ~MAX_WORK_BITS) == _MORE_WORK_ACK:
             statuses.append(AckStatus.MORE_WORK)
             asked = max(asked, byte & MAX_WORK_BITS)
-        elif byte in (AckStatus.ACCEPTED, AckStatus.REJECTED, AckStatus.BUSY):
-            statuses.append(AckStatus(byte))
         else:
             raise LinkError(LinkErrorReason.BAD_ACK, f"invalid ack bytes {data!r}")
     return statuses, asked
