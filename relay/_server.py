@@ -146,7 +146,7 @@ from anonml.relay._directory import (
     verify_manifest,
 )
 from anonml.relay._budget import RefusalBudget
-from anonml.relay._delivery import SINK_ATTEMPT_SECONDS, DeliveryAddresses, Forwarders
+from anonml.relay._delivery import SINK_ATTEMPT_SECONDS, DeliveryAddresses, Forwarders, gather_batch
 from anonml.relay._shares import HeldShares, Sender
 from anonml.relay._holdings import Holdings, Neighbour
 from anonml.relay._keys import EpochKey, KeyRing
@@ -612,16 +612,11 @@ class Relay:
 
     async def _run_forwarder(self, neighbour: Neighbour, receive: trio.MemoryReceiveChannel[HeldPacket]) -> None:
         client = self._open_sender(neighbour)
+        gathering = trio.Lock()  # one pipelined task at a time gathers a batch (gather_batch)
 
         async def forward_batches(receive: trio.MemoryReceiveChannel[HeldPacket]) -> None:
             async with receive:
-                async for first in receive:
-                    batch = [first]
-                    while len(batch) < self.config.forward_batch:
-                        try:
-                            batch.append(receive.receive_nowait())
-                        except trio.WouldBlock:
-                            break
+                while batch := await gather_batch(receive, gathering, self.config.forward_batch):
                     give_up_at = self.clock.to_trio(min(self.forward_deadline(p.window_end) for p in batch))
                     if self.delivery.has_others(neighbour):
                         give_up_at = min(give_up_at, trio.current_time() + SINK_ATTEMPT_SECONDS)
