@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     # The role's click group (``anonml relay ...``), which ``anonml.cli`` mounts.
     from anonml.relay._cli import relay as command
     from anonml.relay._process import RelayStarted, serve_relay
+    from anonml.relay._server import INTAKE_SLICE
 else:
     from anonml.base.lazy import lazy_exports
 
@@ -50,6 +51,7 @@ __all__ = [
     "CONFIG_FILE",
     "STORE_FILE",
     "DUE_POLL_SECONDS",
+    "INTAKE_SLICE",
     "DirectoryEntry",
     "DirectoryError",
     "DropReason",

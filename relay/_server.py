@@ -169,7 +169,7 @@ _ROUND_GRACE_SECONDS = 3600.0
 # (up to link.max_batch frames, ~0.3 ms of Sphinx each) must not hold the
 # loop while another connection's frames wait (issue 13: a flood's batches
 # delayed honest packets). 16 frames is ~5 ms of Sphinx.
-_INTAKE_SLICE = 16
+INTAKE_SLICE = 16
 # Batches in flight per next hop on its one link connection (pipelining).
 _FORWARD_PIPELINE = 4
 # A batch the next hop answered BUSY is retried after this long, until no next hop can take it any more
@@ -459,8 +459,8 @@ class Relay:
         committed = False
         lane = self.intake_turns.lane(_intake_flow(sender))
         try:
-            for offset in range(0, len(frames), _INTAKE_SLICE):
-                sliced = frames[offset : offset + _INTAKE_SLICE]
+            for offset in range(0, len(frames), INTAKE_SLICE):
+                sliced = frames[offset : offset + INTAKE_SLICE]
                 async with lane.turn(len(sliced)):
                     # CPU time per slice: one thread_time call per slice (a system call,
                     # ~0.6 µs measured) rather than two per packet.
@@ -472,7 +472,7 @@ class Relay:
                     self.counters.intake_cpu_seconds += time.thread_time() - cpu_started
             if batch.rows:
                 # The commit's fsync holds the event loop too (~5 ms, more on a busy disk): a turn.
-                async with lane.turn(_INTAKE_SLICE):
+                async with lane.turn(INTAKE_SLICE):
                     statuses, committed = self._commit(batch, statuses)
             return statuses, batch.charged + statuses.count(AckStatus.REJECTED)
         finally:

@@ -30,6 +30,7 @@ from anonml.crypto import (
 from anonml.transport import AckStatus, LinkIdentity
 from anonml.relay import (
     DirectoryEntry,
+    HeldPacket,
     LateIntake,
     NextHopDirectory,
     RelayConfig,
@@ -42,6 +43,7 @@ from anonml.relay import (
     render_prometheus,
 )
 from anonml.relay._clock import uniform_from
+from anonml.relay._delivery import gather_batch
 from anonml.relay._server import PacketSender, Relay
 from anonml.relay._store import STORE_FILE
 from anonml.testing import loopback_relay, relay_keyring
@@ -855,3 +857,27 @@ async def test_a_round_is_forgotten_an_hour_after_its_last_window(
         await trio.sleep_until(clock.to_trio(end + 3600 + 11))  # past it, and one expiry tick later
         nursery.cancel_scope.cancel()
     assert directory.sources() == {} and harness.store.manifests() == []
+
+
+async def test_a_burst_for_one_next_hop_goes_out_in_full_batches_whichever_task_takes_it() -> None:
+    """A next hop's pipelined forwarding tasks all wait on one channel. Each used to take the first packet
+    trio handed it and then what was left: a released burst went out as one batch of one packet per other
+    waiting task and one of the rest (bench relay: the last relay's median batch was one packet), each a
+    link round trip and a commit at the next hop. They take turns gathering now."""
+    send, receive = trio.open_memory_channel[HeldPacket](math.inf)
+    gathering = trio.Lock()
+    batches: list[int] = []
+
+    async def forward_batches() -> None:
+        while batch := await gather_batch(receive, gathering, 8):
+            batches.append(len(batch))
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(4):
+            nursery.start_soon(forward_batches)
+        await trio.testing.wait_all_tasks_blocked()
+        for row in range(20):
+            send.send_nowait(HeldPacket(row, 0.0, 1.0, "127.0.0.1", 9000, b""))
+        await trio.testing.wait_all_tasks_blocked()
+        await send.aclose()
+    assert batches == [8, 8, 4]

@@ -185,3 +185,27 @@ def test_a_replaced_file_is_never_seen_half_written(tmp_path: Path) -> None:
         reader.join()
     assert len(lengths) >= 50 and set(lengths) == {len(whole)}
     assert not path.with_name("report.json.part").exists()
+
+
+def test_a_schema_page_size_applies_to_a_new_file_and_an_existing_file_keeps_its_own(tmp_path: Path) -> None:
+    Database(tmp_path / "old.sqlite", V1).close()
+    wide = Schema("test", 0x7E57_0001, 1, V1.tables, page_size=8192)
+    for name, expected in (("new.sqlite", 8192), ("old.sqlite", 4096)):
+        database = Database(tmp_path / name, wide)
+        with database.read() as db:
+            assert db.execute("PRAGMA page_size").fetchone() == (expected,), name
+        database.close()
+
+
+def test_reads_in_a_snapshot_see_one_state_of_the_file(tmp_path: Path) -> None:
+    """The relay's intake looks a slice's replay tags up in one read transaction: what another connection
+    commits meanwhile is not seen inside it, and is seen after it."""
+    path = tmp_path / "s.sqlite"
+    reader, writer = Database(path, V1), Database(path, V1)
+    with reader.snapshot() as db:
+        assert db.execute("SELECT count(*) FROM items").fetchone() == (0,)
+        with writer.transaction() as other:
+            other.execute("INSERT INTO items VALUES ('a')")
+        assert db.execute("SELECT count(*) FROM items").fetchone() == (0,)
+    with reader.read() as db:
+        assert db.execute("SELECT count(*) FROM items").fetchone() == (1,)

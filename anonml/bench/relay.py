@@ -53,6 +53,7 @@ from anonml.bench._processes import child_processes
 from anonml.base.process import freeze_startup_heap
 from anonml.transport import AckStatus, LinkClient
 from anonml.relay import (
+    INTAKE_SLICE,
     STORE_FILE,
     DirectoryEntry,
     PinnedClock,
@@ -69,7 +70,6 @@ from anonml.testing import FinalHopSink, loopback_relay, relay_keyring
 TARGET_PACKETS_PER_SECOND = 5000.0  # issue 26 (issue 5 asked for 2,000)
 RELAYS = 3
 SEND_BATCH = 128
-_INTAKE_SLICE = 16  # relay._server's: the frames whose replay-tag lookups share a read transaction
 _SEND_PIPELINE = 4
 _METRICS = ("packets_received", "packets_forwarded", "intake_cpu_seconds", "store_seconds", "process_cpu_seconds")
 
@@ -235,10 +235,10 @@ def measure_intake_split(geometry: SphinxGeometry, packets: int = 512, batch: in
         tags: list[tuple[bytes, float]] = []
         try:
             for offset in range(0, packets, batch):
-                for first in range(offset, offset + batch, _INTAKE_SLICE):
+                for first in range(offset, offset + batch, INTAKE_SLICE):
                     # A slice's lookups share one read transaction, as in Relay.receive.
                     with store.reading():
-                        for frame in frames[first : min(first + _INTAKE_SLICE, offset + batch)]:
+                        for frame in frames[first : min(first + INTAKE_SLICE, offset + batch)]:
                             started = clock()
                             result = process_packet(geometry, private, frame, is_replay=is_replay)
                             seconds["sphinx_us"] += clock() - started
