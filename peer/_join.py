@@ -381,7 +381,6 @@ class PeerRound:
             # Before the credential: nothing this peer sends can yet be tied to the small partition.
             raise JoinRefused(RefusalReason.ANONYMITY_SET, f"partition {partition} has {plan.sizes[partition]} peer(s), fewer than "
                               f"the manifest's minimum anonymity set of {minimum}: refusing to send")
-        self.peer.store.set_partition(self.key, self.round_id, partition)
         self.result.partition = partition
         return partition, plan.sizes[partition], plan.subsets_of(partition)
 
@@ -392,11 +391,13 @@ class PeerRound:
             return Credential.from_bytes(registration.credential)
         # Needed before issuance closes: a black-holed attempt leaves time for another (the same stored request).
         with answer_by(self.session.trio_deadline(self.manifest.schedule.t_issue_end)):
-            # The request is made with a slot in hand, not before: a worker's peers all learn their partitions
-            # at once, and each one's blinding (about a millisecond of group work) ran before any of them sent,
-            # so the first request of 16,000 peers left 14 s after issuance opened (the Adult demo).
+            # The request is made (and the partition stored) with a slot in hand, not before: a worker's peers
+            # all learn their partitions at once, and each one's writes and blinding (about a millisecond of group
+            # work) ran before any of them sent, so the first request of 16,000 peers left 14 s after issuance
+            # opened (the Adult demo).
             async with self.session.slots:
                 await self.recheck_manifest("issuance")
+                self.peer.store.set_partition(self.key, self.round_id, partition)
                 request, state = self.issuance(partition, None if registration is None else registration.issuance)
                 body = CredentialRequest.create(self.peer.identity.signing_key, self.round_id, request.to_bytes())
                 response = await self.session.client.credential(body)

@@ -154,7 +154,7 @@ def test_the_demo_names_an_experiment_at_its_own_parameters(tmp_path: Path, adul
     from anonml.demo._schedule import plan_round
     from anonml.demo._summary import experiment_command
 
-    costs = PhaseCosts(register=1e-3, issue=1e-3, token=1e-3, relay_hop=1e-3, verify=1e-3, http=1e-3, process_start=1.0, serving_start=2.0)
+    costs = PhaseCosts(register=1e-3, issue=1e-3, roster_entry=0.1e-3, token=1e-3, relay_hop=1e-3, verify=1e-3, http=1e-3, process_start=1.0, serving_start=2.0)
     if dataset == "adult":
         from types import SimpleNamespace
 

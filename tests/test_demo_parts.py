@@ -151,7 +151,7 @@ def test_the_reaper_ends_the_groups_still_listed_and_skips_other_lines() -> None
 
 
 def costs(scale: float) -> PhaseCosts:
-    return PhaseCosts(register=1e-3 * scale, issue=10e-3 * scale, token=10e-3 * scale, relay_hop=1.5e-3 * scale,
+    return PhaseCosts(register=1e-3 * scale, issue=10e-3 * scale, roster_entry=0.1e-3 * scale, token=10e-3 * scale, relay_hop=1.5e-3 * scale,
                       verify=8e-3 * scale, http=8e-3 * scale, process_start=1.5 * scale,
                       serving_start=3.0 * scale)
 
@@ -174,7 +174,8 @@ def test_windows_hold_their_work_at_the_measured_rate_across_the_cores() -> None
     # Registration and issuance hold their work and one restart of the aggregator: nothing repairs them later.
     # Registration is answered before the issuer processes start, so its restart does not wait for them.
     assert plan.register_seconds >= HEADROOM * 4000 * (c.register + c.http) / 2 + recovery_seconds(c, issuing=False)
-    assert plan.issue_seconds >= HEADROOM * 4000 * (c.issue + c.http) / 2 + recovery_seconds(c)
+    # Issuance also holds each worker's reading of the whole roster (every entry's signature) before it asks.
+    assert plan.issue_seconds >= HEADROOM * 4000 * (c.issue + c.http) / 2 + HEADROOM * 4000 * c.roster_entry + recovery_seconds(c)
     assert recovery_seconds(c) - recovery_seconds(c, issuing=False) == pytest.approx(c.process_start)
     # The work spreads over the cores: one core needs longer windows than two.
     one_core = plan_round(data, 4000, 2.0, 2, 0, c, n_cores=1)  # type: ignore[arg-type]
@@ -265,7 +266,8 @@ def test_a_request_counts_at_least_its_pacing_when_every_peer_is_one_address() -
     fast = dataclasses.replace(costs(1.0), register=1e-6, issue=1e-6, http=1e-5)
     plan = plan_round(data, 8000, 2.0, 2, 0, fast, n_cores=2)  # type: ignore[arg-type]
     paced = 8000 / (HttpLimits().request_rate * PACED_SHARE)
-    register_floor, issue_floor = paced + recovery_seconds(fast, issuing=False), paced + recovery_seconds(fast)
+    roster = HEADROOM * 8000 * fast.roster_entry  # each worker reads the roster before it asks
+    register_floor, issue_floor = paced + recovery_seconds(fast, issuing=False), paced + roster + recovery_seconds(fast)
     assert plan.register_seconds >= register_floor and plan.issue_seconds >= issue_floor
     # The pacer's rate is exact whatever the load (issue 26): no headroom doubles it. At 100,000
     # peers a doubled pacing term alone was 500 s of registration and 500 s of issuance.

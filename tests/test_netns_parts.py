@@ -147,7 +147,7 @@ def test_the_driver_config_starts_every_role_in_its_namespace_at_its_address() -
 
 
 def costs() -> PhaseCosts:
-    return PhaseCosts(register=1e-3, issue=10e-3, token=10e-3, relay_hop=1.5e-3, verify=8e-3, http=8e-3, process_start=1.5, serving_start=3.0)
+    return PhaseCosts(register=1e-3, issue=10e-3, roster_entry=0.1e-3, token=10e-3, relay_hop=1.5e-3, verify=8e-3, http=8e-3, process_start=1.5, serving_start=3.0)
 
 
 def test_the_planner_holds_the_round_trip_in_exchanges_and_checks() -> None:

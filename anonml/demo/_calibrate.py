@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass
 from functools import partial
 
 import trio
+from nacl.signing import SigningKey
 
 from anonml.crypto import (
     Credential,
@@ -39,7 +40,7 @@ from anonml.crypto import (
     verify_token,
 )
 from anonml.peer import PeerIdentity
-from anonml.protocol import RegisterRequest, SurveyId, bound_bytes, seal_report
+from anonml.protocol import RegisterRequest, RosterResponse, SurveyId, bound_bytes, seal_report
 
 # Samples per figure: enough for a stable mean of millisecond calls, a
 # fraction of a second in all.
@@ -61,14 +62,17 @@ class PhaseCosts:
     credential (request, issuance with proof, the peer's check). ``token``:
     one message made at the peer (token and Sphinx packet). ``verify``: one
     message checked (every relay's hop, the final hop, the token).
-    ``http``: one loopback request and response through the aggregator's HTTP
-    stack. ``process_start``: one ``anonml`` child process run to completion.
+    ``roster_entry``: one entry of the final roster as each peer process reads it
+    (parsed, hashed into the root, its signature checked) before any of its
+    peers asks for a credential. ``http``: one loopback request and response
+    through the aggregator's HTTP stack. ``process_start``: one ``anonml`` child process run to completion.
     ``serving_start``: a fresh interpreter importing what ``anonml aggregator
     run`` imports before it answers (:func:`serving_start_seconds`).
     """
 
     register: float
     issue: float
+    roster_entry: float
     token: float
     relay_hop: float
     verify: float
@@ -93,6 +97,23 @@ def _register() -> None:
     identity = PeerIdentity.generate()
     request = RegisterRequest.create(identity.signing_key, b"\x01" * 32)
     RegisterRequest.from_json(request.to_json()).verify()
+
+
+ROSTER_SAMPLE = 256
+
+
+def _roster_entry_seconds(entries: int = ROSTER_SAMPLE) -> float:
+    """Seconds per entry of reading a signed roster of fresh ``entries`` once (``peer.RoundSession.roster``).
+
+    Once, and no warm-up: a signature that verified is remembered (``protocol.ed25519_holds``), so a
+    second reading of the same roster would time the cache."""
+    round_id, aggregator = b"\x01" * 32, SigningKey.generate()
+    signed = [RegisterRequest.create(PeerIdentity.generate().signing_key, round_id).entry for _ in range(entries)]
+    document = RosterResponse.create(aggregator, round_id, signed, b"\x02" * 32).to_json()
+    key = bytes(aggregator.verify_key)
+    started = time.perf_counter()
+    RosterResponse.from_json(document).verify(key, round_id)
+    return (time.perf_counter() - started) / entries
 
 
 def _crypto_costs(path_length: int, samples: int) -> dict[str, float]:
@@ -127,6 +148,7 @@ def _crypto_costs(path_length: int, samples: int) -> dict[str, float]:
     return {
         "register": mean_seconds(_register, samples),
         "issue": mean_seconds(issue, samples),
+        "roster_entry": _roster_entry_seconds(),
         "token": mean_seconds(token, samples),
         "relay_hop": hop,
         # Every relay's hop and the final hop (the same Sphinx step), then the token check.

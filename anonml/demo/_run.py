@@ -365,6 +365,7 @@ def describe_plan(costs: PhaseCosts, params: DemoParams, round_trip: float = 0.0
     """One line: the measured per-unit costs (and round trip between hosts) and the windows they give."""
     return (
         f"per peer: register {1e3 * costs.register:.1f} ms, credential {1e3 * costs.issue:.1f} ms, "
+        f"roster entry {1e6 * costs.roster_entry:.0f} us, "
         f"HTTP {1e3 * costs.http:.1f} ms{f' + round trip {1e3 * round_trip:.1f} ms' if round_trip else ''}; per message: token+packet {1e3 * costs.token:.1f} ms, "
         f"verify {1e3 * costs.verify:.1f} ms; process start {costs.process_start:.1f} s, aggregator serving "
         f"{costs.serving_start:.1f} s -> windows (s): start {params.start_seconds}, "
