@@ -48,14 +48,7 @@ from anonml.peer._identity import PeerIdentity
 from anonml.peer._ledger import PeerLedger
 from anonml.peer._store import EquivocationProof, PeerStore, Spend
 from anonml.peer._session import (
-    _MARGIN,
-    mirror_quorum,
-    Equivocation,
-    JoinRefused,
-    LogView,
-    RoundSession,
-    T,
-    sleep_until_wall,
+    _MARGIN, Equivocation, JoinRefused, LogView, RoundSession, T, mirror_quorum, sleep_until_wall,
 )
 from anonml.protocol import (
     SECOND_WINDOW_PATHS,
@@ -390,17 +383,15 @@ class PeerRound:
         if registration is not None and registration.credential is not None:
             return Credential.from_bytes(registration.credential)
         # Needed before issuance closes: a black-holed attempt leaves time for another (the same stored request).
+        # Made with a slot in hand: a worker's peers learn their partitions at once, and each one's blinding
+        # (about a millisecond) ran before any was sent, so the Adult demo's first request left 14 s late.
         with answer_by(self.session.trio_deadline(self.manifest.schedule.t_issue_end)):
-            # The request is made (and the partition stored) with a slot in hand, not before: a worker's peers
-            # all learn their partitions at once, and each one's writes and blinding (about a millisecond of group
-            # work) ran before any of them sent, so the first request of 16,000 peers left 14 s after issuance
-            # opened (the Adult demo).
             async with self.session.slots:
                 await self.recheck_manifest("issuance")
                 self.peer.store.set_partition(self.key, self.round_id, partition)
                 request, state = self.issuance(partition, None if registration is None else registration.issuance)
-                body = CredentialRequest.create(self.peer.identity.signing_key, self.round_id, request.to_bytes())
-                response = await self.session.client.credential(body)
+                response = await self.session.client.credential(
+                    CredentialRequest.create(self.peer.identity.signing_key, self.round_id, request.to_bytes()))
         if response.partition != partition:
             raise JoinRefused(RefusalReason.PARTITION_MISMATCH, f"the aggregator says partition {response.partition!r}, the seed says {partition!r}")
         credential = finish_issuance(state, response.response)

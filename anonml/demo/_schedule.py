@@ -325,10 +325,8 @@ def plan_round(data: DemoData, peers: int, epsilon: float, workers: int, seed: i
     # One exchange per peer for its credential, issued on the aggregator's processes (each worker
     # process fetches the roster once for all its peers: peer.RoundSession), once the relays' reveals are in.
     issue_restart = recovery_seconds(costs, restart_delay=restart_delay)  # its issuer processes start too
-    # Before its first request each worker process reads the whole final roster, every entry's signature
-    # (peer.RoundSession.roster), all of them at once: the Adult demo's 32,561 peers asked first 11-14 s late.
-    roster_check = seconds(peers * costs.roster_entry, 1)
-    issue = (seconds(peers * (costs.issue + costs.http), AGGREGATOR_PROCESSES, peers) + roster_check
+    # Each worker first reads the whole roster (peer.RoundSession.roster): 32,561 Adult peers asked 11-14 s late.
+    issue = (seconds(peers * (costs.issue + costs.http), AGGREGATOR_PROCESSES, peers) + seconds(peers * costs.roster_entry, 1)
              + reveals_seconds(round_trip) + issue_restart)
     # A median sub-round asks its pool partition, or without a pool every partition p with
     # p % median_rounds equal to its index (at most ceil(k_p / median_rounds) of them);
