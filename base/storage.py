@@ -153,50 +153,46 @@ class Database:
         SQLite's I/O failures are raised as :class:`StorageError`; errors of
         the caller's own (an IntegrityError it expects, a bug) pass unchanged.
         """
-        with self._lock:
+        with self._lock, self._failures(roll_back=True):
+            self._db.execute("BEGIN IMMEDIATE")
             try:
-                self._db.execute("BEGIN IMMEDIATE")
-                try:
-                    yield self._db
-                except BaseException:
-                    self._rollback()
-                    raise
-                self._db.execute("COMMIT")
-            except sqlite3.Error as exc:
-                if not _is_io_failure(exc):
-                    raise
+                yield self._db
+            except BaseException:
                 self._rollback()
-                raise StorageError(f"the {self.schema.name} store {str(self.path)!r} failed: {exc}") from exc
+                raise
+            self._db.execute("COMMIT")
 
     @contextmanager
     def read(self) -> Iterator[sqlite3.Connection]:
         """The connection for reads outside a transaction (each statement sees committed data)."""
-        with self._lock:
-            try:
-                yield self._db
-            except sqlite3.Error as exc:
-                if not _is_io_failure(exc):
-                    raise
-                raise StorageError(f"the {self.schema.name} store {str(self.path)!r} failed: {exc}") from exc
+        with self._lock, self._failures(roll_back=False):
+            yield self._db
 
     @contextmanager
     def snapshot(self) -> Iterator[sqlite3.Connection]:
         """One read transaction for several reads (``BEGIN`` … ``COMMIT``, nothing written): they share
         one snapshot and one acquisition of SQLite's WAL read lock rather than one per statement. Run no
         writes in it, and nothing that waits: another writer's commit would not be seen until it ends."""
-        with self._lock:
+        with self._lock, self._failures(roll_back=True):
+            self._db.execute("BEGIN")
             try:
-                self._db.execute("BEGIN")
-                try:
-                    yield self._db
-                finally:
-                    if self._db.in_transaction:
-                        self._db.execute("COMMIT")
-            except sqlite3.Error as exc:
-                if not _is_io_failure(exc):
-                    raise
+                yield self._db
+            finally:
+                if self._db.in_transaction:
+                    self._db.execute("COMMIT")
+
+    @contextmanager
+    def _failures(self, *, roll_back: bool) -> Iterator[None]:
+        """SQLite's I/O failures inside, raised as :class:`StorageError` (after rolling back what is open if
+        ``roll_back``); errors of the caller's own (an IntegrityError it expects, a bug) pass unchanged."""
+        try:
+            yield
+        except sqlite3.Error as exc:
+            if not _is_io_failure(exc):
+                raise
+            if roll_back:
                 self._rollback()
-                raise StorageError(f"the {self.schema.name} store {str(self.path)!r} failed: {exc}") from exc
+            raise StorageError(f"the {self.schema.name} store {str(self.path)!r} failed: {exc}") from exc
 
     def _rollback(self) -> None:
         # SQLite has already rolled back after some errors (a full disk during
