@@ -432,7 +432,14 @@ class RoundState:
         (:meth:`CredentialBatcher.issue`): a stranger is answered at once, never held.
         """
         self._authenticate(request)
-        if self.roster_final and not self.store.is_registered(request.identity_key):
+        if not self.roster_final:
+            return
+        # The plan's map once it is derived (no store read per request); the store while the reveals are awaited.
+        if self.plan is not None:
+            known = request.identity_key in self.plan.partition_of
+        else:
+            known = self.store.is_registered(request.identity_key)
+        if not known:
             raise ApiRefused(403, "identity key is not on the roster")
 
     def place_credential(self, request: CredentialRequest) -> tuple[int, int]:
