@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from anonml.aggregator._beacon import REVEAL_POLL_SECONDS
     from anonml.aggregator._service import CREDENTIAL_HOLD_SECONDS, AggregatorConfig, BoundAddresses, build_app, drive_round, serve_aggregator
     from anonml.aggregator._setup import create_round, open_round, postgres_location
-    from anonml.aggregator._sink import VERIFY_SLICE, InboxLimits, PacketSink
+    from anonml.aggregator._sink import InboxLimits, PacketSink
     from anonml.aggregator._spec import RoundSpec, RoundSpecError, parse_round_spec, read_round_spec
     from anonml.aggregator._home import AggregatorHome
     from anonml.aggregator._store import (
@@ -42,7 +42,6 @@ __all__ = [
     "summarise_report",
     "CREDENTIAL_HOLD_SECONDS",
     "REVEAL_POLL_SECONDS",
-    "VERIFY_SLICE",
     "LINKS_JSON",
     "REJECTION_REASONS",
     "RejectionReason",

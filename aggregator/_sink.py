@@ -87,7 +87,7 @@ _OPEN_SLICE = 16
 # (down to _MIN_VERIFY_SLICE), one whose slice passed twice as many: a refused proof costs its slice's batch
 # check a bisection (measured, load 8.8: 16 junk tokens 64 ms, 4.0 ms each; one alone 0.6 ms; 16 honest
 # 19 ms), so a junk relay's turns stay short and cheap, an honest relay's keep the batch check's saving.
-VERIFY_SLICE = 16
+_VERIFY_SLICE = 16
 _MIN_VERIFY_SLICE = 2  # IssuerWorkers.verify runs a single token in the calling thread, not the pool
 _NOT_ADMITTED = -1  # not a row id (they start at 1): a message past its relay's cap, not stored
 _UNKNOWN_RELAY = ""
@@ -168,7 +168,7 @@ class PacketSink:
         self.verify_turns = FairTurns()
         self._flows = (_UNKNOWN_RELAY, *sorted(relay.hex() for relay in self._relay_ids))
         self._wakeups = {flow: trio.Event() for flow in self._flows}
-        self._verify_slice = dict.fromkeys(self._flows, VERIFY_SLICE)
+        self._verify_slice = dict.fromkeys(self._flows, _VERIFY_SLICE)
         self._retry_wait = retry_wait
         self.worker = worker
         self.claim_seconds = claim_seconds
@@ -338,7 +338,7 @@ class PacketSink:
             await judged.send(await run_blocking(judge_verified, self.state, batch, verdicts))
 
     async def _verify_in_turns(self, flow: str, jobs: Sequence[TokenJob]) -> list[bytes | JobRefused]:
-        """``IssuerWorkers.verify`` on ``jobs``, a slice per fair turn of relay ``flow`` (``VERIFY_SLICE``)."""
+        """``IssuerWorkers.verify`` on ``jobs``, a slice per fair turn of relay ``flow`` (``_VERIFY_SLICE``)."""
         lane = self.verify_turns.lane(flow)
         verdicts: list[bytes | JobRefused] = []
         while len(verdicts) < len(jobs):
@@ -348,7 +348,7 @@ class PacketSink:
                 results = await run_blocking(self.workers.verify, part)
             verdicts += results
             refused = any(isinstance(result, JobRefused) for result in results)
-            self._verify_slice[flow] = max(_MIN_VERIFY_SLICE, size // 2) if refused else min(VERIFY_SLICE, size * 2)
+            self._verify_slice[flow] = max(_MIN_VERIFY_SLICE, size // 2) if refused else min(_VERIFY_SLICE, size * 2)
         return verdicts
 
     async def _count_refusals(self) -> None:

@@ -28,7 +28,6 @@ from anonml.crypto import (
     PathHop,
     ReleaseWindow,
     SphinxGeometry,
-    TokenJob,
     begin_issuance,
     build_packet,
     finish_issuance,
@@ -38,9 +37,8 @@ from anonml.crypto import (
     never_replayed,
     node_id_of,
     process_packet,
-    verify_tokens,
+    verify_token,
 )
-from anonml.aggregator import VERIFY_SLICE
 from anonml.peer import PeerIdentity
 from anonml.protocol import RegisterRequest, RosterResponse, SurveyId, bound_bytes, seal_report
 
@@ -63,8 +61,7 @@ class PhaseCosts:
     its encoding, the aggregator's signature check). ``issue``: one blind
     credential (request, issuance with proof, the peer's check). ``token``:
     one message made at the peer (token and Sphinx packet). ``verify``: one
-    message checked (every relay's hop, the final hop, and its token's share of a
-    check of :data:`~anonml.aggregator.VERIFY_SLICE` tokens, as the sink checks them).
+    message checked (every relay's hop, the final hop, the token).
     ``roster_entry``: one entry of the final roster as each peer process reads it
     (parsed, hashed into the root, its signature checked) before any of its
     peers asks for a credential. ``http``: one loopback request and response
@@ -143,21 +140,18 @@ def _crypto_costs(path_length: int, samples: int) -> dict[str, float]:
         return build_packet(geometry, hops, seal_report(public, credential, survey, report, geometry.message_size).message)
 
     packet = token()
+    made = make_token(public, credential, survey.to_bytes(), bound_bytes(survey, report))
     hop = mean_seconds(lambda: process_packet(geometry, keys[0][0], packet, is_replay=never_replayed), samples)
-    # The sink checks the tokens a relay delivered VERIFY_SLICE at a time once they queue up (one batched
-    # proof check each), and a window's packets do queue up when the aggregator is busiest: that is its rate.
-    # Checked one at a time, a token costs about 1.7 times as much (measured here: 640 against 383 µs).
-    context = survey.to_bytes()
-    messages = [bound_bytes(survey, index.to_bytes(8, "big")) for index in range(VERIFY_SLICE)]
-    jobs = [TokenJob(context, message, make_token(public, credential, context, message), 0) for message in messages]
-    check = mean_seconds(lambda: verify_tokens(issuer, jobs), samples) / VERIFY_SLICE
+    check = mean_seconds(
+        lambda: verify_token(issuer, survey.to_bytes(), bound_bytes(survey, report), made, expected_partition=0), samples
+    )
     return {
         "register": mean_seconds(_register, samples),
         "issue": mean_seconds(issue, samples),
         "roster_entry": _roster_entry_seconds(),
         "token": mean_seconds(token, samples),
         "relay_hop": hop,
-        # Every relay's hop and the final hop (the same Sphinx step), then the token's share of a slice's check.
+        # Every relay's hop and the final hop (the same Sphinx step), then the token check.
         "verify": hop * (path_length + 1) + check,
     }
 
