@@ -8,7 +8,7 @@ import trio
 
 import anonml.aggregator._service as service
 import anonml.peer._join as join
-from anonml.protocol import PATH_CREDENTIAL, SealedReport
+from anonml.protocol import PATH_CREDENTIAL
 from anonml.simulate import SimulationConfig, simulate_round
 from anonml.simulate._world import T0
 
@@ -52,23 +52,3 @@ def test_a_peer_makes_its_credential_request_with_a_connection_slot_in_hand(monk
     monkeypatch.setattr(join.PeerRound, "issuance", spy)
     trace = simulate_round(SimulationConfig(peers=8))
     assert trace.outcome == "done" and not outside
-
-
-def test_a_report_is_sealed_at_its_send_time_not_when_its_phase_opens(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A worker's peers sealed their reports (token and ledger entry, about a millisecond each) as soon as
-    the phase's documents came, all of them before any was sent: in the Adult demo (16,000 peers a worker)
-    first-window reports drawn early left a median 20 s after their drawn times, the latest 48 s, after the
-    window. Sealed at its drawn time, a report waits only for the reports drawn before it."""
-    sealed_at: dict[bytes, float] = {}
-    seal = join.seal_report
-
-    def spy(*args: object, **kwargs: object) -> SealedReport:
-        sealed = seal(*args, **kwargs)  # type: ignore[arg-type]
-        sealed_at[sealed.receipt] = T0 + trio.current_time()
-        return sealed
-
-    monkeypatch.setattr(join, "seal_report", spy)
-    trace = simulate_round(SimulationConfig(peers=16))
-    sent = [message for peer in trace.peers if peer.result is not None for message in peer.result.sent]
-    assert trace.outcome == "done" and len(sent) >= 16
-    assert all(sealed_at[message.receipt] >= message.drawn_at for message in sent)
