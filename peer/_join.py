@@ -51,10 +51,32 @@ from anonml.peer._session import (
     _MARGIN, Equivocation, JoinRefused, LogView, RoundSession, T, mirror_quorum, sleep_until_wall,
 )
 from anonml.protocol import (
-    SECOND_WINDOW_PATHS, Attempt, Check, CoverMessage, CredentialRequest, FeatureSpec, MedianResults, NONCE_BYTES,
-    MedianThresholds, NumericFeature, PhaseTimes, RegisterRequest, RelayEntry, RoundManifest, SealedReport,
-    SignedManifest, SurveyId, SurveyKind, TaskKind, PeerReleases, PeerRole, costliest, encode_median_report,
-    encode_pool_answer, release_roles, seal_report,
+    SECOND_WINDOW_PATHS,
+    Attempt,
+    Check,
+    CoverMessage,
+    CredentialRequest,
+    FeatureSpec,
+    MedianResults,
+    NONCE_BYTES,
+    MedianThresholds,
+    NumericFeature,
+    PhaseTimes,
+    RegisterRequest,
+    RelayEntry,
+    RoundManifest,
+    SealedReport,
+    SignedManifest,
+    SurveyId,
+    SurveyKind,
+    TaskKind,
+    PeerReleases,
+    PeerRole,
+    costliest,
+    encode_median_report,
+    encode_pool_answer,
+    release_roles,
+    seal_report,
 )
 from anonml.transport import AckStatus
 
@@ -249,7 +271,7 @@ class _Outgoing:
     a report in the second window must not be recognisable as a repair);
     the other window gets a cover, unless a report sent in the first window
     is missing from the first check, when the second carries it again.
-    ``sealed`` and ``seal`` are None when a document the report depends on did not come
+    ``sealed`` is None when a document the report depends on did not come
     before its deadline: then both windows get covers (a delayed answer may
     cost a report; it never marks one).
     """
@@ -261,21 +283,6 @@ class _Outgoing:
     tried: set[bytes] = field(default_factory=set)
     left: bool = False
     """A first relay acknowledged this message (not a cover) durably, in either window."""
-    seal: Callable[[], SealedReport] | None = None
-    """The report's sealing and ledger entry (:meth:`PeerRound.prepare`), made at its first send time, not when
-    the phase opens: a worker's 16,000 Adult peers sealed theirs all at once, and the reports drawn early in
-    the window left a median 20 s after their drawn times, the latest 48 s (after the window, counted late)."""
-
-    @property
-    def answered(self) -> bool:
-        return self.sealed is not None or self.seal is not None
-
-    def sealed_report(self) -> SealedReport:
-        """The sealed report, sealed (and its release committed to the ledger) now if it was not yet."""
-        if self.sealed is None:
-            assert self.seal is not None, "a survey answered with covers only has no report to seal"
-            self.sealed, self.seal = self.seal(), None
-        return self.sealed
 
 
 def message_outcome(out: _Outgoing, final: LogView | None) -> MessageOutcome:
@@ -410,10 +417,6 @@ class PeerRound:
         return begin_issuance(self.issuer_key, secret, partition, rng=lambda n: hashlib.shake_256(seed).digest(n))
 
     def prepare(self, survey: SurveyId, report: bytes, features: Sequence[str], phase: PhaseTimes) -> _Outgoing:
-        """One report to send in a window drawn now; :meth:`seal` runs at its first send."""
-        return _Outgoing(survey, None, phase, window=self.draw_window(), seal=lambda: self.seal(survey, report, features))
-
-    def seal(self, survey: SurveyId, report: bytes, features: Sequence[str]) -> SealedReport:
         """Seal one report (``protocol.seal_report``) and commit its release to the ledger together
         with the message, before anything is sent (``PeerStore.record_spend``)."""
         assert self.credential is not None
@@ -425,7 +428,7 @@ class PeerRound:
         else:
             self.ledger.spend_labelled(survey, features, self.manifest.eps_data, sealed=sealed)
         self.result.packets += 1
-        return sealed
+        return _Outgoing(survey, sealed, phase, window=self.draw_window())
 
     def draw_window(self) -> Attempt:
         """The send window of a report: either, with probability one half (independent of everything else)."""
@@ -487,16 +490,15 @@ class PeerRound:
             retry_after = min(2 * retry_after, _LAST_RETRY_SECONDS)
         return None
 
-    async def until_send_time(self, phase: PhaseTimes, attempt: Attempt) -> float:
-        """Sleep until a uniformly random time of ``attempt``'s send window (thesis §5.1), whatever is sent then."""
-        start, end = phase.send_window(attempt)
-        drawn_at = float(self.peer.rng.uniform(start, end))
-        await sleep_until_wall(drawn_at, self.session.now)
-        return drawn_at
+    async def send_in_window(self, survey: SurveyId, message: bytes, phase: PhaseTimes, attempt: Attempt,
+                             tried: set[bytes], receipt: bytes = b"") -> SentMessage | None:
+        """Send at a uniformly random time of ``attempt``'s send window (thesis §5.1), whatever the message is.
 
-    async def send_drawn(self, survey: SurveyId, message: bytes, attempt: Attempt, tried: set[bytes], drawn_at: float,
-                         receipt: bytes = b"") -> SentMessage | None:
-        """Send at the drawn time: what was sent and when (``receipt`` is the message's), or None if no first relay took it."""
+        Returns what was sent and when (``receipt`` is the message's), or None if no first relay took it.
+        """
+        start, end = phase.send_window(attempt)
+        drawn_at = self.peer.rng.uniform(start, end)
+        await sleep_until_wall(drawn_at, self.session.now)
         # A packet must be taken by its first relay before that relay's window opens: one taken later would be
         # released in what is left of the window, after an intake that follows this send (a colluding first
         # relay that refuses or holds its ack could push a retry there). Honest relays refuse it as late; a
@@ -506,18 +508,16 @@ class PeerRound:
         packet = await self.send_once(survey, message, tried, attempt, windows[0].start - _MARGIN)
         if packet is None:
             return None
-        return SentMessage(survey, receipt, self.session.now(), drawn_at, hashlib.sha256(packet).digest(), attempt)
+        return SentMessage(survey, receipt, self.session.now(), float(drawn_at), hashlib.sha256(packet).digest(), attempt)
 
     async def send_cover(self, out: _Outgoing, attempt: Attempt) -> None:
-        drawn_at = await self.until_send_time(out.phase, attempt)
-        await self.send_drawn(out.survey, CoverMessage(out.survey).to_bytes(self.geometry.message_size), attempt, out.tried, drawn_at)
+        cover = CoverMessage(out.survey).to_bytes(self.geometry.message_size)
+        await self.send_in_window(out.survey, cover, out.phase, attempt, out.tried)
 
     async def send_report(self, out: _Outgoing, attempt: Attempt) -> None:
         """The report in ``attempt``'s window; a resend is the same message over paths it has not taken."""
-        drawn_at = await self.until_send_time(out.phase, attempt)
-        async with self.session.slots:  # sealing is CPU-heavy (RoundSession.slots)
-            sealed = out.sealed_report()
-        sent = await self.send_drawn(out.survey, sealed.message, attempt, out.tried, drawn_at, sealed.receipt)
+        assert out.sealed is not None
+        sent = await self.send_in_window(out.survey, out.sealed.message, out.phase, attempt, out.tried, out.sealed.receipt)
         if sent is not None:
             # The report's send, once: its first window's send, or the first copy a first relay
             # took of a report kept for the second window (SECOND_WINDOW_PATHS copies go there).
@@ -528,7 +528,7 @@ class PeerRound:
 
     async def send_first(self, out: _Outgoing) -> None:
         """The first window's packet: the report if it goes there, else a cover."""
-        if out.answered and out.window is Attempt.FIRST:
+        if out.sealed is not None and out.window is Attempt.FIRST:
             await self.send_report(out, Attempt.FIRST)
         else:
             await self.send_cover(out, Attempt.FIRST)
@@ -556,7 +556,7 @@ class PeerRound:
             # whether) the first check's log comes (issue 27: a log request stuck on a dead connection
             # held these back until the window had passed).
             for out in outgoing:
-                if out.answered and out.window is Attempt.SECOND:
+                if out.sealed is not None and out.window is Attempt.SECOND:
                     self.result.deferred += 1
                     self._send_second(nursery, self.send_report, out)
             try:
@@ -568,9 +568,9 @@ class PeerRound:
             if stopped is None and (view is None or not view.compared):
                 self.emit(PeerEvent.LOG_UNVERIFIED)
             for out in outgoing if stopped is None else ():
-                if out.answered and out.window is Attempt.SECOND:
+                if out.sealed is not None and out.window is Attempt.SECOND:
                     continue
-                if out.answered and view is not None and view.compared and not view.contains(out.survey, out.sealed_report().receipt):
+                if out.sealed is not None and view is not None and view.compared and not view.contains(out.survey, out.sealed.receipt):
                     self.result.resends += 1
                     self.emit(PeerEvent.RESENT)
                     self._send_second(nursery, self.send_report, out)
@@ -651,7 +651,8 @@ class PeerRound:
         else:
             features = list(thresholds.features)
             report = encode_median_report([answer(name, values) for name, values in zip(features, thresholds.thresholds, strict=True)])
-        return [self.prepare(survey, report, features, phase)]
+        async with self.session.slots:
+            return [self.prepare(survey, report, features, phase)]
 
     async def answer_gradient(self, partition: int) -> list[_Outgoing]:
         """An SGD round's one report: the perturbed gradient of this peer's record at the model published for
@@ -670,10 +671,11 @@ class PeerRound:
             raise JoinRefused(RefusalReason.BAD_THRESHOLDS, f"the model of SGD step {survey.sub_round} has {len(model.coefficients)} "
                               f"coefficients; the round's feature spec encodes {rule.encoding.dimension}")
         report = rule.gradient_report(model, self.peer.vector.features, self.peer.vector.known_label(), self.peer.rng)
-        return [self.prepare(survey, report, self.spec.names, phase)]
+        async with self.session.slots:
+            return [self.prepare(survey, report, self.spec.names, phase)]
 
     async def seal_subsets(self, partition: int, subsets: Sequence[tuple[str, ...]]) -> list[_Outgoing]:
-        """One report per subset (sealed at its first send, or what a resumed peer sealed before); none for a pool peer."""
+        """One sealed report per subset (or what a resumed peer sealed before); none for a pool peer."""
         if not subsets:
             return []
         phase = self.manifest.schedule.data
@@ -703,7 +705,8 @@ class PeerRound:
             value = self.pipeline.encode_subset(subset, bins, self.peer.vector.label if self.manifest.labelled_reports else None)
             oracle = plan.oracle(partition, index)
             report = oracle.encode_report(oracle.privatize(np.asarray([value]), self.peer.rng)[0])
-            outgoing.append(self.prepare(survey, report, subset, phase))
+            async with self.session.slots:
+                outgoing.append(self.prepare(survey, report, subset, phase))
         return [out for out in outgoing if out is not None]
 
     async def seal_model(self, partition: int, blocks: int) -> list[_Outgoing]:
