@@ -8,6 +8,7 @@ import contextlib
 import dataclasses
 import io
 import math
+import os
 import signal
 import subprocess
 import sys
@@ -24,7 +25,8 @@ import trio
 from anonml.aggregator import CREDENTIAL_HOLD_SECONDS, REVEAL_POLL_SECONDS
 from anonml.demo import open_children
 from anonml.demo._children import RESTART_DELAY, still_running
-from anonml.demo._calibrate import PhaseCosts
+from anonml.demo import _calibrate
+from anonml.demo._calibrate import PhaseCosts, measure_costs, measured_cpus, pinned_to
 from anonml.demo._run import dead_workers
 from anonml.demo._schedule import (
     AGGREGATOR_PROCESSES, HEADROOM, PACED_SHARE, PATH_LENGTH,
@@ -180,6 +182,50 @@ def test_windows_hold_their_work_at_the_measured_rate_across_the_cores() -> None
     # The work spreads over the cores: one core needs longer windows than two.
     one_core = plan_round(data, 4000, 2.0, 2, 0, c, n_cores=1)  # type: ignore[arg-type]
     assert one_core.data_send_window > plan.data_send_window and one_core.issue_seconds > plan.issue_seconds
+
+
+def test_every_core_is_measured_in_turn_and_the_plan_takes_the_slowest_cores_figures(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A machine's cores differ (here: a credential in 0.83 ms on core 0, 1.0-1.2 ms on core 1) and the round
+    runs on all of them: measure_costs times each core, its crypto and HTTP figures there, and keeps the largest."""
+    measured: list[int | None] = []
+
+    async def costs_on(cpu: int | None, path_length: int, samples: int) -> dict[str, float]:
+        measured.append(cpu)
+        slow = 2.0 if cpu == 1 else 1.0  # core 1 is the slow one, as on this machine
+        return {"register": 1e-4 * slow, "issue": 2e-3 * slow, "roster_entry": 1e-4, "token": 1e-3 * slow,
+                "relay_hop": 2e-4 * slow, "verify": 1e-3, "http": 1e-3 / slow}
+
+    async def serving_start() -> float:
+        return 1.0
+
+    monkeypatch.setattr(_calibrate, "_costs_on", costs_on)
+    monkeypatch.setattr(_calibrate, "serving_start_seconds", serving_start)
+    monkeypatch.setattr(_calibrate, "allowed_cpus", lambda: [0, 1])
+    costs = trio.run(measure_costs, PATH_LENGTH, 0.5)
+    assert measured == [0, 1]
+    assert (costs.issue, costs.token, costs.relay_hop, costs.http, costs.verify) == (4e-3, 2e-3, 4e-4, 1e-3, 1e-3)
+    assert (costs.process_start, costs.serving_start) == (0.5, 1.0)
+    # Many cores: at most MAX_MEASURED_CORES of them, spread over the range, each once.
+    spread = measured_cpus(list(range(64)), most=8)
+    assert spread == [0, 8, 16, 24, 32, 40, 48, 56]
+    assert measured_cpus([3, 5]) == [3, 5] and measured_cpus([None]) == [None]
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="the platform cannot pin a thread to a core")
+def test_a_measurement_pinned_to_a_core_runs_there_and_gives_its_thread_back_every_core() -> None:
+    allowed = os.sched_getaffinity(0)
+    cpu = max(allowed)
+    with pinned_to(cpu):
+        assert os.sched_getaffinity(0) == {cpu}
+    assert os.sched_getaffinity(0) == allowed
+    with pytest.raises(ZeroDivisionError), pinned_to(cpu):
+        1 / 0
+    assert os.sched_getaffinity(0) == allowed
+    # The real measurement on that core: every per-unit figure, each a positive time; the thread unpinned after.
+    figures = trio.run(_calibrate._costs_on, cpu, PATH_LENGTH, 2)
+    assert set(figures) == {"register", "issue", "roster_entry", "token", "relay_hop", "verify", "http"}
+    assert all(seconds > 0 for seconds in figures.values())
+    assert os.sched_getaffinity(0) == allowed
 
 
 def test_registration_and_issuance_hold_a_restart_as_long_as_the_serving_aggregator_takes_to_answer() -> None:

@@ -46,7 +46,7 @@ from typing import Any, NamedTuple
 import tomli_w
 
 from anonml.aggregator import CREDENTIAL_HOLD_SECONDS, REVEAL_POLL_SECONDS
-from anonml.demo._calibrate import PhaseCosts
+from anonml.demo._calibrate import PhaseCosts, allowed_cpus
 from anonml.demo._children import RESTART_DELAY
 from anonml.demo._data import DemoData
 from anonml.demo._ports import HOST
@@ -95,7 +95,8 @@ MIN_PUBLISH_GAP = 2
 
 def cores() -> int:
     """The cores this process may run on (the peers' workers, relays and aggregator share them)."""
-    return max(1, len(os.sched_getaffinity(0))) if hasattr(os, "sched_getaffinity") else max(1, os.cpu_count() or 1)
+    allowed = allowed_cpus()
+    return len(allowed) if allowed != [None] else max(1, os.cpu_count() or 1)
 
 
 @dataclass(frozen=True)
