@@ -5,8 +5,9 @@ as long as its work at the throughput measured now, across the machine's cores,
 times :data:`HEADROOM` — not a serial per-peer cost times a slack factor.
 
 * A send window holds the phase's messages (token and Sphinx packet, made by
-  the peers' workers on every core) at that rate. A first relay that is down
-  costs no window time: the peer hands its packet to another first relay.
+  the peers' workers) and their first relays' intake (a Sphinx hop each), all
+  on the same cores, at that rate. A first relay that is down costs no window
+  time: the peer hands its packet to another first relay.
 * Each relay's slice of a delivery window holds every packet of the attempt
   at one relay's measured Sphinx rate (the second attempt's: each message
   over ``protocol.SECOND_WINDOW_PATHS`` paths); the last slice holds the aggregator's
@@ -307,7 +308,7 @@ def plan_round(data: DemoData, peers: int, epsilon: float, workers: int, seed: i
                    requests / (request_rate * PACED_SHARE))
 
     def send(messages: int) -> int:
-        return math.ceil(max(1.0, seconds(messages * costs.token, workers)))
+        return math.ceil(max(1.0, seconds(messages * (costs.token + costs.relay_hop), workers + RELAYS)))
 
     def delivery(messages: int) -> int:
         # protocol.hop_windows cuts the window, after the first hop's guard, into PATH_LENGTH + 1 equal
