@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -30,8 +31,9 @@ from anonml.demo._calibrate import PhaseCosts, measure_costs, measured_cpus, pin
 from anonml.demo._run import dead_workers
 from anonml.demo._schedule import (
     AGGREGATOR_PROCESSES, HEADROOM, PACED_SHARE, PATH_LENGTH,
-    RELAYS, plan_round, recovery_seconds,
+    RELAYS, plan_round, recovery_seconds, requests_in_flight,
 )
+from anonml.demo._swarm import SwarmConfig
 from anonml.peer import RETRY_GAP_CAP
 from anonml.protocol import SECOND_WINDOW_PATHS, hop_slice
 from anonml.relay import DUE_POLL_SECONDS
@@ -190,7 +192,9 @@ def test_every_core_is_measured_in_turn_and_the_plan_takes_the_slowest_cores_fig
     runs on all of them: measure_costs times each core, its crypto and HTTP figures there, and keeps the largest."""
     measured: list[int | None] = []
 
-    async def costs_on(cpu: int | None, path_length: int, samples: int) -> dict[str, float]:
+    async def costs_on(cpu: int | None, path_length: int, samples: int, concurrency: int) -> dict[str, float]:
+        # The HTTP exchange is timed with as many requests in flight as the round's workers keep.
+        assert concurrency == requests_in_flight(2) == 2 * SwarmConfig.max_connections
         measured.append(cpu)
         slow = 2.0 if cpu == 1 else 1.0  # core 1 is the slow one, as on this machine
         return {"register": 1e-4 * slow, "issue": 2e-3 * slow, "roster_entry": 1e-4, "token": 1e-3 * slow,
@@ -202,7 +206,7 @@ def test_every_core_is_measured_in_turn_and_the_plan_takes_the_slowest_cores_fig
     monkeypatch.setattr(_calibrate, "_costs_on", costs_on)
     monkeypatch.setattr(_calibrate, "serving_start_seconds", serving_start)
     monkeypatch.setattr(_calibrate, "allowed_cpus", lambda: [0, 1])
-    costs = trio.run(measure_costs, PATH_LENGTH, 0.5)
+    costs = trio.run(partial(measure_costs, PATH_LENGTH, 0.5, requests_in_flight=requests_in_flight(2)))
     assert measured == [0, 1]
     assert (costs.issue, costs.token, costs.relay_hop, costs.http, costs.verify) == (4e-3, 2e-3, 4e-4, 1e-3, 1e-3)
     assert (costs.process_start, costs.serving_start) == (0.5, 1.0)
@@ -223,10 +227,28 @@ def test_a_measurement_pinned_to_a_core_runs_there_and_gives_its_thread_back_eve
         1 / 0
     assert os.sched_getaffinity(0) == allowed
     # The real measurement on that core: every per-unit figure, each a positive time; the thread unpinned after.
-    figures = trio.run(_calibrate._costs_on, cpu, PATH_LENGTH, 2)
+    figures = trio.run(_calibrate._costs_on, cpu, PATH_LENGTH, 2, 4)
     assert set(figures) == {"register", "issue", "roster_entry", "token", "relay_hop", "verify", "http"}
     assert all(seconds > 0 for seconds in figures.values())
     assert os.sched_getaffinity(0) == allowed
+
+
+def test_the_timed_credential_is_the_whole_exchange_but_its_transport(tmp_path: Path) -> None:
+    """The calibration's credential figure times what the round runs for one: the peer's stored and signed
+    request, the aggregator's check and blind answer, the peer's check and its stored credential."""
+    from nacl.signing import SigningKey
+
+    from anonml.crypto import CredentialSecret, IssuerSecretKey, make_token, verify_token
+    from anonml.peer import PeerStore
+
+    issuer, identity = IssuerSecretKey.generate(), SigningKey.generate()
+    store = PeerStore(tmp_path / "peer.sqlite", durable=False)
+    credential = _calibrate._credential_exchange(issuer, CredentialSecret.generate(), identity, store)
+    # A credential the issuer's tokens accept, in partition 0, kept where a resumed peer finds it.
+    token = make_token(issuer.public_key(), credential, b"survey", b"message")
+    verify_token(issuer, b"survey", b"message", token, expected_partition=0)
+    registration = store.registration(bytes(identity.verify_key), b"\x01" * 32)
+    assert registration is not None and registration.credential == credential.to_bytes() and registration.partition == 0
 
 
 def test_registration_and_issuance_hold_a_restart_as_long_as_the_serving_aggregator_takes_to_answer() -> None:

@@ -76,6 +76,7 @@ from anonml.demo import (
     open_round,
     peer_totals,
     plan_round,
+    requests_in_flight,
     start_relays,
     start_workers,
 )
@@ -243,7 +244,7 @@ async def run_faults(peers: int, plan: FaultPlan, work: Path, console: Any) -> d
         workers = await start_workers(children, data, rows, work, 2, plan.seed, f"http://{HOST}:{links['peers->aggregator http'][0]}")
         identity, process_start = await init_aggregator(children, agg_dir)
         descriptors = await start_relays(children, work, network, identity)
-        measured = await measure_costs(PATH_LENGTH, process_start)
+        measured = await measure_costs(PATH_LENGTH, process_start, requests_in_flight=requests_in_flight(2))
         # The calibration's HTTP exchange runs on loopback; the peers' cross a proxy that delays the request
         # and the answer by up to `delay` each (on average `delay` in all): the windows must hold that too.
         costs = replace(measured, http=measured.http + plan.links.delay)

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from anonml.demo._ports import HOST, free_port
     from anonml.demo._progress import Progress
     from anonml.demo._run import Network, collect_report, follow_round, init_aggregator, open_round, run_demo, start_relays, start_workers
-    from anonml.demo._schedule import PATH_LENGTH, RELAYS, cores, plan_round, schedule_seconds
+    from anonml.demo._schedule import PATH_LENGTH, RELAYS, cores, plan_round, requests_in_flight, schedule_seconds
     from anonml.demo._summary import anonymity_problems, exit_code, peer_totals
     from anonml.demo._trace import deliveries_to
 else:
@@ -69,6 +69,7 @@ __all__ = [
     "open_round",
     "peer_totals",
     "plan_round",
+    "requests_in_flight",
     "resident_mb",
     "run_demo",
     "schedule_seconds",

@@ -35,7 +35,8 @@ from anonml.demo._children import Child, ChildFailed, Children, open_children, r
 from anonml.demo._data import DemoData, held_out_auc, write_peer_files, write_test_file
 from anonml.demo._ports import HOST, free_port
 from anonml.demo._progress import Progress, phase_rows, read_worker, scrape_relay
-from anonml.demo._schedule import AGGREGATOR_PROCESSES, PATH_LENGTH, RELAYS, SGD_STEPS, DemoParams, plan_round, round_spec, to_toml
+from anonml.demo._schedule import (AGGREGATOR_PROCESSES, PATH_LENGTH, RELAYS, SGD_STEPS, DemoParams, plan_round,
+                                   requests_in_flight, round_spec, to_toml)
 from anonml.demo._summary import anonymity_figures, summarise
 from anonml.demo._trace import deliveries_to, explain_work_dir, relay_trace_file
 from anonml.protocol import TaskKind, format_host_port
@@ -313,7 +314,7 @@ async def run_demo(data: DemoData, *, peers: int, epsilon: float, workers: int, 
         # imports), which is over before the round opens: measured under it, a 2,000-peer plan's
         # registration window was 93 s for 15 s of work (issue 26).
         await children.until_quiet(QUIET_SHARE, QUIET_TIMEOUT)
-        costs = await measure_costs(PATH_LENGTH, process_start)
+        costs = await measure_costs(PATH_LENGTH, process_start, requests_in_flight=requests_in_flight(workers))
         params = plan_round(data, peers, epsilon, workers, seed, costs, task=task, queries=queries, rows_per_peer=rows_per_peer,
                             round_trip=network.round_trip, sgd_steps=sgd_steps,
                             sgd_learning_rate=sgd_learning_rate, sgd_loss=sgd_loss,
@@ -362,11 +363,11 @@ async def run_demo(data: DemoData, *, peers: int, epsilon: float, workers: int, 
 
 
 def describe_plan(costs: PhaseCosts, params: DemoParams, round_trip: float = 0.0) -> str:
-    """One line: the measured per-unit costs (and round trip between hosts) and the windows they give."""
+    """One line: the measured per-unit costs, each the slowest core's (and round trip between hosts), and the windows they give."""
     return (
         f"per peer: register {1e3 * costs.register:.1f} ms, credential {1e3 * costs.issue:.1f} ms, "
         f"roster entry {1e6 * costs.roster_entry:.0f} us, "
-        f"HTTP {1e3 * costs.http:.1f} ms{f' + round trip {1e3 * round_trip:.1f} ms' if round_trip else ''}; per message: token+packet {1e3 * costs.token:.1f} ms, "
+        f"HTTP {1e3 * costs.http:.1f} ms ({requests_in_flight(params.workers)} in flight){f' + round trip {1e3 * round_trip:.1f} ms' if round_trip else ''}; per message: token+packet {1e3 * costs.token:.1f} ms, "
         f"verify {1e3 * costs.verify:.1f} ms; process start {costs.process_start:.1f} s, aggregator serving "
         f"{costs.serving_start:.1f} s -> windows (s): start {params.start_seconds}, "
         f"register {params.register_seconds}, issue {params.issue_seconds}, "

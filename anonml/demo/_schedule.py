@@ -100,6 +100,12 @@ def cores() -> int:
     return len(allowed) if allowed != [None] else max(1, os.cpu_count() or 1)
 
 
+def requests_in_flight(workers: int) -> int:
+    """HTTP requests the peers' ``workers`` worker processes keep in flight at once (each its
+    ``SwarmConfig.max_connections``): their round trips overlap, and each costs more CPU than one alone."""
+    return workers * SwarmConfig.max_connections
+
+
 @dataclass(frozen=True)
 class DemoParams:
     """The round the demo runs: learning parameters and every window, in seconds."""
@@ -297,7 +303,7 @@ def plan_round(data: DemoData, peers: int, epsilon: float, workers: int, seed: i
     # (and each relay's mirror) paces to HttpLimits.request_rate requests a second.
     request_rate = HttpLimits().request_rate
     # Requests in flight at once across the peers' workers: their round trips overlap.
-    in_flight = workers * SwarmConfig.max_connections
+    in_flight = requests_in_flight(workers)
 
     def seconds(work: float, parallel: int, requests: float = 0.0) -> float:
         """``work`` CPU seconds on ``parallel`` processes (at most the cores), or their ``requests``' round
