@@ -9,7 +9,7 @@ contention is in the figure; the minimum would hide it.
 
 The cores of one machine are not equally fast, so every figure is measured
 on each core in turn and the slowest core's is kept (:func:`measure_costs`).
-Measured here (2 virtual cores): one credential issuance took 0.83-0.85 ms
+Measured here (2 virtual cores): one credential issuance took 0.83-0.93 ms
 pinned to core 0 and 0.99-1.09 ms pinned to core 1, and an unpinned
 measurement landed on either, 0.81 or 1.16 ms a minute apart. The round runs
 on every core, so a plan from the fast core's figures held its work only at
